@@ -1,0 +1,23 @@
+# The README's two commands. Each creates a fresh virtualenv and installs
+# attnlab into it from this checkout, so they work on a new machine.
+PYTHON ?= python3
+VENV ?= .venv
+PYTEST_ARGS ?= -n 2
+
+.PHONY: demo test lint
+
+demo:
+	rm -rf $(VENV) && $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e .
+	bash tools/demo.sh $(VENV)
+
+test:
+	rm -rf $(VENV) && $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[test]'
+	$(VENV)/bin/ruff check attnlab tests tools experiments
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint:
+	$(VENV)/bin/ruff check attnlab tests tools experiments

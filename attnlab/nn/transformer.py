@@ -1,0 +1,209 @@
+"""Transformer blocks and the two model families.
+
+``DecoderOnly`` (GPT / Llama-like) and ``EncoderDecoder`` (the 2017
+Transformer) are built from one ``Block``: self-attention, optional
+cross-attention, feed-forward, each a residual sublayer in pre-LN
+(``x + f(norm(x))``) or the paper's post-LN (``norm(x + f(x))``) position.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from attnlab.config import ModelConfig
+from attnlab.nn.attention import Attention
+from attnlab.nn.layers import Embedder, as_dtype, make_norm
+from attnlab.nn.mlp import MLP
+from attnlab.nn.positions import LearnedPositions, sinusoidal_positions
+
+
+def _dtypes(cfg: ModelConfig):
+  return dict(dtype=as_dtype(cfg.dtype), param_dtype=as_dtype(cfg.param_dtype))
+
+
+def _norm(cfg: ModelConfig):
+  return make_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, **_dtypes(cfg))
+
+
+def default_positions(tokens_BT):
+  B, T = tokens_BT.shape
+  return jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+
+
+class Block(nnx.Module):
+  """One transformer layer: self-attention, [cross-attention,] MLP."""
+
+  def __init__(self, cfg: ModelConfig, *, causal: bool, cross: bool, rngs: nnx.Rngs):
+    self.pre_norm = cfg.norm_position == "pre"
+    attn_kw = dict(
+        use_bias=cfg.use_bias, dropout_rate=cfg.attention_dropout_rate,
+        implementation=cfg.attention_impl, rngs=rngs, **_dtypes(cfg),
+    )
+    dims = (cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.dim_per_head)
+    self.input_layernorm = _norm(cfg)
+    self.self_attn = Attention(
+        *dims, causal=causal, window=cfg.window,
+        rope_theta=cfg.rope_theta if cfg.pos == "rope" else None,
+        rope_pairing=cfg.rope_pairing, **attn_kw,
+    )
+    if cross:
+      self.cross_attn_layernorm = _norm(cfg)
+      self.cross_attn = Attention(*dims, **attn_kw)
+    else:
+      self.cross_attn_layernorm = nnx.data(None)
+      self.cross_attn = nnx.data(None)
+    self.post_attention_layernorm = _norm(cfg)
+    self.mlp = MLP(cfg.d_model, cfg.d_ff, kind=cfg.mlp, use_bias=cfg.use_bias, rngs=rngs,
+                   **_dtypes(cfg))
+    self.dropout = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
+
+  def _residual(self, x_BTD, norm, sublayer):
+    if self.pre_norm:
+      return x_BTD + self.dropout(sublayer(norm(x_BTD)))
+    return norm(x_BTD + self.dropout(sublayer(x_BTD)))
+
+  def __call__(self, x_BTD, positions_BT, segment_ids_BT, context_BSD=None,
+               context_segment_ids_BS=None):
+    x_BTD = self._residual(x_BTD, self.input_layernorm, lambda h: self.self_attn(
+        h, positions_BT=positions_BT, segment_ids_BT=segment_ids_BT))
+    if self.cross_attn is not None:
+      x_BTD = self._residual(x_BTD, self.cross_attn_layernorm, lambda h: self.cross_attn(
+          h, segment_ids_BT=segment_ids_BT, context_BSD=context_BSD,
+          context_segment_ids_BS=context_segment_ids_BS))
+    return self._residual(x_BTD, self.post_attention_layernorm, self.mlp)
+
+
+class Stack(nnx.Module):
+  """Input positions, ``num_layers`` blocks and (pre-LN) the final norm.
+
+  Shared by the encoder (bidirectional), the decoder of an encoder-decoder
+  (causal + cross-attention) and the decoder-only model (causal).
+  """
+
+  def __init__(self, cfg: ModelConfig, num_layers: int, *, causal: bool, cross: bool,
+               rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.learned_positions = (
+        LearnedPositions(cfg.max_len, cfg.d_model, param_dtype=as_dtype(cfg.param_dtype),
+                         rngs=rngs)
+        if cfg.pos == "learned" else nnx.data(None)
+    )
+    self.embed_dropout = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
+    self.layers = nnx.List(
+        [Block(cfg, causal=causal, cross=cross, rngs=rngs) for _ in range(num_layers)]
+    )
+    self.norm = _norm(cfg) if cfg.norm_position == "pre" else nnx.data(None)
+
+  def add_positions(self, x_BTD, positions_BT):
+    if self.cfg.pos == "sinusoidal":
+      x_BTD = x_BTD + sinusoidal_positions(positions_BT, self.cfg.d_model).astype(x_BTD.dtype)
+    elif self.cfg.pos == "learned":
+      x_BTD = x_BTD + self.learned_positions(positions_BT).astype(x_BTD.dtype)
+    return self.embed_dropout(x_BTD)
+
+  def __call__(self, x_BTD, positions_BT, segment_ids_BT=None, context_BSD=None,
+               context_segment_ids_BS=None):
+    x_BTD = self.add_positions(x_BTD, positions_BT)
+    for block in self.layers:
+      if self.cfg.remat:
+        x_BTD = nnx.remat(lambda blk, *args: blk(*args))(
+            block, x_BTD, positions_BT, segment_ids_BT, context_BSD, context_segment_ids_BS)
+      else:
+        x_BTD = block(x_BTD, positions_BT, segment_ids_BT, context_BSD, context_segment_ids_BS)
+    return x_BTD if self.norm is None else self.norm(x_BTD)
+
+
+class DecoderOnly(nnx.Module):
+  """A causal language model (GPT / Llama / Mistral-like)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    if cfg.arch != "decoder_only":
+      raise ValueError(f"DecoderOnly needs arch='decoder_only', got arch={cfg.arch!r}")
+    self.cfg = cfg
+    self.embedder = Embedder(cfg.vocab_size, cfg.d_model, tied=cfg.tie_embeddings,
+                             scale_embeddings=cfg.scale_embeddings, rngs=rngs, **_dtypes(cfg))
+    self.decoder = Stack(cfg, cfg.num_layers, causal=True, cross=False, rngs=rngs)
+
+  def __call__(self, tokens_BT, *, positions_BT=None, segment_ids_BT=None):
+    """Logits [B, T, V] (float32) for tokens [B, T].
+
+    Args:
+      tokens_BT: int token ids.
+      positions_BT: positions for RoPE / sinusoidal / learned; default
+        0..T-1 (packing passes positions that restart per document).
+      segment_ids_BT: documents packed in a row attend only within their
+        segment; 0 marks padding.
+    """
+    if positions_BT is None:
+      positions_BT = default_positions(tokens_BT)
+    x_BTD = self.embedder.encode(tokens_BT)
+    x_BTD = self.decoder(x_BTD, positions_BT, segment_ids_BT)
+    return self.embedder.decode(x_BTD)
+
+
+class EncoderDecoder(nnx.Module):
+  """The 2017 Transformer: a bidirectional encoder, a causal decoder with
+  cross-attention, one embedding shared by source, target and output (when
+  ``tie_embeddings``)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    if cfg.arch != "encoder_decoder":
+      raise ValueError(f"EncoderDecoder needs arch='encoder_decoder', got arch={cfg.arch!r}")
+    self.cfg = cfg
+    self.embedder = Embedder(cfg.vocab_size, cfg.d_model, tied=cfg.tie_embeddings,
+                             scale_embeddings=cfg.scale_embeddings, rngs=rngs, **_dtypes(cfg))
+    self.encoder = Stack(cfg, cfg.encoder_layers, causal=False, cross=False, rngs=rngs)
+    self.decoder = Stack(cfg, cfg.num_layers, causal=True, cross=True, rngs=rngs)
+
+  def source_segment_ids(self, src_BS):
+    """1 for real source tokens, 0 for ``pad_id``: padding is masked."""
+    return (src_BS != self.cfg.pad_id).astype(jnp.int32)
+
+  def encode(self, src_BS, *, src_segment_ids_BS=None, src_positions_BS=None):
+    """Encoder output [B, S, D]."""
+    if src_segment_ids_BS is None:
+      src_segment_ids_BS = self.source_segment_ids(src_BS)
+    if src_positions_BS is None:
+      src_positions_BS = default_positions(src_BS)
+    x_BSD = self.embedder.encode(src_BS)
+    return self.encoder(x_BSD, src_positions_BS, src_segment_ids_BS)
+
+  def decode(self, tgt_in_BT, encoded_BSD, *, src_segment_ids_BS, tgt_positions_BT=None,
+             tgt_segment_ids_BT=None):
+    """Logits [B, T, V] of the decoder given the encoder output."""
+    if tgt_positions_BT is None:
+      tgt_positions_BT = default_positions(tgt_in_BT)
+    y_BTD = self.embedder.encode(tgt_in_BT)
+    y_BTD = self.decoder(y_BTD, tgt_positions_BT, tgt_segment_ids_BT, encoded_BSD,
+                         src_segment_ids_BS)
+    return self.embedder.decode(y_BTD)
+
+  def __call__(self, src_BS, tgt_in_BT, *, src_segment_ids_BS=None, tgt_segment_ids_BT=None,
+               src_positions_BS=None, tgt_positions_BT=None):
+    """Logits [B, T, V] of the target given the source (teacher forcing).
+
+    Source tokens equal to ``pad_id`` are masked in encoder self-attention and
+    in cross-attention unless ``src_segment_ids_BS`` is given.
+    """
+    if src_segment_ids_BS is None:
+      src_segment_ids_BS = self.source_segment_ids(src_BS)
+    encoded_BSD = self.encode(src_BS, src_segment_ids_BS=src_segment_ids_BS,
+                              src_positions_BS=src_positions_BS)
+    return self.decode(tgt_in_BT, encoded_BSD, src_segment_ids_BS=src_segment_ids_BS,
+                       tgt_positions_BT=tgt_positions_BT, tgt_segment_ids_BT=tgt_segment_ids_BT)
+
+
+def build_model(cfg: ModelConfig, *, rngs: nnx.Rngs) -> DecoderOnly | EncoderDecoder:
+  """The model ``cfg.arch`` names, with freshly initialized parameters."""
+  if not isinstance(cfg, ModelConfig):
+    raise ValueError(f"build_model needs a ModelConfig, got {type(cfg).__name__}")
+  if cfg.arch == "decoder_only":
+    return DecoderOnly(cfg, rngs=rngs)
+  return EncoderDecoder(cfg, rngs=rngs)
+
+
+def count_params(model: nnx.Module) -> int:
+  """Number of parameter scalars (``nnx.Param`` leaves) in a model."""
+  return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

@@ -59,7 +59,7 @@ class Attention(nnx.Module):
                          bias_dims=(2,) if use_bias else None, **kw)
 
   def __call__(self, x_BTD, *, positions_BT=None, segment_ids_BT=None, context_BSD=None,
-               context_segment_ids_BS=None):
+               context_segment_ids_BS=None, cache=None):
     """Attend from ``x_BTD`` to itself, or to ``context_BSD`` (cross-attention).
 
     Args:
@@ -71,25 +71,27 @@ class Attention(nnx.Module):
         0 is padding.
       context_BSD: encoder output [B, S, D] for cross-attention.
       context_segment_ids_BS: segment ids of the context (0 = padding).
+      cache: decoding (``attnlab.decoding.cache``): a self-attention cache
+        (``KVCache`` / ``RingKVCache`` / ``PagedKVCache``) that the new K/V
+        are appended to before the queries attend over it, or a
+        ``CrossKVCache`` holding the projected context. With a cache,
+        ``positions_BT`` defaults to the cache lengths + 0..T-1 and
+        ``segment_ids_BT`` only marks right padding (0) of the new tokens.
 
     Returns:
-      [B, T, D].
+      [B, T, D], or ([B, T, D], updated cache) when ``cache`` is given.
     """
     B, T, _ = x_BTD.shape
-    q_BTNH = self.q_proj(x_BTD)
+    if cache is not None:
+      return self._call_cached(x_BTD, positions_BT, segment_ids_BT, cache)
     if context_BSD is None:
-      k_BSKH = self.k_proj(x_BTD)
-      v_BSKH = self.v_proj(x_BTD)
+      if positions_BT is None:
+        positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+      q_BTNH, k_BSKH, v_BSKH = self._project_self(x_BTD, positions_BT)
       kv_segment_ids = segment_ids_BT
       causal, window = self.causal, self.window
-      if self.rope_theta is not None:
-        if positions_BT is None:
-          positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        q_BTNH = apply_rope(q_BTNH, positions_BT, theta=self.rope_theta,
-                            pairing=self.rope_pairing)
-        k_BSKH = apply_rope(k_BSKH, positions_BT, theta=self.rope_theta,
-                            pairing=self.rope_pairing)
     else:
+      q_BTNH = self.q_proj(x_BTD)
       k_BSKH = self.k_proj(context_BSD)
       v_BSKH = self.v_proj(context_BSD)
       kv_segment_ids = context_segment_ids_BS
@@ -106,8 +108,73 @@ class Attention(nnx.Module):
                             q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
     return self.o_proj(out_BTNH)
 
-  def _attend(self, q_BTNH, k_BSKH, v_BSKH, **mask_kwargs):
+  def _project_self(self, x_BTD, positions_BT):
+    """Q [B, T, N, H], K and V [B, T, K, H] of self-attention, RoPE applied."""
+    q_BTNH = self.q_proj(x_BTD)
+    k_BTKH = self.k_proj(x_BTD)
+    v_BTKH = self.v_proj(x_BTD)
+    if self.rope_theta is not None:
+      q_BTNH = apply_rope(q_BTNH, positions_BT, theta=self.rope_theta, pairing=self.rope_pairing)
+      k_BTKH = apply_rope(k_BTKH, positions_BT, theta=self.rope_theta, pairing=self.rope_pairing)
+    return q_BTNH, k_BTKH, v_BTKH
+
+  def cross_kv(self, context_BSD, context_segment_ids_BS):
+    """The cross-attention K/V of an encoder output, to compute once per source."""
+    from attnlab.decoding.cache import CrossKVCache
+
+    return CrossKVCache(self.k_proj(context_BSD), self.v_proj(context_BSD),
+                        context_segment_ids_BS.astype(jnp.int32))
+
+  def _call_cached(self, x_BTD, positions_BT, segment_ids_BT, cache):
+    """Decoding: the same projections, RoPE and op, over cached keys/values."""
+    from attnlab.decoding.cache import CrossKVCache, PagedKVCache
+
+    B, T, _ = x_BTD.shape
+    if isinstance(cache, CrossKVCache):
+      q_BTNH = self.q_proj(x_BTD)
+      out_BTNH = self._attend(
+          q_BTNH, cache.k_BSKH, cache.v_BSKH, causal=False, window=None,
+          q_segment_ids=jnp.ones((B, T), jnp.int32), kv_segment_ids=cache.segment_ids_BS,
+          implementation=self._cached_implementation(T, cache.k_BSKH.shape[1]))
+      return self.o_proj(out_BTNH), cache
+    if positions_BT is None:
+      positions_BT = cache.lengths_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+    num_new_B = (jnp.full((B,), T, jnp.int32) if segment_ids_BT is None
+                 else jnp.sum(segment_ids_BT != 0, axis=1, dtype=jnp.int32))
+    q_BTNH, k_BTKH, v_BTKH = self._project_self(x_BTD, positions_BT)
+    cache, k_BSKH, v_BSKH, kv_positions_BS = cache.append(k_BTKH, v_BTKH, num_new_B)
+    decode_kernels = _decode_kernels() if self.implementation == "pallas" and T == 1 else None
+    if decode_kernels is not None and isinstance(cache, PagedKVCache):
+      # The kernel reads the pages in place: no gather of the whole sequence.
+      out_BTNH = decode_kernels.paged_decode_attention(
+          q_BTNH, cache.k_pages_PCKH, cache.v_pages_PCKH, jnp.maximum(cache.page_table_BM, 0),
+          cache.lengths_B, window=self.window)
+    else:
+      out_BTNH = self._attend(
+          q_BTNH, k_BSKH, v_BSKH, causal=self.causal, window=self.window,
+          q_positions=positions_BT, kv_positions=kv_positions_BS,
+          implementation=self._cached_implementation(T, k_BSKH.shape[1]))
+    return self.o_proj(out_BTNH), cache
+
+  def _cached_implementation(self, q_len, kv_len):
+    # Cache slots are not in position order (ring) or not all filled, so the
+    # request needs explicit positions: only "reference" and "chunked" take them.
+    if self.implementation in ("reference", "chunked"):
+      return self.implementation
+    return "reference" if q_len * kv_len <= 2048 * 2048 else "chunked"
+
+  def _attend(self, q_BTNH, k_BSKH, v_BSKH, implementation=None, **mask_kwargs):
     if self.dropout_rate > 0 and not self.deterministic:
       return reference_attention(q_BTNH, k_BSKH, v_BSKH, dropout_rate=self.dropout_rate,
                                  dropout_rng=self.dropout_rngs(), **mask_kwargs)
-    return attention(q_BTNH, k_BSKH, v_BSKH, implementation=self.implementation, **mask_kwargs)
+    return attention(q_BTNH, k_BSKH, v_BSKH, implementation=implementation or self.implementation,
+                     **mask_kwargs)
+
+
+def _decode_kernels():
+  """attnlab.ops.decode (Pallas decode kernels) when it exists, else None."""
+  try:
+    from attnlab.ops import decode
+  except ImportError:
+    return None
+  return decode

@@ -65,7 +65,10 @@ class Block(nnx.Module):
     return norm(x_BTD + self.dropout(sublayer(x_BTD)))
 
   def __call__(self, x_BTD, positions_BT, segment_ids_BT, context_BSD=None,
-               context_segment_ids_BS=None):
+               context_segment_ids_BS=None, cache=None):
+    """[B, T, D]; with a ``BlockCache`` ``cache``, ([B, T, D], updated cache)."""
+    if cache is not None:
+      return self._call_cached(x_BTD, positions_BT, segment_ids_BT, cache)
     x_BTD = self._residual(x_BTD, self.input_layernorm, lambda h: self.self_attn(
         h, positions_BT=positions_BT, segment_ids_BT=segment_ids_BT))
     if self.cross_attn is not None:
@@ -73,6 +76,27 @@ class Block(nnx.Module):
           h, segment_ids_BT=segment_ids_BT, context_BSD=context_BSD,
           context_segment_ids_BS=context_segment_ids_BS))
     return self._residual(x_BTD, self.post_attention_layernorm, self.mlp)
+
+  def _call_cached(self, x_BTD, positions_BT, segment_ids_BT, cache):
+    new = {}
+
+    def self_attn(h):
+      out, new["self_attn"] = self.self_attn(h, positions_BT=positions_BT,
+                                             segment_ids_BT=segment_ids_BT, cache=cache.self_attn)
+      return out
+
+    def cross_attn(h):
+      out, new["cross_attn"] = self.cross_attn(h, cache=cache.cross_attn)
+      return out
+
+    x_BTD = self._residual(x_BTD, self.input_layernorm, self_attn)
+    if self.cross_attn is not None:
+      if cache.cross_attn is None:
+        raise ValueError("a decoder block with cross-attention needs cache.cross_attn "
+                         "(EncoderDecoder.cross_cache(src_BS))")
+      x_BTD = self._residual(x_BTD, self.cross_attn_layernorm, cross_attn)
+    x_BTD = self._residual(x_BTD, self.post_attention_layernorm, self.mlp)
+    return x_BTD, cache.replace(**new)
 
 
 class Stack(nnx.Module):
@@ -104,8 +128,15 @@ class Stack(nnx.Module):
     return self.embed_dropout(x_BTD)
 
   def __call__(self, x_BTD, positions_BT, segment_ids_BT=None, context_BSD=None,
-               context_segment_ids_BS=None):
+               context_segment_ids_BS=None, cache=None):
+    """[B, T, D]; with ``cache`` (one ``BlockCache`` per layer), ([B, T, D], cache)."""
     x_BTD = self.add_positions(x_BTD, positions_BT)
+    if cache is not None:
+      new_cache = []
+      for block, block_cache in zip(self.layers, cache, strict=True):
+        x_BTD, block_cache = block(x_BTD, positions_BT, segment_ids_BT, cache=block_cache)
+        new_cache.append(block_cache)
+      return (x_BTD if self.norm is None else self.norm(x_BTD)), tuple(new_cache)
     for block in self.layers:
       if self.cfg.remat:
         x_BTD = nnx.remat(lambda blk, *args: blk(*args))(
@@ -126,7 +157,7 @@ class DecoderOnly(nnx.Module):
                              scale_embeddings=cfg.scale_embeddings, rngs=rngs, **_dtypes(cfg))
     self.decoder = Stack(cfg, cfg.num_layers, causal=True, cross=False, rngs=rngs)
 
-  def __call__(self, tokens_BT, *, positions_BT=None, segment_ids_BT=None):
+  def __call__(self, tokens_BT, *, positions_BT=None, segment_ids_BT=None, cache=None):
     """Logits [B, T, V] (float32) for tokens [B, T].
 
     Args:
@@ -135,10 +166,21 @@ class DecoderOnly(nnx.Module):
         0..T-1 (packing passes positions that restart per document).
       segment_ids_BT: documents packed in a row attend only within their
         segment; 0 marks padding.
+      cache: decoding: one ``BlockCache`` per layer (``attnlab.decoding.cache
+        .init_cache``). The tokens continue each sequence at its cache
+        length (positions default to lengths + 0..T-1); ``segment_ids_BT``
+        then only marks right padding (0), which is not cached.
+
+    Returns:
+      logits [B, T, V], or (logits, updated cache) when ``cache`` is given.
     """
     if positions_BT is None:
-      positions_BT = default_positions(tokens_BT)
+      positions_BT = (default_positions(tokens_BT) if cache is None
+                      else _cached_positions(tokens_BT, cache))
     x_BTD = self.embedder.encode(tokens_BT)
+    if cache is not None:
+      x_BTD, cache = self.decoder(x_BTD, positions_BT, segment_ids_BT, cache=cache)
+      return self.embedder.decode(x_BTD), cache
     x_BTD = self.decoder(x_BTD, positions_BT, segment_ids_BT)
     return self.embedder.decode(x_BTD)
 
@@ -170,9 +212,32 @@ class EncoderDecoder(nnx.Module):
     x_BSD = self.embedder.encode(src_BS)
     return self.encoder(x_BSD, src_positions_BS, src_segment_ids_BS)
 
+  def cross_cache(self, src_BS, *, src_segment_ids_BS=None):
+    """Encode the source once; the cross-attention K/V of every decoder layer.
+
+    Returns:
+      tuple of ``CrossKVCache`` (for ``attnlab.decoding.cache.with_cross``).
+    """
+    if src_segment_ids_BS is None:
+      src_segment_ids_BS = self.source_segment_ids(src_BS)
+    encoded_BSD = self.encode(src_BS, src_segment_ids_BS=src_segment_ids_BS)
+    return tuple(block.cross_attn.cross_kv(encoded_BSD, src_segment_ids_BS)
+                 for block in self.decoder.layers)
+
   def decode(self, tgt_in_BT, encoded_BSD, *, src_segment_ids_BS, tgt_positions_BT=None,
-             tgt_segment_ids_BT=None):
-    """Logits [B, T, V] of the decoder given the encoder output."""
+             tgt_segment_ids_BT=None, cache=None):
+    """Logits [B, T, V] of the decoder given the encoder output.
+
+    With ``cache`` (whose cross-attention K/V are filled, see ``cross_cache``)
+    ``encoded_BSD`` and ``src_segment_ids_BS`` are unused and the result is
+    (logits, updated cache).
+    """
+    if cache is not None:
+      if tgt_positions_BT is None:
+        tgt_positions_BT = _cached_positions(tgt_in_BT, cache)
+      y_BTD = self.embedder.encode(tgt_in_BT)
+      y_BTD, cache = self.decoder(y_BTD, tgt_positions_BT, tgt_segment_ids_BT, cache=cache)
+      return self.embedder.decode(y_BTD), cache
     if tgt_positions_BT is None:
       tgt_positions_BT = default_positions(tgt_in_BT)
     y_BTD = self.embedder.encode(tgt_in_BT)
@@ -181,18 +246,35 @@ class EncoderDecoder(nnx.Module):
     return self.embedder.decode(y_BTD)
 
   def __call__(self, src_BS, tgt_in_BT, *, src_segment_ids_BS=None, tgt_segment_ids_BT=None,
-               src_positions_BS=None, tgt_positions_BT=None):
+               src_positions_BS=None, tgt_positions_BT=None, cache=None):
     """Logits [B, T, V] of the target given the source (teacher forcing).
 
     Source tokens equal to ``pad_id`` are masked in encoder self-attention and
-    in cross-attention unless ``src_segment_ids_BS`` is given.
+    in cross-attention unless ``src_segment_ids_BS`` is given. With ``cache``
+    (decoding), the source is encoded into the cross-attention K/V of layers
+    whose ``cross_attn`` entry is still None, and the result is
+    (logits, updated cache).
     """
+    if cache is not None:
+      if any(block_cache.cross_attn is None for block_cache in cache):
+        from attnlab.decoding.cache import with_cross
+
+        cache = with_cross(cache, self.cross_cache(src_BS, src_segment_ids_BS=src_segment_ids_BS))
+      return self.decode(tgt_in_BT, None, src_segment_ids_BS=None,
+                         tgt_positions_BT=tgt_positions_BT, tgt_segment_ids_BT=tgt_segment_ids_BT,
+                         cache=cache)
     if src_segment_ids_BS is None:
       src_segment_ids_BS = self.source_segment_ids(src_BS)
     encoded_BSD = self.encode(src_BS, src_segment_ids_BS=src_segment_ids_BS,
                               src_positions_BS=src_positions_BS)
     return self.decode(tgt_in_BT, encoded_BSD, src_segment_ids_BS=src_segment_ids_BS,
                        tgt_positions_BT=tgt_positions_BT, tgt_segment_ids_BT=tgt_segment_ids_BT)
+
+
+def _cached_positions(tokens_BT, cache):
+  """Positions [B, T] that continue each cached sequence: lengths + 0..T-1."""
+  lengths_B = cache[0].self_attn.lengths_B
+  return lengths_B[:, None] + jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)[None, :]
 
 
 def build_model(cfg: ModelConfig, *, rngs: nnx.Rngs) -> DecoderOnly | EncoderDecoder:

@@ -1,0 +1,369 @@
+"""Key/value caches for decoding: contiguous, ring (sliding window) and paged.
+
+Every cache is a typed pytree (``flax.struct.dataclass``) that lives inside
+``jit`` and ``lax.while_loop``. A layer's cache answers one question through
+``append``: given the K/V of ``T`` new tokens (of which the first
+``num_new_B[b]`` are real, the rest right padding), return the updated cache
+and the keys/values the new queries may see, with their positions. The
+attention layer hands those positions to ``attnlab.attention`` as
+``kv_positions``, so causality and sliding windows come from the same mask
+predicate as training; a negative position marks an empty slot.
+
+All caches track per-sequence lengths ``lengths_B``: sequence b's next token
+sits at position ``lengths_B[b]``. Prompts are therefore right-padded and
+every sequence starts at position 0, exactly as if it were decoded alone.
+
+  * ``KVCache``: one contiguous buffer per layer, ``[B, K, S, H]``. Simplest
+    and fastest while B x S fits in memory. Heads-major because writing one
+    token per sequence into ``[B, S, K, H]`` made XLA:CPU copy the buffer on
+    every step (1.3x slower at B=8, measured by tools/bench_decode.py).
+  * ``RingKVCache``: ``[B, K, W, H]`` for sliding-window models: memory
+    O(window), not O(sequence). Slot ``p % W`` holds position p; the slot
+    positions are stored so RoPE and the window mask stay right after
+    wrap-around.
+  * ``PagedKVCache``: pages ``[P, C, K, H]`` shared by all sequences, a page
+    table ``[B, M]`` (page id of the m-th page of sequence b, -1 = none) and
+    ``lengths_B``: the layout of ``attnlab.ops.decode.paged_decode_attention``.
+    Pages come from a ``PageAllocator`` free list as a sequence grows and go
+    back when it finishes.
+  * ``CrossKVCache``: the encoder-decoder's cross-attention K/V, computed once
+    per source.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+CACHE_KINDS = ("contiguous", "ring", "paged")
+
+
+def _positions_BT(lengths_B, T):
+  return lengths_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+
+
+def _is_new_BT(num_new_B, T):
+  return jnp.arange(T, dtype=jnp.int32)[None, :] < num_new_B[:, None]
+
+
+def _filled_positions(lengths_B, S):
+  """Key positions [B, S] of a buffer whose slot s holds position s: -1 past the length."""
+  s_S = jnp.arange(S, dtype=jnp.int32)
+  return jnp.where(s_S[None, :] < lengths_B[:, None], s_S[None, :], -1)
+
+
+@struct.dataclass
+class KVCache:
+  """Contiguous cache of one layer.
+
+  Attributes:
+    k_BKSH, v_BKSH: keys / values [B, K, S, H]; slot s holds position s.
+    lengths_B: int32 [B], tokens written per sequence.
+  """
+
+  k_BKSH: jax.Array
+  v_BKSH: jax.Array
+  lengths_B: jax.Array
+
+  @classmethod
+  def init(cls, batch, max_len, num_kv_heads, head_dim, dtype=jnp.float32):
+    shape = (batch, num_kv_heads, max_len, head_dim)
+    return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
+
+  @property
+  def capacity(self) -> int:
+    return self.k_BKSH.shape[2]
+
+  def append(self, k_BTKH, v_BTKH, num_new_B):
+    """Write the new tokens at their positions; see the module docstring.
+
+    Returns:
+      (cache, k_BSKH, v_BSKH, kv_positions_BS): the keys include the new ones.
+    """
+    B, T = k_BTKH.shape[:2]
+    S = self.capacity
+    # Padding and tokens past the end go to slot S, which mode="drop" skips.
+    slot_BT = jnp.where(_is_new_BT(num_new_B, T), _positions_BT(self.lengths_B, T), S)
+    b_BT = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
+    k = self.k_BKSH.at[b_BT, :, slot_BT].set(k_BTKH.astype(self.k_BKSH.dtype), mode="drop")
+    v = self.v_BKSH.at[b_BT, :, slot_BT].set(v_BTKH.astype(self.v_BKSH.dtype), mode="drop")
+    lengths_B = self.lengths_B + num_new_B
+    cache = KVCache(k, v, lengths_B)
+    kv_positions_BS = _filled_positions(lengths_B, S)
+    return cache, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), kv_positions_BS
+
+
+@struct.dataclass
+class RingKVCache:
+  """Sliding-window cache of one layer: W slots, slot ``p % W`` holds position p.
+
+  Attributes:
+    k_BKWH, v_BKWH: keys / values [B, K, W, H].
+    positions_BW: int32 position held by each slot, -1 = empty.
+    lengths_B: int32 [B], tokens seen per sequence (may exceed W).
+  """
+
+  k_BKWH: jax.Array
+  v_BKWH: jax.Array
+  positions_BW: jax.Array
+  lengths_B: jax.Array
+
+  @classmethod
+  def init(cls, batch, window, num_kv_heads, head_dim, dtype=jnp.float32):
+    shape = (batch, num_kv_heads, window, head_dim)
+    return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype),
+               jnp.full((batch, window), -1, jnp.int32), jnp.zeros((batch,), jnp.int32))
+
+  @property
+  def window(self) -> int:
+    return self.k_BKWH.shape[2]
+
+  def append(self, k_BTKH, v_BTKH, num_new_B):
+    """Attend over (ring before the write) ++ (new tokens), then write the ring.
+
+    A prefill chunk longer than W needs keys that the chunk itself would
+    overwrite, so queries see the old ring and the whole chunk; only the last
+    W real tokens of the chunk are then kept (no two writes hit one slot).
+    """
+    B, T = k_BTKH.shape[:2]
+    W = self.window
+    pos_BT = _positions_BT(self.lengths_B, T)
+    new_BT = _is_new_BT(num_new_B, T)
+    k_BSKH = jnp.concatenate([jnp.swapaxes(self.k_BKWH, 1, 2), k_BTKH.astype(self.k_BKWH.dtype)],
+                             axis=1)
+    v_BSKH = jnp.concatenate([jnp.swapaxes(self.v_BKWH, 1, 2), v_BTKH.astype(self.v_BKWH.dtype)],
+                             axis=1)
+    kv_positions_BS = jnp.concatenate([self.positions_BW, jnp.where(new_BT, pos_BT, -1)], axis=1)
+    t_BT = jnp.arange(T, dtype=jnp.int32)[None, :]
+    kept_BT = new_BT & (t_BT >= num_new_B[:, None] - W)
+    slot_BT = jnp.where(kept_BT, pos_BT % W, W)
+    b_BT = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
+    k = self.k_BKWH.at[b_BT, :, slot_BT].set(k_BTKH.astype(self.k_BKWH.dtype), mode="drop")
+    v = self.v_BKWH.at[b_BT, :, slot_BT].set(v_BTKH.astype(self.v_BKWH.dtype), mode="drop")
+    positions_BW = self.positions_BW.at[b_BT, slot_BT].set(pos_BT, mode="drop")
+    cache = RingKVCache(k, v, positions_BW, self.lengths_B + num_new_B)
+    return cache, k_BSKH, v_BSKH, kv_positions_BS
+
+
+@struct.dataclass
+class PagedKVCache:
+  """Paged cache of one layer: pages shared by all sequences of the batch.
+
+  Attributes:
+    k_pages_PCKH, v_pages_PCKH: P pages of C slots each.
+    page_table_BM: int32 page id of the m-th page of sequence b; -1 = none.
+      Position p of sequence b lives in page ``page_table_BM[b, p // C]``
+      at slot ``p % C``. Pages are assigned by ``PageAllocator`` before the
+      tokens are appended (the same table is in every layer).
+    lengths_B: int32 [B], tokens written per sequence.
+  """
+
+  k_pages_PCKH: jax.Array
+  v_pages_PCKH: jax.Array
+  page_table_BM: jax.Array
+  lengths_B: jax.Array
+
+  @classmethod
+  def init(cls, batch, max_len, num_kv_heads, head_dim, *, page_size, num_pages,
+           dtype=jnp.float32):
+    shape = (num_pages, page_size, num_kv_heads, head_dim)
+    pages_per_seq = math.ceil(max_len / page_size)
+    return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype),
+               jnp.full((batch, pages_per_seq), -1, jnp.int32), jnp.zeros((batch,), jnp.int32))
+
+  @property
+  def page_size(self) -> int:
+    return self.k_pages_PCKH.shape[1]
+
+  @property
+  def capacity(self) -> int:
+    return self.page_table_BM.shape[1] * self.page_size
+
+  def append(self, k_BTKH, v_BTKH, num_new_B):
+    """Write into the sequences' pages, return their keys gathered in order."""
+    B, T = k_BTKH.shape[:2]
+    P, C = self.k_pages_PCKH.shape[:2]
+    M = self.page_table_BM.shape[1]
+    pos_BT = _positions_BT(self.lengths_B, T)
+    m_BT = jnp.minimum(pos_BT // C, M - 1)
+    page_BT = jnp.take_along_axis(self.page_table_BM, m_BT, axis=1)
+    # A token without a page (padding, or an allocator that ran out) is dropped.
+    ok_BT = _is_new_BT(num_new_B, T) & (pos_BT < M * C) & (page_BT >= 0)
+    page_BT = jnp.where(ok_BT, page_BT, P)
+    k = self.k_pages_PCKH.at[page_BT, pos_BT % C].set(
+        k_BTKH.astype(self.k_pages_PCKH.dtype), mode="drop")
+    v = self.v_pages_PCKH.at[page_BT, pos_BT % C].set(
+        v_BTKH.astype(self.v_pages_PCKH.dtype), mode="drop")
+    lengths_B = self.lengths_B + num_new_B
+    cache = PagedKVCache(k, v, self.page_table_BM, lengths_B)
+    k_BSKH, v_BSKH = cache.gather()
+    return cache, k_BSKH, v_BSKH, _filled_positions(lengths_B, M * C)
+
+  def gather(self):
+    """Keys / values [B, M*C, K, H] in position order (unassigned pages read page 0, masked)."""
+    B, M = self.page_table_BM.shape
+    _, C, K, H = self.k_pages_PCKH.shape
+    table_BM = jnp.maximum(self.page_table_BM, 0)
+    k = self.k_pages_PCKH[table_BM].reshape(B, M * C, K, H)
+    v = self.v_pages_PCKH[table_BM].reshape(B, M * C, K, H)
+    return k, v
+
+
+@struct.dataclass
+class CrossKVCache:
+  """Cross-attention keys/values of the encoder output, computed once per source.
+
+  Attributes:
+    k_BSKH, v_BSKH: projected encoder output [B, S, K, H].
+    segment_ids_BS: int32 source segment ids (0 = padding, masked).
+  """
+
+  k_BSKH: jax.Array
+  v_BSKH: jax.Array
+  segment_ids_BS: jax.Array
+
+
+@struct.dataclass
+class BlockCache:
+  """The caches of one transformer block: self-attention and (decoders of an
+  encoder-decoder) cross-attention."""
+
+  self_attn: KVCache | RingKVCache | PagedKVCache
+  cross_attn: CrossKVCache | None = None
+
+
+# ----------------------------------------------------------------------------
+# The page allocator: a free list (stack) of page ids, usable inside jit.
+# ----------------------------------------------------------------------------
+
+
+@struct.dataclass
+class PageAllocator:
+  """A stack of free page ids: ``free_P[:num_free]`` are free.
+
+  Attributes:
+    free_P: int32 [P]; entries at and above ``num_free`` are stale.
+    num_free: int32 scalar.
+    exhausted: bool scalar, set once a request could not be served. The
+      request is then not served at all: its tokens have no page and are
+      dropped, never written over another sequence's page. ``generate``
+      raises when it sees the flag.
+  """
+
+  free_P: jax.Array
+  num_free: jax.Array
+  exhausted: jax.Array
+
+  @classmethod
+  def init(cls, num_pages: int):
+    # Reversed so that pages are handed out as 0, 1, 2, ... (easier to read).
+    return cls(jnp.arange(num_pages - 1, -1, -1, dtype=jnp.int32), jnp.int32(num_pages),
+               jnp.bool_(False))
+
+  def allocate(self, page_table_BM, lengths_B, num_new_B, page_size: int):
+    """Give each sequence the pages that ``num_new_B`` more tokens need.
+
+    Returns:
+      (allocator, page_table_BM).
+    """
+    B, M = page_table_BM.shape
+    have_B = -(-lengths_B // page_size)
+    need_B = jnp.minimum(-(-(lengths_B + num_new_B) // page_size), M) - have_B
+    need_B = jnp.maximum(need_B, 0)
+    total = jnp.sum(need_B)
+    ok = total <= self.num_free
+    first_B = jnp.cumsum(need_B) - need_B  # exclusive prefix sum: rank of the first new page
+    j_BM = jnp.arange(M, dtype=jnp.int32)[None, :] - have_B[:, None]
+    new_BM = ok & (j_BM >= 0) & (j_BM < need_B[:, None])
+    rank_BM = first_B[:, None] + j_BM
+    page_BM = self.free_P[jnp.clip(self.num_free - 1 - rank_BM, 0, self.free_P.shape[0] - 1)]
+    page_table_BM = jnp.where(new_BM, page_BM, page_table_BM)
+    num_free = jnp.where(ok, self.num_free - total, self.num_free)
+    return PageAllocator(self.free_P, num_free, self.exhausted | ~ok), page_table_BM
+
+  def free(self, page_table_BM, release_B):
+    """Push the pages of the sequences with ``release_B`` back; clear their rows.
+
+    Returns:
+      (allocator, page_table_BM).
+    """
+    P = self.free_P.shape[0]
+    pages_X = page_table_BM.reshape(-1)
+    back_X = (release_B[:, None] & (page_table_BM >= 0)).reshape(-1)
+    slot_X = jnp.where(back_X, self.num_free + jnp.cumsum(back_X) - 1, P)
+    free_P = self.free_P.at[slot_X].set(pages_X, mode="drop")
+    page_table_BM = jnp.where(release_B[:, None], -1, page_table_BM)
+    return (PageAllocator(free_P, self.num_free + jnp.sum(back_X, dtype=jnp.int32),
+                          self.exhausted), page_table_BM)
+
+
+# ----------------------------------------------------------------------------
+# Whole-model caches: a tuple with one BlockCache per decoder block.
+# ----------------------------------------------------------------------------
+
+
+def init_cache(cfg, kind: str, batch: int, max_len: int, *, page_size: int = 16,
+               num_pages: int | None = None, dtype=None):
+  """Empty self-attention caches for the decoder blocks of ``cfg``.
+
+  Args:
+    cfg: the ``ModelConfig``.
+    kind: "contiguous" | "ring" | "paged".
+    batch: B.
+    max_len: the longest sequence (prompt + generated) a cache must hold;
+      the ring ignores it (it holds ``cfg.window`` positions).
+    page_size, num_pages: C and P of the paged cache; P defaults to enough
+      pages for every sequence at ``max_len``.
+    dtype: cache dtype; default the model's compute dtype.
+
+  Returns:
+    tuple of ``BlockCache``, one per decoder layer.
+  """
+  from attnlab.nn.layers import as_dtype
+
+  dtype = as_dtype(dtype or cfg.dtype)
+  dims = (cfg.kv_heads, cfg.dim_per_head)
+  if kind == "contiguous":
+    make = lambda: KVCache.init(batch, max_len, *dims, dtype=dtype)
+  elif kind == "ring":
+    if cfg.window is None:
+      raise ValueError("cache='ring' needs a sliding-window model (ModelConfig.window), got "
+                       "window=None; use cache='contiguous' or 'paged'")
+    make = lambda: RingKVCache.init(batch, cfg.window, *dims, dtype=dtype)
+  elif kind == "paged":
+    if num_pages is None:
+      num_pages = batch * math.ceil(max_len / page_size)
+    make = lambda: PagedKVCache.init(batch, max_len, *dims, page_size=page_size,
+                                     num_pages=num_pages, dtype=dtype)
+  else:
+    raise ValueError(f"cache={kind!r} is not one of {', '.join(map(repr, CACHE_KINDS))}")
+  return tuple(BlockCache(make()) for _ in range(cfg.num_layers))
+
+
+def cache_lengths(cache):
+  """Tokens held per sequence, int32 [B] (every layer agrees)."""
+  return cache[0].self_attn.lengths_B
+
+
+def with_cross(cache, cross_caches):
+  """The caches with the per-layer cross-attention K/V filled in."""
+  return tuple(blk.replace(cross_attn=c) for blk, c in zip(cache, cross_caches, strict=True))
+
+
+def set_page_table(cache, page_table_BM, lengths_B=None):
+  """The same page table (and optionally lengths) in every layer's paged cache."""
+  out = []
+  for blk in cache:
+    sa = blk.self_attn.replace(page_table_BM=page_table_BM)
+    if lengths_B is not None:
+      sa = sa.replace(lengths_B=lengths_B)
+    out.append(blk.replace(self_attn=sa))
+  return tuple(out)
+
+
+def cache_bytes(cache) -> int:
+  """Bytes held by all arrays of a cache."""
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))

@@ -1,0 +1,281 @@
+"""Parity of the Pallas flash kernel (interpret mode on CPU) with the reference op.
+
+The grid T, S in {1, 7, 128, 200, 513} x H in {32, 64, 128} x G in {1, 2, 4, 8}
+x causal x window in {None, 1, 16, 100} x segments x dtype is covered by a
+hand-picked covering selection (every value appears, and the combinations
+that stress the kernel: T != S, multi-block bands, fully masked rows, query
+offsets) instead of the full product. Small tiles (16 / 32) keep interpret
+mode fast and force multi-block paths.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import attnlab
+from attnlab.ops import flash, masks
+from attnlab.ops.attention import reference_attention
+
+TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
+
+
+def _inputs(seed, B, T, S, N, K, H, dtype, segments):
+  ks = jax.random.split(jax.random.key(seed), 6)
+  q = jax.random.normal(ks[0], (B, T, N, H), jnp.float32).astype(dtype)
+  k = jax.random.normal(ks[1], (B, S, K, H), jnp.float32).astype(dtype)
+  v = jax.random.normal(ks[2], (B, S, K, H), jnp.float32).astype(dtype)
+  do = jax.random.normal(ks[3], (B, T, N, H), jnp.float32).astype(dtype)
+  seg = {}
+  if segments == "packed":  # several documents per row, sorted ids
+    seg = dict(
+        q_segment_ids=jnp.sort(jax.random.randint(ks[4], (B, T), 1, 4), axis=1),
+        kv_segment_ids=jnp.sort(jax.random.randint(ks[5], (B, S), 1, 4), axis=1),
+    )
+  elif segments == "pad":  # real tokens (1) then padding (0) at the tail
+    seg = dict(
+        q_segment_ids=(jnp.arange(T)[None] < jnp.array([T, max(1, T // 2)])[:B, None]
+                       ).astype(jnp.int32),
+        kv_segment_ids=(jnp.arange(S)[None] < jnp.array([S, max(1, S // 3)])[:B, None]
+                        ).astype(jnp.int32),
+    )
+  return q, k, v, do, seg
+
+
+def _value_and_grads(fn):
+  """jit(q, k, v, dout) -> (out, dq, dk, dv) through jax.vjp."""
+
+  def run(q, k, v, do):
+    out, pullback = jax.vjp(fn, q, k, v)
+    return (out, *pullback(do))
+
+  return jax.jit(run)
+
+
+def _assert_close(actual, expected, dtype, what):
+  tol = TOL[dtype]
+  actual = np.asarray(actual, np.float32)
+  expected = np.asarray(expected, np.float32)
+  assert np.all(np.isfinite(actual)), f"{what}: non-finite values"
+  # Relative to the tensor's scale: gradients summed over hundreds of queries
+  # are O(10), and bfloat16 keeps ~3 significant digits.
+  scale = max(1.0, float(np.max(np.abs(expected))))
+  np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol * scale, err_msg=what)
+
+
+def _check_parity(B, T, S, N, K, H, *, causal, window, segments=None, dtype=jnp.float32,
+                  q_offset=0, block_q=16, block_k=32, seed=0):
+  q, k, v, do, seg = _inputs(seed, B, T, S, N, K, H, dtype, segments)
+  kw = dict(causal=causal, window=window, q_offset=q_offset, **seg)
+  ref = _value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v, do)
+  got = _value_and_grads(lambda q, k, v: flash.flash_attention(
+      q, k, v, block_q=block_q, block_k=block_k, **kw))(q, k, v, do)
+  for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
+    assert a.shape == b.shape and a.dtype == b.dtype, name
+    _assert_close(a, b, dtype, name)
+
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+# (T, S, H, N, K, causal, window, segments, dtype, q_offset)
+CASES = [
+    (1, 1, 32, 1, 1, False, None, None, F32, 0),
+    (7, 7, 64, 2, 1, True, None, None, F32, 0),
+    (128, 128, 128, 4, 1, True, 16, None, F32, 0),
+    (200, 200, 32, 8, 1, True, 100, "packed", F32, 0),
+    (7, 513, 32, 4, 2, False, 16, None, F32, 0),
+    (128, 200, 64, 2, 1, False, 100, None, BF16, 0),
+    (200, 1, 128, 1, 1, True, 1, None, F32, 0),  # rows past the one key: fully masked
+    (1, 128, 64, 8, 2, True, None, None, F32, 127),  # one decode step at the end of a cache
+    (7, 200, 128, 8, 4, True, 100, None, BF16, 193),
+    (128, 7, 32, 2, 2, True, None, "pad", BF16, 0),
+    (200, 128, 64, 4, 4, False, 1, "pad", F32, 0),
+    (128, 513, 32, 4, 1, True, 16, "packed", F32, 385),
+]
+SLOW_CASES = [
+    (513, 513, 64, 8, 8, True, None, None, BF16, 0),
+    (513, 7, 128, 2, 2, False, None, "packed", F32, 0),
+    (513, 200, 128, 1, 1, False, 16, None, F32, 0),
+    (200, 513, 32, 4, 1, True, 100, "pad", BF16, 313),
+]
+
+
+@pytest.mark.parametrize("T,S,H,N,K,causal,window,segments,dtype,q_offset", CASES)
+def test_parity(T, S, H, N, K, causal, window, segments, dtype, q_offset):
+  _check_parity(2 if segments == "pad" else 1, T, S, N, K, H, causal=causal, window=window,
+                segments=segments, dtype=dtype, q_offset=q_offset)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("T,S,H,N,K,causal,window,segments,dtype,q_offset", SLOW_CASES)
+def test_parity_slow(T, S, H, N, K, causal, window, segments, dtype, q_offset):
+  _check_parity(2 if segments == "pad" else 1, T, S, N, K, H, causal=causal, window=window,
+                segments=segments, dtype=dtype, q_offset=q_offset, block_q=32, block_k=32)
+
+
+def test_grid_is_covered():
+  """Every value of every grid dimension appears in the selection."""
+  cases = CASES + SLOW_CASES
+  assert {c[0] for c in cases} | {c[1] for c in cases} >= {1, 7, 128, 200, 513}
+  assert {c[2] for c in cases} >= {32, 64, 128}
+  assert {c[3] // c[4] for c in cases} >= {1, 2, 4, 8}
+  assert {c[5] for c in cases} == {True, False}
+  assert {c[6] for c in cases} >= {None, 1, 16, 100}
+  assert {c[7] for c in cases} >= {None, "packed", "pad"}
+  assert {c[8] for c in cases} == {F32, BF16}
+
+
+def test_per_batch_offset_and_default_blocks():
+  """q_offset as an int [B] array, default tile sizes (one block per axis)."""
+  B, T, S, N, K, H = 2, 5, 40, 4, 2, 32
+  q, k, v, do, _ = _inputs(1, B, T, S, N, K, H, F32, None)
+  off = jnp.array([35, 3], jnp.int32)
+  kw = dict(causal=True, window=8, q_offset=off)
+  ref = _value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v, do)
+  got = _value_and_grads(lambda q, k, v: flash.flash_attention(q, k, v, **kw))(q, k, v, do)
+  for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
+    _assert_close(a, b, F32, name)
+
+
+def test_dispatcher_reaches_pallas():
+  q, k, v, _, _ = _inputs(2, 1, 33, 33, 4, 2, 32, F32, None)
+  fn = jax.jit(lambda q, k, v: attnlab.attention(q, k, v, causal=True, window=9,
+                                                 implementation="pallas"))
+  ref = reference_attention(q, k, v, causal=True, window=9)
+  _assert_close(fn(q, k, v), ref, F32, "out")
+
+
+def test_fully_masked_rows_are_zero_with_zero_grads():
+  """Segments that share nothing: every query sees no key."""
+  q, k, v, do, _ = _inputs(3, 1, 20, 24, 2, 1, 32, F32, None)
+  seg = dict(q_segment_ids=jnp.ones((1, 20), jnp.int32),
+             kv_segment_ids=jnp.full((1, 24), 2, jnp.int32))
+  out, dq, dk, dv = _value_and_grads(lambda q, k, v: flash.flash_attention(
+      q, k, v, block_q=16, block_k=16, **seg))(q, k, v, do)
+  for x in (out, dq, dk, dv):
+    assert np.all(np.asarray(x) == 0)
+
+
+@settings(max_examples=5, deadline=None, derandomize=True)
+@given(
+    T=st.integers(1, 70), S=st.integers(1, 70), H=st.sampled_from([16, 32]),
+    K=st.sampled_from([1, 2]), G=st.sampled_from([1, 2, 4]), causal=st.booleans(),
+    window=st.one_of(st.none(), st.integers(1, 40)), q_offset=st.integers(0, 30),
+    block_q=st.sampled_from([8, 16, 32]), block_k=st.sampled_from([8, 16, 32]),
+)
+def test_random_shapes(T, S, H, K, G, causal, window, q_offset, block_q, block_k):
+  _check_parity(1, T, S, K * G, K, H, causal=causal, window=window, q_offset=q_offset,
+                block_q=block_q, block_k=block_k, seed=T * 97 + S)
+
+
+@pytest.mark.parametrize("causal,window", [(True, None), (False, 3), (True, 3), (False, None)])
+def test_block_ranges_match_the_predicate(causal, window):
+  """key_range / query_range bound exactly the positions position_mask allows."""
+  kv_len, q_start, q_stop = 23, 4, 30
+  qs, ks = np.arange(q_start, q_stop), np.arange(kv_len)
+  allowed = np.asarray(masks.position_mask(qs[:, None], ks[None, :], causal=causal,
+                                           window=window))
+  for lo, hi in itertools.combinations(range(q_start, q_stop + 1), 2):
+    k_lo, k_hi = masks.key_range(lo, hi, causal=causal, window=window, kv_len=kv_len)
+    seen = np.flatnonzero(allowed[lo - q_start:hi - q_start].any(axis=0))
+    if seen.size:
+      assert int(k_lo) <= seen.min() and seen.max() < int(k_hi)
+      assert int(k_lo) == seen.min() and int(k_hi) == seen.max() + 1
+  for lo, hi in itertools.combinations(range(kv_len + 1), 2):
+    r_lo, r_hi = masks.query_range(lo, hi, causal=causal, window=window, q_lo=q_start,
+                                   q_hi=q_stop)
+    seen = np.flatnonzero(allowed[:, lo:hi].any(axis=1)) + q_start
+    if seen.size:
+      assert int(r_lo) == seen.min() and int(r_hi) == seen.max() + 1
+    else:
+      assert int(r_hi) <= int(r_lo)
+
+
+def _bad(**over):
+  args = dict(q=jnp.zeros((1, 8, 4, 32)), k=jnp.zeros((1, 8, 2, 32)), v=jnp.zeros((1, 8, 2, 32)))
+  kw = {k: over.pop(k) for k in list(over) if k not in args}
+  args.update(over)
+  return lambda: flash.flash_attention(args["q"], args["k"], args["v"], **kw)
+
+
+@pytest.mark.parametrize("call,match", [
+    (_bad(k=jnp.zeros((1, 8, 2, 16)), v=jnp.zeros((1, 8, 2, 16))), "head dim of q_BTNH"),
+    (_bad(k=jnp.zeros((1, 8, 3, 32)), v=jnp.zeros((1, 8, 3, 32))), "multiple of the num kv"),
+    (_bad(v=jnp.zeros((1, 9, 2, 32))), "v_BSKH"),
+    (_bad(block_q=24), "block_q=24"),
+    (_bad(block_k=0), "block_k=0"),
+    (_bad(window=0), "window=0"),
+    (_bad(q_segment_ids=jnp.zeros((1, 7), jnp.int32),
+          kv_segment_ids=jnp.zeros((1, 8), jnp.int32)), "q_segment_ids shape"),
+    (_bad(q_segment_ids=jnp.zeros((1, 8), jnp.int32),
+          kv_segment_ids=jnp.zeros((2, 8), jnp.int32)), "kv_segment_ids shape"),
+    (_bad(q_segment_ids=jnp.zeros((1, 8), jnp.int32)), "given together"),
+])
+def test_bad_input_raises(call, match):
+  with pytest.raises(ValueError, match=match):
+    call()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H,G,causal,window", [(64, 1, True, None), (128, 4, True, 256),
+                                               (64, 2, False, None), (80, 1, True, None)])
+def test_gpu_compiled_matches_reference(H, G, causal, window):
+  """Triton-compiled kernel (interpret=False), bfloat16, against the reference."""
+  B, T, S, K = 2, 1000, 1000, 2
+  q, k, v, do, _ = _inputs(4, B, T, S, K * G, K, H, BF16, None)
+  kw = dict(causal=causal, window=window)
+  ref = _value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v, do)
+  got = _value_and_grads(lambda q, k, v: flash.flash_attention(q, k, v, interpret=False, **kw))(
+      q, k, v, do)
+  for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
+    _assert_close(a, b, BF16, name)
+
+
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_model_pallas_equals_reference(arch, monkeypatch):
+  """Same logits and parameter gradients with attention_impl="pallas" as "reference"."""
+  from flax import nnx
+
+  calls = []
+  kernel = flash.flash_attention
+
+  def counting_kernel(*args, **kwargs):
+    calls.append(1)
+    return kernel(*args, **kwargs)
+
+  monkeypatch.setattr(flash, "flash_attention", counting_kernel)
+
+  def build(impl):
+    cfg = attnlab.ModelConfig(
+        arch=arch, vocab_size=64, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        head_dim=16, d_ff=128, window=12 if arch == "decoder_only" else None,
+        attention_impl=impl,
+    )
+    return attnlab.build_model(cfg, rngs=nnx.Rngs(0))
+
+  tokens = jax.random.randint(jax.random.key(5), (2, 37), 1, 64)
+  src = tokens.at[1, 30:].set(0)  # padded source row: the encoder masks pad_id=0
+
+  @nnx.jit
+  def logits_and_grads(model):
+    def loss(model):
+      logits = model(tokens) if arch == "decoder_only" else model(src, tokens)
+      return jnp.mean(jnp.square(logits)), logits
+
+    (_, logits), grads = nnx.value_and_grad(loss, has_aux=True)(model)
+    return logits, grads
+
+  ref_model, pallas_model = build("reference"), build("pallas")
+  ref_logits, ref_grads = logits_and_grads(ref_model)
+  assert not calls
+  logits, grads = logits_and_grads(pallas_model)
+  assert calls, "the pallas model did not reach flash_attention"
+  _assert_close(logits, ref_logits, F32, "logits")
+  ref_leaves = jax.tree_util.tree_leaves_with_path(nnx.state(ref_grads))
+  leaves = jax.tree_util.tree_leaves(nnx.state(grads))
+  assert len(ref_leaves) == len(leaves) > 0
+  for (path, expected), actual in zip(ref_leaves, leaves):
+    _assert_close(actual, expected, F32, jax.tree_util.keystr(path))

@@ -1,0 +1,252 @@
+"""The attention operator: reference against independent definitions, and
+every other implementation against the reference, forward and gradients."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnlab.ops import masks
+from attnlab.ops.attention import attention, chunked_attention, reference_attention
+
+
+def make_qkv(B, T, S, N, K, H, seed=0, dtype=jnp.float32):
+  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+  q = jax.random.normal(kq, (B, T, N, H), jnp.float32).astype(dtype)
+  k = jax.random.normal(kk, (B, S, K, H), jnp.float32).astype(dtype)
+  v = jax.random.normal(kv, (B, S, K, H), jnp.float32).astype(dtype)
+  return q, k, v
+
+
+def naive_attention(q, k, v, *, causal=False, window=None, q_seg=None, kv_seg=None, q_offset=0):
+  """One query at a time in NumPy float64: the textbook definition."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  B, T, N, H = q.shape
+  S, K = k.shape[1], k.shape[2]
+  out = np.zeros_like(q)
+  for b, t, n in itertools.product(range(B), range(T), range(N)):
+    kv_head = n // (N // K)
+    qpos = q_offset + t
+    scores, values = [], []
+    for s in range(S):
+      if causal and s > qpos:
+        continue
+      if window is not None and (qpos - s >= window or (not causal and s - qpos >= window)):
+        continue
+      if q_seg is not None and q_seg[b, t] != kv_seg[b, s]:
+        continue
+      scores.append(q[b, t, n] @ k[b, s, kv_head] / np.sqrt(H))
+      values.append(v[b, s, kv_head])
+    if scores:
+      w = np.exp(np.array(scores) - max(scores))
+      out[b, t, n] = (w / w.sum()) @ np.array(values)
+  return out
+
+
+NAIVE_CASES = [
+    dict(),
+    dict(causal=True),
+    dict(causal=True, window=3),
+    dict(window=2),
+    dict(causal=True, q_offset=4),
+    dict(segments=True),
+    dict(causal=True, segments=True),
+]
+
+
+@pytest.mark.parametrize("case", NAIVE_CASES, ids=str)
+@pytest.mark.parametrize("N,K", [(4, 4), (4, 2), (4, 1)])
+def test_reference_equals_naive_loop(case, N, K):
+  case = dict(case)
+  B, T, H = 2, 5, 8
+  S = T + case.get("q_offset", 0)
+  q, k, v = make_qkv(B, T, S, N, K, H)
+  kw = {}
+  if case.pop("segments", False):
+    q_seg = np.array([[1, 1, 2, 2, 2], [1, 1, 1, 1, 0]])
+    kv_seg = q_seg.copy()
+    kw = dict(q_segment_ids=jnp.asarray(q_seg), kv_segment_ids=jnp.asarray(kv_seg))
+    case.update(q_seg=q_seg, kv_seg=kv_seg)
+  want = naive_attention(q, k, v, **case)
+  case.pop("q_seg", None), case.pop("kv_seg", None)
+  got = reference_attention(q, k, v, **case, **kw)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(), dict(causal=True), dict(causal=True, window=4), dict(window=3),
+     dict(causal=True, q_offset=6), dict(segments=True, causal=True)],
+    ids=str,
+)
+@pytest.mark.parametrize("N,K", [(8, 8), (8, 2), (8, 1)])
+def test_reference_equals_jax_nn_xla(kw, N, K):
+  kw = dict(kw)
+  B, T, H = 2, 11, 16
+  S = T + kw.get("q_offset", 0)
+  q, k, v = make_qkv(B, T, S, N, K, H, seed=1)
+  if kw.pop("segments", False):
+    seg = jnp.array([[1] * 6 + [2] * 5, [1] * 9 + [0] * 2])
+    kw.update(q_segment_ids=seg, kv_segment_ids=seg)
+  want = reference_attention(q, k, v, **kw)
+  got = attention(q, k, v, implementation="xla", **kw)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def _loss(impl, kw):
+  def f(q, k, v):
+    out = attention(q, k, v, implementation=impl, **kw)
+    # A fixed random projection so every output element has its own weight.
+    w = jax.random.normal(jax.random.key(9), out.shape)
+    return jnp.sum(out.astype(jnp.float32) * w)
+
+  return f
+
+
+CHUNKED_CASES = [
+    # (B, T, S, N, K, H, block, kwargs)
+    (2, 37, 37, 8, 8, 16, 8, dict(causal=True)),
+    (2, 37, 53, 8, 2, 16, 16, dict()),
+    (1, 19, 45, 4, 1, 8, 7, dict(causal=True, q_offset=26)),
+    (2, 33, 33, 8, 4, 16, 8, dict(causal=True, window=5)),
+    (2, 33, 33, 4, 2, 16, 16, dict(window=9)),
+    (2, 30, 30, 4, 1, 8, 8, dict(causal=True, segments=True)),
+    (2, 30, 30, 8, 2, 8, 32, dict(segments=True)),
+    (2, 1, 40, 8, 2, 16, 16, dict(causal=True, q_offset=39)),
+]
+
+
+@pytest.mark.parametrize("B,T,S,N,K,H,block,kw", CHUNKED_CASES, ids=str)
+def test_chunked_equals_reference_forward_and_gradients(B, T, S, N, K, H, block, kw):
+  kw = dict(kw)
+  q, k, v = make_qkv(B, T, S, N, K, H, seed=2)
+  if kw.pop("segments", False):
+    # Two packed documents, then padding (segment 0) at the end of the row.
+    seg_T = jnp.array([1] * (T // 2) + [2] * (T - T // 2 - 3) + [0] * 3)
+    seg = jnp.stack([seg_T, jnp.roll(seg_T, 4)])
+    kw.update(q_segment_ids=seg, kv_segment_ids=seg)
+
+  def chunked(q, k, v):
+    return chunked_attention(q, k, v, block_k=block, **kw)
+
+  want = reference_attention(q, k, v, **kw)
+  got = jax.jit(chunked)(q, k, v)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  g_ref = jax.grad(_loss("reference", kw), argnums=(0, 1, 2))(q, k, v)
+  w = jax.random.normal(jax.random.key(9), want.shape)
+  g_chk = jax.jit(jax.grad(lambda q, k, v: jnp.sum(chunked(q, k, v) * w), argnums=(0, 1, 2)))(
+      q, k, v)
+  for name, a, b in zip("qkv", g_chk, g_ref):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5, err_msg=f"d{name}")
+
+
+def test_chunked_bfloat16_close_to_float32_reference():
+  q, k, v = make_qkv(2, 40, 40, 8, 2, 32, seed=3)
+  want = reference_attention(q, k, v, causal=True)
+  got = chunked_attention(*(x.astype(jnp.bfloat16) for x in (q, k, v)), causal=True, block_k=16)
+  assert got.dtype == jnp.bfloat16
+  np.testing.assert_allclose(got.astype(jnp.float32), want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("impl", ["reference", "chunked", "xla"])
+def test_fully_masked_rows_are_zero_with_finite_gradients(impl):
+  q, k, v = make_qkv(1, 6, 6, 4, 2, 8, seed=4)
+  # Query segment 3 has no key of its segment: those rows see nothing.
+  q_seg = jnp.array([[1, 1, 3, 3, 2, 2]])
+  kv_seg = jnp.array([[1, 1, 2, 2, 2, 2]])
+  kw = dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True)
+  out = attention(q, k, v, implementation=impl, **kw)
+  np.testing.assert_array_equal(out[0, 2:4], 0.0)
+  assert np.all(np.abs(np.asarray(out[0, [0, 1, 4, 5]])) > 0)
+  grads = jax.grad(_loss(impl, kw), argnums=(0, 1, 2))(q, k, v)
+  for g in grads:
+    assert np.all(np.isfinite(g))
+  np.testing.assert_array_equal(grads[0][0, 2:4], 0.0)
+
+
+def test_self_attention_is_permutation_equivariant():
+  """Without positions or masks, attention(PX) = P attention(X)."""
+  x_BTD = jax.random.normal(jax.random.key(5), (1, 9, 16))
+  w = jax.random.normal(jax.random.key(6), (3, 16, 4, 8))
+
+  def self_attention(x_BTD):
+    q, k, v = (jnp.einsum("BTD,DNH->BTNH", x_BTD, w_i) for w_i in w)
+    return attention(q, k, v)
+
+  perm = np.random.default_rng(0).permutation(9)
+  np.testing.assert_allclose(
+      self_attention(x_BTD[:, perm]), self_attention(x_BTD)[:, perm], atol=1e-5, rtol=1e-5)
+
+
+def test_gqa_equals_mha_with_repeated_kv():
+  """GQA is MHA whose K/V heads are shared: repeating them (in the test only)
+  must give the same output."""
+  q, k, v = make_qkv(2, 10, 10, 8, 2, 16, seed=7)
+  gqa = reference_attention(q, k, v, causal=True)
+  mha = reference_attention(q, jnp.repeat(k, 4, axis=2), jnp.repeat(v, 4, axis=2), causal=True)
+  np.testing.assert_allclose(gqa, mha, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["reference", "chunked"])
+def test_window_at_least_length_equals_causal(impl):
+  q, k, v = make_qkv(2, 12, 12, 4, 2, 8, seed=8)
+  causal = attention(q, k, v, causal=True, implementation=impl)
+  for window in (12, 13, 100):
+    windowed = attention(q, k, v, causal=True, window=window, implementation=impl)
+    np.testing.assert_allclose(windowed, causal, atol=1e-6)
+  narrower = attention(q, k, v, causal=True, window=11, implementation=impl)
+  assert not np.allclose(narrower[:, -1], causal[:, -1], atol=1e-3)
+
+
+@pytest.mark.parametrize("impl", ["reference", "chunked", "xla"])
+def test_window_one_attends_to_itself_only(impl):
+  q, k, v = make_qkv(2, 7, 7, 4, 4, 8, seed=10)
+  out = attention(q, k, v, causal=True, window=1, implementation=impl)
+  np.testing.assert_allclose(out, v, atol=1e-6)
+
+
+def test_mask_predicates_and_key_range_agree():
+  for causal, window in itertools.product([False, True], [None, 1, 3, 8]):
+    q_pos = np.arange(20)[:, None]
+    k_pos = np.arange(20)[None, :]
+    mask = np.asarray(masks.position_mask(q_pos, k_pos, causal=causal, window=window))
+    for lo_q in range(0, 20, 4):
+      lo, hi = masks.key_range(lo_q, lo_q + 4, causal=causal, window=window, kv_len=20)
+      visible = np.nonzero(mask[lo_q:lo_q + 4].any(axis=0))[0]
+      assert lo <= visible.min() and visible.max() < hi
+      assert visible.min() == lo and visible.max() == hi - 1
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (dict(q=(2, 4, 6, 8), k=(2, 4, 4, 8)), "multiple of num_kv_heads"),
+        (dict(q=(2, 4, 4, 8), k=(2, 4, 4, 16)), "head_dim"),
+        (dict(q=(2, 4, 4, 8), k=(3, 4, 4, 8)), "batch"),
+        (dict(q=(2, 4, 8), k=(2, 4, 4, 8)), "rank 4"),
+        (dict(window=0), "window=0"),
+        (dict(q_seg=(2, 5)), "q_segment_ids shape"),
+        (dict(impl="flash9"), "implementation='flash9'"),
+    ],
+)
+def test_bad_input_raises_clear_errors(args, match):
+  q = jnp.zeros(args.get("q", (2, 4, 4, 8)))
+  k = jnp.zeros(args.get("k", (2, 4, 4, 8)))
+  kw = {}
+  if "window" in args:
+    kw["window"] = args["window"]
+  if "q_seg" in args:
+    kw.update(q_segment_ids=jnp.zeros(args["q_seg"], jnp.int32),
+              kv_segment_ids=jnp.zeros((2, 4), jnp.int32))
+  with pytest.raises(ValueError, match=match):
+    attention(q, k, k, implementation=args.get("impl", "reference"), **kw)
+
+
+def test_cudnn_without_gpu_is_a_clear_error():
+  if jax.default_backend() == "gpu":
+    pytest.skip("has a GPU")
+  q, k, v = make_qkv(1, 4, 4, 2, 2, 8)
+  with pytest.raises(ValueError, match="cudnn.*GPU"):
+    attention(q, k, v, implementation="cudnn")

@@ -186,3 +186,227 @@ def _numpy_dtype(name: str):
   import jax.numpy as jnp
 
   return {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}[name]
+
+
+# --------------------------------------------------------------------------- training
+
+TASKS = ("lm", "copy", "reverse", "sort", "add", "tsv")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+SCHEDULES = ("inverse_sqrt", "cosine", "constant")
+NONFINITE = ("stop", "skip")
+
+
+def _nonnegative(name: str, value) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    raise ValueError(f"{name}={value!r} must be a non-negative integer")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+  """What a training run reads, and how it is cut into batches.
+
+  Attributes:
+    task: "lm" (packed text), "copy" | "reverse" | "sort" | "add" (synthetic
+      seq2seq from ``seed``) or "tsv" (parallel text, one "source<TAB>target"
+      pair a line).
+    paths: text files or glob patterns for "lm" (empty = the Python standard
+      library's own source on this interpreter); for "tsv" the training file
+      first, then optionally the validation file.
+    seq_len: T, tokens a row (targets are the next token, so a row reads T+1).
+    batch_size: B, rows a step (all accumulation micro-batches together).
+    validation_percent: files (lm) or lines (tsv) held out for validation, by
+      a stable hash of their name / index.
+    max_files: use at most this many files (0 = all); keeps CPU demos quick.
+    min_len, max_len: length range of synthetic sources.
+    vocab_chars: size of the synthetic alphabet (digits for "add").
+    loss_on_prompt: decoder-only seq2seq: also train on the source tokens.
+    tokenizer: "byte" (default) or "sentencepiece" (needs the extra and
+      ``tokenizer_model``).
+    tokenizer_model: path of a sentencepiece model.
+    seed: data order and synthetic examples.
+  """
+
+  task: str = "lm"
+  paths: tuple[str, ...] = ()
+  seq_len: int = 128
+  batch_size: int = 16
+  validation_percent: int = 5
+  max_files: int = 0
+  min_len: int = 3
+  max_len: int = 12
+  vocab_chars: int = 10
+  loss_on_prompt: bool = False
+  tokenizer: str = "byte"
+  tokenizer_model: str = ""
+  seed: int = 0
+
+  def __post_init__(self):
+    _choice("task", self.task, TASKS)
+    object.__setattr__(self, "paths", tuple(self.paths))
+    for name in ("seq_len", "batch_size", "min_len", "max_len", "vocab_chars"):
+      _positive(name, getattr(self, name))
+    _nonnegative("max_files", self.max_files)
+    _nonnegative("seed", self.seed)
+    if not 0 <= self.validation_percent < 100:
+      raise ValueError(f"validation_percent={self.validation_percent!r} must be in [0, 100)")
+    if self.min_len > self.max_len:
+      raise ValueError(f"min_len={self.min_len} must be <= max_len={self.max_len}")
+    if self.vocab_chars > 26:
+      raise ValueError(f"vocab_chars={self.vocab_chars} must be at most 26")
+    _choice("tokenizer", self.tokenizer, ("byte", "sentencepiece"))
+    if self.tokenizer == "sentencepiece" and not self.tokenizer_model:
+      raise ValueError("tokenizer='sentencepiece' needs tokenizer_model (a .model path)")
+    if self.task == "tsv" and not self.paths:
+      raise ValueError("task='tsv' needs paths=('train.tsv', ['valid.tsv'])")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+  """How a model is trained: steps, optimizer, schedule, mesh, checkpoints.
+
+  Attributes:
+    steps: optimizer steps of the whole run.
+    seed: parameter init and dropout.
+    optimizer: "adamw" (default), "adam" or "sgd".
+    learning_rate: peak rate ("cosine", "constant"); with "inverse_sqrt" a
+      multiplier of the paper's d_model^-0.5 * min(s^-0.5, s * w^-1.5).
+    schedule: "inverse_sqrt" (the paper), "cosine" (warmup + cosine) or
+      "constant" (warmup, then flat).
+    warmup_steps: linear warmup (the paper: 4000).
+    min_lr_ratio: the cosine schedule decays to this fraction of the peak.
+    b1, b2, eps, weight_decay: Adam(W) hyperparameters (the paper: 0.9, 0.98,
+      1e-9; no weight decay).
+    grad_clip: clip the global gradient norm to this; 0 = no clipping.
+    label_smoothing: the paper's 0.1; 0 = plain cross-entropy.
+    grad_accum: micro-batches per step (must divide the batch size).
+    mesh_shape: (data, fsdp, tensor); one entry may be -1 = the remaining
+      devices. A shape using fewer devices than exist takes the first ones.
+    log_every, eval_every, checkpoint_every: in steps (0 = never; the last
+      step always logs and checkpoints).
+    eval_batches: validation batches an evaluation reads.
+    keep_checkpoints: checkpoints kept in the workdir.
+    on_nonfinite: "stop" (keep the last good checkpoint and exit with an
+      error) or "skip" (drop the update, count it, continue).
+    progress: show a tqdm bar on stderr.
+  """
+
+  steps: int = 1000
+  seed: int = 0
+  optimizer: str = "adamw"
+  learning_rate: float = 1e-3
+  schedule: str = "cosine"
+  warmup_steps: int = 100
+  min_lr_ratio: float = 0.1
+  b1: float = 0.9
+  b2: float = 0.98
+  eps: float = 1e-9
+  weight_decay: float = 0.0
+  grad_clip: float = 1.0
+  label_smoothing: float = 0.0
+  grad_accum: int = 1
+  mesh_shape: tuple[int, int, int] = (-1, 1, 1)
+  log_every: int = 10
+  eval_every: int = 0
+  eval_batches: int = 4
+  checkpoint_every: int = 200
+  keep_checkpoints: int = 3
+  on_nonfinite: str = "stop"
+  progress: bool = True
+
+  def __post_init__(self):
+    _positive("steps", self.steps)
+    _nonnegative("seed", self.seed)
+    _choice("optimizer", self.optimizer, OPTIMIZERS)
+    _choice("schedule", self.schedule, SCHEDULES)
+    if not self.learning_rate > 0:
+      raise ValueError(f"learning_rate={self.learning_rate!r} must be positive")
+    _nonnegative("warmup_steps", self.warmup_steps)
+    if self.schedule == "inverse_sqrt" and self.warmup_steps == 0:
+      raise ValueError("warmup_steps=0 is not allowed with schedule='inverse_sqrt'")
+    if not 0.0 <= self.min_lr_ratio <= 1.0:
+      raise ValueError(f"min_lr_ratio={self.min_lr_ratio!r} must be in [0, 1]")
+    for name in ("b1", "b2"):
+      _fraction(name, getattr(self, name))
+    if self.eps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
+      raise ValueError(
+          f"eps={self.eps!r}, weight_decay={self.weight_decay!r} and "
+          f"grad_clip={self.grad_clip!r} must be non-negative"
+      )
+    _fraction("label_smoothing", self.label_smoothing)
+    _positive("grad_accum", self.grad_accum)
+    shape = tuple(self.mesh_shape)
+    object.__setattr__(self, "mesh_shape", shape)
+    if len(shape) != 3 or any(
+        isinstance(s, bool) or not isinstance(s, int) or (s < 1 and s != -1) for s in shape
+    ) or shape.count(-1) > 1:
+      raise ValueError(
+          f"mesh_shape={shape!r} must be 3 positive ints (data, fsdp, tensor), at most one -1"
+      )
+    for name in ("log_every", "eval_every", "checkpoint_every"):
+      _nonnegative(name, getattr(self, name))
+    _positive("eval_batches", self.eval_batches)
+    _positive("keep_checkpoints", self.keep_checkpoints)
+    _choice("on_nonfinite", self.on_nonfinite, NONFINITE)
+
+  def replace(self, **changes) -> TrainConfig:
+    return dataclasses.replace(self, **changes)
+
+
+# --------------------------------------------------------------------------- decoding
+
+CACHES = ("contiguous", "ring", "paged")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeConfig:
+  """How ``attnlab decode`` / ``attnlab.generate`` produce tokens.
+
+  Attributes:
+    max_new_tokens: tokens generated per sequence at most.
+    cache: "contiguous" | "ring" (sliding-window models) | "paged".
+    temperature: 0 = greedy; else logits are divided by it before sampling.
+    top_k: sample only among the k most likely tokens; None = all.
+    top_p: sample only from the smallest set whose probability reaches p.
+    beam_size: beam search width (encoder-decoder); 1 = no beam search.
+    length_penalty: alpha of the GNMT length penalty ((5 + len) / 6)^alpha
+      that divides the log probability of a finished beam; 0 = none.
+    eos_id: a sequence stops after emitting it; None = never stops early.
+    bos_id: the first decoder token of an encoder-decoder.
+    seed: the sampling seed.
+    page_size: C, slots per page of the paged cache.
+    num_pages: P, pages of the paged cache; None = enough for every sequence.
+  """
+
+  max_new_tokens: int = 64
+  cache: str = "contiguous"
+  temperature: float = 0.0
+  top_k: int | None = None
+  top_p: float | None = None
+  beam_size: int = 1
+  length_penalty: float = 0.6
+  eos_id: int | None = 2
+  bos_id: int = 1
+  seed: int = 0
+  page_size: int = 16
+  num_pages: int | None = None
+
+  def __post_init__(self):
+    _positive("max_new_tokens", self.max_new_tokens)
+    _choice("cache", self.cache, CACHES)
+    if not self.temperature >= 0.0:
+      raise ValueError(f"temperature={self.temperature!r} must be >= 0 (0 = greedy)")
+    if self.top_k is not None:
+      _positive("top_k", self.top_k)
+    if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p={self.top_p!r} must be in (0, 1]")
+    _positive("beam_size", self.beam_size)
+    if not self.length_penalty >= 0.0:
+      raise ValueError(f"length_penalty={self.length_penalty!r} must be >= 0")
+    for name in ("eos_id", "bos_id", "seed"):
+      value = getattr(self, name)
+      if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                or value < 0):
+        raise ValueError(f"{name}={value!r} must be a non-negative integer")
+    _positive("page_size", self.page_size)
+    if self.num_pages is not None:
+      _positive("num_pages", self.num_pages)

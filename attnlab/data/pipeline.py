@@ -1,0 +1,175 @@
+"""Batches for training and evaluation, from a ``DataConfig``.
+
+Every batch is a pure function of (config, batch index): the iterator's whole
+state is the index of the next batch, saved in checkpoints, so a resumed run
+reads exactly the batches an uninterrupted one would have. Finite sources are
+reshuffled every epoch by a permutation seeded with (seed, epoch).
+
+Batch layouts (numpy, int32 unless noted):
+  decoder-only: tokens_BT, targets_BT, segment_ids_BT, positions_BT,
+    loss_mask_BT (float32).
+  encoder-decoder: src_BS, tgt_in_BT, targets_BT, tgt_segment_ids_BT,
+    loss_mask_BT (float32).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnlab.config import DataConfig, ModelConfig
+from attnlab.data import packing, text
+from attnlab.data.synthetic import SyntheticPairs
+from attnlab.data.tokenizer import make_tokenizer
+
+
+class PackedText:
+  """A text corpus packed into rows of T tokens (see data/packing.py)."""
+
+  def __init__(self, docs: list[str], tokenizer, seq_len: int, seed: int):
+    order = np.random.default_rng([seed, 7]).permutation(len(docs))
+    ids = [tokenizer.encode(docs[i]) for i in order]
+    self.tokens_L, self.doc_ids_L = packing.concat_documents(ids, tokenizer.bos_id,
+                                                              tokenizer.eos_id)
+    self.seq_len = seq_len
+    self.size = packing.num_rows(len(self.tokens_L), seq_len)
+    if self.size == 0:
+      raise ValueError(f"the corpus ({len(self.tokens_L)} tokens) is shorter than one row "
+                       f"of seq_len={seq_len}")
+
+  def batch(self, indices) -> dict[str, np.ndarray]:
+    return packing.packed_rows(self.tokens_L, self.doc_ids_L, np.asarray(indices), self.seq_len)
+
+
+class PairBatches:
+  """(source, target) text pairs laid out for one of the two architectures.
+
+  Encoder-decoder: src = source [eos]; tgt_in = [bos] target; targets =
+  target [eos]. Decoder-only: [bos] source [eos] target [eos] shifted by
+  one, the loss on the target part only unless ``loss_on_prompt``.
+  """
+
+  def __init__(self, pairs, tokenizer, *, seq_len: int, arch: str, loss_on_prompt: bool):
+    self.pairs, self.tok, self.seq_len, self.arch = pairs, tokenizer, seq_len, arch
+    self.loss_on_prompt = loss_on_prompt
+    self.size = getattr(pairs, "size", len(pairs)) if not isinstance(pairs, list) else len(pairs)
+
+  def _ids(self, i):
+    src, tgt = self.pairs[int(i)]
+    return self.tok.encode(src), self.tok.encode(tgt)
+
+  def batch(self, indices) -> dict[str, np.ndarray]:
+    B, T = len(indices), self.seq_len
+    pad, bos, eos = self.tok.pad_id, self.tok.bos_id, self.tok.eos_id
+    if self.arch == "encoder_decoder":
+      out = {k: np.full((B, T), pad, np.int32) for k in ("src_BS", "tgt_in_BT", "targets_BT")}
+      for b, i in enumerate(indices):
+        # Too-long examples are cut: the test below checks synthetic ones fit.
+        s, t = self._ids(i)
+        s, t = np.append(s[:T - 1], eos), t[:T - 1]
+        out["src_BS"][b, :len(s)] = s
+        out["tgt_in_BT"][b, :len(t) + 1] = np.insert(t, 0, bos)
+        out["targets_BT"][b, :len(t) + 1] = np.append(t, eos)
+      out["tgt_segment_ids_BT"] = (out["tgt_in_BT"] != pad).astype(np.int32)
+      out["loss_mask_BT"] = (out["targets_BT"] != pad).astype(np.float32)
+      return out
+    tokens = np.full((B, T + 1), pad, np.int32)
+    mask = np.zeros((B, T), np.float32)
+    for b, i in enumerate(indices):
+      s, t = self._ids(i)
+      seq = np.concatenate([[bos], s, [eos], t, [eos]])[:T + 1]
+      tokens[b, :len(seq)] = seq
+      first = 0 if self.loss_on_prompt else len(s) + 1  # targets[j] = seq[j + 1]
+      mask[b, first:len(seq) - 1] = 1.0
+    seg = (tokens[:, :-1] != pad).astype(np.int32)
+    return dict(tokens_BT=tokens[:, :-1], targets_BT=tokens[:, 1:], segment_ids_BT=seg,
+                positions_BT=np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)).copy(),
+                loss_mask_BT=mask)
+
+
+class BatchIterator:
+  """Deterministic, checkpointable batches of a source.
+
+  Args:
+    source: has ``size`` (None = endless) and ``batch(indices)``.
+    batch_size: B.
+    seed: the per-epoch shuffle; None = source order (validation).
+  """
+
+  def __init__(self, source, batch_size: int, seed: int | None, index: int = 0):
+    self.source, self.batch_size, self.seed, self.index = source, batch_size, seed, index
+    if source.size is not None and source.size < batch_size:
+      raise ValueError(f"batch_size={batch_size} is larger than the data ({source.size} rows)")
+    self._perm_epoch, self._perm = None, None
+
+  def _example_ids(self, n: int) -> np.ndarray:
+    ids = np.arange(n * self.batch_size, (n + 1) * self.batch_size)
+    size = self.source.size
+    if size is None:
+      return ids
+    out = np.empty_like(ids)
+    for j, g in enumerate(ids):
+      epoch, k = divmod(int(g), size)
+      if self.seed is None:
+        out[j] = k
+        continue
+      if self._perm_epoch != epoch:
+        self._perm = np.random.default_rng([self.seed, epoch]).permutation(size)
+        self._perm_epoch = epoch
+      out[j] = self._perm[k]
+    return out
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    batch = self.source.batch(self._example_ids(self.index))
+    self.index += 1
+    return batch
+
+  def get_state(self) -> dict:
+    return {"index": int(self.index)}
+
+  def set_state(self, state: dict) -> None:
+    self.index = int(state["index"])
+
+
+def build_sources(dcfg: DataConfig, mcfg: ModelConfig):
+  """Train and validation sources and the tokenizer for a data config."""
+  tok = make_tokenizer(dcfg.tokenizer, dcfg.tokenizer_model)
+  if tok.vocab_size > mcfg.vocab_size:
+    raise ValueError(f"vocab_size={mcfg.vocab_size} is smaller than the tokenizer's "
+                     f"{tok.vocab_size}")
+  if dcfg.task == "lm":
+    if mcfg.arch != "decoder_only":
+      raise ValueError("task='lm' needs arch='decoder_only'")
+    files = text.lm_files(dcfg.paths, validation_percent=dcfg.validation_percent,
+                          max_files=dcfg.max_files)
+    return {split: PackedText([text.read_text(f) for f in fs], tok, dcfg.seq_len, dcfg.seed)
+            for split, fs in files.items()}, tok
+  if dcfg.task == "tsv":
+    pairs = text.tsv_splits(dcfg.paths, dcfg.validation_percent)
+  else:
+    pairs = {split: SyntheticPairs(dcfg.task, seed=dcfg.seed, split=split, min_len=dcfg.min_len,
+                                   max_len=dcfg.max_len, vocab_chars=dcfg.vocab_chars)
+             for split in ("train", "validation")}
+    src_len, tgt_len = pairs["train"].longest()
+    need = src_len + tgt_len + 2 if mcfg.arch == "decoder_only" else max(src_len, tgt_len) + 1
+    if need > dcfg.seq_len:
+      raise ValueError(f"seq_len={dcfg.seq_len} is too short for task={dcfg.task!r} with "
+                       f"max_len={dcfg.max_len}: needs {need}")
+  kw = dict(seq_len=dcfg.seq_len, arch=mcfg.arch, loss_on_prompt=dcfg.loss_on_prompt)
+  return {split: PairBatches(p, tok, **kw) for split, p in pairs.items()}, tok
+
+
+def train_iterator(sources, dcfg: DataConfig) -> BatchIterator:
+  return BatchIterator(sources["train"], dcfg.batch_size, dcfg.seed)
+
+
+def validation_batches(sources, dcfg: DataConfig, num_batches: int) -> list[dict]:
+  """The first ``num_batches`` validation batches, in a fixed order (fewer if
+  the validation data is smaller)."""
+  src = sources["validation"]
+  bs = dcfg.batch_size if src.size is None else min(dcfg.batch_size, src.size)
+  n = num_batches if src.size is None else max(1, min(num_batches, src.size // bs))
+  it = BatchIterator(src, bs, seed=None)
+  return [next(it) for _ in range(n)]

@@ -1,0 +1,115 @@
+"""Text corpora: the LM corpus (default: this interpreter's standard library
+source) and parallel-text TSV files for translation.
+
+Splits are by a stable hash (crc32) of the file's relative path or the
+line's index, so they do not depend on the file system's listing order.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sysconfig
+import zlib
+
+# Test suites, IDLE and vendored packages are a different dialect of Python
+# from the library itself (and half its bytes): leave them out.
+_STDLIB_SKIP = ("test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3",
+                "__pycache__", "turtledemo", "ensurepip")
+
+
+def stdlib_files() -> list[str]:
+  """The ``*.py`` files of this interpreter's standard library, sorted."""
+  root = sysconfig.get_paths()["stdlib"]
+  out = []
+  for dirpath, dirnames, filenames in os.walk(root):
+    dirnames[:] = sorted(d for d in dirnames if d not in _STDLIB_SKIP)
+    out += [os.path.join(dirpath, f) for f in filenames if f.endswith(".py")]
+  return sorted(out)
+
+
+def expand_paths(patterns) -> list[str]:
+  """Files named by paths or glob patterns, sorted; a pattern matching
+  nothing is an error (a typo should not train on an empty corpus)."""
+  out = []
+  for pattern in patterns:
+    matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
+    matches = [m for m in matches if os.path.isfile(m)]
+    if not matches:
+      raise FileNotFoundError(f"no files match {pattern!r}")
+    out += matches
+  return sorted(set(out))
+
+
+def in_validation(key: str, percent: int) -> bool:
+  return zlib.crc32(key.encode("utf-8")) % 100 < percent
+
+
+def split_files(files: list[str], percent: int) -> dict[str, list[str]]:
+  """Deterministic file-level train / validation split.
+
+  Keys are paths relative to the files' common folder, so the split is the
+  same wherever the corpus lives. At least one file goes to each side when
+  there are two or more.
+  """
+  if not files:
+    return {"train": [], "validation": []}
+  root = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
+  val = [f for f in files if in_validation(os.path.relpath(f, root), percent)]
+  if percent and not val and len(files) > 1:
+    val = [files[-1]]
+  if len(val) == len(files) and len(files) > 1:
+    val = val[:1]
+  train = [f for f in files if f not in set(val)] or list(files)
+  return {"train": train, "validation": val or list(files)}
+
+
+def read_text(path: str) -> str:
+  with open(path, encoding="utf-8", errors="replace") as f:
+    return f.read()
+
+
+def lm_files(patterns, *, validation_percent: int, max_files: int = 0) -> dict[str, list[str]]:
+  """The train / validation files of an LM corpus (default: the stdlib)."""
+  files = expand_paths(patterns) if patterns else stdlib_files()
+  if not files:
+    raise FileNotFoundError("the LM corpus is empty")
+  split = split_files(files, validation_percent)
+  if max_files:
+    # Thin evenly rather than take a prefix, to keep the corpus varied.
+    for name in ("train", "validation"):
+      fs = split[name]
+      step = max(1, len(fs) // max_files)
+      split[name] = fs[::step][:max_files]
+  return split
+
+
+def read_tsv(path: str) -> list[tuple[str, str]]:
+  """Pairs of a "source<TAB>target" file; blank lines are skipped."""
+  pairs = []
+  with open(path, encoding="utf-8") as f:
+    for lineno, line in enumerate(f, 1):
+      line = line.rstrip("\n")
+      if not line.strip():
+        continue
+      parts = line.split("\t")
+      if len(parts) < 2:
+        raise ValueError(f"{path}:{lineno}: expected 'source<TAB>target', got {line[:60]!r}")
+      pairs.append((parts[0], parts[1]))
+  if not pairs:
+    raise ValueError(f"{path}: no 'source<TAB>target' lines")
+  return pairs
+
+
+def tsv_splits(paths, validation_percent: int) -> dict[str, list[tuple[str, str]]]:
+  """Train / validation pairs: a second file is the validation set, else a
+  hash of the line index holds ``validation_percent`` out."""
+  for p in paths:
+    if not os.path.isfile(p):
+      raise FileNotFoundError(f"TSV file {p!r} does not exist")
+  pairs = read_tsv(paths[0])
+  if len(paths) > 1:
+    return {"train": pairs, "validation": read_tsv(paths[1])}
+  val = [p for i, p in enumerate(pairs) if in_validation(str(i), validation_percent)]
+  train = [p for i, p in enumerate(pairs) if not in_validation(str(i), validation_percent)]
+  return {"train": train or pairs, "validation": val or pairs[:1]}

@@ -1,0 +1,75 @@
+"""Tokenizers: byte-level (default, no files needed) and sentencepiece (optional).
+
+The byte tokenizer maps pad=0, bos=1, eos=2 and byte b -> b + 3, so its
+vocabulary (259) and pad id (0) are ``ModelConfig``'s defaults.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+BYTE_OFFSET = 3
+
+
+class ByteTokenizer:
+  """UTF-8 bytes shifted past the three special ids."""
+
+  vocab_size = 256 + BYTE_OFFSET
+  pad_id, bos_id, eos_id = PAD_ID, BOS_ID, EOS_ID
+
+  def encode(self, text: str | bytes) -> np.ndarray:
+    """int32 ids of the UTF-8 bytes of ``text`` (no bos / eos)."""
+    data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+    return np.frombuffer(data, np.uint8).astype(np.int32) + BYTE_OFFSET
+
+  def decode(self, ids) -> str:
+    """Text of ``ids``; specials are dropped, bad UTF-8 is replaced."""
+    ids = np.asarray(ids).reshape(-1)
+    ids = ids[(ids >= BYTE_OFFSET) & (ids < self.vocab_size)]
+    return (ids - BYTE_OFFSET).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+
+class SentencePieceTokenizer:
+  """A trained sentencepiece model (``pip install sentencepiece``).
+
+  Train one on a local corpus with ``train(...)``; the model must reserve
+  pad=0, bos=1, eos=2 (``train`` sets this) so masks and models agree.
+  """
+
+  def __init__(self, model_path: str):
+    spm = _import_sentencepiece()
+    self._sp = spm.SentencePieceProcessor(model_file=model_path)
+    self.vocab_size = self._sp.get_piece_size()
+    self.pad_id, self.bos_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
+
+  @staticmethod
+  def train(text_files: list[str], model_prefix: str, vocab_size: int = 4096) -> str:
+    """Train a model on local text files; returns the .model path."""
+    spm = _import_sentencepiece()
+    spm.SentencePieceTrainer.train(
+        input=",".join(text_files), model_prefix=model_prefix, vocab_size=vocab_size,
+        pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=3, byte_fallback=True,
+    )
+    return model_prefix + ".model"
+
+  def encode(self, text: str) -> np.ndarray:
+    return np.asarray(self._sp.encode(text), np.int32)
+
+  def decode(self, ids) -> str:
+    ids = [int(i) for i in np.asarray(ids).reshape(-1) if i > EOS_ID]
+    return self._sp.decode(ids)
+
+
+def _import_sentencepiece():
+  try:
+    import sentencepiece
+  except ImportError as e:  # an optional extra: say how to get it
+    raise ImportError("tokenizer='sentencepiece' needs `pip install sentencepiece`") from e
+  return sentencepiece
+
+
+def make_tokenizer(kind: str = "byte", model_path: str = ""):
+  if kind == "byte":
+    return ByteTokenizer()
+  return SentencePieceTokenizer(model_path)

@@ -1,0 +1,172 @@
+"""Checkpoints (orbax ``CheckpointManager``) and the public ``load_checkpoint``.
+
+A checkpoint at step S holds, as separate orbax items: ``params``,
+``opt_state`` (with the step counter), ``data`` (the data iterator's state:
+the index of the next batch) and ``meta`` (step, seed, the config files it
+came from). Trees are stored flat, one named array per leaf, and restored
+into the abstract tree of a freshly built state whose shardings come from the
+*current* mesh, so a checkpoint written on one mesh shape restores onto
+another.
+
+Saves are synchronous (a kill -9 can only lose the checkpoint being written,
+which orbax never publishes half-done); a corrupted latest checkpoint makes
+``restore_latest`` fall back to the previous one with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import warnings
+
+import jax
+
+CHECKPOINT_DIR = "checkpoints"
+CONFIG_FILE = "config.gin"
+
+log = logging.getLogger(__name__)
+
+
+def _leaf_name(i: int, path) -> str:
+  parts = []
+  for k in path:
+    for attr in ("key", "idx", "name"):
+      if hasattr(k, attr):
+        parts.append(str(getattr(k, attr)))
+        break
+  return f"{i:04d}_" + re.sub(r"[^A-Za-z0-9_]", "_", "_".join(parts))
+
+
+def flatten(tree) -> dict:
+  """A flat ``{name: leaf}`` dict of a pytree (names keep the order)."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {_leaf_name(i, path): leaf for i, (path, leaf) in enumerate(leaves)}
+
+
+def unflatten(like, flat: dict):
+  """The inverse of ``flatten`` given a tree of the same structure."""
+  leaves = [flat[k] for k in flatten(like)]
+  return jax.tree.unflatten(jax.tree.structure(like), leaves)
+
+
+class Checkpointer:
+  """Save / restore train states in ``workdir/checkpoints``, keeping ``keep``."""
+
+  def __init__(self, workdir: str, keep: int = 3):
+    import orbax.checkpoint as ocp
+
+    self._ocp = ocp
+    self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, create=True, enable_async_checkpointing=False,
+        cleanup_tmp_directories=True)
+    self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def save(self, step: int, state: dict, data_state: dict, meta: dict | None = None) -> None:
+    ocp = self._ocp
+    if step in self.manager.all_steps():
+      return
+    self.manager.save(step, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(flatten(state["params"])),
+        opt_state=ocp.args.StandardSave(flatten({"opt_state": state["opt_state"],
+                                                 "step": state["step"]})),
+        data=ocp.args.JsonSave(data_state),
+        meta=ocp.args.JsonSave({"step": int(step), **(meta or {})}),
+    ), force=True)
+    self.manager.wait_until_finished()
+
+  def restore(self, step: int, abstract_state: dict) -> tuple[dict, dict]:
+    """(state, data_state) of ``step``, placed as ``abstract_state`` says."""
+    ocp = self._ocp
+    rest = {"opt_state": abstract_state["opt_state"], "step": abstract_state["step"]}
+    out = self.manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(flatten(abstract_state["params"])),
+        opt_state=ocp.args.StandardRestore(flatten(rest)),
+        data=ocp.args.JsonRestore(),
+    ))
+    rest = unflatten(rest, out["opt_state"])
+    state = {"params": unflatten(abstract_state["params"], out["params"]),
+             "opt_state": rest["opt_state"], "step": rest["step"]}
+    return state, dict(out["data"])
+
+  def restore_params(self, step: int, abstract_params):
+    ocp = self._ocp
+    out = self.manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(flatten(abstract_params))))
+    return unflatten(abstract_params, out["params"])
+
+  def restore_latest(self, abstract_state: dict):
+    """(step, state, data_state) of the newest readable checkpoint, or None.
+
+    A checkpoint that fails to restore (corrupted, cut short) is reported
+    with a warning and the next older one is tried; nothing is deleted.
+    """
+    for step in reversed(self.steps()):
+      try:
+        state, data_state = self.restore(step, abstract_state)
+      except Exception as e:  # noqa: BLE001 - any failure means "unreadable"
+        msg = (f"checkpoint {os.path.join(self.directory, str(step))} could not be restored "
+               f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
+               "falling back to the previous one")
+        warnings.warn(msg, stacklevel=2)
+        log.warning(msg)
+        continue
+      return step, state, data_state
+    return None
+
+  def close(self) -> None:
+    self.manager.close()
+
+
+def load_checkpoint(workdir: str, step: int | None = None):
+  """The model of a training run, with the parameters of a checkpoint.
+
+  Args:
+    workdir: a training workdir (holds ``config.gin`` and ``checkpoints/``).
+    step: the checkpoint step; None = the latest.
+
+  Returns:
+    (model, cfg): an ``nnx.Module`` rebuilt from ``workdir/config.gin`` and
+    its ``ModelConfig``.
+
+  Raises:
+    FileNotFoundError: no ``config.gin`` or no checkpoint in ``workdir``.
+    ValueError: ``step`` is not one of the saved steps.
+  """
+  from flax import nnx
+
+  from attnlab.nn.transformer import build_model
+  from attnlab.training import gin_config
+
+  config_path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f"{config_path} does not exist: not a training workdir")
+  ckpt_dir = os.path.join(workdir, CHECKPOINT_DIR)
+  if not os.path.isdir(ckpt_dir):
+    raise FileNotFoundError(f"{ckpt_dir} does not exist: no checkpoint saved yet")
+  mcfg, _, _ = gin_config.read_workdir_config(config_path)
+  ckpt = Checkpointer(workdir)
+  try:
+    steps = ckpt.steps()
+    if not steps:
+      raise FileNotFoundError(f"{ckpt_dir} holds no checkpoint")
+    if step is None:
+      step = steps[-1]
+    elif step not in steps:
+      raise ValueError(f"step={step} has no checkpoint in {ckpt_dir}; saved steps: {steps}")
+    model = build_model(mcfg, rngs=nnx.Rngs(params=0, dropout=1))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    # Host (single-device) placement: decoding and eval need no mesh.
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                            params)
+    params = ckpt.restore_params(step, abstract)
+  finally:
+    ckpt.close()
+  model = nnx.merge(graphdef, params, rest)
+  model.eval()
+  return model, mcfg

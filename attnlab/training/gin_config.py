@@ -1,0 +1,105 @@
+"""gin at the edge: the config dataclasses as gin configurables.
+
+Only this module (and training/commands.py) imports gin. A config file binds
+``ModelConfig.*``, ``DataConfig.*`` and ``TrainConfig.*``; the command line
+adds ``--gin.NAME=VALUE`` bindings, which are applied after the files and so
+win. The operative config written to ``workdir/config.gin`` lists every field
+of the three configs explicitly, so a later change of a default cannot change
+what a workdir means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util  # noqa: F401 - gin 0.5 needs it loaded to report a missing include
+import logging
+import os
+
+import gin
+
+from attnlab.config import DataConfig, ModelConfig, TrainConfig
+
+CONFIG_CLASSES = (ModelConfig, DataConfig, TrainConfig)
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "configs")
+
+_configurables = {}
+
+
+def _register():
+  if not _configurables:
+    for cls in CONFIG_CLASSES:
+      _configurables[cls] = gin.external_configurable(cls, name=cls.__name__,
+                                                      module="attnlab")
+  return _configurables
+
+
+class GinConfigError(ValueError):
+  """A config file or binding that cannot be used (one line, names it)."""
+
+
+def _first_line(e: Exception) -> str:
+  text = str(e).strip() or type(e).__name__
+  return " ".join(text.splitlines()[:2]) if len(text.splitlines()) > 1 else text
+
+
+def parse(gin_files: list[str], bindings: list[str]) -> tuple[ModelConfig, DataConfig,
+                                                               TrainConfig]:
+  """The three configs that gin files plus bindings describe.
+
+  Includes are searched next to each file, in the repository's configs/
+  folder and in the working directory.
+
+  Raises:
+    GinConfigError: a missing file or include, an unknown configurable or
+      parameter, a value of the wrong type or out of range.
+  """
+  wrapped = _register()
+  gin.clear_config()
+  for path in gin_files:
+    if not os.path.isfile(path):
+      raise GinConfigError(f"gin file {path!r} does not exist")
+  for folder in [os.path.dirname(os.path.abspath(p)) for p in gin_files] + [CONFIGS_DIR]:
+    gin.add_config_file_search_path(folder)
+  # gin logs an ERROR for every search-path miss before it finds an include.
+  root = logging.getLogger()
+  level = root.level
+  root.setLevel(logging.CRITICAL)
+  try:
+    with gin.unlock_config():
+      gin.parse_config_files_and_bindings(gin_files, bindings, finalize_config=False)
+  except (ValueError, OSError, SyntaxError, TypeError, KeyError) as e:
+    raise GinConfigError(_first_line(e)) from e
+  finally:
+    root.setLevel(level)
+  try:
+    configs = tuple(wrapped[cls]() for cls in CONFIG_CLASSES)
+  except (ValueError, TypeError) as e:
+    raise GinConfigError(_first_line(e)) from e
+  finally:
+    gin.clear_config()
+  return configs
+
+
+def _gin_value(value) -> str:
+  if isinstance(value, tuple):
+    inner = ", ".join(_gin_value(v) for v in value)
+    return f"({inner},)" if len(value) == 1 else f"({inner})"
+  return repr(value)
+
+
+def operative_config(*configs) -> str:
+  """gin text binding every field of ``configs`` (the run, reproducibly)."""
+  lines = ["# The operative config of this run, written by `attnlab train`.",
+           "# `attnlab train --gin_file THIS_FILE --workdir ...` reproduces it.", ""]
+  for cfg in configs:
+    name = type(cfg).__name__
+    lines += [f"{name}.{f.name} = {_gin_value(getattr(cfg, f.name))}"
+              for f in dataclasses.fields(cfg)]
+    lines.append("")
+  return "\n".join(lines)
+
+
+def read_workdir_config(path: str) -> tuple[ModelConfig, DataConfig, TrainConfig]:
+  """The configs a workdir's config.gin describes."""
+  return parse([path], [])

@@ -1,0 +1,60 @@
+"""Training metrics: JSON lines and TensorBoard event files.
+
+``workdir/metrics.jsonl`` gets one object per logged step
+(``{"step": 10, "split": "train", "loss": ...}``); ``workdir/tensorboard``
+gets the same scalars as ``train/loss``, ``eval/perplexity``, ... via
+tensorboardX (no TensorFlow needed). ``tensorboard --logdir WORKDIR/tensorboard``
+shows them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+TENSORBOARD_DIR = "tensorboard"
+METRICS_FILE = "metrics.jsonl"
+
+
+def perplexity(nll: float) -> float:
+  return math.exp(min(nll, 50.0))  # exp(50) already says "diverged"
+
+
+class MetricsWriter:
+  """Appends scalars to metrics.jsonl and TensorBoard (process 0 only)."""
+
+  def __init__(self, workdir: str, enabled: bool = True):
+    self.enabled = enabled
+    self.path = os.path.join(workdir, METRICS_FILE)
+    self.tb_dir = os.path.join(workdir, TENSORBOARD_DIR)
+    self._tb = None
+    if enabled:
+      from tensorboardX import SummaryWriter
+
+      self._tb = SummaryWriter(self.tb_dir, flush_secs=10)
+
+  def write(self, step: int, split: str, scalars: dict) -> None:
+    if not self.enabled:
+      return
+    record = {"step": int(step), "split": split}
+    record.update({k: float(v) for k, v in scalars.items()})
+    with open(self.path, "a") as f:
+      f.write(json.dumps(record) + "\n")
+    for k, v in scalars.items():
+      self._tb.add_scalar(f"{split}/{k}", float(v), int(step))
+
+  def flush(self) -> None:
+    if self._tb is not None:
+      self._tb.flush()
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+      self._tb = None
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  """The records of workdir/metrics.jsonl (for tests and plots)."""
+  with open(os.path.join(workdir, METRICS_FILE)) as f:
+    return [json.loads(line) for line in f if line.strip()]

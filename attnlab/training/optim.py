@@ -1,0 +1,75 @@
+"""Optimizers, learning-rate schedules and the training loss.
+
+The schedules are functions of optax's update count (0 for the first
+update); ``inverse_sqrt_schedule`` evaluates the paper's formula at step =
+count + 1, since the paper counts steps from 1.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from attnlab.config import TrainConfig
+
+
+def paper_learning_rate(step, d_model: int, warmup_steps: int):
+  """Vaswani et al. (2017), eq. 3: d^-0.5 * min(step^-0.5, step * warmup^-1.5)."""
+  step = jnp.maximum(jnp.asarray(step, jnp.float32), 1.0)
+  return d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
+
+
+def inverse_sqrt_schedule(d_model: int, warmup_steps: int, scale: float = 1.0):
+  """The paper's schedule as an optax schedule of the 0-based update count."""
+  return lambda count: scale * paper_learning_rate(count + 1, d_model, warmup_steps)
+
+
+def make_schedule(tcfg: TrainConfig, d_model: int):
+  if tcfg.schedule == "inverse_sqrt":
+    return inverse_sqrt_schedule(d_model, tcfg.warmup_steps, tcfg.learning_rate)
+  peak = tcfg.learning_rate
+  if tcfg.schedule == "cosine":
+    return optax.warmup_cosine_decay_schedule(
+        0.0, peak, warmup_steps=tcfg.warmup_steps,
+        decay_steps=max(tcfg.steps, tcfg.warmup_steps + 1), end_value=peak * tcfg.min_lr_ratio)
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, peak, max(tcfg.warmup_steps, 1)), optax.constant_schedule(peak)],
+      [tcfg.warmup_steps])
+
+
+def make_optimizer(tcfg: TrainConfig, d_model: int):
+  """(optax transformation, schedule). Weight decay skips vectors (norm
+  scales, biases): decaying them only hurts."""
+  schedule = make_schedule(tcfg, d_model)
+  if tcfg.optimizer == "sgd":
+    opt = optax.sgd(schedule, momentum=tcfg.b1)
+  elif tcfg.optimizer == "adam":
+    opt = optax.adam(schedule, b1=tcfg.b1, b2=tcfg.b2, eps=tcfg.eps)
+  else:
+    opt = optax.adamw(schedule, b1=tcfg.b1, b2=tcfg.b2, eps=tcfg.eps,
+                      weight_decay=tcfg.weight_decay,
+                      mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params))
+  parts = [optax.clip_by_global_norm(tcfg.grad_clip)] if tcfg.grad_clip > 0 else []
+  return optax.chain(*parts, opt), schedule
+
+
+def cross_entropy(logits_BTV, targets_BT, loss_mask_BT, label_smoothing: float = 0.0):
+  """Masked token cross-entropy, as sums (so micro-batches add up exactly).
+
+  With label smoothing e the target distribution is (1 - e) one_hot + e / V
+  (the paper: e = 0.1). The loss mask only weights the loss; attention masks
+  are the model's business (segment ids).
+
+  Returns:
+    (loss_sum, nll_sum, weight_sum): the smoothed loss, the plain negative
+    log-likelihood (for perplexity) and the number of counted tokens.
+  """
+  logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
+  nll_BT = -jnp.take_along_axis(logp_BTV, targets_BT[..., None], axis=-1)[..., 0]
+  mask_BT = loss_mask_BT.astype(jnp.float32)
+  if label_smoothing > 0:
+    loss_BT = (1.0 - label_smoothing) * nll_BT - label_smoothing * jnp.mean(logp_BTV, axis=-1)
+  else:
+    loss_BT = nll_BT
+  return jnp.sum(loss_BT * mask_BT), jnp.sum(nll_BT * mask_BT), jnp.sum(mask_BT)

@@ -1,0 +1,137 @@
+"""The device mesh, the logical-axis rules table, and shardings derived from it.
+
+Layers tag every parameter with logical axes (``("embed", "heads",
+"head_dim")``); ``RULES`` maps each logical axis to a mesh axis. The mesh has
+three axes: ``data`` (batch only), ``fsdp`` (batch, and parameters over their
+``embed`` dimension) and ``tensor`` (heads / kv_heads / mlp / vocab). A
+dimension that the mesh axis does not divide is replicated instead, so one
+config runs on 1 device and on 8.
+
+Multi-host: call ``initialize_distributed`` (training/commands.py does, from
+``--coordinator_address`` / ``--num_processes`` / ``--process_id`` or the
+``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``
+environment) before anything touches a device; the mesh then spans the
+devices of all processes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# logical axis -> mesh axis (or axes); anything not listed is replicated.
+RULES: dict[str, str | tuple[str, ...] | None] = {
+    "batch": ("data", "fsdp"),
+    "embed": "fsdp",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "mlp": "tensor",
+    "vocab": "tensor",
+    "head_dim": None,
+    "length": None,
+}
+
+
+def resolve_mesh_shape(shape, num_devices: int) -> tuple[int, int, int]:
+  """Fill a -1 entry with the devices the others leave; check the product."""
+  shape = list(shape)
+  if -1 in shape:
+    known = math.prod(s for s in shape if s != -1)
+    if num_devices % known:
+      raise ValueError(f"mesh_shape={tuple(shape)} does not divide {num_devices} devices")
+    shape[shape.index(-1)] = num_devices // known
+  if math.prod(shape) > num_devices:
+    raise ValueError(f"mesh_shape={tuple(shape)} needs {math.prod(shape)} devices, "
+                     f"only {num_devices} exist")
+  return tuple(shape)
+
+
+def make_mesh(shape=(-1, 1, 1), devices=None) -> Mesh:
+  """A (data, fsdp, tensor) mesh; a shape smaller than the device count uses
+  the first devices. Axes are classic GSPMD ("auto") axes."""
+  devices = jax.devices() if devices is None else list(devices)
+  shape = resolve_mesh_shape(shape, len(devices))
+  grid = np.asarray(devices[:math.prod(shape)], dtype=object).reshape(shape)
+  return Mesh(grid, MESH_AXES)
+
+
+def logical_to_spec(axes, shape, mesh: Mesh) -> PartitionSpec:
+  """PartitionSpec of an array with logical ``axes`` and ``shape`` on ``mesh``.
+
+  A mesh axis is used at most once per array, and only where it divides the
+  dimension; otherwise that dimension is replicated.
+  """
+  used, spec = set(), []
+  for name, dim in zip(axes, shape):
+    target = RULES.get(name)
+    targets = (target,) if isinstance(target, str) else tuple(target or ())
+    targets = tuple(t for t in targets if t not in used and mesh.shape[t] > 1)
+    size = math.prod(mesh.shape[t] for t in targets)
+    if not targets or dim % size:
+      spec.append(None)
+      continue
+    used.update(targets)
+    spec.append(targets[0] if len(targets) == 1 else targets)
+  return PartitionSpec(*spec)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Leading (batch) dimension over data x fsdp, the rest replicated."""
+  return NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+
+
+def param_shardings(params, mesh: Mesh):
+  """A tree of NamedShardings matching an ``nnx.State`` of parameters, from
+  each Variable's ``axes`` metadata (no metadata: replicated)."""
+  from flax import nnx
+
+  def one(v):
+    if not isinstance(v, nnx.Variable):
+      return replicated(mesh)
+    axes = v.get_metadata().get("axes")
+    spec = PartitionSpec() if axes is None else logical_to_spec(axes, v.shape, mesh)
+    # Keep the Variable node so the tree matches the parameters' structure.
+    return v.replace(NamedSharding(mesh, spec))
+
+  return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def tree_shardings_like(tree, params, params_shardings, mesh: Mesh):
+  """Shardings for a tree that embeds copies of ``params`` (optax state:
+  mu, nu, ...): those copies are sharded like the parameters, every other
+  leaf (step counts) is replicated."""
+  p_struct = jax.tree.structure(params)
+  return jax.tree.map(
+      lambda x: params_shardings if jax.tree.structure(x) == p_struct else replicated(mesh),
+      tree, is_leaf=lambda x: jax.tree.structure(x) == p_struct,
+  )
+
+
+def initialize_distributed(coordinator_address: str | None = None,
+                           num_processes: int | None = None,
+                           process_id: int | None = None) -> bool:
+  """``jax.distributed.initialize`` from arguments or the environment.
+
+  Returns True when a multi-process run was initialized; a single process
+  needs nothing.
+  """
+  coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+  if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
+    num_processes = int(os.environ["JAX_NUM_PROCESSES"])
+  if process_id is None and os.environ.get("JAX_PROCESS_ID"):
+    process_id = int(os.environ["JAX_PROCESS_ID"])
+  if not coordinator_address or not num_processes or num_processes <= 1:
+    return False
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=num_processes, process_id=process_id)
+  return True

@@ -1,0 +1,175 @@
+"""The functional train and eval steps, jitted with shardings and donation.
+
+The model is split once into (graphdef, params, rest); the steps merge it
+back inside ``jax.jit``. Dropout keys are ``fold_in(key(seed), step)``, so a
+step's randomness depends only on its number: a resumed run draws exactly
+what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from attnlab.config import ModelConfig, TrainConfig
+from attnlab.nn.transformer import build_model
+from attnlab.training import sharding as shd
+from attnlab.training.optim import cross_entropy, make_optimizer
+
+
+def model_logits(model, batch):
+  """Logits [B, T, V] of a batch for either architecture (teacher forcing)."""
+  if model.cfg.arch == "decoder_only":
+    return model(batch["tokens_BT"], positions_BT=batch["positions_BT"],
+                 segment_ids_BT=batch["segment_ids_BT"])
+  return model(batch["src_BS"], batch["tgt_in_BT"],
+               tgt_segment_ids_BT=batch["tgt_segment_ids_BT"])
+
+
+def with_dropout_key(rest, key):
+  """Fresh copies of the non-parameter variables, every RNG stream keyed by
+  ``fold_in(key, i)``.
+
+  The copies are made inside the traced function: NNX forbids mutating
+  (dropout bumps its counter) a Variable created outside the current trace.
+  """
+  is_var = lambda x: isinstance(x, nnx.Variable)
+  leaves, treedef = jax.tree.flatten(rest, is_leaf=is_var)
+  out, i = [], 0
+  for v in leaves:
+    if isinstance(v, nnx.RngKey):
+      out.append(v.replace(jax.random.fold_in(key, i)))
+      i += 1
+    elif is_var(v):
+      out.append(v.replace(v.get_value()))
+    else:
+      out.append(v)
+  return jax.tree.unflatten(treedef, out)
+
+
+@dataclasses.dataclass
+class TrainSetup:
+  """Everything the loop needs to run steps on a mesh."""
+
+  mesh: jax.sharding.Mesh
+  graphdef: object
+  rest: object
+  tx: optax.GradientTransformation
+  schedule: object
+  state_shardings: dict
+  batch_sharding: jax.sharding.NamedSharding
+
+  def abstract_state(self, state) -> dict:
+    """ShapeDtypeStructs (with this mesh's shardings) of a train state."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        state, self.state_shardings)
+
+
+def init_train(mcfg: ModelConfig, tcfg: TrainConfig, mesh) -> tuple[TrainSetup, dict]:
+  """Build the model, the optimizer and the sharded train state on ``mesh``.
+
+  The state is ``{"params", "opt_state", "step"}``; parameters are created
+  on the host from ``tcfg.seed`` (the same values whatever the mesh), then
+  placed by the rules table.
+  """
+  model = build_model(mcfg, rngs=nnx.Rngs(params=tcfg.seed, dropout=tcfg.seed + 1))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  tx, schedule = make_optimizer(tcfg, mcfg.d_model)
+  p_sh = shd.param_shardings(params, mesh)
+  params = jax.device_put(params, p_sh)
+  o_sh = shd.tree_shardings_like(jax.eval_shape(tx.init, params), params, p_sh, mesh)
+  opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)
+  rep = shd.replicated(mesh)
+  state = {"params": params, "opt_state": opt_state,
+           "step": jax.device_put(jnp.zeros((), jnp.int32), rep)}
+  setup = TrainSetup(mesh, graphdef, rest, tx, schedule,
+                     {"params": p_sh, "opt_state": o_sh, "step": rep}, shd.batch_sharding(mesh))
+  return setup, state
+
+
+def make_train_step(setup: TrainSetup, tcfg: TrainConfig):
+  """``step(state, batch) -> (state, metrics)``, jitted; ``state`` is donated.
+
+  A non-finite loss or gradient leaves the parameters and optimizer state
+  unchanged (the step counter still advances) and sets ``metrics["finite"]``
+  to False; the loop decides whether to stop or skip.
+  """
+  graphdef, rest, tx = setup.graphdef, setup.rest, setup.tx
+  accum, smoothing = tcfg.grad_accum, tcfg.label_smoothing
+
+  def loss_fn(params, batch, key):
+    model = nnx.merge(graphdef, params, with_dropout_key(rest, key))
+    logits_BTV = model_logits(model, batch)
+    loss_sum, nll_sum, weight = cross_entropy(logits_BTV, batch["targets_BT"],
+                                              batch["loss_mask_BT"], smoothing)
+    return loss_sum, (nll_sum, weight)
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def step(state, batch):
+    params = state["params"]
+    key = jax.random.fold_in(jax.random.key(tcfg.seed), state["step"])
+    if accum == 1:
+      (loss_sum, (nll_sum, weight)), grads = grad_fn(params, batch, key)
+    else:
+      # Micro-batch i takes rows i, i + A, ...: every data shard contributes
+      # to every micro-batch, so no rows move between devices.
+      micro = jax.tree.map(
+          lambda x: x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1), batch)
+
+      def body(carry, xs):
+        i, mb = xs
+        (l, (n, w)), g = grad_fn(params, mb, jax.random.fold_in(key, i))
+        return jax.tree.map(jnp.add, carry, (l, n, w, g)), None
+
+      zeros = (0.0, 0.0, 0.0, jax.tree.map(jnp.zeros_like, params))
+      (loss_sum, nll_sum, weight, grads), _ = jax.lax.scan(
+          body, zeros, (jnp.arange(accum), micro))
+    # Gradients of the mean over all counted tokens of all micro-batches.
+    denom = jnp.maximum(weight, 1.0)
+    grads = jax.tree.map(lambda g: g / denom, grads)
+    loss = loss_sum / denom
+    grad_norm = optax.global_norm(grads)
+    updates, opt_state = tx.update(grads, state["opt_state"], params)
+    new_params = optax.apply_updates(params, updates)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+    new_state = {"params": keep(new_params, params),
+                 "opt_state": keep(opt_state, state["opt_state"]),
+                 "step": state["step"] + 1}
+    metrics = {"loss": loss, "nll": nll_sum / denom, "tokens": weight,
+               "grad_norm": grad_norm, "learning_rate": setup.schedule(state["step"]),
+               "finite": finite}
+    return new_state, metrics
+
+  return jax.jit(step, in_shardings=(setup.state_shardings, setup.batch_sharding),
+                 out_shardings=(setup.state_shardings, shd.replicated(setup.mesh)),
+                 donate_argnums=0)
+
+
+def make_eval_step(setup: TrainSetup):
+  """``eval_step(params, batch) -> (nll_sum, weight)`` with dropout off."""
+
+  def step(params, batch):
+    model = nnx.merge(setup.graphdef, params, setup.rest)
+    model.eval()
+    logits_BTV = model_logits(model, batch)
+    _, nll_sum, weight = cross_entropy(logits_BTV, batch["targets_BT"], batch["loss_mask_BT"])
+    return nll_sum, weight
+
+  return jax.jit(step, in_shardings=(setup.state_shardings["params"], setup.batch_sharding),
+                 out_shardings=shd.replicated(setup.mesh))
+
+
+def put_batch(batch: dict, setup: TrainSetup) -> dict:
+  """Place a host batch (numpy) on the mesh, split over data x fsdp.
+
+  Each process passes its own rows (``make_array_from_process_local_data``),
+  which on one process is simply the whole batch.
+  """
+  return {k: jax.make_array_from_process_local_data(setup.batch_sharding, v)
+          for k, v in batch.items()}

@@ -1,0 +1,232 @@
+"""The training loop: data, steps, metrics, evaluation, checkpoints, signals.
+
+``train(...)`` resumes from the newest readable checkpoint in the workdir,
+runs to ``TrainConfig.steps`` and checkpoints every ``checkpoint_every``
+steps, at the end, and when SIGTERM / SIGINT arrive (then it returns
+normally, so the process exits 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+
+import jax
+import numpy as np
+
+from attnlab.config import DataConfig, ModelConfig, TrainConfig
+from attnlab.data import pipeline
+from attnlab.training import sharding as shd
+from attnlab.training import steps as steps_lib
+from attnlab.training.checkpoint import Checkpointer
+from attnlab.training.evaluate import exact_match, validation_loss
+from attnlab.training.metrics import MetricsWriter, perplexity
+
+log = logging.getLogger(__name__)
+
+# Fault-injection hook for tests: sleep this long after every step, so a
+# signal can arrive mid-run.
+STEP_SLEEP_ENV = "ATTNLAB_TEST_STEP_SLEEP"
+
+
+class NonFiniteError(RuntimeError):
+  """The loss or gradient became NaN / Inf and on_nonfinite='stop'."""
+
+
+class _StopFlag:
+  """Turns SIGTERM / SIGINT into "checkpoint and stop" at the next step."""
+
+  def __init__(self):
+    self.signum = None
+    self._old = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._old[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread: signals stay as they are
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    self.signum = signum
+
+  def __exit__(self, *exc):
+    for sig, old in self._old.items():
+      signal.signal(sig, old)
+
+
+def check_batch_layout(tcfg: TrainConfig, dcfg: DataConfig, mesh) -> None:
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  if dcfg.batch_size % (tcfg.grad_accum * shards):
+    raise ValueError(
+        f"batch_size={dcfg.batch_size} must be a multiple of grad_accum={tcfg.grad_accum} "
+        f"x data*fsdp={shards}")
+
+
+class Run:
+  """A model, its data and its train state on a mesh (shared by train and eval)."""
+
+  def __init__(self, mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, mesh=None,
+               sources=None):
+    self.mcfg, self.tcfg, self.dcfg = mcfg, tcfg, dcfg
+    self.mesh = mesh if mesh is not None else shd.make_mesh(tcfg.mesh_shape)
+    check_batch_layout(tcfg, dcfg, self.mesh)
+    if sources is None:
+      sources, _ = pipeline.build_sources(dcfg, mcfg)
+    self.sources = sources
+    self.tokenizer = pipeline.make_tokenizer(dcfg.tokenizer, dcfg.tokenizer_model)
+    self.setup, self.state = steps_lib.init_train(mcfg, tcfg, self.mesh)
+    self.data = pipeline.train_iterator(sources, dcfg)
+    self.eval_step = steps_lib.make_eval_step(self.setup)
+    self._val_batches = None
+
+  def put(self, batch):
+    if jax.process_count() > 1:
+      # Every process reads the same global batch and keeps its own rows.
+      n = len(next(iter(batch.values()))) // jax.process_count()
+      lo = jax.process_index() * n
+      batch = {k: v[lo:lo + n] for k, v in batch.items()}
+    return steps_lib.put_batch(batch, self.setup)
+
+  def restore(self, ckpt: Checkpointer, step: int | None = None) -> int:
+    """Restore the newest readable (or the given) checkpoint; its step, or 0."""
+    abstract = self.setup.abstract_state(self.state)
+    if step is None:
+      found = ckpt.restore_latest(abstract)
+      if found is None:
+        return 0
+      step, state, data_state = found
+    else:
+      state, data_state = ckpt.restore(step, abstract)
+    self.state = state
+    self.data.set_state(data_state)
+    return step
+
+  def validation_batches(self):
+    if self._val_batches is None:
+      self._val_batches = pipeline.validation_batches(self.sources, self.dcfg,
+                                                      self.tcfg.eval_batches)
+    return self._val_batches
+
+  def evaluate(self) -> dict:
+    """Validation loss / perplexity, and exact match for seq2seq tasks."""
+    out = validation_loss(self.eval_step, self.state["params"], self.validation_batches(),
+                          self.put)
+    if self.dcfg.task != "lm":
+      from flax import nnx
+
+      params = jax.device_get(self.state["params"])
+      model = nnx.merge(self.setup.graphdef, params, self.setup.rest)
+      model.eval()
+      out["exact_match"] = exact_match(model, self.validation_batches(),
+                                       self.tokenizer.eos_id)
+    return out
+
+
+def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, *,
+          mesh=None, config_text: str | None = None) -> dict:
+  """Train (or resume) in ``workdir``; returns the last logged metrics.
+
+  Raises:
+    NonFiniteError: a NaN / Inf loss or gradient with on_nonfinite='stop';
+      the last good checkpoint stays the newest in the workdir.
+  """
+  main_process = jax.process_index() == 0
+  run = Run(mcfg, tcfg, dcfg, mesh)
+  os.makedirs(workdir, exist_ok=True)
+  if config_text is not None and main_process:
+    with open(os.path.join(workdir, "config.gin"), "w") as f:
+      f.write(config_text)
+  ckpt = Checkpointer(workdir, tcfg.keep_checkpoints)
+  start = run.restore(ckpt)
+  if start:
+    log.info("resumed from step %d", start)
+  step_fn = steps_lib.make_train_step(run.setup, tcfg)
+  writer = MetricsWriter(workdir, enabled=main_process)
+  meta = {"seed": tcfg.seed, "rng": "fold_in(key(seed), step)"}
+  sleep_s = float(os.environ.get(STEP_SLEEP_ENV, "0") or 0)
+  bar = None
+  if tcfg.progress and main_process:
+    from tqdm import tqdm
+
+    bar = tqdm(total=tcfg.steps, initial=start, desc="train", unit="step", file=sys.stderr,
+               dynamic_ncols=True)
+  last, skipped, window_tokens, window_t0 = {}, 0, 0.0, time.perf_counter()
+  step = start
+  try:
+    with _StopFlag() as stop:
+      while step < tcfg.steps:
+        t0 = time.perf_counter()
+        batch = run.put(next(run.data))
+        run.state, m = step_fn(run.state, batch)
+        m = jax.device_get(m)
+        step += 1
+        if not bool(m["finite"]):
+          if tcfg.on_nonfinite == "stop":
+            good = ckpt.steps()
+            raise NonFiniteError(
+                f"non-finite loss ({float(m['loss'])}) or gradient norm "
+                f"({float(m['grad_norm'])}) at step {step}; stopped. Last good checkpoint: "
+                f"{good[-1] if good else 'none'} in {ckpt.directory}")
+          skipped += 1
+          log.warning("step %d: non-finite loss or gradient, update skipped", step)
+        window_tokens += float(m["tokens"])
+        if bar is not None:
+          bar.update(1)
+          bar.set_postfix(loss=f"{float(m['loss']):.3f}")
+        if step == tcfg.steps or (tcfg.log_every and step % tcfg.log_every == 0):
+          elapsed = time.perf_counter() - window_t0
+          last = {"loss": float(m["loss"]), "perplexity": perplexity(float(m["nll"])),
+                  "learning_rate": float(m["learning_rate"]),
+                  "grad_norm": float(m["grad_norm"]),
+                  "tokens_per_s": window_tokens / max(elapsed, 1e-9),
+                  "step_time_s": time.perf_counter() - t0, "skipped_steps": skipped}
+          writer.write(step, "train", last)
+          window_tokens, window_t0 = 0.0, time.perf_counter()
+        if tcfg.eval_every and step % tcfg.eval_every == 0:
+          writer.write(step, "eval", run.evaluate())
+        if sleep_s:
+          time.sleep(sleep_s)
+        if stop.signum is not None or step == tcfg.steps or (
+            tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0):
+          ckpt.save(step, run.state, run.data.get_state(), meta)
+        if stop.signum is not None:
+          print(f"attnlab train: received signal {stop.signum}; checkpoint saved at step "
+                f"{step} in {ckpt.directory}", file=sys.stderr)
+          break
+  finally:
+    if bar is not None:
+      bar.close()
+    writer.close()
+    ckpt.close()
+  last["step"] = step
+  return last
+
+
+def evaluate_workdir(workdir: str, step: int | None = None) -> dict:
+  """Validation metrics of a workdir's checkpoint (the config from config.gin)."""
+  from attnlab.training import gin_config
+
+  path = os.path.join(workdir, "config.gin")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path} does not exist: not a training workdir")
+  mcfg, dcfg, tcfg = gin_config.read_workdir_config(path)
+  run = Run(mcfg, tcfg, dcfg)
+  ckpt = Checkpointer(workdir, tcfg.keep_checkpoints)
+  try:
+    if not ckpt.steps():
+      raise FileNotFoundError(f"{ckpt.directory} holds no checkpoint")
+    if step is not None and step not in ckpt.steps():
+      raise ValueError(f"step={step} has no checkpoint in {ckpt.directory}; "
+                       f"saved steps: {ckpt.steps()}")
+    step = run.restore(ckpt, step)
+  finally:
+    ckpt.close()
+  out = run.evaluate()
+  out["step"] = step
+  return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in out.items()}

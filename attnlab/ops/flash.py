@@ -184,7 +184,7 @@ def _tile_mask(st: _Static, off, q_idx, k_idx, q_seg, k_seg):
   return ok
 
 
-def _block_bounds(lo, hi, block):
+def block_bounds(lo, hi, block):
   """Block indices [lo // block, ceil(hi / block)) covering positions [lo, hi).
 
   Empty (0, 0) when hi <= lo.
@@ -204,7 +204,7 @@ def _key_blocks(st: _Static, off, i):
   q_hi = off + jnp.minimum((i + 1) * st.block_q, st.q_len)
   lo, hi = masks.key_range(q_lo, q_hi, causal=st.causal, window=st.window, kv_len=st.kv_len)
   hi = jnp.where(q_hi > q_lo, hi, lo)  # a query block made only of padding sees nothing
-  return _block_bounds(lo, hi, st.block_k)
+  return block_bounds(lo, hi, st.block_k)
 
 
 def _query_blocks(st: _Static, off, j):
@@ -215,7 +215,7 @@ def _query_blocks(st: _Static, off, j):
       k_lo, k_hi, causal=st.causal, window=st.window, q_lo=off, q_hi=off + st.q_len
   )
   hi = jnp.where(k_hi > k_lo, hi, lo)
-  return _block_bounds(lo - off, hi - off, st.block_q)
+  return block_bounds(lo - off, hi - off, st.block_q)
 
 
 def _segment_refs(st, rest):

@@ -1,0 +1,329 @@
+"""Pallas decode attention: a few new queries against a long KV cache.
+
+Flash-decoding: with T <= 8 queries there is too little work along T to
+fill a GPU, so the cache is split along S instead. Each program owns one
+(sequence, KV head, split) and computes a partial softmax over its keys for
+all T x G queries of that KV head at once (the G query heads of a group read
+each K/V tile once). The partial outputs are combined through their
+log-sum-exps: ``out = sum_s exp(lse_s - lse) o_s`` with ``lse = logsumexp_s
+lse_s``.
+
+The T queries are the last T tokens of each sequence: query t of sequence b
+is at position ``lengths_B[b] - T + t``, causal among themselves (and with
+``window``, a sliding window); keys at positions >= ``lengths_B[b]`` are
+empty. Loop bounds come from ``masks.key_range``, so splits and tiles past
+the length or before the window are never read.
+
+``paged_decode_attention`` reads the same cache through a page table (the
+layout of ``attnlab.decoding.cache.PagedKVCache``): pages [P, C, K, H] shared
+by all sequences, ``page_table_BM[b, m]`` the id of the m-th page of
+sequence b. One page is one tile.
+
+Backends as in ``attnlab.ops.flash``: interpret mode on CPU (tested), Triton
+on GPU (written for it, NOT YET RUN on a GPU), no Mosaic (TPU) lowering.
+Forward only: decoding does not differentiate through the cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from attnlab.ops import flash, masks
+
+MAX_QUERIES = 8
+
+
+def _check_common(q_BTNH, head_dim, num_kv_heads, lengths_B, window):
+  if q_BTNH.ndim != 4:
+    raise ValueError(f"q_BTNH must be rank 4, got shape {q_BTNH.shape}")
+  B, T, N, _ = q_BTNH.shape
+  if not 1 <= T <= MAX_QUERIES:
+    raise ValueError(
+        f"q_BTNH has T={T} queries; the decode kernels take 1..{MAX_QUERIES} "
+        "(use flash_attention for prefill)"
+    )
+  if q_BTNH.shape[3] != head_dim:
+    raise ValueError(
+        f"head dim of q_BTNH ({q_BTNH.shape[3]}) and of the keys ({head_dim}) must match"
+    )
+  if N % num_kv_heads:
+    raise ValueError(
+        f"num heads of q_BTNH ({N}) must be a multiple of the num kv heads ({num_kv_heads})"
+    )
+  if tuple(lengths_B.shape) != (B,):
+    raise ValueError(f"lengths_B shape {lengths_B.shape} must be [B] = ({B},)")
+  flash.check_window(window)
+
+
+def _check_positive(name, value):
+  if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+    raise ValueError(f"{name}={value!r} must be a positive integer or None")
+
+
+def _default_splits(programs: int, num_tiles: int) -> int:
+  """Enough splits for about two waves of programs on a 132-SM GPU, >= 4 tiles each."""
+  return max(1, min(-(-256 // programs), -(-num_tiles // 4)))
+
+
+def _query_rows(q_BTNH, num_kv_heads, rows):
+  """[B, T, N, H] -> [B, K, rows, H]: row r is query t = r // G of head g = r % G."""
+  B, T, N, H = q_BTNH.shape
+  G = N // num_kv_heads
+  q_BKMH = q_BTNH.reshape(B, T, num_kv_heads, G, H).transpose(0, 2, 1, 3, 4)
+  q_BKMH = q_BKMH.reshape(B, num_kv_heads, T * G, H)
+  return jnp.pad(q_BKMH, ((0, 0), (0, 0), (0, rows - T * G), (0, 0)))
+
+
+def _combine_splits(o_BKsMH, lse_BKsM, q_BTNH):
+  """Merge the per-split partial softmaxes through their log-sum-exps."""
+  B, T, N, H = q_BTNH.shape
+  K = o_BKsMH.shape[1]
+  G = N // K
+  m_BKM = jnp.max(lse_BKsM, axis=2)
+  m_BKM = jnp.where(jnp.isfinite(m_BKM), m_BKM, 0.0)  # every split empty: weights 0
+  w_BKsM = jnp.exp(lse_BKsM - m_BKM[:, :, None])
+  den_BKM = jnp.sum(w_BKsM, axis=2)
+  out_BKMH = jnp.einsum("BKsM,BKsMH->BKMH", w_BKsM, o_BKsMH)
+  out_BKMH = out_BKMH / jnp.where(den_BKM > 0, den_BKM, 1.0)[..., None]
+  out_BKTGH = out_BKMH[:, :, : T * G, :H].reshape(B, K, T, G, H)
+  return out_BKTGH.transpose(0, 2, 1, 3, 4).reshape(B, T, N, H).astype(q_BTNH.dtype)
+
+
+def _split_softmax(q_MH, load_tile, *, length, kv_len, split, tile, tiles_per_split,
+                   num_queries, groups, window, scale):
+  """Online softmax of the rows of q_MH over the tiles of one split.
+
+  Row r is query r // groups, at position length - num_queries + r // groups;
+  rows past num_queries * groups are padding and see nothing. load_tile(j)
+  returns the (k, v) tile of global tile index j. Returns (o, lse), o
+  normalized, lse = -inf for a row that saw no key.
+  """
+  rows = q_MH.shape[0]
+  r = flash.iota(rows)
+  q_pos = length - num_queries + lax.div(r, groups)
+  row_ok = r < num_queries * groups
+  lo, hi = masks.key_range(length - num_queries, length, causal=True, window=window,
+                           kv_len=kv_len)
+  split_lo = split * tiles_per_split * tile
+  lo = jnp.maximum(lo, split_lo)
+  hi = jnp.minimum(hi, split_lo + tiles_per_split * tile)
+  first, last = flash.block_bounds(lo, hi, tile)
+
+  def body(j, carry):
+    m_M, l_M, acc_MH = carry
+    k_cH, v_cH = load_tile(j)
+    k_idx = j * tile + flash.iota(tile)
+    ok = masks.position_mask(q_pos[:, None], k_idx[None, :], causal=True, window=window)
+    ok = ok & row_ok[:, None] & (k_idx < kv_len)[None, :]
+    s_Mc = jnp.where(ok, flash.dot_nt(q_MH, k_cH) * scale, -jnp.inf)
+    m_new = jnp.maximum(m_M, jnp.max(s_Mc, axis=1))
+    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    alpha = jnp.exp(m_M - m_safe)
+    p_Mc = jnp.exp(s_Mc - m_safe[:, None])
+    l_M = alpha * l_M + jnp.sum(p_Mc, axis=1)
+    acc_MH = alpha[:, None] * acc_MH + flash.dot_nn(p_Mc.astype(v_cH.dtype), v_cH)
+    return m_new, l_M, acc_MH
+
+  init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32),
+          jnp.zeros(q_MH.shape, jnp.float32))
+  m_M, l_M, acc_MH = lax.fori_loop(first, last, body, init)
+  seen = l_M > 0
+  l_safe = jnp.where(seen, l_M, 1.0)
+  return acc_MH / l_safe[:, None], jnp.where(seen, m_M + jnp.log(l_safe), -jnp.inf)
+
+
+def _decode_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, split_len, tile,
+                   kv_len_static, **kw):
+  s = pl.program_id(2)
+  length = len_ref[0]
+  base = s * (split_len // tile)  # global index of this split's first tile
+
+  def load_tile(j):
+    keys = pl.ds((j - base) * tile, tile)
+    return k_ref[keys, :], v_ref[keys, :]
+
+  o, lse = _split_softmax(q_ref[...], load_tile, length=length,
+                          kv_len=jnp.minimum(length, kv_len_static), split=s, tile=tile,
+                          tiles_per_split=split_len // tile, **kw)
+  o_ref[...] = o
+  lse_ref[...] = lse
+
+
+def _paged_kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, pages_per_split,
+                  kv_len_static, **kw):
+  s = pl.program_id(2)
+  length = len_ref[0]
+  num_pages = k_ref.shape[0]
+
+  def load_tile(m):
+    # Clamped so that a bad table entry cannot read outside the pool.
+    page = jnp.clip(table_ref[m - s * pages_per_split], 0, num_pages - 1)
+    return k_ref[page], v_ref[page]
+
+  o, lse = _split_softmax(q_ref[...], load_tile, length=length,
+                          kv_len=jnp.minimum(length, kv_len_static), split=s,
+                          tile=k_ref.shape[1], tiles_per_split=pages_per_split, **kw)
+  o_ref[...] = o
+  lse_ref[...] = lse
+
+
+def _out_specs(B, K, splits, rows, H):
+  out_shape = [jax.ShapeDtypeStruct((B, K, splits, rows, H), jnp.float32),
+               jax.ShapeDtypeStruct((B, K, splits, rows), jnp.float32)]
+  out_specs = [pl.BlockSpec((None, None, None, rows, H), lambda b, h, s: (b, h, s, 0, 0)),
+               pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0))]
+  return out_shape, out_specs
+
+
+def _rows_and_head_dim(q_BTNH, K, interpret):
+  T, N, H = q_BTNH.shape[1:]
+  rows = T * (N // K)
+  if interpret:
+    return rows, H
+  # Triton: every tile dim a power of two, and >= 16 for tl.dot.
+  return max(16, flash.next_pow2(rows)), max(16, flash.next_pow2(H))
+
+
+def decode_attention(q_BTNH, k_BSKH, v_BSKH, lengths_B, *, window: int | None = None,
+                     scale: float | None = None, num_splits: int | None = None,
+                     interpret: bool | None = None):
+  """Attention of the last T <= 8 tokens of each sequence over its cache.
+
+  Args:
+    q_BTNH: queries [B, T, N, H]; query t of sequence b is at position
+      lengths_B[b] - T + t (causal among themselves).
+    k_BSKH, v_BSKH: the cache [B, S, K, H]; N must be a multiple of K.
+    lengths_B: int [B], tokens in each sequence (the T queries included);
+      keys at positions >= lengths_B[b] are ignored.
+    window: sliding window of that many keys, the query's own included.
+    scale: multiplier of the scores; default 1/sqrt(H).
+    num_splits: splits along S (partial softmaxes combined by log-sum-exp);
+      default from the batch, heads and length.
+    interpret: Pallas interpret mode; default True on CPU, False on GPU.
+
+  Returns:
+    [B, T, N, H] in the dtype of ``q_BTNH``.
+  """
+  flash.check_qkv(q_BTNH, k_BSKH, v_BSKH)
+  _check_common(q_BTNH, k_BSKH.shape[3], k_BSKH.shape[2], lengths_B, window)
+  _check_positive("num_splits", num_splits)
+  B, T, N, H = q_BTNH.shape
+  S, K = k_BSKH.shape[1], k_BSKH.shape[2]
+  scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
+  interpret = flash.resolve_interpret(interpret)
+  rows, Hp = _rows_and_head_dim(q_BTNH, K, interpret)
+  tile = min(128 if interpret else 64, max(1 if interpret else 16, flash.next_pow2(S)))
+  num_tiles = -(-S // tile)
+  splits = min(num_splits or _default_splits(B * K, num_tiles), num_tiles)
+  tiles_per_split = -(-num_tiles // splits)
+  splits = -(-num_tiles // tiles_per_split)  # no empty trailing split
+  split_len = tiles_per_split * tile
+  Sp = splits * split_len
+
+  q = _query_rows(q_BTNH, K, rows)
+  q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, Hp - H)))
+  k = jnp.pad(k_BSKH, ((0, 0), (0, Sp - S), (0, 0), (0, Hp - H)))
+  v = jnp.pad(v_BSKH, ((0, 0), (0, Sp - S), (0, 0), (0, Hp - H)))
+  len_B1 = lengths_B.astype(jnp.int32)[:, None]
+  kernel = functools.partial(
+      _decode_kernel, split_len=split_len, tile=tile, kv_len_static=S, num_queries=T,
+      groups=N // K, window=window, scale=scale,
+  )
+  out_shape, out_specs = _out_specs(B, K, splits, rows, Hp)
+  kv_spec = pl.BlockSpec((None, split_len, None, Hp), lambda b, h, s: (b, s, h, 0))
+  o, lse = pl.pallas_call(
+      kernel,
+      grid=(B, K, splits),
+      in_specs=[
+          pl.BlockSpec((None, 1), lambda b, h, s: (b, 0)),
+          pl.BlockSpec((None, None, rows, Hp), lambda b, h, s: (b, h, 0, 0)),
+          kv_spec,
+          kv_spec,
+      ],
+      out_specs=out_specs,
+      out_shape=out_shape,
+      compiler_params=flash.compiler_params(interpret, 4, 2),
+      interpret=interpret,
+      name="attnlab_decode",
+  )(len_B1, q, k, v)
+  return _combine_splits(o, lse, q_BTNH)
+
+
+def paged_decode_attention(q_BTNH, k_pages_PCKH, v_pages_PCKH, page_table_BM, lengths_B, *,
+                           window: int | None = None, scale: float | None = None,
+                           pages_per_split: int | None = None, interpret: bool | None = None):
+  """``decode_attention`` over a paged cache.
+
+  Args:
+    q_BTNH: queries [B, T, N, H], T <= 8, the last T tokens of each sequence.
+    k_pages_PCKH, v_pages_PCKH: the page pool [P, C, K, H] shared by all
+      sequences (C slots per page). On GPU, C must be a power of two >= 16.
+    page_table_BM: int [B, M]; page_table_BM[b, m] is the id of the page that
+      holds positions [m * C, (m + 1) * C) of sequence b. Entries past the
+      sequence's length are never read (may be -1).
+    lengths_B: int [B], tokens in each sequence (the T queries included).
+    window: sliding window of that many keys, the query's own included.
+    scale: multiplier of the scores; default 1/sqrt(H).
+    pages_per_split: pages per split along the sequence; default from the
+      batch, heads and table width.
+    interpret: Pallas interpret mode; default True on CPU, False on GPU.
+
+  Returns:
+    [B, T, N, H] in the dtype of ``q_BTNH``.
+  """
+  for name, x in (("k_pages_PCKH", k_pages_PCKH), ("v_pages_PCKH", v_pages_PCKH)):
+    if x.ndim != 4:
+      raise ValueError(f"{name} must be rank 4 [P, C, K, H], got shape {x.shape}")
+  if k_pages_PCKH.shape != v_pages_PCKH.shape:
+    raise ValueError(f"k_pages_PCKH shape {k_pages_PCKH.shape} and v_pages_PCKH shape "
+                     f"{v_pages_PCKH.shape} must match")
+  P, C, K, H = k_pages_PCKH.shape
+  _check_common(q_BTNH, H, K, lengths_B, window)
+  B, T, N, _ = q_BTNH.shape
+  if page_table_BM.ndim != 2 or page_table_BM.shape[0] != B:
+    raise ValueError(f"page_table_BM shape {page_table_BM.shape} must be [B, M] with B={B}")
+  _check_positive("pages_per_split", pages_per_split)
+  scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
+  interpret = flash.resolve_interpret(interpret)
+  if not interpret and (C < 16 or C & (C - 1)):
+    raise ValueError(f"page size C={C} of k_pages_PCKH must be a power of two >= 16 on GPU")
+  rows, Hp = _rows_and_head_dim(q_BTNH, K, interpret)
+  M = page_table_BM.shape[1]
+  pps = min(pages_per_split or -(-M // _default_splits(B * K, M)), M)
+  splits = -(-M // pps)
+
+  q = _query_rows(q_BTNH, K, rows)
+  q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, Hp - H)))
+  k_pages = jnp.pad(k_pages_PCKH, ((0, 0), (0, 0), (0, 0), (0, Hp - H)))
+  v_pages = jnp.pad(v_pages_PCKH, ((0, 0), (0, 0), (0, 0), (0, Hp - H)))
+  table = jnp.pad(page_table_BM.astype(jnp.int32), ((0, 0), (0, splits * pps - M)))
+  len_B1 = lengths_B.astype(jnp.int32)[:, None]
+  kernel = functools.partial(
+      _paged_kernel, pages_per_split=pps, kv_len_static=M * C, num_queries=T, groups=N // K,
+      window=window, scale=scale,
+  )
+  out_shape, out_specs = _out_specs(B, K, splits, rows, Hp)
+  pages_spec = pl.BlockSpec((P, C, None, Hp), lambda b, h, s: (0, 0, h, 0))
+  o, lse = pl.pallas_call(
+      kernel,
+      grid=(B, K, splits),
+      in_specs=[
+          pl.BlockSpec((None, 1), lambda b, h, s: (b, 0)),
+          pl.BlockSpec((None, pps), lambda b, h, s: (b, s)),
+          pl.BlockSpec((None, None, rows, Hp), lambda b, h, s: (b, h, 0, 0)),
+          pages_spec,
+          pages_spec,
+      ],
+      out_specs=out_specs,
+      out_shape=out_shape,
+      compiler_params=flash.compiler_params(interpret, 4, 2),
+      interpret=interpret,
+      name="attnlab_paged_decode",
+  )(len_B1, table, q, k_pages, v_pages)
+  return _combine_splits(o, lse, q_BTNH)

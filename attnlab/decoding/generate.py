@@ -1,0 +1,317 @@
+"""Generation: prefill the prompt in one pass, then one token per step.
+
+``generate`` checks its inputs in Python, then runs one jitted function:
+prefill (the whole prompt through the model, K/V written to the cache) and a
+``lax.while_loop`` whose body feeds the last token of every sequence, appends
+its K/V, and picks the next token. The loop compiles once per shape and
+static setting and ends early when every sequence has emitted ``eos_id``.
+
+Prompts of a decoder-only model are RIGHT-padded with ``cfg.pad_id``: row b
+holds its ``prompt_lengths_B[b]`` tokens at positions 0.. and padding after
+them. Each sequence then continues at its own length, with exactly the
+positions it would have if decoded alone; the padding is never cached.
+
+An encoder-decoder takes the source (padded anywhere with ``cfg.pad_id``,
+which is masked); its source is encoded once, the cross-attention K/V are
+cached, and the target starts from ``bos_id``. With ``beam_size > 1`` it runs
+beam search (``beam_search``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from attnlab.decoding import cache as cache_lib
+from attnlab.decoding.sampling import Sampling, sample
+
+GREEDY = Sampling(temperature=0.0)
+
+
+def generate(model, prompt_BT, *, max_new_tokens: int = 64, cache: str = "contiguous",
+             sampling: Sampling = GREEDY, rng=None, prompt_lengths_B=None,
+             eos_id: int | None = 2, bos_id: int = 1, beam_size: int | None = None,
+             length_penalty: float = 0.6, page_size: int = 16, num_pages: int | None = None,
+             cache_len: int | None = None):
+  """Generate up to ``max_new_tokens`` tokens per sequence.
+
+  Args:
+    model: a ``DecoderOnly`` or ``EncoderDecoder``.
+    prompt_BT: int [B, T]. Decoder-only: right-padded prompts. Encoder-decoder:
+      the source, ``cfg.pad_id`` masked.
+    max_new_tokens: tokens generated per sequence at most.
+    cache: "contiguous" | "ring" (needs ``cfg.window``) | "paged".
+    sampling: ``Sampling(temperature, top_k, top_p)``; temperature 0 = greedy.
+    rng: a ``jax.random.key``; the same key gives the same tokens.
+    prompt_lengths_B: int [B] prompt lengths (decoder-only); default: up to
+      and including the last token that is not ``cfg.pad_id``.
+    eos_id: a sequence stops after emitting it (the rest of its row is
+      ``cfg.pad_id``); None = always ``max_new_tokens``.
+    bos_id: first target token of an encoder-decoder.
+    beam_size: runs beam search of that width (encoder-decoder only; 1 is
+      greedy); None samples with ``sampling``.
+    length_penalty: GNMT alpha for beam search: a finished hypothesis scores
+      log P / ((5 + length) / 6)^alpha.
+    page_size, num_pages: C and P of the paged cache. P defaults to enough
+      for every sequence at full length; with fewer, pages freed by finished
+      sequences are reused, and running out raises ``RuntimeError``.
+    cache_len: capacity of a contiguous / paged cache per sequence; default
+      the prompt length + max_new_tokens.
+
+  Returns:
+    int32 [B, max_new_tokens]: the generated tokens (eos included).
+  """
+  cfg = model.cfg
+  prompt_BT = np.asarray(prompt_BT)
+  _check_prompt(cfg, prompt_BT, max_new_tokens)
+  rng = jax.random.key(0) if rng is None else rng
+  if isinstance(rng, jax.Array) and not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+    rng = jax.random.wrap_key_data(rng)
+  if cache not in cache_lib.CACHE_KINDS:
+    raise ValueError(f"cache={cache!r} is not one of {', '.join(map(repr, cache_lib.CACHE_KINDS))}")
+  if cache == "ring" and cfg.window is None:
+    raise ValueError("cache='ring' needs a sliding-window model (ModelConfig.window), got "
+                     "window=None; use cache='contiguous' or 'paged'")
+  if beam_size is not None and (not isinstance(beam_size, int) or beam_size < 1):
+    raise ValueError(f"beam_size={beam_size!r} must be a positive integer")
+  B, T = prompt_BT.shape
+  graphdef, state = nnx.split(model)
+  static = dict(max_new_tokens=max_new_tokens, kind=cache, eos_id=eos_id, page_size=page_size)
+
+  if cfg.arch == "encoder_decoder":
+    needed = max_new_tokens
+    cache_len = _check_cache_len(cfg, cache_len, needed, "the generated target")
+    num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
+    if beam_size is not None:
+      if cache == "paged":
+        raise ValueError("beam search reorders whole cache rows: use cache='contiguous' or "
+                         "'ring' with beam_size")
+      return _beam_encoder_decoder(graphdef, state, jnp.asarray(prompt_BT), beam_size=beam_size,
+                                   length_penalty=float(length_penalty), bos_id=bos_id,
+                                   cache_len=cache_len, **static)
+    tokens_BT, exhausted = _sample_encoder_decoder(
+        graphdef, state, jnp.asarray(prompt_BT), rng, sampling=sampling, bos_id=bos_id,
+        cache_len=cache_len, num_pages=num_pages, **static)
+  else:
+    if beam_size is not None:
+      raise ValueError(f"beam_size={beam_size} needs an encoder-decoder model; sample or use "
+                       "greedy decoding (temperature=0) with a decoder-only model")
+    lengths_B = _prompt_lengths(cfg, prompt_BT, prompt_lengths_B)
+    # The last generated token is never fed back, so it needs no cache slot.
+    cache_len = _check_cache_len(cfg, cache_len, T + max_new_tokens - 1, "the prompt")
+    num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
+    tokens_BT, exhausted = _sample_decoder_only(
+        graphdef, state, jnp.asarray(prompt_BT), jnp.asarray(lengths_B), rng, sampling=sampling,
+        cache_len=cache_len, num_pages=num_pages, **static)
+  if bool(exhausted):
+    raise RuntimeError(
+        f"the paged cache ran out of pages (num_pages={num_pages}, page_size={page_size}); "
+        "pass a larger num_pages or fewer / shorter sequences")
+  return tokens_BT
+
+
+# ----------------------------------------------------------------------------
+# Input checks (concrete, before anything is traced).
+# ----------------------------------------------------------------------------
+
+
+def _check_prompt(cfg, prompt_BT, max_new_tokens):
+  if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
+  if prompt_BT.ndim != 2 or not np.issubdtype(prompt_BT.dtype, np.integer):
+    raise ValueError(f"prompt must be an int array [B, T], got dtype {prompt_BT.dtype} and "
+                     f"shape {prompt_BT.shape}")
+  if prompt_BT.shape[0] == 0 or prompt_BT.shape[1] == 0:
+    raise ValueError(f"the prompt is empty (shape {prompt_BT.shape}): give at least one token")
+  bad = (prompt_BT < 0) | (prompt_BT >= cfg.vocab_size)
+  if bad.any():
+    b, t = np.argwhere(bad)[0]
+    raise ValueError(f"token id {int(prompt_BT[b, t])} at [{b}, {t}] is outside the "
+                     f"vocabulary [0, {cfg.vocab_size})")
+
+
+def _prompt_lengths(cfg, prompt_BT, prompt_lengths_B):
+  B, T = prompt_BT.shape
+  if prompt_lengths_B is None:
+    real_BT = prompt_BT != cfg.pad_id
+    lengths_B = np.where(real_BT.any(1), T - np.argmax(real_BT[:, ::-1], axis=1), 0)
+  else:
+    lengths_B = np.asarray(prompt_lengths_B)
+    if lengths_B.shape != (B,):
+      raise ValueError(f"prompt_lengths_B shape {lengths_B.shape} must be [B] = ({B},)")
+    if (lengths_B > T).any():
+      raise ValueError(f"prompt_lengths_B={lengths_B.tolist()} exceeds the prompt width T={T}")
+  if (lengths_B < 1).any():
+    b = int(np.argmax(lengths_B < 1))
+    raise ValueError(f"prompt {b} is empty (all padding, pad_id={cfg.pad_id}): give at least "
+                     "one token")
+  return lengths_B.astype(np.int32)
+
+
+def _check_cache_len(cfg, cache_len, needed, what):
+  if needed > cfg.max_len:
+    raise ValueError(f"{what} plus max_new_tokens needs {needed} positions, more than the "
+                     f"model's max_len={cfg.max_len}")
+  if cache_len is None:
+    return max(needed, 1)
+  if needed > cache_len:
+    raise ValueError(f"{what} plus max_new_tokens needs {needed} cache slots, more than "
+                     f"cache_len={cache_len}")
+  return cache_len
+
+
+def _num_pages(kind, num_pages, rows, cache_len, page_size):
+  if kind != "paged":
+    return None
+  if num_pages is None:
+    return rows * -(-cache_len // page_size)
+  return num_pages
+
+
+# ----------------------------------------------------------------------------
+# The jitted loops.
+# ----------------------------------------------------------------------------
+
+
+def _eval_model(graphdef, state):
+  model = nnx.merge(graphdef, state)
+  model.eval()  # no dropout while decoding
+  return model
+
+
+def _sampling_loop(forward, cache, alloc, first_logits_BV, rng, *, max_new_tokens, eos_id,
+                   sampling, page_size, pad_id):
+  """Sample the first token from ``first_logits_BV``, then step until done.
+
+  ``forward(tokens_BT, segment_ids_BT, cache) -> (logits_BTV, cache)``.
+  Returns (tokens [B, max_new_tokens], exhausted).
+  """
+  B = first_logits_BV.shape[0]
+  paged = alloc is not None
+  rng, sub = jax.random.split(rng)
+  token_B = sample(first_logits_BV, sub, sampling)
+  out_BL = jnp.full((B, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(token_B)
+  done_B = (token_B == eos_id) if eos_id is not None else jnp.zeros((B,), bool)
+  if paged:
+    cache, alloc = _release(cache, alloc, done_B)
+
+  def cond(carry):
+    step, _, done_B, *_ = carry
+    return (step < max_new_tokens) & ~jnp.all(done_B)
+
+  def body(carry):
+    step, token_B, done_B, out_BL, cache, alloc, rng = carry
+    live_B = (~done_B).astype(jnp.int32)
+    if paged:
+      cache, alloc = _reserve(cache, alloc, live_B, page_size)
+    logits_BTV, cache = forward(token_B[:, None], live_B[:, None], cache)
+    rng, sub = jax.random.split(rng)
+    next_B = jnp.where(done_B, pad_id, sample(logits_BTV[:, 0], sub, sampling))
+    out_BL = out_BL.at[:, step].set(next_B)
+    finished_B = ~done_B & (next_B == eos_id) if eos_id is not None else jnp.zeros_like(done_B)
+    if paged:
+      cache, alloc = _release(cache, alloc, finished_B)
+    return step + 1, next_B, done_B | finished_B, out_BL, cache, alloc, rng
+
+  carry = (jnp.int32(1), token_B, done_B, out_BL, cache, alloc, rng)
+  _, _, _, out_BL, _, alloc, _ = jax.lax.while_loop(cond, body, carry)
+  return out_BL, (alloc.exhausted if paged else jnp.bool_(False))
+
+
+def _reserve(cache, alloc, num_new_B, page_size):
+  """Pages for ``num_new_B`` more tokens per sequence, in every layer's table."""
+  alloc, table_BM = alloc.allocate(cache[0].self_attn.page_table_BM,
+                                   cache_lib.cache_lengths(cache), num_new_B, page_size)
+  return cache_lib.set_page_table(cache, table_BM), alloc
+
+
+def _release(cache, alloc, finished_B):
+  """Return the pages of finished sequences to the free list."""
+  alloc, table_BM = alloc.free(cache[0].self_attn.page_table_BM, finished_B)
+  lengths_B = jnp.where(finished_B, 0, cache_lib.cache_lengths(cache))
+  return cache_lib.set_page_table(cache, table_BM, lengths_B), alloc
+
+
+def _new_cache(cfg, kind, batch, cache_len, page_size, num_pages):
+  cache = cache_lib.init_cache(cfg, kind, batch, cache_len, page_size=page_size,
+                               num_pages=num_pages)
+  alloc = cache_lib.PageAllocator.init(num_pages) if kind == "paged" else None
+  return cache, alloc
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=(
+    "max_new_tokens", "kind", "eos_id", "page_size", "sampling", "cache_len", "num_pages"))
+def _sample_decoder_only(graphdef, state, prompt_BT, lengths_B, rng, *, max_new_tokens, kind,
+                         eos_id, page_size, sampling, cache_len, num_pages):
+  model = _eval_model(graphdef, state)
+  cfg = model.cfg
+  B, T = prompt_BT.shape
+  cache, alloc = _new_cache(cfg, kind, B, cache_len, page_size, num_pages)
+  if alloc is not None:
+    cache, alloc = _reserve(cache, alloc, lengths_B, page_size)
+  # Prefill: the whole prompt in one pass; padding (t >= length) is not cached.
+  segment_ids_BT = (jnp.arange(T)[None, :] < lengths_B[:, None]).astype(jnp.int32)
+  logits_BTV, cache = model(prompt_BT, segment_ids_BT=segment_ids_BT, cache=cache)
+  last_BV = jnp.take_along_axis(logits_BTV, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
+  forward = lambda tokens_BT, seg_BT, cache: model(tokens_BT, segment_ids_BT=seg_BT, cache=cache)
+  return _sampling_loop(forward, cache, alloc, last_BV, rng, max_new_tokens=max_new_tokens,
+                        eos_id=eos_id, sampling=sampling, page_size=page_size, pad_id=cfg.pad_id)
+
+
+def _decoder_forward(model):
+  def forward(tokens_BT, seg_BT, cache):
+    return model.decode(tokens_BT, None, src_segment_ids_BS=None, tgt_segment_ids_BT=seg_BT,
+                        cache=cache)
+
+  return forward
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=(
+    "max_new_tokens", "kind", "eos_id", "page_size", "sampling", "bos_id", "cache_len",
+    "num_pages"))
+def _sample_encoder_decoder(graphdef, state, src_BS, rng, *, max_new_tokens, kind, eos_id,
+                            page_size, sampling, bos_id, cache_len, num_pages):
+  model = _eval_model(graphdef, state)
+  cfg = model.cfg
+  B = src_BS.shape[0]
+  cache, alloc = _new_cache(cfg, kind, B, cache_len, page_size, num_pages)
+  cache = cache_lib.with_cross(cache, model.cross_cache(src_BS))  # encoded once
+  forward = _decoder_forward(model)
+  ones_B1 = jnp.ones((B, 1), jnp.int32)
+  if alloc is not None:
+    cache, alloc = _reserve(cache, alloc, ones_B1[:, 0], page_size)
+  logits_B1V, cache = forward(jnp.full((B, 1), bos_id, jnp.int32), ones_B1, cache)
+  return _sampling_loop(forward, cache, alloc, logits_B1V[:, 0], rng,
+                        max_new_tokens=max_new_tokens, eos_id=eos_id, sampling=sampling,
+                        page_size=page_size, pad_id=cfg.pad_id)
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=(
+    "max_new_tokens", "kind", "eos_id", "page_size", "beam_size", "length_penalty", "bos_id",
+    "cache_len"))
+def _beam_encoder_decoder(graphdef, state, src_BS, *, max_new_tokens, kind, eos_id, page_size,
+                          beam_size, length_penalty, bos_id, cache_len):
+  from attnlab.decoding.beam import beam_search
+
+  model = _eval_model(graphdef, state)
+  cfg = model.cfg
+  B = src_BS.shape[0]
+  # Beams are rows b * W + w; every beam of a source shares its cross K/V.
+  cross = jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0), model.cross_cache(src_BS))
+  cache, _ = _new_cache(cfg, kind, B * beam_size, cache_len, page_size, None)
+  forward = _decoder_forward(model)
+
+  def step_fn(tokens_X, self_cache):
+    # The cross K/V stay out of the beam state: reordering beams of one source
+    # would only shuffle identical copies.
+    logits_X1V, cache = forward(tokens_X[:, None], None, cache_lib.with_cross(self_cache, cross))
+    self_cache = tuple(block.replace(cross_attn=None) for block in cache)
+    return jax.nn.log_softmax(logits_X1V[:, 0].astype(jnp.float32), axis=-1), self_cache
+
+  return beam_search(step_fn, cache, batch=B, beam_size=beam_size, max_len=max_new_tokens,
+                     bos_id=bos_id, eos_id=eos_id, length_penalty=length_penalty,
+                     pad_id=cfg.pad_id)

@@ -1,0 +1,192 @@
+"""The models: head sharing, causality, padding, norms, and that they learn."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import attnlab
+from attnlab import ModelConfig
+
+TINY = dict(vocab_size=32, d_model=32, num_layers=2, num_heads=4, head_dim=8, d_ff=64,
+            max_len=64)
+
+
+def tokens(B, T, seed=0, low=1, high=32):
+  return jax.random.randint(jax.random.key(seed), (B, T), low, high)
+
+
+def build(**kw):
+  return attnlab.build_model(ModelConfig(**{**TINY, **kw}), rngs=nnx.Rngs(0))
+
+
+def test_gqa_with_k_equal_n_is_mha():
+  mha = build(num_kv_heads=None)
+  gqa = build(num_kv_heads=4)
+  x = tokens(2, 10)
+  np.testing.assert_array_equal(mha(x), gqa(x))
+
+
+@pytest.mark.parametrize("K", [1, 2])
+def test_gqa_equals_mha_with_each_kv_head_copied_to_its_group(K):
+  """Query head n must read KV head n // G: copying each KV projection to the G
+  query heads of its group turns the GQA model into an equivalent MHA model."""
+  gqa = build(num_kv_heads=K)
+  mha = build(num_kv_heads=None)
+  G = 4 // K
+  gqa_params = nnx.state(gqa, nnx.Param)
+  mha_params = nnx.state(mha, nnx.Param)
+
+  def copy(path, g, m):
+    if path[-2].key in ("k_proj", "v_proj"):
+      return jnp.repeat(g, G, axis=1)
+    return g
+
+  new = jax.tree.map_with_path(copy, gqa_params, mha_params)
+  nnx.update(mha, new)
+  x = tokens(2, 12)
+  np.testing.assert_allclose(mha(x), gqa(x), atol=1e-5)
+
+
+@pytest.mark.parametrize("K", [1, 2, 4])
+def test_kv_projection_parameters_scale_with_num_kv_heads(K):
+  model = build(num_kv_heads=K)
+  kv_params = sum(
+      x.size for path, x in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param))
+      if any(getattr(p, "key", None) in ("k_proj", "v_proj") for p in path)
+  )
+  # layers x (K and V) x D x K x H
+  assert kv_params == 2 * 2 * 32 * K * 8
+
+
+def test_mqa_model_runs_and_differs_in_size_from_mha():
+  mqa, mha = build(num_kv_heads=1), build()
+  out = mqa(tokens(2, 9))
+  assert out.shape == (2, 9, 32) and np.all(np.isfinite(out))
+  assert attnlab.count_params(mha) - attnlab.count_params(mqa) == 2 * 2 * 32 * 3 * 8
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(pos="rope"), dict(pos="sinusoidal", norm_position="post", norm="layernorm"),
+     dict(pos="learned", mlp="relu"), dict(pos="rope", window=3, num_kv_heads=2),
+     dict(pos="none", mlp="gelu")],
+    ids=str,
+)
+def test_decoder_only_is_causal(kw):
+  model = build(**kw)
+  x = tokens(2, 12)
+  y = x.at[:, 7:].set(tokens(2, 5, seed=1))
+  a, b = model(x), model(y)
+  np.testing.assert_allclose(a[:, :7], b[:, :7], atol=1e-6)
+  assert not np.allclose(a[:, 7:], b[:, 7:], atol=1e-3)
+
+
+def test_encoder_decoder_decoder_is_causal():
+  model = build(arch="encoder_decoder", pos="sinusoidal", norm_position="post")
+  src, tgt = tokens(2, 8), tokens(2, 10, seed=2)
+  tgt2 = tgt.at[:, 6:].set(tokens(2, 4, seed=3))
+  np.testing.assert_allclose(model(src, tgt)[:, :6], model(src, tgt2)[:, :6], atol=1e-6)
+
+
+@pytest.mark.parametrize("pos", ["sinusoidal", "rope", "learned"])
+def test_encoder_ignores_pad_tokens(pos):
+  model = build(arch="encoder_decoder", pos=pos)
+  src = tokens(2, 6)
+  padded = jnp.concatenate([src, jnp.zeros((2, 5), src.dtype)], axis=1)  # pad_id = 0
+  tgt = tokens(2, 7, seed=4)
+  enc = model.encode(src)
+  enc_padded = model.encode(padded)
+  np.testing.assert_allclose(enc_padded[:, :6], enc, atol=1e-5)
+  np.testing.assert_allclose(model(padded, tgt), model(src, tgt), atol=1e-5)
+
+
+def test_window_at_least_length_equals_full_causal_model():
+  full = build(window=None)
+  windowed = build(window=12)
+  narrow = build(window=4)
+  x = tokens(2, 12)
+  np.testing.assert_allclose(windowed(x), full(x), atol=1e-6)
+  np.testing.assert_allclose(narrow(x)[:, :4], full(x)[:, :4], atol=1e-6)
+  assert not np.allclose(narrow(x)[:, 4:], full(x)[:, 4:], atol=1e-3)
+
+
+def test_post_ln_block_output_is_layer_normalized():
+  """The paper's post-LN: each sublayer's output is LayerNorm(x + f(x)), so with
+  the norm at its initial scale 1 / bias 0 every position has mean 0, var 1."""
+  model = build(norm="layernorm", norm_position="post", pos="sinusoidal")
+  x_BTD = jax.random.normal(jax.random.key(0), (2, 5, 32))
+  pos = jnp.broadcast_to(jnp.arange(5), (2, 5))
+  y = model.decoder.layers[0](x_BTD, pos, None)
+  np.testing.assert_allclose(y.mean(-1), 0.0, atol=1e-5)
+  np.testing.assert_allclose(y.var(-1), 1.0, atol=1e-3)
+
+
+@pytest.mark.parametrize("impl", ["chunked", "xla"])
+def test_model_with_other_attention_impl_matches_reference(impl):
+  ref = build(num_kv_heads=2, window=5, attention_impl="reference")
+  other = build(num_kv_heads=2, window=5, attention_impl=impl)
+  x = tokens(2, 11)
+
+  def loss(m):
+    return jnp.mean(jax.nn.log_softmax(m(x))[..., 3])
+
+  np.testing.assert_allclose(other(x), ref(x), atol=1e-5)
+  g_ref, g_other = nnx.grad(loss)(ref), nnx.grad(loss)(other)
+  for a, b in zip(jax.tree.leaves(g_other), jax.tree.leaves(g_ref)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_bfloat16_compute_keeps_float32_params():
+  model = build(dtype="bfloat16")
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  fp32 = build()
+  x = tokens(2, 8)
+  out = model(x)
+  assert out.dtype == jnp.float32
+  np.testing.assert_allclose(out, fp32(x), atol=0.1)
+
+
+def overfit(model, batch, loss_fn, steps):
+  optimizer = nnx.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param)
+
+  @nnx.jit
+  def step(model, optimizer):
+    loss, grads = nnx.value_and_grad(lambda m: loss_fn(m, *batch))(model)
+    optimizer.update(model, grads)
+    return loss
+
+  for _ in range(steps):
+    loss = step(model, optimizer)
+  return float(loss)
+
+
+def xent(logits, targets):
+  return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+
+
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+def test_decoder_only_overfits_a_fixed_batch(norm_position):
+  model = build(norm_position=norm_position, dropout_rate=0.0)
+  seq = tokens(4, 17, seed=5)
+  loss = overfit(model, (seq[:, :-1], seq[:, 1:]), lambda m, x, y: xent(m(x), y), 150)
+  # Random tokens from 31 ids: chance is ln(31) = 3.43; memorized is near 0.
+  assert loss < 0.1, loss
+
+
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+def test_encoder_decoder_overfits_a_fixed_batch(norm_position):
+  model = build(arch="encoder_decoder", pos="sinusoidal", norm="layernorm",
+                norm_position=norm_position, mlp="relu", scale_embeddings=True)
+  src = tokens(4, 10, seed=6)
+  tgt = jnp.concatenate([jnp.ones((4, 1), src.dtype), src[:, ::-1]], axis=1)  # reverse task
+  loss = overfit(model, (src, tgt[:, :-1], tgt[:, 1:]),
+                 lambda m, s, ti, to: xent(m(s, ti), to), 150)
+  assert loss < 0.1, loss
+
+
+def test_build_model_rejects_non_config():
+  with pytest.raises(ValueError, match="ModelConfig"):
+    attnlab.build_model({"d_model": 3}, rngs=nnx.Rngs(0))

@@ -1,0 +1,154 @@
+"""Parity of the Pallas decode kernels (interpret mode on CPU) with the reference op.
+
+The reference sees the same request as a plain attention call: the T queries
+at positions lengths - T .. lengths - 1 (``q_offset``), causal, and the cache
+slots at positions >= length empty (``kv_positions = -1``).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnlab.ops import decode
+from attnlab.ops.attention import reference_attention
+
+TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
+
+
+def _reference(q, k, v, lengths_B, window):
+  T, S = q.shape[1], k.shape[1]
+  pos_BS = jnp.broadcast_to(jnp.arange(S), (q.shape[0], S))
+  kv_positions = jnp.where(pos_BS < lengths_B[:, None], pos_BS, -1)
+  return reference_attention(q, k, v, causal=True, window=window, q_offset=lengths_B - T,
+                             kv_positions=kv_positions)
+
+
+def _inputs(seed, B, T, S, N, K, H, dtype):
+  ks = jax.random.split(jax.random.key(seed), 3)
+  q = jax.random.normal(ks[0], (B, T, N, H), jnp.float32).astype(dtype)
+  k = jax.random.normal(ks[1], (B, S, K, H), jnp.float32).astype(dtype)
+  v = jax.random.normal(ks[2], (B, S, K, H), jnp.float32).astype(dtype)
+  return q, k, v
+
+
+def _assert_close(actual, expected, dtype):
+  tol = TOL[dtype]
+  actual, expected = np.asarray(actual, np.float32), np.asarray(expected, np.float32)
+  assert np.all(np.isfinite(actual))
+  np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol)
+
+
+def _paginate(k_BSKH, v_BSKH, page_size, seed, spare_pages=3):
+  """Scatter a contiguous cache into a shuffled page pool; returns pool + table."""
+  B, S, K, H = k_BSKH.shape
+  M = -(-S // page_size)
+  P = B * M + spare_pages
+  table_BM = jax.random.permutation(jax.random.key(seed), P)[: B * M].reshape(B, M)
+
+  def pool(x_BSKH):
+    x_BMCKH = jnp.pad(x_BSKH, ((0, 0), (0, M * page_size - S), (0, 0), (0, 0))).reshape(
+        B, M, page_size, K, H)
+    # Unused pages hold garbage: a kernel that read them would not match.
+    return jnp.full((P, page_size, K, H), 1e4, x_BSKH.dtype).at[table_BM].set(x_BMCKH)
+
+  return pool(k_BSKH), pool(v_BSKH), table_BM.astype(jnp.int32)
+
+
+# (B, T, S, N, K, H, lengths, window, num_splits, dtype)
+DECODE_CASES = [
+    (3, 1, 300, 8, 8, 32, [300, 17, 1], None, None, jnp.float32),
+    (3, 4, 300, 8, 2, 64, [300, 129, 2], None, 3, jnp.float32),  # length < T: rows see nothing
+    (2, 8, 513, 8, 1, 32, [513, 64], 100, 4, jnp.float32),
+    (2, 2, 200, 4, 2, 128, [7, 200], 16, 1, jnp.bfloat16),
+    (4, 3, 1000, 16, 2, 64, [1000, 999, 511, 3], 1, 8, jnp.float32),
+    (1, 1, 7, 2, 1, 32, [5], None, None, jnp.bfloat16),
+]
+
+
+@pytest.mark.parametrize("B,T,S,N,K,H,lengths,window,num_splits,dtype", DECODE_CASES)
+def test_decode_matches_reference(B, T, S, N, K, H, lengths, window, num_splits, dtype):
+  q, k, v = _inputs(B * S + T, B, T, S, N, K, H, dtype)
+  lengths_B = jnp.array(lengths, jnp.int32)
+  # Slots past each length hold garbage: a kernel that read them would not match.
+  k = jnp.where((jnp.arange(S) < lengths_B[:, None])[:, :, None, None], k, 1e4).astype(dtype)
+  got = jax.jit(lambda q, k, v, l: decode.decode_attention(
+      q, k, v, l, window=window, num_splits=num_splits))(q, k, v, lengths_B)
+  _assert_close(got, _reference(q, k, v, lengths_B, window), dtype)
+
+
+# (B, T, S, N, K, H, page_size, lengths, window, pages_per_split, dtype)
+PAGED_CASES = [
+    (3, 1, 300, 8, 2, 32, 16, [300, 17, 1], None, None, jnp.float32),
+    (3, 4, 300, 4, 4, 64, 32, [290, 33, 3], 50, 2, jnp.float32),
+    (2, 8, 513, 8, 1, 32, 16, [513, 100], None, 5, jnp.bfloat16),
+    (2, 2, 128, 16, 2, 128, 8, [128, 9], 1, 1, jnp.float32),
+]
+
+
+@pytest.mark.parametrize("B,T,S,N,K,H,page_size,lengths,window,pages_per_split,dtype",
+                         PAGED_CASES)
+def test_paged_decode_matches_reference(B, T, S, N, K, H, page_size, lengths, window,
+                                        pages_per_split, dtype):
+  q, k, v = _inputs(B * S + T + 1, B, T, S, N, K, H, dtype)
+  lengths_B = jnp.array(lengths, jnp.int32)
+  k_pages, v_pages, table_BM = _paginate(k, v, page_size, seed=B + S)
+  # Table entries past a sequence's last page are unused: mark them -1 as the cache does.
+  pages_used_B = -(-lengths_B // page_size)
+  table_BM = jnp.where(jnp.arange(table_BM.shape[1]) < pages_used_B[:, None], table_BM, -1)
+  got = jax.jit(lambda *a: decode.paged_decode_attention(
+      *a, window=window, pages_per_split=pages_per_split))(q, k_pages, v_pages, table_BM,
+                                                           lengths_B)
+  _assert_close(got, _reference(q, k, v, lengths_B, window), dtype)
+
+
+def test_splits_do_not_change_the_result():
+  q, k, v = _inputs(7, 2, 3, 400, 8, 2, 32, jnp.float32)
+  lengths_B = jnp.array([400, 250], jnp.int32)
+  run = jax.jit(lambda n: decode.decode_attention(q, k, v, lengths_B, num_splits=n),
+                static_argnums=0)
+  one = run(1)
+  for n in (3, 5):
+    np.testing.assert_allclose(np.asarray(run(n)), np.asarray(one), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: decode.decode_attention(jnp.zeros((1, 9, 4, 32)), jnp.zeros((1, 16, 2, 32)),
+                                     jnp.zeros((1, 16, 2, 32)), jnp.array([16])), "T=9"),
+    (lambda: decode.decode_attention(jnp.zeros((1, 1, 4, 32)), jnp.zeros((1, 16, 2, 16)),
+                                     jnp.zeros((1, 16, 2, 16)), jnp.array([16])), "head dim"),
+    (lambda: decode.decode_attention(jnp.zeros((1, 1, 3, 32)), jnp.zeros((1, 16, 2, 32)),
+                                     jnp.zeros((1, 16, 2, 32)), jnp.array([16])), "multiple"),
+    (lambda: decode.decode_attention(jnp.zeros((1, 1, 4, 32)), jnp.zeros((1, 16, 2, 32)),
+                                     jnp.zeros((1, 16, 2, 32)), jnp.array([16, 3])),
+     "lengths_B"),
+    (lambda: decode.decode_attention(jnp.zeros((1, 1, 4, 32)), jnp.zeros((1, 16, 2, 32)),
+                                     jnp.zeros((1, 16, 2, 32)), jnp.array([16]), num_splits=0),
+     "num_splits=0"),
+    (lambda: decode.paged_decode_attention(jnp.zeros((2, 1, 4, 32)), jnp.zeros((5, 16, 2, 32)),
+                                           jnp.zeros((5, 16, 2, 32)),
+                                           jnp.zeros((3, 2), jnp.int32), jnp.array([3, 3])),
+     "page_table_BM"),
+    (lambda: decode.paged_decode_attention(jnp.zeros((1, 1, 4, 32)), jnp.zeros((5, 16, 2, 32)),
+                                           jnp.zeros((5, 8, 2, 32)),
+                                           jnp.zeros((1, 2), jnp.int32), jnp.array([3])),
+     "v_pages_PCKH"),
+])
+def test_bad_input_raises(call, match):
+  with pytest.raises(ValueError, match=match):
+    call()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H,G", [(64, 8), (128, 4)])
+def test_gpu_compiled_decode_matches_reference(H, G):
+  B, T, S, K, C = 4, 2, 4096, 2, 16
+  q, k, v = _inputs(11, B, T, S, K * G, K, H, jnp.bfloat16)
+  lengths_B = jnp.array([4096, 3000, 17, 1], jnp.int32)
+  ref = _reference(q, k, v, lengths_B, None)
+  got = jax.jit(lambda *a: decode.decode_attention(*a, interpret=False))(q, k, v, lengths_B)
+  _assert_close(got, ref, jnp.bfloat16)
+  k_pages, v_pages, table_BM = _paginate(k, v, C, seed=3)
+  got = jax.jit(lambda *a: decode.paged_decode_attention(*a, interpret=False))(
+      q, k_pages, v_pages, table_BM, lengths_B)
+  _assert_close(got, ref, jnp.bfloat16)

@@ -105,8 +105,12 @@ def auto_implementation(q_len: int, kv_len: int, backend: str | None = None) -> 
   """The implementation "auto" resolves to for a backend and a length."""
   backend = backend or jax.default_backend()
   if backend == "gpu":
+    # Not "pallas" yet: the Triton path of ops/flash.py has never been
+    # compiled or run on a GPU (only interpret mode on CPU is tested). Switch
+    # to "pallas" for long sequences once tools/gpu_check.sh passes on a card.
     return "xla"
   if backend == "tpu":
+    # ops/flash.py has no Mosaic lowering.
     return "xla"
   # XLA:CPU: the one-shot einsum is fastest while [T, S] scores fit in cache;
   # past that, the blocked path bounds memory.

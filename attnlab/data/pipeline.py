@@ -51,7 +51,7 @@ class PairBatches:
   def __init__(self, pairs, tokenizer, *, seq_len: int, arch: str, loss_on_prompt: bool):
     self.pairs, self.tok, self.seq_len, self.arch = pairs, tokenizer, seq_len, arch
     self.loss_on_prompt = loss_on_prompt
-    self.size = getattr(pairs, "size", len(pairs)) if not isinstance(pairs, list) else len(pairs)
+    self.size = len(pairs) if isinstance(pairs, list) else pairs.size
 
   def _ids(self, i):
     src, tgt = self.pairs[int(i)]

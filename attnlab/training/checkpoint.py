@@ -69,7 +69,8 @@ class Checkpointer:
   def save(self, step: int, state: dict, data_state: dict, meta: dict | None = None) -> None:
     ocp = self._ocp
     if step in self.manager.all_steps():
-      return
+      # Only a resume past a corrupted checkpoint saves a step twice.
+      self.manager.delete(step)
     self.manager.save(step, args=ocp.args.Composite(
         params=ocp.args.StandardSave(flatten(state["params"])),
         opt_state=ocp.args.StandardSave(flatten({"opt_state": state["opt_state"],

@@ -133,7 +133,7 @@ def make_train_step(setup: TrainSetup, tcfg: TrainConfig):
     denom = jnp.maximum(weight, 1.0)
     grads = jax.tree.map(lambda g: g / denom, grads)
     loss = loss_sum / denom
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state["opt_state"], params)
     new_params = optax.apply_updates(params, updates)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)

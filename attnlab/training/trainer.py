@@ -8,6 +8,7 @@ normally, so the process exits 0).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -45,10 +46,9 @@ class _StopFlag:
 
   def __enter__(self):
     for sig in (signal.SIGTERM, signal.SIGINT):
-      try:
+      # Outside the main thread signals cannot be caught: leave them be.
+      with contextlib.suppress(ValueError):
         self._old[sig] = signal.signal(sig, self._handle)
-      except ValueError:  # not the main thread: signals stay as they are
-        pass
     return self
 
   def _handle(self, signum, frame):

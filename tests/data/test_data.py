@@ -1,0 +1,127 @@
+"""Data: tokenizer, synthetic tasks, packing (no attention across documents),
+corpus splits, TSV, and checkpointable iterator state."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import attnlab
+from attnlab.config import DataConfig, ModelConfig
+from attnlab.data import packing, pipeline, text
+from attnlab.data.synthetic import SyntheticPairs
+from attnlab.data.tokenizer import ByteTokenizer
+
+
+def test_byte_tokenizer_round_trip_and_ids():
+  tok = ByteTokenizer()
+  ids = tok.encode("déf x")
+  assert ids.min() >= 3 and tok.vocab_size == ModelConfig().vocab_size == 259
+  assert (tok.pad_id, tok.bos_id, tok.eos_id) == (0, 1, 2) == (ModelConfig().pad_id, 1, 2)
+  assert tok.decode(np.concatenate([[1], ids, [2, 0, 0]])) == "déf x"
+  assert tok.encode("A")[0] == ord("A") + 3
+
+
+@pytest.mark.parametrize("task,check", [
+    ("copy", lambda s, t: s == t),
+    ("reverse", lambda s, t: s[::-1] == t),
+    ("sort", lambda s, t: "".join(sorted(s)) == t),
+    ("add", lambda s, t: sum(int(x) for x in s.split("+")) == int(t)),
+])
+def test_synthetic_tasks_are_correct_and_seeded(task, check):
+  a = SyntheticPairs(task, seed=3, split="train", min_len=2, max_len=9, vocab_chars=6)
+  b = SyntheticPairs(task, seed=3, split="train", min_len=2, max_len=9, vocab_chars=6)
+  v = SyntheticPairs(task, seed=3, split="validation", min_len=2, max_len=9, vocab_chars=6)
+  pairs = [a[i] for i in range(50)]
+  assert pairs == [b[i] for i in range(50)]
+  assert pairs != [v[i] for i in range(50)]
+  assert all(check(s, t) for s, t in pairs)
+
+
+def test_packing_segments_positions_and_loss_mask():
+  docs = [np.array([10, 11, 12]), np.array([20, 21]), np.array([30, 31, 32, 33])]
+  tokens, doc_ids = packing.concat_documents(docs, bos_id=1, eos_id=2)
+  # stream: 1 10 11 12 2 | 1 20 21 2 | 1 30 31 32 33 2
+  batch = packing.packed_rows(tokens, doc_ids, np.array([0, 1]), seq_len=7)
+  np.testing.assert_array_equal(batch["tokens_BT"][0], [1, 10, 11, 12, 2, 1, 20])
+  np.testing.assert_array_equal(batch["targets_BT"][0], [10, 11, 12, 2, 1, 20, 21])
+  np.testing.assert_array_equal(batch["segment_ids_BT"][0], [1, 1, 1, 1, 1, 2, 2])
+  np.testing.assert_array_equal(batch["positions_BT"][0], [0, 1, 2, 3, 4, 0, 1])
+  # The eos -> next bos target crosses documents: not trained on.
+  np.testing.assert_array_equal(batch["loss_mask_BT"][0], [1, 1, 1, 1, 0, 1, 1])
+  # Row 2 starts mid-document: positions count from the row start.
+  np.testing.assert_array_equal(batch["tokens_BT"][1], [21, 2, 1, 30, 31, 32, 33])
+  np.testing.assert_array_equal(batch["positions_BT"][1], [0, 1, 0, 1, 2, 3, 4])
+  np.testing.assert_array_equal(batch["segment_ids_BT"][1], [1, 1, 2, 2, 2, 2, 2])
+
+
+def test_packed_documents_do_not_attend_to_each_other():
+  cfg = ModelConfig(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=64)
+  model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
+  rng = np.random.default_rng(0)
+  doc2 = rng.integers(3, 259, 6)
+  rows = []
+  for _ in range(2):  # two different first documents, same second document
+    tokens, doc_ids = packing.concat_documents([rng.integers(3, 259, 5), doc2], 1, 2)
+    rows.append(packing.packed_rows(tokens, doc_ids, np.array([0]), seq_len=len(tokens) - 1))
+  logits = [model(jnp.asarray(r["tokens_BT"]), positions_BT=jnp.asarray(r["positions_BT"]),
+                  segment_ids_BT=jnp.asarray(r["segment_ids_BT"])) for r in rows]
+  seg = rows[0]["segment_ids_BT"][0]
+  assert not np.allclose(logits[0][0, seg == 1], logits[1][0, seg == 1])
+  np.testing.assert_allclose(logits[0][0, seg == 2], logits[1][0, seg == 2], atol=1e-5)
+  # ... and equal the second document run on its own at positions 0..n-1.
+  alone = model(jnp.asarray(rows[0]["tokens_BT"][:, seg == 2]))
+  np.testing.assert_allclose(logits[0][0, seg == 2], alone[0], atol=1e-5)
+
+
+def test_iterator_state_resumes_the_same_batches(tmp_path):
+  for i in range(4):
+    (tmp_path / f"f{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 20)
+  dcfg = DataConfig(task="lm", paths=(str(tmp_path / "*.py"),), seq_len=16, batch_size=4,
+                    validation_percent=25)
+  sources, _ = pipeline.build_sources(dcfg, ModelConfig())
+  it = pipeline.train_iterator(sources, dcfg)
+  batches = [next(it) for _ in range(30)]  # several epochs: reshuffled each
+  it2 = pipeline.train_iterator(sources, dcfg)
+  it2.set_state(pipeline.BatchIterator(sources["train"], 4, 0, index=17).get_state())
+  for want in batches[17:]:
+    got = next(it2)
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_seq2seq_layouts():
+  tok = ByteTokenizer()
+  pairs = [("abc", "cba")]
+  enc = pipeline.PairBatches(pairs, tok, seq_len=6, arch="encoder_decoder",
+                             loss_on_prompt=False).batch([0])
+  np.testing.assert_array_equal(enc["src_BS"][0], list(tok.encode("abc")) + [2, 0, 0])
+  np.testing.assert_array_equal(enc["tgt_in_BT"][0], [1] + list(tok.encode("cba")) + [0, 0])
+  np.testing.assert_array_equal(enc["targets_BT"][0], list(tok.encode("cba")) + [2, 0, 0])
+  np.testing.assert_array_equal(enc["loss_mask_BT"][0], [1, 1, 1, 1, 0, 0])
+  dec = pipeline.PairBatches(pairs, tok, seq_len=10, arch="decoder_only",
+                             loss_on_prompt=False).batch([0])
+  # [bos] a b c [eos] c b a [eos]: the loss covers "cba" and the final eos only.
+  np.testing.assert_array_equal(dec["loss_mask_BT"][0], [0, 0, 0, 0, 1, 1, 1, 1, 0, 0])
+  np.testing.assert_array_equal(dec["targets_BT"][0, 4:8], list(tok.encode("cba")) + [2])
+
+
+def test_stdlib_corpus_split_is_deterministic_and_disjoint():
+  files = text.stdlib_files()
+  assert len(files) > 100 and all(f.endswith(".py") for f in files)
+  a = text.lm_files((), validation_percent=5)
+  b = text.lm_files((), validation_percent=5)
+  assert a == b and a["validation"] and not set(a["train"]) & set(a["validation"])
+  assert not any("/test/" in f for f in a["train"])
+
+
+def test_tsv_reader_and_errors(tmp_path):
+  good = tmp_path / "a.tsv"
+  good.write_text("hello\tbonjour\n\nyes\toui\n")
+  assert text.read_tsv(str(good)) == [("hello", "bonjour"), ("yes", "oui")]
+  bad = tmp_path / "b.tsv"
+  bad.write_text("no tab here\n")
+  with pytest.raises(ValueError, match="b.tsv:1"):
+    text.read_tsv(str(bad))
+  with pytest.raises(FileNotFoundError, match="nope"):
+    text.expand_paths([str(tmp_path / "nope*.txt")])

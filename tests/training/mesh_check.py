@@ -1,0 +1,65 @@
+"""Run by test_sharding.py in a subprocess with 8 forced host devices:
+trains the same tiny config on a 1-device mesh and on a (2, 2, 2) mesh,
+restores the (2, 2, 2) checkpoint onto a (1, 2, 4) mesh, and prints JSON."""
+
+import json
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from attnlab.config import DataConfig, ModelConfig, TrainConfig  # noqa: E402
+from attnlab.data import pipeline  # noqa: E402
+from attnlab.training import sharding, steps  # noqa: E402
+from attnlab.training.checkpoint import Checkpointer  # noqa: E402
+from attnlab.training.trainer import Run  # noqa: E402
+
+
+def main(workdir):
+  mcfg = ModelConfig(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                     d_ff=64)
+  dcfg = DataConfig(task="reverse", seq_len=32, batch_size=8)
+  tcfg = TrainConfig(steps=6, warmup_steps=2, learning_rate=3e-3, progress=False)
+  out = {"devices": jax.device_count()}
+  sources, _ = pipeline.build_sources(dcfg, mcfg)
+  for shape in [(1, 1, 1), (2, 2, 2)]:
+    mesh = sharding.make_mesh(shape)
+    run = Run(mcfg, tcfg, dcfg, mesh, sources)
+    step_fn = steps.make_train_step(run.setup, tcfg)
+    losses = []
+    for _ in range(tcfg.steps):
+      run.state, m = step_fn(run.state, run.put(next(run.data)))
+      losses.append(float(m["loss"]))
+    out[str(shape)] = losses
+    if shape == (2, 2, 2):
+      specs = {}
+      leaves = jax.tree.leaves(nnx.state(nnx.merge(run.setup.graphdef, run.state["params"],
+                                                   run.setup.rest), nnx.Param))
+      for leaf in leaves:
+        specs.setdefault(str(leaf.sharding.spec), 0)
+        specs[str(leaf.sharding.spec)] += 1
+      out["specs"] = specs
+      out["num_devices_of_q"] = len(
+          run.state["params"]["decoder"]["layers"][0]["self_attn"]["q_proj"]["w"]
+          .get_value().sharding.device_set)
+      mu = jax.tree.leaves(run.state["opt_state"])
+      out["opt_specs"] = sorted({str(x.sharding.spec) for x in mu})
+      ckpt = Checkpointer(workdir)
+      ckpt.save(tcfg.steps, run.state, run.data.get_state())
+      saved = [np.asarray(x) for x in jax.tree.leaves(run.state["params"])]
+  # Restore onto another mesh shape.
+  run = Run(mcfg, tcfg, dcfg, sharding.make_mesh((1, 2, 4)), sources)
+  step = run.restore(Checkpointer(workdir))
+  restored = [np.asarray(x) for x in jax.tree.leaves(run.state["params"])]
+  out["restore_step"] = step
+  out["restore_equal"] = all(np.array_equal(a, b) for a, b in zip(saved, restored))
+  out["restore_mesh"] = dict(run.mesh.shape)
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  main(sys.argv[1])

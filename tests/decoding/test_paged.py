@@ -1,0 +1,133 @@
+"""The paged cache: the allocator's invariants and interleaved sequences."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlab.decoding import cache as cache_lib
+from attnlab.decoding.generate import _release, _reserve
+from tests.decoding.tiny_models import decoder_model, random_tokens
+
+P, B, M, C = 10, 3, 6, 2
+
+_allocate = jax.jit(lambda a, t, l, n: a.allocate(t, l, n, C))
+_free = jax.jit(lambda a, t, r: a.free(t, r))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["grow", "free"]),
+                          st.lists(st.integers(0, 5), min_size=B, max_size=B)), max_size=25))
+def test_allocator_never_hands_out_a_page_twice_and_leaks_none(ops):
+  alloc = cache_lib.PageAllocator.init(P)
+  table = jnp.full((B, M), -1, jnp.int32)
+  lengths = np.zeros(B, np.int32)
+  for op, amounts in ops:
+    if op == "grow":
+      n = np.minimum(np.array(amounts, np.int32), M * C - lengths)
+      before = int(alloc.num_free)
+      alloc, table = _allocate(alloc, table, jnp.asarray(lengths), jnp.asarray(n))
+      need = np.sum(-(-(lengths + n) // C) - (-(-lengths // C)))
+      if need <= before:  # served: every sequence now has a page for each token
+        lengths = lengths + n
+        assert int(alloc.num_free) == before - need
+      else:  # refused whole: nothing handed out, and the flag says so
+        assert bool(alloc.exhausted) and int(alloc.num_free) == before
+    else:
+      release = np.array(amounts) % 2 == 1
+      alloc, table = _free(alloc, table, jnp.asarray(release))
+      lengths = np.where(release, 0, lengths)
+    t = np.asarray(table)
+    held = t[t >= 0]
+    free = np.asarray(alloc.free_P)[: int(alloc.num_free)]
+    # Every page is either held by exactly one sequence slot or free: a permutation.
+    assert sorted(np.concatenate([held, free]).tolist()) == list(range(P))
+    # A sequence holds exactly the pages its length needs, in its first slots.
+    np.testing.assert_array_equal((t >= 0).sum(1), -(-lengths // C))
+
+
+def test_allocator_out_of_pages_is_flagged_and_writes_nothing():
+  alloc = cache_lib.PageAllocator.init(2)
+  alloc, table = _allocate(alloc, jnp.full((B, M), -1, jnp.int32), jnp.zeros(B, jnp.int32),
+                           jnp.array([2, 2, 2], jnp.int32))
+  assert bool(alloc.exhausted)
+  assert (np.asarray(table) == -1).all()
+
+
+def test_interleaved_paged_sequences_equal_each_alone_in_contiguous_cache():
+  """Four sequences share three batch rows and a small page pool; rows advance
+  on different steps, a finished sequence's row and pages go to the next one."""
+  model = decoder_model("gqa_rope_window10")
+  cfg = model.cfg
+  graphdef, state = nnx.split(model)
+  seqs = [random_tokens(10 + i, (n,))[None] for i, n in enumerate([11, 5, 8, 9])]
+
+  def step_fn():
+    @jax.jit
+    def step(cache, alloc, token_B, live_B):
+      m = nnx.merge(graphdef, state)
+      if alloc is not None:
+        cache, alloc = _reserve(cache, alloc, live_B, C)
+      logits, cache = m(token_B[:, None], segment_ids_BT=live_B[:, None], cache=cache)
+      return logits[:, 0], cache, alloc
+
+    return step
+
+  # Alone: one sequence per contiguous cache, one token per step.
+  alone_step = step_fn()
+  want = []
+  for seq in seqs:
+    cache = cache_lib.init_cache(cfg, "contiguous", 1, 16)
+    rows = []
+    for t in range(seq.shape[1]):
+      logits, cache, _ = alone_step(cache, None, jnp.asarray(seq[:, t]), jnp.ones(1, jnp.int32))
+      rows.append(np.asarray(logits[0]))
+    want.append(np.stack(rows))
+
+  # Interleaved: 3 rows, 15 pages of 2 slots (the 4 sequences need 18 in all,
+  # so pages freed by a finished sequence must be reused).
+  num_pages = 15
+  cache = cache_lib.init_cache(cfg, "paged", B, 16, page_size=C, num_pages=num_pages)
+  alloc = cache_lib.PageAllocator.init(num_pages)
+  paged_step = step_fn()
+  release = jax.jit(_release)
+  rng = np.random.default_rng(0)
+  queue = list(range(len(seqs)))
+  row_seq = [queue.pop(0) for _ in range(B)]
+  pos = [0] * B
+  got = [[] for _ in seqs]
+  while any(s is not None for s in row_seq):
+    live = np.array([s is not None and rng.random() < 0.7 for s in row_seq], np.int32)
+    token = np.array([seqs[s][0, pos[r]] if live[r] else 0 for r, s in enumerate(row_seq)],
+                     np.int32)
+    logits, cache, alloc = paged_step(cache, alloc, jnp.asarray(token), jnp.asarray(live))
+    finished = np.zeros(B, bool)
+    for r, s in enumerate(row_seq):
+      if live[r]:
+        got[s].append(np.asarray(logits[r]))
+        pos[r] += 1
+        if pos[r] == seqs[s].shape[1]:
+          finished[r] = True
+    if finished.any():
+      cache, alloc = release(cache, alloc, jnp.asarray(finished))
+      for r in np.flatnonzero(finished):
+        row_seq[r], pos[r] = (queue.pop(0) if queue else None), 0
+  assert not bool(alloc.exhausted)
+  assert int(alloc.num_free) == num_pages  # everything returned
+  for s in range(len(seqs)):
+    np.testing.assert_allclose(np.stack(got[s]), want[s], atol=1e-5, rtol=1e-5)
+
+
+def test_generate_with_too_few_pages_raises():
+  import attnlab
+
+  model = decoder_model("mha_rope")
+  prompt = random_tokens(20, (2, 6))
+  with pytest.raises(RuntimeError, match="ran out of pages"):
+    attnlab.generate(model, prompt, max_new_tokens=8, cache="paged", page_size=2, num_pages=4,
+                     eos_id=None)

@@ -1,0 +1,145 @@
+"""Sampling filters and beam search."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnlab
+from attnlab.decoding.beam import beam_search
+from attnlab.decoding.sampling import Sampling, filtered_logits, sample
+from tests.decoding.tiny_models import decoder_model, encdec_model, random_tokens
+
+DRAWS = 2000
+
+
+def _draws(logits_V, sampling, seed=0):
+  logits_XV = jnp.broadcast_to(logits_V, (DRAWS, logits_V.shape[0]))
+  return np.asarray(jax.jit(sample, static_argnums=2)(logits_XV, jax.random.key(seed), sampling))
+
+
+def test_top_k_never_emits_a_token_outside_the_k_most_likely():
+  logits = jax.random.normal(jax.random.key(1), (40,)) * 2.0
+  allowed = set(np.argsort(-np.asarray(logits))[:5].tolist())
+  tokens = _draws(logits, Sampling(temperature=1.5, top_k=5))
+  assert set(tokens.tolist()) <= allowed
+  assert len(set(tokens.tolist())) == 5  # and it does draw from all of them
+
+
+def test_top_p_draws_only_from_the_smallest_set_reaching_p():
+  probs = np.array([0.05, 0.4, 0.1, 0.3, 0.15])
+  # Sorted: 0.4, 0.3, 0.15 | 0.1, 0.05: the first three reach 0.8 (0.85).
+  tokens = _draws(jnp.log(probs), Sampling(temperature=1.0, top_p=0.8))
+  assert set(tokens.tolist()) == {1, 3, 4}
+  # Renormalized within the set.
+  freq = np.bincount(tokens, minlength=5)[[1, 3, 4]] / DRAWS
+  np.testing.assert_allclose(freq, np.array([0.4, 0.3, 0.15]) / 0.85, atol=0.04)
+  # p below the top token's mass keeps only the top token.
+  assert set(_draws(jnp.log(probs), Sampling(temperature=1.0, top_p=0.3)).tolist()) == {1}
+
+
+def test_top_k_and_top_p_combine():
+  probs = np.array([0.05, 0.4, 0.1, 0.3, 0.15])
+  kept = filtered_logits(jnp.log(probs)[None], Sampling(temperature=1.0, top_k=2, top_p=0.99))
+  # top_k=2 leaves {1, 3}; renormalized they are 4/7 and 3/7, both needed for 0.99.
+  np.testing.assert_array_equal(np.isfinite(np.asarray(kept[0])), [0, 1, 0, 1, 0])
+
+
+def test_temperature_zero_is_greedy_and_same_seed_same_tokens():
+  model = decoder_model("mha_rope")
+  prompt = random_tokens(30, (2, 6))
+  greedy = attnlab.generate(model, prompt, max_new_tokens=8, eos_id=None)
+  zero = attnlab.generate(model, prompt, max_new_tokens=8, eos_id=None,
+                          sampling=Sampling(temperature=0.0, top_k=3), rng=jax.random.key(7))
+  np.testing.assert_array_equal(greedy, zero)
+  hot = Sampling(temperature=2.0, top_p=0.95)
+  a = attnlab.generate(model, prompt, max_new_tokens=8, eos_id=None, sampling=hot,
+                       rng=jax.random.key(5))
+  b = attnlab.generate(model, prompt, max_new_tokens=8, eos_id=None, sampling=hot,
+                       rng=jax.random.key(5))
+  c = attnlab.generate(model, prompt, max_new_tokens=8, eos_id=None, sampling=hot,
+                       rng=jax.random.key(6))
+  np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(a, c)  # the seed is actually used
+
+
+def test_eos_stops_each_sequence_and_pads_after_it():
+  model = decoder_model("mha_rope")
+  prompt = random_tokens(31, (2, 6))
+  free = np.asarray(attnlab.generate(model, prompt, max_new_tokens=8, eos_id=None))
+  eos = int(free[0, 2])  # make the third token of row 0 the end
+  out = np.asarray(attnlab.generate(model, prompt, max_new_tokens=8, eos_id=eos))
+  for row_free, row in zip(free, out):
+    hits = np.flatnonzero(row_free == eos)
+    end = hits[0] + 1 if hits.size else 8
+    np.testing.assert_array_equal(row[:end], row_free[:end])
+    assert (row[end:] == model.cfg.pad_id).all()
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(top_k=0), dict(top_p=0.0),
+                                 dict(top_p=1.5)])
+def test_sampling_rejects_bad_values(bad):
+  with pytest.raises(ValueError, match=next(iter(bad))):
+    Sampling(**bad)
+
+
+# ----------------------------------------------------------------------------
+# Beam search
+# ----------------------------------------------------------------------------
+
+PAD, BOS, EOS, A, B_ = 0, 1, 2, 3, 4
+# A Markov toy: the next token depends only on the last one.
+#   bos -> a 0.6, b 0.4;  a -> eos 0.4, a 0.3, b 0.3;  b -> eos 0.9, a 0.05, b 0.05.
+# Greedy: a, eos = 0.6 * 0.4 = 0.24.  Beam 2 finds b, eos = 0.4 * 0.9 = 0.36.
+TABLE = np.full((5, 5), 1e-9)
+TABLE[BOS, [A, B_]] = [0.6, 0.4]
+TABLE[A, [EOS, A, B_]] = [0.4, 0.3, 0.3]
+TABLE[B_, [EOS, A, B_]] = [0.9, 0.05, 0.05]
+TABLE[EOS, EOS] = TABLE[PAD, PAD] = 1.0
+LOG_TABLE = jnp.log(jnp.asarray(TABLE / TABLE.sum(1, keepdims=True), jnp.float32))
+
+
+def _toy_beam(beam_size, length_penalty=0.0):
+  # The cache counts steps per row, to check that beams carry their own rows.
+  def step_fn(tokens_X, steps_X):
+    return LOG_TABLE[tokens_X], steps_X + 1
+
+  run = jax.jit(lambda c: beam_search(step_fn, c, batch=1, beam_size=beam_size, max_len=4,
+                                      bos_id=BOS, eos_id=EOS, length_penalty=length_penalty,
+                                      pad_id=PAD))
+  return np.asarray(run(jnp.zeros(beam_size, jnp.int32)))[0].tolist()
+
+
+def test_beam_finds_the_better_sequence_on_a_toy():
+  assert _toy_beam(1) == [A, EOS, PAD, PAD]  # greedy's choice, probability 0.24
+  assert _toy_beam(2) == [B_, EOS, PAD, PAD]  # probability 0.36
+  assert _toy_beam(3, length_penalty=0.6) == [B_, EOS, PAD, PAD]
+
+
+def test_beam_size_one_equals_greedy_with_eos():
+  model = encdec_model("paper_gqa")
+  src = random_tokens(32, (3, 7))
+  free = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=None))
+  eos = int(free[1, 3])
+  greedy = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=eos))
+  beam = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=eos, beam_size=1,
+                                     length_penalty=0.0))
+  np.testing.assert_array_equal(beam, greedy)
+
+
+def test_beam_search_on_a_model_scores_at_least_greedy():
+  """Beam 4 (no length penalty) finds a hypothesis at least as likely as greedy's."""
+  model = encdec_model("paper_gqa")
+  src = random_tokens(33, (2, 7))
+  greedy = np.asarray(attnlab.generate(model, src, max_new_tokens=6, eos_id=None))
+  beam = np.asarray(attnlab.generate(model, src, max_new_tokens=6, eos_id=None, beam_size=4,
+                                     length_penalty=0.0))
+
+  def logp(tgt):
+    tgt_in = np.concatenate([np.full((2, 1), 1), tgt[:, :-1]], axis=1)
+    lp = jax.nn.log_softmax(model(jnp.asarray(src), jnp.asarray(tgt_in)), axis=-1)
+    return np.asarray(jnp.take_along_axis(lp, jnp.asarray(tgt)[..., None], -1)[..., 0].sum(1))
+
+  assert (logp(beam) >= logp(greedy) - 1e-5).all()

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One prepared GPU check, at most 8 minutes: the gpu-marked tests (the Triton
+# kernels compiled, interpret=False, against the reference), then the GPU
+# benchmark. Needs jax[cuda], flax, optax, einops, chex and pytest; runs from
+# a bare checkout (no install, no network).
+#
+#   bash tools/gpu_check.sh            # PYTHON=python3.12 bash tools/gpu_check.sh
+set -u
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+status=0
+
+echo "== environment"
+timeout 60 "$PY" -c "import jax; print('jax', jax.__version__, jax.devices())" || exit 1
+timeout 60 "$PY" -c "import attnlab.ops.flash, attnlab.ops.decode" || exit 1
+
+echo "== gpu tests (<= 240 s)"
+timeout 240 "$PY" -m pytest -m gpu -p no:cacheprovider -q -rs \
+  tests/ops/test_flash.py tests/ops/test_decode_kernels.py || status=$?
+
+echo "== gpu benchmark (<= 200 s; rows print as measured)"
+timeout 200 "$PY" tools/bench_attention.py --gpu --iters 3 || status=$?
+
+echo "== exit status $status"
+exit "$status"

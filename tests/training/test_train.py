@@ -127,7 +127,7 @@ def test_corrupted_latest_checkpoint_falls_back(reference_run, tmp_path):
   ckdir = workdir / "checkpoints" / "12"
   for root, _, files in os.walk(ckdir / "params"):
     for f in files:
-      if "manifest" in f or f.endswith(".ocdbt") or "d" == os.path.basename(root):
+      if "manifest" in f or f.endswith(".ocdbt") or os.path.basename(root) == "d":
         with open(os.path.join(root, f), "wb") as fh:
           fh.write(b"garbage")
   with pytest.warns(UserWarning, match="could not be restored"):

@@ -1,0 +1,114 @@
+"""``attnlab decode`` / ``attnlab kv-size`` and generate's input checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import attnlab
+from attnlab.cli import main
+from tests.decoding.tiny_models import decoder_model
+
+
+def _run(argv, capsys):
+  rc = main(argv)
+  out, err = capsys.readouterr()
+  return rc, out, err
+
+
+@pytest.mark.parametrize("kv_heads,want", [(8, "1.00 GiB"), (64, "8.00 GiB")])
+def test_kv_size_worked_examples(kv_heads, want, capsys):
+  rc, out, _ = _run(["kv-size", "--layers", "32", "--seq", "8192", "--kv_heads", str(kv_heads),
+                     "--head_dim", "128", "--dtype", "bfloat16"], capsys)
+  assert rc == 0 and out.startswith(want)
+
+
+def test_kv_size_batch_and_model_config_agree(capsys):
+  cfg = attnlab.ModelConfig(num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8,
+                            head_dim=128, dtype="bfloat16")
+  assert cfg.kv_cache_bytes_per_token() * 8192 == 1 << 30  # the model reports the same size
+  rc, out, _ = _run(["kv-size", "--layers", "32", "--seq", "8192", "--kv_heads", "8",
+                     "--head_dim", "128", "--dtype", "bfloat16", "--batch", "4"], capsys)
+  assert rc == 0 and out.startswith("4.00 GiB")
+
+
+def test_kv_size_bad_input_exits_2(capsys):
+  rc, _, err = _run(["kv-size", "--layers", "0", "--seq", "8", "--kv_heads", "1",
+                     "--head_dim", "8"], capsys)
+  assert rc == 2 and "--layers=0" in err
+  rc, _, err = _run(["kv-size", "--layers", "2"], capsys)
+  assert rc == 2 and "required" in err
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  """A real (2-step) training run of a tiny model, written by ``attnlab train``."""
+  path = tmp_path_factory.mktemp("run") / "w"
+  rc = main(["train", "--gin_file", "configs/lm_stdlib_tiny.gin",
+             "--gin.TrainConfig.steps=2", "--gin.TrainConfig.checkpoint_every=2",
+             "--gin.TrainConfig.log_every=0", "--gin.DataConfig.max_files=2",
+             "--gin.DataConfig.batch_size=2", "--gin.DataConfig.seq_len=32",
+             "--gin.ModelConfig.d_model=32", "--gin.ModelConfig.num_layers=1",
+             "--gin.ModelConfig.d_ff=64", "--gin.ModelConfig.num_heads=2",
+             "--gin.ModelConfig.num_kv_heads=1", "--workdir", str(path)])
+  assert rc == 0
+  return str(path)
+
+
+def test_decode_from_a_checkpoint(workdir, capsys, tmp_path):
+  rc, out, err = _run(["decode", "--workdir", workdir, "--prompt", "def main(",
+                       "--max_new_tokens", "5", "--cache", "paged"], capsys)
+  assert rc == 0, err
+  assert len(out.splitlines()) == 1
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("import os\nx = 1\n")
+  rc, out, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts),
+                       "--max_new_tokens", "4", "--temperature", "0.8", "--top_k", "5",
+                       "--seed", "3"], capsys)
+  assert rc == 0, err
+  assert [line.split("\t")[0] for line in out.splitlines()] == ["import os", "x = 1"]
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--step", "7"], "step=7"),
+    (["--prompt", ""], "empty"),
+    (["--cache", "nope"], "cache='nope'"),
+    (["--top_p", "2"], "top_p=2.0"),
+    (["--beam_size", "3"], "encoder-decoder"),
+    (["--cache", "ring"], "window"),
+    (["--max_new_tokens", "5000"], "max_len"),
+])
+def test_decode_bad_input_exits_2(workdir, capsys, extra, needle):
+  argv = ["decode", "--workdir", workdir] + extra
+  if "--prompt" not in extra:
+    argv += ["--prompt", "hi"]
+  rc, _, err = _run(argv, capsys)
+  assert rc == 2 and needle in err, err
+  assert len(err.strip().splitlines()) == 1
+
+
+def test_decode_workdir_without_config_exits_2(tmp_path, capsys):
+  rc, _, err = _run(["decode", "--workdir", str(tmp_path), "--prompt", "hi"], capsys)
+  assert rc == 2 and "config.gin" in err
+  rc, _, err = _run(["decode", "--workdir", str(tmp_path)], capsys)
+  assert rc == 2 and "--prompt" in err
+
+
+def test_generate_rejects_bad_prompts():
+  model = decoder_model("mha_rope")
+  with pytest.raises(ValueError, match="empty"):
+    attnlab.generate(model, np.zeros((1, 0), np.int32))
+  with pytest.raises(ValueError, match="prompt 1 is empty"):
+    attnlab.generate(model, np.array([[5, 6], [0, 0]]))
+  with pytest.raises(ValueError, match="outside the vocabulary"):
+    attnlab.generate(model, np.array([[5, model.cfg.vocab_size]]))
+  with pytest.raises(ValueError, match="outside the vocabulary"):
+    attnlab.generate(model, np.array([[5, -1]]))
+  with pytest.raises(ValueError, match="cache_len=4"):
+    attnlab.generate(model, np.array([[5, 6, 7, 8, 9, 10]]), max_new_tokens=2, cache_len=4)
+  with pytest.raises(ValueError, match="max_len=64"):
+    attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=100)
+  with pytest.raises(ValueError, match="window"):
+    attnlab.generate(model, np.array([[5, 6]]), cache="ring")
+  with pytest.raises(ValueError, match="encoder-decoder"):
+    attnlab.generate(model, np.array([[5, 6]]), beam_size=2)

@@ -86,8 +86,6 @@ def _check_parity(B, T, S, N, K, H, *, causal, window, segments=None, dtype=jnp.
 F32, BF16 = jnp.float32, jnp.bfloat16
 # (T, S, H, N, K, causal, window, segments, dtype, q_offset)
 CASES = [
-    (1, 1, 32, 1, 1, False, None, None, F32, 0),
-    (7, 7, 64, 2, 1, True, None, None, F32, 0),
     (128, 128, 128, 4, 1, True, 16, None, F32, 0),
     (200, 200, 32, 8, 1, True, 100, "packed", F32, 0),
     (7, 513, 32, 4, 2, False, 16, None, F32, 0),
@@ -97,12 +95,11 @@ CASES = [
     (7, 200, 128, 8, 4, True, 100, None, BF16, 193),
     (128, 7, 32, 2, 2, True, None, "pad", BF16, 0),
     (200, 128, 64, 4, 4, False, 1, "pad", F32, 0),
-    (128, 513, 32, 4, 1, True, 16, "packed", F32, 385),
 ]
 SLOW_CASES = [
     (513, 513, 64, 8, 8, True, None, None, BF16, 0),
     (513, 7, 128, 2, 2, False, None, "packed", F32, 0),
-    (513, 200, 128, 1, 1, False, 16, None, F32, 0),
+    (128, 513, 32, 4, 1, True, 16, "packed", F32, 385),
     (200, 513, 32, 4, 1, True, 100, "pad", BF16, 313),
 ]
 
@@ -165,7 +162,7 @@ def test_fully_masked_rows_are_zero_with_zero_grads():
 
 if given is not None:
 
-  @settings(max_examples=5, deadline=None, derandomize=True)
+  @settings(max_examples=4, deadline=None, derandomize=True)
   @given(
       T=st.integers(1, 70), S=st.integers(1, 70), H=st.sampled_from([16, 32]),
       K=st.sampled_from([1, 2]), G=st.sampled_from([1, 2, 4]), causal=st.booleans(),
@@ -256,7 +253,7 @@ def test_model_pallas_equals_reference(arch, monkeypatch):
 
   def build(impl):
     cfg = attnlab.ModelConfig(
-        arch=arch, vocab_size=64, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        arch=arch, vocab_size=64, d_model=64, num_layers=1, num_heads=4, num_kv_heads=2,
         head_dim=16, d_ff=128, window=12 if arch == "decoder_only" else None,
         attention_impl=impl,
     )

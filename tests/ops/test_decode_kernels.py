@@ -5,12 +5,14 @@ at positions lengths - T .. lengths - 1 (``q_offset``), causal, and the cache
 slots at positions >= length empty (``kv_positions = -1``).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnlab.ops import decode
+from attnlab.ops import decode, flash
 from attnlab.ops.attention import reference_attention
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
@@ -137,6 +139,26 @@ def test_splits_do_not_change_the_result():
 def test_bad_input_raises(call, match):
   with pytest.raises(ValueError, match=match):
     call()
+
+
+@pytest.mark.parametrize("H,dtype", [(64, jnp.bfloat16), (80, jnp.float32)])
+def test_triton_lowering(H, dtype, monkeypatch):
+  """Both decode kernels lower to Triton IR (on CPU, by cross-platform lowering).
+
+  Checks the Pallas -> Triton lowering rules only; compiling and running the
+  kernels needs a GPU (tools/gpu_check.sh).
+  """
+  pytest.importorskip("jax._src.lib.triton")
+  monkeypatch.setattr(flash, "resolve_interpret", lambda interpret: False)
+  B, T, S, N, K, C = 2, 3, 700, 8, 2, 16
+  q, k, v = _inputs(0, B, T, S, N, K, H, dtype)
+  lengths_B = jnp.array([700, 5], jnp.int32)
+  k_pages, v_pages, table_BM = _paginate(k, v, C, seed=0)
+  for fn, args in ((decode.decode_attention, (q, k, v, lengths_B)),
+                   (decode.paged_decode_attention, (q, k_pages, v_pages, table_BM, lengths_B))):
+    lowered = jax.jit(functools.partial(fn, window=50)).trace(*args).lower(
+        lowering_platforms=("cuda",))
+    assert "triton" in lowered.as_text()
 
 
 @pytest.mark.gpu

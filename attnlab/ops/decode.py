@@ -20,7 +20,8 @@ by all sequences, ``page_table_BM[b, m]`` the id of the m-th page of
 sequence b. One page is one tile.
 
 Backends as in ``attnlab.ops.flash``: interpret mode on CPU (tested), Triton
-on GPU (written for it, NOT YET RUN on a GPU), no Mosaic (TPU) lowering.
+on GPU (lowered to Triton IR in the tests, NOT YET RUN on a GPU), no Mosaic
+(TPU) lowering.
 Forward only: decoding does not differentiate through the cache.
 """
 

@@ -24,9 +24,9 @@ the padding and segment-id checks.
 Backends:
   * CPU: ``interpret=True`` (the default there); this is what the tests run.
   * GPU: the Triton lowering, with block sizes, ``num_warps`` and
-    ``num_stages`` chosen per head dim (``_gpu_tiles``). Written for it but
-    NOT YET RUN on a GPU; see ``tests/ops/test_flash.py -m gpu`` and
-    ``tools/gpu_check.sh``.
+    ``num_stages`` chosen per head dim (``_gpu_tiles``). NOT YET RUN on a
+    GPU: the tests only lower it to Triton IR on the CPU (cross-platform
+    lowering); compiling and running it is ``tools/gpu_check.sh``.
   * TPU: no Mosaic lowering. The heads axis sits between T and H in the
     blocks, which Mosaic's (8, 128) tiling rule does not accept; compiled use
     raises ``ValueError`` (use ``interpret=True`` or implementation="xla").

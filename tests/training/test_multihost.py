@@ -1,0 +1,125 @@
+"""Multi-host training as two processes on 127.0.0.1 (XLA:CPU, gloo collectives).
+
+Two ``attnlab train`` processes with 2 CPU devices each form one 4-device
+mesh; they must give the loss curve and the final parameters of one process
+with 4 devices, also when the run stops at a checkpoint and both processes
+resume from it (orbax saves and restores with every process taking part).
+The flag / environment parsing of ``initialize_distributed`` is checked
+without processes.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import attnlab
+from attnlab.training import sharding
+from attnlab.training.checkpoint import Checkpointer
+from attnlab.training.metrics import read_metrics
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = os.path.join(REPO, "configs", "seq2seq_reverse.gin")
+TINY = ["ModelConfig.d_model=32", "ModelConfig.d_ff=64", "ModelConfig.num_layers=1",
+        "ModelConfig.num_encoder_layers=1", "DataConfig.batch_size=8", "DataConfig.max_len=6",
+        "DataConfig.seq_len=8", "TrainConfig.log_every=1", "TrainConfig.eval_every=6",
+        "TrainConfig.eval_batches=1", "TrainConfig.checkpoint_every=3",
+        "TrainConfig.progress=False", "TrainConfig.warmup_steps=2",
+        "TrainConfig.learning_rate=3e-3"]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _spawn(workdir, steps, devices, dist_args=()):
+  argv = [sys.executable, "-m", "attnlab.cli", "train", "--gin_file", CONFIG,
+          *[f"--gin.{b}" for b in TINY], f"--gin.TrainConfig.steps={steps}",
+          "--workdir", str(workdir), *dist_args]
+  # JAX_NUM_CPU_DEVICES: local CPU devices per process (read at backend start).
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+
+
+def _finish(procs, timeout=300):
+  outs = []
+  try:
+    for p in procs:
+      out, err = p.communicate(timeout=timeout)
+      assert p.returncode == 0, err[-3000:]
+      outs.append(json.loads(out.strip().splitlines()[-1]))
+  finally:
+    for p in procs:  # a hung peer (one process failed) must not outlive the test
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  return outs
+
+
+def _two_processes(workdir, steps):
+  addr = f"127.0.0.1:{_free_port()}"
+  return [_spawn(workdir, steps, 2, ["--coordinator_address", addr, "--num_processes", "2",
+                                     "--process_id", str(i)]) for i in range(2)]
+
+
+def _train_losses(workdir):
+  return [r["loss"] for r in read_metrics(str(workdir)) if r["split"] == "train"]
+
+
+def _params(workdir):
+  from flax import nnx
+
+  model, _ = attnlab.load_checkpoint(str(workdir))
+  return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process_and_resume(tmp_path):
+  one, two = tmp_path / "one", tmp_path / "two"
+  # One process, 4 devices, 6 steps; and two processes x 2 devices that stop
+  # at the step-3 checkpoint, then resume from it (both restore) to step 6.
+  ref = _spawn(one, 6, 4)
+  first = _finish(_two_processes(two, 3) + [ref])
+  assert [o["step"] for o in first] == [3, 3, 6]
+  assert Checkpointer(str(two)).steps() == [3]
+  second = _finish(_two_processes(two, 6))
+  assert [o["step"] for o in second] == [6, 6]
+  assert second[0]["loss"] == second[1]["loss"]  # the processes agree
+
+  assert Checkpointer(str(two)).steps() == [3, 6]
+  losses_one, losses_two = _train_losses(one), _train_losses(two)
+  assert len(losses_one) == len(losses_two) == 6
+  np.testing.assert_allclose(losses_two, losses_one, rtol=1e-5, atol=1e-5)
+  evals = [r for r in read_metrics(str(two)) if r["split"] == "eval"]
+  assert [r["step"] for r in evals] == [6] and all("exact_match" in r for r in evals)
+  for a, b in zip(_params(one), _params(two)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_initialize_distributed_flags_and_environment(monkeypatch):
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    monkeypatch.delenv(name, raising=False)
+  assert not sharding.initialize_distributed()  # single process: nothing to do
+  assert not sharding.initialize_distributed("127.0.0.1:1234", 1, 0)
+  assert sharding.initialize_distributed("127.0.0.1:1234", 2, 1)
+  assert calls[-1] == dict(coordinator_address="127.0.0.1:1234", num_processes=2,
+                           process_id=1)
+  monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "127.0.0.1:999")
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
+  monkeypatch.setenv("JAX_PROCESS_ID", "3")
+  assert sharding.initialize_distributed()
+  assert calls[-1] == dict(coordinator_address="127.0.0.1:999", num_processes=4, process_id=3)
+  # Flags win over the environment.
+  assert sharding.initialize_distributed(process_id=0)
+  assert calls[-1]["process_id"] == 0 and len(calls) == 3

@@ -21,25 +21,7 @@ echo "== training configs/lm_stdlib_tiny.gin in $WORKDIR"
   --workdir "$WORKDIR"
 
 echo "== greedy sample from the latest checkpoint"
-if "$VENV/bin/python" -c "import attnlab.decoding.commands as c; c.decode_main" 2>/dev/null; then
-  "$VENV/bin/attnlab" decode --workdir "$WORKDIR" --prompt "def main(" --max_new_tokens 64
-else
-  "$VENV/bin/python" - "$WORKDIR" <<'PY'
-import sys
-
-import numpy as np
-
-import attnlab
-from attnlab.data.tokenizer import ByteTokenizer
-from attnlab.training.evaluate import greedy_continue
-
-model, cfg = attnlab.load_checkpoint(sys.argv[1])
-tok = ByteTokenizer()
-prompt = np.concatenate([[tok.bos_id], tok.encode("def main(")])[None, :]
-out = greedy_continue(model, {"tokens_BT": prompt}, np.array([prompt.shape[1]]), 64, tok.eos_id)
-print("def main(" + tok.decode(out[0]))
-PY
-fi
+"$VENV/bin/attnlab" decode --workdir "$WORKDIR" --prompt "def main(" --max_new_tokens 64
 
 echo "== TensorBoard logs: $WORKDIR/tensorboard   (tensorboard --logdir $WORKDIR/tensorboard)"
 echo "== metrics: $WORKDIR/metrics.jsonl; checkpoints: $WORKDIR/checkpoints"

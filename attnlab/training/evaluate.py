@@ -1,87 +1,128 @@
-"""Evaluation: validation loss / perplexity and seq2seq exact match.
+"""Evaluation: validation loss / perplexity, and for seq2seq tasks the decoded
+outputs scored by exact match (and corpus BLEU for translation).
 
-Exact match decodes greedily with ``greedy_continue``, a deliberately simple
-uncached loop (one full forward pass per new token, fixed shapes so it
-compiles once). It is the one function to swap for ``attnlab.generate``.
+Outputs come from ``attnlab.generate`` (KV cache, greedy): an
+encoder-decoder decodes from its source, a decoder-only model continues the
+prompt ``[bos] source [eos]``. Every batch is decoded with the same shapes
+(the full row width and a fixed number of new tokens), so generation
+compiles once per evaluation setup, not once per batch.
 """
 
 from __future__ import annotations
 
+import json
+import os
+
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from attnlab.training.metrics import perplexity
 
 
-def greedy_continue(model, batch: dict, prompt_lens, max_new_tokens: int, eos_id: int):
-  """Greedy continuation of each row of a fixed-length token buffer.
-
-  Args:
-    model: a DecoderOnly or EncoderDecoder (in eval mode).
-    batch: a batch dict (decoder-only: ``tokens_BT`` holds the prompts;
-      encoder-decoder: ``src_BS`` and ``tgt_in_BT``, whose first token is bos).
-    prompt_lens: int [B], tokens of each row's prompt (1 = just bos).
-    max_new_tokens: tokens to generate per row.
-    eos_id: generation of a row stops at eos (later tokens are ignored).
-
-  Returns:
-    int [B, max_new_tokens] numpy: the generated tokens (eos included).
-  """
-  enc = model.cfg.arch == "encoder_decoder"
-  buf_BT = np.array(batch["tgt_in_BT"] if enc else batch["tokens_BT"])
-  B, T = buf_BT.shape
-  lens = np.asarray(prompt_lens).copy()
-  buf_BT[np.arange(T)[None, :] >= lens[:, None]] = 0
-  buf_BT = np.pad(buf_BT, ((0, 0), (0, max_new_tokens)))  # room past T
-
-  if enc:
-    src_BS = jnp.asarray(batch["src_BS"])
-    seg_BS = model.source_segment_ids(src_BS)
-    encoded = jax.jit(lambda s, g: model.encode(s, src_segment_ids_BS=g))(src_BS, seg_BS)
-    forward = jax.jit(lambda t: model.decode(t, encoded, src_segment_ids_BS=seg_BS))
-  else:
-    forward = jax.jit(lambda t: model(t))
-  out = np.zeros((B, max_new_tokens), np.int32)
-  rows = np.arange(B)
-  for i in range(max_new_tokens):
-    logits_BTV = forward(jnp.asarray(buf_BT))
-    # Causal: the tokens after each row's end do not change its next token.
-    nxt = np.asarray(jnp.argmax(logits_BTV[rows, lens - 1], axis=-1))
-    out[:, i] = nxt
-    buf_BT[rows, lens] = nxt
-    lens = lens + 1
-  del eos_id  # rows are cut at eos by the caller
-  return out
-
-
 def _until_eos(ids, eos_id: int) -> list[int]:
-  ids = list(np.asarray(ids))
+  ids = [int(i) for i in np.asarray(ids)]
   return ids[:ids.index(eos_id)] if eos_id in ids else ids
 
 
-def exact_match(model, batches: list[dict], eos_id: int) -> float:
-  """Fraction of examples whose greedy output equals the reference target."""
-  hits = total = 0
-  enc = model.cfg.arch == "encoder_decoder"
+def host_params(params):
+  """A host (numpy) copy of a possibly multi-process sharded parameter tree.
+
+  Arrays spread over other processes' devices cannot be read locally: they
+  are gathered (every process must call this, as it does in the loop).
+  """
+  from jax.experimental import multihost_utils
+
+  def one(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+  return jax.tree.map(one, params)
+
+
+def _split_rows(batch: dict, arch: str, eos_id: int, pad_id: int):
+  """(prompt_BT, prompt_lengths_B or None, [source ids], [reference ids]) of a batch.
+
+  Encoder-decoder: the prompt is the source. Decoder-only rows are
+  ``[bos] source [eos] target [eos]``: the prompt is the row up to and
+  including the first eos, right-padded with ``pad_id`` to the row width.
+  """
+  targets_BT = np.asarray(batch["targets_BT"])
+  B, T = targets_BT.shape
+  if arch == "encoder_decoder":
+    src_BS = np.asarray(batch["src_BS"])
+    sources = [_until_eos(src_BS[b], eos_id) for b in range(B)]
+    refs = [_until_eos(targets_BT[b], eos_id) for b in range(B)]
+    return src_BS, None, sources, refs
+  tokens_BT = np.asarray(batch["tokens_BT"])
+  starts_B = np.argmax(tokens_BT == eos_id, axis=1)  # the eos that ends the source
+  lengths_B = starts_B + 1
+  prompt_BT = np.where(np.arange(T)[None, :] < lengths_B[:, None], tokens_BT, pad_id)
+  sources = [[int(t) for t in tokens_BT[b, 1:starts_B[b]]] for b in range(B)]
+  # targets[j] = row[j + 1]: the target starts at the source's eos.
+  refs = [_until_eos(targets_BT[b, starts_B[b]:], eos_id) for b in range(B)]
+  return prompt_BT.astype(np.int32), lengths_B.astype(np.int32), sources, refs
+
+
+def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int) -> list[dict]:
+  """Greedy outputs of every validation example, with its source and reference.
+
+  Args:
+    model: a ``DecoderOnly`` or ``EncoderDecoder`` (dropout is turned off by
+      ``generate``).
+    batches: batch dicts of the seq2seq layout (data/pipeline.py).
+    eos_id, bos_id: the tokenizer's ids.
+
+  Returns:
+    one ``{"source", "reference", "prediction"}`` dict of token-id lists per
+    example (eos and everything after it removed).
+  """
+  from attnlab.decoding.generate import generate
+
+  cfg = model.cfg
+  out = []
   for batch in batches:
-    targets = np.asarray(batch["targets_BT"])
-    B, T = targets.shape
-    if enc:
-      starts = np.zeros(B, np.int64)
-      prompt_lens = np.ones(B, np.int64)
-    else:
-      # Rows are [bos] source [eos] target [eos]: the prompt ends at the first eos.
-      tokens = np.asarray(batch["tokens_BT"])
-      starts = np.argmax(tokens == eos_id, axis=1)
-      prompt_lens = starts + 1
-    refs = [_until_eos(targets[b, starts[b]:], eos_id) for b in range(B)]
-    max_new = max(len(r) for r in refs) + 1
-    out = greedy_continue(model, batch, prompt_lens, max_new, eos_id)
-    for b in range(B):
-      hits += _until_eos(out[b], eos_id) == refs[b]
-      total += 1
-  return hits / max(total, 1)
+    prompt_BT, lengths_B, sources, refs = _split_rows(batch, cfg.arch, eos_id, cfg.pad_id)
+    T = prompt_BT.shape[1]
+    # A reference fits in the row width T (with its eos); a decoder-only
+    # prompt of width T leaves max_len - T + 1 positions to generate into.
+    max_new = T if cfg.arch == "encoder_decoder" else min(T, cfg.max_len - T + 1)
+    tokens_BL = np.asarray(generate(model, prompt_BT, max_new_tokens=max_new,
+                                    prompt_lengths_B=lengths_B, eos_id=eos_id, bos_id=bos_id))
+    for b in range(len(refs)):
+      out.append({"source": sources[b], "reference": refs[b],
+                  "prediction": _until_eos(tokens_BL[b], eos_id)})
+  return out
+
+
+def seq2seq_metrics(examples: list[dict], tokenizer, *, bleu: bool,
+                    predictions_path: str | None = None) -> dict:
+  """Exact match (token ids) and, with ``bleu``, sacrebleu's corpus BLEU of the
+  detokenized predictions against the detokenized references.
+
+  Args:
+    examples: ``decode_batches`` output.
+    tokenizer: decodes ids to text.
+    bleu: add ``"bleu"`` (0..100; sacrebleu's default 13a tokenization).
+    predictions_path: if given, one JSON line per example (source,
+      reference, prediction as text) is written there, so every reported
+      number can be recomputed from the file.
+  """
+  hits = sum(e["prediction"] == e["reference"] for e in examples)
+  out = {"exact_match": hits / max(len(examples), 1)}
+  text = [{k: tokenizer.decode(np.asarray(e[k], np.int32)) for k in
+           ("source", "reference", "prediction")} for e in examples]
+  if bleu:
+    import sacrebleu
+
+    out["bleu"] = float(sacrebleu.corpus_bleu([t["prediction"] for t in text],
+                                              [[t["reference"] for t in text]]).score)
+  if predictions_path:
+    os.makedirs(os.path.dirname(os.path.abspath(predictions_path)), exist_ok=True)
+    with open(predictions_path, "w", encoding="utf-8") as f:
+      for t in text:
+        f.write(json.dumps(t, ensure_ascii=False) + "\n")
+  return out
 
 
 def validation_loss(eval_step, params, batches, put_batch) -> dict:

@@ -20,10 +20,10 @@ import numpy as np
 
 from attnlab.config import DataConfig, ModelConfig, TrainConfig
 from attnlab.data import pipeline
+from attnlab.training import evaluate as eval_lib
 from attnlab.training import sharding as shd
 from attnlab.training import steps as steps_lib
 from attnlab.training.checkpoint import Checkpointer
-from attnlab.training.evaluate import exact_match, validation_loss
 from attnlab.training.metrics import MetricsWriter, perplexity
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 # Fault-injection hook for tests: sleep this long after every step, so a
 # signal can arrive mid-run.
 STEP_SLEEP_ENV = "ATTNLAB_TEST_STEP_SLEEP"
+
+
+def predictions_path(workdir: str, step: int) -> str:
+  """Where the decoded validation examples of a seq2seq eval at ``step`` go."""
+  return os.path.join(workdir, "eval", f"predictions_{step}.jsonl")
 
 
 class NonFiniteError(RuntimeError):
@@ -113,18 +118,31 @@ class Run:
                                                       self.tcfg.eval_batches)
     return self._val_batches
 
-  def evaluate(self) -> dict:
-    """Validation loss / perplexity, and exact match for seq2seq tasks."""
-    out = validation_loss(self.eval_step, self.state["params"], self.validation_batches(),
-                          self.put)
+  def evaluate(self, predictions_path: str | None = None) -> dict:
+    """Validation loss / perplexity; for seq2seq tasks also exact match of the
+    greedy outputs, and corpus BLEU for translation (task 'tsv').
+
+    Args:
+      predictions_path: seq2seq: where process 0 writes the decoded examples
+        (JSON lines of source, reference, prediction text).
+    """
+    out = eval_lib.validation_loss(self.eval_step, self.state["params"],
+                                   self.validation_batches(), self.put)
     if self.dcfg.task != "lm":
       from flax import nnx
 
-      params = jax.device_get(self.state["params"])
+      # Every process decodes the whole validation set on its own host copy
+      # (a few batches): no cross-process traffic inside generation.
+      params = eval_lib.host_params(self.state["params"])
       model = nnx.merge(self.setup.graphdef, params, self.setup.rest)
-      model.eval()
-      out["exact_match"] = exact_match(model, self.validation_batches(),
-                                       self.tokenizer.eos_id)
+      examples = eval_lib.decode_batches(model, self.validation_batches(),
+                                         eos_id=self.tokenizer.eos_id,
+                                         bos_id=self.tokenizer.bos_id)
+      if jax.process_index() != 0:
+        predictions_path = None
+      out.update(eval_lib.seq2seq_metrics(examples, self.tokenizer,
+                                          bleu=self.dcfg.task == "tsv",
+                                          predictions_path=predictions_path))
     return out
 
 
@@ -189,7 +207,7 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
           writer.write(step, "train", last)
           window_tokens, window_t0 = 0.0, time.perf_counter()
         if tcfg.eval_every and step % tcfg.eval_every == 0:
-          writer.write(step, "eval", run.evaluate())
+          writer.write(step, "eval", run.evaluate(predictions_path(workdir, step)))
         if sleep_s:
           time.sleep(sleep_s)
         if stop.signum is not None or step == tcfg.steps or (
@@ -227,6 +245,6 @@ def evaluate_workdir(workdir: str, step: int | None = None) -> dict:
     step = run.restore(ckpt, step)
   finally:
     ckpt.close()
-  out = run.evaluate()
+  out = run.evaluate(predictions_path(workdir, step))
   out["step"] = step
   return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in out.items()}

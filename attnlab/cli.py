@@ -42,9 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     return 2
   module_name, fn_name, _ = COMMANDS[name]
   fn = getattr(importlib.import_module(module_name), fn_name)
+  # Under `python -m attnlab.cli` this module is `__main__`; commands raise
+  # the class of the importable `attnlab.cli`, so catch that one.
+  command_error = importlib.import_module("attnlab.cli").CommandError
   try:
     return int(fn(rest) or 0)
-  except CommandError as e:
+  except command_error as e:
     print(f"attnlab {name}: error: {e}", file=sys.stderr)
     return 2
 

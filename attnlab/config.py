@@ -17,7 +17,7 @@ NORMS = ("rmsnorm", "layernorm")
 NORM_POSITIONS = ("pre", "post")
 MLPS = ("relu", "gelu", "swiglu")
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_IMPLS = ("auto", "reference", "chunked", "xla", "cudnn", "pallas")
+ATTENTION_IMPLS = ("auto", "reference", "blocked", "chunked", "xla", "cudnn", "pallas")
 
 
 def _choice(name: str, value, allowed: tuple) -> None:

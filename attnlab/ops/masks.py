@@ -52,20 +52,30 @@ def segment_mask(q_segment_ids_BT, kv_segment_ids_BS):
   return q_segment_ids_BT[:, :, None] == kv_segment_ids_BS[:, None, :]
 
 
+def _minimum(a, b):
+  # Python ints stay Python ints (static ranges for trace-time loops).
+  return min(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.minimum(a, b)
+
+
+def _maximum(a, b):
+  return max(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.maximum(a, b)
+
+
 def key_range(q_lo, q_hi, *, causal: bool, window: int | None, kv_len: int):
   """Half-open range of key positions that queries in [q_lo, q_hi) can see.
 
   The bounds follow from ``position_mask``: blocks wholly outside the range
-  need neither be loaded nor computed. Works on traced integers.
+  need neither be loaded nor computed. Works on traced integers; Python ints
+  give Python ints.
   """
   lo = 0
   hi = kv_len
   if causal:
-    hi = jnp.minimum(hi, q_hi)  # keys <= q_hi - 1
+    hi = _minimum(hi, q_hi)  # keys <= q_hi - 1
   if window is not None:
-    lo = jnp.maximum(lo, q_lo - window + 1)
+    lo = _maximum(lo, q_lo - window + 1)
     if not causal:
-      hi = jnp.minimum(hi, q_hi - 1 + window)
+      hi = _minimum(hi, q_hi - 1 + window)
   return lo, hi
 
 
@@ -74,15 +84,15 @@ def query_range(k_lo, k_hi, *, causal: bool, window: int | None, q_lo, q_hi):
 
   The transpose of ``key_range``, also derived from ``position_mask``: the
   dK/dV kernel visits only the query blocks of this range for a key block.
-  Works on traced integers.
+  Works on traced integers; Python ints give Python ints.
   """
   lo, hi = q_lo, q_hi
   if causal:
-    lo = jnp.maximum(lo, k_lo)  # q >= k for some k >= k_lo
+    lo = _maximum(lo, k_lo)  # q >= k for some k >= k_lo
   if window is not None:
-    hi = jnp.minimum(hi, k_hi - 1 + window)  # q - k < window for some k <= k_hi - 1
+    hi = _minimum(hi, k_hi - 1 + window)  # q - k < window for some k <= k_hi - 1
     if not causal:
-      lo = jnp.maximum(lo, k_lo - window + 1)  # k - q < window for some k >= k_lo
+      lo = _maximum(lo, k_lo - window + 1)  # k - q < window for some k >= k_lo
   return lo, hi
 
 

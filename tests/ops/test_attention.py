@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from attnlab.ops import masks
-from attnlab.ops.attention import attention, chunked_attention, reference_attention
+from attnlab.ops.attention import (
+    attention,
+    auto_implementation,
+    blocked_attention,
+    chunked_attention,
+    reference_attention,
+)
 
 
 def make_qkv(B, T, S, N, K, H, seed=0, dtype=jnp.float32):
@@ -250,3 +256,47 @@ def test_cudnn_without_gpu_is_a_clear_error():
   q, k, v = make_qkv(1, 4, 4, 2, 2, 8)
   with pytest.raises(ValueError, match="cudnn.*GPU"):
     attention(q, k, v, implementation="cudnn")
+
+
+BLOCKED_CASES = [
+    # (T, S, N, K, block_q, kwargs)
+    (37, 37, 8, 2, 8, dict(causal=True)),
+    (40, 40, 4, 1, 16, dict(causal=True, window=5)),
+    (33, 33, 4, 4, 8, dict(window=4)),
+    (19, 45, 4, 2, 8, dict(causal=True, q_offset=26)),
+    (30, 30, 8, 2, 8, dict(causal=True, segments=True)),
+    (24, 24, 4, 2, 8, dict(causal=True, window=1)),
+]
+
+
+@pytest.mark.parametrize("T,S,N,K,block_q,kw", BLOCKED_CASES, ids=str)
+def test_blocked_equals_reference_forward_and_gradients(T, S, N, K, block_q, kw):
+  kw = dict(kw)
+  q, k, v = make_qkv(2, T, S, N, K, 8, seed=11)
+  if kw.pop("segments", False):
+    seg = jnp.stack([jnp.array([1] * 12 + [2] * 15 + [0] * 3), jnp.array([1] * 30)])
+    kw.update(q_segment_ids=seg, kv_segment_ids=seg)
+  w = jax.random.normal(jax.random.key(9), q.shape)
+
+  def loss(fn):
+    return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v) * w), argnums=(0, 1, 2)))
+
+  want, g_ref = loss(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v)
+  got, g_blk = loss(lambda q, k, v: blocked_attention(q, k, v, block_q=block_q, **kw))(q, k, v)
+  np.testing.assert_allclose(
+      blocked_attention(q, k, v, block_q=block_q, **kw), reference_attention(q, k, v, **kw),
+      atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  for name, a, b in zip("qkv", g_blk, g_ref):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5, err_msg=f"d{name}")
+
+
+def test_auto_on_cpu_picks_blocked_for_bands_and_chunked_for_long():
+  assert auto_implementation(256, 256, backend="cpu") == "blocked"
+  assert auto_implementation(16384, 16384, backend="cpu") == "chunked"
+  q, k, v = make_qkv(1, 40, 40, 4, 2, 8, seed=12)
+  # "auto" falls back to the reference when there is no band to skip.
+  np.testing.assert_allclose(attention(q, k, v, implementation="auto"),
+                             reference_attention(q, k, v), atol=1e-6)
+  np.testing.assert_allclose(attention(q, k, v, causal=True, implementation="auto"),
+                             reference_attention(q, k, v, causal=True), atol=1e-5)

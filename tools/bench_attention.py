@@ -5,8 +5,9 @@ CPU (default):
      of "reference", "chunked" and "pallas" (interpret mode) at each --lengths,
      forward and forward+backward, as a ratio to the reference.
   2. Block skipping: time of a sliding window (--window) against full causal
-     at --skip_len, for "pallas" and "chunked" (whose lax.scan visits every
-     block, so it is the control).
+     at --skip_len, for "pallas", "blocked" (query blocks against their key
+     range; what "auto" runs on XLA:CPU) and "chunked" (whose lax.scan visits
+     every block, so it is the control).
 
 GPU (--gpu):
   3. TFLOP/s of "pallas" against jax.nn.dot_product_attention with cuDNN and
@@ -115,7 +116,7 @@ def cpu_block_skipping(args):
   print(f"# sliding window {w} vs full causal, T={T}, B={B} N={N} K={K} H={H} float32 "
         f"(best of {args.iters}, seconds)")
   table = _Table("impl", "pass", "causal s", f"window={w} s", "window/causal", width=14)
-  for impl in ("pallas", "chunked"):
+  for impl in ("pallas", "blocked", "chunked"):
     for mode in ("fwd", "fwd+bwd"):
       t = {}
       for name, window in (("causal", None), ("window", w)):

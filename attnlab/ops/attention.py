@@ -125,7 +125,7 @@ def auto_implementation(q_len: int, kv_len: int, backend: str | None = None) -> 
   # XLA:CPU: query blocks against only their visible keys (causal / window)
   # while [T, S] scores fit in memory comfortably; past that, the online
   # softmax bounds memory. tools/bench_attention.py measures the choice.
-  return "blocked" if q_len * kv_len <= 4096 * 4096 else "chunked"
+  return "blocked" if q_len * kv_len <= 2048 * 2048 else "chunked"
 
 
 def _blockable(causal, window, q_offset, q_positions, kv_positions) -> bool:

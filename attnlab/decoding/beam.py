@@ -35,7 +35,8 @@ def beam_search(step_fn, cache, *, batch: int, beam_size: int, max_len: int, bos
       gathering rows.
     cache: the initial cache (all beams of a source identical).
     batch, beam_size, max_len: B, W and the longest hypothesis.
-    bos_id: the first input token; eos_id: ends a hypothesis (None = never).
+    bos_id: the first input token; eos_id: ends a hypothesis (None or -1 =
+      never). Either may be a traced int32 scalar.
     length_penalty: alpha; 0 ranks finished hypotheses by log P alone.
     pad_id: fills a hypothesis after its eos.
   """

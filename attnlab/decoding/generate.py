@@ -4,7 +4,9 @@
 prefill (the whole prompt through the model, K/V written to the cache) and a
 ``lax.while_loop`` whose body feeds the last token of every sequence, appends
 its K/V, and picks the next token. The loop compiles once per shape and
-static setting and ends early when every sequence has emitted ``eos_id``.
+static setting (``eos_id`` and ``bos_id`` are traced, so changing them does
+not recompile; greedy ignores the sampling filters, so every greedy setting
+shares one program) and ends early when every sequence has emitted ``eos_id``.
 
 Prompts of a decoder-only model are RIGHT-padded with ``cfg.pad_id``: row b
 holds its ``prompt_lengths_B[b]`` tokens at positions 0.. and padding after
@@ -80,7 +82,11 @@ def generate(model, prompt_BT, *, max_new_tokens: int = 64, cache: str = "contig
     raise ValueError(f"beam_size={beam_size!r} must be a positive integer")
   B, T = prompt_BT.shape
   graphdef, state = nnx.split(model)
-  static = dict(max_new_tokens=max_new_tokens, kind=cache, eos_id=eos_id, page_size=page_size)
+  if sampling.greedy:
+    sampling = GREEDY  # the filters do nothing at temperature 0: one compiled program for all
+  # Traced, not static: a new eos does not recompile. -1 matches no token.
+  eos = jnp.int32(-1 if eos_id is None else eos_id)
+  static = dict(max_new_tokens=max_new_tokens, kind=cache, page_size=page_size)
 
   if cfg.arch == "encoder_decoder":
     needed = max_new_tokens
@@ -90,11 +96,11 @@ def generate(model, prompt_BT, *, max_new_tokens: int = 64, cache: str = "contig
       if cache == "paged":
         raise ValueError("beam search reorders whole cache rows: use cache='contiguous' or "
                          "'ring' with beam_size")
-      return _beam_encoder_decoder(graphdef, state, jnp.asarray(prompt_BT), beam_size=beam_size,
-                                   length_penalty=float(length_penalty), bos_id=bos_id,
+      return _beam_encoder_decoder(graphdef, state, jnp.asarray(prompt_BT), eos, jnp.int32(bos_id),
+                                   beam_size=beam_size, length_penalty=float(length_penalty),
                                    cache_len=cache_len, **static)
     tokens_BT, exhausted = _sample_encoder_decoder(
-        graphdef, state, jnp.asarray(prompt_BT), rng, sampling=sampling, bos_id=bos_id,
+        graphdef, state, jnp.asarray(prompt_BT), rng, eos, jnp.int32(bos_id), sampling=sampling,
         cache_len=cache_len, num_pages=num_pages, **static)
   else:
     if beam_size is not None:
@@ -105,8 +111,8 @@ def generate(model, prompt_BT, *, max_new_tokens: int = 64, cache: str = "contig
     cache_len = _check_cache_len(cfg, cache_len, T + max_new_tokens - 1, "the prompt")
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
     tokens_BT, exhausted = _sample_decoder_only(
-        graphdef, state, jnp.asarray(prompt_BT), jnp.asarray(lengths_B), rng, sampling=sampling,
-        cache_len=cache_len, num_pages=num_pages, **static)
+        graphdef, state, jnp.asarray(prompt_BT), jnp.asarray(lengths_B), rng, eos,
+        sampling=sampling, cache_len=cache_len, num_pages=num_pages, **static)
   if bool(exhausted):
     raise RuntimeError(
         f"the paged cache ran out of pages (num_pages={num_pages}, page_size={page_size}); "
@@ -187,15 +193,24 @@ def _sampling_loop(forward, cache, alloc, first_logits_BV, rng, *, max_new_token
                    sampling, page_size, pad_id):
   """Sample the first token from ``first_logits_BV``, then step until done.
 
-  ``forward(tokens_BT, segment_ids_BT, cache) -> (logits_BTV, cache)``.
+  ``forward(tokens_BT, segment_ids_BT, cache) -> (logits_BTV, cache)``; ``eos_id``
+  is a traced int32, -1 for none.
   Returns (tokens [B, max_new_tokens], exhausted).
   """
   B = first_logits_BV.shape[0]
   paged = alloc is not None
-  rng, sub = jax.random.split(rng)
-  token_B = sample(first_logits_BV, sub, sampling)
+
+  def draw(logits_BV, rng):
+    # Greedy never reads the key: no threefry in the program, which is
+    # expensive for XLA:CPU to compile (~0.5 s per split on a 2-core machine).
+    if sampling.greedy:
+      return sample(logits_BV, None, sampling), rng
+    rng, sub = jax.random.split(rng)
+    return sample(logits_BV, sub, sampling), rng
+
+  token_B, rng = draw(first_logits_BV, rng)
   out_BL = jnp.full((B, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(token_B)
-  done_B = (token_B == eos_id) if eos_id is not None else jnp.zeros((B,), bool)
+  done_B = token_B == eos_id
   if paged:
     cache, alloc = _release(cache, alloc, done_B)
 
@@ -209,10 +224,10 @@ def _sampling_loop(forward, cache, alloc, first_logits_BV, rng, *, max_new_token
     if paged:
       cache, alloc = _reserve(cache, alloc, live_B, page_size)
     logits_BTV, cache = forward(token_B[:, None], live_B[:, None], cache)
-    rng, sub = jax.random.split(rng)
-    next_B = jnp.where(done_B, pad_id, sample(logits_BTV[:, 0], sub, sampling))
+    sampled_B, rng = draw(logits_BTV[:, 0], rng)
+    next_B = jnp.where(done_B, pad_id, sampled_B)
     out_BL = out_BL.at[:, step].set(next_B)
-    finished_B = ~done_B & (next_B == eos_id) if eos_id is not None else jnp.zeros_like(done_B)
+    finished_B = ~done_B & (next_B == eos_id)
     if paged:
       cache, alloc = _release(cache, alloc, finished_B)
     return step + 1, next_B, done_B | finished_B, out_BL, cache, alloc, rng
@@ -244,9 +259,9 @@ def _new_cache(cfg, kind, batch, cache_len, page_size, num_pages):
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=(
-    "max_new_tokens", "kind", "eos_id", "page_size", "sampling", "cache_len", "num_pages"))
-def _sample_decoder_only(graphdef, state, prompt_BT, lengths_B, rng, *, max_new_tokens, kind,
-                         eos_id, page_size, sampling, cache_len, num_pages):
+    "max_new_tokens", "kind", "page_size", "sampling", "cache_len", "num_pages"))
+def _sample_decoder_only(graphdef, state, prompt_BT, lengths_B, rng, eos_id, *, max_new_tokens,
+                         kind, page_size, sampling, cache_len, num_pages):
   model = _eval_model(graphdef, state)
   cfg = model.cfg
   B, T = prompt_BT.shape
@@ -271,10 +286,9 @@ def _decoder_forward(model):
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=(
-    "max_new_tokens", "kind", "eos_id", "page_size", "sampling", "bos_id", "cache_len",
-    "num_pages"))
-def _sample_encoder_decoder(graphdef, state, src_BS, rng, *, max_new_tokens, kind, eos_id,
-                            page_size, sampling, bos_id, cache_len, num_pages):
+    "max_new_tokens", "kind", "page_size", "sampling", "cache_len", "num_pages"))
+def _sample_encoder_decoder(graphdef, state, src_BS, rng, eos_id, bos_id, *, max_new_tokens, kind,
+                            page_size, sampling, cache_len, num_pages):
   model = _eval_model(graphdef, state)
   cfg = model.cfg
   B = src_BS.shape[0]
@@ -284,17 +298,17 @@ def _sample_encoder_decoder(graphdef, state, src_BS, rng, *, max_new_tokens, kin
   ones_B1 = jnp.ones((B, 1), jnp.int32)
   if alloc is not None:
     cache, alloc = _reserve(cache, alloc, ones_B1[:, 0], page_size)
-  logits_B1V, cache = forward(jnp.full((B, 1), bos_id, jnp.int32), ones_B1, cache)
+  logits_B1V, cache = forward(jnp.broadcast_to(bos_id, (B, 1)), ones_B1, cache)
   return _sampling_loop(forward, cache, alloc, logits_B1V[:, 0], rng,
                         max_new_tokens=max_new_tokens, eos_id=eos_id, sampling=sampling,
                         page_size=page_size, pad_id=cfg.pad_id)
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=(
-    "max_new_tokens", "kind", "eos_id", "page_size", "beam_size", "length_penalty", "bos_id",
+    "max_new_tokens", "kind", "page_size", "beam_size", "length_penalty",
     "cache_len"))
-def _beam_encoder_decoder(graphdef, state, src_BS, *, max_new_tokens, kind, eos_id, page_size,
-                          beam_size, length_penalty, bos_id, cache_len):
+def _beam_encoder_decoder(graphdef, state, src_BS, eos_id, bos_id, *, max_new_tokens, kind,
+                          page_size, beam_size, length_penalty, cache_len):
   from attnlab.decoding.beam import beam_search
 
   model = _eval_model(graphdef, state)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,27 +13,35 @@ from flax import nnx
 import attnlab
 from attnlab.decoding import cache as cache_lib
 from attnlab.decoding.generate import _reserve
+from attnlab.ops import decode as decode_ops
 from tests.decoding.tiny_models import (
   DECODER_CONFIGS,
+  SRC_SHAPE,
+  TGT_LEN,
+  assert_greedy,
+  decoder_forward,
   decoder_model,
+  encdec_forward,
   encdec_model,
-  forward_fn,
-  greedy_recompute,
   random_tokens,
 )
 
 PAGE = 4
-TOTAL = 20  # tokens per row
+TOTAL = TGT_LEN  # tokens per row
 LENGTHS = np.array([8, 5], np.int32)  # prompt lengths (right-padded prefill)
 PROMPT_WIDTH = int(LENGTHS.max())
 STEPS = TOTAL - PROMPT_WIDTH
+TOKENS = random_tokens(0, (2, TOTAL))  # decoder-only rows
+SRC = random_tokens(1, SRC_SHAPE)
+SRC[1, 6:] = 0  # a padded source (pad_id 0): masked in cross-attention
+TGT = random_tokens(2, (2, TOTAL))
 
 
-def cached_logits(model, kind, tokens_BX, lengths_B, forward=None):
+def cached_logits(model, kind, tokens_BX, lengths_B, forward=None, dtype=None):
   """Logits [B, X, V] from a padded prefill of ``lengths_B`` tokens, then one token per step.
 
   Row b's prefill logits fill positions < lengths_B[b]; step i feeds token
-  ``lengths_B[b] + i`` and fills that position.
+  ``lengths_B[b] + i`` and fills that position. ``dtype``: of the cache.
   """
   graphdef, state = nnx.split(model)
   B, X = tokens_BX.shape
@@ -41,7 +51,7 @@ def cached_logits(model, kind, tokens_BX, lengths_B, forward=None):
   def run(tokens_BX, lengths_B):
     m = nnx.merge(graphdef, state)
     call = forward or (lambda m, t, s, c: m(t, segment_ids_BT=s, cache=c))
-    cache = cache_lib.init_cache(cfg, kind, B, X, page_size=PAGE)
+    cache = cache_lib.init_cache(cfg, kind, B, X, page_size=PAGE, dtype=dtype)
     alloc = cache_lib.PageAllocator.init(B * X // PAGE) if kind == "paged" else None
     if alloc is not None:
       cache, alloc = _reserve(cache, alloc, lengths_B, PAGE)
@@ -73,6 +83,12 @@ def cached_logits(model, kind, tokens_BX, lengths_B, forward=None):
   return np.asarray(out), cache
 
 
+@functools.cache
+def decoder_cached(name, kind, attention_impl="reference", dtype=None):
+  """``cached_logits`` of ``decoder_model(name)`` on TOKENS, shared by the tests."""
+  return cached_logits(decoder_model(name, attention_impl), kind, TOKENS, LENGTHS, dtype=dtype)
+
+
 def decoder_cases():
   for name, over in DECODER_CONFIGS.items():
     for kind in cache_lib.CACHE_KINDS:
@@ -83,12 +99,39 @@ def decoder_cases():
 
 @pytest.mark.parametrize("name,kind", list(decoder_cases()))
 def test_decoder_prefill_and_decode_equal_full_forward(name, kind):
-  model = decoder_model(name)
-  tokens = random_tokens(0, (2, TOTAL))
-  full = np.asarray(forward_fn(model)(jnp.asarray(tokens)))
-  got, cache = cached_logits(model, kind, tokens, LENGTHS)
-  np.testing.assert_allclose(got, full, atol=1e-5, rtol=1e-5)
+  got, cache = decoder_cached(name, kind)
+  np.testing.assert_allclose(got, decoder_forward(name)(TOKENS), atol=1e-5, rtol=1e-5)
   np.testing.assert_array_equal(cache_lib.cache_lengths(cache), [TOTAL, TOTAL])
+
+
+def test_paged_decode_with_the_pallas_kernel_equals_full_forward(monkeypatch):
+  """attention_impl="pallas": decode steps read the pages in place with
+  ``paged_decode_attention`` (interpret mode on the CPU); GQA and a window
+  shorter than prompt + generation."""
+  calls = []
+  kernel = decode_ops.paged_decode_attention
+
+  def counted(*args, **kwargs):
+    calls.append(kwargs.get("window"))
+    return kernel(*args, **kwargs)
+
+  monkeypatch.setattr(decode_ops, "paged_decode_attention", counted)
+  name = "gqa_rope_window10"
+  got, _ = decoder_cached.__wrapped__(name, "paged", "pallas")
+  # Traced once per layer, in the decode step (the prefill has T > 1).
+  assert calls == [10] * decoder_model(name).cfg.num_layers
+  np.testing.assert_allclose(got, decoder_forward(name)(TOKENS), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", cache_lib.CACHE_KINDS)
+def test_bfloat16_cache_of_a_float32_model(kind):
+  """A cache may hold K/V in a narrower dtype than the model computes in."""
+  name = "mqa_rope_window3"
+  got, cache = decoder_cached(name, kind, dtype=jnp.bfloat16)
+  kv = [x for x in jax.tree.leaves(cache) if jnp.issubdtype(x.dtype, jnp.floating)]
+  assert kv and all(x.dtype == jnp.bfloat16 for x in kv)
+  # bfloat16 keeps 8 bits of mantissa: the bfloat16 tolerance of DESIGN.md.
+  np.testing.assert_allclose(got, decoder_forward(name)(TOKENS), atol=2e-2, rtol=2e-2)
 
 
 ENCDEC_CASES = [("paper_gqa", "contiguous"), ("paper_gqa", "paged"), ("mqa_rope_window4", "ring")]
@@ -96,15 +139,10 @@ ENCDEC_CASES = [("paper_gqa", "contiguous"), ("paper_gqa", "paged"), ("mqa_rope_
 
 @pytest.mark.parametrize("name,kind", ENCDEC_CASES, ids=["-".join(c) for c in ENCDEC_CASES])
 def test_encoder_decoder_prefill_and_decode_equal_full_forward(name, kind):
-  model = encdec_model(name)
-  src = random_tokens(1, (2, 9))
-  src[1, 6:] = model.cfg.pad_id  # a padded source: masked in cross-attention
-  tgt = random_tokens(2, (2, TOTAL))
-  full = np.asarray(jax.jit(lambda s, t: model(s, t))(src, tgt))
-  src_j = jnp.asarray(src)
+  src_j = jnp.asarray(SRC)
   forward = lambda m, t, seg, c: m(src_j, t, tgt_segment_ids_BT=seg, cache=c)
-  got, cache = cached_logits(model, kind, tgt, LENGTHS, forward=forward)
-  np.testing.assert_allclose(got, full, atol=1e-5, rtol=1e-5)
+  got, _ = cached_logits(encdec_model(name), kind, TGT, LENGTHS, forward=forward)
+  np.testing.assert_allclose(got, encdec_forward(name)(SRC, TGT), atol=1e-5, rtol=1e-5)
 
 
 GREEDY_CASES = [("mha_rope", "contiguous"), ("gqa_sinusoidal", "paged"),
@@ -114,35 +152,19 @@ GREEDY_CASES = [("mha_rope", "contiguous"), ("gqa_sinusoidal", "paged"),
 @pytest.mark.parametrize("name,kind", GREEDY_CASES, ids=["-".join(c) for c in GREEDY_CASES])
 def test_greedy_generate_equals_recompute_everything(name, kind):
   model = decoder_model(name)
-  prompt = random_tokens(3, (2, PROMPT_WIDTH))
+  prompt = random_tokens(3, (2, TOTAL))
   prompt[1, LENGTHS[1]:] = model.cfg.pad_id  # right padding
-  want = greedy_recompute(model, prompt, LENGTHS, STEPS)
-  got = attnlab.generate(model, prompt, max_new_tokens=STEPS, cache=kind, eos_id=None,
-                         page_size=PAGE)
-  np.testing.assert_array_equal(np.asarray(got), want)
+  got = attnlab.generate(model, prompt[:, :PROMPT_WIDTH], max_new_tokens=STEPS, cache=kind,
+                         eos_id=None, page_size=PAGE)
+  assert_greedy(decoder_forward(name), prompt, LENGTHS, np.asarray(got))
 
 
 def test_encoder_decoder_greedy_equals_recompute_everything():
-  model = encdec_model("paper_gqa")
-  src = random_tokens(4, (2, 7))
-  src[0, 5:] = model.cfg.pad_id
-  steps, bos = 10, 1
-
-  @jax.jit
-  def recompute(src):
-    def body(i, tgt_BX):
-      logits = model(src, tgt_BX)
-      return tgt_BX.at[:, i + 1].set(jnp.argmax(logits[:, i], axis=-1).astype(jnp.int32))
-
-    tgt = jnp.zeros((2, steps + 1), jnp.int32).at[:, 0].set(bos)
-    return jax.lax.fori_loop(0, steps, body, tgt)[:, 1:]
-
-  want = np.asarray(recompute(jnp.asarray(src)))
-  got = attnlab.generate(model, src, max_new_tokens=steps, eos_id=None, bos_id=bos)
-  np.testing.assert_array_equal(np.asarray(got), want)
-  beam1 = attnlab.generate(model, src, max_new_tokens=steps, eos_id=None, bos_id=bos,
-                           beam_size=1, length_penalty=0.0)
-  np.testing.assert_array_equal(np.asarray(beam1), want)
+  bos = 1
+  got = np.asarray(attnlab.generate(encdec_model("paper_gqa"), SRC, max_new_tokens=8,
+                                    eos_id=None, bos_id=bos))
+  tgt = np.full((2, TGT_LEN), bos, np.int32)
+  assert_greedy(lambda t: encdec_forward("paper_gqa")(SRC, t), tgt, [1, 1], got)
 
 
 def test_ring_cache_memory_does_not_grow_with_length():
@@ -154,8 +176,7 @@ def test_ring_cache_memory_does_not_grow_with_length():
   K, H, W, L = cfg.kv_heads, cfg.dim_per_head, cfg.window, cfg.num_layers
   assert cache_lib.cache_bytes(long) == L * (2 * 2 * K * W * H * 4 + 2 * W * 4 + 2 * 4)
   # After decoding far past the window the cache has the same shapes.
-  _, after = cached_logits(decoder_model("mqa_rope_window3"), "ring",
-                           random_tokens(5, (2, TOTAL)), LENGTHS)
+  _, after = decoder_cached("mqa_rope_window3", "ring")
   assert jax.tree.map(jnp.shape, after) == jax.tree.map(jnp.shape, short)
   assert cache_lib.cache_bytes(cache_lib.init_cache(cfg, "contiguous", 2, 4096)) > 100 * (
       cache_lib.cache_bytes(long))

@@ -10,7 +10,14 @@ import pytest
 import attnlab
 from attnlab.decoding.beam import beam_search
 from attnlab.decoding.sampling import Sampling, filtered_logits, sample
-from tests.decoding.tiny_models import decoder_model, encdec_model, random_tokens
+from tests.decoding.tiny_models import (
+  SRC_SHAPE,
+  TGT_LEN,
+  decoder_model,
+  encdec_forward,
+  encdec_model,
+  random_tokens,
+)
 
 DRAWS = 2000
 
@@ -120,9 +127,9 @@ def test_beam_finds_the_better_sequence_on_a_toy():
 
 def test_beam_size_one_equals_greedy_with_eos():
   model = encdec_model("paper_gqa")
-  src = random_tokens(32, (3, 7))
+  src = random_tokens(32, SRC_SHAPE)
   free = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=None))
-  eos = int(free[1, 3])
+  eos = int(free[1, 3])  # eos is traced: the same compiled program as eos_id=None
   greedy = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=eos))
   beam = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=eos, beam_size=1,
                                      length_penalty=0.0))
@@ -132,14 +139,16 @@ def test_beam_size_one_equals_greedy_with_eos():
 def test_beam_search_on_a_model_scores_at_least_greedy():
   """Beam 4 (no length penalty) finds a hypothesis at least as likely as greedy's."""
   model = encdec_model("paper_gqa")
-  src = random_tokens(33, (2, 7))
-  greedy = np.asarray(attnlab.generate(model, src, max_new_tokens=6, eos_id=None))
-  beam = np.asarray(attnlab.generate(model, src, max_new_tokens=6, eos_id=None, beam_size=4,
+  src = random_tokens(33, SRC_SHAPE)
+  greedy = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=None))
+  beam = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=None, beam_size=4,
                                      length_penalty=0.0))
 
   def logp(tgt):
-    tgt_in = np.concatenate([np.full((2, 1), 1), tgt[:, :-1]], axis=1)
-    lp = jax.nn.log_softmax(model(jnp.asarray(src), jnp.asarray(tgt_in)), axis=-1)
+    # Teacher forcing on the shared compiled forward (target padded to TGT_LEN; causal).
+    tgt_in = np.zeros((2, TGT_LEN), np.int32)
+    tgt_in[:, 0], tgt_in[:, 1:tgt.shape[1]] = 1, tgt[:, :-1]
+    lp = jax.nn.log_softmax(encdec_forward("paper_gqa")(src, tgt_in)[:, :tgt.shape[1]], axis=-1)
     return np.asarray(jnp.take_along_axis(lp, jnp.asarray(tgt)[..., None], -1)[..., 0].sum(1))
 
   assert (logp(beam) >= logp(greedy) - 1e-5).all()

@@ -1,4 +1,9 @@
-"""Tiny models shared by the decoding tests (built once per process)."""
+"""Tiny models shared by the decoding tests (built and compiled once per process).
+
+Compiling dominates these tests on the CPU, so every jitted function here is
+cached per model: the full forward passes that the cached paths are compared
+with are compiled once per model and shape, whichever test asks first.
+"""
 
 from __future__ import annotations
 
@@ -26,16 +31,20 @@ ENCDEC_CONFIGS = {
                       norm_position="post", mlp="relu", scale_embeddings=True),
     "mqa_rope_window4": dict(num_heads=4, num_kv_heads=1, window=4),
 }
+# Shapes shared by the encoder-decoder tests, so that they share compiled functions.
+SRC_SHAPE = (2, 9)
+TGT_LEN = 20
 
 
-def make_cfg(arch, overrides):
+def make_cfg(arch, overrides, attention_impl="reference"):
   return attnlab.ModelConfig(arch=arch, vocab_size=VOCAB, d_model=32, num_layers=2, d_ff=64,
-                             max_len=64, attention_impl="reference", **overrides)
+                             max_len=64, attention_impl=attention_impl, **overrides)
 
 
 @functools.cache
-def decoder_model(name):
-  cfg = make_cfg("decoder_only", DECODER_CONFIGS[name])
+def decoder_model(name, attention_impl="reference"):
+  """The same parameters whatever ``attention_impl`` (same config, same seed)."""
+  cfg = make_cfg("decoder_only", DECODER_CONFIGS[name], attention_impl)
   return attnlab.build_model(cfg, rngs=nnx.Rngs(0))
 
 
@@ -49,34 +58,43 @@ def random_tokens(seed, shape):
   return np.array(jax.random.randint(jax.random.key(seed), shape, 3, VOCAB), np.int32)
 
 
-def forward_fn(model):
-  """A jitted full forward of ``model``: tokens -> logits (decoder-only)."""
-  graphdef, state = nnx.split(model)
-
-  @jax.jit
-  def run(tokens_BT):
-    return nnx.merge(graphdef, state)(tokens_BT)
-
-  return run
+@functools.cache
+def decoder_forward(name):
+  """The jitted full forward of ``decoder_model(name)``: tokens [B, T] -> logits [B, T, V]."""
+  graphdef, state = nnx.split(decoder_model(name))
+  run = jax.jit(lambda tokens_BT: nnx.merge(graphdef, state)(tokens_BT))
+  return lambda tokens_BT: np.asarray(run(jnp.asarray(tokens_BT)))
 
 
-def greedy_recompute(model, prompt_BT, lengths_B, steps):
-  """Greedy decoding that recomputes the full forward pass for every token."""
-  graphdef, state = nnx.split(model)
-  B, T = prompt_BT.shape
+@functools.cache
+def encdec_forward(name):
+  """The jitted teacher-forced forward of ``encdec_model(name)``: (src, tgt_in) -> logits."""
+  graphdef, state = nnx.split(encdec_model(name))
+  run = jax.jit(lambda src_BS, tgt_BT: nnx.merge(graphdef, state)(src_BS, tgt_BT))
+  return lambda src_BS, tgt_BT: np.asarray(run(jnp.asarray(src_BS), jnp.asarray(tgt_BT)))
 
-  @jax.jit
-  def run(prompt_BT, lengths_B):
-    m = nnx.merge(graphdef, state)
-    buf_BX = jnp.concatenate([prompt_BT, jnp.zeros((B, steps), jnp.int32)], axis=1)
-    rows = jnp.arange(B)
 
-    def body(i, buf_BX):
-      logits_BXV = m(buf_BX)  # causal: what follows a position cannot change it
-      nxt_B = jnp.argmax(logits_BXV[rows, lengths_B + i - 1], axis=-1).astype(jnp.int32)
-      return buf_BX.at[rows, lengths_B + i].set(nxt_B)
+def assert_greedy(logits_fn, prefix_BX, prefix_lengths_B, generated_BL):
+  """``generated_BL`` is what greedy decoding that recomputes everything would emit.
 
-    buf_BX = jax.lax.fori_loop(0, steps, body, buf_BX)
-    return buf_BX[rows[:, None], lengths_B[:, None] + jnp.arange(steps)]
+  One teacher-forced pass over prefix ++ generated: by induction over the
+  steps, every generated token being the argmax of the logits before it is
+  exactly "recompute the full forward pass for every token, take the argmax".
 
-  return np.asarray(run(jnp.asarray(prompt_BT), jnp.asarray(lengths_B)))
+  Args:
+    logits_fn: tokens [B, X] -> logits [B, X, V] (causal: what follows a
+      position cannot change its logits).
+    prefix_BX: int [B, X]; row b's first ``prefix_lengths_B[b]`` tokens are
+      its prefix, the rest is room (X >= length + L - 1).
+    generated_BL: the tokens to check.
+  """
+  B, L = generated_BL.shape
+  seq_BX = np.array(prefix_BX)
+  for b in range(B):
+    n = prefix_lengths_B[b]
+    seq_BX[b, n:] = 0
+    seq_BX[b, n:n + L - 1] = generated_BL[b, :-1]
+  want_BX = np.argmax(logits_fn(seq_BX), axis=-1)
+  for b in range(B):
+    n = prefix_lengths_B[b]
+    np.testing.assert_array_equal(generated_BL[b], want_BX[b, n - 1:n - 1 + L], err_msg=f"row {b}")

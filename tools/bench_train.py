@@ -7,6 +7,8 @@ time (the first train step).
 
     python tools/bench_train.py [--rounds 5] [--steps 5]
         [--torch_python /tmp/hfvenv/bin/python]   # a venv with torch + transformers
+    python tools/bench_train.py --compile_only [--attention_impl reference]
+        [--compilation_cache /tmp/xla_cache]      # run twice: cold, then a cache hit
 
 The torch side runs in a worker process (this same file, ``--torch_worker``)
 under ``--torch_python`` when given, else under this interpreter if it has
@@ -56,8 +58,11 @@ def torch_worker():
     print(json.dumps({"seconds": time.perf_counter() - t0}), flush=True)
 
 
-def attnlab_setup():
+def attnlab_setup(attention_impl: str = "auto", cache_dir: str | None = None):
   import jax
+
+  if cache_dir:
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
   import numpy as np
 
   from attnlab.config import ModelConfig, TrainConfig
@@ -66,7 +71,7 @@ def attnlab_setup():
   mcfg = ModelConfig(vocab_size=CFG["vocab"], d_model=CFG["d_model"], num_layers=CFG["layers"],
                      num_heads=CFG["heads"], num_kv_heads=CFG["kv_heads"],
                      head_dim=CFG["head_dim"], d_ff=CFG["d_ff"], mlp="swiglu",
-                     dtype="float32")
+                     dtype="float32", attention_impl=attention_impl)
   tcfg = TrainConfig(steps=1000, warmup_steps=0, schedule="constant", learning_rate=1e-4,
                      grad_clip=0.0, mesh_shape=(1, 1, 1))
   setup, state = steps.init_train(mcfg, tcfg, sharding.make_mesh((1, 1, 1)))
@@ -79,20 +84,38 @@ def attnlab_setup():
       segment_ids_BT=np.ones((B, T), np.int32),
       positions_BT=np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)).copy(),
       loss_mask_BT=np.ones((B, T), np.float32)), setup)
+  # The first step, phase by phase: trace (Python -> jaxpr), lower (-> HLO),
+  # XLA compile (or a persistent-cache hit), the first execution.
+  times = {}
   t0 = time.perf_counter()
-  state, m = step_fn(state, batch)
+  traced = step_fn.trace(state, batch)
+  times["trace"] = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  lowered = traced.lower()
+  times["lower"] = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  compiled = lowered.compile()
+  times["compile"] = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  state, m = compiled(state, batch)
   jax.block_until_ready(m)
-  compile_s = time.perf_counter() - t0
+  times["first_run"] = time.perf_counter() - t0
   holder = {"state": state}
 
   def run(n):
     t0 = time.perf_counter()
     for _ in range(n):
-      holder["state"], m = step_fn(holder["state"], batch)
+      holder["state"], m = compiled(holder["state"], batch)
     jax.block_until_ready(m)
     return time.perf_counter() - t0
 
-  return run, compile_s
+  return run, times
+
+
+def _first_step_line(times: dict, impl: str) -> str:
+  parts = ", ".join(f"{k} {v:.2f} s" for k, v in times.items())
+  total = sum(times.values())
+  return f"attnlab first train step (attention_impl={impl!r}): {total:.2f} s = {parts}"
 
 
 def main():
@@ -100,6 +123,11 @@ def main():
   p.add_argument("--rounds", type=int, default=5)
   p.add_argument("--steps", type=int, default=5, help="train steps per round")
   p.add_argument("--torch_python", default=None)
+  p.add_argument("--attention_impl", default="auto", help="ModelConfig.attention_impl")
+  p.add_argument("--compilation_cache", default=None, metavar="DIR",
+                 help="persistent compilation cache (a second run measures a cache hit)")
+  p.add_argument("--compile_only", action="store_true",
+                 help="measure the first step only (no throughput rounds, no torch)")
   p.add_argument("--torch_worker", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args()
   if args.torch_worker:
@@ -107,6 +135,10 @@ def main():
   tokens_per_step = CFG["batch"] * CFG["seq"]
   worker = None
   python = args.torch_python
+  if args.compile_only:
+    run, times = attnlab_setup(args.attention_impl, args.compilation_cache)
+    print(_first_step_line(times, args.attention_impl))
+    return None
   if python is None:
     try:
       import torch  # noqa: F401
@@ -119,7 +151,7 @@ def main():
     worker = subprocess.Popen([python, __file__, "--torch_worker"], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     worker.stdout.readline()  # its first (warm-up) step is done
-  run, compile_s = attnlab_setup()
+  run, times = attnlab_setup(args.attention_impl, args.compilation_cache)
   run(1)
   ours, theirs = [], []
   for _ in range(args.rounds):
@@ -133,8 +165,8 @@ def main():
     worker.wait()
   best = lambda ts: tokens_per_step * args.steps / min(ts)
   print(f"config: {CFG}, float32, AdamW; {args.rounds} rounds x {args.steps} steps, best round")
-  print(f"attnlab  train step: {best(ours):10.0f} tokens/s   "
-        f"first step (compile) {compile_s:.2f} s")
+  print(f"attnlab  train step: {best(ours):10.0f} tokens/s")
+  print(_first_step_line(times, args.attention_impl))
   if theirs:
     print(f"torch HF train step: {best(theirs):10.0f} tokens/s")
     print(f"ratio attnlab / torch: {best(ours) / best(theirs):.2f}x")

@@ -54,12 +54,34 @@ def _add_distributed_flags(p):
                  help="multi-host: this process's index (or $JAX_PROCESS_ID)")
 
 
+def _add_cache_flag(p):
+  p.add_argument("--compilation_cache", default=None, metavar="DIR",
+                 help="persistent XLA compilation cache (e.g. WORKDIR/xla_cache): a rerun or "
+                      "resume of the same config skips compiling (or $JAX_COMPILATION_CACHE_DIR)")
+
+
+def use_compilation_cache(path: str | None) -> None:
+  """Point JAX's persistent compilation cache at ``path`` (None: leave as is).
+
+  Must run before the first compilation. Only programs that took at least
+  ``jax_persistent_cache_min_compile_time_secs`` (default 1 s) to compile are
+  stored: the train / eval steps and generation, not the small eager ops.
+  """
+  if not path:
+    return
+  import jax
+
+  os.makedirs(path, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", os.path.abspath(path))
+
+
 def train_main(argv: list[str]) -> int:
   bindings, rest = _split_gin_flags(argv)
   p = _Parser(prog="attnlab train", description="Train a model from gin config files.")
   p.add_argument("--gin_file", action="append", default=[], help="a gin file (repeatable)")
   p.add_argument("--workdir", required=True, help="checkpoints, config.gin, metrics")
   _add_distributed_flags(p)
+  _add_cache_flag(p)
   args = p.parse_args(rest)
   if not args.gin_file:
     raise CommandError("at least one --gin_file is needed")
@@ -73,6 +95,7 @@ def train_main(argv: list[str]) -> int:
 
   from attnlab.training import sharding, trainer
 
+  use_compilation_cache(args.compilation_cache)
   sharding.initialize_distributed(args.coordinator_address, args.num_processes,
                                   args.process_id)
   logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -115,7 +138,9 @@ def eval_main(argv: list[str]) -> int:
   p = _Parser(prog="attnlab eval", description="Validation metrics of a checkpoint.")
   p.add_argument("--workdir", required=True)
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+  _add_cache_flag(p)
   args = p.parse_args(argv)
+  use_compilation_cache(args.compilation_cache)
 
   from attnlab.training import trainer
 

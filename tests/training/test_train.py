@@ -163,3 +163,14 @@ def test_eval_command_and_load_checkpoint_errors(reference_run, tmp_path, capsys
     attnlab.load_checkpoint(str(ref_dir), step=5)
   model, cfg = attnlab.load_checkpoint(str(ref_dir), step=8)
   assert cfg.d_model == 32 and cfg == _configs()[0]
+
+
+def test_compilation_cache_flag_sets_the_jax_option(tmp_path, monkeypatch):
+  from attnlab.training import commands
+  calls = []
+  monkeypatch.setattr(jax.config, "update", lambda name, value: calls.append((name, value)))
+  commands.use_compilation_cache(None)
+  assert calls == []
+  commands.use_compilation_cache(str(tmp_path / "xla_cache"))
+  assert calls == [("jax_compilation_cache_dir", str(tmp_path / "xla_cache"))]
+  assert os.path.isdir(tmp_path / "xla_cache")

@@ -50,6 +50,9 @@ class SentencePieceTokenizer:
     spm.SentencePieceTrainer.train(
         input=",".join(text_files), model_prefix=model_prefix, vocab_size=vocab_size,
         pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=3, byte_fallback=True,
+        # The default NFKC normalizer collapses runs of spaces and newlines,
+        # which would erase the indentation of source code: keep text as is.
+        normalization_rule_name="identity", remove_extra_whitespaces=False,
     )
     return model_prefix + ".model"
 

@@ -1,0 +1,62 @@
+"""The optional sentencepiece tokenizer (``pip install sentencepiece``): trained
+on a local corpus, it keeps pad/bos/eos at 0/1/2, round-trips source code
+exactly (indentation, blank lines, non-ASCII via byte fallback), and feeds
+the LM pipeline. Skipped when sentencepiece is not installed."""
+
+import numpy as np
+import pytest
+
+from attnlab.config import DataConfig, ModelConfig
+from attnlab.data import pipeline
+
+spm = pytest.importorskip("sentencepiece")
+
+VOCAB = 320
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  root = tmp_path_factory.mktemp("spm")
+  files = []
+  for k in range(2):
+    path = root / f"mod{k}.py"
+    path.write_text("".join(f"def function_{i}(x, y):\n    if x:\n        return x * {i} + y\n\n"
+                            for i in range(150 * k, 150 * (k + 1))))
+    files.append(str(path))
+  from attnlab.data.tokenizer import SentencePieceTokenizer
+
+  model = SentencePieceTokenizer.train(files, str(root / "spm"), vocab_size=VOCAB)
+  return files, model
+
+
+def test_special_ids_and_exact_round_trip(corpus):
+  from attnlab.data.tokenizer import SentencePieceTokenizer
+
+  _, model = corpus
+  tok = pipeline.make_tokenizer("sentencepiece", model)
+  assert isinstance(tok, SentencePieceTokenizer) and tok.vocab_size == VOCAB
+  proc = spm.SentencePieceProcessor(model_file=model)
+  assert [proc.id_to_piece(i) for i in (tok.pad_id, tok.bos_id, tok.eos_id)] == [
+      "<pad>", "<s>", "</s>"]
+  text = "def f(a):\n\n    if a:\n        return  a  # déjà ✓\n"
+  ids = tok.encode(text)
+  assert ids.dtype == np.int32 and ids.min() > tok.eos_id and ids.max() < VOCAB
+  assert tok.decode(ids) == text
+  # Specials and padding around the ids are dropped.
+  assert tok.decode(np.concatenate([[1], ids, [2, 0, 0]])) == text
+  # Subword pieces: fewer tokens than bytes on text like the corpus.
+  assert len(tok.encode("def function_7(x, y):\n")) < len(b"def function_7(x, y):\n")
+
+
+def test_lm_pipeline_with_sentencepiece(corpus):
+  files, model = corpus
+  dcfg = DataConfig(task="lm", paths=tuple(files), seq_len=32, batch_size=2,
+                    tokenizer="sentencepiece", tokenizer_model=model)
+  with pytest.raises(ValueError, match=f"smaller than the tokenizer's {VOCAB}"):
+    pipeline.build_sources(dcfg, ModelConfig())  # the byte vocabulary, 259
+  sources, tok = pipeline.build_sources(dcfg, ModelConfig(vocab_size=VOCAB))
+  batch = next(pipeline.train_iterator(sources, dcfg))
+  assert batch["tokens_BT"].shape == (2, 32)
+  assert batch["tokens_BT"].max() < VOCAB
+  np.testing.assert_array_equal(batch["tokens_BT"][:, 1:], batch["targets_BT"][:, :-1])
+  assert "def function_" in tok.decode(batch["tokens_BT"][0])

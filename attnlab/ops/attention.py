@@ -234,20 +234,23 @@ def blocked_attention(
   predicate as the mask), so causal attention computes about half of [T, S]
   and a sliding window only a band. On XLA:CPU the smaller per-block einsums
   also avoid the transposes XLA inserts around one large masked [T, S]
-  product (about 3x faster forward + backward at T = 256 than "reference").
+  product. Each block is another einsum for XLA to compile, so blocks are
+  kept few: at T = 256 (two blocks) a 4-layer train step compiled as fast as
+  with "reference" and ran about 1.25x faster; with eight blocks it ran
+  faster still but compiled twice as long (tools/bench_train.py).
   The loop over blocks is unrolled at trace time, so ``q_offset`` must be a
   Python int.
 
   Args:
-    block_q: queries per block; default max(32, T / 16) (bounds the unrolled
-      program's size).
+    block_q: queries per block; default max(128, T / 16) (bounds the unrolled
+      program's size and its compile time).
   """
   if not isinstance(q_offset, int):
     raise ValueError(f"implementation='blocked' needs an int q_offset, got {type(q_offset)}")
   B, T, N, H = q_BTNH.shape
   S = k_BSKH.shape[1]
   if block_q is None:
-    block_q = max(32, -(-T // 16))
+    block_q = max(128, -(-T // 16))
   outs = []
   for q_lo in range(0, T, block_q):
     q_hi = min(q_lo + block_q, T)

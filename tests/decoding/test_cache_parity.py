@@ -104,6 +104,15 @@ def test_decoder_prefill_and_decode_equal_full_forward(name, kind):
   np.testing.assert_array_equal(cache_lib.cache_lengths(cache), [TOTAL, TOTAL])
 
 
+@pytest.mark.parametrize("kind", cache_lib.CACHE_KINDS)
+def test_chunked_attention_over_the_cache_equals_full_forward(kind):
+  """Any attention_impl but "reference" attends over the cache with "chunked"
+  (online softmax over key blocks), the path ``generate`` takes by default."""
+  name = "gqa_rope_window10"
+  got, _ = decoder_cached(name, kind, "chunked")
+  np.testing.assert_allclose(got, decoder_forward(name)(TOKENS), atol=1e-5, rtol=1e-5)
+
+
 def test_paged_decode_with_the_pallas_kernel_equals_full_forward(monkeypatch):
   """attention_impl="pallas": decode steps read the pages in place with
   ``paged_decode_attention`` (interpret mode on the CPU); GQA and a window

@@ -145,14 +145,16 @@ def test_bfloat16_cache_of_a_float32_model(kind):
   np.testing.assert_allclose(got, full, atol=2e-2 * np.abs(full).max(), rtol=0)
 
 
-ENCDEC_CASES = [("paper_gqa", "contiguous"), ("paper_gqa", "paged"), ("mqa_rope_window4", "ring")]
+# The last case attends over the caches (self and cross) with "chunked", the default.
+ENCDEC_CASES = [("paper_gqa", "contiguous", "reference"), ("paper_gqa", "paged", "reference"),
+                ("mqa_rope_window4", "ring", "reference"), ("paper_gqa", "contiguous", "chunked")]
 
 
-@pytest.mark.parametrize("name,kind", ENCDEC_CASES, ids=["-".join(c) for c in ENCDEC_CASES])
-def test_encoder_decoder_prefill_and_decode_equal_full_forward(name, kind):
+@pytest.mark.parametrize("name,kind,impl", ENCDEC_CASES, ids=["-".join(c) for c in ENCDEC_CASES])
+def test_encoder_decoder_prefill_and_decode_equal_full_forward(name, kind, impl):
   src_j = jnp.asarray(SRC)
   forward = lambda m, t, seg, c: m(src_j, t, tgt_segment_ids_BT=seg, cache=c)
-  got, _ = cached_logits(encdec_model(name), kind, TGT, LENGTHS, forward=forward)
+  got, _ = cached_logits(encdec_model(name, impl), kind, TGT, LENGTHS, forward=forward)
   np.testing.assert_allclose(got, encdec_forward(name)(SRC, TGT), atol=1e-5, rtol=1e-5)
 
 

@@ -49,8 +49,8 @@ def decoder_model(name, attention_impl="reference"):
 
 
 @functools.cache
-def encdec_model(name):
-  cfg = make_cfg("encoder_decoder", ENCDEC_CONFIGS[name])
+def encdec_model(name, attention_impl="reference"):
+  cfg = make_cfg("encoder_decoder", ENCDEC_CONFIGS[name], attention_impl)
   return attnlab.build_model(cfg, rngs=nnx.Rngs(1))
 
 

@@ -135,7 +135,7 @@ class Attention(nnx.Module):
       out_BTNH = self._attend(
           q_BTNH, cache.k_BSKH, cache.v_BSKH, causal=False, window=None,
           q_segment_ids=jnp.ones((B, T), jnp.int32), kv_segment_ids=cache.segment_ids_BS,
-          implementation=self._cached_implementation(T, cache.k_BSKH.shape[1]))
+          implementation=self._cached_implementation())
       return self.o_proj(out_BTNH), cache
     if positions_BT is None:
       positions_BT = cache.lengths_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
@@ -153,16 +153,15 @@ class Attention(nnx.Module):
       out_BTNH = self._attend(
           q_BTNH, k_BSKH, v_BSKH, causal=self.causal, window=self.window,
           q_positions=positions_BT, kv_positions=kv_positions_BS,
-          implementation=self._cached_implementation(T, k_BSKH.shape[1]))
+          implementation=self._cached_implementation())
     return self.o_proj(out_BTNH), cache
 
-  def _cached_implementation(self, q_len, kv_len):
+  def _cached_implementation(self):
     # Cache slots are not in position order (ring) or not all filled, so the
     # request needs explicit positions: only "reference" and "chunked" take them.
     # "chunked" even when the scores would fit: 240 decode steps at B=8 over a
     # 255-slot cache took 0.25-0.29 s with it, 0.40-0.48 s with "reference"
     # (XLA:CPU, the tools/bench_decode.py model), and the same time at B=1.
-    del q_len, kv_len
     return "reference" if self.implementation == "reference" else "chunked"
 
   def _attend(self, q_BTNH, k_BSKH, v_BSKH, implementation=None, **mask_kwargs):

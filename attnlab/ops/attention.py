@@ -266,7 +266,6 @@ def blocked_attention(
     q_hi = min(q_lo + block_q, T)
     k_lo, k_hi = masks.key_range(q_offset + q_lo, q_offset + q_hi, causal=causal, window=window,
                                  kv_len=S)
-    k_lo, k_hi = int(k_lo), int(k_hi)
     if k_hi <= k_lo:
       outs.append(jnp.zeros((B, q_hi - q_lo, N, H), q_BTNH.dtype))
       continue

@@ -14,10 +14,10 @@ import importlib
 import sys
 
 COMMANDS = {
-    "train": ("attnlab.training.commands", "train_main", "train a model from gin files"),
-    "eval": ("attnlab.training.commands", "eval_main", "evaluate a checkpoint"),
-    "decode": ("attnlab.decoding.commands", "decode_main", "generate from a checkpoint"),
-    "kv-size": ("attnlab.decoding.commands", "kv_size_main", "KV-cache bytes for a shape"),
+    "train": ("attnlab.commands.train", "train_main", "train a model from gin files"),
+    "eval": ("attnlab.commands.train", "eval_main", "evaluate a checkpoint"),
+    "decode": ("attnlab.commands.decode", "decode_main", "generate from a checkpoint"),
+    "kv-size": ("attnlab.commands.decode", "kv_size_main", "KV-cache bytes for a shape"),
 }
 
 

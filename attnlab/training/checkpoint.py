@@ -140,8 +140,8 @@ def load_checkpoint(workdir: str, step: int | None = None):
   """
   from flax import nnx
 
+  from attnlab import config_gin as gin_config
   from attnlab.nn.transformer import build_model
-  from attnlab.training import gin_config
 
   config_path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.isfile(config_path):

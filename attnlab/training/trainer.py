@@ -228,7 +228,7 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
 
 def evaluate_workdir(workdir: str, step: int | None = None) -> dict:
   """Validation metrics of a workdir's checkpoint (the config from config.gin)."""
-  from attnlab.training import gin_config
+  from attnlab import config_gin as gin_config
 
   path = os.path.join(workdir, "config.gin")
   if not os.path.isfile(path):

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from attnlab.training import gin_config, trainer
+from attnlab import config_gin as gin_config
+from attnlab.training import trainer
 
 # Four or more words per line: corpus BLEU needs 4-grams (with only 3-word
 # sentences it is 0 even for perfect output).

@@ -10,7 +10,7 @@ from flax import nnx
 
 import attnlab
 from attnlab import cli
-from attnlab.training import gin_config
+from attnlab import config_gin as gin_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GIN_FILES = sorted(glob.glob(os.path.join(REPO, "configs", "**", "*.gin"), recursive=True))

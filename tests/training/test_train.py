@@ -16,7 +16,8 @@ import pytest
 
 import attnlab
 from attnlab import cli
-from attnlab.training import gin_config, trainer
+from attnlab import config_gin as gin_config
+from attnlab.training import trainer
 from attnlab.training.checkpoint import Checkpointer
 from attnlab.training.metrics import read_metrics
 
@@ -166,7 +167,7 @@ def test_eval_command_and_load_checkpoint_errors(reference_run, tmp_path, capsys
 
 
 def test_compilation_cache_flag_sets_the_jax_option(tmp_path, monkeypatch):
-  from attnlab.training import commands
+  from attnlab.commands import train as commands
   calls = []
   monkeypatch.setattr(jax.config, "update", lambda name, value: calls.append((name, value)))
   commands.use_compilation_cache(None)

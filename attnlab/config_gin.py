@@ -1,6 +1,6 @@
 """gin at the edge: the config dataclasses as gin configurables.
 
-Only this module (and training/commands.py) imports gin. A config file binds
+Only this module (and attnlab/commands/) imports gin. A config file binds
 ``ModelConfig.*``, ``DataConfig.*`` and ``TrainConfig.*``; the command line
 adds ``--gin.NAME=VALUE`` bindings, which are applied after the files and so
 win. The operative config written to ``workdir/config.gin`` lists every field
@@ -20,8 +20,8 @@ import gin
 from attnlab.config import DataConfig, ModelConfig, TrainConfig
 
 CONFIG_CLASSES = (ModelConfig, DataConfig, TrainConfig)
-CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "configs")
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "configs")
 
 _configurables = {}
 

@@ -152,8 +152,8 @@ def _tokenizer(workdir: str):
   """The tokenizer the run trained with (byte-level unless config.gin says otherwise)."""
   import os
 
+  from attnlab import config_gin as gin_config
   from attnlab.data.tokenizer import make_tokenizer
-  from attnlab.training import gin_config
 
   _, data_cfg, _ = gin_config.read_workdir_config(os.path.join(workdir, "config.gin"))
   return make_tokenizer(data_cfg.tokenizer, data_cfg.tokenizer_model)

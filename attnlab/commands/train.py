@@ -86,7 +86,7 @@ def train_main(argv: list[str]) -> int:
   if not args.gin_file:
     raise CommandError("at least one --gin_file is needed")
 
-  from attnlab.training import gin_config
+  from attnlab import config_gin as gin_config
 
   try:
     mcfg, dcfg, tcfg = gin_config.parse(args.gin_file, bindings)

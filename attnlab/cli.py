@@ -1,11 +1,12 @@
 """The ``attnlab`` command line: ``attnlab COMMAND [flags]``.
 
-Each command lives next to the code it drives (training/commands.py,
-decoding/commands.py); this module only dispatches, so ``attnlab kv-size``
-does not import orbax and ``attnlab --help`` imports nothing heavy.
+Each command is a module of attnlab/commands/ with a ``main(argv) -> int``;
+this module only dispatches (one line per command below), importing nothing
+but the command that runs, so ``attnlab --help`` is instant.
 
-A command signals bad input by raising ``CommandError``: one line on stderr
-naming what is wrong, exit code 2.
+A command signals bad input by raising ``CommandError``
+(attnlab/commands/_common.py): one line on stderr naming what is wrong, exit
+code 2.
 """
 
 from __future__ import annotations
@@ -13,21 +14,18 @@ from __future__ import annotations
 import importlib
 import sys
 
+# name -> (module in attnlab/commands/, one-line help)
 COMMANDS = {
-    "train": ("attnlab.commands.train", "train_main", "train a model from gin files"),
-    "eval": ("attnlab.commands.train", "eval_main", "evaluate a checkpoint"),
-    "decode": ("attnlab.commands.decode", "decode_main", "generate from a checkpoint"),
-    "kv-size": ("attnlab.commands.decode", "kv_size_main", "KV-cache bytes for a shape"),
+    "train": ("train", "train a model from gin files"),
+    "eval": ("eval", "evaluate a checkpoint"),
+    "decode": ("decode", "generate from a checkpoint"),
+    "kv-size": ("kv_size", "KV-cache bytes for a shape"),
 }
-
-
-class CommandError(Exception):
-  """Bad input to a command: printed as one line, exit code 2."""
 
 
 def usage() -> str:
   lines = ["usage: attnlab COMMAND [flags]   (attnlab COMMAND --help for its flags)", ""]
-  lines += [f"  {name:<8} {help_}" for name, (_, _, help_) in COMMANDS.items()]
+  lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
   return "\n".join(lines)
 
 
@@ -40,14 +38,13 @@ def main(argv: list[str] | None = None) -> int:
   if name not in COMMANDS:
     print(f"attnlab: unknown command {name!r}\n{usage()}", file=sys.stderr)
     return 2
-  module_name, fn_name, _ = COMMANDS[name]
-  fn = getattr(importlib.import_module(module_name), fn_name)
-  # Under `python -m attnlab.cli` this module is `__main__`; commands raise
-  # the class of the importable `attnlab.cli`, so catch that one.
-  command_error = importlib.import_module("attnlab.cli").CommandError
+  module = importlib.import_module(f"attnlab.commands.{COMMANDS[name][0]}")
+  # Imported here, not at the top: _common loads jax and gin, and --help needs neither.
+  from attnlab.commands._common import CommandError
+
   try:
-    return int(fn(rest) or 0)
-  except command_error as e:
+    return int(module.main(rest) or 0)
+  except CommandError as e:
     print(f"attnlab {name}: error: {e}", file=sys.stderr)
     return 2
 

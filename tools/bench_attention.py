@@ -25,15 +25,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
+import _bench  # first: puts the checkout on sys.path
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout
-
-from attnlab.ops import attention as attention_ops  # noqa: E402
-from attnlab.ops import decode  # noqa: E402
+import attnlab
+from attnlab.ops import decode
 
 
 def _qkv(B, T, N, K, H, dtype, seed=0):
@@ -45,7 +43,7 @@ def _qkv(B, T, N, K, H, dtype, seed=0):
 
 
 def _attend(impl, **kw):
-  return lambda q, k, v: attention_ops.attention(q, k, v, implementation=impl, **kw)
+  return lambda q, k, v: attnlab.attention(q, k, v, implementation=impl, **kw)
 
 
 def _fwd_bwd(fn):
@@ -64,18 +62,9 @@ def _temp_bytes(fn, *args):
 
 
 def _time(fn, *args, iters):
-  """Best wall time of a compiled call over ``iters``, after one warm-up.
-
-  The minimum, not the median: on a shared machine the noise is one-sided.
-  """
-  fn = jax.jit(fn)
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(iters):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return min(times)
+  """Best wall time of the jitted ``fn(*args)`` over ``iters`` calls, after a warm-up."""
+  jitted = jax.jit(fn)
+  return _bench.best_of(lambda: jitted(*args), iters)
 
 
 class _Table:
@@ -173,7 +162,7 @@ def gpu_decode(args):
         ("decode", decode.decode_attention, (q, k, v, lengths)),
         ("paged decode", decode.paged_decode_attention,
          (q, k_pages, v_pages, page_table_BM, lengths)),
-        ("xla", lambda q, k, v, l: attention_ops.attention(
+        ("xla", lambda q, k, v, l: attnlab.attention(
             q, k, v, causal=True, q_offset=l - 1, implementation="xla"), (q, k, v, lengths)),
     ]
     for name, fn, fargs in cases:

@@ -1,7 +1,7 @@
 """Decoding speed: cached decode vs recompute-everything, and vs transformers.
 
-Config: 4 layers, d_model 256, 8 heads / 2 KV heads, head dim 32, SwiGLU 688,
-vocab 259, float32; prompt 16, 240 new tokens, greedy. Measured in one run:
+Config: ``_bench.MODEL`` (4 layers, d_model 256, 8 heads / 2 KV heads, head
+dim 32, SwiGLU 688, vocab 259), float32; prompt 16, 240 new tokens, greedy. Measured in one run:
 
   * cached ``attnlab.generate`` vs a loop that recomputes the full forward
     pass (the same model call) for every token, at B=1 and B=8;
@@ -24,59 +24,27 @@ small N cuts the benchmark from ~8 minutes to ~1 on two cores.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
-import time
 
-CFG = dict(layers=4, d_model=256, heads=8, kv_heads=2, head_dim=32, d_ff=688, vocab=259,
-           prompt=16, new=240)
+import _bench
+
+PROMPT, NEW = 16, 240
+MAX_LEN = 512
 
 
 def torch_worker():
-  """Reads a batch size per line; prints the seconds its greedy generate took."""
+  """Greedy ``generate`` of a batch of n prompts per stdin line (``_bench.serve_torch``)."""
   import torch
-  from transformers import LlamaConfig, LlamaForCausalLM
 
-  torch.manual_seed(0)
-  cfg = LlamaConfig(vocab_size=CFG["vocab"], hidden_size=CFG["d_model"],
-                    intermediate_size=CFG["d_ff"], num_hidden_layers=CFG["layers"],
-                    num_attention_heads=CFG["heads"], num_key_value_heads=CFG["kv_heads"],
-                    head_dim=CFG["head_dim"], max_position_embeddings=512,
-                    tie_word_embeddings=True)
-  model = LlamaForCausalLM(cfg).float().eval()
+  model = _bench.llama_model(max_positions=MAX_LEN).eval()
 
   def run(batch):
-    x = torch.randint(3, CFG["vocab"], (batch, CFG["prompt"]))
+    x = torch.randint(3, _bench.MODEL["vocab"], (batch, PROMPT))
     with torch.no_grad():
-      t0 = time.perf_counter()
-      model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=CFG["new"],
-                     min_new_tokens=CFG["new"], do_sample=False, pad_token_id=0)
-      return time.perf_counter() - t0
+      model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW,
+                     min_new_tokens=NEW, do_sample=False, pad_token_id=0)
 
   run(1)
-  print(json.dumps({"ready": True}), flush=True)
-  for line in sys.stdin:
-    print(json.dumps({"seconds": run(int(line))}), flush=True)
-
-
-def _compile_listener():
-  """Seconds per JAX compile stage (trace / lower / XLA compile), summed."""
-  import collections
-
-  import jax
-
-  seconds = collections.defaultdict(float)
-  names = {"jaxpr_trace_duration": "trace", "jaxpr_to_mlir_module_duration": "lower",
-           "backend_compile_duration": "compile"}
-
-  def listen(event, secs, **_):
-    name = names.get(event.rsplit("/", 1)[-1])
-    if name:
-      seconds[name] += secs
-
-  jax.monitoring.register_event_duration_secs_listener(listen)
-  return seconds
+  _bench.serve_torch(run)
 
 
 def attnlab_setup(recompute_tokens):
@@ -87,13 +55,10 @@ def attnlab_setup(recompute_tokens):
 
   import attnlab
 
-  cfg = attnlab.ModelConfig(vocab_size=CFG["vocab"], d_model=CFG["d_model"],
-                            num_layers=CFG["layers"], num_heads=CFG["heads"],
-                            num_kv_heads=CFG["kv_heads"], head_dim=CFG["head_dim"],
-                            d_ff=CFG["d_ff"], mlp="swiglu", max_len=512)
+  cfg = _bench.attnlab_config(max_len=MAX_LEN)
   model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(model)
-  P, N = CFG["prompt"], CFG["new"]
+  P, N = PROMPT, NEW
   R = min(recompute_tokens or N, N)  # recompute steps timed; the buffer stays P + N wide
 
   @jax.jit
@@ -110,28 +75,19 @@ def attnlab_setup(recompute_tokens):
 
     return jax.lax.fori_loop(0, R, body, buf)[:, P:P + R]
 
-  prompts = {b: np.asarray(jax.random.randint(jax.random.key(b), (b, P), 3, CFG["vocab"]))
+  prompts = {b: np.asarray(jax.random.randint(jax.random.key(b), (b, P), 3, cfg.vocab_size))
              for b in (1, 8)}
-  stages = _compile_listener()
-  t0 = time.perf_counter()
-  attnlab.generate(model, prompts[1], max_new_tokens=N, eos_id=None).block_until_ready()
-  first_s = time.perf_counter() - t0
-  first = dict(stages, total=first_s)
-  t0 = time.perf_counter()
-  attnlab.generate(model, prompts[1], max_new_tokens=N, eos_id=None).block_until_ready()
-  first["run"] = time.perf_counter() - t0
-
-  def timed(fn):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - t0
 
   def cached(b):
-    return timed(lambda: attnlab.generate(model, prompts[b], max_new_tokens=N, eos_id=None))
+    return _bench.wall(lambda: attnlab.generate(model, prompts[b], max_new_tokens=N,
+                                                eos_id=None))
 
   def full(b):
-    return timed(lambda: recompute(jnp.asarray(prompts[b])))
+    return _bench.wall(lambda: recompute(jnp.asarray(prompts[b])))
 
+  with _bench.compile_stages() as first:
+    cached(1)
+  first["compiled_run"] = cached(1)
   for b in (1, 8):  # compile everything outside the timed rounds
     cached(b), full(b)
   check = np.asarray(attnlab.generate(model, prompts[8], max_new_tokens=N, eos_id=None))[:, :R]
@@ -149,19 +105,7 @@ def main():
   args = parser.parse_args()
   if args.torch_worker:
     return torch_worker()
-  worker = None
-  python = args.torch_python
-  if python is None:
-    try:
-      import torch  # noqa: F401
-      import transformers  # noqa: F401
-      python = sys.executable
-    except ImportError:
-      print("torch / transformers not found: attnlab only (--torch_python PATH to compare)")
-  if python:
-    worker = subprocess.Popen([python, __file__, "--torch_worker"], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    worker.stdout.readline()
+  worker = _bench.start_torch_worker(__file__, args.torch_python)
   cfg, cached, full, first, agree, R = attnlab_setup(args.recompute_tokens)
   times = {(kind, b): [] for kind in ("cached", "full", "torch") for b in (1, 8)}
   for _ in range(args.rounds):
@@ -169,19 +113,15 @@ def main():
       times["cached", b].append(cached(b))
       times["full", b].append(full(b))
       if worker:
-        worker.stdin.write(f"{b}\n")
-        worker.stdin.flush()
-        times["torch", b].append(json.loads(worker.stdout.readline())["seconds"])
+        times["torch", b].append(worker.seconds(b))
   if worker:
-    worker.stdin.close()
-    worker.wait()
+    worker.close()
   best = {k: min(v) for k, v in times.items() if v}
-  n = CFG["new"]
-  print(f"config: {CFG}, float32, greedy; best of {args.rounds} rounds; "
-        f"recompute baseline timed on {R} tokens")
-  print(f"first generate call (B=1): {first['total']:.2f} s = trace {first.get('trace', 0):.2f}"
-        f" + lower {first.get('lower', 0):.2f} + XLA compile {first.get('compile', 0):.2f} + "
-        f"run and Python (the compiled call alone: {first['run']:.2f} s)")
+  n = NEW
+  print(f"config: {_bench.MODEL}, prompt {PROMPT}, {NEW} new tokens, float32, greedy; "
+        f"best of {args.rounds} rounds; recompute baseline timed on {R} tokens")
+  print(f"first generate call (B=1): {_bench.stages_line(first)} "
+        f"(the compiled call alone: {first['compiled_run']:.2f} s)")
   print(f"cached == recompute tokens (B=8, first {R}): {agree:.1%}")
   print(f"{'B':>3} {'cached tok/s':>13} {'recompute tok/s':>16} {'ratio':>7}"
         + (f" {'torch HF tok/s':>15} {'vs HF':>7}" if worker else ""))

@@ -1,85 +1,49 @@
-"""``attnlab decode`` and ``attnlab kv-size``.
+"""``attnlab decode``: generate from a training checkpoint.
 
 ``attnlab decode --workdir DIR (--prompt TEXT | --prompts_file F) [...]``
 restores a training checkpoint (``attnlab.load_checkpoint``) and prints one
-completion per prompt. ``attnlab kv-size --layers L --seq S --kv_heads K
---head_dim H --dtype D [--batch B]`` prints the K/V cache size
-2 * B * L * S * K * H * bytes (32 layers, 8192 tokens, 8 KV heads, head dim
-128, bfloat16 -> "1.00 GiB").
+completion per prompt. Every flag's default is the ``DecodeConfig`` field of
+the same name (attnlab/config.py), the one place decoding defaults live.
 """
 
 from __future__ import annotations
 
-import argparse
+import os
 import sys
 
-from attnlab.cli import CommandError
+import jax
+import numpy as np
 
-ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1}
-
-
-class _Parser(argparse.ArgumentParser):
-  """argparse that raises ``CommandError`` (one line, exit 2) instead of exiting."""
-
-  def error(self, message):
-    raise CommandError(message)
-
-
-def format_bytes(n: float) -> str:
-  """Binary units with two decimals: 1073741824 -> "1.00 GiB"."""
-  for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-    if n < 1024 or unit == "TiB":
-      return f"{n:.0f} B" if unit == "B" else f"{n:.2f} {unit}"
-    n /= 1024
-  raise AssertionError("unreachable")
-
-
-def kv_cache_bytes(*, layers: int, seq: int, kv_heads: int, head_dim: int, dtype: str,
-                   batch: int = 1) -> int:
-  """Bytes of a K/V cache: 2 (K and V) * B * L * S * K * H * itemsize."""
-  return 2 * batch * layers * seq * kv_heads * head_dim * ITEMSIZE[dtype]
-
-
-def kv_size_main(argv: list[str]) -> int:
-  p = _Parser(prog="attnlab kv-size", description="K/V cache size of a model shape.")
-  for name in ("layers", "seq", "kv_heads", "head_dim"):
-    p.add_argument(f"--{name}", type=int, required=True)
-  p.add_argument("--dtype", choices=sorted(ITEMSIZE), default="bfloat16")
-  p.add_argument("--batch", type=int, default=1)
-  args = p.parse_args(argv)
-  for name in ("layers", "seq", "kv_heads", "head_dim", "batch"):
-    if getattr(args, name) < 1:
-      raise CommandError(f"--{name}={getattr(args, name)} must be a positive integer")
-  total = kv_cache_bytes(layers=args.layers, seq=args.seq, kv_heads=args.kv_heads,
-                         head_dim=args.head_dim, dtype=args.dtype, batch=args.batch)
-  per_token = total // (args.batch * args.seq)
-  print(f"{format_bytes(total)} ({total} bytes; {per_token} bytes per token; "
-        f"batch {args.batch} x {args.seq} tokens)")
-  return 0
+from attnlab import config_gin
+from attnlab.commands._common import CommandError, CommandParser
+from attnlab.config import CACHES, DecodeConfig
+from attnlab.data.tokenizer import make_tokenizer
+from attnlab.decoding.generate import generate
+from attnlab.decoding.sampling import Sampling
+from attnlab.training.checkpoint import load_checkpoint
 
 
 def _decode_parser():
-  p = _Parser(prog="attnlab decode", description="Generate from a training checkpoint.")
+  d = DecodeConfig()
+  p = CommandParser(prog="attnlab decode", description="Generate from a training checkpoint.")
   p.add_argument("--workdir", required=True, help="training workdir (config.gin + checkpoints)")
   p.add_argument("--step", type=int, default=None, help="checkpoint step; default the latest")
   src = p.add_mutually_exclusive_group(required=True)
   src.add_argument("--prompt", help="one prompt (the source of an encoder-decoder)")
   src.add_argument("--prompts_file", help="a file with one prompt per line")
-  p.add_argument("--cache", default="contiguous", help="contiguous | ring | paged")
-  p.add_argument("--temperature", type=float, default=0.0)
-  p.add_argument("--top_k", type=int, default=None)
-  p.add_argument("--top_p", type=float, default=None)
-  p.add_argument("--beam_size", type=int, default=1)
-  p.add_argument("--length_penalty", type=float, default=0.6)
-  p.add_argument("--max_new_tokens", type=int, default=64)
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--cache", default=d.cache, help=" | ".join(CACHES))
+  p.add_argument("--temperature", type=float, default=d.temperature)
+  p.add_argument("--top_k", type=int, default=d.top_k)
+  p.add_argument("--top_p", type=float, default=d.top_p)
+  p.add_argument("--beam_size", type=int, default=d.beam_size)
+  p.add_argument("--length_penalty", type=float, default=d.length_penalty)
+  p.add_argument("--max_new_tokens", type=int, default=d.max_new_tokens)
+  p.add_argument("--seed", type=int, default=d.seed)
   return p
 
 
-def decode_main(argv: list[str]) -> int:
+def main(argv: list[str]) -> int:
   args = _decode_parser().parse_args(argv)
-  from attnlab.config import DecodeConfig
-
   try:
     dcfg = DecodeConfig(max_new_tokens=args.max_new_tokens, cache=args.cache,
                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -89,15 +53,8 @@ def decode_main(argv: list[str]) -> int:
     raise CommandError(str(e)) from None
   prompts = _read_prompts(args)
 
-  import jax
-  import numpy as np
-
-  import attnlab
-  from attnlab.data.tokenizer import BOS_ID, EOS_ID
-  from attnlab.decoding.sampling import Sampling
-
   try:
-    model, cfg = attnlab.load_checkpoint(args.workdir, step=args.step)
+    model, cfg = load_checkpoint(args.workdir, step=args.step)
   except (FileNotFoundError, ValueError) as e:
     raise CommandError(str(e)) from None
   tokenizer = _tokenizer(args.workdir)
@@ -107,8 +64,10 @@ def decode_main(argv: list[str]) -> int:
   for b, x in enumerate(ids):
     prompt_BT[b, : len(x)] = x
   lengths_B = np.array([len(x) for x in ids], np.int32)
-  kwargs = dict(max_new_tokens=dcfg.max_new_tokens, cache=dcfg.cache, eos_id=EOS_ID,
-                bos_id=BOS_ID, rng=jax.random.key(dcfg.seed),
+  # The special ids are the tokenizer's, whatever DecodeConfig says.
+  kwargs = dict(max_new_tokens=dcfg.max_new_tokens, cache=dcfg.cache, eos_id=tokenizer.eos_id,
+                bos_id=tokenizer.bos_id, page_size=dcfg.page_size, num_pages=dcfg.num_pages,
+                rng=jax.random.key(dcfg.seed),
                 sampling=Sampling(temperature=dcfg.temperature, top_k=dcfg.top_k,
                                   top_p=dcfg.top_p))
   if cfg.arch == "encoder_decoder":
@@ -122,8 +81,8 @@ def decode_main(argv: list[str]) -> int:
       raise CommandError(f"prompt {int(np.argmax(lengths_B == 0)) + 1} is empty")
     kwargs.update(prompt_lengths_B=lengths_B)
   try:
-    out_BL = np.asarray(attnlab.generate(model, prompt_BT, **kwargs))
-  except (ValueError, RuntimeError) as e:
+    out_BL = np.asarray(generate(model, prompt_BT, **kwargs))
+  except ValueError as e:  # generate's input checks; anything else is a bug: let it show
     raise CommandError(str(e)) from None
   for prompt, row in zip(prompts, out_BL):
     text = tokenizer.decode(row)
@@ -150,10 +109,5 @@ def _read_prompts(args) -> list[str]:
 
 def _tokenizer(workdir: str):
   """The tokenizer the run trained with (byte-level unless config.gin says otherwise)."""
-  import os
-
-  from attnlab import config_gin as gin_config
-  from attnlab.data.tokenizer import make_tokenizer
-
-  _, data_cfg, _ = gin_config.read_workdir_config(os.path.join(workdir, "config.gin"))
+  _, data_cfg, _ = config_gin.read_workdir_config(os.path.join(workdir, "config.gin"))
   return make_tokenizer(data_cfg.tokenizer, data_cfg.tokenizer_model)

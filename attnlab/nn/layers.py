@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from attnlab.nn.partitioning import logical_constraint
+
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -136,13 +138,21 @@ class Embedder(nnx.Module):
                            param_dtype)
 
   def encode(self, tokens_BT):
-    x_BTD = jnp.take(self.embed_tokens[...], tokens_BT, axis=0).astype(self.dtype)
+    # A gather cannot move rows of a table whose embed dimension is sharded
+    # (fsdp) to batch-sharded outputs: the partitioner would replicate the
+    # output and split it again. Gather from the whole rows (the all-gather
+    # FSDP does for every weight anyway) into batch-sharded activations.
+    w_VD = logical_constraint(self.embed_tokens[...], ("vocab", None))
+    x_BTD = jnp.take(w_VD, tokens_BT, axis=0).astype(self.dtype)
+    x_BTD = logical_constraint(x_BTD, ("batch", "length", "embed"))
     return x_BTD * self.scale if self.scale != 1.0 else x_BTD
 
   def decode(self, x_BTD):
     """Logits [B, T, V] in float32."""
     if self.tied:
       w_VD = self.embed_tokens[...].astype(self.dtype)
-      return jnp.einsum("BTD,VD->BTV", x_BTD, w_VD, preferred_element_type=jnp.float32)
-    w_DV = self.lm_head[...].astype(self.dtype)
-    return jnp.einsum("BTD,DV->BTV", x_BTD, w_DV, preferred_element_type=jnp.float32)
+      logits_BTV = jnp.einsum("BTD,VD->BTV", x_BTD, w_VD, preferred_element_type=jnp.float32)
+    else:
+      w_DV = self.lm_head[...].astype(self.dtype)
+      logits_BTV = jnp.einsum("BTD,DV->BTV", x_BTD, w_DV, preferred_element_type=jnp.float32)
+    return logical_constraint(logits_BTV, ("batch", "length", "vocab"))

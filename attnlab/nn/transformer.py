@@ -16,6 +16,7 @@ from attnlab.config import ModelConfig
 from attnlab.nn.attention import Attention
 from attnlab.nn.layers import Embedder, as_dtype, make_norm
 from attnlab.nn.mlp import MLP
+from attnlab.nn.partitioning import logical_constraint
 from attnlab.nn.positions import LearnedPositions, sinusoidal_positions
 
 
@@ -143,6 +144,7 @@ class Stack(nnx.Module):
             block, x_BTD, positions_BT, segment_ids_BT, context_BSD, context_segment_ids_BS)
       else:
         x_BTD = block(x_BTD, positions_BT, segment_ids_BT, context_BSD, context_segment_ids_BS)
+      x_BTD = logical_constraint(x_BTD, ("batch", "length", "embed"))
     return x_BTD if self.norm is None else self.norm(x_BTD)
 
 

@@ -135,3 +135,9 @@ def initialize_distributed(coordinator_address: str | None = None,
   jax.distributed.initialize(coordinator_address=coordinator_address,
                              num_processes=num_processes, process_id=process_id)
   return True
+
+
+def activation_resolver(mesh: Mesh):
+  """``(logical axes, shape) -> NamedSharding`` on ``mesh`` by ``RULES``, for
+  ``nn.partitioning.activation_sharding``."""
+  return lambda axes, shape: NamedSharding(mesh, logical_to_spec(axes, shape, mesh))

@@ -16,6 +16,7 @@ import optax
 from flax import nnx
 
 from attnlab.config import ModelConfig, TrainConfig
+from attnlab.nn.partitioning import activation_sharding
 from attnlab.nn.transformer import build_model
 from attnlab.training import sharding as shd
 from attnlab.training.optim import cross_entropy, make_optimizer
@@ -103,7 +104,8 @@ def make_train_step(setup: TrainSetup, tcfg: TrainConfig):
 
   def loss_fn(params, batch, key):
     model = nnx.merge(graphdef, params, with_dropout_key(rest, key))
-    logits_BTV = model_logits(model, batch)
+    with activation_sharding(shd.activation_resolver(setup.mesh)):
+      logits_BTV = model_logits(model, batch)
     loss_sum, nll_sum, weight = cross_entropy(logits_BTV, batch["targets_BT"],
                                               batch["loss_mask_BT"], smoothing)
     return loss_sum, (nll_sum, weight)
@@ -157,7 +159,8 @@ def make_eval_step(setup: TrainSetup):
   def step(params, batch):
     model = nnx.merge(setup.graphdef, params, setup.rest)
     model.eval()
-    logits_BTV = model_logits(model, batch)
+    with activation_sharding(shd.activation_resolver(setup.mesh)):
+      logits_BTV = model_logits(model, batch)
     _, nll_sum, weight = cross_entropy(logits_BTV, batch["targets_BT"], batch["loss_mask_BT"])
     return nll_sum, weight
 

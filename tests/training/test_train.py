@@ -167,7 +167,7 @@ def test_eval_command_and_load_checkpoint_errors(reference_run, tmp_path, capsys
 
 
 def test_compilation_cache_flag_sets_the_jax_option(tmp_path, monkeypatch):
-  from attnlab.commands import train as commands
+  from attnlab.commands import _common as commands
   calls = []
   monkeypatch.setattr(jax.config, "update", lambda name, value: calls.append((name, value)))
   commands.use_compilation_cache(None)

@@ -1,0 +1,75 @@
+"""What every command shares: ``CommandError``, the parser, gin flags, the XLA cache flag.
+
+A command signals bad input by raising ``CommandError``: attnlab/cli.py
+prints it as one line on stderr and exits 2, before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import jax
+
+from attnlab import config_gin
+from attnlab.config import DataConfig, ModelConfig, TrainConfig
+
+
+class CommandError(Exception):
+  """Bad input to a command: printed as one line, exit code 2."""
+
+
+class CommandParser(argparse.ArgumentParser):
+  """argparse that raises ``CommandError`` (one line, exit 2) instead of exiting."""
+
+  def error(self, message):
+    raise CommandError(message)
+
+
+def split_gin_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+  """(``--gin.NAME=VALUE`` bindings as "NAME = VALUE", the other args)."""
+  bindings, rest = [], []
+  it = iter(argv)
+  for arg in it:
+    if arg.startswith("--gin."):
+      body = arg[len("--gin."):]
+      if "=" not in body:
+        value = next(it, None)
+        if value is None:
+          raise CommandError(f"{arg} needs a value: --gin.NAME=VALUE")
+        body = f"{body}={value}"
+      name, value = body.split("=", 1)
+      bindings.append(f"{name} = {value}")
+    else:
+      rest.append(arg)
+  return bindings, rest
+
+
+def parse_gin(gin_files: list[str], bindings: list[str]) -> tuple[ModelConfig, DataConfig,
+                                                                   TrainConfig]:
+  """The three configs of ``--gin_file`` files and ``--gin.`` bindings; bad ones: CommandError."""
+  if not gin_files:
+    raise CommandError("at least one --gin_file is needed")
+  try:
+    return config_gin.parse(gin_files, bindings)
+  except config_gin.GinConfigError as e:
+    raise CommandError(str(e)) from None
+
+
+def add_cache_flag(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--compilation_cache", default=None, metavar="DIR",
+                 help="persistent XLA compilation cache (e.g. WORKDIR/xla_cache): a rerun or "
+                      "resume of the same config skips compiling (or $JAX_COMPILATION_CACHE_DIR)")
+
+
+def use_compilation_cache(path: str | None) -> None:
+  """Point JAX's persistent compilation cache at ``path`` (None: leave as is).
+
+  Must run before the first compilation. Only programs that took at least
+  ``jax_persistent_cache_min_compile_time_secs`` (default 1 s) to compile are
+  stored: the train / eval steps and generation, not the small eager ops.
+  """
+  if not path:
+    return
+  os.makedirs(path, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", os.path.abspath(path))

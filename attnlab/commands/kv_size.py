@@ -1,0 +1,45 @@
+"""``attnlab kv-size``: the K/V cache size of a model shape.
+
+``attnlab kv-size --layers L --seq S --kv_heads K --head_dim H --dtype D
+[--batch B]`` prints 2 * B * L * S * K * H * bytes (32 layers, 8192 tokens,
+8 KV heads, head dim 128, bfloat16 -> "1.00 GiB").
+"""
+
+from __future__ import annotations
+
+from attnlab.commands._common import CommandError, CommandParser
+
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1}
+
+
+def format_bytes(n: float) -> str:
+  """Binary units with two decimals: 1073741824 -> "1.00 GiB"."""
+  for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+    if n < 1024 or unit == "TiB":
+      return f"{n:.0f} B" if unit == "B" else f"{n:.2f} {unit}"
+    n /= 1024
+  raise AssertionError("unreachable")
+
+
+def kv_cache_bytes(*, layers: int, seq: int, kv_heads: int, head_dim: int, dtype: str,
+                   batch: int = 1) -> int:
+  """Bytes of a K/V cache: 2 (K and V) * B * L * S * K * H * itemsize."""
+  return 2 * batch * layers * seq * kv_heads * head_dim * ITEMSIZE[dtype]
+
+
+def main(argv: list[str]) -> int:
+  p = CommandParser(prog="attnlab kv-size", description="K/V cache size of a model shape.")
+  for name in ("layers", "seq", "kv_heads", "head_dim"):
+    p.add_argument(f"--{name}", type=int, required=True)
+  p.add_argument("--dtype", choices=sorted(ITEMSIZE), default="bfloat16")
+  p.add_argument("--batch", type=int, default=1)
+  args = p.parse_args(argv)
+  for name in ("layers", "seq", "kv_heads", "head_dim", "batch"):
+    if getattr(args, name) < 1:
+      raise CommandError(f"--{name}={getattr(args, name)} must be a positive integer")
+  total = kv_cache_bytes(layers=args.layers, seq=args.seq, kv_heads=args.kv_heads,
+                         head_dim=args.head_dim, dtype=args.dtype, batch=args.batch)
+  per_token = total // (args.batch * args.seq)
+  print(f"{format_bytes(total)} ({total} bytes; {per_token} bytes per token; "
+        f"batch {args.batch} x {args.seq} tokens)")
+  return 0

@@ -1,0 +1,164 @@
+"""What the benchmarks share: the model, its transformers twin, the torch worker, timing.
+
+The model (``MODEL``) is a small Llama: 4 layers, d_model 256, 8 query heads
+sharing 2 KV heads of dim 32, SwiGLU 688, the byte vocabulary (259), float32.
+``attnlab_config`` builds it as a ``ModelConfig``; ``llama_config`` as
+transformers' ``LlamaConfig`` (the same shapes, tied embeddings).
+
+The torch side runs in a worker process: the benchmark script itself, started
+as ``PYTHON SCRIPT --torch_worker`` under ``--torch_python`` (a venv with torch
+and transformers) or, if this interpreter has both, under this one. The worker
+calls ``serve_torch(run)``: it prints one ready line, then for every integer
+read from stdin prints the seconds ``run(n)`` took. ``TorchWorker`` is the other
+end. Only the standard library is imported at the top: the worker's Python
+need not have jax or attnlab. Importing this module puts the checkout on
+``sys.path``, so the benchmarks run from a bare clone.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+
+# Run from a bare checkout too: the benchmarks import attnlab from this repository.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+  sys.path.insert(0, _REPO)
+
+MODEL = dict(layers=4, d_model=256, heads=8, kv_heads=2, head_dim=32, d_ff=688, vocab=259)
+
+
+def attnlab_config(**overrides):
+  """``MODEL`` as an ``attnlab.ModelConfig`` (float32, SwiGLU)."""
+  from attnlab.config import ModelConfig
+
+  kwargs = dict(vocab_size=MODEL["vocab"], d_model=MODEL["d_model"],
+                num_layers=MODEL["layers"], num_heads=MODEL["heads"],
+                num_kv_heads=MODEL["kv_heads"], head_dim=MODEL["head_dim"],
+                d_ff=MODEL["d_ff"], mlp="swiglu", dtype="float32")
+  kwargs.update(overrides)
+  return ModelConfig(**kwargs)
+
+
+def llama_config(max_positions: int):
+  """``MODEL`` as transformers' ``LlamaConfig`` (tied embeddings, like attnlab's default)."""
+  from transformers import LlamaConfig
+
+  return LlamaConfig(vocab_size=MODEL["vocab"], hidden_size=MODEL["d_model"],
+                     intermediate_size=MODEL["d_ff"], num_hidden_layers=MODEL["layers"],
+                     num_attention_heads=MODEL["heads"], num_key_value_heads=MODEL["kv_heads"],
+                     head_dim=MODEL["head_dim"], max_position_embeddings=max_positions,
+                     tie_word_embeddings=True)
+
+
+def llama_model(max_positions: int):
+  """A float32 ``LlamaForCausalLM`` of ``MODEL``, seeded (torch.manual_seed(0))."""
+  import torch
+  from transformers import LlamaForCausalLM
+
+  torch.manual_seed(0)
+  return LlamaForCausalLM(llama_config(max_positions)).float()
+
+
+def serve_torch(run, ready: dict | None = None) -> None:
+  """The worker's loop: a ready line, then the seconds of ``run(n)`` per stdin line."""
+  print(json.dumps({"ready": True, **(ready or {})}), flush=True)
+  for line in sys.stdin:
+    t0 = time.perf_counter()
+    run(int(line))
+    print(json.dumps({"seconds": time.perf_counter() - t0}), flush=True)
+
+
+class TorchWorker:
+  """The parent's end of ``serve_torch``: ``seconds(n)`` asks the worker to run ``n``."""
+
+  def __init__(self, script: str, python: str):
+    self._proc = subprocess.Popen([python, script, "--torch_worker"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+    self.ready = json.loads(self._proc.stdout.readline())  # its warm-up is done
+
+  def seconds(self, n: int) -> float:
+    self._proc.stdin.write(f"{n}\n")
+    self._proc.stdin.flush()
+    return json.loads(self._proc.stdout.readline())["seconds"]
+
+  def close(self) -> None:
+    self._proc.stdin.close()
+    self._proc.wait()
+
+
+def start_torch_worker(script: str, torch_python: str | None) -> TorchWorker | None:
+  """A worker under ``torch_python``, else this Python if it has torch + transformers."""
+  if torch_python is None:
+    try:
+      import torch  # noqa: F401
+      import transformers  # noqa: F401
+    except ImportError:
+      print("torch / transformers not found: measuring attnlab only "
+            "(--torch_python PATH to compare)")
+      return None
+    torch_python = sys.executable
+  return TorchWorker(script, torch_python)
+
+
+def wall(fn) -> float:
+  """Seconds of one call of ``fn``, until its (JAX) result is ready."""
+  import jax
+
+  t0 = time.perf_counter()
+  jax.block_until_ready(fn())
+  return time.perf_counter() - t0
+
+
+def best_of(fn, iters: int) -> float:
+  """Best wall time of ``fn()`` over ``iters`` calls, after one warm-up call.
+
+  The minimum, not the median: on a shared machine the noise is one-sided.
+  """
+  wall(fn)
+  return min(wall(fn) for _ in range(iters))
+
+
+_STAGE_EVENTS = {"jaxpr_trace_duration": "trace", "jaxpr_to_mlir_module_duration": "lower",
+                 "backend_compile_duration": "compile"}
+_stage_seconds = None
+
+
+@contextlib.contextmanager
+def compile_stages():
+  """Seconds per JAX compile stage of the calls inside the block, summed.
+
+  Yields a dict that holds, after the block, ``trace`` (Python -> jaxpr),
+  ``lower`` (-> StableHLO), ``compile`` (XLA, or a persistent-cache hit),
+  ``total`` (the block's wall time) and ``run`` (the rest: execution and Python).
+  """
+  global _stage_seconds
+  import jax
+
+  if _stage_seconds is None:  # a listener cannot be removed: register one, once
+    _stage_seconds = collections.defaultdict(float)
+
+    def listen(event, secs, **_):
+      name = _STAGE_EVENTS.get(event.rsplit("/", 1)[-1])
+      if name:
+        _stage_seconds[name] += secs
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+  _stage_seconds.clear()
+  out = {}
+  t0 = time.perf_counter()
+  yield out
+  out["total"] = time.perf_counter() - t0
+  out.update({name: _stage_seconds[name] for name in ("trace", "lower", "compile")})
+  out["run"] = out["total"] - out["trace"] - out["lower"] - out["compile"]
+
+
+def stages_line(stages: dict) -> str:
+  """"2.10 s = trace 0.40 + lower 0.10 + XLA compile 1.20 + run and Python 0.40"."""
+  return (f"{stages['total']:.2f} s = trace {stages['trace']:.2f} + lower {stages['lower']:.2f}"
+          f" + XLA compile {stages['compile']:.2f} + run and Python {stages['run']:.2f}")

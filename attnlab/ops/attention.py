@@ -128,6 +128,23 @@ def auto_implementation(q_len: int, kv_len: int, backend: str | None = None) -> 
   return "blocked" if q_len * kv_len <= 2048 * 2048 else "chunked"
 
 
+def cache_implementation(implementation: str, *, num_queries: int, paged: bool) -> str:
+  """The path a request against a KV cache takes, for a layer's ``implementation``.
+
+  Cache slots are not in position order (ring) or not all filled, so the
+  request needs explicit positions: only "reference" and "chunked" take them.
+  "chunked" even when the scores would fit: 240 decode steps at B=8 over a
+  255-slot cache took 0.25-0.29 s with it, 0.40-0.48 s with "reference"
+  (XLA:CPU, the tools/bench_decode.py model), and the same time at B=1.
+  One new query against a paged cache with "pallas" reads the pages in place
+  ("paged_decode": ``attnlab.ops.decode.paged_decode_attention``), with no
+  gather of the whole sequence.
+  """
+  if paged and implementation == "pallas" and num_queries == 1:
+    return "paged_decode"
+  return "reference" if implementation == "reference" else "chunked"
+
+
 def _blockable(causal, window, q_offset, q_positions, kv_positions) -> bool:
   """Whether "blocked" can help: a band to skip, and static key ranges."""
   return ((causal or window is not None) and isinstance(q_offset, int)

@@ -15,7 +15,7 @@ empty. Loop bounds come from ``masks.key_range``, so splits and tiles past
 the length or before the window are never read.
 
 ``paged_decode_attention`` reads the same cache through a page table (the
-layout of ``attnlab.decoding.cache.PagedKVCache``): pages [P, C, K, H] shared
+layout of ``attnlab.nn.kv_cache.PagedKVCache``): pages [P, C, K, H] shared
 by all sequences, ``page_table_BM[b, m]`` the id of the m-th page of
 sequence b. One page is one tile.
 

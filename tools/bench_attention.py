@@ -32,8 +32,8 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout
 
-from attnlab.ops import attention as attention_ops  # noqa: E402
-from attnlab.ops import decode  # noqa: E402
+from attnlab.ops import dispatch as attention_ops  # noqa: E402
+from attnlab.ops.pallas import decode  # noqa: E402
 
 
 def _qkv(B, T, N, K, H, dtype, seed=0):

@@ -1,6 +1,6 @@
 """The attention layer: projections, RoPE, the mask request, the output.
 
-The math of attention itself lives in ``attnlab.ops.attention``; this layer
+The math of attention itself lives in ``attnlab.ops`` (``dispatch.attention``); this layer
 owns the parameters (``q_proj`` [D, N, H], ``k_proj`` / ``v_proj`` [D, K, H],
 ``o_proj`` [N, H, D]) and decides what to ask the op for. MHA, GQA and MQA are
 the same code with K = N, 1 < K < N and K = 1.
@@ -14,7 +14,8 @@ from flax import nnx
 from attnlab.nn.kv_cache import CrossKVCache
 from attnlab.nn.layers import Einsum
 from attnlab.nn.positions import apply_rope
-from attnlab.ops.attention import attention, reference_attention
+from attnlab.ops.dispatch import attention
+from attnlab.ops.reference import reference_attention
 
 
 class Attention(nnx.Module):

@@ -13,7 +13,7 @@ their positions, which go to ``attnlab.attention`` as ``kv_positions``, so
 causality and sliding windows come from the same mask predicate as
 training (a negative position marks an empty slot); the paged cache can
 instead hand its pages to the Pallas paged-decode kernel, which reads them
-in place. ``attnlab.ops.attention.cache_implementation`` picks the path.
+in place. ``attnlab.ops.dispatch.cache_implementation`` picks the path.
 
 All caches track per-sequence lengths ``lengths_B``: sequence b's next token
 sits at position ``lengths_B[b]``. Prompts are therefore right-padded and
@@ -29,7 +29,7 @@ every sequence starts at position 0, exactly as if it were decoded alone.
     wrap-around.
   * ``PagedKVCache``: pages ``[P, C, K, H]`` shared by all sequences, a page
     table ``[B, M]`` (page id of the m-th page of sequence b, -1 = none) and
-    ``lengths_B``: the layout of ``attnlab.ops.decode.paged_decode_attention``.
+    ``lengths_B``: the layout of ``attnlab.ops.pallas.decode.paged_decode_attention``.
     Pages come from a ``attnlab.decoding.paging.PageAllocator`` free list as
     a sequence grows and go back when it finishes.
   * ``CrossKVCache``: the encoder-decoder's cross-attention K/V, computed once
@@ -45,8 +45,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from attnlab.nn.layers import as_dtype
-from attnlab.ops import decode as decode_kernels
-from attnlab.ops.attention import attention, cache_implementation, reference_attention
+from attnlab.ops.dispatch import attention, cache_implementation
+from attnlab.ops.pallas import decode as decode_kernels
+from attnlab.ops.reference import reference_attention
 
 CACHE_KINDS = ("contiguous", "ring", "paged")
 

@@ -14,7 +14,7 @@ import attnlab
 from attnlab.decoding.generate import _reserve
 from attnlab.decoding.paging import PageAllocator
 from attnlab.nn import kv_cache as cache_lib
-from attnlab.ops import decode as decode_ops
+from attnlab.ops.pallas import decode as decode_ops
 from tests.decoding.tiny_models import (
   DECODER_CONFIGS,
   SRC_SHAPE,

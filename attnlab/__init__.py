@@ -7,7 +7,7 @@ model-only use).
 
 from attnlab.config import ModelConfig
 from attnlab.nn.transformer import DecoderOnly, EncoderDecoder, build_model, count_params
-from attnlab.ops.attention import attention
+from attnlab.ops.dispatch import attention
 
 _LAZY = {
     "load_checkpoint": "attnlab.training.checkpoint",

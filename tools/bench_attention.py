@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 import attnlab
-from attnlab.ops import decode
+from attnlab.ops.pallas import decode
 
 
 def _qkv(B, T, N, K, H, dtype, seed=0):

@@ -13,7 +13,7 @@ status=0
 
 echo "== environment"
 timeout 30 "$PY" -c "import jax; print('jax', jax.__version__, jax.devices())" || exit 1
-timeout 30 "$PY" -c "import attnlab.ops.flash, attnlab.ops.decode" || exit 1
+timeout 30 "$PY" -c "import attnlab.ops.pallas.flash, attnlab.ops.pallas.decode" || exit 1
 
 echo "== gpu tests (<= 200 s)"
 timeout 200 "$PY" -m pytest -m gpu -p no:cacheprovider -q -rs \

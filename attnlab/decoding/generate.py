@@ -28,8 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attnlab.decoding import cache as cache_lib
+from attnlab.decoding.paging import PageAllocator
 from attnlab.decoding.sampling import Sampling, sample
+from attnlab.nn import kv_cache as cache_lib
 
 GREEDY = Sampling(temperature=0.0)
 
@@ -254,7 +255,7 @@ def _release(cache, alloc, finished_B):
 def _new_cache(cfg, kind, batch, cache_len, page_size, num_pages):
   cache = cache_lib.init_cache(cfg, kind, batch, cache_len, page_size=page_size,
                                num_pages=num_pages)
-  alloc = cache_lib.PageAllocator.init(num_pages) if kind == "paged" else None
+  alloc = PageAllocator.init(num_pages) if kind == "paged" else None
   return cache, alloc
 
 

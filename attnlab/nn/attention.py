@@ -1,6 +1,6 @@
 """The attention layer: projections, RoPE, the mask request, the output.
 
-The math of attention itself lives in ``attnlab.ops.attention``; this layer
+The math of attention itself lives in ``attnlab.ops`` (``dispatch.attention``); this layer
 owns the parameters (``q_proj`` [D, N, H], ``k_proj`` / ``v_proj`` [D, K, H],
 ``o_proj`` [N, H, D]) and decides what to ask the op for. MHA, GQA and MQA are
 the same code with K = N, 1 < K < N and K = 1.
@@ -11,9 +11,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
+from attnlab.nn.kv_cache import CrossKVCache
 from attnlab.nn.layers import Einsum
 from attnlab.nn.positions import apply_rope
-from attnlab.ops.attention import attention, reference_attention
+from attnlab.ops.dispatch import attention
+from attnlab.ops.reference import reference_attention
 
 
 class Attention(nnx.Module):
@@ -71,7 +73,7 @@ class Attention(nnx.Module):
         0 is padding.
       context_BSD: encoder output [B, S, D] for cross-attention.
       context_segment_ids_BS: segment ids of the context (0 = padding).
-      cache: decoding (``attnlab.decoding.cache``): a self-attention cache
+      cache: decoding (``attnlab.nn.kv_cache``): a self-attention cache
         (``KVCache`` / ``RingKVCache`` / ``PagedKVCache``) that the new K/V
         are appended to before the queries attend over it, or a
         ``CrossKVCache`` holding the projected context. With a cache,
@@ -120,62 +122,35 @@ class Attention(nnx.Module):
 
   def cross_kv(self, context_BSD, context_segment_ids_BS):
     """The cross-attention K/V of an encoder output, to compute once per source."""
-    from attnlab.decoding.cache import CrossKVCache
-
     return CrossKVCache(self.k_proj(context_BSD), self.v_proj(context_BSD),
                         context_segment_ids_BS.astype(jnp.int32))
 
   def _call_cached(self, x_BTD, positions_BT, segment_ids_BT, cache):
-    """Decoding: the same projections, RoPE and op, over cached keys/values."""
-    from attnlab.decoding.cache import CrossKVCache, PagedKVCache
-
+    """Decoding: the same projections and RoPE; the cache attends (``cache.attend``)."""
     B, T, _ = x_BTD.shape
+    dropout = self._dropout()
     if isinstance(cache, CrossKVCache):
-      q_BTNH = self.q_proj(x_BTD)
-      out_BTNH = self._attend(
-          q_BTNH, cache.k_BSKH, cache.v_BSKH, causal=False, window=None,
-          q_segment_ids=jnp.ones((B, T), jnp.int32), kv_segment_ids=cache.segment_ids_BS,
-          implementation=self._cached_implementation())
+      out_BTNH, cache = cache.attend(self.q_proj(x_BTD), implementation=self.implementation,
+                                     **dropout)
       return self.o_proj(out_BTNH), cache
     if positions_BT is None:
       positions_BT = cache.lengths_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
     num_new_B = (jnp.full((B,), T, jnp.int32) if segment_ids_BT is None
                  else jnp.sum(segment_ids_BT != 0, axis=1, dtype=jnp.int32))
     q_BTNH, k_BTKH, v_BTKH = self._project_self(x_BTD, positions_BT)
-    cache, k_BSKH, v_BSKH, kv_positions_BS = cache.append(k_BTKH, v_BTKH, num_new_B)
-    decode_kernels = _decode_kernels() if self.implementation == "pallas" and T == 1 else None
-    if decode_kernels is not None and isinstance(cache, PagedKVCache):
-      # The kernel reads the pages in place: no gather of the whole sequence.
-      out_BTNH = decode_kernels.paged_decode_attention(
-          q_BTNH, cache.k_pages_PCKH, cache.v_pages_PCKH, jnp.maximum(cache.page_table_BM, 0),
-          cache.lengths_B, window=self.window)
-    else:
-      out_BTNH = self._attend(
-          q_BTNH, k_BSKH, v_BSKH, causal=self.causal, window=self.window,
-          q_positions=positions_BT, kv_positions=kv_positions_BS,
-          implementation=self._cached_implementation())
+    out_BTNH, cache = cache.attend(
+        q_BTNH, k_BTKH, v_BTKH, num_new_B=num_new_B, q_positions_BT=positions_BT,
+        causal=self.causal, window=self.window, implementation=self.implementation, **dropout)
     return self.o_proj(out_BTNH), cache
 
-  def _cached_implementation(self):
-    # Cache slots are not in position order (ring) or not all filled, so the
-    # request needs explicit positions: only "reference" and "chunked" take them.
-    # "chunked" even when the scores would fit: 240 decode steps at B=8 over a
-    # 255-slot cache took 0.25-0.29 s with it, 0.40-0.48 s with "reference"
-    # (XLA:CPU, the tools/bench_decode.py model), and the same time at B=1.
-    return "reference" if self.implementation == "reference" else "chunked"
-
-  def _attend(self, q_BTNH, k_BSKH, v_BSKH, implementation=None, **mask_kwargs):
+  def _dropout(self):
+    """Attention-dropout arguments of the ops: the rate and a fresh key, when active."""
     if self.dropout_rate > 0 and not self.deterministic:
-      return reference_attention(q_BTNH, k_BSKH, v_BSKH, dropout_rate=self.dropout_rate,
-                                 dropout_rng=self.dropout_rngs(), **mask_kwargs)
-    return attention(q_BTNH, k_BSKH, v_BSKH, implementation=implementation or self.implementation,
-                     **mask_kwargs)
+      return dict(dropout_rate=self.dropout_rate, dropout_rng=self.dropout_rngs())
+    return {}
 
-
-def _decode_kernels():
-  """attnlab.ops.decode (Pallas decode kernels) when it exists, else None."""
-  try:
-    from attnlab.ops import decode
-  except ImportError:
-    return None
-  return decode
+  def _attend(self, q_BTNH, k_BSKH, v_BSKH, **mask_kwargs):
+    dropout = self._dropout()
+    if dropout:
+      return reference_attention(q_BTNH, k_BSKH, v_BSKH, **dropout, **mask_kwargs)
+    return attention(q_BTNH, k_BSKH, v_BSKH, implementation=self.implementation, **mask_kwargs)

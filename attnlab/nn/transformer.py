@@ -14,6 +14,7 @@ from flax import nnx
 
 from attnlab.config import ModelConfig
 from attnlab.nn.attention import Attention
+from attnlab.nn.kv_cache import with_cross
 from attnlab.nn.layers import Embedder, as_dtype, make_norm
 from attnlab.nn.mlp import MLP
 from attnlab.nn.partitioning import logical_constraint
@@ -168,7 +169,7 @@ class DecoderOnly(nnx.Module):
         0..T-1 (packing passes positions that restart per document).
       segment_ids_BT: documents packed in a row attend only within their
         segment; 0 marks padding.
-      cache: decoding: one ``BlockCache`` per layer (``attnlab.decoding.cache
+      cache: decoding: one ``BlockCache`` per layer (``attnlab.nn.kv_cache
         .init_cache``). The tokens continue each sequence at its cache
         length (positions default to lengths + 0..T-1); ``segment_ids_BT``
         then only marks right padding (0), which is not cached.
@@ -218,7 +219,7 @@ class EncoderDecoder(nnx.Module):
     """Encode the source once; the cross-attention K/V of every decoder layer.
 
     Returns:
-      tuple of ``CrossKVCache`` (for ``attnlab.decoding.cache.with_cross``).
+      tuple of ``CrossKVCache`` (for ``attnlab.nn.kv_cache.with_cross``).
     """
     if src_segment_ids_BS is None:
       src_segment_ids_BS = self.source_segment_ids(src_BS)
@@ -259,8 +260,6 @@ class EncoderDecoder(nnx.Module):
     """
     if cache is not None:
       if any(block_cache.cross_attn is None for block_cache in cache):
-        from attnlab.decoding.cache import with_cross
-
         cache = with_cross(cache, self.cross_cache(src_BS, src_segment_ids_BS=src_segment_ids_BS))
       return self.decode(tgt_in_BT, None, src_segment_ids_BS=None,
                          tgt_positions_BT=tgt_positions_BT, tgt_segment_ids_BT=tgt_segment_ids_BT,

@@ -11,9 +11,10 @@ import pytest
 from flax import nnx
 
 import attnlab
-from attnlab.decoding import cache as cache_lib
 from attnlab.decoding.generate import _reserve
-from attnlab.ops import decode as decode_ops
+from attnlab.decoding.paging import PageAllocator
+from attnlab.nn import kv_cache as cache_lib
+from attnlab.ops.pallas import decode as decode_ops
 from tests.decoding.tiny_models import (
   DECODER_CONFIGS,
   SRC_SHAPE,
@@ -52,7 +53,7 @@ def cached_logits(model, kind, tokens_BX, lengths_B, forward=None, dtype=None):
     m = nnx.merge(graphdef, state)
     call = forward or (lambda m, t, s, c: m(t, segment_ids_BT=s, cache=c))
     cache = cache_lib.init_cache(cfg, kind, B, X, page_size=PAGE, dtype=dtype)
-    alloc = cache_lib.PageAllocator.init(B * X // PAGE) if kind == "paged" else None
+    alloc = PageAllocator.init(B * X // PAGE) if kind == "paged" else None
     if alloc is not None:
       cache, alloc = _reserve(cache, alloc, lengths_B, PAGE)
     seg_BT = (jnp.arange(PROMPT_WIDTH)[None] < lengths_B[:, None]).astype(jnp.int32)

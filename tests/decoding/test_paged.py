@@ -10,8 +10,9 @@ from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.decoding import cache as cache_lib
 from attnlab.decoding.generate import _release, _reserve
+from attnlab.decoding.paging import PageAllocator
+from attnlab.nn import kv_cache as cache_lib
 from tests.decoding.tiny_models import decoder_model, random_tokens
 
 P, B, M, C = 10, 3, 6, 2
@@ -24,7 +25,7 @@ _free = jax.jit(lambda a, t, r: a.free(t, r))
 @given(st.lists(st.tuples(st.sampled_from(["grow", "free"]),
                           st.lists(st.integers(0, 5), min_size=B, max_size=B)), max_size=25))
 def test_allocator_never_hands_out_a_page_twice_and_leaks_none(ops):
-  alloc = cache_lib.PageAllocator.init(P)
+  alloc = PageAllocator.init(P)
   table = jnp.full((B, M), -1, jnp.int32)
   lengths = np.zeros(B, np.int32)
   for op, amounts in ops:
@@ -52,7 +53,7 @@ def test_allocator_never_hands_out_a_page_twice_and_leaks_none(ops):
 
 
 def test_allocator_out_of_pages_is_flagged_and_writes_nothing():
-  alloc = cache_lib.PageAllocator.init(2)
+  alloc = PageAllocator.init(2)
   alloc, table = _allocate(alloc, jnp.full((B, M), -1, jnp.int32), jnp.zeros(B, jnp.int32),
                            jnp.array([2, 2, 2], jnp.int32))
   assert bool(alloc.exhausted)
@@ -93,7 +94,7 @@ def test_interleaved_paged_sequences_equal_each_alone_in_contiguous_cache():
   # so pages freed by a finished sequence must be reused).
   num_pages = 15
   cache = cache_lib.init_cache(cfg, "paged", B, 16, page_size=C, num_pages=num_pages)
-  alloc = cache_lib.PageAllocator.init(num_pages)
+  alloc = PageAllocator.init(num_pages)
   paged_step = step_fn()
   release = jax.jit(_release)
   rng = np.random.default_rng(0)

@@ -9,13 +9,9 @@ import numpy as np
 import pytest
 
 from attnlab.ops import masks
-from attnlab.ops.attention import (
-    attention,
-    auto_implementation,
-    blocked_attention,
-    chunked_attention,
-    reference_attention,
-)
+from attnlab.ops.chunked import chunked_attention
+from attnlab.ops.dispatch import attention, auto_implementation
+from attnlab.ops.reference import blocked_attention, reference_attention
 
 
 def make_qkv(B, T, S, N, K, H, seed=0, dtype=jnp.float32):

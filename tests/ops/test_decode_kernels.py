@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnlab.ops import decode, flash
-from attnlab.ops.attention import reference_attention
+from attnlab.ops.pallas import common, decode
+from attnlab.ops.reference import reference_attention
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
 
@@ -149,7 +149,7 @@ def test_triton_lowering(H, dtype, monkeypatch):
   kernels needs a GPU (tools/gpu_check.sh).
   """
   pytest.importorskip("jax._src.lib.triton")
-  monkeypatch.setattr(flash, "resolve_interpret", lambda interpret: False)
+  monkeypatch.setattr(common, "resolve_interpret", lambda interpret: False)
   B, T, S, N, K, C = 2, 3, 700, 8, 2, 16
   q, k, v = _inputs(0, B, T, S, N, K, H, dtype)
   lengths_B = jnp.array([700, 5], jnp.int32)

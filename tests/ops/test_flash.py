@@ -22,8 +22,9 @@ except ImportError:
   given = None
 
 import attnlab
-from attnlab.ops import flash, masks
-from attnlab.ops.attention import reference_attention
+from attnlab.ops import masks
+from attnlab.ops.pallas import common, flash
+from attnlab.ops.reference import reference_attention
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
 
@@ -231,7 +232,7 @@ def test_triton_lowering(H, dtype, monkeypatch):
   Triton's compiler to PTX nor the kernel: that needs a GPU (tools/gpu_check.sh).
   """
   pytest.importorskip("jax._src.lib.triton")
-  monkeypatch.setattr(flash, "resolve_interpret", lambda interpret: False)
+  monkeypatch.setattr(common, "resolve_interpret", lambda interpret: False)
   B, T, S, N, K = 2, 300, 700, 8, 2
   q, k, v, do, seg = _inputs(0, B, T, S, N, K, H, dtype, "packed")
   fn = _value_and_grads(lambda q, k, v: flash.flash_attention(

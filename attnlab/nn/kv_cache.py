@@ -1,13 +1,19 @@
-"""Key/value caches for decoding: contiguous, ring (sliding window) and paged.
+"""Key/value caches: the decoding state of the attention layer.
 
-Every cache is a typed pytree (``flax.struct.dataclass``) that lives inside
-``jit`` and ``lax.while_loop``. A layer's cache answers one question through
-``append``: given the K/V of ``T`` new tokens (of which the first
-``num_new_B[b]`` are real, the rest right padding), return the updated cache
-and the keys/values the new queries may see, with their positions. The
-attention layer hands those positions to ``attnlab.attention`` as
-``kv_positions``, so causality and sliding windows come from the same mask
-predicate as training; a negative position marks an empty slot.
+Contiguous, ring (sliding window) and paged self-attention caches, and the
+cross-attention K/V of an encoder-decoder. Every cache is a typed pytree
+(``flax.struct.dataclass``) that lives inside ``jit`` and ``lax.while_loop``.
+
+The attention layer calls one method, ``attend``: given the queries and the
+K/V of ``T`` new tokens (of which the first ``num_new_B[b]`` are real, the
+rest right padding), the cache stores the new K/V and returns the attention
+output with the updated cache. How the keys are read is the cache's
+business: ``append`` returns the keys/values the new queries may see with
+their positions, which go to ``attnlab.attention`` as ``kv_positions``, so
+causality and sliding windows come from the same mask predicate as
+training (a negative position marks an empty slot); the paged cache can
+instead hand its pages to the Pallas paged-decode kernel, which reads them
+in place. ``attnlab.ops.dispatch.cache_implementation`` picks the path.
 
 All caches track per-sequence lengths ``lengths_B``: sequence b's next token
 sits at position ``lengths_B[b]``. Prompts are therefore right-padded and
@@ -23,9 +29,9 @@ every sequence starts at position 0, exactly as if it were decoded alone.
     wrap-around.
   * ``PagedKVCache``: pages ``[P, C, K, H]`` shared by all sequences, a page
     table ``[B, M]`` (page id of the m-th page of sequence b, -1 = none) and
-    ``lengths_B``: the layout of ``attnlab.ops.decode.paged_decode_attention``.
-    Pages come from a ``PageAllocator`` free list as a sequence grows and go
-    back when it finishes.
+    ``lengths_B``: the layout of ``attnlab.ops.pallas.decode.paged_decode_attention``.
+    Pages come from a ``attnlab.decoding.paging.PageAllocator`` free list as
+    a sequence grows and go back when it finishes.
   * ``CrossKVCache``: the encoder-decoder's cross-attention K/V, computed once
     per source.
 """
@@ -37,6 +43,11 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import struct
+
+from attnlab.nn.layers import as_dtype
+from attnlab.ops.dispatch import attention, cache_implementation
+from attnlab.ops.pallas import decode as decode_kernels
+from attnlab.ops.reference import reference_attention
 
 CACHE_KINDS = ("contiguous", "ring", "paged")
 
@@ -55,8 +66,50 @@ def _filled_positions(lengths_B, S):
   return jnp.where(s_S[None, :] < lengths_B[:, None], s_S[None, :], -1)
 
 
+def _attend_keys(q_BTNH, k_BSKH, v_BSKH, *, q_positions_BT, kv_positions_BS, causal, window,
+                 implementation, dropout_rate, dropout_rng):
+  """The queries over keys at explicit positions (-1 = empty slot)."""
+  mask_kwargs = dict(causal=causal, window=window, q_positions=q_positions_BT,
+                     kv_positions=kv_positions_BS)
+  if dropout_rate > 0:
+    return reference_attention(q_BTNH, k_BSKH, v_BSKH, dropout_rate=dropout_rate,
+                               dropout_rng=dropout_rng, **mask_kwargs)
+  return attention(q_BTNH, k_BSKH, v_BSKH, implementation=implementation, **mask_kwargs)
+
+
+class _SelfAttentionCache:
+  """``attend`` for the self-attention caches, through their ``append``."""
+
+  def attend(self, q_BTNH, k_BTKH, v_BTKH, *, num_new_B, q_positions_BT, causal: bool,
+             window: int | None, implementation: str, dropout_rate: float = 0.0,
+             dropout_rng=None):
+    """Store the new keys/values, attend the new queries over the cache.
+
+    Args:
+      q_BTNH: the new queries [B, T, N, H] (RoPE applied).
+      k_BTKH, v_BTKH: the new keys / values [B, T, K, H].
+      num_new_B: int32 [B]: the first ``num_new_B[b]`` tokens of row b are
+        real, the rest right padding (not stored).
+      q_positions_BT: the queries' positions [B, T].
+      causal, window: the layer's mask.
+      implementation: the layer's ``attnlab.attention`` implementation;
+        ``cache_implementation`` maps it to the path taken over the cache.
+      dropout_rate, dropout_rng: attention dropout (reference op), if any.
+
+    Returns:
+      (out_BTNH, updated cache).
+    """
+    cache, k_BSKH, v_BSKH, kv_positions_BS = self.append(k_BTKH, v_BTKH, num_new_B)
+    out_BTNH = _attend_keys(
+        q_BTNH, k_BSKH, v_BSKH, q_positions_BT=q_positions_BT, kv_positions_BS=kv_positions_BS,
+        causal=causal, window=window, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+        implementation=cache_implementation(implementation, num_queries=q_BTNH.shape[1],
+                                            paged=False))
+    return out_BTNH, cache
+
+
 @struct.dataclass
-class KVCache:
+class KVCache(_SelfAttentionCache):
   """Contiguous cache of one layer.
 
   Attributes:
@@ -97,7 +150,7 @@ class KVCache:
 
 
 @struct.dataclass
-class RingKVCache:
+class RingKVCache(_SelfAttentionCache):
   """Sliding-window cache of one layer: W slots, slot ``p % W`` holds position p.
 
   Attributes:
@@ -149,7 +202,7 @@ class RingKVCache:
 
 
 @struct.dataclass
-class PagedKVCache:
+class PagedKVCache(_SelfAttentionCache):
   """Paged cache of one layer: pages shared by all sequences of the batch.
 
   Attributes:
@@ -182,8 +235,33 @@ class PagedKVCache:
   def capacity(self) -> int:
     return self.page_table_BM.shape[1] * self.page_size
 
+  def attend(self, q_BTNH, k_BTKH, v_BTKH, *, num_new_B, q_positions_BT, causal: bool,
+             window: int | None, implementation: str, dropout_rate: float = 0.0,
+             dropout_rng=None):
+    """``_SelfAttentionCache.attend``; or, for one new query per sequence and
+    ``implementation="pallas"``, the Pallas paged-decode kernel over the pages
+    in place (no gather of the whole sequence; the kernel is causal)."""
+    path = cache_implementation(implementation, num_queries=q_BTNH.shape[1], paged=True)
+    if path != "paged_decode":
+      return super().attend(q_BTNH, k_BTKH, v_BTKH, num_new_B=num_new_B,
+                            q_positions_BT=q_positions_BT, causal=causal, window=window,
+                            implementation=implementation, dropout_rate=dropout_rate,
+                            dropout_rng=dropout_rng)
+    cache = self.write(k_BTKH, v_BTKH, num_new_B)
+    out_BTNH = decode_kernels.paged_decode_attention(
+        q_BTNH, cache.k_pages_PCKH, cache.v_pages_PCKH, jnp.maximum(cache.page_table_BM, 0),
+        cache.lengths_B, window=window)
+    return out_BTNH, cache
+
   def append(self, k_BTKH, v_BTKH, num_new_B):
     """Write into the sequences' pages, return their keys gathered in order."""
+    cache = self.write(k_BTKH, v_BTKH, num_new_B)
+    M, C = self.page_table_BM.shape[1], self.page_size
+    k_BSKH, v_BSKH = cache.gather()
+    return cache, k_BSKH, v_BSKH, _filled_positions(cache.lengths_B, M * C)
+
+  def write(self, k_BTKH, v_BTKH, num_new_B):
+    """The cache with the new tokens written into their sequences' pages."""
     B, T = k_BTKH.shape[:2]
     P, C = self.k_pages_PCKH.shape[:2]
     M = self.page_table_BM.shape[1]
@@ -197,10 +275,7 @@ class PagedKVCache:
         k_BTKH.astype(self.k_pages_PCKH.dtype), mode="drop")
     v = self.v_pages_PCKH.at[page_BT, pos_BT % C].set(
         v_BTKH.astype(self.v_pages_PCKH.dtype), mode="drop")
-    lengths_B = self.lengths_B + num_new_B
-    cache = PagedKVCache(k, v, self.page_table_BM, lengths_B)
-    k_BSKH, v_BSKH = cache.gather()
-    return cache, k_BSKH, v_BSKH, _filled_positions(lengths_B, M * C)
+    return PagedKVCache(k, v, self.page_table_BM, self.lengths_B + num_new_B)
 
   def gather(self):
     """Keys / values [B, M*C, K, H] in position order (unassigned pages read page 0, masked)."""
@@ -225,6 +300,20 @@ class CrossKVCache:
   v_BSKH: jax.Array
   segment_ids_BS: jax.Array
 
+  def attend(self, q_BTNH, *, implementation: str, dropout_rate: float = 0.0,
+             dropout_rng=None):
+    """The queries [B, T, N, H] over the source; (out_BTNH, this cache unchanged)."""
+    B, T = q_BTNH.shape[:2]
+    kwargs = dict(causal=False, window=None, q_segment_ids=jnp.ones((B, T), jnp.int32),
+                  kv_segment_ids=self.segment_ids_BS)
+    if dropout_rate > 0:
+      out_BTNH = reference_attention(q_BTNH, self.k_BSKH, self.v_BSKH, dropout_rate=dropout_rate,
+                                     dropout_rng=dropout_rng, **kwargs)
+    else:
+      out_BTNH = attention(q_BTNH, self.k_BSKH, self.v_BSKH, **kwargs, implementation=(
+          cache_implementation(implementation, num_queries=T, paged=False)))
+    return out_BTNH, self
+
 
 @struct.dataclass
 class BlockCache:
@@ -233,71 +322,6 @@ class BlockCache:
 
   self_attn: KVCache | RingKVCache | PagedKVCache
   cross_attn: CrossKVCache | None = None
-
-
-# ----------------------------------------------------------------------------
-# The page allocator: a free list (stack) of page ids, usable inside jit.
-# ----------------------------------------------------------------------------
-
-
-@struct.dataclass
-class PageAllocator:
-  """A stack of free page ids: ``free_P[:num_free]`` are free.
-
-  Attributes:
-    free_P: int32 [P]; entries at and above ``num_free`` are stale.
-    num_free: int32 scalar.
-    exhausted: bool scalar, set once a request could not be served. The
-      request is then not served at all: its tokens have no page and are
-      dropped, never written over another sequence's page. ``generate``
-      raises when it sees the flag.
-  """
-
-  free_P: jax.Array
-  num_free: jax.Array
-  exhausted: jax.Array
-
-  @classmethod
-  def init(cls, num_pages: int):
-    # Reversed so that pages are handed out as 0, 1, 2, ... (easier to read).
-    return cls(jnp.arange(num_pages - 1, -1, -1, dtype=jnp.int32), jnp.int32(num_pages),
-               jnp.bool_(False))
-
-  def allocate(self, page_table_BM, lengths_B, num_new_B, page_size: int):
-    """Give each sequence the pages that ``num_new_B`` more tokens need.
-
-    Returns:
-      (allocator, page_table_BM).
-    """
-    B, M = page_table_BM.shape
-    have_B = -(-lengths_B // page_size)
-    need_B = jnp.minimum(-(-(lengths_B + num_new_B) // page_size), M) - have_B
-    need_B = jnp.maximum(need_B, 0)
-    total = jnp.sum(need_B)
-    ok = total <= self.num_free
-    first_B = jnp.cumsum(need_B) - need_B  # exclusive prefix sum: rank of the first new page
-    j_BM = jnp.arange(M, dtype=jnp.int32)[None, :] - have_B[:, None]
-    new_BM = ok & (j_BM >= 0) & (j_BM < need_B[:, None])
-    rank_BM = first_B[:, None] + j_BM
-    page_BM = self.free_P[jnp.clip(self.num_free - 1 - rank_BM, 0, self.free_P.shape[0] - 1)]
-    page_table_BM = jnp.where(new_BM, page_BM, page_table_BM)
-    num_free = jnp.where(ok, self.num_free - total, self.num_free)
-    return PageAllocator(self.free_P, num_free, self.exhausted | ~ok), page_table_BM
-
-  def free(self, page_table_BM, release_B):
-    """Push the pages of the sequences with ``release_B`` back; clear their rows.
-
-    Returns:
-      (allocator, page_table_BM).
-    """
-    P = self.free_P.shape[0]
-    pages_X = page_table_BM.reshape(-1)
-    back_X = (release_B[:, None] & (page_table_BM >= 0)).reshape(-1)
-    slot_X = jnp.where(back_X, self.num_free + jnp.cumsum(back_X) - 1, P)
-    free_P = self.free_P.at[slot_X].set(pages_X, mode="drop")
-    page_table_BM = jnp.where(release_B[:, None], -1, page_table_BM)
-    return (PageAllocator(free_P, self.num_free + jnp.sum(back_X, dtype=jnp.int32),
-                          self.exhausted), page_table_BM)
 
 
 # ----------------------------------------------------------------------------
@@ -322,8 +346,6 @@ def init_cache(cfg, kind: str, batch: int, max_len: int, *, page_size: int = 16,
   Returns:
     tuple of ``BlockCache``, one per decoder layer.
   """
-  from attnlab.nn.layers import as_dtype
-
   dtype = as_dtype(dtype or cfg.dtype)
   dims = (cfg.kv_heads, cfg.dim_per_head)
   if kind == "contiguous":

@@ -6,7 +6,9 @@ fill a GPU, so the cache is split along S instead. Each program owns one
 all T x G queries of that KV head at once (the G query heads of a group read
 each K/V tile once). The partial outputs are combined through their
 log-sum-exps: ``out = sum_s exp(lse_s - lse) o_s`` with ``lse = logsumexp_s
-lse_s``.
+lse_s``. Inside a program the T x G queries of a KV head are the rows of
+one matrix: letter ``Q`` (Q = T * G, padded on GPU), ``c`` a key tile, ``s``
+a split (``o_BKsQH``).
 
 The T queries are the last T tokens of each sequence: query t of sequence b
 is at position ``lengths_B[b] - T + t``, causal among themselves (and with
@@ -15,11 +17,11 @@ empty. Loop bounds come from ``masks.key_range``, so splits and tiles past
 the length or before the window are never read.
 
 ``paged_decode_attention`` reads the same cache through a page table (the
-layout of ``attnlab.decoding.cache.PagedKVCache``): pages [P, C, K, H] shared
+layout of ``attnlab.nn.kv_cache.PagedKVCache``): pages [P, C, K, H] shared
 by all sequences, ``page_table_BM[b, m]`` the id of the m-th page of
 sequence b. One page is one tile.
 
-Backends as in ``attnlab.ops.flash``: interpret mode on CPU (tested), Triton
+Backends as in ``attnlab.ops.pallas.flash_gpu``: interpret mode on CPU (tested), Triton
 on GPU (lowered to Triton IR in the tests, NOT YET RUN on a GPU), no Mosaic
 (TPU) lowering.
 Forward only: decoding does not differentiate through the cache.
@@ -35,31 +37,25 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from attnlab.ops import flash, masks
+from attnlab.ops import checks, masks
+from attnlab.ops.pallas import common
 
 MAX_QUERIES = 8
 
 
-def _check_common(q_BTNH, head_dim, num_kv_heads, lengths_B, window):
-  if q_BTNH.ndim != 4:
-    raise ValueError(f"q_BTNH must be rank 4, got shape {q_BTNH.shape}")
-  B, T, N, _ = q_BTNH.shape
+def _check_queries(q_BTNH, *, head_dim, num_kv_heads, kv_name, lengths_B, window):
+  """The shared q checks (``checks``), then what only the decode kernels need."""
+  checks.check_query_heads(q_BTNH, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                           kv_name=kv_name)
+  checks.check_window(window)
+  B, T = q_BTNH.shape[:2]
   if not 1 <= T <= MAX_QUERIES:
     raise ValueError(
         f"q_BTNH has T={T} queries; the decode kernels take 1..{MAX_QUERIES} "
         "(use flash_attention for prefill)"
     )
-  if q_BTNH.shape[3] != head_dim:
-    raise ValueError(
-        f"head dim of q_BTNH ({q_BTNH.shape[3]}) and of the keys ({head_dim}) must match"
-    )
-  if N % num_kv_heads:
-    raise ValueError(
-        f"num heads of q_BTNH ({N}) must be a multiple of the num kv heads ({num_kv_heads})"
-    )
   if tuple(lengths_B.shape) != (B,):
     raise ValueError(f"lengths_B shape {lengths_B.shape} must be [B] = ({B},)")
-  flash.check_window(window)
 
 
 def _check_positive(name, value):
@@ -76,37 +72,37 @@ def _query_rows(q_BTNH, num_kv_heads, rows):
   """[B, T, N, H] -> [B, K, rows, H]: row r is query t = r // G of head g = r % G."""
   B, T, N, H = q_BTNH.shape
   G = N // num_kv_heads
-  q_BKMH = q_BTNH.reshape(B, T, num_kv_heads, G, H).transpose(0, 2, 1, 3, 4)
-  q_BKMH = q_BKMH.reshape(B, num_kv_heads, T * G, H)
-  return jnp.pad(q_BKMH, ((0, 0), (0, 0), (0, rows - T * G), (0, 0)))
+  q_BKQH = q_BTNH.reshape(B, T, num_kv_heads, G, H).transpose(0, 2, 1, 3, 4)
+  q_BKQH = q_BKQH.reshape(B, num_kv_heads, T * G, H)
+  return jnp.pad(q_BKQH, ((0, 0), (0, 0), (0, rows - T * G), (0, 0)))
 
 
-def _combine_splits(o_BKsMH, lse_BKsM, q_BTNH):
+def _combine_splits(o_BKsQH, lse_BKsQ, q_BTNH):
   """Merge the per-split partial softmaxes through their log-sum-exps."""
   B, T, N, H = q_BTNH.shape
-  K = o_BKsMH.shape[1]
+  K = o_BKsQH.shape[1]
   G = N // K
-  m_BKM = jnp.max(lse_BKsM, axis=2)
-  m_BKM = jnp.where(jnp.isfinite(m_BKM), m_BKM, 0.0)  # every split empty: weights 0
-  w_BKsM = jnp.exp(lse_BKsM - m_BKM[:, :, None])
-  den_BKM = jnp.sum(w_BKsM, axis=2)
-  out_BKMH = jnp.einsum("BKsM,BKsMH->BKMH", w_BKsM, o_BKsMH)
-  out_BKMH = out_BKMH / jnp.where(den_BKM > 0, den_BKM, 1.0)[..., None]
-  out_BKTGH = out_BKMH[:, :, : T * G, :H].reshape(B, K, T, G, H)
+  m_BKQ = jnp.max(lse_BKsQ, axis=2)
+  m_BKQ = jnp.where(jnp.isfinite(m_BKQ), m_BKQ, 0.0)  # every split empty: weights 0
+  w_BKsQ = jnp.exp(lse_BKsQ - m_BKQ[:, :, None])
+  den_BKQ = jnp.sum(w_BKsQ, axis=2)
+  out_BKQH = jnp.einsum("BKsQ,BKsQH->BKQH", w_BKsQ, o_BKsQH)
+  out_BKQH = out_BKQH / jnp.where(den_BKQ > 0, den_BKQ, 1.0)[..., None]
+  out_BKTGH = out_BKQH[:, :, : T * G, :H].reshape(B, K, T, G, H)
   return out_BKTGH.transpose(0, 2, 1, 3, 4).reshape(B, T, N, H).astype(q_BTNH.dtype)
 
 
-def _split_softmax(q_MH, load_tile, *, length, kv_len, split, tile, tiles_per_split,
+def _split_softmax(q_QH, load_tile, *, length, kv_len, split, tile, tiles_per_split,
                    num_queries, groups, window, scale):
-  """Online softmax of the rows of q_MH over the tiles of one split.
+  """Online softmax of the rows of q_QH over the tiles of one split.
 
   Row r is query r // groups, at position length - num_queries + r // groups;
   rows past num_queries * groups are padding and see nothing. load_tile(j)
   returns the (k, v) tile of global tile index j. Returns (o, lse), o
   normalized, lse = -inf for a row that saw no key.
   """
-  rows = q_MH.shape[0]
-  r = flash.iota(rows)
+  rows = q_QH.shape[0]
+  r = common.iota(rows)
   q_pos = length - num_queries + lax.div(r, groups)
   row_ok = r < num_queries * groups
   lo, hi = masks.key_range(length - num_queries, length, causal=True, window=window,
@@ -114,29 +110,29 @@ def _split_softmax(q_MH, load_tile, *, length, kv_len, split, tile, tiles_per_sp
   split_lo = split * tiles_per_split * tile
   lo = jnp.maximum(lo, split_lo)
   hi = jnp.minimum(hi, split_lo + tiles_per_split * tile)
-  first, last = flash.block_bounds(lo, hi, tile)
+  first, last = common.block_bounds(lo, hi, tile)
 
   def body(j, carry):
-    m_M, l_M, acc_MH = carry
+    m_Q, l_Q, acc_QH = carry
     k_cH, v_cH = load_tile(j)
-    k_idx = j * tile + flash.iota(tile)
+    k_idx = j * tile + common.iota(tile)
     ok = masks.position_mask(q_pos[:, None], k_idx[None, :], causal=True, window=window)
     ok = ok & row_ok[:, None] & (k_idx < kv_len)[None, :]
-    s_Mc = jnp.where(ok, flash.dot_nt(q_MH, k_cH) * scale, -jnp.inf)
-    m_new = jnp.maximum(m_M, jnp.max(s_Mc, axis=1))
+    s_Qc = jnp.where(ok, common.dot_nt(q_QH, k_cH) * scale, -jnp.inf)
+    m_new = jnp.maximum(m_Q, jnp.max(s_Qc, axis=1))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-    alpha = jnp.exp(m_M - m_safe)
-    p_Mc = jnp.exp(s_Mc - m_safe[:, None])
-    l_M = alpha * l_M + jnp.sum(p_Mc, axis=1)
-    acc_MH = alpha[:, None] * acc_MH + flash.dot_nn(p_Mc.astype(v_cH.dtype), v_cH)
-    return m_new, l_M, acc_MH
+    alpha = jnp.exp(m_Q - m_safe)
+    p_Qc = jnp.exp(s_Qc - m_safe[:, None])
+    l_Q = alpha * l_Q + jnp.sum(p_Qc, axis=1)
+    acc_QH = alpha[:, None] * acc_QH + common.dot_nn(p_Qc.astype(v_cH.dtype), v_cH)
+    return m_new, l_Q, acc_QH
 
   init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32),
-          jnp.zeros(q_MH.shape, jnp.float32))
-  m_M, l_M, acc_MH = lax.fori_loop(first, last, body, init)
-  seen = l_M > 0
-  l_safe = jnp.where(seen, l_M, 1.0)
-  return acc_MH / l_safe[:, None], jnp.where(seen, m_M + jnp.log(l_safe), -jnp.inf)
+          jnp.zeros(q_QH.shape, jnp.float32))
+  m_Q, l_Q, acc_QH = lax.fori_loop(first, last, body, init)
+  seen = l_Q > 0
+  l_safe = jnp.where(seen, l_Q, 1.0)
+  return acc_QH / l_safe[:, None], jnp.where(seen, m_Q + jnp.log(l_safe), -jnp.inf)
 
 
 def _decode_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, split_len, tile,
@@ -188,7 +184,7 @@ def _rows_and_head_dim(q_BTNH, K, interpret):
   if interpret:
     return rows, H
   # Triton: every tile dim a power of two, and >= 16 for tl.dot.
-  return max(16, flash.next_pow2(rows)), max(16, flash.next_pow2(H))
+  return max(16, common.next_pow2(rows)), max(16, common.next_pow2(H))
 
 
 def decode_attention(q_BTNH, k_BSKH, v_BSKH, lengths_B, *, window: int | None = None,
@@ -211,15 +207,16 @@ def decode_attention(q_BTNH, k_BSKH, v_BSKH, lengths_B, *, window: int | None = 
   Returns:
     [B, T, N, H] in the dtype of ``q_BTNH``.
   """
-  flash.check_qkv(q_BTNH, k_BSKH, v_BSKH)
-  _check_common(q_BTNH, k_BSKH.shape[3], k_BSKH.shape[2], lengths_B, window)
+  checks.check_qkv(q_BTNH, k_BSKH, v_BSKH, window=window)
+  _check_queries(q_BTNH, head_dim=k_BSKH.shape[3], num_kv_heads=k_BSKH.shape[2],
+                 kv_name="k_BSKH", lengths_B=lengths_B, window=window)
   _check_positive("num_splits", num_splits)
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
-  interpret = flash.resolve_interpret(interpret)
+  interpret = common.resolve_interpret(interpret)
   rows, Hp = _rows_and_head_dim(q_BTNH, K, interpret)
-  tile = min(128 if interpret else 64, max(1 if interpret else 16, flash.next_pow2(S)))
+  tile = min(128 if interpret else 64, max(1 if interpret else 16, common.next_pow2(S)))
   num_tiles = -(-S // tile)
   splits = min(num_splits or _default_splits(B * K, num_tiles), num_tiles)
   tiles_per_split = -(-num_tiles // splits)
@@ -249,7 +246,7 @@ def decode_attention(q_BTNH, k_BSKH, v_BSKH, lengths_B, *, window: int | None = 
       ],
       out_specs=out_specs,
       out_shape=out_shape,
-      compiler_params=flash.compiler_params(interpret, 4, 2),
+      compiler_params=common.compiler_params(interpret, 4, 2),
       interpret=interpret,
       name="attnlab_decode",
   )(len_B1, q, k, v)
@@ -285,13 +282,14 @@ def paged_decode_attention(q_BTNH, k_pages_PCKH, v_pages_PCKH, page_table_BM, le
     raise ValueError(f"k_pages_PCKH shape {k_pages_PCKH.shape} and v_pages_PCKH shape "
                      f"{v_pages_PCKH.shape} must match")
   P, C, K, H = k_pages_PCKH.shape
-  _check_common(q_BTNH, H, K, lengths_B, window)
+  _check_queries(q_BTNH, head_dim=H, num_kv_heads=K, kv_name="k_pages_PCKH",
+                 lengths_B=lengths_B, window=window)
   B, T, N, _ = q_BTNH.shape
   if page_table_BM.ndim != 2 or page_table_BM.shape[0] != B:
     raise ValueError(f"page_table_BM shape {page_table_BM.shape} must be [B, M] with B={B}")
   _check_positive("pages_per_split", pages_per_split)
   scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
-  interpret = flash.resolve_interpret(interpret)
+  interpret = common.resolve_interpret(interpret)
   if not interpret and (C < 16 or C & (C - 1)):
     raise ValueError(f"page size C={C} of k_pages_PCKH must be a power of two >= 16 on GPU")
   rows, Hp = _rows_and_head_dim(q_BTNH, K, interpret)
@@ -323,7 +321,7 @@ def paged_decode_attention(q_BTNH, k_pages_PCKH, v_pages_PCKH, page_table_BM, le
       ],
       out_specs=out_specs,
       out_shape=out_shape,
-      compiler_params=flash.compiler_params(interpret, 4, 2),
+      compiler_params=common.compiler_params(interpret, 4, 2),
       interpret=interpret,
       name="attnlab_paged_decode",
   )(len_B1, table, q, k_pages, v_pages)

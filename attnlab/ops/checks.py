@@ -1,0 +1,61 @@
+"""The one validator of attention inputs, shared by every path in ``attnlab.ops``.
+
+``attention(...)`` (ops/dispatch.py), the Pallas flash kernel and the Pallas
+decode kernels all check their q / k / v, window and segment ids here, so a
+bad request gets the same message whichever path it takes. It sits below
+dispatch.py because the kernels, which dispatch.py imports, call it too.
+"""
+
+from __future__ import annotations
+
+
+def check_query_heads(q_BTNH, *, num_kv_heads: int, head_dim: int, kv_name: str = "k_BSKH"):
+  """q is rank 4 and fits keys with ``num_kv_heads`` heads of ``head_dim`` (GQA / MQA)."""
+  if q_BTNH.ndim != 4:
+    raise ValueError(f"q_BTNH must be rank 4 [B, T, N, H], got shape {q_BTNH.shape}")
+  if q_BTNH.shape[3] != head_dim:
+    raise ValueError(
+        f"head dim of q_BTNH ({q_BTNH.shape[3]}) and of {kv_name} ({head_dim}) must match "
+        "(q, k and v share one head_dim H)"
+    )
+  if q_BTNH.shape[2] % num_kv_heads:
+    raise ValueError(
+        f"num heads of q_BTNH (N={q_BTNH.shape[2]}) must be a multiple of num_kv_heads of "
+        f"{kv_name} (K={num_kv_heads}): each KV head serves G = N / K query heads, so N must be "
+        "a multiple of the num kv heads"
+    )
+
+
+def check_window(window):
+  """None, or a positive int (not a bool)."""
+  if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                             or window < 1):
+    raise ValueError(f"window={window!r} must be a positive integer or None")
+
+
+def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, window=None, q_segment_ids=None, kv_segment_ids=None):
+  """Raise ValueError (naming the argument and what is allowed) unless the
+  request is q [B, T, N, H], k = v [B, S, K, H] with N a multiple of K, an
+  optional window, and segment ids [B, T] / [B, S] given together."""
+  for name, x in (("q_BTNH", q_BTNH), ("k_BSKH", k_BSKH), ("v_BSKH", v_BSKH)):
+    if x.ndim != 4:
+      raise ValueError(
+          f"{name} must be rank 4 (q [B, T, N, H], k and v [B, S, K, H]); got shapes "
+          f"{q_BTNH.shape}, {k_BSKH.shape}, {v_BSKH.shape}"
+      )
+  if k_BSKH.shape != v_BSKH.shape:
+    raise ValueError(f"k_BSKH shape {k_BSKH.shape} and v_BSKH shape {v_BSKH.shape} must match")
+  if q_BTNH.shape[0] != k_BSKH.shape[0]:
+    raise ValueError(
+        f"batch of q_BTNH ({q_BTNH.shape[0]}) and k_BSKH ({k_BSKH.shape[0]}) must match"
+    )
+  check_query_heads(q_BTNH, num_kv_heads=k_BSKH.shape[2], head_dim=k_BSKH.shape[3])
+  check_window(window)
+  if (q_segment_ids is None) != (kv_segment_ids is None):
+    raise ValueError("q_segment_ids and kv_segment_ids must be given together")
+  if q_segment_ids is not None:
+    B, T, S = q_BTNH.shape[0], q_BTNH.shape[1], k_BSKH.shape[1]
+    if tuple(q_segment_ids.shape) != (B, T):
+      raise ValueError(f"q_segment_ids shape {q_segment_ids.shape} must be [B, T] = {(B, T)}")
+    if tuple(kv_segment_ids.shape) != (B, S):
+      raise ValueError(f"kv_segment_ids shape {kv_segment_ids.shape} must be [B, S] = {(B, S)}")

@@ -1,0 +1,63 @@
+"""The ``jax.nn.dot_product_attention`` passthroughs: "xla" and "cudnn"."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from attnlab.ops import masks
+
+
+def jax_nn_attention(
+    q_BTNH, k_BSKH, v_BSKH, *, implementation, causal, window, q_segment_ids, kv_segment_ids,
+    q_offset, scale,
+):
+  """``jax.nn.dot_product_attention`` with attnlab's mask semantics.
+
+  "xla" receives the explicit boolean mask built from the same predicate as
+  the reference op; "cudnn" receives only what cuDNN's fused kernel supports
+  (aligned causal, a causal sliding window, no segments, no offset) and
+  raises ``ValueError`` for anything else.
+  """
+  B, T, _, _ = q_BTNH.shape
+  S = k_BSKH.shape[1]
+  if implementation == "cudnn":
+    if jax.default_backend() != "gpu":
+      raise ValueError(
+          f"implementation='cudnn' needs a CUDA GPU; the default backend is "
+          f"{jax.default_backend()!r}. Use 'xla', 'chunked' or 'reference'."
+      )
+    unsupported = []
+    if q_segment_ids is not None:
+      unsupported.append("segment ids")
+    if not (isinstance(q_offset, int) and q_offset == 0):
+      unsupported.append("q_offset")
+    if window is not None and not causal:
+      unsupported.append("a non-causal window")
+    if causal and T != S:
+      unsupported.append(f"causal with T={T} != S={S}")
+    if unsupported:
+      raise ValueError(
+          f"implementation='cudnn' does not support {', '.join(unsupported)}; "
+          "use 'pallas', 'xla' or 'chunked'"
+      )
+    return jax.nn.dot_product_attention(
+        q_BTNH, k_BSKH, v_BSKH, scale=scale, is_causal=causal,
+        local_window_size=None if window is None else (window - 1, 0),
+        implementation="cudnn",
+    )
+  needs_mask = causal or window is not None or q_segment_ids is not None
+  if not needs_mask:
+    return jax.nn.dot_product_attention(
+        q_BTNH, k_BSKH, v_BSKH, scale=scale, implementation="xla"
+    )
+  mask_BTS = masks.make_attention_mask(
+      B, T, S, causal=causal, window=window, q_segment_ids=q_segment_ids,
+      kv_segment_ids=kv_segment_ids, q_offset=q_offset,
+  )
+  out_BTNH = jax.nn.dot_product_attention(
+      q_BTNH, k_BSKH, v_BSKH, mask=mask_BTS[:, None], scale=scale, implementation="xla"
+  )
+  # jax.nn averages the values of a row that sees no key; attnlab returns zeros.
+  seen_BT = jnp.any(mask_BTS, axis=-1)
+  return jnp.where(seen_BT[:, :, None, None], out_BTNH, 0).astype(q_BTNH.dtype)

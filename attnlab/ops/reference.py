@@ -1,0 +1,140 @@
+"""The definition of attention, and the same math over query blocks.
+
+  * ``reference_attention``: one grouped einsum, the whole [T, S] score
+    matrix, float32 softmax. The definition every other path is tested
+    against; the only path with attention dropout.
+  * ``blocked_attention``: the reference math over query blocks, each against
+    only the key range its mask can see (``masks.key_range``): causal and
+    sliding-window requests skip the masked part of [T, S]. What "auto" uses
+    on XLA:CPU.
+
+Grouped-query attention never repeats K/V: queries are reshaped to
+``[B, T, K, G, H]`` (G = N / K query heads per KV head) and contracted against
+``[B, S, K, H]``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from attnlab.ops import masks
+
+
+def group_queries(q_BTNH, num_kv_heads):
+  B, T, N, H = q_BTNH.shape
+  return q_BTNH.reshape(B, T, num_kv_heads, N // num_kv_heads, H)
+
+
+def reference_attention(
+    q_BTNH,
+    k_BSKH,
+    v_BSKH,
+    *,
+    causal=False,
+    window=None,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    q_offset=0,
+    scale=None,
+    q_positions=None,
+    kv_positions=None,
+    dropout_rate: float = 0.0,
+    dropout_rng=None,
+):
+  """The definition: full scores, masked, float32 softmax, weighted values."""
+  B, T, N, H = q_BTNH.shape
+  S, K = k_BSKH.shape[1], k_BSKH.shape[2]
+  scale = 1.0 / math.sqrt(H) if scale is None else scale
+  if q_BTNH.dtype == jnp.float32:
+    # Scaling the [T, H] queries instead of the [T, S] scores saves a pass
+    # over the largest array (exact up to float32 rounding).
+    q_BTKGH = group_queries(q_BTNH * jnp.float32(scale), K)
+    logits_BKGTS = jnp.einsum(
+        "BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32)
+  else:
+    logits_BKGTS = jnp.einsum(
+        "BTKGH,BSKH->BKGTS", group_queries(q_BTNH, K), k_BSKH,
+        preferred_element_type=jnp.float32) * scale
+  mask_BTS = masks.make_attention_mask(
+      B, T, S, causal=causal, window=window, q_segment_ids=q_segment_ids,
+      kv_segment_ids=kv_segment_ids, q_offset=q_offset, q_positions=q_positions,
+      kv_positions=kv_positions,
+  )
+  mask_B11TS = mask_BTS[:, None, None]
+  logits_BKGTS = jnp.where(mask_B11TS, logits_BKGTS, -jnp.inf)
+  # The max is only for range; the result does not depend on it.
+  m_BKGT = jax.lax.stop_gradient(jnp.max(logits_BKGTS, axis=-1))
+  m_BKGT = jnp.where(jnp.isfinite(m_BKGT), m_BKGT, 0.0)
+  p_BKGTS = jnp.exp(logits_BKGTS - m_BKGT[..., None])
+  l_BKGT = jnp.sum(p_BKGTS, axis=-1)
+  if dropout_rate > 0.0:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, p_BKGTS.shape)
+    p_BKGTS = jnp.where(keep, p_BKGTS / (1.0 - dropout_rate), 0.0)
+  # Normalizing the [T, H] output instead of the [T, S] probabilities: one
+  # pass less over the scores, forward and backward.
+  out_BTKGH = jnp.einsum(
+      "BKGTS,BSKH->BTKGH", p_BKGTS.astype(v_BSKH.dtype), v_BSKH,
+      preferred_element_type=jnp.float32,
+  )
+  l_BTKG = jnp.transpose(l_BKGT, (0, 3, 1, 2))
+  out_BTKGH = out_BTKGH / jnp.where(l_BTKG > 0, l_BTKG, 1.0)[..., None]
+  return out_BTKGH.reshape(B, T, N, H).astype(q_BTNH.dtype)
+
+
+def blocked_attention(
+    q_BTNH,
+    k_BSKH,
+    v_BSKH,
+    *,
+    causal=False,
+    window=None,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    q_offset: int = 0,
+    scale=None,
+    block_q: int | None = None,
+):
+  """The reference math over query blocks, each against the keys it can see.
+
+  The key range of a query block comes from ``masks.key_range`` (the same
+  predicate as the mask), so causal attention computes about half of [T, S]
+  and a sliding window only a band. On XLA:CPU the smaller per-block einsums
+  also avoid the transposes XLA inserts around one large masked [T, S]
+  product, and a block's scores stay in cache. Each block is another einsum
+  for XLA to compile, so blocks are kept few: for the tools/bench_train.py
+  step (T = 256, 4 blocks of 64) a 4-layer train step ran 1.35x faster than
+  with "reference" and compiled in 3.2 s; 8 blocks of 32 compiled twice as
+  long for no further gain.
+  The loop over blocks is unrolled at trace time, so ``q_offset`` must be a
+  Python int.
+
+  Args:
+    block_q: queries per block; default max(64, T / 16) (bounds the unrolled
+      program's size and its compile time).
+  """
+  if not isinstance(q_offset, int):
+    raise ValueError(f"implementation='blocked' needs an int q_offset, got {type(q_offset)}")
+  B, T, N, H = q_BTNH.shape
+  S = k_BSKH.shape[1]
+  if block_q is None:
+    block_q = max(64, -(-T // 16))
+  outs = []
+  for q_lo in range(0, T, block_q):
+    q_hi = min(q_lo + block_q, T)
+    k_lo, k_hi = masks.key_range(q_offset + q_lo, q_offset + q_hi, causal=causal, window=window,
+                                 kv_len=S)
+    if k_hi <= k_lo:
+      outs.append(jnp.zeros((B, q_hi - q_lo, N, H), q_BTNH.dtype))
+      continue
+    segments = {}
+    if q_segment_ids is not None:
+      segments = dict(q_segment_ids=q_segment_ids[:, q_lo:q_hi],
+                      kv_segment_ids=kv_segment_ids[:, k_lo:k_hi])
+    # Both positions shift by k_lo: the predicate depends only on q - k.
+    outs.append(reference_attention(
+        q_BTNH[:, q_lo:q_hi], k_BSKH[:, k_lo:k_hi], v_BSKH[:, k_lo:k_hi], causal=causal,
+        window=window, q_offset=q_offset + q_lo - k_lo, scale=scale, **segments))
+  return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)

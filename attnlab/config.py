@@ -1,8 +1,12 @@
-"""Frozen, validated configuration dataclasses.
+"""Frozen, validated configuration dataclasses, and the one home of every choice.
 
 Every field is checked once in ``__post_init__``; a bad value raises a
 ``ValueError`` that names the field, the value and what is allowed. Modules
 receive these typed values, never gin.
+
+The tuples of allowed values (implementations, cache kinds, dtypes, ...),
+the dtype table and the derived sizes (``kv_cache_bytes``) are spelled here
+only; the rest of the package imports them.
 """
 
 from __future__ import annotations
@@ -16,8 +20,15 @@ ROPE_PAIRINGS = ("half", "adjacent")
 NORMS = ("rmsnorm", "layernorm")
 NORM_POSITIONS = ("pre", "post")
 MLPS = ("relu", "gelu", "swiglu")
+# Bytes per element of every dtype name attnlab accepts. DTYPES are the
+# compute / parameter dtypes; the 1-byte ones are storage only (KV caches).
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1}
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_IMPLS = ("auto", "reference", "blocked", "chunked", "xla", "cudnn", "pallas")
+# What ``attnlab.attention(implementation=...)`` runs; a model may also ask for "auto".
+IMPLEMENTATIONS = ("reference", "blocked", "chunked", "xla", "cudnn", "pallas")
+ATTENTION_IMPLS = ("auto", *IMPLEMENTATIONS)
+# The self-attention KV caches of decoding (attnlab.nn.kv_cache).
+CACHE_KINDS = ("contiguous", "ring", "paged")
 
 
 def _choice(name: str, value, allowed: tuple) -> None:
@@ -46,11 +57,12 @@ class ModelConfig:
     d_model: D, the residual width.
     num_layers: L, decoder layers (and encoder layers unless
       ``num_encoder_layers`` is set).
-    num_encoder_layers: encoder depth of an encoder-decoder; None = num_layers.
+    num_encoder_layers: encoder depth of an encoder-decoder; None = num_layers
+      (resolved at construction). Must be None for a decoder-only model.
     num_heads: N query heads.
     num_kv_heads: K key/value heads; None = num_heads (MHA), 1 = MQA, else GQA.
-      Must divide num_heads.
-    head_dim: H; None = d_model // num_heads.
+      Must divide num_heads. Resolved at construction: never None afterwards.
+    head_dim: H; None = d_model // num_heads (resolved at construction).
     d_ff: F, the hidden width of the feed-forward block.
     pos: "rope" | "sinusoidal" | "learned" | "none".
     rope_theta: RoPE base frequency.
@@ -115,19 +127,33 @@ class ModelConfig:
     for name in ("num_encoder_layers", "num_kv_heads", "head_dim"):
       if getattr(self, name) is not None:
         _positive(name, getattr(self, name))
-    if self.num_heads % self.kv_heads:
+    if self.arch == "decoder_only" and self.num_encoder_layers is not None:
       raise ValueError(
-          f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.kv_heads}"
+          f"num_encoder_layers={self.num_encoder_layers} is only allowed with "
+          "arch='encoder_decoder'"
+      )
+    kv_heads = self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+    if self.num_heads % kv_heads:
+      raise ValueError(
+          f"num_heads={self.num_heads} must be a multiple of num_kv_heads={kv_heads}"
       )
     if self.head_dim is None and self.d_model % self.num_heads:
       raise ValueError(
           f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} "
           "when head_dim is not given"
       )
+    # The defaults, resolved once: every reader sees the number (one name per quantity).
+    resolved = {"num_kv_heads": self.num_heads, "head_dim": self.d_model // self.num_heads}
+    if self.arch == "encoder_decoder":
+      resolved["num_encoder_layers"] = self.num_layers
+    resolved = {k: v for k, v in resolved.items() if getattr(self, k) is None}
+    for name, value in resolved.items():
+      object.__setattr__(self, name, value)
+    object.__setattr__(self, "_resolved", frozenset(resolved))
     _choice("pos", self.pos, POSITIONS)
     _choice("rope_pairing", self.rope_pairing, ROPE_PAIRINGS)
-    if self.pos == "rope" and self.dim_per_head % 2:
-      raise ValueError(f"head_dim={self.dim_per_head} must be even with pos='rope'")
+    if self.pos == "rope" and self.head_dim % 2:
+      raise ValueError(f"head_dim={self.head_dim} must be even with pos='rope'")
     if self.pos == "sinusoidal" and self.d_model % 2:
       raise ValueError(f"d_model={self.d_model} must be even with pos='sinusoidal'")
     if self.rope_theta <= 0:
@@ -151,41 +177,34 @@ class ModelConfig:
       )
     if not 0 <= self.pad_id < self.vocab_size:
       raise ValueError(f"pad_id={self.pad_id} must be in [0, vocab_size={self.vocab_size})")
-    if self.arch == "decoder_only" and self.num_encoder_layers is not None:
-      raise ValueError(
-          f"num_encoder_layers={self.num_encoder_layers} is only allowed with "
-          "arch='encoder_decoder'"
-      )
-
-  @property
-  def kv_heads(self) -> int:
-    """K, the number of key/value heads."""
-    return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
-
-  @property
-  def dim_per_head(self) -> int:
-    """H, the head dimension."""
-    return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
-
-  @property
-  def encoder_layers(self) -> int:
-    return self.num_layers if self.num_encoder_layers is None else self.num_encoder_layers
 
   def kv_cache_bytes_per_token(self, dtype: str | None = None) -> int:
-    """Bytes of K and V cached per token over all decoder layers (self-attention)."""
-    import numpy as np
+    """Bytes of K and V cached per token over all decoder layers (self-attention).
 
-    itemsize = np.dtype(_numpy_dtype(dtype or self.dtype)).itemsize
-    return 2 * self.num_layers * self.kv_heads * self.dim_per_head * itemsize
+    Args:
+      dtype: the cache dtype (a ``DTYPE_BYTES`` name); default the model's.
+    """
+    return kv_cache_bytes(layers=self.num_layers, seq=1, kv_heads=self.num_kv_heads,
+                          head_dim=self.head_dim, dtype=dtype or self.dtype)
 
   def replace(self, **changes) -> ModelConfig:
-    return dataclasses.replace(self, **changes)
+    """A copy with ``changes``. Resolved defaults follow their source: a copy
+    with a new ``num_heads`` / ``d_model`` / ``num_layers`` gets the derived
+    ``num_kv_heads`` / ``head_dim`` / ``num_encoder_layers`` it would get if
+    built from scratch, unless those were set explicitly or are changed too."""
+    unset = {name: None for name in self._resolved if name not in changes}
+    return dataclasses.replace(self, **unset, **changes)
 
 
-def _numpy_dtype(name: str):
-  import jax.numpy as jnp
+def kv_cache_bytes(*, layers: int, seq: int, kv_heads: int, head_dim: int, dtype: str,
+                   batch: int = 1) -> int:
+  """Bytes of a K/V cache: 2 (K and V) * B * L * S * K * H * bytes per element.
 
-  return {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}[name]
+  The one formula: ``ModelConfig.kv_cache_bytes_per_token`` and
+  ``attnlab kv-size`` both call it.
+  """
+  _choice("dtype", dtype, tuple(DTYPE_BYTES))
+  return 2 * batch * layers * seq * kv_heads * head_dim * DTYPE_BYTES[dtype]
 
 
 # --------------------------------------------------------------------------- training
@@ -354,24 +373,24 @@ class TrainConfig:
 
 # --------------------------------------------------------------------------- decoding
 
-CACHES = ("contiguous", "ring", "paged")
-
-
 @dataclass(frozen=True, kw_only=True)
 class DecodeConfig:
   """How ``attnlab decode`` / ``attnlab.generate`` produce tokens.
 
+  The one home of the decoding defaults: ``generate``'s keyword defaults are
+  read from ``DecodeConfig()``. The end-of-sequence and start tokens are not
+  here: they belong to the tokenizer (``attnlab.data.tokenizer``).
+
   Attributes:
     max_new_tokens: tokens generated per sequence at most.
-    cache: "contiguous" | "ring" (sliding-window models) | "paged".
+    cache: "contiguous" | "ring" (sliding-window models) | "paged"
+      (``CACHE_KINDS``).
     temperature: 0 = greedy; else logits are divided by it before sampling.
     top_k: sample only among the k most likely tokens; None = all.
     top_p: sample only from the smallest set whose probability reaches p.
     beam_size: beam search width (encoder-decoder); 1 = no beam search.
     length_penalty: alpha of the GNMT length penalty ((5 + len) / 6)^alpha
       that divides the log probability of a finished beam; 0 = none.
-    eos_id: a sequence stops after emitting it; None = never stops early.
-    bos_id: the first decoder token of an encoder-decoder.
     seed: the sampling seed.
     page_size: C, slots per page of the paged cache.
     num_pages: P, pages of the paged cache; None = enough for every sequence.
@@ -384,15 +403,13 @@ class DecodeConfig:
   top_p: float | None = None
   beam_size: int = 1
   length_penalty: float = 0.6
-  eos_id: int | None = 2
-  bos_id: int = 1
   seed: int = 0
   page_size: int = 16
   num_pages: int | None = None
 
   def __post_init__(self):
     _positive("max_new_tokens", self.max_new_tokens)
-    _choice("cache", self.cache, CACHES)
+    _choice("cache", self.cache, CACHE_KINDS)
     if not self.temperature >= 0.0:
       raise ValueError(f"temperature={self.temperature!r} must be >= 0 (0 = greedy)")
     if self.top_k is not None:
@@ -402,11 +419,7 @@ class DecodeConfig:
     _positive("beam_size", self.beam_size)
     if not self.length_penalty >= 0.0:
       raise ValueError(f"length_penalty={self.length_penalty!r} must be >= 0")
-    for name in ("eos_id", "bos_id", "seed"):
-      value = getattr(self, name)
-      if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                or value < 0):
-        raise ValueError(f"{name}={value!r} must be a non-negative integer")
+    _nonnegative("seed", self.seed)
     _positive("page_size", self.page_size)
     if self.num_pages is not None:
       _positive("num_pages", self.num_pages)

@@ -41,8 +41,8 @@ def test_invalid_config_raises_value_error_naming_the_field(kwargs, message):
 
 def test_defaults_and_derived_sizes():
   cfg = ModelConfig(d_model=256, num_heads=8, num_kv_heads=2)
-  assert cfg.dim_per_head == 32 and cfg.kv_heads == 2
-  assert ModelConfig(num_heads=8).kv_heads == 8
+  assert cfg.head_dim == 32 and cfg.num_kv_heads == 2
+  assert ModelConfig(num_heads=8).num_kv_heads == 8
   # 2 (K and V) * 4 layers * 2 KV heads * 32 dims * 4 bytes.
   assert cfg.kv_cache_bytes_per_token() == 2 * 4 * 2 * 32 * 4
 

@@ -16,18 +16,18 @@ def concat_documents(docs: list[np.ndarray], bos_id: int, eos_id: int):
   """One stream of tokens and the document id (1, 2, ...) of every token.
 
   Returns:
-    tokens_L, doc_ids_L: int32 arrays of the same length.
+    tokens_Y, doc_ids_Y: int32 arrays of the same length.
   """
   lengths = [len(d) + 2 for d in docs]
-  tokens_L = np.empty(sum(lengths), np.int32)
-  doc_ids_L = np.repeat(np.arange(1, len(docs) + 1, dtype=np.int32), lengths)
+  tokens_Y = np.empty(sum(lengths), np.int32)
+  doc_ids_Y = np.repeat(np.arange(1, len(docs) + 1, dtype=np.int32), lengths)
   at = 0
   for doc, n in zip(docs, lengths):
-    tokens_L[at] = bos_id
-    tokens_L[at + 1:at + n - 1] = doc
-    tokens_L[at + n - 1] = eos_id
+    tokens_Y[at] = bos_id
+    tokens_Y[at + 1:at + n - 1] = doc
+    tokens_Y[at + n - 1] = eos_id
     at += n
-  return tokens_L, doc_ids_L
+  return tokens_Y, doc_ids_Y
 
 
 def segment_positions(segment_ids_BT: np.ndarray) -> np.ndarray:
@@ -41,7 +41,7 @@ def segment_positions(segment_ids_BT: np.ndarray) -> np.ndarray:
   return (idx_BT - start_idx_BT).astype(np.int32)
 
 
-def packed_rows(tokens_L, doc_ids_L, rows: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
+def packed_rows(tokens_Y, doc_ids_Y, rows: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
   """Rows ``rows`` of the stream cut into T + 1 windows (overlapping by one).
 
   Returns a batch dict: tokens_BT, targets_BT, segment_ids_BT (the input
@@ -50,15 +50,15 @@ def packed_rows(tokens_L, doc_ids_L, rows: np.ndarray, seq_len: int) -> dict[str
   """
   starts_B1 = (np.asarray(rows) * seq_len)[:, None]
   idx_BT = starts_B1 + np.arange(seq_len)[None, :]
-  seg_BT = doc_ids_L[idx_BT]
+  seg_BT = doc_ids_Y[idx_BT]
   # Renumber per row from 1: ids stay small and 0 stays "padding".
   seg_BT = (seg_BT - seg_BT[:, :1] + 1).astype(np.int32)
   return dict(
-      tokens_BT=tokens_L[idx_BT],
-      targets_BT=tokens_L[idx_BT + 1],
+      tokens_BT=tokens_Y[idx_BT],
+      targets_BT=tokens_Y[idx_BT + 1],
       segment_ids_BT=seg_BT,
       positions_BT=segment_positions(seg_BT),
-      loss_mask_BT=(doc_ids_L[idx_BT] == doc_ids_L[idx_BT + 1]).astype(np.float32),
+      loss_mask_BT=(doc_ids_Y[idx_BT] == doc_ids_Y[idx_BT + 1]).astype(np.float32),
   )
 
 

@@ -28,16 +28,16 @@ class PackedText:
   def __init__(self, docs: list[str], tokenizer, seq_len: int, seed: int):
     order = np.random.default_rng([seed, 7]).permutation(len(docs))
     ids = [tokenizer.encode(docs[i]) for i in order]
-    self.tokens_L, self.doc_ids_L = packing.concat_documents(ids, tokenizer.bos_id,
+    self.tokens_Y, self.doc_ids_Y = packing.concat_documents(ids, tokenizer.bos_id,
                                                               tokenizer.eos_id)
     self.seq_len = seq_len
-    self.size = packing.num_rows(len(self.tokens_L), seq_len)
+    self.size = packing.num_rows(len(self.tokens_Y), seq_len)
     if self.size == 0:
-      raise ValueError(f"the corpus ({len(self.tokens_L)} tokens) is shorter than one row "
+      raise ValueError(f"the corpus ({len(self.tokens_Y)} tokens) is shorter than one row "
                        f"of seq_len={seq_len}")
 
   def batch(self, indices) -> dict[str, np.ndarray]:
-    return packing.packed_rows(self.tokens_L, self.doc_ids_L, np.asarray(indices), self.seq_len)
+    return packing.packed_rows(self.tokens_Y, self.doc_ids_Y, np.asarray(indices), self.seq_len)
 
 
 class PairBatches:

@@ -28,17 +28,21 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attnlab.config import CACHE_KINDS, DecodeConfig
+from attnlab.decoding.beam import beam_search
 from attnlab.decoding.paging import PageAllocator
 from attnlab.decoding.sampling import Sampling, sample
 from attnlab.nn import kv_cache as cache_lib
 
 GREEDY = Sampling(temperature=0.0)
+_DEFAULTS = DecodeConfig()  # the one home of the decoding defaults
 
 
-def generate(model, prompt_BT, *, max_new_tokens: int = 64, cache: str = "contiguous",
-             sampling: Sampling = GREEDY, rng=None, prompt_lengths_B=None,
-             eos_id: int | None = 2, bos_id: int = 1, beam_size: int | None = None,
-             length_penalty: float = 0.6, page_size: int = 16, num_pages: int | None = None,
+def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens,
+             cache: str = _DEFAULTS.cache, sampling: Sampling = GREEDY, rng=None,
+             prompt_lengths_B=None, eos_id: int | None = 2, bos_id: int = 1,
+             beam_size: int | None = None, length_penalty: float = _DEFAULTS.length_penalty,
+             page_size: int = _DEFAULTS.page_size, num_pages: int | None = _DEFAULTS.num_pages,
              cache_len: int | None = None):
   """Generate up to ``max_new_tokens`` tokens per sequence.
 
@@ -74,8 +78,8 @@ def generate(model, prompt_BT, *, max_new_tokens: int = 64, cache: str = "contig
   rng = jax.random.key(0) if rng is None else rng
   if isinstance(rng, jax.Array) and not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
     rng = jax.random.wrap_key_data(rng)
-  if cache not in cache_lib.CACHE_KINDS:
-    raise ValueError(f"cache={cache!r} is not one of {', '.join(map(repr, cache_lib.CACHE_KINDS))}")
+  if cache not in CACHE_KINDS:
+    raise ValueError(f"cache={cache!r} is not one of {', '.join(map(repr, CACHE_KINDS))}")
   if cache == "ring" and cfg.window is None:
     raise ValueError("cache='ring' needs a sliding-window model (ModelConfig.window), got "
                      "window=None; use cache='contiguous' or 'paged'")
@@ -210,7 +214,7 @@ def _sampling_loop(forward, cache, alloc, first_logits_BV, rng, *, max_new_token
     return sample(logits_BV, sub, sampling), rng
 
   token_B, rng = draw(first_logits_BV, rng)
-  out_BL = jnp.full((B, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(token_B)
+  out_BJ = jnp.full((B, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(token_B)
   done_B = token_B == eos_id
   if paged:
     cache, alloc = _release(cache, alloc, done_B)
@@ -220,22 +224,22 @@ def _sampling_loop(forward, cache, alloc, first_logits_BV, rng, *, max_new_token
     return (step < max_new_tokens) & ~jnp.all(done_B)
 
   def body(carry):
-    step, token_B, done_B, out_BL, cache, alloc, rng = carry
+    step, token_B, done_B, out_BJ, cache, alloc, rng = carry
     live_B = (~done_B).astype(jnp.int32)
     if paged:
       cache, alloc = _reserve(cache, alloc, live_B, page_size)
     logits_BTV, cache = forward(token_B[:, None], live_B[:, None], cache)
     sampled_B, rng = draw(logits_BTV[:, 0], rng)
     next_B = jnp.where(done_B, pad_id, sampled_B)
-    out_BL = out_BL.at[:, step].set(next_B)
+    out_BJ = out_BJ.at[:, step].set(next_B)
     finished_B = ~done_B & (next_B == eos_id)
     if paged:
       cache, alloc = _release(cache, alloc, finished_B)
-    return step + 1, next_B, done_B | finished_B, out_BL, cache, alloc, rng
+    return step + 1, next_B, done_B | finished_B, out_BJ, cache, alloc, rng
 
-  carry = (jnp.int32(1), token_B, done_B, out_BL, cache, alloc, rng)
-  _, _, _, out_BL, _, alloc, _ = jax.lax.while_loop(cond, body, carry)
-  return out_BL, (alloc.exhausted if paged else jnp.bool_(False))
+  carry = (jnp.int32(1), token_B, done_B, out_BJ, cache, alloc, rng)
+  _, _, _, out_BJ, _, alloc, _ = jax.lax.while_loop(cond, body, carry)
+  return out_BJ, (alloc.exhausted if paged else jnp.bool_(False))
 
 
 def _reserve(cache, alloc, num_new_B, page_size):
@@ -310,12 +314,10 @@ def _sample_encoder_decoder(graphdef, state, src_BS, rng, eos_id, bos_id, *, max
     "cache_len"))
 def _beam_encoder_decoder(graphdef, state, src_BS, eos_id, bos_id, *, max_new_tokens, kind,
                           page_size, beam_size, length_penalty, cache_len):
-  from attnlab.decoding.beam import beam_search
-
   model = _eval_model(graphdef, state)
   cfg = model.cfg
   B = src_BS.shape[0]
-  # Beams are rows b * W + w; every beam of a source shares its cross K/V.
+  # Beams are rows X = b * Z + z; every beam of a source shares its cross K/V.
   cross = jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0), model.cross_cache(src_BS))
   cache, _ = _new_cache(cfg, kind, B * beam_size, cache_len, page_size, None)
   forward = _decoder_forward(model)

@@ -65,10 +65,10 @@ class PageAllocator:
       (allocator, page_table_BM).
     """
     P = self.free_P.shape[0]
-    pages_X = page_table_BM.reshape(-1)
-    back_X = (release_B[:, None] & (page_table_BM >= 0)).reshape(-1)
-    slot_X = jnp.where(back_X, self.num_free + jnp.cumsum(back_X) - 1, P)
-    free_P = self.free_P.at[slot_X].set(pages_X, mode="drop")
+    pages_E = page_table_BM.reshape(-1)
+    back_E = (release_B[:, None] & (page_table_BM >= 0)).reshape(-1)
+    slot_E = jnp.where(back_E, self.num_free + jnp.cumsum(back_E) - 1, P)
+    free_P = self.free_P.at[slot_E].set(pages_E, mode="drop")
     page_table_BM = jnp.where(release_B[:, None], -1, page_table_BM)
-    return (PageAllocator(free_P, self.num_free + jnp.sum(back_X, dtype=jnp.int32),
+    return (PageAllocator(free_P, self.num_free + jnp.sum(back_E, dtype=jnp.int32),
                           self.exhausted), page_table_BM)

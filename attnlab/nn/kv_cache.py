@@ -44,12 +44,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from attnlab.config import CACHE_KINDS
 from attnlab.nn.layers import as_dtype
 from attnlab.ops.dispatch import attention, cache_implementation
 from attnlab.ops.pallas import decode as decode_kernels
 from attnlab.ops.reference import reference_attention
-
-CACHE_KINDS = ("contiguous", "ring", "paged")
 
 
 def _positions_BT(lengths_B, T):
@@ -347,7 +346,7 @@ def init_cache(cfg, kind: str, batch: int, max_len: int, *, page_size: int = 16,
     tuple of ``BlockCache``, one per decoder layer.
   """
   dtype = as_dtype(dtype or cfg.dtype)
-  dims = (cfg.kv_heads, cfg.dim_per_head)
+  dims = (cfg.num_kv_heads, cfg.head_dim)
   if kind == "contiguous":
     make = lambda: KVCache.init(batch, max_len, *dims, dtype=dtype)
   elif kind == "ring":

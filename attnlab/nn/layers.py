@@ -12,13 +12,17 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from attnlab.config import DTYPES
 from attnlab.nn.partitioning import logical_constraint
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
 def as_dtype(name_or_dtype):
-  return DTYPES.get(name_or_dtype, name_or_dtype)
+  """A dtype name of ``config.DTYPES`` as a jnp dtype; a dtype passes through."""
+  if isinstance(name_or_dtype, str):
+    if name_or_dtype not in DTYPES:
+      raise ValueError(f"dtype={name_or_dtype!r} is not one of {', '.join(map(repr, DTYPES))}")
+    return jnp.dtype(name_or_dtype)
+  return name_or_dtype
 
 
 def fan_in_init(in_axes: tuple[int, ...], scale: float = 1.0):

@@ -25,25 +25,25 @@ class MLP(nnx.Module):
     self.kind = kind
     kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     bias = (1,) if use_bias else None
-    # Activations are flattened to [B*T, D]: on XLA:CPU the 2-D matmuls avoid
+    # Activations are flattened to rows [R = B*T, D]: on XLA:CPU the 2-D matmuls avoid
     # a strided transpose that the 3-D einsum produced.
-    self.up_proj = Einsum("MD,DF->MF", (d_model, d_ff), ("embed", "mlp"), in_axes=(0,),
+    self.up_proj = Einsum("RD,DF->RF", (d_model, d_ff), ("embed", "mlp"), in_axes=(0,),
                           bias_dims=bias, **kw)
     self.gate_proj = (
-        Einsum("MD,DF->MF", (d_model, d_ff), ("embed", "mlp"), in_axes=(0,), bias_dims=bias,
+        Einsum("RD,DF->RF", (d_model, d_ff), ("embed", "mlp"), in_axes=(0,), bias_dims=bias,
                **kw)
         if kind == "swiglu" else nnx.data(None)
     )
-    self.down_proj = Einsum("MF,FD->MD", (d_ff, d_model), ("mlp", "embed"), in_axes=(0,),
+    self.down_proj = Einsum("RF,FD->RD", (d_ff, d_model), ("mlp", "embed"), in_axes=(0,),
                             bias_dims=bias, **kw)
 
   def __call__(self, x_BTD):
     B, T, D = x_BTD.shape
-    x_MD = x_BTD.reshape(B * T, D)
+    x_RD = x_BTD.reshape(B * T, D)
     if self.kind == "swiglu":
-      h_MF = jax.nn.silu(self.gate_proj(x_MD)) * self.up_proj(x_MD)
+      h_RF = jax.nn.silu(self.gate_proj(x_RD)) * self.up_proj(x_RD)
     elif self.kind == "gelu":
-      h_MF = jax.nn.gelu(self.up_proj(x_MD))
+      h_RF = jax.nn.gelu(self.up_proj(x_RD))
     else:
-      h_MF = jax.nn.relu(self.up_proj(x_MD))
-    return self.down_proj(h_MF).reshape(B, T, D)
+      h_RF = jax.nn.relu(self.up_proj(x_RD))
+    return self.down_proj(h_RF).reshape(B, T, D)

@@ -43,7 +43,7 @@ class Block(nnx.Module):
         use_bias=cfg.use_bias, dropout_rate=cfg.attention_dropout_rate,
         implementation=cfg.attention_impl, rngs=rngs, **_dtypes(cfg),
     )
-    dims = (cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.dim_per_head)
+    dims = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
     self.input_layernorm = _norm(cfg)
     self.self_attn = Attention(
         *dims, causal=causal, window=cfg.window,
@@ -199,7 +199,7 @@ class EncoderDecoder(nnx.Module):
     self.cfg = cfg
     self.embedder = Embedder(cfg.vocab_size, cfg.d_model, tied=cfg.tie_embeddings,
                              scale_embeddings=cfg.scale_embeddings, rngs=rngs, **_dtypes(cfg))
-    self.encoder = Stack(cfg, cfg.encoder_layers, causal=False, cross=False, rngs=rngs)
+    self.encoder = Stack(cfg, cfg.num_encoder_layers, causal=False, cross=False, rngs=rngs)
     self.decoder = Stack(cfg, cfg.num_layers, causal=True, cross=True, rngs=rngs)
 
   def source_segment_ids(self, src_BS):

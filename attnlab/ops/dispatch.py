@@ -25,13 +25,12 @@ import math
 
 import jax
 
+from attnlab.config import IMPLEMENTATIONS
 from attnlab.ops import checks
 from attnlab.ops.chunked import chunked_attention
 from attnlab.ops.jax_nn import jax_nn_attention
 from attnlab.ops.pallas import flash
 from attnlab.ops.reference import blocked_attention, reference_attention
-
-IMPLEMENTATIONS = ("reference", "blocked", "chunked", "xla", "cudnn", "pallas")
 
 
 def attention(

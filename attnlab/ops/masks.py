@@ -37,16 +37,6 @@ def position_mask(q_pos, k_pos, *, causal: bool, window: int | None):
   return ok
 
 
-def causal_mask(q_pos, k_pos):
-  """True where key ``k_pos`` is not in the future of query ``q_pos``."""
-  return position_mask(q_pos, k_pos, causal=True, window=None)
-
-
-def sliding_window_mask(q_pos, k_pos, window: int, *, causal: bool = True):
-  """True where key ``k_pos`` is inside the ``window`` band of ``q_pos``."""
-  return position_mask(q_pos, k_pos, causal=causal, window=window)
-
-
 def segment_mask(q_segment_ids_BT, kv_segment_ids_BS):
   """[B, T, S] True where the query and the key belong to the same segment."""
   return q_segment_ids_BT[:, :, None] == kv_segment_ids_BS[:, None, :]

@@ -22,6 +22,9 @@ import warnings
 
 import jax
 
+from attnlab.nn.transformer import build_model
+from attnlab import config_gin as gin_config
+
 CHECKPOINT_DIR = "checkpoints"
 CONFIG_FILE = "config.gin"
 
@@ -139,9 +142,6 @@ def load_checkpoint(workdir: str, step: int | None = None):
     ValueError: ``step`` is not one of the saved steps.
   """
   from flax import nnx
-
-  from attnlab import config_gin as gin_config
-  from attnlab.nn.transformer import build_model
 
   config_path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.isfile(config_path):

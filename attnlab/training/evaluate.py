@@ -16,6 +16,7 @@ import os
 import jax
 import numpy as np
 
+from attnlab.decoding.generate import generate
 from attnlab.training.metrics import perplexity
 
 
@@ -77,8 +78,6 @@ def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int) -> l
     one ``{"source", "reference", "prediction"}`` dict of token-id lists per
     example (eos and everything after it removed).
   """
-  from attnlab.decoding.generate import generate
-
   cfg = model.cfg
   out = []
   for batch in batches:
@@ -87,11 +86,11 @@ def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int) -> l
     # A reference fits in the row width T (with its eos); a decoder-only
     # prompt of width T leaves max_len - T + 1 positions to generate into.
     max_new = T if cfg.arch == "encoder_decoder" else min(T, cfg.max_len - T + 1)
-    tokens_BL = np.asarray(generate(model, prompt_BT, max_new_tokens=max_new,
+    tokens_BJ = np.asarray(generate(model, prompt_BT, max_new_tokens=max_new,
                                     prompt_lengths_B=lengths_B, eos_id=eos_id, bos_id=bos_id))
     for b in range(len(refs)):
       out.append({"source": sources[b], "reference": refs[b],
-                  "prediction": _until_eos(tokens_BL[b], eos_id)})
+                  "prediction": _until_eos(tokens_BJ[b], eos_id)})
   return out
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from attnlab.config import DataConfig, ModelConfig, TrainConfig
 from attnlab.data import pipeline
 from attnlab.training import evaluate as eval_lib
+from attnlab import config_gin as gin_config
 from attnlab.training import sharding as shd
 from attnlab.training import steps as steps_lib
 from attnlab.training.checkpoint import Checkpointer
@@ -228,8 +229,6 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
 
 def evaluate_workdir(workdir: str, step: int | None = None) -> dict:
   """Validation metrics of a workdir's checkpoint (the config from config.gin)."""
-  from attnlab import config_gin as gin_config
-
   path = os.path.join(workdir, "config.gin")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} does not exist: not a training workdir")

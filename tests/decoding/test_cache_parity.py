@@ -187,7 +187,7 @@ def test_ring_cache_memory_does_not_grow_with_length():
   long = cache_lib.init_cache(cfg, "ring", 2, 4096)
   assert cache_lib.cache_bytes(short) == cache_lib.cache_bytes(long)
   # K and V of W slots, their positions and the lengths, per layer: O(window).
-  K, H, W, L = cfg.kv_heads, cfg.dim_per_head, cfg.window, cfg.num_layers
+  K, H, W, L = cfg.num_kv_heads, cfg.head_dim, cfg.window, cfg.num_layers
   assert cache_lib.cache_bytes(long) == L * (2 * 2 * K * W * H * 4 + 2 * W * 4 + 2 * 4)
   # After decoding far past the window the cache has the same shapes.
   _, after = decoder_cached("mqa_rope_window3", "ring")

@@ -33,7 +33,7 @@ def test_every_gin_file_parses_and_builds(path):
 
 def test_paper_base_config_is_the_paper():
   mcfg, _, tcfg = gin_config.parse([os.path.join(REPO, "configs", "translation_tsv.gin")], [])
-  assert (mcfg.d_model, mcfg.num_heads, mcfg.d_ff, mcfg.num_layers, mcfg.encoder_layers) == (
+  assert (mcfg.d_model, mcfg.num_heads, mcfg.d_ff, mcfg.num_layers, mcfg.num_encoder_layers) == (
       512, 8, 2048, 6, 6)
   assert (mcfg.norm_position, mcfg.norm, mcfg.pos, mcfg.mlp) == (
       "post", "layernorm", "sinusoidal", "relu")

@@ -5,7 +5,7 @@ this module only dispatches (one line per command below), importing nothing
 but the command that runs, so ``attnlab --help`` is instant.
 
 A command signals bad input by raising ``CommandError``
-(attnlab/commands/_common.py): one line on stderr naming what is wrong, exit
+(attnlab/commands/__init__.py): one line on stderr naming what is wrong, exit
 code 2.
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib
 import sys
+
+from attnlab.commands import CommandError
 
 # name -> (module in attnlab/commands/, one-line help)
 COMMANDS = {
@@ -39,9 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"attnlab: unknown command {name!r}\n{usage()}", file=sys.stderr)
     return 2
   module = importlib.import_module(f"attnlab.commands.{COMMANDS[name][0]}")
-  # Imported here, not at the top: _common loads jax and gin, and --help needs neither.
-  from attnlab.commands._common import CommandError
-
   try:
     return int(module.main(rest) or 0)
   except CommandError as e:

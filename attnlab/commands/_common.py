@@ -12,11 +12,8 @@ import os
 import jax
 
 from attnlab import config_gin
+from attnlab.commands import CommandError
 from attnlab.config import DataConfig, ModelConfig, TrainConfig
-
-
-class CommandError(Exception):
-  """Bad input to a command: printed as one line, exit code 2."""
 
 
 class CommandParser(argparse.ArgumentParser):

@@ -22,8 +22,8 @@ import warnings
 
 import jax
 
-from attnlab.nn.transformer import build_model
 from attnlab import config_gin as gin_config
+from attnlab.nn.transformer import build_model
 
 CHECKPOINT_DIR = "checkpoints"
 CONFIG_FILE = "config.gin"

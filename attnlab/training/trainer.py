@@ -18,10 +18,10 @@ import time
 import jax
 import numpy as np
 
+from attnlab import config_gin as gin_config
 from attnlab.config import DataConfig, ModelConfig, TrainConfig
 from attnlab.data import pipeline
 from attnlab.training import evaluate as eval_lib
-from attnlab import config_gin as gin_config
 from attnlab.training import sharding as shd
 from attnlab.training import steps as steps_lib
 from attnlab.training.checkpoint import Checkpointer

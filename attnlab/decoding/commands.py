@@ -121,9 +121,11 @@ def decode_main(argv: list[str]) -> int:
     if (lengths_B == 0).any():
       raise CommandError(f"prompt {int(np.argmax(lengths_B == 0)) + 1} is empty")
     kwargs.update(prompt_lengths_B=lengths_B)
+  from attnlab.decoding.generate import GenerateInputError
+
   try:
     out_BL = np.asarray(attnlab.generate(model, prompt_BT, **kwargs))
-  except (ValueError, RuntimeError) as e:
+  except GenerateInputError as e:  # only input errors: a bug keeps its traceback
     raise CommandError(str(e)) from None
   for prompt, row in zip(prompts, out_BL):
     text = tokenizer.decode(row)

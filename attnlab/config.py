@@ -346,11 +346,9 @@ class TrainConfig:
       raise ValueError(f"min_lr_ratio={self.min_lr_ratio!r} must be in [0, 1]")
     for name in ("b1", "b2"):
       _fraction(name, getattr(self, name))
-    if self.eps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
-      raise ValueError(
-          f"eps={self.eps!r}, weight_decay={self.weight_decay!r} and "
-          f"grad_clip={self.grad_clip!r} must be non-negative"
-      )
+    for name in ("eps", "weight_decay", "grad_clip"):
+      if not getattr(self, name) >= 0:
+        raise ValueError(f"{name}={getattr(self, name)!r} must be non-negative")
     _fraction("label_smoothing", self.label_smoothing)
     _positive("grad_accum", self.grad_accum)
     shape = tuple(self.mesh_shape)

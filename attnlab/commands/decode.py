@@ -18,7 +18,7 @@ from attnlab import config_gin
 from attnlab.commands._common import CommandError, CommandParser
 from attnlab.config import CACHES, DecodeConfig
 from attnlab.data.tokenizer import make_tokenizer
-from attnlab.decoding.generate import generate
+from attnlab.decoding.generate import GenerateInputError, generate
 from attnlab.decoding.sampling import Sampling
 from attnlab.training.checkpoint import load_checkpoint
 
@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
     kwargs.update(prompt_lengths_B=lengths_B)
   try:
     out_BL = np.asarray(generate(model, prompt_BT, **kwargs))
-  except ValueError as e:  # generate's input checks; anything else is a bug: let it show
+  except GenerateInputError as e:  # only input errors: a bug keeps its traceback
     raise CommandError(str(e)) from None
   for prompt, row in zip(prompts, out_BL):
     text = tokenizer.decode(row)

@@ -34,6 +34,14 @@ from attnlab.decoding.paging import PageAllocator
 from attnlab.decoding.sampling import Sampling, sample
 from attnlab.nn import kv_cache as cache_lib
 
+
+class GenerateInputError(ValueError):
+  """Bad arguments to ``generate`` (the prompt, the cache, the lengths, the beam).
+
+  ``attnlab decode`` reports these as bad input (one line, exit 2); any other
+  error out of ``generate`` is a bug and propagates with its traceback.
+  """
+
 GREEDY = Sampling(temperature=0.0)
 _DEFAULTS = DecodeConfig()  # the one home of the decoding defaults
 
@@ -79,12 +87,13 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
   if isinstance(rng, jax.Array) and not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
     rng = jax.random.wrap_key_data(rng)
   if cache not in CACHE_KINDS:
-    raise ValueError(f"cache={cache!r} is not one of {', '.join(map(repr, CACHE_KINDS))}")
+    raise GenerateInputError(
+        f"cache={cache!r} is not one of {', '.join(map(repr, CACHE_KINDS))}")
   if cache == "ring" and cfg.window is None:
-    raise ValueError("cache='ring' needs a sliding-window model (ModelConfig.window), got "
-                     "window=None; use cache='contiguous' or 'paged'")
+    raise GenerateInputError("cache='ring' needs a sliding-window model (ModelConfig.window), got "
+                             "window=None; use cache='contiguous' or 'paged'")
   if beam_size is not None and (not isinstance(beam_size, int) or beam_size < 1):
-    raise ValueError(f"beam_size={beam_size!r} must be a positive integer")
+    raise GenerateInputError(f"beam_size={beam_size!r} must be a positive integer")
   B, T = prompt_BT.shape
   graphdef, state = nnx.split(model)
   if sampling.greedy:
@@ -99,8 +108,8 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
     if beam_size is not None:
       if cache == "paged":
-        raise ValueError("beam search reorders whole cache rows: use cache='contiguous' or "
-                         "'ring' with beam_size")
+        raise GenerateInputError("beam search reorders whole cache rows: use cache='contiguous' or "
+                                 "'ring' with beam_size")
       return _beam_encoder_decoder(graphdef, state, jnp.asarray(prompt_BT), eos, jnp.int32(bos_id),
                                    beam_size=beam_size, length_penalty=float(length_penalty),
                                    cache_len=cache_len, **static)
@@ -109,8 +118,8 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
         cache_len=cache_len, num_pages=num_pages, **static)
   else:
     if beam_size is not None:
-      raise ValueError(f"beam_size={beam_size} needs an encoder-decoder model; sample or use "
-                       "greedy decoding (temperature=0) with a decoder-only model")
+      raise GenerateInputError(f"beam_size={beam_size} needs an encoder-decoder model; sample "
+                               "or use greedy decoding (temperature=0) with a decoder-only model")
     lengths_B = _prompt_lengths(cfg, prompt_BT, prompt_lengths_B)
     # The last generated token is never fed back, so it needs no cache slot.
     cache_len = _check_cache_len(cfg, cache_len, T + max_new_tokens - 1, "the prompt")
@@ -132,17 +141,18 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
 
 def _check_prompt(cfg, prompt_BT, max_new_tokens):
   if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
+    raise GenerateInputError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
   if prompt_BT.ndim != 2 or not np.issubdtype(prompt_BT.dtype, np.integer):
-    raise ValueError(f"prompt must be an int array [B, T], got dtype {prompt_BT.dtype} and "
-                     f"shape {prompt_BT.shape}")
+    raise GenerateInputError(f"prompt must be an int array [B, T], got dtype {prompt_BT.dtype} and "
+                             f"shape {prompt_BT.shape}")
   if prompt_BT.shape[0] == 0 or prompt_BT.shape[1] == 0:
-    raise ValueError(f"the prompt is empty (shape {prompt_BT.shape}): give at least one token")
+    raise GenerateInputError(
+        f"the prompt is empty (shape {prompt_BT.shape}): give at least one token")
   bad = (prompt_BT < 0) | (prompt_BT >= cfg.vocab_size)
   if bad.any():
     b, t = np.argwhere(bad)[0]
-    raise ValueError(f"token id {int(prompt_BT[b, t])} at [{b}, {t}] is outside the "
-                     f"vocabulary [0, {cfg.vocab_size})")
+    raise GenerateInputError(f"token id {int(prompt_BT[b, t])} at [{b}, {t}] is outside the "
+                             f"vocabulary [0, {cfg.vocab_size})")
 
 
 def _prompt_lengths(cfg, prompt_BT, prompt_lengths_B):
@@ -153,25 +163,26 @@ def _prompt_lengths(cfg, prompt_BT, prompt_lengths_B):
   else:
     lengths_B = np.asarray(prompt_lengths_B)
     if lengths_B.shape != (B,):
-      raise ValueError(f"prompt_lengths_B shape {lengths_B.shape} must be [B] = ({B},)")
+      raise GenerateInputError(f"prompt_lengths_B shape {lengths_B.shape} must be [B] = ({B},)")
     if (lengths_B > T).any():
-      raise ValueError(f"prompt_lengths_B={lengths_B.tolist()} exceeds the prompt width T={T}")
+      raise GenerateInputError(
+          f"prompt_lengths_B={lengths_B.tolist()} exceeds the prompt width T={T}")
   if (lengths_B < 1).any():
     b = int(np.argmax(lengths_B < 1))
-    raise ValueError(f"prompt {b} is empty (all padding, pad_id={cfg.pad_id}): give at least "
-                     "one token")
+    raise GenerateInputError(f"prompt {b} is empty (all padding, pad_id={cfg.pad_id}): give at "
+                             "least one token")
   return lengths_B.astype(np.int32)
 
 
 def _check_cache_len(cfg, cache_len, needed, what):
   if needed > cfg.max_len:
-    raise ValueError(f"{what} plus max_new_tokens needs {needed} positions, more than the "
-                     f"model's max_len={cfg.max_len}")
+    raise GenerateInputError(f"{what} plus max_new_tokens needs {needed} positions, more than the "
+                             f"model's max_len={cfg.max_len}")
   if cache_len is None:
     return max(needed, 1)
   if needed > cache_len:
-    raise ValueError(f"{what} plus max_new_tokens needs {needed} cache slots, more than "
-                     f"cache_len={cache_len}")
+    raise GenerateInputError(f"{what} plus max_new_tokens needs {needed} cache slots, more than "
+                             f"cache_len={cache_len}")
   return cache_len
 
 

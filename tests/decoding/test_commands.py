@@ -112,3 +112,68 @@ def test_generate_rejects_bad_prompts():
     attnlab.generate(model, np.array([[5, 6]]), cache="ring")
   with pytest.raises(ValueError, match="encoder-decoder"):
     attnlab.generate(model, np.array([[5, 6]]), beam_size=2)
+
+
+def test_generate_input_errors_have_their_own_type():
+  """What ``attnlab decode`` maps to exit 2 is a ValueError subclass raised only for input."""
+  from attnlab.decoding.generate import GenerateInputError
+
+  assert issubclass(GenerateInputError, ValueError)
+  model = decoder_model("mha_rope")
+  with pytest.raises(GenerateInputError, match="max_len=64"):
+    attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=100)
+  with pytest.raises(GenerateInputError, match="cache='nope'"):
+    attnlab.generate(model, np.array([[5, 6]]), cache="nope")
+
+
+@pytest.mark.parametrize("error", [ValueError("internal: a shape bug"),
+                                   RuntimeError("internal: paged cache ran out")])
+def test_decode_lets_internal_errors_propagate(workdir, monkeypatch, capsys, error):
+  """A ValueError / RuntimeError that is not an input error is not turned into exit 2.
+
+  It leaves ``main`` (so ``attnlab`` exits 1 with its traceback); an input
+  error from the same call is still one line and exit 2.
+  """
+
+  def broken_generate(*args, **kwargs):
+    raise error
+
+  monkeypatch.setattr(attnlab, "generate", broken_generate)
+  argv = ["decode", "--workdir", workdir, "--prompt", "hi", "--max_new_tokens", "3"]
+  with pytest.raises(type(error), match="internal"):
+    main(argv)
+  assert capsys.readouterr().err == ""
+
+  from attnlab.decoding.generate import GenerateInputError
+
+  def refusing_generate(*args, **kwargs):
+    raise GenerateInputError("max_new_tokens=3 is refused")
+
+  monkeypatch.setattr(attnlab, "generate", refusing_generate)
+  rc, out, err = _run(argv, capsys)
+  assert rc == 2 and out == "" and err.strip().endswith("max_new_tokens=3 is refused")
+  assert len(err.strip().splitlines()) == 1
+
+
+def test_decode_internal_error_exits_1_with_a_traceback(workdir, tmp_path):
+  """The real process: an internal error exits 1 (not 2) and prints a traceback."""
+  import os
+  import subprocess
+  import sys
+
+  script = tmp_path / "run.py"
+  script.write_text(
+      "import sys\n"
+      "import attnlab\n"
+      "from attnlab.cli import main\n"
+      "def broken(*a, **k):\n"
+      "  raise ValueError('internal: a shape bug')\n"
+      "attnlab.generate = broken\n"
+      "sys.exit(main(sys.argv[1:]))\n")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, str(script), "decode", "--workdir", workdir, "--prompt",
+                         "hi", "--max_new_tokens", "3"], capture_output=True, text=True, env=env,
+                        timeout=300)
+  assert proc.returncode == 1, proc.stderr
+  assert "Traceback" in proc.stderr and "internal: a shape bug" in proc.stderr
+  assert proc.stdout == ""

@@ -2,15 +2,19 @@
 4-line TSV (validation = the same lines), then ``attnlab eval`` must decode
 every line exactly (exact match 1, BLEU 100), and at an early checkpoint the
 reported exact match / BLEU must equal what sacrebleu computes from the
-predictions file the eval writes."""
+predictions file the eval writes. The BLEU of hand-made partial matches is
+checked against a value worked out from n-gram counts by hand."""
 
 import json
+import math
 
 import numpy as np
 import pytest
 import sacrebleu
 
 from attnlab import config_gin as gin_config
+from attnlab.data.tokenizer import ByteTokenizer
+from attnlab.training import evaluate as eval_lib
 from attnlab.training import trainer
 
 # Four or more words per line: corpus BLEU needs 4-grams (with only 3-word
@@ -72,3 +76,30 @@ def test_eval_decodes_memorized_tsv_and_bleu_matches_sacrebleu(tmp_path, arch):
   assert early["exact_match"] < 1.0
   assert early["bleu"] == pytest.approx(sacrebleu.corpus_bleu(preds, [refs]).score, abs=1e-9)
   assert early["bleu"] < 100.0
+
+
+def test_bleu_of_hand_made_partial_matches_is_the_hand_computed_value(tmp_path):
+  tok = ByteTokenizer()
+  pairs = [  # (prediction, reference)
+      ("the cat sat on the mat", "the cat sat on a mat"),
+      ("good night", "good night my friend"),
+      ("a red door here", "a red door here"),
+  ]
+  examples = [{"source": tok.encode("x"), "prediction": list(tok.encode(p)),
+               "reference": list(tok.encode(r))} for p, r in pairs]
+  # Clipped n-gram matches / n-grams of the predictions, summed over the corpus:
+  #   1-grams: 5/6 (one "the" too many) + 2/2 + 4/4 = 11/12
+  #   2-grams: 3/5 ("the cat", "cat sat", "sat on") + 1/1 + 3/3 = 7/9
+  #   3-grams: 2/4 + 0/0 + 2/2 = 4/6
+  #   4-grams: 1/3 ("the cat sat on") + 0/0 + 1/1 = 2/4
+  # Prediction length c = 6 + 2 + 4 = 12 < reference length r = 6 + 4 + 4 = 14:
+  # brevity penalty exp(1 - r / c).
+  precisions = [11 / 12, 7 / 9, 4 / 6, 2 / 4]
+  want = 100 * math.exp(1 - 14 / 12) * math.exp(sum(math.log(p) for p in precisions) / 4)
+  out = eval_lib.seq2seq_metrics(examples, tok, bleu=True,
+                                 predictions_path=str(tmp_path / "p.jsonl"))
+  assert out["bleu"] == pytest.approx(want, rel=1e-9)  # 59.10...
+  assert out["exact_match"] == pytest.approx(1 / 3)
+  rows = [json.loads(line) for line in
+          (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
+  assert [(r["prediction"], r["reference"]) for r in rows] == pairs

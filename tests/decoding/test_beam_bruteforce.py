@@ -1,0 +1,123 @@
+"""Beam search against brute-force enumeration on a tiny stateful model.
+
+The model's next-token distribution depends on the source and on the WHOLE
+history of its row (a hash of every token so far, kept in the cache), not on
+the last token alone: a beam search that does not reorder the cache rows
+with their beams scores continuations under another beam's history and
+returns a different sequence.
+
+With a beam wide enough to keep every candidate (2W >= W x V at every step),
+beam search is exhaustive, so its result must be the best hypothesis under
+GNMT's length-penalized score ``log P(Y) / ((5 + |Y|) / 6)^alpha`` among all
+sequences enumerated here, with ``beam_search``'s documented eos handling:
+a hypothesis ends at its first eos (eos counted in |Y|, pad after it), and
+one that reaches ``max_len`` without eos competes as if it ended there.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnlab.decoding.beam import beam_search
+
+V, L, BATCH = 5, 4, 2
+PAD, BOS, EOS = 0, 1, 2
+HASH_MOD = 1009
+# Logits of every hashed state: wide enough that long and short hypotheses
+# trade places as alpha changes.
+TABLE_HV = np.asarray(jax.random.normal(jax.random.key(7), (HASH_MOD, V), jnp.float32)) * 2.0
+
+
+def _hash(src, history):
+  """The state of a row: its source and every input token so far (bos first)."""
+  h = 17 * (src + 1)
+  for tok in history:
+    h = (h * 31 + int(tok) + 1) % HASH_MOD
+  return h
+
+
+def _log_probs(src, history):
+  logits = TABLE_HV[_hash(src, history)].astype(np.float64)
+  return logits - np.log(np.sum(np.exp(logits - logits.max()))) - logits.max()
+
+
+def _step_fn(tokens_X, cache):
+  """The same model in JAX: cache = (source id, running hash) per row."""
+  src_X, h_X = cache
+  h_X = (h_X * 31 + tokens_X + 1) % HASH_MOD
+  return jax.nn.log_softmax(jnp.asarray(TABLE_HV)[h_X], axis=-1), (src_X, h_X)
+
+
+def _beam(beam_size, alpha, eos_id):
+  src_X = jnp.repeat(jnp.arange(BATCH, dtype=jnp.int32), beam_size)
+  cache = (src_X, 17 * (src_X + 1))
+  run = jax.jit(lambda cache: beam_search(
+      _step_fn, cache, batch=BATCH, beam_size=beam_size, max_len=L, bos_id=BOS, eos_id=eos_id,
+      length_penalty=alpha, pad_id=PAD))
+  out = np.asarray(run(cache))
+  assert out.shape == (BATCH, L)
+  return out
+
+
+def _enumerate(src, alpha, eos_id):
+  """Every hypothesis of at most L tokens with its GNMT score, best first."""
+  lp = lambda n: ((5.0 + n) / 6.0) ** alpha
+  scored = []
+  for n in range(1, L + 1):
+    for toks in itertools.product(range(V), repeat=n):
+      ended = eos_id is not None and toks[-1] == eos_id
+      if eos_id is not None and eos_id in toks[:-1]:
+        continue  # a hypothesis ends at its first eos
+      if not ended and n < L:
+        continue  # unfinished hypotheses compete only once cut at max_len
+      history, logp = [BOS], 0.0
+      for tok in toks:
+        logp += _log_probs(src, history)[tok]
+        history.append(tok)
+      scored.append((logp / lp(n), list(toks) + [PAD] * (L - n)))
+  scored.sort(key=lambda x: -x[0])
+  return scored
+
+
+# Exhaustive: each step keeps its best 2W candidates and W alive rows. With eos,
+# at most (V - 1)^s rows are alive at step s, giving V (V - 1)^s candidates
+# (<= 320 = 2W at the last step); without eos 5^s rows, 5^(s+1) candidates, all
+# kept before the last step (125 <= W), whose best is kept anyway.
+WIDE = V * (V - 1) ** (L - 1) // 2 + 1
+
+
+@pytest.mark.parametrize("eos_id", [EOS, None])
+def test_exhaustive_beam_returns_the_best_enumerated_hypothesis(eos_id):
+  answers = {}
+  for alpha in (0.0, 0.6, 1.0, 2.0):
+    got = _beam(WIDE, alpha, eos_id)
+    for src in range(BATCH):
+      ranked = _enumerate(src, alpha, eos_id)
+      (best, best_seq), (second, _) = ranked[0], ranked[1]
+      assert best - second > 1e-4, "a near tie: pick another table seed"
+      assert got[src].tolist() == best_seq, (alpha, src, ranked[:3])
+      answers[(src, alpha)] = tuple(best_seq)
+  if eos_id is not None:
+    # The case must exercise the length penalty: some source's best changes with alpha.
+    assert any(len({answers[(s, a)] for a in (0.0, 0.6, 1.0, 2.0)}) > 1 for s in range(BATCH))
+
+
+def test_history_matters():
+  """Without the cache, the same last token gives different distributions."""
+  assert not np.allclose(_log_probs(0, [BOS, 3, 4]), _log_probs(0, [BOS, 4, 4]))
+  assert not np.allclose(_log_probs(0, [BOS, 3]), _log_probs(1, [BOS, 3]))
+
+
+@pytest.mark.parametrize("beam_size", [1, 2, 3])
+def test_narrow_beam_scores_no_better_than_the_best(beam_size):
+  """A narrow beam returns an enumerated hypothesis, scored at most the best one."""
+  for alpha in (0.0, 0.6, 1.0):
+    got = _beam(beam_size, alpha, EOS)
+    for src in range(BATCH):
+      ranked = _enumerate(src, alpha, EOS)
+      scores = {tuple(seq): score for score, seq in ranked}
+      assert tuple(got[src].tolist()) in scores
+      assert scores[tuple(got[src].tolist())] <= ranked[0][0] + 1e-6

@@ -75,7 +75,7 @@ def _check_parity(B, T, S, N, K, H, *, causal, window, segments=None, dtype=F32,
   q, k, v, do, seg = _inputs(seed, B, T, S, N, K, H, dtype, segments)
   kw = dict(causal=causal, window=window, q_offset=q_offset, **seg)
   got = _value_and_grads(lambda q, k, v: flash_tpu.flash_attention_tpu(
-      q, k, v, block_sizes=BlockSizes(block_q, block_k), **kw))(q, k, v, do)
+      q, k, v, block_sizes=BlockSizes(block_q, block_k), interpret=True, **kw))(q, k, v, do)
   ref = _value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))
   up = [x.astype(F32) for x in (q, k, v, do)]
   exact = ref(*up)  # float32 on the same inputs
@@ -96,18 +96,18 @@ def _check_parity(B, T, S, N, K, H, *, causal, window, segments=None, dtype=F32,
 
 
 # (T, S, H, N, K, causal, window, segments, dtype, q_offset, block_q, block_k)
-CASES = [
-    (128, 128, 64, 2, 1, True, None, None, F32, 0, 32, 64),
+CASES = [  # ~10 s of CPU each (mostly compiling three interpret-mode kernels)
     (200, 200, 128, 2, 1, True, 100, "packed", F32, 0, 64, 32),
+    (7, 200, 128, 8, 1, True, 100, None, BF16, 193, 8, 64),
+]
+SLOW_CASES = [
+    (128, 7, 64, 2, 2, True, None, "pad", BF16, 0, 32, 8),
+    (128, 128, 64, 2, 1, True, None, None, F32, 0, 32, 64),
     (7, 513, 64, 8, 1, False, 100, None, F32, 0, 8, 128),
     (128, 200, 64, 2, 2, False, None, None, BF16, 0, 32, 64),
     (200, 1, 128, 1, 1, True, 1, None, F32, 0, 64, 8),  # rows past the one key: fully masked
     (1, 128, 64, 8, 4, True, None, None, F32, 127, 8, 32),  # one decode step at a cache's end
-    (7, 200, 128, 8, 1, True, 100, None, BF16, 193, 8, 64),
-    (128, 7, 64, 2, 2, True, None, "pad", BF16, 0, 32, 8),
     (200, 128, 64, 2, 1, False, 1, "pad", F32, 0, 64, 32),
-]
-SLOW_CASES = [
     (513, 513, 64, 2, 1, True, None, None, BF16, 0, 128, 128),
     (513, 7, 128, 2, 2, False, None, "packed", F32, 0, 128, 8),
     (128, 513, 64, 2, 1, True, 100, "packed", F32, 385, 32, 64),
@@ -141,14 +141,15 @@ def test_grid_is_covered():
   assert {c[9] for c in cases} > {0}
 
 
+@pytest.mark.slow
 def test_per_batch_offset_and_default_blocks():
   """q_offset as an int [B] array, default tile sizes (one block per axis)."""
   B, T, S, N, K, H = 2, 5, 40, 4, 2, 64
   q, k, v, do, _ = _inputs(1, B, T, S, N, K, H, F32, None)
   kw = dict(causal=True, window=8, q_offset=jnp.array([35, 3], jnp.int32))
   ref = _value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v, do)
-  got = _value_and_grads(lambda q, k, v: flash_tpu.flash_attention_tpu(q, k, v, **kw))(
-      q, k, v, do)
+  got = _value_and_grads(lambda q, k, v: flash_tpu.flash_attention_tpu(
+      q, k, v, interpret=True, **kw))(q, k, v, do)
   for name, a, b in zip(NAMES, got, ref):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
 
@@ -159,7 +160,7 @@ def test_fully_masked_rows_are_zero_with_zero_grads():
   seg = dict(q_segment_ids=jnp.ones((1, 20), jnp.int32),
              kv_segment_ids=jnp.full((1, 24), 2, jnp.int32))
   got = _value_and_grads(lambda q, k, v: flash_tpu.flash_attention_tpu(
-      q, k, v, block_sizes=BlockSizes(8, 8), **seg))(q, k, v, do)
+      q, k, v, block_sizes=BlockSizes(8, 8), interpret=True, **seg))(q, k, v, do)
   for name, x in zip(NAMES, got):
     assert np.all(np.asarray(x) == 0), name
 
@@ -184,7 +185,9 @@ if given is not None:
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("clamp_dma,skip_compute", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("clamp_dma,skip_compute", [
+    (True, True), pytest.param(True, False, marks=pytest.mark.slow),
+    pytest.param(False, True, marks=pytest.mark.slow)])
 def test_masked_blocks_are_not_visited(clamp_dma, skip_compute):
   """Causal window 20, T = S = 128 in tiles of 16: each query block sees 3 key blocks.
 
@@ -218,7 +221,8 @@ def _nan_blocks_run(debug):
   q = q.at[:, :16].set(nan).at[:, 112:].set(nan)
   do = do.at[:, :16].set(nan).at[:, 112:].set(nan)
   return _value_and_grads(lambda q, k, v: flash_tpu.flash_attention_tpu(
-      q, k, v, causal=True, window=20, block_sizes=BlockSizes(16, 16), _debug=debug))(
+      q, k, v, causal=True, window=20, block_sizes=BlockSizes(16, 16), interpret=True,
+      _debug=debug))(
       q, k, v, do)
 
 
@@ -314,14 +318,17 @@ def test_one_call_lowers_to_mosaic_for_tpu_and_triton_for_cuda(monkeypatch):
 
 def test_dispatch_runs_on_cpu_and_backend_argument():
   """On the CPU: the default branch (Triton variant, interpreted); backend= forces either."""
+  if jax.default_backend() != "cpu":
+    pytest.skip("checks the CPU branches")
   q, k, v, _, _ = _inputs(1, 1, 40, 40, 4, 2, 64, F32, None)
   ref = reference_attention(q, k, v, causal=True, window=100)
-  for kw in (dict(), dict(backend="gpu"),
-             dict(backend="tpu", block_sizes=BlockSizes(16, 16))):
+  for kw in (dict(), dict(backend="gpu")):
     np.testing.assert_allclose(_dispatch_fn(**kw)(q, k, v), ref, rtol=1e-5, atol=1e-5,
                                err_msg=str(kw))
+  # backend="tpu" runs the TPU variant in TPU interpret mode (its numerics: test_parity).
   text = _dispatch_fn(backend="tpu").trace(q, k, v).lower().as_text()
-  assert "tpu_custom_call" not in text and "callback" in text  # TPU interpret mode on CPU
+  assert "tpu_custom_call" not in text and "callback" in text
+  assert "triton" not in _dispatch_fn().trace(q, k, v).lower(lowering_platforms=("tpu",)).as_text()
 
 
 def _bad(**over):

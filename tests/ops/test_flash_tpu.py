@@ -165,6 +165,13 @@ def test_fully_masked_rows_are_zero_with_zero_grads():
     assert np.all(np.asarray(x) == 0), name
 
 
+def test_empty_lengths_give_zeros():
+  for T, S in ((0, 5), (3, 0)):
+    out = flash_tpu.flash_attention_tpu(jnp.ones((1, T, 2, 64)), jnp.ones((1, S, 1, 64)),
+                                        jnp.ones((1, S, 1, 64)), interpret=True)
+    assert out.shape == (1, T, 2, 64) and not np.any(np.asarray(out))
+
+
 if given is not None:
 
   @pytest.mark.slow

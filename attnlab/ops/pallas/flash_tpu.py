@@ -570,8 +570,8 @@ def _prepare(q_BTNH, k_BSKH, v_BSKH, *, causal, window, q_segment_ids, kv_segmen
   _check_block("block_q", block_sizes.block_q, multiple)
   _check_block("block_k", block_sizes.block_k, multiple)
   default = INTERPRET_BLOCK if interpret else COMPILED_BLOCK
-  bq = min(block_sizes.block_q or default, round_up(T, multiple))
-  bk = min(block_sizes.block_k or default, round_up(S, multiple))
+  bq = min(block_sizes.block_q or default, round_up(max(T, 1), multiple))
+  bk = min(block_sizes.block_k or default, round_up(max(S, 1), multiple))
   Tp, Sp = round_up(T, bq), round_up(S, bk)
 
   # Heads-major at the boundary (see the module doc); padded rows are masked.

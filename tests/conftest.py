@@ -5,10 +5,12 @@ import pytest
 
 
 def pytest_collection_modifyitems(config, items):
-  """Tests marked ``gpu`` are skipped unless JAX's default backend is a GPU."""
-  if jax.default_backend() == "gpu":
-    return
-  skip = pytest.mark.skip(reason=f"needs a GPU; the default backend is {jax.default_backend()!r}")
-  for item in items:
-    if "gpu" in item.keywords:
-      item.add_marker(skip)
+  """Tests marked ``gpu`` / ``tpu`` are skipped unless JAX's default backend is one."""
+  backend = jax.default_backend()
+  for marker in ("gpu", "tpu"):
+    if backend == marker:
+      continue
+    skip = pytest.mark.skip(reason=f"needs a {marker.upper()}; the default backend is {backend!r}")
+    for item in items:
+      if marker in item.keywords:
+        item.add_marker(skip)

@@ -1,0 +1,400 @@
+"""The TPU (Mosaic) flash kernel: TPU interpret mode on the CPU, lowering for ("tpu",).
+
+TPU interpret mode (``pltpu.InterpretParams``) runs the kernel with TPU
+semantics (scratch buffers, grid order, block DMAs that are skipped when the
+block index does not change) but costs tens of milliseconds per grid step, so
+the grid T, S in {1, 7, 128, 200, 513} x H in {64, 128} x G in {1, 2, 8} x
+causal x window in {None, 1, 100} x segments x q offsets x dtype is covered by
+a hand-picked selection (every value appears; small tiles force multi-block
+paths and the band's partial blocks), the larger cases marked slow.
+
+float32 matches the reference to 1e-5. bfloat16 is judged against the
+reference computed in float32 on the same (bfloat16-rounded) inputs: the
+kernel's error must stay within a small multiple of the bfloat16 reference's
+own error.
+"""
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+try:  # the bare accelerator image may lack hypothesis; the tpu-marked tests must still collect
+  from hypothesis import given, settings
+  from hypothesis import strategies as st
+except ImportError:
+  given = None
+
+from attnlab.ops import flash as flash_gpu
+from attnlab.ops.attention import reference_attention
+from attnlab.ops.pallas import flash_tpu
+from attnlab.ops.pallas.flash_tpu import BlockSizes
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+BF16_MULTIPLE = 3.0  # kernel error <= this x the bf16 reference's error (+ a float32 floor)
+
+
+def _inputs(seed, B, T, S, N, K, H, dtype, segments):
+  ks = jax.random.split(jax.random.key(seed), 6)
+  q = jax.random.normal(ks[0], (B, T, N, H), jnp.float32).astype(dtype)
+  k = jax.random.normal(ks[1], (B, S, K, H), jnp.float32).astype(dtype)
+  v = jax.random.normal(ks[2], (B, S, K, H), jnp.float32).astype(dtype)
+  do = jax.random.normal(ks[3], (B, T, N, H), jnp.float32).astype(dtype)
+  seg = {}
+  if segments == "packed":  # several documents per row, sorted ids
+    seg = dict(
+        q_segment_ids=jnp.sort(jax.random.randint(ks[4], (B, T), 1, 4), axis=1),
+        kv_segment_ids=jnp.sort(jax.random.randint(ks[5], (B, S), 1, 4), axis=1),
+    )
+  elif segments == "pad":  # real tokens (1) then padding (0) at the tail
+    seg = dict(
+        q_segment_ids=(jnp.arange(T)[None] < jnp.array([T, max(1, T // 2)])[:B, None]
+                       ).astype(jnp.int32),
+        kv_segment_ids=(jnp.arange(S)[None] < jnp.array([S, max(1, S // 3)])[:B, None]
+                        ).astype(jnp.int32),
+    )
+  return q, k, v, do, seg
+
+
+def _value_and_grads(fn):
+  """jit(q, k, v, dout) -> (out, dq, dk, dv) through jax.vjp."""
+
+  def run(q, k, v, do):
+    out, pullback = jax.vjp(fn, q, k, v)
+    return (out, *pullback(do))
+
+  return jax.jit(run)
+
+
+NAMES = ("out", "dq", "dk", "dv")
+
+
+def _check_parity(B, T, S, N, K, H, *, causal, window, segments=None, dtype=F32, q_offset=0,
+                  block_q=16, block_k=32, seed=0):
+  q, k, v, do, seg = _inputs(seed, B, T, S, N, K, H, dtype, segments)
+  kw = dict(causal=causal, window=window, q_offset=q_offset, **seg)
+  got = _value_and_grads(lambda q, k, v: flash_tpu.flash_attention_tpu(
+      q, k, v, block_sizes=BlockSizes(block_q, block_k), interpret=True, **kw))(q, k, v, do)
+  ref = _value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))
+  up = [x.astype(F32) for x in (q, k, v, do)]
+  exact = ref(*up)  # float32 on the same inputs
+  low = ref(q, k, v, do) if dtype == BF16 else None
+  for i, name in enumerate(NAMES):
+    a = got[i]
+    assert a.shape == exact[i].shape and a.dtype == dtype, name
+    a, e = np.asarray(a, np.float32), np.asarray(exact[i], np.float32)
+    assert np.all(np.isfinite(a)), f"{name}: non-finite values"
+    scale = max(1.0, float(np.max(np.abs(e))))
+    if dtype == F32:
+      np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5 * scale, err_msg=name)
+    else:
+      ref_err = float(np.max(np.abs(np.asarray(low[i], np.float32) - e)))
+      err = float(np.max(np.abs(a - e)))
+      assert err <= BF16_MULTIPLE * ref_err + 1e-5 * scale, (
+          f"{name}: bf16 kernel error {err:.3g} vs bf16 reference error {ref_err:.3g}")
+
+
+# (T, S, H, N, K, causal, window, segments, dtype, q_offset, block_q, block_k)
+CASES = [  # ~10 s of CPU each (mostly compiling three interpret-mode kernels)
+    (200, 200, 128, 2, 1, True, 100, "packed", F32, 0, 64, 32),
+    (7, 200, 128, 8, 1, True, 100, None, BF16, 193, 8, 64),
+]
+SLOW_CASES = [
+    (128, 7, 64, 2, 2, True, None, "pad", BF16, 0, 32, 8),
+    (128, 128, 64, 2, 1, True, None, None, F32, 0, 32, 64),
+    (7, 513, 64, 8, 1, False, 100, None, F32, 0, 8, 128),
+    (128, 200, 64, 2, 2, False, None, None, BF16, 0, 32, 64),
+    (200, 1, 128, 1, 1, True, 1, None, F32, 0, 64, 8),  # rows past the one key: fully masked
+    (1, 128, 64, 8, 4, True, None, None, F32, 127, 8, 32),  # one decode step at a cache's end
+    (200, 128, 64, 2, 1, False, 1, "pad", F32, 0, 64, 32),
+    (513, 513, 64, 2, 1, True, None, None, BF16, 0, 128, 128),
+    (513, 7, 128, 2, 2, False, None, "packed", F32, 0, 128, 8),
+    (128, 513, 64, 2, 1, True, 100, "packed", F32, 385, 32, 64),
+    (200, 513, 128, 8, 1, True, 100, "pad", BF16, 313, 64, 128),
+]
+
+
+@pytest.mark.parametrize("T,S,H,N,K,causal,window,segments,dtype,q_offset,bq,bk", CASES)
+def test_parity(T, S, H, N, K, causal, window, segments, dtype, q_offset, bq, bk):
+  _check_parity(2 if segments == "pad" else 1, T, S, N, K, H, causal=causal, window=window,
+                segments=segments, dtype=dtype, q_offset=q_offset, block_q=bq, block_k=bk)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("T,S,H,N,K,causal,window,segments,dtype,q_offset,bq,bk", SLOW_CASES)
+def test_parity_slow(T, S, H, N, K, causal, window, segments, dtype, q_offset, bq, bk):
+  _check_parity(2 if segments == "pad" else 1, T, S, N, K, H, causal=causal, window=window,
+                segments=segments, dtype=dtype, q_offset=q_offset, block_q=bq, block_k=bk)
+
+
+def test_grid_is_covered():
+  """Every value of every grid dimension appears in the selection."""
+  cases = CASES + SLOW_CASES
+  assert {c[0] for c in cases} | {c[1] for c in cases} >= {1, 7, 128, 200, 513}
+  assert {c[2] for c in cases} >= {64, 128}
+  assert {c[3] // c[4] for c in cases} >= {1, 2, 8}
+  assert {c[5] for c in cases} == {True, False}
+  assert {c[6] for c in cases} >= {None, 1, 100}
+  assert {c[7] for c in cases} >= {None, "packed", "pad"}
+  assert {c[8] for c in cases} == {F32, BF16}
+  assert {c[9] for c in cases} > {0}
+
+
+@pytest.mark.slow
+def test_per_batch_offset_and_default_blocks():
+  """q_offset as an int [B] array, default tile sizes (one block per axis)."""
+  B, T, S, N, K, H = 2, 5, 40, 4, 2, 64
+  q, k, v, do, _ = _inputs(1, B, T, S, N, K, H, F32, None)
+  kw = dict(causal=True, window=8, q_offset=jnp.array([35, 3], jnp.int32))
+  ref = _value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v, do)
+  got = _value_and_grads(lambda q, k, v: flash_tpu.flash_attention_tpu(
+      q, k, v, interpret=True, **kw))(q, k, v, do)
+  for name, a, b in zip(NAMES, got, ref):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_fully_masked_rows_are_zero_with_zero_grads():
+  """Segments that share nothing: every query sees no key."""
+  q, k, v, do, _ = _inputs(3, 1, 20, 24, 2, 1, 64, F32, None)
+  seg = dict(q_segment_ids=jnp.ones((1, 20), jnp.int32),
+             kv_segment_ids=jnp.full((1, 24), 2, jnp.int32))
+  got = _value_and_grads(lambda q, k, v: flash_tpu.flash_attention_tpu(
+      q, k, v, block_sizes=BlockSizes(8, 8), interpret=True, **seg))(q, k, v, do)
+  for name, x in zip(NAMES, got):
+    assert np.all(np.asarray(x) == 0), name
+
+
+def test_empty_lengths_give_zeros():
+  for T, S in ((0, 5), (3, 0)):
+    out = flash_tpu.flash_attention_tpu(jnp.ones((1, T, 2, 64)), jnp.ones((1, S, 1, 64)),
+                                        jnp.ones((1, S, 1, 64)), interpret=True)
+    assert out.shape == (1, T, 2, 64) and not np.any(np.asarray(out))
+
+
+if given is not None:
+
+  @pytest.mark.slow
+  @settings(max_examples=3, deadline=None, derandomize=True)
+  @given(
+      T=st.integers(1, 60), S=st.integers(1, 60), H=st.sampled_from([64, 128]),
+      K=st.sampled_from([1, 2]), G=st.sampled_from([1, 2, 8]), causal=st.booleans(),
+      window=st.one_of(st.none(), st.integers(1, 40)), q_offset=st.integers(0, 30),
+      block_q=st.sampled_from([8, 16, 32]), block_k=st.sampled_from([8, 16, 32]),
+  )
+  def test_random_shapes(T, S, H, K, G, causal, window, q_offset, block_q, block_k):
+    _check_parity(1, T, S, K * G, K, H, causal=causal, window=window, q_offset=q_offset,
+                  block_q=block_q, block_k=block_k, seed=T * 97 + S)
+
+
+# ----------------------------------------------------------------------------
+# Block skipping: NaN in blocks that must be neither fetched nor computed.
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("clamp_dma,skip_compute", [
+    (True, True), pytest.param(True, False, marks=pytest.mark.slow),
+    pytest.param(False, True, marks=pytest.mark.slow)])
+def test_masked_blocks_are_not_visited(clamp_dma, skip_compute):
+  """Causal window 20, T = S = 128 in tiles of 16: each query block sees 3 key blocks.
+
+  NaN K/V in key blocks 0 and 7 and NaN Q/dO in query blocks 0 and 7. Rows
+  48..111 and keys 48..79 see none of them, so out / dq there and dk / dv
+  there are finite only if the kernels never compute on a NaN block. Either
+  mechanism alone suffices: with the DMA clamp the grid steps past the band
+  keep the last visible block in VMEM (a skipped-but-computed step adds 0);
+  with ``pl.when`` the NaN block may arrive but is not used. The control
+  (neither) must produce NaN: ``test_masked_blocks_control``.
+  """
+  out, dq, dk, dv = _nan_blocks_run(dict(clamp_dma=clamp_dma, skip_compute=skip_compute))
+  for name, x in (("out", out[:, 48:112]), ("dq", dq[:, 48:112]), ("dk", dk[:, 48:80]),
+                  ("dv", dv[:, 48:80])):
+    assert np.all(np.isfinite(np.asarray(x))), name
+
+
+@pytest.mark.slow
+def test_masked_blocks_control():
+  """Without the clamp and without pl.when the NaN blocks are reached (the test can fail)."""
+  out, dq, dk, dv = _nan_blocks_run(dict(clamp_dma=False, skip_compute=False))
+  assert not np.all(np.isfinite(np.asarray(out[:, 96:112])))  # query block 6 reads key block 7
+  assert not np.all(np.isfinite(np.asarray(dv[:, 64:80])))  # key block 4 reads query block 7
+
+
+def _nan_blocks_run(debug):
+  q, k, v, do, _ = _inputs(5, 1, 128, 128, 1, 1, 64, F32, None)
+  nan = jnp.float32(jnp.nan)
+  k = k.at[:, :16].set(nan).at[:, 112:].set(nan)
+  v = v.at[:, :16].set(nan).at[:, 112:].set(nan)
+  q = q.at[:, :16].set(nan).at[:, 112:].set(nan)
+  do = do.at[:, :16].set(nan).at[:, 112:].set(nan)
+  return _value_and_grads(lambda q, k, v: flash_tpu.flash_attention_tpu(
+      q, k, v, causal=True, window=20, block_sizes=BlockSizes(16, 16), interpret=True,
+      _debug=debug))(
+      q, k, v, do)
+
+
+def test_window_grid_is_the_band():
+  """With a window the key axis of the grid is the band's width, not S."""
+  st = flash_tpu._Static(causal=True, window=256, scale=1.0, q_len=4096, kv_len=4096,
+                         block_q=128, block_k=128, groups=1, segments=False, interpret=False)
+  assert (st.nq, st.nk, st.k_steps, st.q_steps) == (32, 32, 4, 4)
+  full = flash_tpu._Static(**{**st.__dict__, "window": None})
+  assert (full.k_steps, full.q_steps) == (32, 32)
+
+
+# ----------------------------------------------------------------------------
+# Lowering for TPU (Mosaic) and the platform dispatch.
+# ----------------------------------------------------------------------------
+
+LOWERING = [  # (H, dtype, block_q, block_k, segments)
+    (128, BF16, 128, 256, True),
+    (64, F32, 256, 128, False),
+]
+
+
+def _kernel_blocks(jaxpr):
+  """{kernel name: [(kernel block shape, dtype), ...]} of every pallas_call in a jaxpr."""
+  found = {}
+
+  def walk(jx):
+    for eqn in jx.eqns:
+      if eqn.primitive.name == "pallas_call":
+        gm = eqn.params["grid_mapping"]
+        found[str(eqn.params["name"])] = [
+            (tuple(bm.block_aval.shape), bm.array_aval.dtype) for bm in gm.block_mappings]
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        walk(sub)
+
+  walk(jaxpr.jaxpr)
+  return found
+
+
+@pytest.mark.parametrize("H,dtype,bq,bk,segments", LOWERING)
+def test_tpu_lowering(H, dtype, bq, bk, segments):
+  """Forward and backward lower to Mosaic (tpu_custom_call) with the listed blocks.
+
+  Cross-platform lowering on the CPU applies Pallas-TPU's lowering rules
+  (block shapes, supported primitives); Mosaic's own compilation and the run
+  need a TPU (tools/tpu_check.sh).
+  """
+  B, T, S, N, K = 2, 300, 700, 8, 2
+  q, k, v, do, seg = _inputs(0, B, T, S, N, K, H, dtype, "packed" if segments else None)
+  fn = lambda q, k, v: flash_tpu.flash_attention_tpu(
+      q, k, v, causal=True, window=200, q_offset=jnp.array([400, 0]), interpret=False,
+      block_sizes=BlockSizes(bq, bk), **seg)
+  fwd = jax.jit(fn).trace(q, k, v).lower(lowering_platforms=("tpu",)).as_text()
+  assert fwd.count("tpu_custom_call") == 1
+  both = _value_and_grads(fn).trace(q, k, v, do)
+  assert both.lower(lowering_platforms=("tpu",)).as_text().count("tpu_custom_call") == 3
+  blocks = _kernel_blocks(both.jaxpr)
+  Q, KV, ROW = ((bq, H), dtype), ((bk, H), dtype), ((1, bq), jnp.float32)
+  segs = [((1, bq), jnp.int32), ((1, bk), jnp.int32)] if segments else []
+  # The forward's residual call saves the lane-replicated log-sum-exp.
+  assert blocks["attnlab_flash_tpu_forward"] == [
+      Q, KV, KV, *segs, Q, ((bq, 128), jnp.float32)]
+  assert blocks["attnlab_flash_tpu_dq"] == [Q, KV, KV, Q, ROW, ROW, *segs, Q]
+  assert blocks["attnlab_flash_tpu_dkv"] == [Q, KV, KV, Q, ROW, ROW, *segs, KV, KV]
+
+
+def test_compiled_blocks_must_be_lane_multiples():
+  q, k, v, _, _ = _inputs(0, 1, 8, 8, 2, 1, 64, F32, None)
+  with pytest.raises(ValueError, match="block_q=64 must be a positive multiple of 128"):
+    flash_tpu.flash_attention_tpu(q, k, v, interpret=False, block_sizes=BlockSizes(64, 128))
+
+
+def _dispatch_fn(**kw):
+  return jax.jit(lambda q, k, v: flash_tpu.flash_attention_by_platform(
+      q, k, v, causal=True, window=100, **kw))
+
+
+def test_one_call_lowers_to_mosaic_for_tpu_and_triton_for_cuda(monkeypatch):
+  """The same jitted call: Mosaic when lowered for TPU, Triton for CUDA.
+
+  As in test_flash.py's Triton test, the GPU wrapper is told it may build its
+  compiled kernel on this CPU host (today it refuses without a GPU).
+  """
+  pytest.importorskip("jax._src.lib.triton")
+  monkeypatch.setattr(flash_gpu, "resolve_interpret", lambda interpret: bool(interpret))
+  q, k, v, _, _ = _inputs(0, 1, 300, 300, 4, 2, 64, BF16, None)
+  traced = _dispatch_fn().trace(q, k, v)
+  tpu_text = traced.lower(lowering_platforms=("tpu",)).as_text()
+  assert "tpu_custom_call" in tpu_text and "triton" not in tpu_text
+  cuda_text = traced.lower(lowering_platforms=("cuda",)).as_text()
+  assert "triton" in cuda_text and "tpu_custom_call" not in cuda_text
+
+
+def test_dispatch_runs_on_cpu_and_backend_argument():
+  """On the CPU: the default branch (Triton variant, interpreted); backend= forces either."""
+  if jax.default_backend() != "cpu":
+    pytest.skip("checks the CPU branches")
+  q, k, v, _, _ = _inputs(1, 1, 40, 40, 4, 2, 64, F32, None)
+  ref = reference_attention(q, k, v, causal=True, window=100)
+  for kw in (dict(), dict(backend="gpu")):
+    np.testing.assert_allclose(_dispatch_fn(**kw)(q, k, v), ref, rtol=1e-5, atol=1e-5,
+                               err_msg=str(kw))
+  # backend="tpu" runs the TPU variant in TPU interpret mode (its numerics: test_parity).
+  text = _dispatch_fn(backend="tpu").trace(q, k, v).lower().as_text()
+  assert "tpu_custom_call" not in text and "callback" in text
+  assert "triton" not in _dispatch_fn().trace(q, k, v).lower(lowering_platforms=("tpu",)).as_text()
+
+
+def _bad(**over):
+  args = dict(q=jnp.zeros((1, 8, 4, 64)), k=jnp.zeros((1, 8, 2, 64)), v=jnp.zeros((1, 8, 2, 64)))
+  kw = {k: over.pop(k) for k in list(over) if k not in args}
+  args.update(over)
+  return lambda: flash_tpu.flash_attention_tpu(args["q"], args["k"], args["v"], **kw)
+
+
+@pytest.mark.parametrize("call,match", [
+    (_bad(k=jnp.zeros((1, 8, 2, 32)), v=jnp.zeros((1, 8, 2, 32))), "head dim of q_BTNH"),
+    (_bad(k=jnp.zeros((1, 8, 3, 64)), v=jnp.zeros((1, 8, 3, 64))), "multiple of the num kv"),
+    (_bad(v=jnp.zeros((1, 9, 2, 64))), "v_BSKH"),
+    (_bad(block_sizes=BlockSizes(12, 8)), "block_q=12 must be a positive multiple of 8"),
+    (_bad(block_sizes=BlockSizes(8, 0)), "block_k=0"),
+    (_bad(block_sizes=(8, 8)), "block_sizes=.* must be a BlockSizes"),
+    (_bad(window=0), "window=0"),
+    (_bad(q_offset=jnp.zeros((3,), jnp.int32)), "q_offset shape"),
+    (_bad(interpret="yes"), "interpret='yes'"),
+    (_bad(q_segment_ids=jnp.zeros((1, 7), jnp.int32),
+          kv_segment_ids=jnp.zeros((1, 8), jnp.int32)), "q_segment_ids shape"),
+    (_bad(q_segment_ids=jnp.zeros((1, 8), jnp.int32)), "given together"),
+    (lambda: flash_tpu.flash_attention_by_platform(
+        jnp.zeros((1, 8, 4, 64)), jnp.zeros((1, 8, 2, 64)), jnp.zeros((1, 8, 2, 64)),
+        backend="cpu"), "backend='cpu'"),
+])
+def test_bad_input_raises(call, match):
+  with pytest.raises(ValueError, match=match):
+    call()
+
+
+# ----------------------------------------------------------------------------
+# On a TPU: the compiled kernel (tools/tpu_check.sh runs these).
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.tpu
+@pytest.mark.parametrize("H,G,causal,window,segments", [
+    (64, 1, True, None, None), (128, 4, True, 256, None), (128, 2, False, None, "packed"),
+    (64, 8, True, 100, "pad"),
+])
+def test_tpu_compiled_matches_reference(H, G, causal, window, segments):
+  """Mosaic-compiled kernel (interpret=None on a TPU), bfloat16, T = S = 1000."""
+  B, T, K = 2, 1000, 2
+  q, k, v, do, seg = _inputs(4, B, T, T, K * G, K, H, BF16, segments)
+  kw = dict(causal=causal, window=window, **seg)
+  ref = _value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))
+  exact, low = ref(*[x.astype(F32) for x in (q, k, v, do)]), ref(q, k, v, do)
+  got = _value_and_grads(lambda q, k, v: flash_tpu.flash_attention_tpu(q, k, v, **kw))(
+      q, k, v, do)
+  for name, a, e, lo in zip(NAMES, got, exact, low):
+    a, e, lo = (np.asarray(x, np.float32) for x in (a, e, lo))
+    assert np.all(np.isfinite(a)), name
+    scale = max(1.0, float(np.max(np.abs(e))))
+    assert np.max(np.abs(a - e)) <= BF16_MULTIPLE * np.max(np.abs(lo - e)) + 1e-5 * scale, name
+
+
+@pytest.mark.tpu
+def test_tpu_dispatch_picks_mosaic():
+  q, k, v, _, _ = _inputs(1, 1, 512, 512, 4, 2, 128, BF16, None)
+  text = _dispatch_fn().lower(q, k, v).as_text()
+  assert "tpu_custom_call" in text

@@ -20,8 +20,10 @@ import gin
 from attnlab.config import DataConfig, ModelConfig, TrainConfig
 
 CONFIG_CLASSES = (ModelConfig, DataConfig, TrainConfig)
-CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "configs")
+# The built-in configs ship inside the package (package data), so an include
+# such as 'models/llama_tiny.gin' resolves in an installed copy as well as in a
+# checkout (where the top-level configs/ is a link to this folder).
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
 _configurables = {}
 
@@ -47,8 +49,8 @@ def parse(gin_files: list[str], bindings: list[str]) -> tuple[ModelConfig, DataC
                                                                TrainConfig]:
   """The three configs that gin files plus bindings describe.
 
-  Includes are searched next to each file, in the repository's configs/
-  folder and in the working directory.
+  Includes are searched next to each file, in the built-in configs
+  (``CONFIGS_DIR``, attnlab/configs/) and in the working directory.
 
   Raises:
     GinConfigError: a missing file or include, an unknown configurable or

@@ -20,6 +20,7 @@ from attnlab.config import CACHES, DecodeConfig
 from attnlab.data.tokenizer import make_tokenizer
 from attnlab.decoding.generate import GenerateInputError, generate
 from attnlab.decoding.sampling import Sampling
+from attnlab.extras import MissingDependencyError
 from attnlab.training.checkpoint import load_checkpoint
 
 
@@ -57,7 +58,10 @@ def main(argv: list[str]) -> int:
     model, cfg = load_checkpoint(args.workdir, step=args.step)
   except (FileNotFoundError, ValueError) as e:
     raise CommandError(str(e)) from None
-  tokenizer = _tokenizer(args.workdir)
+  try:
+    tokenizer = _tokenizer(args.workdir)
+  except MissingDependencyError as e:
+    raise CommandError(str(e)) from None
   ids = [tokenizer.encode(p) for p in prompts]
   width = max(len(x) for x in ids)
   prompt_BT = np.full((len(ids), max(width, 1)), cfg.pad_id, np.int32)

@@ -10,6 +10,7 @@ from attnlab.commands._common import (
   add_cache_flag,
   use_compilation_cache,
 )
+from attnlab.extras import MissingDependencyError
 from attnlab.training import trainer
 
 
@@ -22,7 +23,7 @@ def main(argv: list[str]) -> int:
   use_compilation_cache(args.compilation_cache)
   try:
     out = trainer.evaluate_workdir(args.workdir, args.step)
-  except (FileNotFoundError, ValueError) as e:
+  except (FileNotFoundError, ValueError, MissingDependencyError) as e:
     raise CommandError(str(e)) from None
   print(json.dumps(out))
   return 0

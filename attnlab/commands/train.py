@@ -18,7 +18,7 @@ import sys
 
 import jax
 
-from attnlab import config_gin
+from attnlab import config_gin, extras
 from attnlab.commands._common import (
   CommandError,
   CommandParser,
@@ -70,7 +70,8 @@ def main(argv: list[str]) -> int:
 
 
 def trainer_run_check(mcfg, tcfg, dcfg) -> None:
-  """Fail fast (before writing anything) on a mesh or data the run cannot use."""
+  """Fail fast (before writing anything) on a mesh, data or package the run cannot use."""
+  extras.check_data_config(dcfg)
   mesh = sharding.make_mesh(tcfg.mesh_shape, jax.devices())
   trainer.check_batch_layout(tcfg, dcfg, mesh)
   if dcfg.task == "tsv":

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnlab import extras
+
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 BYTE_OFFSET = 3
 
@@ -65,11 +67,7 @@ class SentencePieceTokenizer:
 
 
 def _import_sentencepiece():
-  try:
-    import sentencepiece
-  except ImportError as e:  # an optional extra: say how to get it
-    raise ImportError("tokenizer='sentencepiece' needs `pip install sentencepiece`") from e
-  return sentencepiece
+  return extras.require("sentencepiece", "tokenizer='sentencepiece'")
 
 
 def make_tokenizer(kind: str = "byte", model_path: str = ""):

@@ -16,6 +16,7 @@ import os
 import jax
 import numpy as np
 
+from attnlab import extras
 from attnlab.decoding.generate import generate
 from attnlab.training.metrics import perplexity
 
@@ -112,8 +113,7 @@ def seq2seq_metrics(examples: list[dict], tokenizer, *, bleu: bool,
   text = [{k: tokenizer.decode(np.asarray(e[k], np.int32)) for k in
            ("source", "reference", "prediction")} for e in examples]
   if bleu:
-    import sacrebleu
-
+    sacrebleu = extras.require("sacrebleu", "task='tsv' (BLEU in eval)")
     out["bleu"] = float(sacrebleu.corpus_bleu([t["prediction"] for t in text],
                                               [[t["reference"] for t in text]]).score)
   if predictions_path:

@@ -17,8 +17,10 @@ import time
 
 import jax
 import numpy as np
+from tqdm import tqdm
 
 from attnlab import config_gin as gin_config
+from attnlab import extras
 from attnlab.config import DataConfig, ModelConfig, TrainConfig
 from attnlab.data import pipeline
 from attnlab.training import evaluate as eval_lib
@@ -37,6 +39,12 @@ STEP_SLEEP_ENV = "ATTNLAB_TEST_STEP_SLEEP"
 def predictions_path(workdir: str, step: int) -> str:
   """Where the decoded validation examples of a seq2seq eval at ``step`` go."""
   return os.path.join(workdir, "eval", f"predictions_{step}.jsonl")
+
+
+def _log_line(step: int, total: int, m: dict) -> str:
+  """The plain progress line (stderr without a TTY): step, loss, throughput."""
+  return (f"train step {step}/{total}: loss {m['loss']:.4f}, perplexity {m['perplexity']:.2f}, "
+          f"lr {m['learning_rate']:.3g}, {m['tokens_per_s']:.0f} tokens/s")
 
 
 class NonFiniteError(RuntimeError):
@@ -80,6 +88,7 @@ class Run:
   def __init__(self, mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, mesh=None,
                sources=None):
     self.mcfg, self.tcfg, self.dcfg = mcfg, tcfg, dcfg
+    extras.check_data_config(dcfg)  # a missing package stops the run here, not at an eval
     self.mesh = mesh if mesh is not None else shd.make_mesh(tcfg.mesh_shape)
     check_batch_layout(tcfg, dcfg, self.mesh)
     if sources is None:
@@ -170,9 +179,10 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   meta = {"seed": tcfg.seed, "rng": "fold_in(key(seed), step)"}
   sleep_s = float(os.environ.get(STEP_SLEEP_ENV, "0") or 0)
   bar = None
-  if tcfg.progress and main_process:
-    from tqdm import tqdm
-
+  # A bar on a terminal; in a log file (no TTY) one plain line per logged step,
+  # not a bar rewriting itself with carriage returns.
+  plain_log = tcfg.progress and main_process and not sys.stderr.isatty()
+  if tcfg.progress and main_process and not plain_log:
     bar = tqdm(total=tcfg.steps, initial=start, desc="train", unit="step", file=sys.stderr,
                dynamic_ncols=True)
   last, skipped, window_tokens, window_t0 = {}, 0, 0.0, time.perf_counter()
@@ -194,23 +204,33 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
                 f"{good[-1] if good else 'none'} in {ckpt.directory}")
           skipped += 1
           log.warning("step %d: non-finite loss or gradient, update skipped", step)
-        window_tokens += float(m["tokens"])
-        if bar is not None:
-          bar.update(1)
-          bar.set_postfix(loss=f"{float(m['loss']):.3f}")
-        if step == tcfg.steps or (tcfg.log_every and step % tcfg.log_every == 0):
-          elapsed = time.perf_counter() - window_t0
-          last = {"loss": float(m["loss"]), "perplexity": perplexity(float(m["nll"])),
-                  "learning_rate": float(m["learning_rate"]),
-                  "grad_norm": float(m["grad_norm"]),
-                  "tokens_per_s": window_tokens / max(elapsed, 1e-9),
-                  "step_time_s": time.perf_counter() - t0, "skipped_steps": skipped}
-          writer.write(step, "train", last)
-          window_tokens, window_t0 = 0.0, time.perf_counter()
-        if tcfg.eval_every and step % tcfg.eval_every == 0:
-          writer.write(step, "eval", run.evaluate(predictions_path(workdir, step)))
-        if sleep_s:
-          time.sleep(sleep_s)
+        try:
+          window_tokens += float(m["tokens"])
+          if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(m['loss']):.3f}")
+          if step == tcfg.steps or (tcfg.log_every and step % tcfg.log_every == 0):
+            elapsed = time.perf_counter() - window_t0
+            last = {"loss": float(m["loss"]), "perplexity": perplexity(float(m["nll"])),
+                    "learning_rate": float(m["learning_rate"]),
+                    "grad_norm": float(m["grad_norm"]),
+                    "tokens_per_s": window_tokens / max(elapsed, 1e-9),
+                    "step_time_s": time.perf_counter() - t0, "skipped_steps": skipped}
+            writer.write(step, "train", last)
+            if plain_log:
+              print(_log_line(step, tcfg.steps, last), file=sys.stderr, flush=True)
+            window_tokens, window_t0 = 0.0, time.perf_counter()
+          if tcfg.eval_every and step % tcfg.eval_every == 0:
+            writer.write(step, "eval", run.evaluate(predictions_path(workdir, step)))
+          if sleep_s:
+            time.sleep(sleep_s)
+        except Exception:
+          # A crash outside the step (logging, metrics, eval) keeps the training
+          # done so far, as SIGTERM does: save this step, then let the error show.
+          ckpt.save(step, run.state, run.data.get_state(), meta)
+          print(f"attnlab train: checkpoint saved at step {step} in {ckpt.directory} "
+                "before the error below", file=sys.stderr)
+          raise
         if stop.signum is not None or step == tcfg.steps or (
             tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0):
           ckpt.save(step, run.state, run.data.get_state(), meta)

@@ -26,8 +26,9 @@ try:  # the bare accelerator image may lack hypothesis; the tpu-marked tests mus
 except ImportError:
   given = None
 
-from attnlab.ops import flash as flash_gpu
 from attnlab.ops.attention import reference_attention
+
+from attnlab.ops import flash as flash_gpu
 from attnlab.ops.pallas import flash_tpu
 from attnlab.ops.pallas.flash_tpu import BlockSizes
 

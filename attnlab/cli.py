@@ -18,6 +18,8 @@ COMMANDS = {
     "eval": ("attnlab.training.commands", "eval_main", "evaluate a checkpoint"),
     "decode": ("attnlab.decoding.commands", "decode_main", "generate from a checkpoint"),
     "kv-size": ("attnlab.decoding.commands", "kv_size_main", "KV-cache bytes for a shape"),
+    "ablate": ("attnlab.commands.ablate", "main", "head-sharing ablation sweep"),
+    "convert-heads": ("attnlab.commands.convert_heads", "main", "MHA -> GQA/MQA checkpoint"),
 }
 
 

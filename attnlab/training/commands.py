@@ -2,6 +2,7 @@
 
     attnlab train --gin_file configs/lm_stdlib_tiny.gin [--gin_file more.gin]
                   [--gin.TrainConfig.steps=200 ...] --workdir runs/x
+    attnlab train --workdir runs/x     # no --gin_file: runs/x/config.gin
     attnlab eval  --workdir runs/x [--step N]
 
 Bindings given with ``--gin.NAME=VALUE`` are applied after all files, so
@@ -84,7 +85,10 @@ def train_main(argv: list[str]) -> int:
   _add_cache_flag(p)
   args = p.parse_args(rest)
   if not args.gin_file:
-    raise CommandError("at least one --gin_file is needed")
+    # A prepared workdir (e.g. `attnlab convert-heads --to`) trains from its config.gin.
+    if not os.path.isfile(os.path.join(args.workdir, "config.gin")):
+      raise CommandError("at least one --gin_file is needed (or a --workdir with a config.gin)")
+    args.gin_file = [os.path.join(args.workdir, "config.gin")]
 
   from attnlab.training import gin_config
 

@@ -256,10 +256,13 @@ def run_configs(sweep: Sweep, arm: Arm, seed: int, mcfg: ModelConfig, dcfg: Data
     if tcfg.schedule == "inverse_sqrt":
       warmup = max(1, warmup)
   eval_every = tcfg.eval_every or max(1, steps // sweep.curve_points)
+  log_every = tcfg.log_every
+  if arm.kind == "uptrain" and log_every:
+    log_every = min(log_every, max(1, steps // 4))  # a few windows for the throughput
   return (mcfg.replace(num_kv_heads=arm.num_kv_heads, d_ff=arm.d_ff),
           dataclasses.replace(dcfg, seed=seed),
           tcfg.replace(seed=seed, steps=steps, warmup_steps=max(0, warmup),
-                       eval_every=eval_every, progress=False))
+                       eval_every=eval_every, log_every=log_every, progress=False))
 
 
 def run_dir(out: str, arm: Arm | str, seed: int) -> str:
@@ -459,8 +462,9 @@ def measure(workdir: str, mcfg: ModelConfig, dcfg: DataConfig, tcfg: TrainConfig
     if r["split"] == "train":
       train[r["step"]] = r["tokens_per_s"]
   rates = [train[s] for s in sorted(train)]
-  # The first logged window holds the compilation: leave it out when others exist.
-  rate = statistics.median(rates[1:] if len(rates) > 1 else rates) if rates else float("nan")
+  # The first logged window holds the compilation: leave it out (a run that
+  # logged only that window has no training throughput).
+  rate = statistics.median(rates[1:]) if len(rates) > 1 else None
   total, attn = param_counts(mcfg)
   out = {
       "params": total, "attention_params": attn, "d_ff": mcfg.d_ff,
@@ -470,7 +474,7 @@ def measure(workdir: str, mcfg: ModelConfig, dcfg: DataConfig, tcfg: TrainConfig
       "val_ppl": perplexity(float(evals[tcfg.steps]["loss"])),
       "best_val_loss": float(evals[best_step]["loss"]),
       "best_val_ppl": perplexity(float(evals[best_step]["loss"])),
-      "train_tokens_per_s": float(rate), "curve": curve,
+      "train_tokens_per_s": rate, "curve": curve,
   }
   for key in ("exact_match", "bleu"):
     if key in evals[tcfg.steps]:

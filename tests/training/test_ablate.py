@@ -378,3 +378,13 @@ def test_uptrain_arm_converts_the_mha_run(micro, sweep_file, tmp_path):
   assert conv["source_step"] == 2 and conv["method"] == "first"
   assert float(up["val_loss_converted"]) == pytest.approx(conv["val_loss_converted"], rel=1e-5)
   assert "## Uptraining" in _read(out, "report.md")
+
+
+def test_seed_noise_criterion_by_hand():
+  # diff 0.3, se = sqrt(0.01/3 + 0.01/3) = 0.0816: 0.3 > 2 se
+  diff, se, verdict = report_lib.noise_test([2.2, 2.3, 2.4], [1.9, 2.0, 2.1])
+  assert diff == pytest.approx(0.3) and se == pytest.approx(np.sqrt(0.02 / 3))
+  assert verdict == "yes"
+  # diff 0.1 < 2 se
+  assert report_lib.noise_test([2.0, 2.1, 2.2], [1.9, 2.0, 2.1])[2] == "no"
+  assert report_lib.noise_test([2.0], [1.9, 2.0])[2] == "n/a"

@@ -73,9 +73,9 @@ def convert_heads(model, num_kv_heads: int, method: str, *, rngs: nnx.Rngs | Non
   new_cfg = cfg.replace(num_kv_heads=num_kv_heads)
   new_model = build_model(new_cfg, rngs=rngs if rngs is not None else nnx.Rngs(params=0,
                                                                                  dropout=1))
-  old = nnx.state(model, nnx.Param).to_pure_dict()
+  old = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   new_state = nnx.state(new_model, nnx.Param)
-  fresh = new_state.to_pure_dict()
+  fresh = nnx.to_pure_dict(new_state)
 
   def convert(path, old_leaf, fresh_leaf):
     names = [getattr(k, "key", getattr(k, "idx", None)) for k in path]

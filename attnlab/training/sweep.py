@@ -176,7 +176,7 @@ def param_counts(mcfg: ModelConfig) -> tuple[int, int]:
   from flax import nnx
 
   total = attn = 0
-  state = nnx.state(abstract_model(mcfg), nnx.Param).to_pure_dict()
+  state = nnx.to_pure_dict(nnx.state(abstract_model(mcfg), nnx.Param))
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
     size = math.prod(leaf.shape)
     total += size

@@ -228,8 +228,8 @@ def test_convert_merges_each_group_by_hand(method):
       np.testing.assert_allclose(np.asarray(getattr(new_l.self_attn, name).b[...]), want_b,
                                  rtol=1e-6, atol=1e-7)
   # Every other parameter is copied.
-  old = nnx.state(model, nnx.Param).to_pure_dict()
-  got = nnx.state(new, nnx.Param).to_pure_dict()
+  old = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  got = nnx.to_pure_dict(nnx.state(new, nnx.Param))
   for path, leaf in jax.tree_util.tree_flatten_with_path(old)[0]:
     if not any(getattr(k, "key", None) in ("k_proj", "v_proj") for k in path):
       node = got

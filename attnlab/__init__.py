@@ -13,6 +13,7 @@ _LAZY = {
     "load_checkpoint": "attnlab.training.checkpoint",
     "generate": "attnlab.decoding.generate",
     "Sampling": "attnlab.decoding.sampling",
+    "convert_heads": "attnlab.convert.heads",
 }
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "Sampling",
     "attention",
     "build_model",
+    "convert_heads",
     "count_params",
     "generate",
     "load_checkpoint",

@@ -22,6 +22,8 @@ COMMANDS = {
     "eval": ("eval", "evaluate a checkpoint"),
     "decode": ("decode", "generate from a checkpoint"),
     "kv-size": ("kv_size", "KV-cache bytes for a shape"),
+    "ablate": ("ablate", "head-sharing ablation sweep (MHA / GQA / MQA)"),
+    "convert-heads": ("convert_heads", "MHA -> GQA/MQA checkpoint"),
 }
 
 

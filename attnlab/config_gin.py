@@ -28,9 +28,9 @@ CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs"
 _configurables = {}
 
 
-def _register():
-  if not _configurables:
-    for cls in CONFIG_CLASSES:
+def _register(extra=()):
+  for cls in CONFIG_CLASSES + tuple(extra):
+    if cls not in _configurables:
       _configurables[cls] = gin.external_configurable(cls, name=cls.__name__,
                                                       module="attnlab")
   return _configurables
@@ -45,8 +45,8 @@ def _first_line(e: Exception) -> str:
   return " ".join(text.splitlines()[:2]) if len(text.splitlines()) > 1 else text
 
 
-def parse(gin_files: list[str], bindings: list[str]) -> tuple[ModelConfig, DataConfig,
-                                                               TrainConfig]:
+def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> tuple[
+    ModelConfig, DataConfig, TrainConfig]:
   """The three configs that gin files plus bindings describe.
 
   Includes are searched next to each file, in the built-in configs
@@ -56,7 +56,7 @@ def parse(gin_files: list[str], bindings: list[str]) -> tuple[ModelConfig, DataC
     GinConfigError: a missing file or include, an unknown configurable or
       parameter, a value of the wrong type or out of range.
   """
-  wrapped = _register()
+  wrapped = _register(classes)
   gin.clear_config()
   for path in gin_files:
     if not os.path.isfile(path):
@@ -75,7 +75,7 @@ def parse(gin_files: list[str], bindings: list[str]) -> tuple[ModelConfig, DataC
   finally:
     root.setLevel(level)
   try:
-    configs = tuple(wrapped[cls]() for cls in CONFIG_CLASSES)
+    configs = tuple(wrapped[cls]() for cls in classes)
   except (ValueError, TypeError) as e:
     raise GinConfigError(_first_line(e)) from e
   finally:
@@ -105,3 +105,24 @@ def operative_config(*configs) -> str:
 def read_workdir_config(path: str) -> tuple[ModelConfig, DataConfig, TrainConfig]:
   """The configs a workdir's config.gin describes."""
   return parse([path], [])
+
+
+def parse_sweep(sweep_file: str, bindings: list[str]):
+  """(Sweep, ModelConfig, DataConfig, TrainConfig) of an ``attnlab ablate`` sweep.
+
+  The sweep file binds ``Sweep.*`` (and may bind the three configs); its
+  ``Sweep.base`` files (found as given, next to the sweep file, or in
+  configs/) are read first, then the sweep file, then the bindings.
+
+  Raises:
+    GinConfigError: as ``parse``, also for an unknown ``Sweep.*`` binding.
+  """
+  from attnlab.training.sweep import Sweep, resolve_base
+
+  _register((Sweep,))
+  (sweep,) = parse([sweep_file], bindings, classes=(Sweep,))
+  try:
+    base = resolve_base(sweep.base, sweep_file, CONFIGS_DIR)
+  except FileNotFoundError as e:
+    raise GinConfigError(str(e)) from None
+  return (sweep, *parse([*base, sweep_file], bindings))

@@ -1,6 +1,7 @@
 """``attnlab train`` (dispatched from attnlab/cli.py).
 
     attnlab train --gin_file configs/lm_stdlib_tiny.gin [--gin_file more.gin]
+    attnlab train --workdir runs/x     # no --gin_file: runs/x/config.gin
                   [--gin.TrainConfig.steps=200 ...] --workdir runs/x
 
 Bindings given with ``--gin.NAME=VALUE`` are applied after all files, so
@@ -48,6 +49,11 @@ def main(argv: list[str]) -> int:
   _add_distributed_flags(p)
   add_cache_flag(p)
   args = p.parse_args(rest)
+  if not args.gin_file:
+    # A prepared workdir (e.g. `attnlab convert-heads --to`) trains from its config.gin.
+    if not os.path.isfile(os.path.join(args.workdir, "config.gin")):
+      raise CommandError("at least one --gin_file is needed (or a --workdir with a config.gin)")
+    args.gin_file = [os.path.join(args.workdir, "config.gin")]
   mcfg, dcfg, tcfg = parse_gin(args.gin_file, bindings)
 
   use_compilation_cache(args.compilation_cache)

@@ -1,0 +1,121 @@
+"""``attnlab ablate``: a head-sharing ablation sweep (MHA / GQA / MQA x seeds).
+
+    attnlab ablate --gin_file experiments/head_sharing/sweep.gin --out runs/heads
+                   [--gin.Sweep.seeds=[0,1] --gin.TrainConfig.steps=300 ...]
+    attnlab ablate ... --arm NAME    # only that arm (one job of a job array)
+    attnlab ablate ... --report      # (re)build the report from the finished runs
+
+``--gin.`` bindings (``Sweep.*``, ``ModelConfig.*``, ``DataConfig.*``,
+``TrainConfig.*``) apply to every arm. The operative sweep goes to
+OUT/sweep.gin (self-contained: ``--gin_file OUT/sweep.gin`` reruns it);
+``--report`` without ``--gin_file`` reads it. A rerun skips finished runs,
+resumes interrupted ones and retries failed ones; an OUT holding a sweep
+with a different base config is refused. Exit 0 when every run of this
+invocation finished (or a signal stopped the sweep; rerun to resume), 1 when
+a run failed (recorded in results.csv / report.md), 2 on bad input (one
+line on stderr, nothing written).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from attnlab.cli import CommandError
+from attnlab.training.commands import (
+    _add_cache_flag,
+    _Parser,
+    _split_gin_flags,
+    trainer_run_check,
+    use_compilation_cache,
+)
+
+PREFIXES = ("Sweep.", "ModelConfig.", "DataConfig.", "TrainConfig.")
+
+
+def _base_part(text: str) -> list[str]:
+  """The lines of an operative sweep config that fix what a run means."""
+  return [line for line in text.splitlines()
+          if line.strip() and not line.startswith(("#", "Sweep."))]
+
+
+def main(argv: list[str]) -> int:
+  bindings, rest = _split_gin_flags(argv)
+  p = _Parser(prog="attnlab ablate", description="Head-sharing ablation sweep.")
+  p.add_argument("--gin_file", default=None, help="the sweep gin file (binds Sweep.*)")
+  p.add_argument("--out", required=True, help="the sweep directory")
+  mode = p.add_mutually_exclusive_group()
+  mode.add_argument("--arm", default=None, help="run only this arm (all its seeds)")
+  mode.add_argument("--report", action="store_true",
+                    help="only (re)build results.csv, summary.csv, report.md and the plots")
+  _add_cache_flag(p)
+  args = p.parse_args(rest)
+  for b in bindings:
+    if not b.startswith(PREFIXES):
+      raise CommandError(f"--gin.{b.split(' = ')[0]}: only {', '.join(PREFIXES)} bindings "
+                         "apply to a sweep")
+  from attnlab.training import sweep as sweep_lib
+
+  sweep_path = os.path.join(args.out, sweep_lib.SWEEP_FILE)
+  gin_file = args.gin_file
+  if gin_file is None:
+    if not (args.report and os.path.isfile(sweep_path)):
+      raise CommandError("--gin_file is needed (only --report of an existing --out reads "
+                         "OUT/sweep.gin)")
+    gin_file = sweep_path
+
+  from attnlab.training import gin_config
+  from attnlab.training import report as report_lib
+
+  try:
+    sweep, mcfg, dcfg, tcfg = gin_config.parse_sweep(gin_file, bindings)
+  except gin_config.GinConfigError as e:
+    raise CommandError(str(e)) from None
+  base = (mcfg, dcfg, tcfg)
+  try:
+    arms = sweep_lib.plan(sweep, mcfg)
+    for arm in arms:
+      sweep_lib.run_configs(sweep, arm, sweep.seeds[0], *base)
+  except ValueError as e:
+    raise CommandError(str(e)) from None
+  names = [a.name for a in arms]
+  if args.arm is not None and args.arm not in names:
+    raise CommandError(f"--arm {args.arm!r} is not an arm of this sweep: {', '.join(names)}")
+  text = sweep_lib.operative_sweep_config(sweep, *base)
+  if os.path.isfile(sweep_path):
+    with open(sweep_path) as f:
+      if _base_part(f.read()) != _base_part(text):
+        raise CommandError(f"{args.out} holds a sweep with a different base config "
+                           f"({sweep_path}); use a new --out")
+  if args.report:
+    if not os.path.isdir(os.path.join(args.out, sweep_lib.ARMS_DIR)):
+      raise CommandError(f"{args.out} holds no runs yet (no {sweep_lib.ARMS_DIR}/ folder)")
+    counts = report_lib.write_report(args.out, sweep, arms, base)
+    print(json.dumps({"out": os.path.abspath(args.out), **counts}))
+    return 0
+  try:
+    trainer_run_check(mcfg, tcfg, dcfg)
+  except (ValueError, FileNotFoundError, ImportError) as e:
+    raise CommandError(str(e)) from None
+
+  import logging
+
+  use_compilation_cache(args.compilation_cache)
+  logging.basicConfig(level=logging.WARNING, format="%(message)s")
+  os.makedirs(args.out, exist_ok=True)
+  tmp = sweep_path + f".tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.write(text)
+  os.replace(tmp, sweep_path)
+  try:
+    counts = sweep_lib.run_sweep(args.out, sweep, arms, base, only=args.arm)
+  except sweep_lib.SweepInterrupted as e:
+    print(f"attnlab ablate: {e}; checkpoint saved, rerun the same command to resume",
+          file=sys.stderr)
+    return 0
+  out = {"out": os.path.abspath(args.out), "this_invocation": counts}
+  if args.arm is None:
+    out["report"] = report_lib.write_report(args.out, sweep, arms, base)
+  print(json.dumps(out))
+  return 1 if counts["failed"] else 0

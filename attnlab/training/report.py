@@ -1,0 +1,328 @@
+"""The tables, report and plots of a head-sharing sweep (``attnlab ablate``).
+
+Built only from the ``result.json`` files of ``OUT/arms/*/seed_*`` and the
+sweep plan, so it can be rebuilt at any time from whatever has finished:
+
+- ``results.csv``: one row per planned run (``RESULT_COLUMNS``); a run not
+  finished yet has status "pending", one that raised "failed" (and its error);
+- ``summary.csv``: one row per arm (``SUMMARY_COLUMNS``): mean and standard
+  deviation over its finished seeds, and the noise test below;
+- ``report.md``: the same as tables, the uptraining comparison, the runs that
+  failed or are pending, and the plots;
+- ``val_loss_vs_tokens.png``, ``val_loss_vs_kv_bytes.png``,
+  ``decode_tokens_per_s.png``.
+
+Seed noise: an arm's validation loss differs from the MHA arm's beyond seed
+noise when |mean_a - mean_mha| > 2 * sqrt(s_a^2 / n_a + s_mha^2 / n_mha)
+(s: sample standard deviation over seeds, n: finished seeds; both n >= 2),
+i.e. the difference of the means exceeds twice its standard error.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import statistics
+
+from attnlab.training import sweep as sweep_lib
+
+RESULT_COLUMNS = [
+    "arm", "kind", "method", "num_kv_heads", "seed", "status", "params", "attention_params",
+    "d_ff", "kv_bytes_per_token", "steps", "train_tokens", "val_loss", "val_ppl",
+    "best_val_loss", "best_val_ppl", "val_loss_converted", "train_tokens_per_s",
+    "decode_tokens_per_s_b1", "decode_tokens_per_s_b8", "wall_time_s", "exact_match", "bleu",
+    "error",
+]
+MEASURES = ["val_loss", "val_ppl", "best_val_loss", "val_loss_converted", "train_tokens_per_s",
+            "decode_tokens_per_s_b1", "decode_tokens_per_s_b8", "wall_time_s", "exact_match",
+            "bleu"]
+SUMMARY_COLUMNS = (
+    ["arm", "kind", "method", "num_kv_heads", "runs_ok", "runs_planned", "params",
+     "attention_params", "d_ff", "kv_bytes_per_token", "steps"]
+    + [f"{m}_{s}" for m in MEASURES for s in ("mean", "std")]
+    + ["val_loss_diff_vs_mha", "val_loss_diff_se", "exceeds_seed_noise"])
+PLOTS = ("val_loss_vs_tokens.png", "val_loss_vs_kv_bytes.png", "decode_tokens_per_s.png")
+NOISE_FACTOR = 2.0
+
+
+def collect(out: str, sweep, arms, base) -> tuple[list[dict], dict]:
+  """(rows of results.csv, {(arm, seed): its curve [[step, val_loss], ...]})."""
+  mcfg, dcfg, tcfg = base
+  rows, curves = [], {}
+  for arm in arms:
+    amcfg, adcfg, atcfg = sweep_lib.run_configs(sweep, arm, sweep.seeds[0], mcfg, dcfg, tcfg)
+    params, attn = sweep_lib.param_counts(amcfg)
+    planned = {"arm": arm.name, "kind": arm.kind, "method": arm.method,
+               "num_kv_heads": arm.num_kv_heads, "params": params, "attention_params": attn,
+               "d_ff": arm.d_ff, "kv_bytes_per_token": amcfg.kv_cache_bytes_per_token(),
+               "steps": atcfg.steps,
+               "train_tokens": atcfg.steps * adcfg.batch_size * adcfg.seq_len}
+    for seed in sweep.seeds:
+      r = sweep_lib.read_result(out, arm, seed) or {"status": "pending"}
+      row = {**planned, "seed": seed, "status": r["status"]}
+      if r["status"] == "ok":
+        row.update({k: r[k] for k in RESULT_COLUMNS if k in r and k not in planned})
+        curves[(arm.name, seed)] = r["curve"]
+      elif r["status"] == "failed":
+        row["error"] = r.get("error", "")
+      rows.append(row)
+  return rows, curves
+
+
+def _fmt(v) -> str:
+  if v is None or v == "":
+    return ""
+  if isinstance(v, float):
+    return "nan" if math.isnan(v) else f"{v:.6g}"
+  return str(v)
+
+
+def _write_csv(path: str, columns: list[str], rows: list[dict]) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(columns)
+    for r in rows:
+      w.writerow([_fmt(r.get(c)) for c in columns])
+  os.replace(tmp, path)
+
+
+def _mean_std(values):
+  values = [float(v) for v in values if v is not None and v != ""]
+  if not values:
+    return None, None
+  mean = statistics.fmean(values)
+  return mean, (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def noise_test(a: list[float], b: list[float]) -> tuple[float | None, float | None, str]:
+  """(mean(a) - mean(b), its standard error, "yes" | "no" | "n/a") by the
+  module docstring's criterion ("n/a" with fewer than 2 values on a side)."""
+  if not a or not b:
+    return None, None, "n/a"
+  diff = statistics.fmean(a) - statistics.fmean(b)
+  if len(a) < 2 or len(b) < 2:
+    return diff, None, "n/a"
+  se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+  return diff, se, "yes" if abs(diff) > NOISE_FACTOR * se else "no"
+
+
+def summarize(rows: list[dict], arms, mcfg) -> list[dict]:
+  """One row per arm (SUMMARY_COLUMNS)."""
+  mha = sweep_lib.mha_arm(arms, mcfg)
+  ok = lambda name: [r for r in rows if r["arm"] == name and r["status"] == "ok"]
+  mha_losses = [r["val_loss"] for r in ok(mha.name)] if mha else []
+  out = []
+  for arm in arms:
+    mine = [r for r in rows if r["arm"] == arm.name]
+    good = ok(arm.name)
+    s = {k: mine[0][k] for k in ("arm", "kind", "method", "num_kv_heads", "params",
+                                 "attention_params", "d_ff", "kv_bytes_per_token", "steps")}
+    s.update(runs_ok=len(good), runs_planned=len(mine))
+    for m in MEASURES:
+      s[f"{m}_mean"], s[f"{m}_std"] = _mean_std([r.get(m) for r in good])
+    if mha is not None and arm.name != mha.name:
+      diff, se, verdict = noise_test([r["val_loss"] for r in good], mha_losses)
+      s.update(val_loss_diff_vs_mha=diff, val_loss_diff_se=se, exceeds_seed_noise=verdict)
+    out.append(s)
+  return out
+
+
+def _pm(mean, std, digits=4, fmt="f") -> str:
+  if mean is None:
+    return "-"
+  text = f"{mean:.{digits}{fmt}}"
+  return text + (f" ± {std:.{digits}{fmt}}" if std is not None else "")
+
+
+def _rate(mean, std) -> str:
+  if mean is None:
+    return "-"
+  return f"{mean:,.0f}" + (f" ± {std:,.0f}" if std is not None else "")
+
+
+def report_markdown(summary, rows, arms, sweep, base) -> str:
+  mcfg, dcfg, tcfg = base
+  by = {s["arm"]: s for s in summary}
+  n_ok = sum(r["status"] == "ok" for r in rows)
+  lines = [
+      "# Head-sharing ablation", "",
+      f"Base model: {mcfg.arch}, d_model {mcfg.d_model}, {mcfg.num_layers} layers, "
+      f"{mcfg.num_heads} query heads (head dim "
+      f"{mcfg.d_model // mcfg.num_heads if mcfg.head_dim is None else mcfg.head_dim}), d_ff "
+      f"{mcfg.d_ff}, {mcfg.dtype}. Data: task {dcfg.task!r}, batch {dcfg.batch_size} x "
+      f"{dcfg.seq_len} tokens. Training: {tcfg.steps} steps ({tcfg.optimizer}, "
+      f"{tcfg.schedule}, peak lr {tcfg.learning_rate:g}). Seeds: "
+      f"{', '.join(map(str, sweep.seeds))}. match_params: {sweep.match_params}.",
+      f"Finished runs: {n_ok} of {len(rows)}.", "",
+      "## Arms (mean ± std over seeds)", "",
+      "| arm | K | params | attention params | KV bytes/token | val loss | val ppl | "
+      "best val loss | Δ loss vs MHA | beyond seed noise | train tok/s | decode tok/s b=1 | "
+      "decode tok/s b=8 | wall s | runs |",
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---:|---:|",
+  ]
+  for s in summary:
+    diff = s.get("val_loss_diff_vs_mha")
+    d = "-" if diff is None else f"{diff:+.4f}"
+    lines.append(
+        f"| {s['arm']} | {s['num_kv_heads']} | {s['params']:,} | {s['attention_params']:,} | "
+        f"{s['kv_bytes_per_token']:,} | {_pm(s['val_loss_mean'], s['val_loss_std'])} | "
+        f"{_pm(s['val_ppl_mean'], s['val_ppl_std'], 3)} | "
+        f"{_pm(s['best_val_loss_mean'], s['best_val_loss_std'])} | {d} | "
+        f"{s.get('exceeds_seed_noise', '-')} | "
+        f"{_rate(s['train_tokens_per_s_mean'], s['train_tokens_per_s_std'])} | "
+        f"{_rate(s['decode_tokens_per_s_b1_mean'], s['decode_tokens_per_s_b1_std'])} | "
+        f"{_rate(s['decode_tokens_per_s_b8_mean'], s['decode_tokens_per_s_b8_std'])} | "
+        f"{_pm(s['wall_time_s_mean'], s['wall_time_s_std'], 0)} | "
+        f"{s['runs_ok']}/{s['runs_planned']} |")
+  if any(s.get("exact_match_mean") is not None for s in summary):
+    lines += ["", "| arm | exact match | BLEU |", "|---|---:|---:|"]
+    lines += [f"| {s['arm']} | {_pm(s['exact_match_mean'], s['exact_match_std'])} | "
+              f"{_pm(s['bleu_mean'], s['bleu_std'], 2)} |" for s in summary]
+  lines += [
+      "", "Beyond seed noise: |mean(arm) - mean(MHA)| > 2 x sqrt(s_arm²/n_arm + s_MHA²/n_MHA), "
+      "s the sample standard deviation over seeds and n the finished seeds (n/a with fewer "
+      "than 2 on either side): the difference of the means exceeds twice its standard error. "
+      "Δ > 0 means the arm's loss is higher (worse) than MHA's. Throughputs are tokens/s "
+      "(training: median over logged windows after the first; decode: cached greedy, "
+      f"{sweep.decode_new_tokens} new tokens after {sweep.decode_prompt_len}-token prompts, "
+      f"best of {sweep.decode_repeats}).",
+  ]
+  uptrain = [a for a in arms if a.kind == "uptrain"]
+  if uptrain:
+    scratch = {a.num_kv_heads: a.name for a in arms if a.kind == "scratch"}
+    mha = sweep_lib.mha_arm(arms, mcfg)
+    up_steps = sweep_lib.uptrain_steps(sweep, tcfg)
+    lines += [
+        "", f"## Uptraining (MHA checkpoint converted, then {up_steps} steps = "
+        f"{sweep.uptrain_fraction:g} of {tcfg.steps})", "",
+        "| K | method | val loss after conversion | after uptraining | same K from scratch | "
+        "Δ uptrained - scratch | beyond seed noise | MHA |",
+        "|---:|---|---:|---:|---:|---:|:---:|---:|",
+    ]
+    for a in uptrain:
+      s = by[a.name]
+      ref = by.get(scratch.get(a.num_kv_heads, ""), {})
+      diff, _, verdict = noise_test(
+          [r["val_loss"] for r in rows if r["arm"] == a.name and r["status"] == "ok"],
+          [r["val_loss"] for r in rows if r["arm"] == ref.get("arm") and r["status"] == "ok"])
+      m = by[mha.name]
+      lines.append(
+          f"| {a.num_kv_heads} | {a.method} | "
+          f"{_pm(s['val_loss_converted_mean'], s['val_loss_converted_std'])} | "
+          f"{_pm(s['val_loss_mean'], s['val_loss_std'])} | "
+          f"{_pm(ref.get('val_loss_mean'), ref.get('val_loss_std'))} | "
+          f"{'-' if diff is None else f'{diff:+.4f}'} | {verdict} | "
+          f"{_pm(m['val_loss_mean'], m['val_loss_std'])} |")
+  bad = [r for r in rows if r["status"] != "ok"]
+  if bad:
+    lines += ["", "## Runs not finished", ""]
+    lines += [f"- {r['arm']} seed {r['seed']}: {r['status']}"
+              + (f" ({r['error']})" if r.get("error") else "") for r in bad]
+  lines += ["", "## Plots", ""]
+  lines += [f"![{p[:-4]}]({p})" for p in PLOTS]
+  return "\n".join(lines) + "\n"
+
+
+def plot(out: str, summary, rows, curves, arms, base) -> list[str]:
+  """Write the three PNGs into ``out``; their paths."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  _, dcfg, tcfg = base
+  tokens_per_step = dcfg.batch_size * dcfg.seq_len
+  scratch = [a for a in arms if a.kind == "scratch"]
+  uptrain = [a for a in arms if a.kind == "uptrain"]
+  by = {s["arm"]: s for s in summary}
+  paths = [os.path.join(out, p) for p in PLOTS]
+
+  def band(ax, arm, offset, **kw):
+    seeds = [c for (name, _), c in curves.items() if name == arm.name]
+    if not seeds:
+      return
+    steps = sorted(set.intersection(*[{p[0] for p in c} for c in seeds]))
+    vals = [[dict((p[0], p[1]) for p in c)[s] for c in seeds] for s in steps]
+    x = [offset + s * tokens_per_step for s in steps]
+    mean = [statistics.fmean(v) for v in vals]
+    std = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in vals]
+    line, = ax.plot(x, mean, label=f"{arm.name} ({len(seeds)} seeds)", **kw)
+    ax.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                    color=line.get_color(), alpha=0.2)
+
+  fig, axes = plt.subplots(1, 2 if uptrain else 1, figsize=(12 if uptrain else 6.5, 4.5),
+                           squeeze=False)
+  ax = axes[0][0]
+  for a in scratch:
+    band(ax, a, 0, marker=".")
+  ax.set(xlabel="training tokens", ylabel="validation loss",
+         title="from scratch (mean ± std over seeds)")
+  ax.legend(fontsize=8)
+  ax.grid(alpha=0.3)
+  if uptrain:
+    ax = axes[0][1]
+    for a in uptrain:
+      band(ax, a, 0, marker=".", linestyle="--" if a.method != "mean" else "-")
+    for a in scratch:
+      s = by[a.name]
+      if s["val_loss_mean"] is not None and a.num_kv_heads in {u.num_kv_heads for u in uptrain}:
+        ax.axhline(s["val_loss_mean"], color="gray", linestyle=":", linewidth=1)
+        ax.annotate(f"{a.name} from scratch", (0, s["val_loss_mean"]), fontsize=7,
+                    color="gray", va="bottom")
+    ax.set(xlabel="uptraining tokens (after the MHA run)", ylabel="validation loss",
+           title="uptrained from the MHA checkpoint")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(paths[0], dpi=120)
+  plt.close(fig)
+
+  fig, ax = plt.subplots(figsize=(6.5, 4.5))
+  for group, marker in ((scratch, "o"), (uptrain, "^")):
+    for a in group:
+      s = by[a.name]
+      if s["val_loss_mean"] is None:
+        continue
+      ax.errorbar(s["kv_bytes_per_token"], s["val_loss_mean"], yerr=s["val_loss_std"] or 0,
+                  marker=marker, capsize=3, label=a.name, linestyle="none")
+  ax.set_xscale("log", base=2)
+  ax.set(xlabel="KV-cache bytes per token", ylabel="final validation loss",
+         title="quality vs cache memory (mean ± std)")
+  ax.legend(fontsize=7)
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(paths[1], dpi=120)
+  plt.close(fig)
+
+  fig, ax = plt.subplots(figsize=(6.5, 4.5))
+  done = [by[a.name] for a in scratch if by[a.name]["runs_ok"]]
+  ks = [s["num_kv_heads"] for s in done]
+  for b in sweep_lib.DECODE_BATCHES:
+    ax.errorbar(ks, [s[f"decode_tokens_per_s_b{b}_mean"] for s in done],
+                yerr=[s[f"decode_tokens_per_s_b{b}_std"] or 0 for s in done], marker="o",
+                capsize=3, label=f"batch {b}")
+  ax.set_xscale("log", base=2)
+  ax.set_xticks(ks or [1], [str(k) for k in ks] or ["1"])
+  ax.set(xlabel="num_kv_heads (K)", ylabel="decode tokens/s",
+         title="cached greedy decode throughput (mean ± std)")
+  ax.legend()
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(paths[2], dpi=120)
+  plt.close(fig)
+  return paths
+
+
+def write_report(out: str, sweep, arms, base, *, plots: bool = True) -> dict:
+  """results.csv, summary.csv, report.md and the PNGs of ``out``; counts."""
+  rows, curves = collect(out, sweep, arms, base)
+  summary = summarize(rows, arms, base[0])
+  _write_csv(os.path.join(out, "results.csv"), RESULT_COLUMNS, rows)
+  _write_csv(os.path.join(out, "summary.csv"), SUMMARY_COLUMNS, summary)
+  with open(os.path.join(out, "report.md"), "w") as f:
+    f.write(report_markdown(summary, rows, arms, sweep, base))
+  if plots:
+    plot(out, summary, rows, curves, arms, base)
+  return {s: sum(r["status"] == s for r in rows) for s in ("ok", "failed", "pending")}

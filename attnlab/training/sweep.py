@@ -1,0 +1,663 @@
+"""Head-sharing ablation sweeps: the arms, running them, measuring each run.
+
+A ``Sweep`` names the arms (one per number of KV heads, trained from scratch,
+plus optional uptraining arms converted from the MHA arm's final checkpoint)
+and the seeds. Every arm x seed is a normal training run (``trainer.train``)
+in ``OUT/arms/NAME/seed_S/``; for seed S every arm gets ``TrainConfig.seed =
+DataConfig.seed = S``, so arms of a seed see the same data order, steps and
+batch and differ only in the architecture (the init differs where the shapes
+do). A run that finished leaves ``result.json`` (its measurements, status
+"ok"); one that raised leaves ``result.json`` with status "failed" and its
+error (``error.txt`` has the traceback) and is retried by the next invocation;
+one that was stopped resumes from its newest checkpoint.
+
+The report (tables, plots) is built by ``attnlab.training.report`` from the
+``result.json`` files alone, so it can be (re)built from whatever finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+
+from attnlab.config import DataConfig, ModelConfig, TrainConfig
+
+ARMS_DIR = "arms"
+RESULT_FILE = "result.json"
+CONVERSION_FILE = "conversion.json"
+PROMPTS_FILE = "prompts.json"
+SWEEP_FILE = "sweep.gin"
+DECODE_BATCHES = (1, 8)
+
+
+def _positive(name, value):
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ValueError(f"{name}={value!r} must be a positive integer")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sweep:
+  """A head-sharing ablation: arms x seeds on top of a base run.
+
+  Attributes:
+    base: gin files of the run every arm starts from (found as given, next
+      to the sweep file, or in configs/); () = the sweep file binds it all.
+    num_kv_heads: K of the from-scratch arms; None = N, N/2, ..., 1 of the
+      base config (MHA, GQA..., MQA; halving while N stays divisible).
+    seeds: one run per arm and seed (the seed sets the init and data order).
+    match_params: widen every arm's FFN (d_ff) so its parameter count equals
+      the MHA arm's within 1%.
+    uptrain_num_kv_heads: K of the uptraining arms: the MHA arm's final
+      checkpoint converted to K heads (``attnlab.convert_heads``), then
+      trained ``uptrain_fraction`` of the base steps. () = none.
+    uptrain_methods: conversion methods of the uptraining arms.
+    uptrain_fraction: uptraining steps as a fraction of the base steps (the
+      paper's alpha = 0.05); the warmup is scaled by it too.
+    curve_points: validation evaluations per run for the loss curves, used
+      when the base's ``TrainConfig.eval_every`` is 0.
+    decode_prompt_len: tokens of each benchmark prompt (cut from the
+      validation data; the same prompts for every arm).
+    decode_new_tokens: greedy tokens generated per sequence (no early stop).
+    decode_repeats: timed repetitions after a compile run; the best counts.
+  """
+
+  base: tuple[str, ...] = ()
+  num_kv_heads: tuple[int, ...] | None = None
+  seeds: tuple[int, ...] = (0, 1, 2)
+  match_params: bool = False
+  uptrain_num_kv_heads: tuple[int, ...] = ()
+  uptrain_methods: tuple[str, ...] = ("mean", "first", "random")
+  uptrain_fraction: float = 0.05
+  curve_points: int = 10
+  decode_prompt_len: int = 32
+  decode_new_tokens: int = 64
+  decode_repeats: int = 3
+
+  def __post_init__(self):
+    from attnlab.convert.heads import METHODS
+
+    for name in ("base", "seeds", "uptrain_num_kv_heads", "uptrain_methods"):
+      value = getattr(self, name)
+      if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name}={value!r} must be a list")
+      object.__setattr__(self, name, tuple(value))
+    if self.num_kv_heads is not None:
+      if isinstance(self.num_kv_heads, (int, str)):
+        raise ValueError(f"num_kv_heads={self.num_kv_heads!r} must be a list (or None)")
+      object.__setattr__(self, "num_kv_heads", tuple(self.num_kv_heads))
+      if not self.num_kv_heads:
+        raise ValueError("num_kv_heads=() is an empty arm list: give at least one K "
+                         "(or None for N, N/2, ..., 1)")
+      for k in self.num_kv_heads:
+        _positive("num_kv_heads", k)
+      if len(set(self.num_kv_heads)) != len(self.num_kv_heads):
+        raise ValueError(f"num_kv_heads={self.num_kv_heads!r} repeats a value")
+    if not self.seeds:
+      raise ValueError("seeds=() is empty: give at least one seed")
+    for s in self.seeds:
+      if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+        raise ValueError(f"seeds={self.seeds!r} must be non-negative integers")
+    if len(set(self.seeds)) != len(self.seeds):
+      raise ValueError(f"seeds={self.seeds!r} repeats a seed")
+    if not isinstance(self.match_params, bool):
+      raise ValueError(f"match_params={self.match_params!r} must be True or False")
+    for k in self.uptrain_num_kv_heads:
+      _positive("uptrain_num_kv_heads", k)
+    if len(set(self.uptrain_num_kv_heads)) != len(self.uptrain_num_kv_heads):
+      raise ValueError(f"uptrain_num_kv_heads={self.uptrain_num_kv_heads!r} repeats a value")
+    if self.uptrain_num_kv_heads and not self.uptrain_methods:
+      raise ValueError("uptrain_methods=() is empty while uptrain_num_kv_heads is set")
+    for m in self.uptrain_methods:
+      if m not in METHODS:
+        raise ValueError(f"uptrain_methods={self.uptrain_methods!r}: {m!r} is not one of "
+                         f"{', '.join(map(repr, METHODS))}")
+    if not 0.0 < self.uptrain_fraction <= 1.0:
+      raise ValueError(f"uptrain_fraction={self.uptrain_fraction!r} must be in (0, 1]")
+    for name in ("curve_points", "decode_prompt_len", "decode_new_tokens", "decode_repeats"):
+      _positive(name, getattr(self, name))
+
+
+def resolve_base(base, sweep_file: str, configs_dir: str) -> list[str]:
+  """The paths of ``Sweep.base`` files: as given, next to the sweep file, or in configs/."""
+  out = []
+  for name in base:
+    for folder in ("", os.path.dirname(os.path.abspath(sweep_file)), configs_dir):
+      path = os.path.join(folder, name) if folder else name
+      if os.path.isfile(path):
+        out.append(path)
+        break
+    else:
+      raise FileNotFoundError(f"Sweep.base file {name!r} was not found (as given, next to "
+                              f"{sweep_file}, or in {configs_dir})")
+  return out
+
+
+# --------------------------------------------------------------------------- arms
+
+
+@dataclass(frozen=True)
+class Arm:
+  """One arm: K KV heads, trained from scratch or uptrained from the MHA arm."""
+
+  name: str
+  num_kv_heads: int
+  kind: str = "scratch"  # "scratch" | "uptrain"
+  method: str = ""  # uptrain: the conversion method
+  d_ff: int = 0  # the FFN width of its model
+
+
+def kv_heads_of(mcfg: ModelConfig) -> int:
+  return mcfg.num_heads if mcfg.num_kv_heads is None else mcfg.num_kv_heads
+
+
+def scratch_name(k: int, n: int) -> str:
+  return "mha" if k == n else "mqa" if k == 1 else f"gqa{k}"
+
+
+def abstract_model(mcfg: ModelConfig):
+  """The model with shapes only (nothing allocated)."""
+  from flax import nnx
+
+  from attnlab.nn.transformer import build_model
+
+  return nnx.eval_shape(lambda: build_model(mcfg, rngs=nnx.Rngs(params=0, dropout=1)))
+
+
+def param_counts(mcfg: ModelConfig) -> tuple[int, int]:
+  """(all parameters, attention parameters) of the model ``mcfg`` describes."""
+  import jax
+  from flax import nnx
+
+  total = attn = 0
+  state = nnx.to_pure_dict(nnx.state(abstract_model(mcfg), nnx.Param))
+  for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+    size = math.prod(leaf.shape)
+    total += size
+    if any(str(getattr(k, "key", "")).endswith("attn") for k in path):
+      attn += size
+  return total, attn
+
+
+def matched_d_ff(mcfg: ModelConfig, target: int) -> int:
+  """The d_ff that brings ``mcfg``'s parameter count closest to ``target``.
+
+  Raises:
+    ValueError: no d_ff >= 1 gets within 1% of ``target``.
+  """
+  p0, _ = param_counts(mcfg)
+  p1, _ = param_counts(mcfg.replace(d_ff=mcfg.d_ff + 1))
+  slope = p1 - p0  # the count is linear in d_ff
+  d_ff = max(1, round(mcfg.d_ff + (target - p0) / slope))
+  got, _ = param_counts(mcfg.replace(d_ff=d_ff))
+  if abs(got - target) > 0.01 * target:
+    raise ValueError(f"match_params: num_kv_heads={kv_heads_of(mcfg)} cannot match the MHA "
+                     f"arm's {target} parameters within 1% by d_ff (best d_ff={d_ff}: {got})")
+  return d_ff
+
+
+def plan(sweep: Sweep, mcfg: ModelConfig) -> list[Arm]:
+  """The arms of a sweep on the base model ``mcfg`` (from-scratch arms first).
+
+  Raises:
+    ValueError: an empty arm list, a K that does not divide N, uptraining
+      arms without an MHA arm or with a K that does not divide N.
+  """
+  n = mcfg.num_heads
+  ks = sweep.num_kv_heads
+  if ks is None:
+    ks, k = [], n
+    while True:
+      ks.append(k)
+      if k == 1 or k % 2:
+        break
+      k //= 2
+    if ks[-1] != 1:
+      ks.append(1)
+  for k in ks:
+    if k > n or n % k:
+      raise ValueError(f"num_kv_heads={k} must divide num_heads={n} of the base model")
+  if sweep.uptrain_num_kv_heads and n not in ks:
+    raise ValueError(f"uptrain_num_kv_heads={sweep.uptrain_num_kv_heads!r} needs the MHA arm "
+                     f"(num_kv_heads={n}) in num_kv_heads={tuple(ks)!r}: it is the source")
+  for k in sweep.uptrain_num_kv_heads:
+    if k > n or n % k:
+      raise ValueError(f"uptrain_num_kv_heads={k} must divide num_heads={n} of the base model")
+  mha_params = param_counts(mcfg.replace(num_kv_heads=n))[0] if sweep.match_params else None
+  arms = []
+  for k in ks:
+    d_ff = mcfg.d_ff
+    if sweep.match_params and k != n:
+      d_ff = matched_d_ff(mcfg.replace(num_kv_heads=k), mha_params)
+    arms.append(Arm(scratch_name(k, n), k, d_ff=d_ff))
+  for k in sweep.uptrain_num_kv_heads:
+    for m in sweep.uptrain_methods:
+      arms.append(Arm(f"uptrain-{m}-{scratch_name(k, n)}", k, "uptrain", m, mcfg.d_ff))
+  return arms
+
+
+def uptrain_steps(sweep: Sweep, tcfg: TrainConfig) -> int:
+  return max(1, round(sweep.uptrain_fraction * tcfg.steps))
+
+
+def run_configs(sweep: Sweep, arm: Arm, seed: int, mcfg: ModelConfig, dcfg: DataConfig,
+                tcfg: TrainConfig) -> tuple[ModelConfig, DataConfig, TrainConfig]:
+  """The configs of one run: the base, the arm's K and d_ff, the seed."""
+  steps = tcfg.steps if arm.kind == "scratch" else uptrain_steps(sweep, tcfg)
+  warmup = tcfg.warmup_steps
+  if arm.kind == "uptrain":
+    warmup = min(round(sweep.uptrain_fraction * warmup), steps - 1)
+    if tcfg.schedule == "inverse_sqrt":
+      warmup = max(1, warmup)
+  eval_every = tcfg.eval_every or max(1, steps // sweep.curve_points)
+  log_every = tcfg.log_every
+  if arm.kind == "uptrain" and log_every:
+    log_every = min(log_every, max(1, steps // 4))  # a few windows for the throughput
+  return (mcfg.replace(num_kv_heads=arm.num_kv_heads, d_ff=arm.d_ff),
+          dataclasses.replace(dcfg, seed=seed),
+          tcfg.replace(seed=seed, steps=steps, warmup_steps=max(0, warmup),
+                       eval_every=eval_every, log_every=log_every, progress=False))
+
+
+def run_dir(out: str, arm: Arm | str, seed: int) -> str:
+  name = arm if isinstance(arm, str) else arm.name
+  return os.path.join(out, ARMS_DIR, name, f"seed_{seed}")
+
+
+def read_result(out: str, arm, seed: int) -> dict | None:
+  path = os.path.join(run_dir(out, arm, seed), RESULT_FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def _write_json(path: str, obj) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=1, sort_keys=True)
+  os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- conversion
+
+
+def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
+                        step: int | None = None, seed: int = 0, bindings: dict | None = None,
+                        check_only: bool = False) -> dict:
+  """Convert a training run's checkpoint to K KV heads as a new run ``dst``.
+
+  ``dst`` gets a checkpoint at step 0 (the converted parameters, a fresh
+  optimizer state, the source's data position, so uptraining reads data the
+  source had not) and a ``config.gin`` (the source's, with the new
+  ``num_kv_heads`` and ``bindings``: ``{"TrainConfig": {...}, "DataConfig":
+  {...}}`` field overrides), so ``attnlab train --workdir dst`` uptrains it.
+
+  Everything is checked before anything is written; ``check_only`` stops
+  there.
+
+  Returns:
+    {"source": ..., "source_step": ..., "method": ..., "num_kv_heads": ...}.
+
+  Raises:
+    FileNotFoundError: ``src`` is not a run, or holds no checkpoint.
+    ValueError: a missing step, K that does not divide the source's KV heads
+      or exceeds them, an unknown method, a ``dst`` that already holds a run.
+  """
+  from attnlab.convert.heads import check_conversion
+  from attnlab.training import gin_config
+  from attnlab.training.checkpoint import CHECKPOINT_DIR, CONFIG_FILE, Checkpointer
+
+  config_path = os.path.join(src, CONFIG_FILE)
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f"{config_path} does not exist: --from is not a training run")
+  mcfg, dcfg, tcfg = gin_config.read_workdir_config(config_path)
+  check_conversion(kv_heads_of(mcfg), num_kv_heads, method)
+  ckpt_dir = os.path.join(src, CHECKPOINT_DIR)
+  if not os.path.isdir(ckpt_dir):
+    raise FileNotFoundError(f"{ckpt_dir} does not exist: the source run saved no checkpoint")
+  bindings = bindings or {}
+  new_mcfg = mcfg.replace(num_kv_heads=num_kv_heads)
+  dcfg = dataclasses.replace(dcfg, **bindings.get("DataConfig", {}))
+  tcfg = tcfg.replace(**bindings.get("TrainConfig", {}))
+  if os.path.exists(dst) and os.listdir(dst):
+    raise ValueError(f"--to {dst} already exists and is not empty: give a new directory")
+  src_ckpt = Checkpointer(src)
+  try:
+    steps = src_ckpt.steps()
+    if not steps:
+      raise FileNotFoundError(f"{ckpt_dir} holds no checkpoint")
+    if step is None:
+      step = steps[-1]
+    elif step not in steps:
+      raise ValueError(f"step={step} has no checkpoint in {ckpt_dir}; saved steps: {steps}")
+    if check_only:
+      return {}
+    ocp = src_ckpt._ocp
+    data_state = dict(src_ckpt.manager.restore(step, args=ocp.args.Composite(
+        data=ocp.args.JsonRestore()))["data"])
+  finally:
+    src_ckpt.close()
+
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  import attnlab
+  from attnlab.convert.heads import convert_heads
+  from attnlab.training import sharding as shd
+  from attnlab.training import steps as steps_lib
+
+  model, _ = attnlab.load_checkpoint(src, step)
+  new = convert_heads(model, num_kv_heads, method, rngs=nnx.Rngs(params=seed, dropout=seed + 1))
+  mesh = shd.make_mesh(tcfg.mesh_shape)
+  setup, state = steps_lib.init_train(new_mcfg, tcfg, mesh)
+  params = jax.device_put(nnx.state(new, nnx.Param), setup.state_shardings["params"])
+  opt_state = jax.jit(setup.tx.init, out_shardings=setup.state_shardings["opt_state"])(params)
+  state = {"params": params, "opt_state": opt_state,
+           "step": jax.device_put(jnp.zeros((), jnp.int32), setup.state_shardings["step"])}
+  info = {"source": os.path.abspath(src), "source_step": int(step), "method": method,
+          "num_kv_heads": int(num_kv_heads), "source_num_kv_heads": kv_heads_of(mcfg)}
+  os.makedirs(dst, exist_ok=True)
+  ckpt = Checkpointer(dst, tcfg.keep_checkpoints)
+  try:
+    ckpt.save(0, state, data_state, {"seed": tcfg.seed, "converted": info})
+  finally:
+    ckpt.close()
+  text = gin_config.operative_config(new_mcfg, dcfg, tcfg)
+  header = (f"# Converted by `attnlab convert-heads` from {info['source']} step {step} "
+            f"({info['source_num_kv_heads']} -> {num_kv_heads} KV heads, method {method}).\n")
+  with open(os.path.join(dst, CONFIG_FILE), "w") as f:
+    f.write(header + text)
+  return info
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def prompt_set(sweep: Sweep, mcfg: ModelConfig, dcfg: DataConfig) -> list[list[int]]:
+  """The benchmark prompts: the first ``decode_prompt_len`` tokens of the first
+  validation rows (DataConfig.seed 0), cycled to 8 rows."""
+  import numpy as np
+
+  from attnlab.data import pipeline
+
+  dcfg = dataclasses.replace(dcfg, seed=0)
+  sources, _ = pipeline.build_sources(dcfg, mcfg)
+  key = "tokens_BT" if mcfg.arch == "decoder_only" else "src_BS"
+  rows = []
+  for batch in pipeline.validation_batches(sources, dcfg, max(DECODE_BATCHES)):
+    for row in np.asarray(batch[key]):
+      row = row[row != mcfg.pad_id] if mcfg.arch == "encoder_decoder" else row
+      rows.append([int(t) for t in row[:sweep.decode_prompt_len]])
+    if len(rows) >= max(DECODE_BATCHES):
+      break
+  rows = [r for r in rows if r] or [[mcfg.pad_id + 3]]
+  return [rows[i % len(rows)] for i in range(max(DECODE_BATCHES))]
+
+
+def decode_tokens_per_s(model, prompts: list[list[int]], batch: int, new_tokens: int,
+                        repeats: int) -> float:
+  """Cached greedy decode throughput (generated tokens / s, best of ``repeats``
+  after a compile run) on the first ``batch`` prompts, no early stop."""
+  import jax
+  import numpy as np
+
+  import attnlab
+
+  rows = prompts[:batch]
+  cfg = model.cfg
+  width = max(len(r) for r in rows)
+  prompt_BT = np.full((batch, width), cfg.pad_id, np.int32)
+  for b, r in enumerate(rows):
+    prompt_BT[b, :len(r)] = r
+  kwargs = dict(max_new_tokens=new_tokens, eos_id=None)
+  if cfg.arch == "decoder_only":
+    kwargs["prompt_lengths_B"] = np.array([len(r) for r in rows], np.int32)
+  jax.block_until_ready(attnlab.generate(model, prompt_BT, **kwargs))
+  best = math.inf
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(attnlab.generate(model, prompt_BT, **kwargs))
+    best = min(best, time.perf_counter() - t0)
+  return batch * new_tokens / best
+
+
+def _eval_records(workdir: str) -> dict[int, dict]:
+  """The last eval record of every step in workdir/metrics.jsonl (a resumed
+  run may have logged a step twice)."""
+  from attnlab.training.metrics import read_metrics
+
+  out = {}
+  if os.path.isfile(os.path.join(workdir, "metrics.jsonl")):
+    for r in read_metrics(workdir):
+      if r["split"] == "eval":
+        out[r["step"]] = r
+  return out
+
+
+def measure(workdir: str, mcfg: ModelConfig, dcfg: DataConfig, tcfg: TrainConfig,
+            sweep: Sweep, prompts) -> dict:
+  """The measurements of a finished run (see the module docstring of report)."""
+  import statistics
+
+  import attnlab
+  from attnlab.training import trainer
+  from attnlab.training.metrics import perplexity, read_metrics
+
+  evals = _eval_records(workdir)
+  if tcfg.steps not in evals:
+    final = trainer.evaluate_workdir(workdir, tcfg.steps)
+    evals[tcfg.steps] = {"step": tcfg.steps, **final}
+  curve = [[s, float(evals[s]["loss"])] for s in sorted(evals)]
+  best_step = min(evals, key=lambda s: evals[s]["loss"])
+  train = {}
+  for r in read_metrics(workdir):
+    if r["split"] == "train":
+      train[r["step"]] = r["tokens_per_s"]
+  rates = [train[s] for s in sorted(train)]
+  # The first logged window holds the compilation: leave it out (a run that
+  # logged only that window has no training throughput).
+  rate = statistics.median(rates[1:]) if len(rates) > 1 else None
+  total, attn = param_counts(mcfg)
+  out = {
+      "params": total, "attention_params": attn, "d_ff": mcfg.d_ff,
+      "num_kv_heads": kv_heads_of(mcfg), "kv_bytes_per_token": mcfg.kv_cache_bytes_per_token(),
+      "steps": tcfg.steps, "tokens_per_step": dcfg.batch_size * dcfg.seq_len,
+      "val_loss": float(evals[tcfg.steps]["loss"]),
+      "val_ppl": perplexity(float(evals[tcfg.steps]["loss"])),
+      "best_val_loss": float(evals[best_step]["loss"]),
+      "best_val_ppl": perplexity(float(evals[best_step]["loss"])),
+      "train_tokens_per_s": rate, "curve": curve,
+  }
+  for key in ("exact_match", "bleu"):
+    if key in evals[tcfg.steps]:
+      out[key] = float(evals[tcfg.steps][key])
+  model, _ = attnlab.load_checkpoint(workdir, tcfg.steps)
+  for b in DECODE_BATCHES:
+    out[f"decode_tokens_per_s_b{b}"] = decode_tokens_per_s(
+        model, prompts, b, sweep.decode_new_tokens, sweep.decode_repeats)
+  return out
+
+
+# --------------------------------------------------------------------------- running
+
+
+class SweepInterrupted(Exception):
+  """A run was stopped by SIGTERM / SIGINT (its checkpoint is saved)."""
+
+
+def _add_wall(workdir: str, seconds: float) -> float:
+  path = os.path.join(workdir, "wall_time_s")
+  before = 0.0
+  if os.path.isfile(path):
+    with open(path) as f:
+      before = float(f.read())
+  os.makedirs(workdir, exist_ok=True)
+  with open(path, "w") as f:
+    f.write(f"{before + seconds:.3f}")
+  return before + seconds
+
+
+def _prepare_uptrain(out, arm, seed, source, configs) -> dict:
+  """Convert the MHA run of ``seed`` into the uptraining run (once) and record
+  the validation loss right after conversion."""
+  from attnlab.training import trainer
+
+  workdir = run_dir(out, arm, seed)
+  conv_path = os.path.join(workdir, CONVERSION_FILE)
+  if os.path.isfile(conv_path):
+    with open(conv_path) as f:
+      return json.load(f)
+  src_result = read_result(out, source, seed)
+  if src_result is None or src_result.get("status") != "ok":
+    raise RuntimeError(f"arm {arm.name!r} converts the finished {source.name!r} run of seed "
+                       f"{seed}, which has not finished (run --arm {source.name} first)")
+  if os.path.isdir(workdir):
+    shutil.rmtree(workdir)  # a conversion cut short: start it again
+  mcfg, dcfg, tcfg = configs
+  train_fields = {f.name: getattr(tcfg, f.name) for f in dataclasses.fields(tcfg)}
+  info = write_converted_run(run_dir(out, source, seed), workdir, arm.num_kv_heads, arm.method,
+                             seed=seed, bindings={"TrainConfig": train_fields,
+                                                  "DataConfig": {"seed": dcfg.seed}})
+  info["val_loss_converted"] = float(trainer.evaluate_workdir(workdir, 0)["loss"])
+  _write_json(conv_path, info)
+  return info
+
+
+def mha_arm(arms: list[Arm], mcfg: ModelConfig) -> Arm | None:
+  """The from-scratch arm with K = N (the uptraining arms' source)."""
+  return next((a for a in arms if a.kind == "scratch" and a.num_kv_heads == mcfg.num_heads),
+              None)
+
+
+def run_one(out: str, sweep: Sweep, arm: Arm, seed: int, base, prompts, source=None) -> dict:
+  """Train (or resume) and measure one run; its result (also in result.json).
+
+  Args:
+    source: the uptraining arms' source arm (the MHA arm).
+
+  Raises:
+    SweepInterrupted: the trainer stopped on a signal before the last step.
+  """
+  from attnlab.training import gin_config, trainer
+
+  configs = run_configs(sweep, arm, seed, *base)
+  mcfg, dcfg, tcfg = configs
+  workdir = run_dir(out, arm, seed)
+  t0 = time.perf_counter()
+  try:
+    extra = {}
+    if arm.kind == "uptrain":
+      extra = _prepare_uptrain(out, arm, seed, source, configs)
+    last = trainer.train(mcfg, tcfg, dcfg, workdir,
+                         config_text=gin_config.operative_config(*configs))
+    if last["step"] < tcfg.steps:
+      _add_wall(workdir, time.perf_counter() - t0)
+      raise SweepInterrupted(f"arm {arm.name} seed {seed} stopped at step {last['step']}")
+    result = measure(workdir, mcfg, dcfg, tcfg, sweep, prompts)
+    if extra:
+      result.update(val_loss_converted=extra["val_loss_converted"],
+                    source_step=extra["source_step"])
+      result["curve"] = [[0, extra["val_loss_converted"]]] + [
+          p for p in result["curve"] if p[0] != 0]
+    result["status"] = "ok"
+  except SweepInterrupted:
+    raise
+  except Exception as e:  # noqa: BLE001 - a failing run is recorded, the sweep goes on
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "error.txt"), "w") as f:
+      f.write(traceback.format_exc())
+    msg = " ".join(str(e).split()) or type(e).__name__
+    result = {"status": "failed", "error": f"{type(e).__name__}: {msg}"[:500]}
+  result["wall_time_s"] = _add_wall(workdir, time.perf_counter() - t0)
+  result.update(arm=arm.name, kind=arm.kind, method=arm.method, seed=seed,
+                num_kv_heads=arm.num_kv_heads)
+  _write_json(os.path.join(workdir, RESULT_FILE), result)
+  return result
+
+
+def _fmt_s(s: float) -> str:
+  s = int(round(s))
+  return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def run_sweep(out: str, sweep: Sweep, arms: list[Arm], base, *, only: str | None = None,
+              stream=None) -> dict[str, int]:
+  """Run every unfinished (arm, seed) of ``arms`` (or of arm ``only``).
+
+  Prints a progress line before and after each run (arm, seed, step, ETA).
+
+  Returns:
+    {"ok": n, "failed": n, "skipped": n} of this invocation.
+
+  Raises:
+    SweepInterrupted: a run was stopped by a signal (rerun to resume).
+  """
+  stream = stream or sys.stderr
+  _, _, tcfg = base
+  todo, counts = [], {"ok": 0, "failed": 0, "skipped": 0}
+  for seed in sweep.seeds:
+    for arm in arms:
+      if only is not None and arm.name != only:
+        continue
+      r = read_result(out, arm, seed)
+      if r is not None and r.get("status") == "ok":
+        counts["skipped"] += 1
+        continue
+      todo.append((arm, seed))
+  prompts_path = os.path.join(out, PROMPTS_FILE)
+  if todo and not os.path.isfile(prompts_path):
+    _write_json(prompts_path, prompt_set(sweep, base[0], base[1]))
+  prompts = None
+  if todo:
+    with open(prompts_path) as f:
+      prompts = json.load(f)
+  steps_of = lambda arm: tcfg.steps if arm.kind == "scratch" else uptrain_steps(sweep, tcfg)
+  remaining = sum(steps_of(a) for a, _ in todo)
+  done_steps, t_start = 0, time.perf_counter()
+  for i, (arm, seed) in enumerate(todo):
+    from attnlab.training.checkpoint import Checkpointer
+
+    workdir = run_dir(out, arm, seed)
+    start = 0
+    if os.path.isdir(os.path.join(workdir, "checkpoints")):
+      c = Checkpointer(workdir)
+      start = (c.steps() or [0])[-1]
+      c.close()
+    elapsed = time.perf_counter() - t_start
+    eta = f"ETA {_fmt_s(elapsed / done_steps * remaining)}" if done_steps else "ETA ?"
+    print(f"ablate [{i + 1}/{len(todo)}] arm={arm.name} seed={seed} step={start}/"
+          f"{steps_of(arm)} {'resuming' if start else 'starting'}; sweep {eta}",
+          file=stream, flush=True)
+    r = run_one(out, sweep, arm, seed, base, prompts, source=mha_arm(arms, base[0]))
+    counts[r["status"]] += 1
+    done_steps += steps_of(arm)
+    remaining -= steps_of(arm)
+    elapsed = time.perf_counter() - t_start
+    what = (f"val_loss={r['val_loss']:.4f}" if r["status"] == "ok"
+            else f"FAILED: {r['error']}")
+    eta = _fmt_s(elapsed / max(done_steps, 1) * remaining)
+    print(f"ablate [{i + 1}/{len(todo)}] arm={arm.name} seed={seed} step={steps_of(arm)}/"
+          f"{steps_of(arm)} {what} ({r['wall_time_s']:.0f} s); sweep ETA {eta}",
+          file=stream, flush=True)
+  return counts
+
+
+def operative_sweep_config(sweep: Sweep, mcfg: ModelConfig, dcfg: DataConfig,
+                           tcfg: TrainConfig) -> str:
+  """gin text of a sweep with every field explicit (``Sweep.base`` emptied: the
+  base files are folded into the three configs), so it reruns on its own."""
+  from attnlab.training import gin_config
+
+  text = gin_config.operative_config(dataclasses.replace(sweep, base=()), mcfg, dcfg, tcfg)
+  body = text.split("\n", 2)[2]
+  return ("# The operative sweep config, written by `attnlab ablate`.\n"
+          "# `attnlab ablate --gin_file THIS_FILE --out ...` reruns it. The seed of each run\n"
+          "# replaces TrainConfig.seed and DataConfig.seed.\n" + body)

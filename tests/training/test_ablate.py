@@ -1,0 +1,392 @@
+"""``attnlab ablate`` and ``attnlab convert-heads`` end to end on a micro sweep
+(a 1-layer, 4-head decoder, 2 arms x 1 seed x 2 steps): every output with its
+columns, exact KV bytes, skip / resume / failure handling, --arm + --report,
+head conversion parity, and one-line errors on bad input."""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import attnlab
+from attnlab import cli
+from attnlab.training import gin_config, trainer
+from attnlab.training import report as report_lib
+from attnlab.training import sweep as sweep_lib
+
+MICRO = """
+Sweep.base = ["lm_stdlib_tiny.gin"]
+Sweep.num_kv_heads = [4, 1]
+Sweep.seeds = [0]
+Sweep.curve_points = 1
+Sweep.decode_prompt_len = 3
+Sweep.decode_new_tokens = 2
+Sweep.decode_repeats = 1
+ModelConfig.d_model = 16
+ModelConfig.num_heads = 4
+ModelConfig.d_ff = 32
+ModelConfig.num_layers = 1
+DataConfig.seq_len = 8
+DataConfig.batch_size = 2
+DataConfig.max_files = 2
+TrainConfig.steps = 2
+TrainConfig.warmup_steps = 1
+TrainConfig.checkpoint_every = 1
+TrainConfig.log_every = 1
+TrainConfig.eval_batches = 1
+"""
+# Columns that do not depend on timing: equal between equivalent sweeps.
+STABLE = ["arm", "kind", "method", "num_kv_heads", "seed", "status", "params",
+          "attention_params", "d_ff", "kv_bytes_per_token", "steps", "train_tokens", "val_loss",
+          "val_ppl", "best_val_loss", "best_val_ppl"]
+
+
+def _ablate(*argv):
+  return cli.main(["ablate", *argv])
+
+
+def _rows(out, name="results.csv"):
+  with open(os.path.join(out, name)) as f:
+    return list(csv.DictReader(f))
+
+
+def _read(*parts):
+  with open(os.path.join(*parts)) as f:
+    return f.read()
+
+
+def _stable(out):
+  return [{k: r[k] for k in STABLE} for r in _rows(out)]
+
+
+@pytest.fixture(scope="module")
+def sweep_file(tmp_path_factory):
+  path = tmp_path_factory.mktemp("sweep") / "micro.gin"
+  path.write_text(MICRO)
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def micro(sweep_file, tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("micro") / "out")
+  assert _ablate("--gin_file", sweep_file, "--out", out) == 0
+  return out
+
+
+def test_micro_sweep_writes_every_output(micro):
+  rows = _rows(micro)
+  for col in ("arm", "num_kv_heads", "seed", "params", "kv_bytes_per_token", "val_loss",
+              "val_ppl", "train_tokens_per_s", "decode_tokens_per_s_b1",
+              "decode_tokens_per_s_b8", "status"):
+    assert col in rows[0], col
+  assert [(r["arm"], r["num_kv_heads"], r["status"]) for r in rows] == [
+      ("mha", "4", "ok"), ("mqa", "1", "ok")]
+  for r in rows:
+    for col in ("val_loss", "train_tokens_per_s", "decode_tokens_per_s_b1",
+                "decode_tokens_per_s_b8", "wall_time_s"):
+      assert np.isfinite(float(r[col])) and float(r[col]) > 0, col
+    assert float(r["val_ppl"]) == pytest.approx(np.exp(float(r["val_loss"])), rel=1e-4)
+    # val_loss is the final evaluation of the run's own last checkpoint.
+    ev = trainer.evaluate_workdir(sweep_lib.run_dir(micro, r["arm"], 0), 2)
+    assert float(r["val_loss"]) == pytest.approx(ev["loss"], rel=1e-5)
+  summary = _rows(micro, "summary.csv")
+  assert list(summary[0]) == report_lib.SUMMARY_COLUMNS
+  assert [s["arm"] for s in summary] == ["mha", "mqa"]
+  assert summary[1]["exceeds_seed_noise"] == "n/a"  # one seed: no noise estimate
+  report = _read(micro, "report.md")
+  assert "| mqa | 1 |" in report and "2 x sqrt(" in report
+  for png in report_lib.PLOTS:
+    with open(os.path.join(micro, png), "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n", png
+    assert f"]({png})" in report
+  # The operative sweep config reruns on its own.
+  text = _read(micro, "sweep.gin")
+  assert "Sweep.base = ()" in text and "ModelConfig.num_heads = 4" in text
+  # Arms of a seed share data order and steps: the same first batch.
+  cfgs = [gin_config.read_workdir_config(
+      os.path.join(sweep_lib.run_dir(micro, a, 0), "config.gin")) for a in ("mha", "mqa")]
+  assert cfgs[0][1] == cfgs[1][1] and cfgs[0][2] == cfgs[1][2]
+  assert (cfgs[0][0].num_kv_heads, cfgs[1][0].num_kv_heads) == (4, 1)
+
+
+def test_kv_bytes_per_token_scale_exactly_with_num_kv_heads(micro):
+  rows = {r["arm"]: r for r in _rows(micro)}
+  # 2 (K and V) x L=1 x K x H=4 x 4 bytes (float32)
+  assert int(rows["mha"]["kv_bytes_per_token"]) == 2 * 1 * 4 * 4 * 4
+  assert int(rows["mqa"]["kv_bytes_per_token"]) == 2 * 1 * 1 * 4 * 4
+
+
+def test_rerun_skips_finished_runs(micro, sweep_file, capsys):
+  before = _stable(micro)
+  result = os.path.join(sweep_lib.run_dir(micro, "mha", 0), "result.json")
+  mtime = os.path.getmtime(result)
+  capsys.readouterr()
+  assert _ablate("--gin_file", sweep_file, "--out", micro) == 0
+  out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert out["this_invocation"] == {"ok": 0, "failed": 0, "skipped": 2}
+  assert os.path.getmtime(result) == mtime
+  assert _stable(micro) == before
+
+
+def test_failing_arm_is_reported_then_arm_and_report_equal_all_in_one(
+    micro, sweep_file, tmp_path, monkeypatch, capsys):
+  real = trainer.train
+
+  def train(mcfg, tcfg, dcfg, workdir, **kw):
+    if f"{os.sep}mha{os.sep}" in workdir:
+      raise RuntimeError("injected failure")
+    return real(mcfg, tcfg, dcfg, workdir, **kw)
+
+  monkeypatch.setattr(trainer, "train", train)
+  out = str(tmp_path / "out")
+  # The failing arm comes first; the other still runs, exit code 1.
+  assert _ablate("--gin_file", sweep_file, "--out", out) == 1
+  rows = {r["arm"]: r for r in _rows(out)}
+  assert rows["mha"]["status"] == "failed"
+  assert rows["mha"]["error"] == "RuntimeError: injected failure"
+  assert rows["mqa"]["status"] == "ok" and float(rows["mqa"]["val_loss"]) > 0
+  assert "mha seed 0: failed (RuntimeError: injected failure)" in _read(out, "report.md")
+  assert "FAILED" in capsys.readouterr().err
+  # A failed run is retried: here one arm at a time (--arm), then --report;
+  # every run of this OUT came from a separate invocation.
+  monkeypatch.setattr(trainer, "train", real)
+  os.remove(os.path.join(out, "results.csv"))
+  assert _ablate("--gin_file", sweep_file, "--out", out, "--arm", "mha") == 0
+  assert not os.path.exists(os.path.join(out, "results.csv"))  # --arm: no report
+  assert _ablate("--out", out, "--report") == 0  # reads OUT/sweep.gin
+  assert _stable(out) == _stable(micro)
+  for png in report_lib.PLOTS:
+    assert os.path.getsize(os.path.join(out, png)) > 0
+
+
+@pytest.mark.slow
+def test_kill_mid_sweep_then_rerun_equals_uninterrupted(micro, sweep_file, tmp_path):
+  out = str(tmp_path / "out")
+  argv = [sys.executable, "-m", "attnlab.cli", "ablate", "--gin_file", sweep_file, "--out", out]
+  env = dict(os.environ, **{trainer.STEP_SLEEP_ENV: "1.0"})
+  proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  ckpt = os.path.join(sweep_lib.run_dir(out, "mqa", 0), "checkpoints", "1")
+  try:
+    t0 = time.time()
+    while not os.path.exists(ckpt):
+      assert proc.poll() is None, proc.communicate()
+      assert time.time() - t0 < 1800, "no checkpoint after 30 minutes"
+      time.sleep(0.05)
+  finally:
+    proc.kill()  # SIGKILL mid-run: the mqa run has step 1 of 2 saved
+    proc.wait()
+  assert sweep_lib.read_result(out, "mqa", 0) is None
+  assert _ablate("--gin_file", sweep_file, "--out", out) == 0
+  assert _stable(out) == _stable(micro)
+
+
+# --------------------------------------------------------------------------- conversion
+
+
+def _model(num_kv_heads=4, **kw):
+  cfg = attnlab.ModelConfig(vocab_size=32, d_model=16, num_heads=4, num_kv_heads=num_kv_heads,
+                            num_layers=2, d_ff=32, use_bias=True, **kw)
+  model = attnlab.build_model(cfg, rngs=nnx.Rngs(params=3, dropout=4))
+  # Nonzero biases so that their conversion is checked too.
+  for layer in model.decoder.layers:
+    for proj in (layer.self_attn.k_proj, layer.self_attn.v_proj):
+      proj.b[...] = jax.random.normal(jax.random.key(id(proj) % 1000), proj.b.shape)
+  return model
+
+
+TOKENS = np.array([[5, 7, 9, 11, 2, 3, 17, 4]], np.int32)
+
+
+def test_convert_to_the_same_heads_with_mean_is_the_identity():
+  model = _model()
+  same = attnlab.convert_heads(model, 4, "mean")
+  np.testing.assert_array_equal(np.asarray(model(TOKENS)), np.asarray(same(TOKENS)))
+
+
+@pytest.mark.parametrize("method", ["mean", "first"])
+def test_convert_merges_each_group_by_hand(method):
+  model = _model()
+  new = attnlab.convert_heads(model, 2, method)
+  assert new.cfg.num_kv_heads == 2 and new.cfg.num_heads == 4
+  for old_l, new_l in zip(model.decoder.layers, new.decoder.layers):
+    for name in ("k_proj", "v_proj"):
+      w = np.asarray(getattr(old_l.self_attn, name).w[...])  # [D, 4, H]
+      b = np.asarray(getattr(old_l.self_attn, name).b[...])  # [4, H]
+      if method == "mean":
+        want_w = np.stack([(w[:, 0] + w[:, 1]) / 2, (w[:, 2] + w[:, 3]) / 2], axis=1)
+        want_b = np.stack([(b[0] + b[1]) / 2, (b[2] + b[3]) / 2])
+      else:
+        want_w, want_b = w[:, [0, 2]], b[[0, 2]]
+      np.testing.assert_allclose(np.asarray(getattr(new_l.self_attn, name).w[...]), want_w,
+                                 rtol=1e-6, atol=1e-7)
+      np.testing.assert_allclose(np.asarray(getattr(new_l.self_attn, name).b[...]), want_b,
+                                 rtol=1e-6, atol=1e-7)
+  # Every other parameter is copied.
+  old = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  got = nnx.to_pure_dict(nnx.state(new, nnx.Param))
+  for path, leaf in jax.tree_util.tree_flatten_with_path(old)[0]:
+    if not any(getattr(k, "key", None) in ("k_proj", "v_proj") for k in path):
+      node = got
+      for k in path:
+        node = node[getattr(k, "key", getattr(k, "idx", None))]
+      np.testing.assert_array_equal(np.asarray(node), np.asarray(leaf))
+
+
+def test_first_with_identical_group_heads_keeps_the_function():
+  # If the heads of each group are equal, every method but random is exact.
+  model = _model()
+  for layer in model.decoder.layers:
+    for proj in (layer.self_attn.k_proj, layer.self_attn.v_proj):
+      proj.w[...] = np.asarray(proj.w[...])[:, [0, 0, 2, 2]]
+      proj.b[...] = np.asarray(proj.b[...])[[0, 0, 2, 2]]
+  for method in ("mean", "first"):
+    np.testing.assert_allclose(np.asarray(attnlab.convert_heads(model, 2, method)(TOKENS)),
+                               np.asarray(model(TOKENS)), rtol=1e-5, atol=1e-5)
+  rnd = attnlab.convert_heads(model, 2, "random", rngs=nnx.Rngs(params=9, dropout=1))
+  assert not np.allclose(np.asarray(rnd(TOKENS)), np.asarray(model(TOKENS)), atol=1e-3)
+
+
+def test_converted_cache_bytes_drop_by_the_head_ratio():
+  model = _model()
+  for k in (4, 2, 1):
+    new = attnlab.convert_heads(model, k, "mean")
+    assert new.cfg.kv_cache_bytes_per_token() * 4 // k == model.cfg.kv_cache_bytes_per_token()
+
+
+def test_convert_rejects_bad_heads_and_methods():
+  model = _model()
+  with pytest.raises(ValueError, match="num_kv_heads=3 must divide"):
+    attnlab.convert_heads(model, 3, "mean")
+  with pytest.raises(ValueError, match="num_kv_heads=8 is larger"):
+    attnlab.convert_heads(model, 8, "mean")
+  with pytest.raises(ValueError, match="method='avg' is not one of"):
+    attnlab.convert_heads(model, 2, "avg")
+
+
+def test_convert_heads_command_then_train_and_decode(micro, tmp_path, capsys):
+  src = sweep_lib.run_dir(micro, "mha", 0)
+  dst = str(tmp_path / "mqa_up")
+  assert cli.main(["convert-heads", "--from", src, "--to", dst, "--num_kv_heads", "1",
+                   "--method", "mean", "--gin.TrainConfig.steps=1"]) == 0
+  model, cfg = attnlab.load_checkpoint(dst)
+  assert cfg.num_kv_heads == 1
+  src_model, _ = attnlab.load_checkpoint(src)
+  want = attnlab.convert_heads(src_model, 1, "mean")
+  np.testing.assert_array_equal(np.asarray(model(TOKENS)), np.asarray(want(TOKENS)))
+  capsys.readouterr()
+  assert cli.main(["decode", "--workdir", dst, "--prompt", "def", "--max_new_tokens", "3"]) == 0
+  assert capsys.readouterr().out.endswith("\n")  # the completion line
+  assert cli.main(["train", "--workdir", dst]) == 0  # uptrains from config.gin
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["step"] == 1
+
+
+def test_match_params_arms_are_within_one_percent():
+  mcfg = attnlab.ModelConfig(d_model=128, num_heads=8, num_layers=2, d_ff=352)
+  arms = sweep_lib.plan(sweep_lib.Sweep(match_params=True), mcfg)
+  assert [a.num_kv_heads for a in arms] == [8, 4, 2, 1]
+  mha = sweep_lib.param_counts(mcfg)[0]
+  plain = sweep_lib.param_counts(mcfg.replace(num_kv_heads=1))[0]
+  assert abs(plain - mha) > 0.05 * mha  # without matching MQA is much smaller
+  for a in arms:
+    got = sweep_lib.param_counts(mcfg.replace(num_kv_heads=a.num_kv_heads, d_ff=a.d_ff))[0]
+    assert abs(got - mha) <= 0.01 * mha, (a, got, mha)
+  assert arms[-1].d_ff > arms[0].d_ff
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _one_line_exit_2(capsys, argv, must_not_exist):
+  capsys.readouterr()
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1, err
+  assert not os.path.exists(must_not_exist)
+  return err
+
+
+@pytest.mark.parametrize("k, method, extra, message", [
+    ("3", "mean", [], "num_kv_heads=3 must divide"),
+    ("8", "mean", [], "num_kv_heads=8 is larger"),
+    ("2", "avg", [], "method='avg' is not one of"),
+    ("2", "mean", ["--step", "99"], "step=99 has no checkpoint"),
+])
+def test_convert_heads_bad_input(micro, tmp_path, capsys, k, method, extra, message):
+  src = sweep_lib.run_dir(micro, "mha", 0)
+  dst = str(tmp_path / "dst")
+  err = _one_line_exit_2(capsys, ["convert-heads", "--from", src, "--to", dst,
+                                  "--num_kv_heads", k, "--method", method, *extra], dst)
+  assert message in err
+
+
+def test_convert_heads_missing_source_run(tmp_path, capsys):
+  dst = str(tmp_path / "dst")
+  err = _one_line_exit_2(capsys, ["convert-heads", "--from", str(tmp_path / "nope"), "--to",
+                                  dst, "--num_kv_heads", "1", "--method", "mean"], dst)
+  assert "not a training run" in err
+
+
+@pytest.mark.parametrize("binding, message", [
+    ("--gin.Sweep.num_kv_heads=[]", "empty arm list"),
+    ("--gin.Sweep.bogus=1", "bogus"),
+    ("--gin.Sweep.num_kv_heads=[3]", "num_kv_heads=3 must divide num_heads=4"),
+    ("--gin.Sweep.uptrain_methods=['avg']", "'avg' is not one of"),
+])
+def test_ablate_bad_input(sweep_file, tmp_path, capsys, binding, message):
+  out = str(tmp_path / "out")
+  err = _one_line_exit_2(capsys, ["ablate", "--gin_file", sweep_file, "--out", out, binding],
+                         out)
+  assert message in err
+
+
+def test_ablate_unknown_arm(sweep_file, tmp_path, capsys):
+  out = str(tmp_path / "out")
+  err = _one_line_exit_2(capsys, ["ablate", "--gin_file", sweep_file, "--out", out, "--arm",
+                                  "gqa2"], out)
+  assert "mha, mqa" in err
+
+
+def test_sweep_validates_its_fields():
+  with pytest.raises(ValueError, match="seeds=()"):
+    sweep_lib.Sweep(seeds=())
+  with pytest.raises(ValueError, match="uptrain_fraction=0"):
+    sweep_lib.Sweep(uptrain_fraction=0.0)
+  with pytest.raises(ValueError, match="needs the MHA arm"):
+    sweep_lib.plan(sweep_lib.Sweep(num_kv_heads=(2, 1), uptrain_num_kv_heads=(1,)),
+                   attnlab.ModelConfig(num_heads=4, d_model=16))
+
+
+def test_uptrain_arm_converts_the_mha_run(micro, sweep_file, tmp_path):
+  # Finished runs copied into another OUT (a shared filesystem) count as
+  # finished; adding an uptraining arm runs only that arm.
+  out = str(tmp_path / "out")
+  shutil.copytree(micro, out)
+  assert _ablate("--gin_file", sweep_file, "--out", out, "--gin.Sweep.uptrain_num_kv_heads=[1]",
+                 "--gin.Sweep.uptrain_methods=['first']") == 0
+  rows = {r["arm"]: r for r in _rows(out)}
+  assert _stable(out)[:2] == _stable(micro)
+  up = rows["uptrain-first-mqa"]
+  assert up["status"] == "ok" and up["steps"] == "1" and up["num_kv_heads"] == "1"
+  # The loss right after conversion is that of the converted MHA checkpoint.
+  conv = json.loads(_read(sweep_lib.run_dir(out, "uptrain-first-mqa", 0), "conversion.json"))
+  assert conv["source_step"] == 2 and conv["method"] == "first"
+  assert float(up["val_loss_converted"]) == pytest.approx(conv["val_loss_converted"], rel=1e-5)
+  assert "## Uptraining" in _read(out, "report.md")
+
+
+def test_seed_noise_criterion_by_hand():
+  # diff 0.3, se = sqrt(0.01/3 + 0.01/3) = 0.0816: 0.3 > 2 se
+  diff, se, verdict = report_lib.noise_test([2.2, 2.3, 2.4], [1.9, 2.0, 2.1])
+  assert diff == pytest.approx(0.3) and se == pytest.approx(np.sqrt(0.02 / 3))
+  assert verdict == "yes"
+  # diff 0.1 < 2 se
+  assert report_lib.noise_test([2.0, 2.1, 2.2], [1.9, 2.0, 2.1])[2] == "no"
+  assert report_lib.noise_test([2.0], [1.9, 2.0])[2] == "n/a"

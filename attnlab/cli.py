@@ -18,6 +18,7 @@ COMMANDS = {
     "eval": ("attnlab.training.commands", "eval_main", "evaluate a checkpoint"),
     "decode": ("attnlab.decoding.commands", "decode_main", "generate from a checkpoint"),
     "kv-size": ("attnlab.decoding.commands", "kv_size_main", "KV-cache bytes for a shape"),
+    "convert": ("attnlab.commands.convert", "convert_main", "transformers checkpoints in / out"),
 }
 
 

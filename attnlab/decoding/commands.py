@@ -93,22 +93,26 @@ def decode_main(argv: list[str]) -> int:
   import numpy as np
 
   import attnlab
-  from attnlab.data.tokenizer import BOS_ID, EOS_ID
   from attnlab.decoding.sampling import Sampling
 
   try:
     model, cfg = attnlab.load_checkpoint(args.workdir, step=args.step)
   except (FileNotFoundError, ValueError) as e:
     raise CommandError(str(e)) from None
-  tokenizer = _tokenizer(args.workdir)
+  try:
+    tokenizer = _tokenizer(args.workdir)
+  except (ValueError, ImportError) as e:
+    raise CommandError(str(e)) from None
   ids = [tokenizer.encode(p) for p in prompts]
   width = max(len(x) for x in ids)
   prompt_BT = np.full((len(ids), max(width, 1)), cfg.pad_id, np.int32)
   for b, x in enumerate(ids):
     prompt_BT[b, : len(x)] = x
   lengths_B = np.array([len(x) for x in ids], np.int32)
-  kwargs = dict(max_new_tokens=dcfg.max_new_tokens, cache=dcfg.cache, eos_id=EOS_ID,
-                bos_id=BOS_ID, rng=jax.random.key(dcfg.seed),
+  # An hf_json tokenizer may have no bos (decoder-only models never use it).
+  bos_id = 1 if tokenizer.bos_id is None else tokenizer.bos_id
+  kwargs = dict(max_new_tokens=dcfg.max_new_tokens, cache=dcfg.cache, eos_id=tokenizer.eos_id,
+                bos_id=bos_id, rng=jax.random.key(dcfg.seed),
                 sampling=Sampling(temperature=dcfg.temperature, top_k=dcfg.top_k,
                                   top_p=dcfg.top_p))
   if cfg.arch == "encoder_decoder":
@@ -126,6 +130,9 @@ def decode_main(argv: list[str]) -> int:
   except (ValueError, RuntimeError) as e:
     raise CommandError(str(e)) from None
   for prompt, row in zip(prompts, out_BL):
+    if tokenizer.eos_id is not None and tokenizer.eos_id in row:
+      # After eos the row is pad_id, which may be a real token of the tokenizer.
+      row = row[:list(row).index(tokenizer.eos_id)]
     text = tokenizer.decode(row)
     print(text if len(prompts) == 1 else f"{prompt}\t{text}")
   sys.stdout.flush()
@@ -156,4 +163,5 @@ def _tokenizer(workdir: str):
   from attnlab.training import gin_config
 
   _, data_cfg, _ = gin_config.read_workdir_config(os.path.join(workdir, "config.gin"))
-  return make_tokenizer(data_cfg.tokenizer, data_cfg.tokenizer_model)
+  return make_tokenizer(data_cfg.tokenizer, data_cfg.tokenizer_model, bos_id=data_cfg.bos_id,
+                        eos_id=data_cfg.eos_id)

@@ -508,26 +508,24 @@ def check_tensors(family: str, cfg: ModelConfig, files: dict[str, str]) -> list[
   return rules
 
 
-def read_params(rules: list[Rule], files: dict[str, str], param_dtype) -> dict[tuple, np.ndarray]:
-  """{attnlab path: array} read one tensor at a time (lazily, ``safe_open``)."""
+def read_params(rules: list[Rule], files: dict[str, str], param_dtype) -> dict:
+  """{attnlab path: jax array} read one tensor at a time (lazily, ``safe_open``).
+
+  Each file is opened (memory-mapped) only while one tensor is read, so the
+  mapped pages of what was already converted do not stay resident.
+  """
+  import jax.numpy as jnp
   from safetensors import safe_open
 
   out = {}
-  handles = {}
-  try:
-    for rule in rules:
-      arrays = []
-      for name in rule.hf_names:
-        path = files[name]
-        if path not in handles:
-          handles[path] = safe_open(path, framework="flax").__enter__()
-        arrays.append(np.asarray(handles[path].get_tensor(name)))
-      for path, value in zip(rule.paths, rule.to_attnlab(*arrays), strict=True):
-        out[path] = np.ascontiguousarray(value, dtype=param_dtype)
-      del arrays
-  finally:
-    for handle in handles.values():
-      handle.__exit__(None, None, None)
+  for rule in rules:
+    arrays = []
+    for name in rule.hf_names:
+      with safe_open(files[name], framework="flax") as f:
+        arrays.append(np.asarray(f.get_tensor(name)))
+    for path, value in zip(rule.paths, rule.to_attnlab(*arrays), strict=True):
+      out[path] = jnp.asarray(value, dtype=param_dtype)
+    del arrays
   return out
 
 

@@ -24,6 +24,7 @@ COMMANDS = {
     "kv-size": ("kv_size", "KV-cache bytes for a shape"),
     "ablate": ("ablate", "head-sharing ablation sweep (MHA / GQA / MQA)"),
     "convert-heads": ("convert_heads", "MHA -> GQA/MQA checkpoint"),
+    "convert": ("convert", "transformers checkpoints in / out (--from-hf / --to-hf)"),
 }
 
 

@@ -74,8 +74,12 @@ class ModelConfig:
     norm_position: "pre" (x + f(norm(x))) or "post" (norm(x + f(x)), the
       2017 paper).
     norm_eps: epsilon of the norm layers.
-    mlp: "relu" (the paper), "gelu" or "swiglu".
+    mlp: "relu" (the paper), "gelu" (the tanh approximation, GPT-2's
+      "gelu_new") or "swiglu".
     use_bias: biases on the attention and MLP projections.
+    qkv_bias, o_bias, mlp_bias: biases on the query/key/value projections, the
+      attention output projection and the MLP projections one by one; None
+      = ``use_bias`` (Qwen2: qkv_bias=True alone; GPT-2: use_bias=True).
     tie_embeddings: output logits use the transposed input embedding.
     scale_embeddings: multiply embeddings by sqrt(d_model) (the paper).
     dropout_rate: residual / embedding dropout (the paper: 0.1).
@@ -109,6 +113,9 @@ class ModelConfig:
   norm_eps: float = 1e-6
   mlp: str = "swiglu"
   use_bias: bool = False
+  qkv_bias: bool | None = None
+  o_bias: bool | None = None
+  mlp_bias: bool | None = None
   tie_embeddings: bool = True
   scale_embeddings: bool = False
   dropout_rate: float = 0.0
@@ -165,6 +172,11 @@ class ModelConfig:
     if self.norm_eps <= 0:
       raise ValueError(f"norm_eps={self.norm_eps!r} must be positive")
     _choice("mlp", self.mlp, MLPS)
+    for name in ("use_bias", "qkv_bias", "o_bias", "mlp_bias"):
+      value = getattr(self, name)
+      if not (isinstance(value, bool) or (value is None and name != "use_bias")):
+        allowed = "True or False" if name == "use_bias" else "True, False or None (= use_bias)"
+        raise ValueError(f"{name}={value!r} must be {allowed}")
     _fraction("dropout_rate", self.dropout_rate)
     _fraction("attention_dropout_rate", self.attention_dropout_rate)
     _choice("dtype", self.dtype, DTYPES)
@@ -177,6 +189,11 @@ class ModelConfig:
       )
     if not 0 <= self.pad_id < self.vocab_size:
       raise ValueError(f"pad_id={self.pad_id} must be in [0, vocab_size={self.vocab_size})")
+
+  def has_bias(self, projections: str) -> bool:
+    """Whether the "qkv", "o" or "mlp" projections carry biases."""
+    value = {"qkv": self.qkv_bias, "o": self.o_bias, "mlp": self.mlp_bias}[projections]
+    return self.use_bias if value is None else value
 
   def kv_cache_bytes_per_token(self, dtype: str | None = None) -> int:
     """Bytes of K and V cached per token over all decoder layers (self-attention).
@@ -213,6 +230,7 @@ TASKS = ("lm", "copy", "reverse", "sort", "add", "tsv")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("inverse_sqrt", "cosine", "constant")
 NONFINITE = ("stop", "skip")
+TOKENIZERS = ("byte", "sentencepiece", "hf_json")
 
 
 def _nonnegative(name: str, value) -> None:
@@ -239,9 +257,14 @@ class DataConfig:
     min_len, max_len: length range of synthetic sources.
     vocab_chars: size of the synthetic alphabet (digits for "add").
     loss_on_prompt: decoder-only seq2seq: also train on the source tokens.
-    tokenizer: "byte" (default) or "sentencepiece" (needs the extra and
-      ``tokenizer_model``).
-    tokenizer_model: path of a sentencepiece model.
+    tokenizer: "byte" (default), "sentencepiece" (needs the extra and
+      ``tokenizer_model``) or "hf_json" (a transformers ``tokenizer.json``
+      read with the ``tokenizers`` extra; ``attnlab convert --from-hf`` sets
+      it).
+    tokenizer_model: path of a sentencepiece model or of a tokenizer.json.
+    bos_id, eos_id: the special ids of an "hf_json" tokenizer (the
+      checkpoint's config.json names them); None = it has none. The byte and
+      sentencepiece tokenizers fix bos=1, eos=2: leave these None.
     seed: data order and synthetic examples.
   """
 
@@ -257,6 +280,8 @@ class DataConfig:
   loss_on_prompt: bool = False
   tokenizer: str = "byte"
   tokenizer_model: str = ""
+  bos_id: int | None = None
+  eos_id: int | None = None
   seed: int = 0
 
   def __post_init__(self):
@@ -272,9 +297,19 @@ class DataConfig:
       raise ValueError(f"min_len={self.min_len} must be <= max_len={self.max_len}")
     if self.vocab_chars > 26:
       raise ValueError(f"vocab_chars={self.vocab_chars} must be at most 26")
-    _choice("tokenizer", self.tokenizer, ("byte", "sentencepiece"))
+    _choice("tokenizer", self.tokenizer, TOKENIZERS)
     if self.tokenizer == "sentencepiece" and not self.tokenizer_model:
       raise ValueError("tokenizer='sentencepiece' needs tokenizer_model (a .model path)")
+    if self.tokenizer == "hf_json" and not self.tokenizer_model:
+      raise ValueError("tokenizer='hf_json' needs tokenizer_model (a tokenizer.json path)")
+    for name in ("bos_id", "eos_id"):
+      value = getattr(self, name)
+      if value is None:
+        continue
+      _nonnegative(name, value)
+      if self.tokenizer != "hf_json":
+        raise ValueError(f"{name}={value} is only allowed with tokenizer='hf_json' (the "
+                         f"{self.tokenizer!r} tokenizer fixes bos=1, eos=2)")
     if self.task == "tsv" and not self.paths:
       raise ValueError("task='tsv' needs paths=('train.tsv', ['valid.tsv'])")
 

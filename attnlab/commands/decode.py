@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
     raise CommandError(str(e)) from None
   try:
     tokenizer = _tokenizer(args.workdir)
-  except MissingDependencyError as e:
+  except (MissingDependencyError, ValueError, ImportError) as e:
     raise CommandError(str(e)) from None
   ids = [tokenizer.encode(p) for p in prompts]
   width = max(len(x) for x in ids)
@@ -68,9 +68,11 @@ def main(argv: list[str]) -> int:
   for b, x in enumerate(ids):
     prompt_BT[b, : len(x)] = x
   lengths_B = np.array([len(x) for x in ids], np.int32)
-  # The special ids are the tokenizer's, whatever DecodeConfig says.
+  # The special ids are the tokenizer's, whatever DecodeConfig says. An hf_json
+  # tokenizer may have no bos (decoder-only models never use it).
+  bos_id = 1 if tokenizer.bos_id is None else tokenizer.bos_id
   kwargs = dict(max_new_tokens=dcfg.max_new_tokens, cache=dcfg.cache, eos_id=tokenizer.eos_id,
-                bos_id=tokenizer.bos_id, page_size=dcfg.page_size, num_pages=dcfg.num_pages,
+                bos_id=bos_id, page_size=dcfg.page_size, num_pages=dcfg.num_pages,
                 rng=jax.random.key(dcfg.seed),
                 sampling=Sampling(temperature=dcfg.temperature, top_k=dcfg.top_k,
                                   top_p=dcfg.top_p))
@@ -89,6 +91,9 @@ def main(argv: list[str]) -> int:
   except GenerateInputError as e:  # only input errors: a bug keeps its traceback
     raise CommandError(str(e)) from None
   for prompt, row in zip(prompts, out_BL):
+    if tokenizer.eos_id is not None and tokenizer.eos_id in row:
+      # After eos the row is pad_id, which may be a real token of the tokenizer.
+      row = row[:list(row).index(tokenizer.eos_id)]
     text = tokenizer.decode(row)
     print(text if len(prompts) == 1 else f"{prompt}\t{text}")
   sys.stdout.flush()
@@ -114,4 +119,5 @@ def _read_prompts(args) -> list[str]:
 def _tokenizer(workdir: str):
   """The tokenizer the run trained with (byte-level unless config.gin says otherwise)."""
   _, data_cfg, _ = config_gin.read_workdir_config(os.path.join(workdir, "config.gin"))
-  return make_tokenizer(data_cfg.tokenizer, data_cfg.tokenizer_model)
+  return make_tokenizer(data_cfg.tokenizer, data_cfg.tokenizer_model, bos_id=data_cfg.bos_id,
+                        eos_id=data_cfg.eos_id)

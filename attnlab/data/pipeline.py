@@ -135,10 +135,14 @@ class BatchIterator:
 
 def build_sources(dcfg: DataConfig, mcfg: ModelConfig):
   """Train and validation sources and the tokenizer for a data config."""
-  tok = make_tokenizer(dcfg.tokenizer, dcfg.tokenizer_model)
+  tok = make_tokenizer(dcfg.tokenizer, dcfg.tokenizer_model, bos_id=dcfg.bos_id,
+                       eos_id=dcfg.eos_id)
   if tok.vocab_size > mcfg.vocab_size:
     raise ValueError(f"vocab_size={mcfg.vocab_size} is smaller than the tokenizer's "
                      f"{tok.vocab_size}")
+  if tok.bos_id is None or tok.eos_id is None:
+    raise ValueError(f"training data is laid out with bos and eos: set DataConfig.bos_id "
+                     f"(={dcfg.bos_id}) and eos_id (={dcfg.eos_id}) of the hf_json tokenizer")
   if dcfg.task == "lm":
     if mcfg.arch != "decoder_only":
       raise ValueError("task='lm' needs arch='decoder_only'")

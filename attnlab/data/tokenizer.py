@@ -1,4 +1,5 @@
-"""Tokenizers: byte-level (default, no files needed) and sentencepiece (optional).
+"""Tokenizers: byte-level (default, no files needed), sentencepiece and a
+transformers ``tokenizer.json`` (both optional extras).
 
 The byte tokenizer maps pad=0, bos=1, eos=2 and byte b -> b + 3, so its
 vocabulary (259) and pad id (0) are ``ModelConfig``'s defaults.
@@ -70,7 +71,45 @@ def _import_sentencepiece():
   return extras.require("sentencepiece", "tokenizer='sentencepiece'")
 
 
-def make_tokenizer(kind: str = "byte", model_path: str = ""):
+class HFJsonTokenizer:
+  """A transformers ``tokenizer.json`` (``pip install tokenizers``).
+
+  ``encode`` applies the file's own normalizer, pre-tokenizer, model and
+  post-processor (which may add bos); the special ids come from the model's
+  config.json, since tokenizer.json does not say which token is bos or eos.
+
+  Args:
+    path: the tokenizer.json file.
+    bos_id, eos_id: special ids, or None when the model has none.
+    pad_id: the id padding is filled with (the ModelConfig's pad_id).
+  """
+
+  def __init__(self, path: str, *, bos_id: int | None = None, eos_id: int | None = None,
+               pad_id: int = 0):
+    try:
+      from tokenizers import Tokenizer
+    except ImportError as e:  # an optional extra: say how to get it
+      raise ImportError("tokenizer='hf_json' needs `pip install tokenizers`") from e
+    try:
+      self._tok = Tokenizer.from_file(path)
+    except Exception as e:  # noqa: BLE001 - the library raises a bare Exception on bad files
+      raise ValueError(f"tokenizer_model={path!r} is not a readable tokenizer.json: {e}") from e
+    self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+    self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
+
+  def encode(self, text: str) -> np.ndarray:
+    return np.asarray(self._tok.encode(text).ids, np.int32)
+
+  def decode(self, ids) -> str:
+    """Text of ``ids``, special tokens (as tokenizer.json marks them) dropped."""
+    return self._tok.decode([int(i) for i in np.asarray(ids).reshape(-1)],
+                            skip_special_tokens=True)
+
+
+def make_tokenizer(kind: str = "byte", model_path: str = "", *, bos_id: int | None = None,
+                   eos_id: int | None = None):
   if kind == "byte":
     return ByteTokenizer()
+  if kind == "hf_json":
+    return HFJsonTokenizer(model_path, bos_id=bos_id, eos_id=eos_id)
   return SentencePieceTokenizer(model_path)

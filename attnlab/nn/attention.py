@@ -29,6 +29,8 @@ class Attention(nnx.Module):
       (sinusoidal / learned / no positions, and always for cross-attention).
     rope_pairing: "half" or "adjacent".
     use_bias: biases on the four projections.
+    o_bias: biases on the output projection; None = ``use_bias`` (Qwen2 has
+      them on q/k/v only).
     dropout_rate: dropout on the attention probabilities (reference op only).
     implementation: the ``attnlab.attention`` implementation.
   """
@@ -36,7 +38,7 @@ class Attention(nnx.Module):
   def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, head_dim: int, *,
                causal: bool = False, window: int | None = None,
                rope_theta: float | None = None, rope_pairing: str = "half",
-               use_bias: bool = False, dropout_rate: float = 0.0,
+               use_bias: bool = False, o_bias: bool | None = None, dropout_rate: float = 0.0,
                implementation: str = "auto", dtype=jnp.float32, param_dtype=jnp.float32,
                rngs: nnx.Rngs):
     if num_heads % num_kv_heads:
@@ -58,7 +60,8 @@ class Attention(nnx.Module):
                          ("embed", "kv_heads", "head_dim"), in_axes=(0,), bias_dims=bias, **kw)
     self.o_proj = Einsum("BTNH,NHD->BTD", (num_heads, head_dim, d_model),
                          ("heads", "head_dim", "embed"), in_axes=(0, 1),
-                         bias_dims=(2,) if use_bias else None, **kw)
+                         bias_dims=(2,) if (use_bias if o_bias is None else o_bias) else None,
+                         **kw)
 
   def __call__(self, x_BTD, *, positions_BT=None, segment_ids_BT=None, context_BSD=None,
                context_segment_ids_BS=None, cache=None):

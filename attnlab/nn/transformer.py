@@ -40,7 +40,8 @@ class Block(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, causal: bool, cross: bool, rngs: nnx.Rngs):
     self.pre_norm = cfg.norm_position == "pre"
     attn_kw = dict(
-        use_bias=cfg.use_bias, dropout_rate=cfg.attention_dropout_rate,
+        use_bias=cfg.has_bias("qkv"), o_bias=cfg.has_bias("o"),
+        dropout_rate=cfg.attention_dropout_rate,
         implementation=cfg.attention_impl, rngs=rngs, **_dtypes(cfg),
     )
     dims = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
@@ -57,7 +58,7 @@ class Block(nnx.Module):
       self.cross_attn_layernorm = nnx.data(None)
       self.cross_attn = nnx.data(None)
     self.post_attention_layernorm = _norm(cfg)
-    self.mlp = MLP(cfg.d_model, cfg.d_ff, kind=cfg.mlp, use_bias=cfg.use_bias, rngs=rngs,
+    self.mlp = MLP(cfg.d_model, cfg.d_ff, kind=cfg.mlp, use_bias=cfg.has_bias("mlp"), rngs=rngs,
                    **_dtypes(cfg))
     self.dropout = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
 

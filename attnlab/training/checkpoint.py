@@ -83,9 +83,35 @@ class Checkpointer:
     ), force=True)
     self.manager.wait_until_finished()
 
-  def restore(self, step: int, abstract_state: dict) -> tuple[dict, dict]:
-    """(state, data_state) of ``step``, placed as ``abstract_state`` says."""
+  def save_params(self, step: int, params, meta: dict | None = None) -> None:
+    """A weights-only checkpoint (``attnlab convert``): no optimizer or data
+    state, so training from it starts a fresh optimizer at batch 0."""
     ocp = self._ocp
+    self.manager.save(step, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(flatten(params)),
+        meta=ocp.args.JsonSave({"step": int(step), **(meta or {})}),
+    ), force=True)
+    self.manager.wait_until_finished()
+
+  def has_train_state(self, step: int) -> bool:
+    """False for a weights-only checkpoint (``save_params``)."""
+    return os.path.isdir(os.path.join(self.directory, str(step), "opt_state"))
+
+  def restore(self, step: int, abstract_state: dict, init_state: dict | None = None
+              ) -> tuple[dict, dict | None]:
+    """(state, data_state) of ``step``, placed as ``abstract_state`` says.
+
+    A weights-only checkpoint takes ``opt_state`` and ``step`` from
+    ``init_state`` (a freshly initialized state) and has no data state (None).
+    """
+    ocp = self._ocp
+    if not self.has_train_state(step):
+      if init_state is None:
+        raise ValueError(f"checkpoint {step} in {self.directory} holds weights only; "
+                         "restoring it needs a fresh init_state")
+      params = self.restore_params(step, abstract_state["params"])
+      return {"params": params, "opt_state": init_state["opt_state"],
+              "step": init_state["step"]}, None
     rest = {"opt_state": abstract_state["opt_state"], "step": abstract_state["step"]}
     out = self.manager.restore(step, args=ocp.args.Composite(
         params=ocp.args.StandardRestore(flatten(abstract_state["params"])),
@@ -103,7 +129,7 @@ class Checkpointer:
         params=ocp.args.StandardRestore(flatten(abstract_params))))
     return unflatten(abstract_params, out["params"])
 
-  def restore_latest(self, abstract_state: dict):
+  def restore_latest(self, abstract_state: dict, init_state: dict | None = None):
     """(step, state, data_state) of the newest readable checkpoint, or None.
 
     A checkpoint that fails to restore (corrupted, cut short) is reported
@@ -111,7 +137,7 @@ class Checkpointer:
     """
     for step in reversed(self.steps()):
       try:
-        state, data_state = self.restore(step, abstract_state)
+        state, data_state = self.restore(step, abstract_state, init_state)
       except Exception as e:  # noqa: BLE001 - any failure means "unreadable"
         msg = (f"checkpoint {os.path.join(self.directory, str(step))} could not be restored "
                f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "

@@ -94,7 +94,8 @@ class Run:
     if sources is None:
       sources, _ = pipeline.build_sources(dcfg, mcfg)
     self.sources = sources
-    self.tokenizer = pipeline.make_tokenizer(dcfg.tokenizer, dcfg.tokenizer_model)
+    self.tokenizer = pipeline.make_tokenizer(dcfg.tokenizer, dcfg.tokenizer_model,
+                                             bos_id=dcfg.bos_id, eos_id=dcfg.eos_id)
     self.setup, self.state = steps_lib.init_train(mcfg, tcfg, self.mesh)
     self.data = pipeline.train_iterator(sources, dcfg)
     self.eval_step = steps_lib.make_eval_step(self.setup)
@@ -112,14 +113,15 @@ class Run:
     """Restore the newest readable (or the given) checkpoint; its step, or 0."""
     abstract = self.setup.abstract_state(self.state)
     if step is None:
-      found = ckpt.restore_latest(abstract)
+      found = ckpt.restore_latest(abstract, init_state=self.state)
       if found is None:
         return 0
       step, state, data_state = found
     else:
-      state, data_state = ckpt.restore(step, abstract)
+      state, data_state = ckpt.restore(step, abstract, init_state=self.state)
     self.state = state
-    self.data.set_state(data_state)
+    if data_state is not None:  # None: a converted (weights-only) checkpoint
+      self.data.set_state(data_state)
     return step
 
   def validation_batches(self):

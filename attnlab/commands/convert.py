@@ -1,0 +1,264 @@
+"""``attnlab convert``: transformers checkpoints in and out.
+
+    attnlab convert --from-hf DIR --workdir OUT [--dtype float32|bfloat16|float16]
+    attnlab convert --to-hf --workdir RUN --out DIR [--step N] [--max_shard_mb M]
+
+``--from-hf`` reads a local transformers directory (config.json,
+*.safetensors, sharded or not, and tokenizer.json when present) and writes a
+workdir that ``attnlab decode / eval / train`` and ``attnlab.load_checkpoint``
+use as they are: a weights-only checkpoint at step 0, a config.gin, and a
+copy of tokenizer.json. ``--to-hf`` writes the transformers layout of a
+workdir's checkpoint (``AutoModelForCausalLM.from_pretrained(DIR)`` loads it).
+
+Everything is checked (config fields, tensor names and shapes, from the
+file headers) before anything is written; the output is assembled in a
+temporary folder beside it and renamed at the end, so a failed conversion
+leaves no half-written OUT. Nothing is fetched from the network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+
+from attnlab.cli import CommandError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+STEP = 0
+
+
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):
+    raise CommandError(message)
+
+
+def _parser():
+  p = _Parser(prog="attnlab convert",
+              description="Convert a transformers checkpoint to an attnlab workdir, or back.")
+  way = p.add_mutually_exclusive_group(required=True)
+  way.add_argument("--from-hf", dest="from_hf", metavar="DIR",
+                   help="a local transformers checkpoint directory to import")
+  way.add_argument("--to-hf", dest="to_hf", action="store_true",
+                   help="export --workdir to the transformers layout in --out")
+  p.add_argument("--workdir", required=True,
+                 help="--from-hf: the workdir to create; --to-hf: the workdir to export")
+  p.add_argument("--out", default=None, help="--to-hf: the directory to create")
+  p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                 help="--from-hf: parameter and compute dtype (default: the checkpoint's)")
+  p.add_argument("--step", type=int, default=None, help="--to-hf: checkpoint step (latest)")
+  p.add_argument("--max_shard_mb", type=int, default=2048,
+                 help="--to-hf: largest safetensors shard (MiB)")
+  return p
+
+
+def convert_main(argv: list[str]) -> int:
+  args = _parser().parse_args(argv)
+  from attnlab.convert import hf
+
+  try:
+    if args.from_hf is not None:
+      for flag in ("out", "step"):
+        if getattr(args, flag) is not None:
+          raise CommandError(f"--{flag} is only for --to-hf")
+      summary = from_hf(args.from_hf, args.workdir, dtype=args.dtype)
+    else:
+      if args.out is None:
+        raise CommandError("--to-hf needs --out DIR")
+      if args.dtype is not None:
+        raise CommandError("--dtype is only for --from-hf (--to-hf keeps the checkpoint's)")
+      if args.max_shard_mb < 1:
+        raise CommandError(f"--max_shard_mb={args.max_shard_mb} must be a positive integer")
+      summary = to_hf(args.workdir, args.out, step=args.step,
+                      max_shard_bytes=args.max_shard_mb << 20)
+  except (hf.ConversionError, FileNotFoundError) as e:
+    raise CommandError(str(e)) from None
+  except ImportError as e:
+    raise CommandError(f"{e} (attnlab convert needs the hf extra: safetensors, tokenizers)"
+                       ) from None
+  print(json.dumps(summary))
+  return 0
+
+
+def _check_new(path: str, flag: str) -> str:
+  path = os.path.abspath(path)
+  if os.path.exists(path):
+    raise CommandError(f"{flag} {path} already exists; give a new directory")
+  parent = os.path.dirname(path)
+  if not os.path.isdir(parent):
+    raise CommandError(f"{flag} {path}: its parent {parent} does not exist")
+  return path
+
+
+@contextlib.contextmanager
+def _staging(final: str):
+  """A temporary folder beside ``final``, renamed to it on success, removed on error."""
+  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.tmp-", dir=os.path.dirname(final))
+  try:
+    yield tmp
+    os.rename(tmp, final)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+
+
+def finetune_train_config():
+  """The TrainConfig a converted workdir starts with: gentle fine-tuning."""
+  from attnlab.config import TrainConfig
+
+  return TrainConfig(steps=100, learning_rate=2e-5, schedule="constant", warmup_steps=10,
+                     weight_decay=0.0, checkpoint_every=100)
+
+
+def from_hf(src_dir: str, workdir: str, *, dtype: str | None = None) -> dict:
+  """Import ``src_dir`` (transformers layout) as the new workdir ``workdir``."""
+  from attnlab.config import DataConfig
+  from attnlab.convert import hf
+
+  out = _check_new(workdir, "--workdir")
+  hf_cfg = hf.read_hf_config(src_dir)
+  family, mcfg = hf.from_hf_config(hf_cfg, dtype=dtype)
+  files = hf.tensor_files(src_dir)
+  rules = hf.check_tensors(family, mcfg, files)
+  ids = hf.special_ids(hf_cfg)
+  tok_path = os.path.join(src_dir, "tokenizer.json")
+  if os.path.isfile(tok_path):
+    from attnlab.data.tokenizer import HFJsonTokenizer
+
+    try:
+      tok = HFJsonTokenizer(tok_path)
+    except ValueError as e:
+      raise CommandError(str(e)) from None
+    if tok.vocab_size > mcfg.vocab_size:
+      raise CommandError(f"{tok_path} has {tok.vocab_size} tokens, more than config.json "
+                         f"vocab_size={mcfg.vocab_size}")
+    dcfg = DataConfig(tokenizer="hf_json", tokenizer_model=os.path.join(out, "tokenizer.json"),
+                      bos_id=ids["bos"], eos_id=ids["eos"])
+  else:
+    dcfg = DataConfig()
+  tcfg = finetune_train_config()
+
+  from attnlab.nn.layers import as_dtype
+
+  with _staging(out) as tmp:
+    params = hf.read_params(rules, files, as_dtype(mcfg.param_dtype))
+    n = _save_weights(tmp, mcfg, params, meta={"converted_from": os.path.abspath(src_dir),
+                                               "family": family})
+    del params
+    _write_config(tmp, mcfg, dcfg, tcfg, src_dir)
+    if dcfg.tokenizer == "hf_json":
+      for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(src_dir, name)):
+          shutil.copyfile(os.path.join(src_dir, name), os.path.join(tmp, name))
+  return {"workdir": out, "family": family, "params": n, "step": STEP,
+          "tokenizer": dcfg.tokenizer}
+
+
+def _save_weights(tmp: str, mcfg, params: dict, meta: dict) -> int:
+  """Fill the abstract model's parameters with ``params`` (consumed) and save them."""
+  from flax import nnx
+
+  from attnlab.nn.transformer import build_model
+  from attnlab.training.checkpoint import Checkpointer
+
+  abstract = nnx.eval_shape(lambda: build_model(mcfg, rngs=nnx.Rngs(0)))
+  state = nnx.state(abstract, nnx.Param)
+  n = 0
+  for path, var in nnx.to_flat_state(state):
+    value = params.pop(tuple(path), None)
+    if value is None:
+      raise AssertionError(f"no rule fills the parameter {'/'.join(map(str, path))}")
+    if value.shape != var.shape or value.dtype != var.dtype:
+      raise AssertionError(f"parameter {'/'.join(map(str, path))}: {value.shape} "
+                           f"{value.dtype}, the model has {var.shape} {var.dtype}")
+    var.set_value(value)
+    n += value.size
+  if params:
+    raise AssertionError(f"rules fill parameters the model lacks: {sorted(params)[:3]}")
+  ckpt = Checkpointer(tmp)
+  try:
+    ckpt.save_params(STEP, state, meta)
+  finally:
+    ckpt.close()
+  return n
+
+
+def _write_config(tmp: str, mcfg, dcfg, tcfg, src_dir: str) -> None:
+  from attnlab.training import gin_config
+
+  text = gin_config.operative_config(mcfg, dcfg, tcfg)
+  header = (f"# Converted by `attnlab convert --from-hf {os.path.abspath(src_dir)}`.\n"
+            "# Fine-tune: attnlab train --gin_file THIS_FILE --workdir THIS_WORKDIR "
+            "--gin.DataConfig.paths=\"('my/*.txt',)\" --gin.TrainConfig.steps=N\n")
+  with open(os.path.join(tmp, "config.gin"), "w", encoding="utf-8") as f:
+    f.write(header + text)
+
+
+def to_hf(workdir: str, out_dir: str, *, step: int | None = None,
+          max_shard_bytes: int = 2 << 30) -> dict:
+  """Export ``workdir``'s checkpoint to the transformers layout in ``out_dir``."""
+  from attnlab.convert import hf
+  from attnlab.training import gin_config
+
+  out = _check_new(out_dir, "--out")
+  config_path = os.path.join(workdir, "config.gin")
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f"{config_path} does not exist: not a training workdir")
+  try:
+    mcfg, dcfg, _ = gin_config.read_workdir_config(config_path)
+  except gin_config.GinConfigError as e:
+    raise CommandError(str(e)) from None
+  family = hf.hf_family(mcfg)
+  if dcfg.tokenizer == "hf_json":
+    bos, eos = dcfg.bos_id, dcfg.eos_id
+  else:
+    from attnlab.data.tokenizer import BOS_ID, EOS_ID
+
+    bos, eos = BOS_ID, EOS_ID
+  hf_cfg = hf.to_hf_config(mcfg, bos_id=bos, eos_id=eos)
+  rules = hf.weight_rules(family, mcfg)
+  params, step = _restore_weights(workdir, mcfg, step)
+  with _staging(out) as tmp:
+    files = hf.write_params(rules, params, tmp, max_shard_bytes=max_shard_bytes)
+    del params
+    with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+      json.dump(hf_cfg, f, indent=2)
+    if dcfg.tokenizer == "hf_json":
+      src = os.path.dirname(dcfg.tokenizer_model)
+      shutil.copyfile(dcfg.tokenizer_model, os.path.join(tmp, "tokenizer.json"))
+      for name in TOKENIZER_FILES[1:]:
+        if os.path.isfile(os.path.join(src, name)):
+          shutil.copyfile(os.path.join(src, name), os.path.join(tmp, name))
+  return {"out": out, "family": family, "step": step,
+          "files": [os.path.join(out, os.path.basename(f)) for f in files]}
+
+
+def _restore_weights(workdir: str, mcfg, step: int | None):
+  """({parameter path: array}, step): one host copy, no model initialized."""
+  import jax
+  from flax import nnx
+
+  from attnlab.nn.transformer import build_model
+  from attnlab.training.checkpoint import Checkpointer
+
+  ckpt = Checkpointer(workdir)
+  try:
+    steps = ckpt.steps()
+    if not steps:
+      raise FileNotFoundError(f"{ckpt.directory} holds no checkpoint")
+    if step is None:
+      step = steps[-1]
+    elif step not in steps:
+      raise CommandError(f"--step={step} has no checkpoint in {ckpt.directory}; "
+                         f"saved steps: {steps}")
+    abstract = nnx.state(nnx.eval_shape(lambda: build_model(mcfg, rngs=nnx.Rngs(0))), nnx.Param)
+    device = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                            abstract)
+    state = ckpt.restore_params(step, abstract)
+  finally:
+    ckpt.close()
+  return {tuple(path): var.get_value() for path, var in nnx.to_flat_state(state)}, step

@@ -1,0 +1,586 @@
+"""transformers checkpoints: config mapping and a weight name table.
+
+Four layouts are supported, read from and written to a local directory in
+the transformers format (``config.json`` + ``*.safetensors``, sharded or
+not):
+
+  llama    GQA, RoPE (rotate-half pairing, the layout transformers stores),
+           RMSNorm, SwiGLU, tied or untied embeddings; optional biases.
+  mistral  llama + ``sliding_window``.
+  qwen2    llama + biases on the q/k/v projections only.
+  gpt2     learned positions, LayerNorm, GELU (tanh approximation), one fused
+           ``c_attn`` Conv1D ([in, out] weights) for q/k/v, biases everywhere.
+
+A config field that would change the math and that attnlab does not
+implement raises ``ConversionError`` naming the field: a wrong import is
+worse than none. Weights move one tensor at a time (``safe_open`` reads
+lazily), so a conversion holds one full copy of the weights plus one tensor
+(reading) or one shard (writing).
+
+The weight table is a list of ``Rule``: HF tensor name(s), attnlab parameter
+path(s) and two pure reshape functions, one per direction. transformers,
+safetensors and tokenizers are optional: they are imported inside the
+functions that need them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from attnlab.config import ModelConfig
+
+FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen2": "Qwen2ForCausalLM", "gpt2": "GPT2LMHeadModel"}
+# transformers' tanh-approximated GELUs (attnlab's "gelu" is that approximation).
+GPT2_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
+               "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# Tensors some checkpoints carry that hold no weights (buffers of old versions).
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "attn.bias", "attn.masked_bias")
+
+
+class ConversionError(ValueError):
+  """Input that cannot be converted; the message names the field or tensor."""
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def read_hf_config(src_dir: str) -> dict:
+  """``src_dir/config.json`` as a dict."""
+  path = os.path.join(src_dir, "config.json")
+  if not os.path.isdir(src_dir):
+    raise ConversionError(f"--from-hf {src_dir} is not a directory")
+  if not os.path.isfile(path):
+    raise ConversionError(f"{path} does not exist: not a transformers checkpoint directory")
+  try:
+    with open(path, encoding="utf-8") as f:
+      hf = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ConversionError(f"{path} is not readable JSON: {e}") from None
+  if not isinstance(hf, dict):
+    raise ConversionError(f"{path} holds {type(hf).__name__}, not a JSON object")
+  return hf
+
+
+def _get(hf: dict, key: str, default=None, *, required: bool = False):
+  if key not in hf or hf[key] is None:
+    if required:
+      raise ConversionError(f"config.json has no {key}")
+    return default
+  return hf[key]
+
+
+def _expect(hf: dict, key: str, allowed: tuple, default):
+  value = _get(hf, key, default)
+  if value not in allowed:
+    raise ConversionError(f"config.json {key}={value!r} is not supported "
+                          f"(supported: {', '.join(map(repr, allowed))})")
+  return value
+
+
+def _rope_theta(hf: dict) -> float:
+  """The RoPE base; any rope scaling other than "default" is refused."""
+  params = hf.get("rope_parameters")
+  scaling = hf.get("rope_scaling")
+  for key, value in (("rope_parameters", params), ("rope_scaling", scaling)):
+    if value is None:
+      continue
+    if not isinstance(value, dict):
+      raise ConversionError(f"config.json {key}={value!r} is not a JSON object")
+    kind = value.get("rope_type", value.get("type", "default"))
+    if kind != "default":
+      raise ConversionError(f"config.json {key}.rope_type={kind!r} is not supported "
+                            "(only 'default' RoPE, no scaling)")
+    factor = value.get("partial_rotary_factor", 1.0)
+    if factor != 1.0:
+      raise ConversionError(f"config.json {key}.partial_rotary_factor={factor!r} is not "
+                            "supported (only 1.0)")
+  if hf.get("partial_rotary_factor", 1.0) != 1.0:
+    raise ConversionError(f"config.json partial_rotary_factor={hf['partial_rotary_factor']!r} "
+                          "is not supported (only 1.0)")
+  theta = (params or {}).get("rope_theta", hf.get("rope_theta", 10000.0))
+  return float(theta)
+
+
+def _dtype(hf: dict) -> str:
+  name = hf.get("dtype", hf.get("torch_dtype")) or "float32"
+  if name not in DTYPE_NAMES:
+    raise ConversionError(f"config.json dtype={name!r} is not supported "
+                          f"(supported: {', '.join(sorted(set(DTYPE_NAMES.values())))})")
+  return DTYPE_NAMES[name]
+
+
+def _special_id(hf: dict, key: str, vocab_size: int) -> int | None:
+  value = hf.get(key)
+  if isinstance(value, list):  # several eos ids (Llama 3): attnlab stops on the first
+    value = value[0] if value else None
+  if value is None or not isinstance(value, int) or not 0 <= value < vocab_size:
+    return None
+  return value
+
+
+def special_ids(hf: dict) -> dict:
+  """bos / eos / pad ids of config.json; ids outside the vocabulary are None."""
+  vocab = int(_get(hf, "vocab_size", 0))
+  return {name: _special_id(hf, f"{name}_token_id", vocab) for name in ("bos", "eos", "pad")}
+
+
+def from_hf_config(hf: dict, *, dtype: str | None = None) -> tuple[str, ModelConfig]:
+  """(family, ModelConfig) of a transformers config.json dict.
+
+  Args:
+    hf: the parsed config.json.
+    dtype: parameter and compute dtype; None = the checkpoint's own.
+
+  Raises:
+    ConversionError: an unknown model_type or a field attnlab does not
+      implement (the message names it).
+  """
+  family = hf.get("model_type")
+  if family not in FAMILIES:
+    raise ConversionError(f"config.json model_type={family!r} is not supported "
+                          f"(supported: {', '.join(map(repr, FAMILIES))})")
+  dtype = dtype or _dtype(hf)
+  pad = special_ids(hf)["pad"]
+  common = dict(arch="decoder_only", vocab_size=_get(hf, "vocab_size", required=True),
+                dtype=dtype, param_dtype=dtype, pad_id=0 if pad is None else pad,
+                norm_position="pre", scale_embeddings=False)
+  if family == "gpt2":
+    return family, _gpt2_config(hf, common)
+  _expect(hf, "hidden_act", ("silu",), "silu")
+  d_model = _get(hf, "hidden_size", required=True)
+  num_heads = _get(hf, "num_attention_heads", required=True)
+  head_dim = _get(hf, "head_dim", None)
+  window = None
+  bias = dict(qkv_bias=False, o_bias=False, mlp_bias=False)
+  if family == "llama":
+    attention_bias = _expect(hf, "attention_bias", (False, True), False)
+    bias = dict(qkv_bias=attention_bias, o_bias=attention_bias,
+                mlp_bias=_expect(hf, "mlp_bias", (False, True), False))
+  elif family == "mistral":
+    window = _get(hf, "sliding_window", None)
+  else:  # qwen2: biases on q/k/v, hard-wired in transformers
+    bias["qkv_bias"] = True
+    _expect(hf, "use_sliding_window", (False,), False)
+    layer_types = hf.get("layer_types") or []
+    if any(t != "full_attention" for t in layer_types):
+      raise ConversionError(f"config.json layer_types={layer_types!r} is not supported "
+                            "(only 'full_attention' layers)")
+  try:
+    cfg = ModelConfig(
+        **common, d_model=d_model, num_layers=_get(hf, "num_hidden_layers", required=True),
+        num_heads=num_heads, num_kv_heads=_get(hf, "num_key_value_heads", num_heads),
+        head_dim=None if head_dim in (None, d_model // num_heads) else head_dim,
+        d_ff=_get(hf, "intermediate_size", required=True), pos="rope",
+        rope_theta=_rope_theta(hf), rope_pairing="half", window=window, norm="rmsnorm",
+        norm_eps=float(_get(hf, "rms_norm_eps", 1e-6)), mlp="swiglu", use_bias=False, **bias,
+        tie_embeddings=bool(_get(hf, "tie_word_embeddings", False)),
+        max_len=_get(hf, "max_position_embeddings", 2048))
+  except ValueError as e:
+    raise ConversionError(f"config.json gives an invalid attnlab config: {e}") from None
+  return family, cfg
+
+
+def _gpt2_config(hf: dict, common: dict) -> ModelConfig:
+  _expect(hf, "activation_function", GPT2_GELUS, "gelu_new")
+  _expect(hf, "scale_attn_weights", (True,), True)
+  _expect(hf, "scale_attn_by_inverse_layer_idx", (False,), False)
+  _expect(hf, "add_cross_attention", (False,), False)
+  d_model = _get(hf, "n_embd", required=True)
+  try:
+    return ModelConfig(
+        **common, d_model=d_model, num_layers=_get(hf, "n_layer", required=True),
+        num_heads=_get(hf, "n_head", required=True),
+        d_ff=_get(hf, "n_inner", 4 * d_model), pos="learned", norm="layernorm",
+        norm_eps=float(_get(hf, "layer_norm_epsilon", 1e-5)), mlp="gelu", use_bias=True,
+        tie_embeddings=bool(_get(hf, "tie_word_embeddings", True)),
+        max_len=_get(hf, "n_positions", 1024))
+  except ValueError as e:
+    raise ConversionError(f"config.json gives an invalid attnlab config: {e}") from None
+
+
+def _dims(cfg: ModelConfig) -> tuple[int, int, int, int, int, int]:
+  """(D, N, K, H, F, V), K and H resolved (the one use of the derived sizes)."""
+  return (cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.dim_per_head, cfg.d_ff,
+          cfg.vocab_size)
+
+
+def hf_family(cfg: ModelConfig) -> str:
+  """The transformers layout that computes exactly what ``cfg`` does.
+
+  Raises:
+    ConversionError: ``cfg`` has a feature none of the layouts has (the
+      message names the field).
+  """
+  def refuse(field, allowed):
+    raise ConversionError(f"ModelConfig.{field}={getattr(cfg, field)!r} has no transformers "
+                          f"layout here ({allowed})")
+
+  if cfg.arch != "decoder_only":
+    refuse("arch", "only 'decoder_only' exports")
+  if cfg.norm_position != "pre":
+    refuse("norm_position", "all four layouts are 'pre'")
+  if cfg.scale_embeddings:
+    refuse("scale_embeddings", "no layout scales embeddings")
+  if cfg.pos == "learned":
+    D, N, K, H, _, _ = _dims(cfg)
+    for field, want in (("norm", "layernorm"), ("mlp", "gelu"), ("window", None)):
+      if getattr(cfg, field) != want:
+        refuse(field, f"gpt2 needs {want!r}")
+    if K != N:
+      refuse("num_kv_heads", "gpt2 is multi-head: num_kv_heads = num_heads")
+    if H * N != D:
+      refuse("head_dim", "gpt2 needs head_dim = d_model / num_heads")
+    for part in ("qkv", "o", "mlp"):
+      if not cfg.has_bias(part):
+        refuse(f"{part}_bias" if getattr(cfg, f"{part}_bias") is not None else "use_bias",
+               "gpt2 has biases on every projection")
+    return "gpt2"
+  if cfg.pos != "rope":
+    refuse("pos", "llama / mistral / qwen2 need 'rope', gpt2 'learned'")
+  for field, want in (("rope_pairing", "half"), ("norm", "rmsnorm"), ("mlp", "swiglu")):
+    if getattr(cfg, field) != want:
+      refuse(field, f"llama / mistral / qwen2 need {want!r}")
+  qkv, o, mlp = cfg.has_bias("qkv"), cfg.has_bias("o"), cfg.has_bias("mlp")
+  if cfg.window is not None:
+    if qkv or o or mlp:
+      refuse("window", "mistral, the sliding-window layout, has no biases")
+    return "mistral"
+  if qkv and not o and not mlp:
+    return "qwen2"
+  if qkv != o:
+    refuse("o_bias", "llama's attention_bias covers q, k, v and o together; qwen2 is q/k/v only")
+  return "llama"
+
+
+def to_hf_config(cfg: ModelConfig, *, bos_id: int | None = None, eos_id: int | None = None
+                 ) -> dict:
+  """config.json of the transformers model computing what ``cfg`` does."""
+  family = hf_family(cfg)
+  _, _, K, H, _, _ = _dims(cfg)
+  out = {"architectures": [ARCHITECTURES[family]], "model_type": family,
+         "vocab_size": cfg.vocab_size, "tie_word_embeddings": cfg.tie_embeddings,
+         "bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": cfg.pad_id,
+         "dtype": cfg.param_dtype, "use_cache": True}
+  if family == "gpt2":
+    out.update(n_embd=cfg.d_model, n_layer=cfg.num_layers, n_head=cfg.num_heads,
+               n_inner=cfg.d_ff, n_positions=cfg.max_len, activation_function="gelu_new",
+               layer_norm_epsilon=cfg.norm_eps, resid_pdrop=cfg.dropout_rate,
+               embd_pdrop=cfg.dropout_rate, attn_pdrop=cfg.attention_dropout_rate,
+               scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
+               reorder_and_upcast_attn=False)
+    return out
+  out.update(hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+             num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+             num_key_value_heads=K, head_dim=H, hidden_act="silu",
+             max_position_embeddings=cfg.max_len, rms_norm_eps=cfg.norm_eps,
+             rope_theta=cfg.rope_theta,
+             rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+             attention_dropout=cfg.attention_dropout_rate)
+  if family == "llama":
+    out.update(attention_bias=cfg.has_bias("qkv"), mlp_bias=cfg.has_bias("mlp"))
+  elif family == "mistral":
+    out.update(sliding_window=cfg.window)
+  else:
+    out.update(use_sliding_window=False, sliding_window=None,
+               layer_types=["full_attention"] * cfg.num_layers)
+  return out
+
+
+# --------------------------------------------------------------------------- weights
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """HF tensors <-> attnlab parameters, with one pure function per direction.
+
+  ``to_attnlab(*hf_arrays) -> tuple of attnlab arrays`` and
+  ``to_hf(*attnlab_arrays) -> tuple of hf arrays``; ``hf_shapes`` are the
+  shapes the HF tensors must have.
+  """
+
+  hf_names: tuple[str, ...]
+  hf_shapes: tuple[tuple[int, ...], ...]
+  paths: tuple[tuple, ...]
+  to_attnlab: Callable
+  to_hf: Callable
+
+
+def _linear(hf_name, path, in_shape, out_shape):
+  """torch ``Linear`` weight [out, in] <-> attnlab [*in, *out]."""
+  n_in, n_out = math.prod(in_shape), math.prod(out_shape)
+  return Rule((hf_name,), ((n_out, n_in),), (path,),
+              lambda w: (w.T.reshape(*in_shape, *out_shape),),
+              lambda w: (w.reshape(n_in, n_out).T,))
+
+
+def _conv1d(hf_name, path, in_shape, out_shape):
+  """GPT-2 ``Conv1D`` weight [in, out] <-> attnlab [*in, *out]."""
+  n_in, n_out = math.prod(in_shape), math.prod(out_shape)
+  return Rule((hf_name,), ((n_in, n_out),), (path,),
+              lambda w: (w.reshape(*in_shape, *out_shape),),
+              lambda w: (w.reshape(n_in, n_out),))
+
+
+def _vector(hf_name, path, shape):
+  """A bias or norm vector [prod(shape)] <-> attnlab ``shape``."""
+  n = math.prod(shape)
+  return Rule((hf_name,), ((n,),), (path,), lambda b: (b.reshape(shape),),
+              lambda b: (b.reshape(n),))
+
+
+def _same(hf_name, path, shape):
+  return Rule((hf_name,), (tuple(shape),), (path,), lambda x: (x,), lambda x: (x,))
+
+
+def _fused_qkv(hf_name, paths, d_model, num_heads, head_dim, *, bias: bool):
+  """GPT-2's ``c_attn``: q, k, v concatenated on the output axis."""
+  n = num_heads * head_dim
+  if bias:
+    return Rule((hf_name,), ((3 * n,),), paths,
+                lambda b: tuple(p.reshape(num_heads, head_dim) for p in np.split(b, 3)),
+                lambda q, k, v: (np.concatenate([x.reshape(n) for x in (q, k, v)]),))
+  return Rule((hf_name,), ((d_model, 3 * n),), paths,
+              lambda w: tuple(p.reshape(d_model, num_heads, head_dim)
+                              for p in np.split(w, 3, axis=1)),
+              lambda q, k, v: (np.concatenate([x.reshape(d_model, n) for x in (q, k, v)],
+                                              axis=1),))
+
+
+def weight_rules(family: str, cfg: ModelConfig, prefix: str | None = None) -> list[Rule]:
+  """The name table of ``family`` for the shapes of ``cfg``.
+
+  Args:
+    prefix: the HF name prefix of the base model ("model." for the Llama
+      family, "transformer." for GPT-2); None = that default. Checkpoints
+      saved from a base model have "".
+  """
+  D, N, K, H, F, V = _dims(cfg)
+  if family == "gpt2":
+    return _gpt2_rules(cfg, "transformer." if prefix is None else prefix)
+  p = "model." if prefix is None else prefix
+  rules = [_same(f"{p}embed_tokens.weight", ("embedder", "embed_tokens"), (V, D)),
+           _vector(f"{p}norm.weight", ("decoder", "norm", "scale"), (D,))]
+  if not cfg.tie_embeddings:
+    rules.append(_linear("lm_head.weight", ("embedder", "lm_head"), (D,), (V,)))
+  for i in range(cfg.num_layers):
+    hf, at = f"{p}layers.{i}.", ("decoder", "layers", i)
+    rules += [
+        _vector(f"{hf}input_layernorm.weight", (*at, "input_layernorm", "scale"), (D,)),
+        _vector(f"{hf}post_attention_layernorm.weight",
+                (*at, "post_attention_layernorm", "scale"), (D,)),
+        _linear(f"{hf}self_attn.q_proj.weight", (*at, "self_attn", "q_proj", "w"), (D,), (N, H)),
+        _linear(f"{hf}self_attn.k_proj.weight", (*at, "self_attn", "k_proj", "w"), (D,), (K, H)),
+        _linear(f"{hf}self_attn.v_proj.weight", (*at, "self_attn", "v_proj", "w"), (D,), (K, H)),
+        _linear(f"{hf}self_attn.o_proj.weight", (*at, "self_attn", "o_proj", "w"), (N, H), (D,)),
+        _linear(f"{hf}mlp.gate_proj.weight", (*at, "mlp", "gate_proj", "w"), (D,), (F,)),
+        _linear(f"{hf}mlp.up_proj.weight", (*at, "mlp", "up_proj", "w"), (D,), (F,)),
+        _linear(f"{hf}mlp.down_proj.weight", (*at, "mlp", "down_proj", "w"), (F,), (D,)),
+    ]
+    if cfg.has_bias("qkv"):
+      for name, heads in (("q_proj", N), ("k_proj", K), ("v_proj", K)):
+        rules.append(_vector(f"{hf}self_attn.{name}.bias", (*at, "self_attn", name, "b"),
+                             (heads, H)))
+    if cfg.has_bias("o"):
+      rules.append(_vector(f"{hf}self_attn.o_proj.bias", (*at, "self_attn", "o_proj", "b"), (D,)))
+    if cfg.has_bias("mlp"):
+      for name, n in (("gate_proj", F), ("up_proj", F), ("down_proj", D)):
+        rules.append(_vector(f"{hf}mlp.{name}.bias", (*at, "mlp", name, "b"), (n,)))
+  return rules
+
+
+def _gpt2_rules(cfg: ModelConfig, p: str) -> list[Rule]:
+  D, N, _, H, F, V = _dims(cfg)
+  rules = [_same(f"{p}wte.weight", ("embedder", "embed_tokens"), (V, D)),
+           _same(f"{p}wpe.weight", ("decoder", "learned_positions", "embed_positions"),
+                 (cfg.max_len, D)),
+           _vector(f"{p}ln_f.weight", ("decoder", "norm", "scale"), (D,)),
+           _vector(f"{p}ln_f.bias", ("decoder", "norm", "bias"), (D,))]
+  if not cfg.tie_embeddings:
+    rules.append(_linear("lm_head.weight", ("embedder", "lm_head"), (D,), (V,)))
+  for i in range(cfg.num_layers):
+    hf, at = f"{p}h.{i}.", ("decoder", "layers", i)
+    attn = (*at, "self_attn")
+    rules += [
+        _vector(f"{hf}ln_1.weight", (*at, "input_layernorm", "scale"), (D,)),
+        _vector(f"{hf}ln_1.bias", (*at, "input_layernorm", "bias"), (D,)),
+        _vector(f"{hf}ln_2.weight", (*at, "post_attention_layernorm", "scale"), (D,)),
+        _vector(f"{hf}ln_2.bias", (*at, "post_attention_layernorm", "bias"), (D,)),
+        _fused_qkv(f"{hf}attn.c_attn.weight", tuple((*attn, n, "w") for n in
+                                                    ("q_proj", "k_proj", "v_proj")),
+                   D, N, H, bias=False),
+        _fused_qkv(f"{hf}attn.c_attn.bias", tuple((*attn, n, "b") for n in
+                                                  ("q_proj", "k_proj", "v_proj")),
+                   D, N, H, bias=True),
+        _conv1d(f"{hf}attn.c_proj.weight", (*attn, "o_proj", "w"), (N, H), (D,)),
+        _vector(f"{hf}attn.c_proj.bias", (*attn, "o_proj", "b"), (D,)),
+        _conv1d(f"{hf}mlp.c_fc.weight", (*at, "mlp", "up_proj", "w"), (D,), (F,)),
+        _vector(f"{hf}mlp.c_fc.bias", (*at, "mlp", "up_proj", "b"), (F,)),
+        _conv1d(f"{hf}mlp.c_proj.weight", (*at, "mlp", "down_proj", "w"), (F,), (D,)),
+        _vector(f"{hf}mlp.c_proj.bias", (*at, "mlp", "down_proj", "b"), (D,)),
+    ]
+  return rules
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def tensor_files(src_dir: str) -> dict[str, str]:
+  """{tensor name: safetensors file} of a checkpoint directory.
+
+  Uses model.safetensors.index.json when present (sharded checkpoints),
+  else reads the header of every *.safetensors file (no data).
+  """
+  index = os.path.join(src_dir, "model.safetensors.index.json")
+  if os.path.isfile(index):
+    try:
+      with open(index, encoding="utf-8") as f:
+        weight_map = json.load(f)["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      raise ConversionError(f"{index} has no readable weight_map: {e}") from None
+    out = {}
+    for name, file in weight_map.items():
+      path = os.path.join(src_dir, file)
+      if not os.path.isfile(path):
+        raise ConversionError(f"{index} names {file} for tensor {name}, which does not exist")
+      out[name] = path
+    return out
+  files = sorted(f for f in os.listdir(src_dir) if f.endswith(".safetensors"))
+  if not files:
+    raise ConversionError(f"{src_dir} holds no *.safetensors file (a pytorch_model.bin is not "
+                          "read: re-save it with save_pretrained, which writes safetensors)")
+  from safetensors import safe_open
+
+  out = {}
+  for file in files:
+    with safe_open(os.path.join(src_dir, file), framework="flax") as f:
+      for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+        out[name] = os.path.join(src_dir, file)
+  return out
+
+
+def _name_prefix(family: str, names) -> str | None:
+  """"" for checkpoints saved from the base model (no "model." prefix)."""
+  probe = "wte.weight" if family == "gpt2" else "embed_tokens.weight"
+  default = "transformer." if family == "gpt2" else "model."
+  return "" if default + probe not in names and probe in names else None
+
+
+def check_tensors(family: str, cfg: ModelConfig, files: dict[str, str]) -> list[Rule]:
+  """The rules for this checkpoint, after checking every tensor's presence and
+  shape from the headers alone (nothing is loaded).
+
+  Raises:
+    ConversionError: a missing tensor, one of the wrong shape, or a tensor
+      that no rule reads (a feature attnlab would silently drop); the
+      message names the tensor.
+  """
+  from safetensors import safe_open
+
+  rules = weight_rules(family, cfg, _name_prefix(family, files))
+  expected = {name: shape for r in rules for name, shape in zip(r.hf_names, r.hf_shapes)}
+  for name in expected:
+    if name not in files:
+      raise ConversionError(f"tensor {name} is missing from the checkpoint")
+  for name in files:
+    tied_head = name == "lm_head.weight" and cfg.tie_embeddings
+    if name not in expected and not tied_head and not name.endswith(IGNORED_SUFFIXES):
+      raise ConversionError(f"tensor {name} has no place in a {family} model with this "
+                            "config.json (an unsupported feature?)")
+  by_file: dict[str, list[str]] = {}
+  for name in expected:
+    by_file.setdefault(files[name], []).append(name)
+  for path, names in by_file.items():
+    with safe_open(path, framework="flax") as f:
+      for name in names:
+        shape = tuple(f.get_slice(name).get_shape())
+        if shape != expected[name]:
+          raise ConversionError(f"tensor {name} has shape {list(shape)}, expected "
+                                f"{list(expected[name])} from config.json")
+  return rules
+
+
+def read_params(rules: list[Rule], files: dict[str, str], param_dtype) -> dict:
+  """{attnlab path: jax array} read one tensor at a time (lazily, ``safe_open``).
+
+  Each file is opened (memory-mapped) only while one tensor is read, so the
+  mapped pages of what was already converted do not stay resident.
+  """
+  import jax.numpy as jnp
+  from safetensors import safe_open
+
+  out = {}
+  for rule in rules:
+    arrays = []
+    for name in rule.hf_names:
+      with safe_open(files[name], framework="flax") as f:
+        arrays.append(np.asarray(f.get_tensor(name)))
+    for path, value in zip(rule.paths, rule.to_attnlab(*arrays), strict=True):
+      out[path] = jnp.asarray(value, dtype=param_dtype)
+    del arrays
+  return out
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def write_params(rules: list[Rule], params: dict[tuple, object], out_dir: str, *,
+                 max_shard_bytes: int = 2 << 30) -> list[str]:
+  """Write the HF tensors of ``params`` as safetensors shards; returns the files.
+
+  One shard (at most ``max_shard_bytes``, or one tensor when larger) is held
+  in memory at a time. Several shards get a model.safetensors.index.json.
+  """
+  from safetensors.numpy import save_file as save_numpy
+
+  current: dict[str, np.ndarray] = {}
+  size = 0
+  written: list[tuple[str, list[str]]] = []
+  total = 0
+
+  def flush():
+    nonlocal current, size
+    if current:
+      index = len(written) + 1
+      path = os.path.join(out_dir, f"model-{index:05d}.safetensors")
+      _save(current, path, save_numpy)
+      written.append((path, list(current)))
+    current, size = {}, 0
+
+  for rule in rules:
+    arrays = [np.asarray(params[p]) for p in rule.paths]
+    for name, value in zip(rule.hf_names, rule.to_hf(*arrays), strict=True):
+      value = np.ascontiguousarray(value)
+      if current and size + value.nbytes > max_shard_bytes:
+        flush()
+      current[name] = value
+      size += value.nbytes
+      total += value.nbytes
+  flush()
+  if len(written) == 1:
+    final = os.path.join(out_dir, "model.safetensors")
+    os.replace(written[0][0], final)
+    return [final]
+  weight_map = {name: os.path.basename(path) for path, names in written for name in names}
+  with open(os.path.join(out_dir, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
+    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+  return [path for path, _ in written]
+
+
+def _save(tensors: dict[str, np.ndarray], path: str, save_numpy) -> None:
+  metadata = {"format": "pt"}  # transformers refuses safetensors files without it
+  if any(v.dtype.name == "bfloat16" for v in tensors.values()):
+    import jax.numpy as jnp
+    from safetensors.flax import save_file as save_flax
+
+    save_flax({k: jnp.asarray(v) for k, v in tensors.items()}, path, metadata=metadata)
+  else:
+    save_numpy(tensors, path, metadata=metadata)

@@ -16,7 +16,7 @@ import numpy as np
 
 from attnlab import config_gin
 from attnlab.commands._common import CommandError, CommandParser
-from attnlab.config import CACHES, DecodeConfig
+from attnlab.config import CACHE_KINDS, DecodeConfig
 from attnlab.data.tokenizer import make_tokenizer
 from attnlab.decoding.generate import GenerateInputError, generate
 from attnlab.decoding.sampling import Sampling
@@ -32,7 +32,7 @@ def _decode_parser():
   src = p.add_mutually_exclusive_group(required=True)
   src.add_argument("--prompt", help="one prompt (the source of an encoder-decoder)")
   src.add_argument("--prompts_file", help="a file with one prompt per line")
-  p.add_argument("--cache", default=d.cache, help=" | ".join(CACHES))
+  p.add_argument("--cache", default=d.cache, help=" | ".join(CACHE_KINDS))
   p.add_argument("--temperature", type=float, default=d.temperature)
   p.add_argument("--top_k", type=int, default=d.top_k)
   p.add_argument("--top_p", type=float, default=d.top_p)

@@ -8,8 +8,7 @@
 from __future__ import annotations
 
 from attnlab.commands._common import CommandError, CommandParser
-
-ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1}
+from attnlab.config import DTYPE_BYTES, kv_cache_bytes
 
 
 def format_bytes(n: float) -> str:
@@ -21,17 +20,11 @@ def format_bytes(n: float) -> str:
   raise AssertionError("unreachable")
 
 
-def kv_cache_bytes(*, layers: int, seq: int, kv_heads: int, head_dim: int, dtype: str,
-                   batch: int = 1) -> int:
-  """Bytes of a K/V cache: 2 (K and V) * B * L * S * K * H * itemsize."""
-  return 2 * batch * layers * seq * kv_heads * head_dim * ITEMSIZE[dtype]
-
-
 def main(argv: list[str]) -> int:
   p = CommandParser(prog="attnlab kv-size", description="K/V cache size of a model shape.")
   for name in ("layers", "seq", "kv_heads", "head_dim"):
     p.add_argument(f"--{name}", type=int, required=True)
-  p.add_argument("--dtype", choices=sorted(ITEMSIZE), default="bfloat16")
+  p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bfloat16")
   p.add_argument("--batch", type=int, default=1)
   args = p.parse_args(argv)
   for name in ("layers", "seq", "kv_heads", "head_dim", "batch"):

@@ -7,6 +7,7 @@ import pytest
 
 import attnlab
 from attnlab.cli import main
+from attnlab.commands import decode as decode_command
 from tests.decoding.tiny_models import decoder_model
 
 
@@ -138,7 +139,7 @@ def test_decode_lets_internal_errors_propagate(workdir, monkeypatch, capsys, err
   def broken_generate(*args, **kwargs):
     raise error
 
-  monkeypatch.setattr(attnlab, "generate", broken_generate)
+  monkeypatch.setattr(decode_command, "generate", broken_generate)
   argv = ["decode", "--workdir", workdir, "--prompt", "hi", "--max_new_tokens", "3"]
   with pytest.raises(type(error), match="internal"):
     main(argv)
@@ -149,7 +150,7 @@ def test_decode_lets_internal_errors_propagate(workdir, monkeypatch, capsys, err
   def refusing_generate(*args, **kwargs):
     raise GenerateInputError("max_new_tokens=3 is refused")
 
-  monkeypatch.setattr(attnlab, "generate", refusing_generate)
+  monkeypatch.setattr(decode_command, "generate", refusing_generate)
   rc, out, err = _run(argv, capsys)
   assert rc == 2 and out == "" and err.strip().endswith("max_new_tokens=3 is refused")
   assert len(err.strip().splitlines()) == 1
@@ -164,11 +165,11 @@ def test_decode_internal_error_exits_1_with_a_traceback(workdir, tmp_path):
   script = tmp_path / "run.py"
   script.write_text(
       "import sys\n"
-      "import attnlab\n"
       "from attnlab.cli import main\n"
+      "from attnlab.commands import decode\n"
       "def broken(*a, **k):\n"
       "  raise ValueError('internal: a shape bug')\n"
-      "attnlab.generate = broken\n"
+      "decode.generate = broken\n"
       "sys.exit(main(sys.argv[1:]))\n")
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   proc = subprocess.run([sys.executable, str(script), "decode", "--workdir", workdir, "--prompt",

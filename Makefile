@@ -15,7 +15,9 @@ demo:
 test:
 	rm -rf $(VENV) && $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]'
+	# torch 2.13.0 (CPU build, on this machine's disk) + transformers: the HF parity tests
+	$(VENV)/bin/pip install -q torch==2.13.0
+	$(VENV)/bin/pip install -q -e '.[test,hf,tokenizers]'
 	$(VENV)/bin/ruff check attnlab tests tools experiments
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 

@@ -88,6 +88,29 @@ def test_decode_bad_input_exits_2(workdir, capsys, extra, needle):
   assert len(err.strip().splitlines()) == 1
 
 
+def test_decode_lets_errors_that_are_not_bad_input_through(workdir, monkeypatch, capsys):
+  """Only input checks (ValueError) become one line + exit 2; a failure inside
+  generation keeps its type and traceback."""
+  from attnlab.commands import decode
+
+  def broken(*args, **kwargs):
+    raise RuntimeError("something inside generate broke")
+
+  monkeypatch.setattr(decode, "generate", broken)
+  with pytest.raises(RuntimeError, match="inside generate"):
+    main(["decode", "--workdir", workdir, "--prompt", "hi", "--max_new_tokens", "2"])
+
+
+def test_decode_defaults_are_decode_config_defaults():
+  from attnlab.commands import decode
+
+  args = decode._decode_parser().parse_args(["--workdir", "w", "--prompt", "p"])
+  defaults = attnlab.config.DecodeConfig()
+  for name in ("cache", "temperature", "top_k", "top_p", "beam_size", "length_penalty",
+               "max_new_tokens", "seed"):
+    assert getattr(args, name) == getattr(defaults, name), name
+
+
 def test_decode_workdir_without_config_exits_2(tmp_path, capsys):
   rc, _, err = _run(["decode", "--workdir", str(tmp_path), "--prompt", "hi"], capsys)
   assert rc == 2 and "config.gin" in err

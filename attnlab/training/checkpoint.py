@@ -10,14 +10,23 @@ another.
 
 Saves are synchronous (a kill -9 can only lose the checkpoint being written,
 which orbax never publishes half-done); a corrupted latest checkpoint makes
-``restore_latest`` fall back to the previous one with a warning.
+``restore_latest`` fall back to the previous one with a warning. Only the
+errors of an unreadable checkpoint are caught there (``is_unreadable``):
+anything else, e.g. a checkpoint of another model shape or a bug, raises.
+
+Fault injection (tests only, off by default): with the environment variable
+``ATTNLAB_TEST_KILL_MID_SAVE=N`` the process kills itself with SIGKILL while
+saving step N, after orbax has written every item of the checkpoint into its
+temporary directory and before it commits it (the rename that publishes it).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
+import signal
 import warnings
 
 import jax
@@ -27,8 +36,49 @@ from attnlab.nn.transformer import build_model
 
 CHECKPOINT_DIR = "checkpoints"
 CONFIG_FILE = "config.gin"
+KILL_MID_SAVE_ENV = "ATTNLAB_TEST_KILL_MID_SAVE"
 
 log = logging.getLogger(__name__)
+
+# tensorstore reports a missing, cut-short or garbled array file as a
+# ValueError whose message starts with its status code.
+_TENSORSTORE_READ_ERRORS = ("NOT_FOUND:", "OUT_OF_RANGE:", "DATA_LOSS:")
+
+
+def is_unreadable(e: BaseException) -> bool:
+  """Whether ``e`` is what restoring a corrupt or incomplete checkpoint raises.
+
+  Found by damaging saved checkpoints (orbax 0.12): a missing file raises
+  ``FileNotFoundError``; a garbled or truncated JSON file (an item's
+  metadata, the data state) ``json.JSONDecodeError``; a missing item
+  directory ``KeyError("Item ... was not found in the checkpoint")``; a
+  missing, truncated or garbled array file a tensorstore ``ValueError``
+  (NOT_FOUND / OUT_OF_RANGE / DATA_LOSS). A shape or tree mismatch (another
+  model) is a plain ValueError and is *not* unreadable.
+  """
+  if isinstance(e, (OSError, json.JSONDecodeError)):
+    return True
+  if isinstance(e, KeyError):
+    return "not found in the checkpoint" in str(e)
+  if isinstance(e, ValueError):
+    msg = str(e)
+    return msg.startswith(_TENSORSTORE_READ_ERRORS) or msg.startswith(
+        "Found incomplete checkpoint")
+  return False
+
+
+def _kill_mid_save_path_class(ocp, kill_step: int):
+  """orbax's atomic-rename temporary path, killing the process (SIGKILL)
+  just before it commits the checkpoint of ``kill_step``."""
+  base = ocp.path.atomicity.AtomicRenameTemporaryPath
+
+  class KillBeforeCommit(base):
+    async def finalize(self, *args, **kwargs):
+      if self.get_final().name == str(kill_step):
+        os.kill(os.getpid(), signal.SIGKILL)
+      return await super().finalize(*args, **kwargs)
+
+  return KillBeforeCommit
 
 
 def _leaf_name(i: int, path) -> str:
@@ -61,9 +111,13 @@ class Checkpointer:
 
     self._ocp = ocp
     self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+    extra = {}
+    kill_step = os.environ.get(KILL_MID_SAVE_ENV)
+    if kill_step:
+      extra["temporary_path_class"] = _kill_mid_save_path_class(ocp, int(kill_step))
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, enable_async_checkpointing=False,
-        cleanup_tmp_directories=True)
+        cleanup_tmp_directories=True, **extra)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
 
   def steps(self) -> list[int]:
@@ -132,13 +186,16 @@ class Checkpointer:
   def restore_latest(self, abstract_state: dict, init_state: dict | None = None):
     """(step, state, data_state) of the newest readable checkpoint, or None.
 
-    A checkpoint that fails to restore (corrupted, cut short) is reported
-    with a warning and the next older one is tried; nothing is deleted.
+    A checkpoint that fails to restore because it is unreadable (corrupted,
+    cut short: ``is_unreadable``) is reported with a warning and the next
+    older one is tried; nothing is deleted. Any other error is raised.
     """
     for step in reversed(self.steps()):
       try:
         state, data_state = self.restore(step, abstract_state, init_state)
-      except Exception as e:  # noqa: BLE001 - any failure means "unreadable"
+      except Exception as e:
+        if not is_unreadable(e):
+          raise
         msg = (f"checkpoint {os.path.join(self.directory, str(step))} could not be restored "
                f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
                "falling back to the previous one")

@@ -1,7 +1,8 @@
 """The optional sentencepiece tokenizer (``pip install sentencepiece``): trained
 on a local corpus, it keeps pad/bos/eos at 0/1/2, round-trips source code
 exactly (indentation, blank lines, non-ASCII via byte fallback), and feeds
-the LM pipeline. Skipped when sentencepiece is not installed."""
+the LM pipeline. Skipped when sentencepiece is not installed (the test extra
+installs it, so CI runs these)."""
 
 import numpy as np
 import pytest

@@ -289,10 +289,90 @@ def test_blocked_equals_reference_forward_and_gradients(T, S, N, K, block_q, kw)
 
 def test_auto_on_cpu_picks_blocked_for_bands_and_chunked_for_long():
   assert auto_implementation(256, 256, backend="cpu") == "blocked"
+  assert auto_implementation(2048, 2048, backend="cpu") == "blocked"
+  assert auto_implementation(2048, 2049, backend="cpu") == "chunked"
   assert auto_implementation(16384, 16384, backend="cpu") == "chunked"
-  q, k, v = make_qkv(1, 40, 40, 4, 2, 8, seed=12)
-  # "auto" falls back to the reference when there is no band to skip.
-  np.testing.assert_allclose(attention(q, k, v, implementation="auto"),
-                             reference_attention(q, k, v), atol=1e-6)
-  np.testing.assert_allclose(attention(q, k, v, causal=True, implementation="auto"),
-                             reference_attention(q, k, v, causal=True), atol=1e-5)
+  assert auto_implementation(16384, 16384, backend="gpu") == "xla"
+  assert auto_implementation(256, 256, backend="tpu") == "xla"
+
+
+def _spy_implementations(monkeypatch):
+  """Record which implementation ``attention`` calls first (the spies call the real ops)."""
+  from attnlab.ops import attention as attention_module
+
+  calls = []
+  for name in ("reference_attention", "blocked_attention", "chunked_attention"):
+    real = getattr(attention_module, name)
+
+    def spy(*args, _real=real, _name=name, **kwargs):
+      calls.append(_name.split("_")[0])
+      return _real(*args, **kwargs)
+
+    monkeypatch.setattr(attention_module, name, spy)
+  return calls
+
+
+# (T, S, kwargs, what "auto" must pick on the CPU)
+AUTO_CASES = [
+    (200, 200, dict(causal=True, window=30), "blocked"),  # 4 query blocks of 64
+    (150, 150, dict(causal=True, q_offset=7), "blocked"),
+    (200, 200, dict(), "reference"),  # no band to skip
+    (20, 20, dict(causal=True, q_offset=jnp.array([3, 0])), "reference"),  # traced offset
+    (64, 65600, dict(), "chunked"),  # T * S > 2048^2
+    (64, 65600, dict(causal=True, q_offset=65536), "chunked"),
+]
+
+
+@pytest.mark.parametrize("T,S,kw,want", AUTO_CASES, ids=str)
+def test_auto_runs_what_it_picks_and_matches_the_reference(T, S, kw, want, monkeypatch):
+  if jax.default_backend() != "cpu":
+    pytest.skip("the CPU policy")
+  q, k, v = make_qkv(2, T, S, 2, 1, 8, seed=12)
+  expected = reference_attention(q, k, v, **kw)
+  calls = _spy_implementations(monkeypatch)
+  got = attention(q, k, v, implementation="auto", **kw)
+  assert calls and calls[0] == want, calls
+  if want == "blocked":
+    assert calls.count("reference") > 1  # several query blocks: not the reference in one piece
+  np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-5)
+
+
+def test_cudnn_rejects_what_its_kernel_does_not_support(monkeypatch):
+  """Checked before cuDNN is called, so the CPU can test it (the backend is faked)."""
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  q, k, v = make_qkv(1, 8, 8, 2, 2, 8)
+  seg = jnp.ones((1, 8), jnp.int32)
+  for kw, match in [
+      (dict(q_segment_ids=seg, kv_segment_ids=seg), "segment ids"),
+      (dict(causal=True, q_offset=2), "q_offset"),
+      (dict(window=3), "non-causal window"),
+  ]:
+    with pytest.raises(ValueError, match=f"cudnn.*{match}"):
+      attention(q, k, v, implementation="cudnn", **kw)
+  with pytest.raises(ValueError, match="causal with T=4 != S=8"):
+    attention(q[:, :4], k, v, causal=True, implementation="cudnn")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(causal=True, window=64)], ids=str)
+def test_cudnn_matches_reference_forward_and_gradients(kw):
+  """cuDNN's fused kernel (bfloat16) against the reference, forward and gradients."""
+  from tests.ops.tolerances import assert_bf16_close
+
+  q, k, v = make_qkv(2, 256, 256, 8, 2, 64, seed=21, dtype=jnp.bfloat16)
+  w = jax.random.normal(jax.random.key(22), q.shape, jnp.float32).astype(jnp.bfloat16)
+
+  def value_and_grads(impl):
+    def loss(q, k, v):
+      out = attention(q, k, v, implementation=impl, **kw)
+      return jnp.sum(out.astype(jnp.float32) * w.astype(jnp.float32)), out
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+
+  (_, out), grads = value_and_grads("cudnn")(q, k, v)
+  (_, ref), ref_grads = value_and_grads("reference")(q, k, v)
+  f32 = lambda x: x.astype(jnp.float32)
+  (_, ref32), ref32_grads = value_and_grads("reference")(f32(q), f32(k), f32(v))
+  assert_bf16_close(out, ref, ref32, "out")
+  for name, a, b, c in zip(("dq", "dk", "dv"), grads, ref_grads, ref32_grads):
+    assert_bf16_close(a, b, c, name)

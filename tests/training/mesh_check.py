@@ -1,5 +1,6 @@
 """Run by test_sharding.py in a subprocess with 8 forced host devices:
-trains the same tiny config on a 1-device mesh and on a (2, 2, 2) mesh,
+trains the same tiny config (with gradient accumulation) on a 1-device mesh
+and on a (2, 2, 2) mesh, recording losses and gradient norms,
 restores the (2, 2, 2) checkpoint onto a (1, 2, 4) mesh, and prints JSON."""
 
 import json
@@ -23,18 +24,21 @@ def main(workdir):
   mcfg = ModelConfig(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                      d_ff=64)
   dcfg = DataConfig(task="reverse", seq_len=32, batch_size=8)
-  tcfg = TrainConfig(steps=6, warmup_steps=2, learning_rate=3e-3, progress=False)
+  tcfg = TrainConfig(steps=6, warmup_steps=2, learning_rate=3e-3, grad_accum=2, progress=False)
   out = {"devices": jax.device_count()}
   sources, _ = pipeline.build_sources(dcfg, mcfg)
   for shape in [(1, 1, 1), (2, 2, 2)]:
     mesh = sharding.make_mesh(shape)
     run = Run(mcfg, tcfg, dcfg, mesh, sources)
     step_fn = steps.make_train_step(run.setup, tcfg)
-    losses = []
+    losses, grad_norms = [], []
     for _ in range(tcfg.steps):
       run.state, m = step_fn(run.state, run.put(next(run.data)))
       losses.append(float(m["loss"]))
+      grad_norms.append(float(m["grad_norm"]))
     out[str(shape)] = losses
+    # AdamW (+ clipping) hides a constant gradient scale: compare gradients too.
+    out[f"grad_norm {shape}"] = grad_norms
     if shape == (2, 2, 2):
       specs = {}
       leaves = jax.tree.leaves(nnx.state(nnx.merge(run.setup.graphdef, run.state["params"],

@@ -46,6 +46,7 @@ def test_one_device_and_8_device_mesh_agree(tmp_path):
   out = json.loads(res.stdout.strip().splitlines()[-1])
   assert out["devices"] == 8
   np.testing.assert_allclose(out["(1, 1, 1)"], out["(2, 2, 2)"], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(out["grad_norm (1, 1, 1)"], out["grad_norm (2, 2, 2)"], rtol=1e-4)
   assert out["(1, 1, 1)"][-1] < out["(1, 1, 1)"][0]
   specs = out["specs"]
   assert "P('fsdp', 'tensor', None)" in specs  # q/k/v [embed, heads, head_dim]

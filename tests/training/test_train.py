@@ -1,14 +1,23 @@
-"""The training loop end to end on tiny configs: resume after kill -9 is
-bitwise identical, a corrupted checkpoint falls back, SIGTERM checkpoints and
-exits 0, NaN stops (or skips), metrics reach JSONL and TensorBoard, eval and
-load_checkpoint read the workdir back."""
+"""The training loop end to end on tiny configs (with dropout, whose keys
+depend on the step): a resume after kill -9, after a kill in the middle of a
+checkpoint save, after SIGTERM / SIGINT and past a corrupted checkpoint is
+checked to have happened (the step it resumed from, no restore warning when
+nothing is damaged, the metrics continuing from there) and to end bitwise
+equal to an uninterrupted run; NaN stops (or skips), metrics reach JSONL and
+TensorBoard, eval and load_checkpoint read the workdir back.
+
+A run that silently started over from step 0 would also end bitwise equal
+(everything is deterministic): only the explicit resume checks catch it."""
 
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import jax
 import numpy as np
@@ -17,7 +26,7 @@ import pytest
 import attnlab
 from attnlab import cli
 from attnlab import config_gin as gin_config
-from attnlab.training import trainer
+from attnlab.training import checkpoint, trainer
 from attnlab.training.checkpoint import Checkpointer
 from attnlab.training.metrics import read_metrics
 
@@ -28,7 +37,8 @@ TINY = ["ModelConfig.d_model = 32", "ModelConfig.d_ff = 64", "ModelConfig.num_la
         "DataConfig.max_len = 6", "DataConfig.seq_len = 8", "TrainConfig.steps = 12",
         "TrainConfig.checkpoint_every = 4", "TrainConfig.log_every = 2",
         "TrainConfig.eval_every = 6", "TrainConfig.eval_batches = 1",
-        "TrainConfig.progress = False", "TrainConfig.keep_checkpoints = 5"]
+        "TrainConfig.progress = False", "TrainConfig.keep_checkpoints = 5",
+        "ModelConfig.dropout_rate = 0.1"]
 
 
 def _configs(extra=()):
@@ -48,15 +58,74 @@ def _params(workdir, step):
   return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
 
-def _spawn(workdir, extra=(), sleep="0.3"):
+def _steps(workdir):
+  ckpt = Checkpointer(str(workdir))
+  try:
+    return ckpt.steps()
+  finally:
+    ckpt.close()
+
+
+def _train_steps(workdir):
+  if not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+    return []
+  return [r["step"] for r in read_metrics(str(workdir)) if r["split"] == "train"]
+
+
+def _resume(workdir, caplog, from_step, extra=(), warned=0):
+  """Run again in this process and check that it resumed from ``from_step``:
+  the loop logs it, ``warned`` restore warnings (none when nothing is
+  damaged), and the metrics continue after ``from_step`` instead of starting
+  again at step 2."""
+  logged = len(_train_steps(workdir))
+  caplog.clear()
+  with caplog.at_level(logging.INFO, logger=trainer.__name__), \
+       warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    last = _run(workdir, extra)
+  resumed = [int(m.group(1)) for r in caplog.records
+             if (m := re.fullmatch(r"resumed from step (\d+)", r.getMessage()))]
+  assert resumed == [from_step]
+  restore_warnings = [str(w.message) for w in caught if "could not be restored" in str(w.message)]
+  assert len(restore_warnings) == warned, restore_warnings
+  assert _train_steps(workdir)[logged:] == list(range(from_step // 2 * 2 + 2, 13, 2))
+  assert last["step"] == 12
+  return restore_warnings
+
+
+def _assert_same_params(ref_dir, workdir, step=12):
+  ref, got = _params(ref_dir, step), _params(workdir, step)
+  assert len(ref) == len(got) > 0
+  for a, b in zip(ref, got):
+    np.testing.assert_array_equal(a, b)
+
+
+def _spawn(workdir, extra=(), sleep="0.3", env=None):
   argv = [sys.executable, "-m", "attnlab.cli", "train", "--gin_file", CONFIG,
           *[f"--gin.{b.replace(' ', '')}" for b in TINY + list(extra)], "--workdir", str(workdir)]
-  env = dict(os.environ, **{trainer.STEP_SLEEP_ENV: sleep})
-  return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+  env = dict(os.environ, **{trainer.STEP_SLEEP_ENV: sleep}, **(env or {}))
+  proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True)
+  _SPAWNED.append(proc)
+  return proc
 
 
-def _wait_for(path, proc, timeout=120):
+_SPAWNED = []
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_process():
+  """A test that fails while its training process runs must not leave it behind."""
+  yield
+  while _SPAWNED:
+    proc = _SPAWNED.pop()
+    if proc.poll() is None:
+      proc.kill()
+      proc.communicate()
+
+
+def _wait_for(path, proc, timeout=900):
+  # The timeout only guards against a hang (a loaded machine compiles slowly).
   t0 = time.time()
   while not os.path.exists(path):
     assert proc.poll() is None, proc.communicate()
@@ -93,34 +162,59 @@ def test_metrics_jsonl_and_tensorboard(reference_run):
   assert "eval/perplexity" in acc.Tags()["scalars"]
 
 
-def test_kill_9_then_resume_is_bitwise_identical(reference_run, tmp_path):
+def test_kill_9_then_resume_is_bitwise_identical(reference_run, tmp_path, caplog):
   ref_dir, _ = reference_run
-  proc = _spawn(tmp_path)
+  # 1 s a step: the kill lands well before the run could finish on a loaded machine.
+  proc = _spawn(tmp_path, sleep="1")
   _wait_for(os.path.join(tmp_path, "checkpoints", "4"), proc)
   proc.kill()  # SIGKILL: no handler runs
   proc.wait()
-  steps = Checkpointer(str(tmp_path)).steps()
+  steps = _steps(tmp_path)
   assert 12 not in steps and 4 in steps
-  last = _run(tmp_path)
-  assert last["step"] == 12
-  for a, b in zip(_params(ref_dir, 12), _params(tmp_path, 12)):
-    np.testing.assert_array_equal(a, b)
+  _resume(tmp_path, caplog, steps[-1])
+  _assert_same_params(ref_dir, tmp_path)
 
 
-def test_sigterm_checkpoints_current_step_and_exits_0(tmp_path):
-  proc = _spawn(tmp_path, ["TrainConfig.steps = 1000", "TrainConfig.checkpoint_every = 500"])
+def test_kill_in_the_middle_of_a_save_then_resume_skips_it(reference_run, tmp_path, caplog):
+  # The fault point kills the process after orbax wrote checkpoint 8 into its
+  # temporary directory and before it committed it.
+  ref_dir, _ = reference_run
+  proc = _spawn(tmp_path, sleep="0", env={checkpoint.KILL_MID_SAVE_ENV: "8"})
+  _, err = proc.communicate(timeout=900)
+  assert proc.returncode == -signal.SIGKILL, err[-3000:]
+  ckdir = tmp_path / "checkpoints"
+  names = sorted(os.listdir(ckdir))
+  assert names[0] == "4" and len(names) == 2 and names[1].startswith("8.") and "tmp" in names[1]
+  assert {"params", "opt_state", "data"} <= set(os.listdir(ckdir / names[1]))
+  assert _train_steps(tmp_path) == [2, 4, 6, 8]
+  assert _steps(tmp_path) == [4]
+  _resume(tmp_path, caplog, 4)
+  assert _steps(tmp_path) == [4, 8, 12]
+  _assert_same_params(ref_dir, tmp_path)
+  _assert_same_params(ref_dir, tmp_path, step=8)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_checkpoints_current_step_exits_0_and_resumes_bitwise(reference_run, tmp_path,
+                                                                     caplog, signum):
+  ref_dir, _ = reference_run
+  # Only the signal (and the last step) checkpoint; no evaluation (it
+  # changes no parameter) to keep the run short.
+  extra = ["TrainConfig.checkpoint_every = 0", "TrainConfig.eval_every = 0"]
+  proc = _spawn(tmp_path, extra, sleep="1")
   _wait_for(os.path.join(tmp_path, "metrics.jsonl"), proc)  # step 2 logged
-  time.sleep(0.5)
-  proc.send_signal(signal.SIGTERM)
-  out, err = proc.communicate(timeout=120)
+  proc.send_signal(signum)
+  out, err = proc.communicate(timeout=900)
   assert proc.returncode == 0, err
-  steps = Checkpointer(str(tmp_path)).steps()
-  assert len(steps) == 1 and 2 <= steps[0] < 500
-  assert f"checkpoint saved at step {steps[0]}" in err
+  steps = _steps(tmp_path)
+  assert len(steps) == 1 and 2 <= steps[0] < 12
+  assert f"received signal {int(signum)}; checkpoint saved at step {steps[0]}" in err
   assert json.loads(out.strip().splitlines()[-1])["step"] == steps[0]
+  _resume(tmp_path, caplog, steps[0], extra)
+  _assert_same_params(ref_dir, tmp_path)
 
 
-def test_corrupted_latest_checkpoint_falls_back(reference_run, tmp_path):
+def test_corrupted_latest_checkpoint_falls_back(reference_run, tmp_path, caplog):
   import shutil
   ref_dir, _ = reference_run
   shutil.copytree(ref_dir, tmp_path / "w")
@@ -131,12 +225,10 @@ def test_corrupted_latest_checkpoint_falls_back(reference_run, tmp_path):
       if "manifest" in f or f.endswith(".ocdbt") or os.path.basename(root) == "d":
         with open(os.path.join(root, f), "wb") as fh:
           fh.write(b"garbage")
-  with pytest.warns(UserWarning, match="could not be restored"):
-    last = _run(workdir)
-  assert last["step"] == 12
-  assert Checkpointer(str(workdir)).steps() == [4, 8, 12]
-  for a, b in zip(_params(ref_dir, 12), _params(workdir, 12)):
-    np.testing.assert_array_equal(a, b)
+  warned = _resume(workdir, caplog, 8, warned=1)
+  assert f"{os.path.join(ckdir)} could not be restored" in warned[0]
+  assert _steps(workdir) == [4, 8, 12]
+  _assert_same_params(ref_dir, workdir)
 
 
 def test_nan_stops_and_keeps_last_good_checkpoint(tmp_path):

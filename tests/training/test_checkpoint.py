@@ -1,0 +1,132 @@
+"""Checkpointer.restore_latest on a tiny state: it falls back past a damaged
+checkpoint (garbled, truncated or missing files, a missing item), but any
+other failure (a bug, a checkpoint of another model shape) is raised instead
+of turning into a warning and a fresh start."""
+
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnlab.training import checkpoint
+from attnlab.training.checkpoint import Checkpointer
+
+
+def _state(k):
+  return {"params": {"w": jnp.full((4, 8), float(k)), "b": jnp.arange(3.0) + k},
+          "opt_state": {"mu": jnp.full((4, 8), k / 10)}, "step": jnp.asarray(k, jnp.int32)}
+
+
+def _abstract(state):
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+  """A workdir with checkpoints 1 and 2 (states _state(1), _state(2))."""
+  workdir = tmp_path_factory.mktemp("ckpt")
+  ckpt = Checkpointer(str(workdir))
+  for k in (1, 2):
+    ckpt.save(k, _state(k), {"next_batch": 10 * k})
+  ckpt.close()
+  return workdir
+
+
+def _files(step_dir, pred):
+  out = []
+  for root, _, files in os.walk(step_dir):
+    out += [os.path.join(root, f) for f in files
+            if pred(os.path.relpath(os.path.join(root, f), step_dir))]
+  assert out, "nothing to damage"
+  return out
+
+
+def _write(path, data):
+  with open(path, "wb") as f:
+    f.write(data)
+
+
+def _truncate(path):
+  with open(path, "r+b") as f:
+    f.truncate(max(os.path.getsize(path) // 2, 1))
+
+
+DAMAGE = {
+    "garbled array files": lambda d: [_write(p, b"garbage") for p in _files(
+        d, lambda r: r.startswith("params") and "/d/" in r)],
+    "truncated array files": lambda d: [_truncate(p) for p in _files(
+        d, lambda r: r.startswith("params") and "/d/" in r)],
+    "missing array files": lambda d: [os.remove(p) for p in _files(
+        d, lambda r: r.startswith("opt_state") and "/d/" in r)],
+    "garbled manifest": lambda d: [_write(p, b"garbage") for p in _files(
+        d, lambda r: r.startswith("params") and "manifest" in r)],
+    "truncated metadata": lambda d: [_truncate(p) for p in _files(
+        d, lambda r: r.startswith("params") and r.endswith("_METADATA"))],
+    "garbled data state": lambda d: [_write(p, b"{not json") for p in _files(
+        d, lambda r: r.startswith("data"))],
+    "missing data state": lambda d: [os.remove(p) for p in _files(
+        d, lambda r: r.startswith("data") and r.endswith("metadata"))],
+    "missing item": lambda d: shutil.rmtree(os.path.join(d, "params")),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(saved, tmp_path, damage):
+  workdir = tmp_path / "w"
+  shutil.copytree(saved, workdir)
+  DAMAGE[damage](str(workdir / "checkpoints" / "2"))
+  ckpt = Checkpointer(str(workdir))
+  try:
+    with pytest.warns(UserWarning, match="checkpoints/2 could not be restored"):
+      step, state, data_state = ckpt.restore_latest(_abstract(_state(0)))
+  finally:
+    ckpt.close()
+  assert step == 1 and data_state == {"next_batch": 10}
+  for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(_state(1))):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_healthy_checkpoint_restores_without_warning(saved, recwarn):
+  ckpt = Checkpointer(str(saved))
+  try:
+    step, state, data_state = ckpt.restore_latest(_abstract(_state(0)))
+  finally:
+    ckpt.close()
+  assert step == 2 and data_state == {"next_batch": 20}
+  for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(_state(2))):
+    np.testing.assert_array_equal(a, b)
+  assert not [w for w in recwarn if "could not be restored" in str(w.message)]
+
+
+def test_other_errors_are_raised_not_taken_for_a_damaged_checkpoint(saved, monkeypatch):
+  ckpt = Checkpointer(str(saved))
+  try:
+    # A checkpoint of another model (a shape mismatch) is not "unreadable".
+    other = _state(0)
+    other["params"]["w"] = jnp.zeros((4, 9))
+    with pytest.raises(ValueError, match="shape"):
+      ckpt.restore_latest(_abstract(other))
+
+    def broken(self, step, abstract_state):
+      raise RuntimeError("a bug in restore")
+
+    monkeypatch.setattr(Checkpointer, "restore", broken)
+    with pytest.raises(RuntimeError, match="a bug in restore"):
+      ckpt.restore_latest(_abstract(_state(0)))
+  finally:
+    ckpt.close()
+
+
+@pytest.mark.parametrize("error,unreadable", [
+    (FileNotFoundError("x"), True), (ValueError("DATA_LOSS: Error reading x"), True),
+    (ValueError("OUT_OF_RANGE: x"), True), (ValueError("NOT_FOUND: x"), True),
+    (KeyError('Item "params" was not found in the checkpoint.'), True),
+    (ValueError("Requested shape: (3,) is not compatible with the stored shape"), False),
+    (KeyError("0001_w"), False), (RuntimeError("x"), False), (TypeError("x"), False),
+])
+def test_is_unreadable_classifies_errors(error, unreadable):
+  assert checkpoint.is_unreadable(error) is unreadable

@@ -1,0 +1,130 @@
+"""The train step against an independent computation: its loss, gradient norm
+and SGD update equal those of a hand-written (label-smoothed) cross-entropy
+over the whole batch, with and without gradient accumulation; a non-finite
+step leaves parameters and optimizer state bitwise unchanged; dropout draws
+depend on the step (the same step, the same draws) and the eval step turns
+dropout off.
+
+AdamW with clipping is invariant to a constant gradient scale, so these tests
+use plain SGD (lr 1, no clipping, no momentum) and compare gradients, not
+only losses."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from attnlab.config import DataConfig, ModelConfig, TrainConfig
+from attnlab.data import pipeline
+from attnlab.training import sharding, steps
+
+MCFG = ModelConfig(arch="encoder_decoder", d_model=32, num_layers=1, num_heads=2, d_ff=64,
+                   pos="sinusoidal")
+DCFG = DataConfig(task="reverse", seq_len=12, max_len=10, batch_size=8)
+SGD = dict(optimizer="sgd", b1=0.0, learning_rate=1.0, schedule="constant", warmup_steps=0,
+           grad_clip=0.0, steps=5)
+
+
+@pytest.fixture(scope="module")
+def batch():
+  sources, _ = pipeline.build_sources(DCFG, MCFG)
+  return next(pipeline.train_iterator(sources, DCFG))
+
+
+def _host(tree):
+  return jax.tree.map(lambda x: np.array(jax.device_get(x)), tree)
+
+
+def hand_loss(graphdef, rest, params, batch, eps):
+  """Mean over the counted tokens of -sum_v q_v log p_v, q = (1 - eps) one_hot + eps / V."""
+  model = nnx.merge(graphdef, params, rest)
+  logits_BTV = model(jnp.asarray(batch["src_BS"]), jnp.asarray(batch["tgt_in_BT"]),
+                     tgt_segment_ids_BT=jnp.asarray(batch["tgt_segment_ids_BT"]))
+  V = logits_BTV.shape[-1]
+  logp_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
+  q_BTV = (1 - eps) * jax.nn.one_hot(batch["targets_BT"], V) + eps / V
+  mask_BT = jnp.asarray(batch["loss_mask_BT"])
+  return jnp.sum(-jnp.sum(q_BTV * logp_BTV, axis=-1) * mask_BT) / jnp.sum(mask_BT)
+
+
+def global_norm(tree):
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
+
+
+@pytest.mark.parametrize("accum,eps", [(1, 0.0), (1, 0.1), (4, 0.1)])
+def test_sgd_step_equals_hand_computed_smoothed_cross_entropy(batch, accum, eps):
+  tcfg = TrainConfig(grad_accum=accum, label_smoothing=eps, **SGD)
+  setup, state = steps.init_train(MCFG, tcfg, sharding.make_mesh((1, 1, 1)))
+  before = _host(state["params"])
+  want_loss, want_grads = jax.value_and_grad(hand_loss, argnums=2)(
+      setup.graphdef, setup.rest, before, batch, eps)
+  if eps:
+    # The smoothing term is far above the tolerances: dropping it fails.
+    plain = hand_loss(setup.graphdef, setup.rest, before, batch, 0.0)
+    assert abs(float(want_loss) - float(plain)) > 1e-2
+  step = steps.make_train_step(setup, tcfg)
+  state, m = step(state, steps.put_batch(batch, setup))
+  np.testing.assert_allclose(float(m["loss"]), float(want_loss), rtol=1e-5)
+  np.testing.assert_allclose(float(m["grad_norm"]), float(global_norm(want_grads)), rtol=1e-4)
+  after = _host(state["params"])
+  # SGD, lr 1: the update is exactly minus the gradient of the batch mean.
+  for a, b, g in zip(jax.tree.leaves(after), jax.tree.leaves(before),
+                     jax.tree.leaves(want_grads)):
+    np.testing.assert_allclose(a - b, -np.asarray(g), rtol=1e-3, atol=1e-6)
+
+
+def test_nonfinite_step_leaves_params_and_optimizer_state_bitwise_unchanged(batch):
+  tcfg = TrainConfig(steps=5, warmup_steps=0, schedule="constant", on_nonfinite="skip")
+  setup, state = steps.init_train(MCFG, tcfg, sharding.make_mesh((1, 1, 1)))
+  step = steps.make_train_step(setup, tcfg)
+  state, m = step(state, steps.put_batch(batch, setup))  # Adam moments become non-zero
+  assert bool(m["finite"])
+  good = _host(state)
+  bad_batch = dict(batch, loss_mask_BT=np.where(np.arange(batch["loss_mask_BT"].shape[1]) == 1,
+                                                np.nan, batch["loss_mask_BT"]))
+  state, m = step(state, steps.put_batch(bad_batch, setup))
+  assert not bool(m["finite"]) and not np.isfinite(float(m["loss"]))
+  after = _host(state)
+  assert int(after["step"]) == int(good["step"]) + 1
+  for part in ("params", "opt_state"):
+    leaves_a, leaves_g = jax.tree.leaves(after[part]), jax.tree.leaves(good[part])
+    assert len(leaves_a) == len(leaves_g) > 0
+    for a, g in zip(leaves_a, leaves_g):
+      np.testing.assert_array_equal(a, g, err_msg=part)
+  # The next good step updates again.
+  state, m = step(state, steps.put_batch(batch, setup))
+  assert bool(m["finite"])
+  assert any(not np.array_equal(a, g) for a, g in zip(jax.tree.leaves(_host(state["params"])),
+                                                      jax.tree.leaves(good["params"])))
+
+
+def test_dropout_draws_depend_on_the_step_and_eval_turns_dropout_off(batch):
+  mcfg = MCFG.replace(dropout_rate=0.3)
+  tcfg = TrainConfig(**SGD)
+  setup, state = steps.init_train(mcfg, tcfg, sharding.make_mesh((1, 1, 1)))
+  initial = _host(state)
+  step = steps.make_train_step(setup, tcfg)
+
+  def one_step(step_number):
+    state = jax.device_put(dict(initial, step=np.int32(step_number)), setup.state_shardings)
+    state, m = step(state, steps.put_batch(batch, setup))
+    return jax.tree.leaves(_host(state["params"])), float(m["loss"])
+
+  p3, loss3 = one_step(3)
+  p3_again, loss3_again = one_step(3)
+  p4, loss4 = one_step(4)
+  # The same step draws the same masks (a resumed run repeats them); another
+  # step draws others.
+  assert loss3 == loss3_again and loss3 != loss4
+  assert all(np.array_equal(a, b) for a, b in zip(p3, p3_again))
+  assert not all(np.array_equal(a, b) for a, b in zip(p3, p4))
+  # The eval step: the plain NLL sum of the deterministic model.
+  params = jax.device_put(initial["params"], setup.state_shardings["params"])
+  nll_sum, weight = steps.make_eval_step(setup)(params, steps.put_batch(batch, setup))
+  model = nnx.merge(setup.graphdef, initial["params"], setup.rest)
+  model.eval()
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  assert float(weight) == float(np.sum(batch["loss_mask_BT"]))
+  np.testing.assert_allclose(float(nll_sum) / float(weight),
+                             float(hand_loss(graphdef, rest, params, batch, 0.0)), rtol=1e-5)

@@ -298,17 +298,19 @@ def test_auto_on_cpu_picks_blocked_for_bands_and_chunked_for_long():
 
 def _spy_implementations(monkeypatch):
   """Record which implementation ``attention`` calls first (the spies call the real ops)."""
-  from attnlab.ops import attention as attention_module
+  from attnlab.ops import dispatch, reference
 
   calls = []
-  for name in ("reference_attention", "blocked_attention", "chunked_attention"):
-    real = getattr(attention_module, name)
+  # The dispatcher's names, and the reference op blocked_attention calls per block.
+  for module, name in ((dispatch, "reference_attention"), (dispatch, "blocked_attention"),
+                       (dispatch, "chunked_attention"), (reference, "reference_attention")):
+    real = getattr(module, name)
 
     def spy(*args, _real=real, _name=name, **kwargs):
       calls.append(_name.split("_")[0])
       return _real(*args, **kwargs)
 
-    monkeypatch.setattr(attention_module, name, spy)
+    monkeypatch.setattr(module, name, spy)
   return calls
 
 

@@ -125,6 +125,7 @@ def test_other_errors_are_raised_not_taken_for_a_damaged_checkpoint(saved, monke
     (FileNotFoundError("x"), True), (ValueError("DATA_LOSS: Error reading x"), True),
     (ValueError("OUT_OF_RANGE: x"), True), (ValueError("NOT_FOUND: x"), True),
     (KeyError('Item "params" was not found in the checkpoint.'), True),
+    (ValueError("Found incomplete checkpoint at /w/checkpoints/2."), True),
     (ValueError("Requested shape: (3,) is not compatible with the stored shape"), False),
     (KeyError("0001_w"), False), (RuntimeError("x"), False), (TypeError("x"), False),
 ])

@@ -18,26 +18,31 @@ leaves no half-written OUT. Nothing is fetched from the network.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
 import shutil
 import tempfile
 
-from attnlab.cli import CommandError
+import jax
+from flax import nnx
+
+from attnlab import config_gin as gin_config
+from attnlab.commands import CommandError
+from attnlab.commands._common import CommandParser
+from attnlab.config import DataConfig, TrainConfig
+from attnlab.convert import hf
+from attnlab.data.tokenizer import BOS_ID, EOS_ID, HFJsonTokenizer
+from attnlab.nn.layers import as_dtype
+from attnlab.nn.transformer import build_model
+from attnlab.training.checkpoint import Checkpointer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 STEP = 0
 
 
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):
-    raise CommandError(message)
-
-
 def _parser():
-  p = _Parser(prog="attnlab convert",
+  p = CommandParser(prog="attnlab convert",
               description="Convert a transformers checkpoint to an attnlab workdir, or back.")
   way = p.add_mutually_exclusive_group(required=True)
   way.add_argument("--from-hf", dest="from_hf", metavar="DIR",
@@ -55,9 +60,8 @@ def _parser():
   return p
 
 
-def convert_main(argv: list[str]) -> int:
+def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
-  from attnlab.convert import hf
 
   try:
     if args.from_hf is not None:
@@ -107,17 +111,12 @@ def _staging(final: str):
 
 def finetune_train_config():
   """The TrainConfig a converted workdir starts with: gentle fine-tuning."""
-  from attnlab.config import TrainConfig
-
   return TrainConfig(steps=100, learning_rate=2e-5, schedule="constant", warmup_steps=10,
                      weight_decay=0.0, checkpoint_every=100)
 
 
 def from_hf(src_dir: str, workdir: str, *, dtype: str | None = None) -> dict:
   """Import ``src_dir`` (transformers layout) as the new workdir ``workdir``."""
-  from attnlab.config import DataConfig
-  from attnlab.convert import hf
-
   out = _check_new(workdir, "--workdir")
   hf_cfg = hf.read_hf_config(src_dir)
   family, mcfg = hf.from_hf_config(hf_cfg, dtype=dtype)
@@ -126,8 +125,6 @@ def from_hf(src_dir: str, workdir: str, *, dtype: str | None = None) -> dict:
   ids = hf.special_ids(hf_cfg)
   tok_path = os.path.join(src_dir, "tokenizer.json")
   if os.path.isfile(tok_path):
-    from attnlab.data.tokenizer import HFJsonTokenizer
-
     try:
       tok = HFJsonTokenizer(tok_path)
     except ValueError as e:
@@ -141,7 +138,6 @@ def from_hf(src_dir: str, workdir: str, *, dtype: str | None = None) -> dict:
     dcfg = DataConfig()
   tcfg = finetune_train_config()
 
-  from attnlab.nn.layers import as_dtype
 
   with _staging(out) as tmp:
     params = hf.read_params(rules, files, as_dtype(mcfg.param_dtype))
@@ -159,10 +155,7 @@ def from_hf(src_dir: str, workdir: str, *, dtype: str | None = None) -> dict:
 
 def _save_weights(tmp: str, mcfg, params: dict, meta: dict) -> int:
   """Fill the abstract model's parameters with ``params`` (consumed) and save them."""
-  from flax import nnx
 
-  from attnlab.nn.transformer import build_model
-  from attnlab.training.checkpoint import Checkpointer
 
   abstract = nnx.eval_shape(lambda: build_model(mcfg, rngs=nnx.Rngs(0)))
   state = nnx.state(abstract, nnx.Param)
@@ -187,7 +180,6 @@ def _save_weights(tmp: str, mcfg, params: dict, meta: dict) -> int:
 
 
 def _write_config(tmp: str, mcfg, dcfg, tcfg, src_dir: str) -> None:
-  from attnlab.training import gin_config
 
   text = gin_config.operative_config(mcfg, dcfg, tcfg)
   header = (f"# Converted by `attnlab convert --from-hf {os.path.abspath(src_dir)}`.\n"
@@ -200,9 +192,6 @@ def _write_config(tmp: str, mcfg, dcfg, tcfg, src_dir: str) -> None:
 def to_hf(workdir: str, out_dir: str, *, step: int | None = None,
           max_shard_bytes: int = 2 << 30) -> dict:
   """Export ``workdir``'s checkpoint to the transformers layout in ``out_dir``."""
-  from attnlab.convert import hf
-  from attnlab.training import gin_config
-
   out = _check_new(out_dir, "--out")
   config_path = os.path.join(workdir, "config.gin")
   if not os.path.isfile(config_path):
@@ -215,7 +204,6 @@ def to_hf(workdir: str, out_dir: str, *, step: int | None = None,
   if dcfg.tokenizer == "hf_json":
     bos, eos = dcfg.bos_id, dcfg.eos_id
   else:
-    from attnlab.data.tokenizer import BOS_ID, EOS_ID
 
     bos, eos = BOS_ID, EOS_ID
   hf_cfg = hf.to_hf_config(mcfg, bos_id=bos, eos_id=eos)
@@ -238,11 +226,7 @@ def to_hf(workdir: str, out_dir: str, *, step: int | None = None,
 
 def _restore_weights(workdir: str, mcfg, step: int | None):
   """({parameter path: array}, step): one host copy, no model initialized."""
-  import jax
-  from flax import nnx
 
-  from attnlab.nn.transformer import build_model
-  from attnlab.training.checkpoint import Checkpointer
 
   ckpt = Checkpointer(workdir)
   try:

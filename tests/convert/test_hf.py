@@ -137,8 +137,8 @@ def test_greedy_generation_matches_transformers(models, name, cache):
 
 def _flat_params(workdir):
   """{parameter path: array} of a workdir's latest checkpoint."""
+  from attnlab import config_gin as gin_config
   from attnlab.commands.convert import _restore_weights
-  from attnlab.training import gin_config
 
   cfg, _, _ = gin_config.read_workdir_config(os.path.join(workdir, "config.gin"))
   params, _ = _restore_weights(workdir, cfg, None)
@@ -163,9 +163,9 @@ def _attnlab_workdir(path, cfg: attnlab.ModelConfig, seed: int) -> str:
   """A workdir holding a randomly initialized attnlab model (weights-only checkpoint)."""
   from flax import nnx
 
+  from attnlab import config_gin as gin_config
   from attnlab.commands.convert import finetune_train_config
   from attnlab.config import DataConfig
-  from attnlab.training import gin_config
   from attnlab.training.checkpoint import Checkpointer
 
   # Random values everywhere (norms and biases too, so a swapped or dropped one
@@ -282,8 +282,8 @@ def with_tokenizer(models, tmp_path_factory):
 
 
 def test_decode_prompt_uses_the_tokenizer_json(with_tokenizer, capsys):
+  from attnlab import config_gin as gin_config
   from attnlab.data.tokenizer import make_tokenizer
-  from attnlab.training import gin_config
 
   hf_model, tok, workdir = with_tokenizer
   _, dcfg, _ = gin_config.read_workdir_config(os.path.join(workdir, "config.gin"))

@@ -209,7 +209,7 @@ def _gpt2_config(hf: dict, common: dict) -> ModelConfig:
 
 def _dims(cfg: ModelConfig) -> tuple[int, int, int, int, int, int]:
   """(D, N, K, H, F, V), K and H resolved (the one use of the derived sizes)."""
-  return (cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.dim_per_head, cfg.d_ff,
+  return (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_ff,
           cfg.vocab_size)
 
 

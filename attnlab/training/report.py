@@ -4,7 +4,8 @@ Built only from the ``result.json`` files of ``OUT/arms/*/seed_*`` and the
 sweep plan, so it can be rebuilt at any time from whatever has finished:
 
 - ``results.csv``: one row per planned run (``RESULT_COLUMNS``); a run not
-  finished yet has status "pending", one that raised "failed" (and its error);
+  started has status "pending", one stopped before its last step
+  "interrupted", one that raised "failed" (and its error);
 - ``summary.csv``: one row per arm (``SUMMARY_COLUMNS``): mean and standard
   deviation over its finished seeds, and the noise test below;
 - ``report.md``: the same as tables, the uptraining comparison, the runs that
@@ -59,15 +60,26 @@ def collect(out: str, sweep, arms, base) -> tuple[list[dict], dict]:
                "steps": atcfg.steps,
                "train_tokens": atcfg.steps * adcfg.batch_size * adcfg.seq_len}
     for seed in sweep.seeds:
-      r = sweep_lib.read_result(out, arm, seed) or {"status": "pending"}
+      r = sweep_lib.read_result(out, arm, seed) or _unfinished(out, arm, seed, atcfg.steps)
       row = {**planned, "seed": seed, "status": r["status"]}
       if r["status"] == "ok":
         row.update({k: r[k] for k in RESULT_COLUMNS if k in r and k not in planned})
         curves[(arm.name, seed)] = r["curve"]
-      elif r["status"] == "failed":
+      else:
         row["error"] = r.get("error", "")
       rows.append(row)
   return rows, curves
+
+
+def _unfinished(out: str, arm, seed: int, steps: int) -> dict:
+  """"pending" (not started), or "interrupted" (a checkpoint short of the end)."""
+  ckpt_dir = os.path.join(sweep_lib.run_dir(out, arm, seed), "checkpoints")
+  saved = [int(d) for d in os.listdir(ckpt_dir) if d.isdigit()] if os.path.isdir(
+      ckpt_dir) else []
+  if not saved:
+    return {"status": "pending"}
+  return {"status": "interrupted",
+          "error": f"checkpoint at step {max(saved)} of {steps}; rerun to resume"}
 
 
 def _fmt(v) -> str:
@@ -325,4 +337,5 @@ def write_report(out: str, sweep, arms, base, *, plots: bool = True) -> dict:
     f.write(report_markdown(summary, rows, arms, sweep, base))
   if plots:
     plot(out, summary, rows, curves, arms, base)
-  return {s: sum(r["status"] == s for r in rows) for s in ("ok", "failed", "pending")}
+  return {s: sum(r["status"] == s for r in rows)
+          for s in ("ok", "failed", "interrupted", "pending")}

@@ -12,6 +12,7 @@ from attnlab.ops.attention import attention
 _LAZY = {
     "load_checkpoint": "attnlab.training.checkpoint",
     "generate": "attnlab.decoding.generate",
+    "generate_requests": "attnlab.decoding.batching",
     "Sampling": "attnlab.decoding.sampling",
 }
 
@@ -24,6 +25,7 @@ __all__ = [
     "build_model",
     "count_params",
     "generate",
+    "generate_requests",
     "load_checkpoint",
 ]
 

@@ -65,7 +65,8 @@ def _decode_parser():
   src = p.add_mutually_exclusive_group(required=True)
   src.add_argument("--prompt", help="one prompt (the source of an encoder-decoder)")
   src.add_argument("--prompts_file", help="a file with one prompt per line")
-  p.add_argument("--cache", default="contiguous", help="contiguous | ring | paged")
+  p.add_argument("--cache", default=None,
+                 help="contiguous | ring | paged (default: paged with --slots, else contiguous)")
   p.add_argument("--temperature", type=float, default=0.0)
   p.add_argument("--top_k", type=int, default=None)
   p.add_argument("--top_p", type=float, default=None)
@@ -73,12 +74,64 @@ def _decode_parser():
   p.add_argument("--length_penalty", type=float, default=0.6)
   p.add_argument("--max_new_tokens", type=int, default=64)
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--slots", type=int, default=None,
+                 help="continuous batching over the paged cache with this many slots "
+                 "(attnlab.generate_requests); results print as they complete")
+  p.add_argument("--page_size", type=int, default=16, help="page size of the paged cache")
+  p.add_argument("--num_pages", type=int, default=None, help="pages of the paged cache")
   return p
+
+
+def _serve(args, dcfg, model, prompts, ids, tokenizer):
+  """``--slots``: continuous batching; prints "index<TAB>prompt<TAB>completion" as each
+  request completes, a progress bar and tokens/s on stderr."""
+  import time
+
+  import jax
+
+  from attnlab.data.tokenizer import EOS_ID
+  from attnlab.decoding import batching
+  from attnlab.decoding.sampling import Sampling
+
+  n = len(prompts)
+  done = [0, 0]  # requests, tokens
+  start = time.perf_counter()
+
+  def on_result(i, tokens):
+    done[0] += 1
+    done[1] += len(tokens)
+    print(f"{i}\t{prompts[i]}\t{tokenizer.decode(tokens)}", flush=True)
+    rate = done[1] / max(time.perf_counter() - start, 1e-9)
+    bar = "#" * (20 * done[0] // n)
+    sys.stderr.write(f"\r[{bar:<20}] {done[0]}/{n} requests, {done[1]} tokens, {rate:.1f} tok/s")
+    sys.stderr.flush()
+
+  try:
+    batching.generate_requests(
+        model, ids, dcfg.max_new_tokens, slots=args.slots, page_size=args.page_size,
+        num_pages=args.num_pages, eos_id=EOS_ID, rng=jax.random.key(dcfg.seed),
+        sampling=Sampling(temperature=dcfg.temperature, top_k=dcfg.top_k, top_p=dcfg.top_p),
+        on_result=on_result)
+  except batching.UnservableRequests as e:
+    sys.stderr.write("\n")
+    print(f"attnlab decode: {e}", file=sys.stderr)
+    return 1
+  except ValueError as e:
+    raise CommandError(str(e)) from None
+  sys.stderr.write("\n")
+  return 0
 
 
 def decode_main(argv: list[str]) -> int:
   args = _decode_parser().parse_args(argv)
   from attnlab.config import DecodeConfig
+
+  if args.cache is None:
+    args.cache = "paged" if args.slots is not None else "contiguous"
+  for name in ("slots", "page_size", "num_pages"):
+    value = getattr(args, name)
+    if value is not None and value < 1:
+      raise CommandError(f"--{name}={value} must be a positive integer")
 
   try:
     dcfg = DecodeConfig(max_new_tokens=args.max_new_tokens, cache=args.cache,
@@ -102,6 +155,11 @@ def decode_main(argv: list[str]) -> int:
     raise CommandError(str(e)) from None
   tokenizer = _tokenizer(args.workdir)
   ids = [tokenizer.encode(p) for p in prompts]
+  if args.slots is not None:
+    if cfg.arch != "decoder_only" or dcfg.beam_size > 1 or dcfg.cache != "paged":
+      raise CommandError(f"--slots={args.slots} needs a decoder-only checkpoint, --cache paged "
+                         "and no beam search")
+    return _serve(args, dcfg, model, prompts, ids, tokenizer)
   width = max(len(x) for x in ids)
   prompt_BT = np.full((len(ids), max(width, 1)), cfg.pad_id, np.int32)
   for b, x in enumerate(ids):

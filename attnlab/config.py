@@ -172,9 +172,14 @@ class ModelConfig:
     return self.num_layers if self.num_encoder_layers is None else self.num_encoder_layers
 
   def kv_cache_bytes_per_token(self, dtype: str | None = None) -> int:
-    """Bytes of K and V cached per token over all decoder layers (self-attention)."""
+    """Bytes of K and V cached per token over all decoder layers (self-attention).
+
+    "int8" counts its float32 scale per token and KV head: 2 * L * K * (H + 4).
+    """
     import numpy as np
 
+    if dtype == "int8":
+      return 2 * self.num_layers * self.kv_heads * (self.dim_per_head + 4)
     itemsize = np.dtype(_numpy_dtype(dtype or self.dtype)).itemsize
     return 2 * self.num_layers * self.kv_heads * self.dim_per_head * itemsize
 
@@ -185,7 +190,10 @@ class ModelConfig:
 def _numpy_dtype(name: str):
   import jax.numpy as jnp
 
-  return {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}[name]
+  allowed = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+  if name not in allowed:
+    raise ValueError(f"dtype={name!r} is not one of {', '.join(allowed)}, 'int8'")
+  return allowed[name]
 
 
 # --------------------------------------------------------------------------- training

@@ -217,6 +217,7 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
     raise ValueError(f"sampling must be a Sampling, got {type(sampling).__name__}")
   if num_pages is not None:
     _positive_int("num_pages", num_pages)
+  cache_dtype = cache_lib.check_cache_dtype(cache_dtype)
   n = len(prompts)
   # Positions a request needs: the last generated token is never fed back.
   need_pos = [len(p) + b - 1 for p, b in zip(prompts, budgets, strict=True)]

@@ -36,7 +36,10 @@ def format_bytes(n: float) -> str:
 
 def kv_cache_bytes(*, layers: int, seq: int, kv_heads: int, head_dim: int, dtype: str,
                    batch: int = 1) -> int:
-  """Bytes of a K/V cache: 2 (K and V) * B * L * S * K * H * itemsize."""
+  """Bytes of a K/V cache: 2 (K and V) * B * L * S * K * H * itemsize; int8 adds its
+  float32 scale per token and KV head: 2 * B * L * S * K * (H + 4)."""
+  if dtype == "int8":
+    return 2 * batch * layers * seq * kv_heads * (head_dim + 4)
   return 2 * batch * layers * seq * kv_heads * head_dim * ITEMSIZE[dtype]
 
 
@@ -74,6 +77,9 @@ def _decode_parser():
   p.add_argument("--length_penalty", type=float, default=0.6)
   p.add_argument("--max_new_tokens", type=int, default=64)
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--cache_dtype", default=None,
+                 help="cached K/V dtype: float32 | bfloat16 | float16 | int8 (per-token, "
+                 "per-KV-head float32 scales); default the model's dtype")
   p.add_argument("--slots", type=int, default=None,
                  help="continuous batching over the paged cache with this many slots "
                  "(attnlab.generate_requests); results print as they complete")
@@ -109,7 +115,8 @@ def _serve(args, dcfg, model, prompts, ids, tokenizer):
   try:
     batching.generate_requests(
         model, ids, dcfg.max_new_tokens, slots=args.slots, page_size=args.page_size,
-        num_pages=args.num_pages, eos_id=EOS_ID, rng=jax.random.key(dcfg.seed),
+        num_pages=args.num_pages, cache_dtype=args.cache_dtype, eos_id=EOS_ID,
+        rng=jax.random.key(dcfg.seed),
         sampling=Sampling(temperature=dcfg.temperature, top_k=dcfg.top_k, top_p=dcfg.top_p),
         on_result=on_result)
   except batching.UnservableRequests as e:
@@ -128,6 +135,10 @@ def decode_main(argv: list[str]) -> int:
 
   if args.cache is None:
     args.cache = "paged" if args.slots is not None else "contiguous"
+  from attnlab.nn.kv_cache import CACHE_DTYPES
+
+  if args.cache_dtype is not None and args.cache_dtype not in CACHE_DTYPES:
+    raise CommandError(f"--cache_dtype={args.cache_dtype} is not one of {', '.join(CACHE_DTYPES)}")
   for name in ("slots", "page_size", "num_pages"):
     value = getattr(args, name)
     if value is not None and value < 1:
@@ -166,6 +177,7 @@ def decode_main(argv: list[str]) -> int:
     prompt_BT[b, : len(x)] = x
   lengths_B = np.array([len(x) for x in ids], np.int32)
   kwargs = dict(max_new_tokens=dcfg.max_new_tokens, cache=dcfg.cache, eos_id=EOS_ID,
+                cache_dtype=args.cache_dtype,
                 bos_id=BOS_ID, rng=jax.random.key(dcfg.seed),
                 sampling=Sampling(temperature=dcfg.temperature, top_k=dcfg.top_k,
                                   top_p=dcfg.top_p))

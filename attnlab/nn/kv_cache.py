@@ -191,6 +191,24 @@ class KVCache(_SelfAttentionCache):
   def capacity(self) -> int:
     return self.k_BKSH.shape[2]
 
+  def attend(self, q_BTNH, k_BTKH, v_BTKH, *, num_new_B, q_positions_BT, causal: bool,
+             window: int | None, implementation: str, dropout_rate: float = 0.0,
+             dropout_rng=None):
+    """``_SelfAttentionCache.attend``; or, for one new query per sequence and
+    ``implementation="pallas"``, the heads-major Pallas decode kernel over the
+    buffer in place (int8 tiles dequantized in the kernel; the kernel is causal)."""
+    if not (implementation == "pallas" and q_BTNH.shape[1] == 1 and causal
+            and dropout_rate == 0):
+      return super().attend(q_BTNH, k_BTKH, v_BTKH, num_new_B=num_new_B,
+                            q_positions_BT=q_positions_BT, causal=causal, window=window,
+                            implementation=implementation, dropout_rate=dropout_rate,
+                            dropout_rng=dropout_rng)
+    cache, *_ = self.append(k_BTKH, v_BTKH, num_new_B)
+    out_BTNH = decode_kernels.decode_attention_heads_major(
+        q_BTNH, cache.k_BKSH, cache.v_BKSH, jnp.maximum(cache.lengths_B, 1),
+        k_scale_BKS=cache.k_scale_BKS, v_scale_BKS=cache.v_scale_BKS, window=window)
+    return out_BTNH, cache
+
   def append(self, k_BTKH, v_BTKH, num_new_B):
     """Write the new tokens at their positions; see the module docstring.
 

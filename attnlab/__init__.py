@@ -12,6 +12,7 @@ from attnlab.ops.dispatch import attention
 _LAZY = {
     "load_checkpoint": "attnlab.training.checkpoint",
     "generate": "attnlab.decoding.generate",
+    "generate_requests": "attnlab.decoding.batching",
     "Sampling": "attnlab.decoding.sampling",
     "convert_heads": "attnlab.convert.heads",
 }
@@ -26,6 +27,7 @@ __all__ = [
     "convert_heads",
     "count_params",
     "generate",
+    "generate_requests",
     "load_checkpoint",
 ]
 

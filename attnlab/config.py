@@ -22,8 +22,10 @@ NORM_POSITIONS = ("pre", "post")
 MLPS = ("relu", "gelu", "swiglu")
 # Bytes per element of every dtype name attnlab accepts. DTYPES are the
 # compute / parameter dtypes; the 1-byte ones are storage only (KV caches).
+INT8_SCALE_BYTES = 4  # the float32 scale of an int8 KV cache, per token and KV head
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1}
 DTYPES = ("float32", "bfloat16", "float16")
+CACHE_DTYPES = (*DTYPES, "int8")  # KV-cache element types (int8: symmetric, per-token scales)
 # What ``attnlab.attention(implementation=...)`` runs; a model may also ask for "auto".
 IMPLEMENTATIONS = ("reference", "blocked", "chunked", "xla", "cudnn", "pallas")
 ATTENTION_IMPLS = ("auto", *IMPLEMENTATIONS)
@@ -199,7 +201,8 @@ class ModelConfig:
     """Bytes of K and V cached per token over all decoder layers (self-attention).
 
     Args:
-      dtype: the cache dtype (a ``DTYPE_BYTES`` name); default the model's.
+      dtype: the cache dtype (a ``DTYPE_BYTES`` name); default the model's. "int8"
+        counts its float32 scale per token and KV head: 2 * L * K * (H + 4).
     """
     return kv_cache_bytes(layers=self.num_layers, seq=1, kv_heads=self.num_kv_heads,
                           head_dim=self.head_dim, dtype=dtype or self.dtype)
@@ -218,10 +221,13 @@ def kv_cache_bytes(*, layers: int, seq: int, kv_heads: int, head_dim: int, dtype
   """Bytes of a K/V cache: 2 (K and V) * B * L * S * K * H * bytes per element.
 
   The one formula: ``ModelConfig.kv_cache_bytes_per_token`` and
-  ``attnlab kv-size`` both call it.
+  ``attnlab kv-size`` both call it. An int8 cache also stores one float32
+  scale per token and KV head (symmetric per-token quantization), so each
+  head costs H + 4 bytes a token.
   """
   _choice("dtype", dtype, tuple(DTYPE_BYTES))
-  return 2 * batch * layers * seq * kv_heads * head_dim * DTYPE_BYTES[dtype]
+  per_head = head_dim * DTYPE_BYTES[dtype] + (INT8_SCALE_BYTES if dtype == "int8" else 0)
+  return 2 * batch * layers * seq * kv_heads * per_head
 
 
 # --------------------------------------------------------------------------- training

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import jax
 import numpy as np
 
 from attnlab import config_gin
 from attnlab.commands._common import CommandError, CommandParser
-from attnlab.config import CACHE_KINDS, DecodeConfig
+from attnlab.config import CACHE_DTYPES, CACHE_KINDS, DecodeConfig
 from attnlab.data.tokenizer import make_tokenizer
+from attnlab.decoding import batching
 from attnlab.decoding.generate import GenerateInputError, generate
 from attnlab.decoding.sampling import Sampling
 from attnlab.extras import MissingDependencyError
@@ -32,7 +34,8 @@ def _decode_parser():
   src = p.add_mutually_exclusive_group(required=True)
   src.add_argument("--prompt", help="one prompt (the source of an encoder-decoder)")
   src.add_argument("--prompts_file", help="a file with one prompt per line")
-  p.add_argument("--cache", default=d.cache, help=" | ".join(CACHE_KINDS))
+  p.add_argument("--cache", default=None,
+                 help=f"{' | '.join(CACHE_KINDS)} (default: paged with --slots, else {d.cache})")
   p.add_argument("--temperature", type=float, default=d.temperature)
   p.add_argument("--top_k", type=int, default=d.top_k)
   p.add_argument("--top_p", type=float, default=d.top_p)
@@ -40,16 +43,63 @@ def _decode_parser():
   p.add_argument("--length_penalty", type=float, default=d.length_penalty)
   p.add_argument("--max_new_tokens", type=int, default=d.max_new_tokens)
   p.add_argument("--seed", type=int, default=d.seed)
+  p.add_argument("--cache_dtype", default=None,
+                 help=f"cached K/V dtype: {' | '.join(CACHE_DTYPES)} (int8: per-token, "
+                 "per-KV-head float32 scales); default the model's dtype")
+  p.add_argument("--slots", type=int, default=None,
+                 help="continuous batching over the paged cache with this many slots "
+                 "(attnlab.generate_requests); results print as they complete")
+  p.add_argument("--page_size", type=int, default=d.page_size, help="page size of the paged cache")
+  p.add_argument("--num_pages", type=int, default=d.num_pages, help="pages of the paged cache")
   return p
+
+
+def _serve(args, dcfg, model, prompts, ids, tokenizer) -> int:
+  """``--slots``: continuous batching; prints "index<TAB>prompt<TAB>completion" as each
+  request completes, a progress bar and tokens/s on stderr."""
+  n = len(prompts)
+  done = [0, 0]  # requests, tokens
+  start = time.perf_counter()
+
+  def on_result(i, tokens):
+    done[0] += 1
+    done[1] += len(tokens)
+    print(f"{i}\t{prompts[i]}\t{tokenizer.decode(tokens)}", flush=True)
+    rate = done[1] / max(time.perf_counter() - start, 1e-9)
+    bar = "#" * (20 * done[0] // n)
+    sys.stderr.write(f"\r[{bar:<20}] {done[0]}/{n} requests, {done[1]} tokens, {rate:.1f} tok/s")
+    sys.stderr.flush()
+
+  try:
+    batching.generate_requests(
+        model, ids, dcfg.max_new_tokens, slots=args.slots, page_size=dcfg.page_size,
+        num_pages=dcfg.num_pages, cache_dtype=args.cache_dtype, eos_id=tokenizer.eos_id,
+        rng=jax.random.key(dcfg.seed),
+        sampling=Sampling(temperature=dcfg.temperature, top_k=dcfg.top_k, top_p=dcfg.top_p),
+        on_result=on_result)
+  except batching.UnservableRequests as e:
+    sys.stderr.write("\n")
+    print(f"attnlab decode: {e}", file=sys.stderr)
+    return 1
+  except GenerateInputError as e:
+    raise CommandError(str(e)) from None
+  sys.stderr.write("\n")
+  return 0
 
 
 def main(argv: list[str]) -> int:
   args = _decode_parser().parse_args(argv)
+  if args.cache is None:
+    args.cache = "paged" if args.slots is not None else DecodeConfig().cache
+  if args.cache_dtype is not None and args.cache_dtype not in CACHE_DTYPES:
+    raise CommandError(f"--cache_dtype={args.cache_dtype} is not one of {', '.join(CACHE_DTYPES)}")
+  if args.slots is not None and args.slots < 1:
+    raise CommandError(f"--slots={args.slots} must be a positive integer")
   try:
     dcfg = DecodeConfig(max_new_tokens=args.max_new_tokens, cache=args.cache,
                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                         beam_size=args.beam_size, length_penalty=args.length_penalty,
-                        seed=args.seed)
+                        seed=args.seed, page_size=args.page_size, num_pages=args.num_pages)
   except ValueError as e:
     raise CommandError(str(e)) from None
   prompts = _read_prompts(args)
@@ -63,6 +113,11 @@ def main(argv: list[str]) -> int:
   except (MissingDependencyError, ValueError, ImportError) as e:
     raise CommandError(str(e)) from None
   ids = [tokenizer.encode(p) for p in prompts]
+  if args.slots is not None:
+    if cfg.arch != "decoder_only" or dcfg.beam_size > 1 or dcfg.cache != "paged":
+      raise CommandError(f"--slots={args.slots} needs a decoder-only checkpoint, --cache paged "
+                         "and no beam search")
+    return _serve(args, dcfg, model, prompts, ids, tokenizer)
   width = max(len(x) for x in ids)
   prompt_BT = np.full((len(ids), max(width, 1)), cfg.pad_id, np.int32)
   for b, x in enumerate(ids):
@@ -72,7 +127,8 @@ def main(argv: list[str]) -> int:
   # tokenizer may have no bos (decoder-only models never use it).
   bos_id = 1 if tokenizer.bos_id is None else tokenizer.bos_id
   kwargs = dict(max_new_tokens=dcfg.max_new_tokens, cache=dcfg.cache, eos_id=tokenizer.eos_id,
-                bos_id=bos_id, page_size=dcfg.page_size, num_pages=dcfg.num_pages,
+                bos_id=bos_id, cache_dtype=args.cache_dtype, page_size=dcfg.page_size,
+                num_pages=dcfg.num_pages,
                 rng=jax.random.key(dcfg.seed),
                 sampling=Sampling(temperature=dcfg.temperature, top_k=dcfg.top_k,
                                   top_p=dcfg.top_p))

@@ -51,7 +51,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
              prompt_lengths_B=None, eos_id: int | None = 2, bos_id: int = 1,
              beam_size: int | None = None, length_penalty: float = _DEFAULTS.length_penalty,
              page_size: int = _DEFAULTS.page_size, num_pages: int | None = _DEFAULTS.num_pages,
-             cache_len: int | None = None):
+             cache_len: int | None = None, cache_dtype=None):
   """Generate up to ``max_new_tokens`` tokens per sequence.
 
   Args:
@@ -76,6 +76,9 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
       sequences are reused, and running out raises ``RuntimeError``.
     cache_len: capacity of a contiguous / paged cache per sequence; default
       the prompt length + max_new_tokens.
+    cache_dtype: dtype of the cached K/V ("float32", "bfloat16", "float16",
+      "int8"); None = the model's compute dtype. "int8" stores K/V quantized
+      with one float32 scale per token and KV head (every cache kind).
 
   Returns:
     int32 [B, max_new_tokens]: the generated tokens (eos included).
@@ -100,7 +103,12 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     sampling = GREEDY  # the filters do nothing at temperature 0: one compiled program for all
   # Traced, not static: a new eos does not recompile. -1 matches no token.
   eos = jnp.int32(-1 if eos_id is None else eos_id)
-  static = dict(max_new_tokens=max_new_tokens, kind=cache, page_size=page_size)
+  try:
+    cache_dtype = cache_lib.check_cache_dtype(cache_dtype)
+  except ValueError as e:
+    raise GenerateInputError(str(e)) from None
+  static = dict(max_new_tokens=max_new_tokens, kind=cache, page_size=page_size,
+                cache_dtype=None if cache_dtype is None else str(cache_dtype))
 
   if cfg.arch == "encoder_decoder":
     needed = max_new_tokens
@@ -267,21 +275,21 @@ def _release(cache, alloc, finished_B):
   return cache_lib.set_page_table(cache, table_BM, lengths_B), alloc
 
 
-def _new_cache(cfg, kind, batch, cache_len, page_size, num_pages):
+def _new_cache(cfg, kind, batch, cache_len, page_size, num_pages, cache_dtype=None):
   cache = cache_lib.init_cache(cfg, kind, batch, cache_len, page_size=page_size,
-                               num_pages=num_pages)
+                               num_pages=num_pages, dtype=cache_dtype)
   alloc = PageAllocator.init(num_pages) if kind == "paged" else None
   return cache, alloc
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=(
-    "max_new_tokens", "kind", "page_size", "sampling", "cache_len", "num_pages"))
+    "max_new_tokens", "kind", "page_size", "sampling", "cache_len", "num_pages", "cache_dtype"))
 def _sample_decoder_only(graphdef, state, prompt_BT, lengths_B, rng, eos_id, *, max_new_tokens,
-                         kind, page_size, sampling, cache_len, num_pages):
+                         kind, page_size, sampling, cache_len, num_pages, cache_dtype):
   model = _eval_model(graphdef, state)
   cfg = model.cfg
   B, T = prompt_BT.shape
-  cache, alloc = _new_cache(cfg, kind, B, cache_len, page_size, num_pages)
+  cache, alloc = _new_cache(cfg, kind, B, cache_len, page_size, num_pages, cache_dtype)
   if alloc is not None:
     cache, alloc = _reserve(cache, alloc, lengths_B, page_size)
   # Prefill: the whole prompt in one pass; padding (t >= length) is not cached.
@@ -302,13 +310,13 @@ def _decoder_forward(model):
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=(
-    "max_new_tokens", "kind", "page_size", "sampling", "cache_len", "num_pages"))
+    "max_new_tokens", "kind", "page_size", "sampling", "cache_len", "num_pages", "cache_dtype"))
 def _sample_encoder_decoder(graphdef, state, src_BS, rng, eos_id, bos_id, *, max_new_tokens, kind,
-                            page_size, sampling, cache_len, num_pages):
+                            page_size, sampling, cache_len, num_pages, cache_dtype):
   model = _eval_model(graphdef, state)
   cfg = model.cfg
   B = src_BS.shape[0]
-  cache, alloc = _new_cache(cfg, kind, B, cache_len, page_size, num_pages)
+  cache, alloc = _new_cache(cfg, kind, B, cache_len, page_size, num_pages, cache_dtype)
   cache = cache_lib.with_cross(cache, model.cross_cache(src_BS))  # encoded once
   forward = _decoder_forward(model)
   ones_B1 = jnp.ones((B, 1), jnp.int32)
@@ -322,15 +330,15 @@ def _sample_encoder_decoder(graphdef, state, src_BS, rng, eos_id, bos_id, *, max
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=(
     "max_new_tokens", "kind", "page_size", "beam_size", "length_penalty",
-    "cache_len"))
+    "cache_len", "cache_dtype"))
 def _beam_encoder_decoder(graphdef, state, src_BS, eos_id, bos_id, *, max_new_tokens, kind,
-                          page_size, beam_size, length_penalty, cache_len):
+                          page_size, beam_size, length_penalty, cache_len, cache_dtype):
   model = _eval_model(graphdef, state)
   cfg = model.cfg
   B = src_BS.shape[0]
   # Beams are rows X = b * Z + z; every beam of a source shares its cross K/V.
   cross = jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0), model.cross_cache(src_BS))
-  cache, _ = _new_cache(cfg, kind, B * beam_size, cache_len, page_size, None)
+  cache, _ = _new_cache(cfg, kind, B * beam_size, cache_len, page_size, None, cache_dtype)
   forward = _decoder_forward(model)
 
   def step_fn(tokens_X, self_cache):

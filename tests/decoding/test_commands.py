@@ -201,3 +201,19 @@ def test_decode_internal_error_exits_1_with_a_traceback(workdir, tmp_path):
   assert proc.returncode == 1, proc.stderr
   assert "Traceback" in proc.stderr and "internal: a shape bug" in proc.stderr
   assert proc.stdout == ""
+
+
+def test_decode_slots_batches_continuously_and_matches_plain_decode(workdir, capsys, tmp_path):
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("import os\nx = 1\ndef f(a, b):\n")
+  base = ["decode", "--workdir", workdir, "--prompts_file", str(prompts), "--max_new_tokens", "6"]
+  rc, plain, err = _run(base, capsys)
+  assert rc == 0, err
+  rc, served, err = _run(base + ["--slots", "2", "--page_size", "4"], capsys)
+  assert rc == 0, err
+  assert "3/3 requests" in err and "tok/s" in err
+  rows = sorted(line.split("\t", 1) for line in served.splitlines())
+  assert [int(i) for i, _ in rows] == [0, 1, 2]
+  assert [text for _, text in rows] == plain.splitlines()
+  rc, _, err = _run(base + ["--slots", "0"], capsys)
+  assert rc == 2 and "--slots=0" in err

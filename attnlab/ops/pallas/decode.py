@@ -326,3 +326,113 @@ def paged_decode_attention(q_BTNH, k_pages_PCKH, v_pages_PCKH, page_table_BM, le
       name="attnlab_paged_decode",
   )(len_B1, table, q, k_pages, v_pages)
   return _combine_splits(o, lse, q_BTNH)
+
+
+# ----------------------------------------------------------------------------
+# Heads-major: the contiguous cache of attnlab.nn.kv_cache.KVCache, [B, K, S, H],
+# optionally int8 with per-token scales [B, K, S] dequantized in the kernel.
+# ----------------------------------------------------------------------------
+
+
+def _heads_major_kernel(len_ref, q_ref, k_ref, v_ref, *rest, split_len, tile, kv_len_static,
+                        int8, **kw):
+  if int8:
+    ks_ref, vs_ref, o_ref, lse_ref = rest
+  else:
+    o_ref, lse_ref = rest
+  s = pl.program_id(2)
+  length = len_ref[0]
+  base = s * (split_len // tile)
+
+  def load_tile(j):
+    keys = pl.ds((j - base) * tile, tile)
+    k_cH, v_cH = k_ref[keys, :], v_ref[keys, :]
+    if int8:  # dequantize the tile: int8 * its per-token float32 scale
+      k_cH = k_cH.astype(jnp.float32) * ks_ref[keys][:, None]
+      v_cH = v_cH.astype(jnp.float32) * vs_ref[keys][:, None]
+    return k_cH, v_cH
+
+  o, lse = _split_softmax(q_ref[...], load_tile, length=length,
+                          kv_len=jnp.minimum(length, kv_len_static), split=s, tile=tile,
+                          tiles_per_split=split_len // tile, **kw)
+  o_ref[...] = o
+  lse_ref[...] = lse
+
+
+def decode_attention_heads_major(q_BTNH, k_BKSH, v_BKSH, lengths_B, *, k_scale_BKS=None,
+                                 v_scale_BKS=None, window: int | None = None,
+                                 scale: float | None = None, num_splits: int | None = None,
+                                 interpret: bool | None = None):
+  """``decode_attention`` over a heads-major cache [B, K, S, H] (``KVCache``'s layout).
+
+  Args:
+    q_BTNH: queries [B, T, N, H], T <= 8: the last T tokens of each sequence.
+    k_BKSH, v_BKSH: the cache [B, K, S, H], float, or int8 with
+      ``k_scale_BKS`` / ``v_scale_BKS`` (float32 [B, K, S]: key s of head k
+      is ``k_BKSH[b, k, s] * k_scale_BKS[b, k, s]``, dequantized per tile in
+      the kernel).
+    lengths_B, window, scale, num_splits, interpret: as ``decode_attention``.
+
+  Returns:
+    [B, T, N, H] in the dtype of ``q_BTNH``.
+  """
+  for name, x in (("k_BKSH", k_BKSH), ("v_BKSH", v_BKSH)):
+    if x.ndim != 4:
+      raise ValueError(f"{name} must be rank 4 [B, K, S, H], got shape {x.shape}")
+  if k_BKSH.shape != v_BKSH.shape:
+    raise ValueError(f"k_BKSH shape {k_BKSH.shape} and v_BKSH shape {v_BKSH.shape} must match")
+  B, K, S, H = k_BKSH.shape
+  int8 = k_BKSH.dtype == jnp.int8
+  if int8 != (k_scale_BKS is not None) or (k_scale_BKS is None) != (v_scale_BKS is None):
+    raise ValueError(f"k_scale_BKS / v_scale_BKS go with an int8 cache, and only with one "
+                     f"(cache dtype {k_BKSH.dtype}, scales given: {k_scale_BKS is not None})")
+  if int8 and (k_scale_BKS.shape != (B, K, S) or v_scale_BKS.shape != (B, K, S)):
+    raise ValueError(f"k_scale_BKS / v_scale_BKS shapes {k_scale_BKS.shape} / "
+                     f"{v_scale_BKS.shape} must be [B, K, S] = {(B, K, S)}")
+  if q_BTNH.ndim == 4 and q_BTNH.shape[0] != B:
+    raise ValueError(f"batch of q_BTNH ({q_BTNH.shape[0]}) and of the cache ({B}) must match")
+  _check_queries(q_BTNH, head_dim=H, num_kv_heads=K, kv_name="k_BKSH", lengths_B=lengths_B,
+                 window=window)
+  _check_positive("num_splits", num_splits)
+  T, N = q_BTNH.shape[1:3]
+  scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
+  interpret = common.resolve_interpret(interpret)
+  rows, Hp = _rows_and_head_dim(q_BTNH, K, interpret)
+  tile = min(128 if interpret else 64, max(1 if interpret else 16, common.next_pow2(S)))
+  num_tiles = -(-S // tile)
+  splits = min(num_splits or _default_splits(B * K, num_tiles), num_tiles)
+  tiles_per_split = -(-num_tiles // splits)
+  splits = -(-num_tiles // tiles_per_split)
+  split_len = tiles_per_split * tile
+  Sp = splits * split_len
+
+  q = _query_rows(q_BTNH, K, rows)
+  q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, Hp - H)))
+  pad = ((0, 0), (0, 0), (0, Sp - S), (0, Hp - H))
+  k, v = jnp.pad(k_BKSH, pad), jnp.pad(v_BKSH, pad)
+  len_B1 = lengths_B.astype(jnp.int32)[:, None]
+  kernel = functools.partial(
+      _heads_major_kernel, split_len=split_len, tile=tile, kv_len_static=S, int8=int8,
+      num_queries=T, groups=N // K, window=window, scale=scale,
+  )
+  out_shape, out_specs = _out_specs(B, K, splits, rows, Hp)
+  kv_spec = pl.BlockSpec((None, None, split_len, Hp), lambda b, h, s: (b, h, s, 0))
+  in_specs = [pl.BlockSpec((None, 1), lambda b, h, s: (b, 0)),
+              pl.BlockSpec((None, None, rows, Hp), lambda b, h, s: (b, h, 0, 0)), kv_spec, kv_spec]
+  args = [len_B1, q, k, v]
+  if int8:
+    scale_spec = pl.BlockSpec((None, None, split_len), lambda b, h, s: (b, h, s))
+    in_specs += [scale_spec, scale_spec]
+    args += [jnp.pad(x.astype(jnp.float32), ((0, 0), (0, 0), (0, Sp - S)))
+             for x in (k_scale_BKS, v_scale_BKS)]
+  o, lse = pl.pallas_call(
+      kernel,
+      grid=(B, K, splits),
+      in_specs=in_specs,
+      out_specs=out_specs,
+      out_shape=out_shape,
+      compiler_params=common.compiler_params(interpret, 4, 2),
+      interpret=interpret,
+      name="attnlab_decode_heads_major",
+  )(*args)
+  return _combine_splits(o, lse, q_BTNH)

@@ -1,0 +1,410 @@
+"""Continuous batching: many requests of any lengths through a fixed set of slots.
+
+``generate_requests`` serves a list of prompts (token lists of any lengths,
+each with its own token budget) with ``slots`` sequences decoding together
+over one ``PagedKVCache`` whose pages come from one ``PageAllocator``.
+When a sequence finishes (eos or its budget), its pages go back to the free
+list on the device and the next waiting request is prefilled into its slot
+while the other slots keep their state (vLLM-style scheduling). A Python
+loop on the host does the scheduling; the device runs two kinds of jitted
+programs, both compiled once per shape, never per request:
+
+  * ``_prefill``: one request into one slot. The prompt is right-padded to a
+    length bucket (powers of two from 16, capped at ``cfg.max_len``), so
+    there is one program per bucket. The model runs on a batch-1 *view* of
+    the cache (the shared pages, that slot's page-table row), so a prefill
+    costs one prompt, not ``slots`` prompts.
+  * ``_decode``: up to ``decode_chunk`` steps of every slot at once (one token
+    per live slot per step) in a ``lax.while_loop``; pages are allocated as
+    sequences grow and freed when they finish. The loop returns early when a
+    slot finishes and a request is waiting, so the host can refill it.
+
+Admission is conservative: a request is admitted only when the pages it can
+need at its full budget (prompt + max_new_tokens - 1 positions) are not
+promised to the running requests, so the device allocator never runs dry
+mid-sequence and nothing is ever preempted. Requests are admitted in order
+(first come, first served); a request that waits for pages blocks the ones
+behind it. A request that can never fit (longer than ``cfg.max_len`` or than
+the whole cache) is not run: the others are, and then ``UnservableRequests``
+names it (with the others' results attached).
+
+``policy="static"`` is the baseline of ``tools/bench_serve.py``: the same
+programs, but a new batch is admitted only when every slot of the previous
+one has finished (each batch waits for its longest request).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from attnlab.decoding.generate import GREEDY, GenerateInputError, _eval_model, _release, _reserve
+from attnlab.decoding.paging import PageAllocator
+from attnlab.decoding.sampling import Sampling, sample
+from attnlab.nn import kv_cache as cache_lib
+
+POLICIES = ("continuous", "static")
+MIN_BUCKET = 16
+
+
+class UnservableRequests(RuntimeError):
+  """Some requests can never fit; the others were served.
+
+  Attributes:
+    errors: {request index: why}.
+    results: the list ``generate_requests`` would have returned, with None at
+      the requests that could not be served.
+  """
+
+  def __init__(self, errors: dict[int, str], results: list):
+    self.errors = errors
+    self.results = results
+    lines = "; ".join(f"request {i}: {why}" for i, why in sorted(errors.items()))
+    super().__init__(f"{len(errors)} request(s) can never be served ({lines}); the other "
+                     f"{sum(r is not None for r in results)} completed")
+
+
+@dataclasses.dataclass
+class ServeStats:
+  """What a ``serve_requests`` run did.
+
+  Attributes:
+    generated: tokens generated (all requests).
+    decode_steps: batched decode steps run.
+    live_slot_steps: sum over decode steps of the slots that were decoding.
+    prefills: prefill calls (one per served request).
+    seconds: wall time of the run (compilation included if it happened).
+    buckets: prompt-length buckets used (one prefill program each).
+    free_pages: the allocator's free page ids after the run.
+    page_table: the page table [slots, M] after the run (all -1 when every
+      request released its pages).
+  """
+
+  slots: int
+  generated: int = 0
+  decode_steps: int = 0
+  live_slot_steps: int = 0
+  prefills: int = 0
+  seconds: float = 0.0
+  buckets: set = dataclasses.field(default_factory=set)
+  free_pages: np.ndarray | None = None
+  page_table: np.ndarray | None = None
+
+  @property
+  def occupancy(self) -> float:
+    """Mean fraction of the slots decoding per decode step."""
+    return self.live_slot_steps / max(1, self.decode_steps * self.slots)
+
+  @property
+  def tokens_per_second(self) -> float:
+    return self.generated / max(self.seconds, 1e-9)
+
+
+@struct.dataclass
+class _SlotState:
+  """Per-slot decoding state on the device.
+
+  Attributes:
+    token_B: the last token of each slot (fed next).
+    active_B: bool, the slot holds a request that is still decoding.
+    remaining_B: int32 tokens the slot may still generate.
+  """
+
+  token_B: jax.Array
+  active_B: jax.Array
+  remaining_B: jax.Array
+
+
+def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *, slots: int = 8,
+                      cache: str = "paged", page_size: int = 16, num_pages: int | None = None,
+                      cache_dtype=None, sampling: Sampling = GREEDY, rng=None,
+                      eos_id: int | None = 2, on_result: Callable | None = None,
+                      policy: str = "continuous", decode_chunk: int = 16) -> list[np.ndarray]:
+  """Generate for every prompt with continuous batching; results in request order.
+
+  Args:
+    model: a decoder-only model (``attnlab.build_model``).
+    prompts: token-id lists of any (non-zero) lengths.
+    max_new_tokens: a positive int, or one per request.
+    slots: sequences decoding together.
+    cache: "paged" (the only cache continuous batching runs on).
+    page_size, num_pages: C and P of the paged cache; P defaults to enough
+      pages for every slot at the longest request. With fewer, requests wait
+      for the pages of finished ones.
+    cache_dtype: dtype of the cached K/V; None = the model's compute dtype.
+    sampling: ``Sampling``; greedy by default.
+    rng: a ``jax.random.key`` for sampling.
+    eos_id: a request stops after emitting it; None = always its budget.
+    on_result: called as ``on_result(index, tokens)`` when a request completes.
+    policy: "continuous", or "static" (a new batch only when all slots are free).
+    decode_chunk: decode steps per device call at most.
+
+  Returns:
+    one int32 array per request: its new tokens (eos included), at most its budget.
+
+  Raises:
+    ValueError: bad arguments (checked before anything runs).
+    UnservableRequests: after the others completed, if some request can never
+      fit the model or the cache.
+  """
+  results, _ = serve_requests(model, prompts, max_new_tokens, slots=slots, cache=cache,
+                              page_size=page_size, num_pages=num_pages, cache_dtype=cache_dtype,
+                              sampling=sampling, rng=rng, eos_id=eos_id, on_result=on_result,
+                              policy=policy, decode_chunk=decode_chunk)
+  return results
+
+
+def _positive_int(name, value):
+  if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+    raise GenerateInputError(f"{name}={value!r} must be a positive integer")
+
+
+def _check_requests(cfg, prompts, max_new_tokens):
+  if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence) or not prompts:
+    raise GenerateInputError(
+        f"prompts must be a non-empty list of token-id lists, got {type(prompts)}")
+  prompts = [np.asarray(p) for p in prompts]
+  for i, p in enumerate(prompts):
+    if p.ndim != 1 or p.size == 0 or not np.issubdtype(p.dtype, np.integer):
+      raise GenerateInputError(f"prompts[{i}] must be a non-empty list of int token ids, got dtype "
+                       f"{p.dtype} and shape {p.shape}")
+    bad = (p < 0) | (p >= cfg.vocab_size)
+    if bad.any():
+      raise GenerateInputError(f"prompts[{i}] holds token id {int(p[np.argmax(bad)])}, outside the "
+                       f"vocabulary [0, {cfg.vocab_size})")
+  if isinstance(max_new_tokens, Sequence):
+    budgets = list(max_new_tokens)
+    if len(budgets) != len(prompts):
+      raise GenerateInputError(f"max_new_tokens has {len(budgets)} entries; give one per request "
+                       f"({len(prompts)}) or one int")
+  else:
+    budgets = [max_new_tokens] * len(prompts)
+  for i, n in enumerate(budgets):
+    _positive_int(f"max_new_tokens[{i}]", n)
+  return [p.astype(np.int32) for p in prompts], [int(n) for n in budgets]
+
+
+def bucket_length(n: int, max_len: int) -> int:
+  """The prefill length bucket of an n-token prompt: a power of two >= 16, capped at max_len."""
+  return min(max(MIN_BUCKET, 1 << (n - 1).bit_length()), max(max_len, n))
+
+
+def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", page_size=16,
+                   num_pages=None, cache_dtype=None, sampling=GREEDY, rng=None, eos_id=2,
+                   on_result=None, policy="continuous", decode_chunk=16):
+  """``generate_requests`` that also returns its ``ServeStats``: (results, stats)."""
+  cfg = model.cfg
+  if cfg.arch != "decoder_only":
+    raise GenerateInputError(f"generate_requests needs a decoder-only model, got arch={cfg.arch!r}")
+  prompts, budgets = _check_requests(cfg, prompts, max_new_tokens)
+  _positive_int("slots", slots)
+  _positive_int("page_size", page_size)
+  _positive_int("decode_chunk", decode_chunk)
+  if cache != "paged":
+    raise GenerateInputError(f"cache={cache!r}: continuous batching runs on the paged cache; use "
+                     "cache='paged'")
+  if policy not in POLICIES:
+    raise GenerateInputError(f"policy={policy!r} is not one of {', '.join(map(repr, POLICIES))}")
+  if not isinstance(sampling, Sampling):
+    raise GenerateInputError(f"sampling must be a Sampling, got {type(sampling).__name__}")
+  if num_pages is not None:
+    _positive_int("num_pages", num_pages)
+  cache_dtype = cache_lib.check_cache_dtype(cache_dtype)
+  n = len(prompts)
+  # Positions a request needs: the last generated token is never fed back.
+  need_pos = [len(p) + b - 1 for p, b in zip(prompts, budgets, strict=True)]
+  errors = {}
+  for i in range(n):
+    if need_pos[i] > cfg.max_len:
+      errors[i] = (f"prompt of {len(prompts[i])} tokens + max_new_tokens {budgets[i]} needs "
+                   f"{need_pos[i]} positions, more than the model's max_len={cfg.max_len}")
+  ok = [i for i in range(n) if i not in errors]
+  max_pos = max([need_pos[i] for i in ok], default=1)
+  M = -(-max_pos // page_size)
+  P = slots * M if num_pages is None else num_pages
+  pages_of = {i: -(-need_pos[i] // page_size) for i in ok}
+  for i in ok:
+    if pages_of[i] > P:
+      errors[i] = (f"prompt of {len(prompts[i])} tokens + max_new_tokens {budgets[i]} needs "
+                   f"{pages_of[i]} pages of {page_size}, more than the whole cache "
+                   f"(num_pages={P})")
+  ok = [i for i in ok if i not in errors]
+
+  rng = jax.random.key(0) if rng is None else rng
+  if sampling.greedy:
+    sampling = GREEDY
+  eos = jnp.int32(-1 if eos_id is None else eos_id)
+  graphdef, state = nnx.split(model)
+  kv_cache = cache_lib.init_cache(cfg, "paged", slots, M * page_size, page_size=page_size,
+                                  num_pages=P, dtype=cache_dtype)
+  alloc = PageAllocator.init(P)
+  slot_state = _SlotState(jnp.zeros((slots,), jnp.int32), jnp.zeros((slots,), bool),
+                          jnp.zeros((slots,), jnp.int32))
+  results: list = [None] * n
+  stats = ServeStats(slots=slots)
+  waiting = collections.deque(ok)
+  slot_req = [-1] * slots
+  slot_tokens: list[list[int]] = [[] for _ in range(slots)]
+  promised = 0  # pages promised to the running requests
+  start = time.perf_counter()
+
+  def finish(s):
+    nonlocal promised
+    i = slot_req[s]
+    results[i] = np.asarray(slot_tokens[s], np.int32)
+    stats.generated += len(slot_tokens[s])
+    promised -= pages_of[i]
+    slot_req[s] = -1
+    slot_tokens[s] = []
+    if on_result is not None:
+      on_result(i, results[i])
+
+  def done_with(tokens, i):
+    return len(tokens) >= budgets[i] or (eos_id is not None and tokens[-1] == eos_id)
+
+  while waiting or any(r >= 0 for r in slot_req):
+    may_admit = policy == "continuous" or all(r < 0 for r in slot_req)
+    for s in range(slots):
+      if not (may_admit and waiting and slot_req[s] < 0):
+        continue
+      i = waiting[0]
+      if promised + pages_of[i] > P:
+        break  # first come, first served: wait for pages
+      waiting.popleft()
+      promised += pages_of[i]
+      slot_req[s] = i
+      T = bucket_length(len(prompts[i]), cfg.max_len)
+      stats.buckets.add(T)
+      stats.prefills += 1
+      prompt_1T = np.zeros((1, T), np.int32)
+      prompt_1T[0, :len(prompts[i])] = prompts[i]
+      rng, sub = jax.random.split(rng)
+      kv_cache, alloc, slot_state, first = _prefill(
+          graphdef, state, kv_cache, alloc, slot_state, jnp.asarray(prompt_1T),
+          jnp.int32(len(prompts[i])), jnp.int32(s), jnp.int32(budgets[i]), sub, eos,
+          sampling=sampling, page_size=page_size)
+      slot_tokens[s] = [int(first)]
+      if done_with(slot_tokens[s], i):
+        finish(s)
+    if not any(r >= 0 for r in slot_req):
+      continue
+    rng, sub = jax.random.split(rng)
+    kv_cache, alloc, slot_state, out_BK, steps, live_steps = _decode(
+        graphdef, state, kv_cache, alloc, slot_state, sub, eos, jnp.bool_(bool(waiting)),
+        steps=decode_chunk, sampling=sampling, page_size=page_size)
+    out_BK, steps = np.asarray(out_BK), int(steps)
+    stats.decode_steps += steps
+    stats.live_slot_steps += int(live_steps)
+    for s in range(slots):
+      i = slot_req[s]
+      if i < 0:
+        continue
+      for t in out_BK[s, :steps]:
+        slot_tokens[s].append(int(t))
+        if done_with(slot_tokens[s], i):
+          finish(s)
+          break
+  stats.seconds = time.perf_counter() - start
+  stats.free_pages = np.asarray(alloc.free_P)[:int(alloc.num_free)]
+  stats.page_table = np.asarray(kv_cache[0].self_attn.page_table_BM)
+  if bool(alloc.exhausted):  # admission promises every page a request can need
+    raise AssertionError("the page allocator ran dry despite admission control")
+  if errors:
+    raise UnservableRequests(errors, results)
+  return results, stats
+
+
+def _draw(logits_BV, rng, sampling):
+  if sampling.greedy:
+    return sample(logits_BV, None, sampling), rng
+  rng, sub = jax.random.split(rng)
+  return sample(logits_BV, sub, sampling), rng
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("sampling", "page_size"),
+                   donate_argnames=("kv_cache",))
+def _prefill(graphdef, state, kv_cache, alloc, slot_state, prompt_1T, length, slot, budget, rng,
+             eos, *, sampling, page_size):
+  """Prefill one request into ``slot``; returns (cache, alloc, slot_state, first token)."""
+  model = _eval_model(graphdef, state)
+  T = prompt_1T.shape[1]
+  table_BM = kv_cache[0].self_attn.page_table_BM
+  row_1M = jax.lax.dynamic_slice_in_dim(table_BM, slot, 1, axis=0)
+  zero_1 = jnp.zeros((1,), jnp.int32)
+  alloc, row_1M = alloc.allocate(row_1M, zero_1, length[None], page_size)
+  # A batch-1 view: the shared pages, this slot's table row.
+  view = cache_lib.set_page_table(kv_cache, row_1M, zero_1)
+  segment_ids_1T = (jnp.arange(T)[None, :] < length).astype(jnp.int32)
+  logits_1TV, view = model(prompt_1T, segment_ids_BT=segment_ids_1T, cache=view)
+  token_1, _ = _draw(logits_1TV[:, length - 1], rng, sampling)
+  token = token_1[0]
+  table_BM = jax.lax.dynamic_update_slice_in_dim(table_BM, row_1M, slot, axis=0)
+  lengths_B = cache_lib.cache_lengths(kv_cache).at[slot].set(length)
+  kv_cache = cache_lib.set_page_table(view, table_BM, lengths_B)
+  done = (token == eos) | (budget <= 1)
+  is_slot_B = jnp.arange(table_BM.shape[0]) == slot
+  kv_cache, alloc = _release(kv_cache, alloc, is_slot_B & done)
+  slot_state = _SlotState(slot_state.token_B.at[slot].set(token),
+                          slot_state.active_B.at[slot].set(~done),
+                          slot_state.remaining_B.at[slot].set(budget - 1))
+  return kv_cache, alloc, slot_state, token
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("steps", "sampling",
+                                                                  "page_size"),
+                   donate_argnames=("kv_cache",))
+def _decode(graphdef, state, kv_cache, alloc, slot_state, rng, eos, stop_on_finish, *, steps,
+            sampling, page_size):
+  """Up to ``steps`` decode steps of every live slot.
+
+  Stops early when no slot is live, or (``stop_on_finish``) after a step in
+  which a slot finished. Returns (cache, alloc, slot_state, tokens [B, steps],
+  steps run, live slot-steps).
+  """
+  model = _eval_model(graphdef, state)
+  pad_id = model.cfg.pad_id
+  B = slot_state.token_B.shape[0]
+
+  def cond(carry):
+    i, st, *_, finished_any = carry
+    return (i < steps) & jnp.any(st.active_B) & ~(stop_on_finish & finished_any)
+
+  def body(carry):
+    i, st, out_BK, kv_cache, alloc, rng, live_steps, _ = carry
+    live_B = st.active_B.astype(jnp.int32)
+    kv_cache, alloc = _reserve(kv_cache, alloc, live_B, page_size)
+    logits_B1V, kv_cache = model(st.token_B[:, None], segment_ids_BT=live_B[:, None],
+                                 cache=kv_cache)
+    sampled_B, rng = _draw(logits_B1V[:, 0], rng, sampling)
+    next_B = jnp.where(st.active_B, sampled_B, pad_id)
+    out_BK = out_BK.at[:, i].set(next_B)
+    remaining_B = st.remaining_B - live_B
+    finished_B = st.active_B & ((next_B == eos) | (remaining_B <= 0))
+    kv_cache, alloc = _release(kv_cache, alloc, finished_B)
+    st = _SlotState(next_B, st.active_B & ~finished_B, remaining_B)
+    return (i + 1, st, out_BK, kv_cache, alloc, rng, live_steps + jnp.sum(live_B),
+            jnp.any(finished_B))
+
+  out_BK = jnp.full((B, steps), pad_id, jnp.int32)
+  carry = (jnp.int32(0), slot_state, out_BK, kv_cache, alloc, rng, jnp.int32(0), jnp.bool_(False))
+  i, slot_state, out_BK, kv_cache, alloc, _, live_steps, _ = jax.lax.while_loop(cond, body, carry)
+  return kv_cache, alloc, slot_state, out_BK, i, live_steps
+
+
+def num_programs() -> dict[str, int]:
+  """Compiled programs held by the jit caches of the two step functions."""
+  return {"prefill": _prefill._cache_size(), "decode": _decode._cache_size()}
+
+
+def pages_needed(prompt_len: int, max_new_tokens: int, page_size: int) -> int:
+  """Pages a request holds at most: prompt + max_new_tokens - 1 positions."""
+  return math.ceil((prompt_len + max_new_tokens - 1) / page_size)

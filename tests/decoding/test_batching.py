@@ -1,0 +1,135 @@
+"""Continuous batching: every request as if decoded alone, pages never leaked or shared."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import attnlab
+from attnlab.decoding import batching
+from tests.decoding.tiny_models import decoder_model, random_tokens
+
+NAME = "gqa_sinusoidal"
+C = 4  # page size
+LENGTHS = [5, 17, 2, 9, 30, 3, 12]
+BUDGETS = [6, 3, 12, 1, 8, 10, 5]
+
+
+def _prompts():
+  return [random_tokens(100 + i, (n,)).tolist() for i, n in enumerate(LENGTHS)]
+
+
+def _alone(model, prompts, budgets, eos_id):
+  """Greedy ``generate`` of each prompt alone (one batched call: rows decode independently),
+  cut after eos and at the request's budget."""
+  width = max(len(p) for p in prompts)
+  prompt_BT = np.zeros((len(prompts), width), np.int32)
+  for b, p in enumerate(prompts):
+    prompt_BT[b, :len(p)] = p
+  out_BL = np.asarray(attnlab.generate(model, prompt_BT, max_new_tokens=max(budgets),
+                                       prompt_lengths_B=[len(p) for p in prompts], eos_id=None))
+  want = []
+  for row, n in zip(out_BL, budgets, strict=True):
+    row = row[:n].tolist()
+    if eos_id is not None and eos_id in row:
+      row = row[:row.index(eos_id) + 1]
+    want.append(row)
+  return want
+
+
+def _check_pages_returned(stats, num_pages):
+  # No leak, no sharing: the free list is exactly every page once; no slot holds one.
+  assert sorted(stats.free_pages.tolist()) == list(range(num_pages))
+  assert (stats.page_table == -1).all()
+
+
+@pytest.fixture(scope="module")
+def case():
+  model = decoder_model(NAME)
+  prompts = _prompts()
+  no_eos = _alone(model, prompts, BUDGETS, None)
+  # An eos that some request emits in the middle of its budget, not as its first token.
+  eos_id = next(t for row in no_eos for t in row[2:-1] if t != row[0])
+  return model, prompts, eos_id, _alone(model, prompts, BUDGETS, eos_id), no_eos
+
+
+def test_each_request_matches_generate_alone_more_requests_than_slots(case):
+  model, prompts, eos_id, want, no_eos = case
+  before = batching.num_programs()
+  done_order = []
+  results, stats = batching.serve_requests(
+      model, prompts, BUDGETS, slots=3, page_size=C, eos_id=eos_id, decode_chunk=4,
+      on_result=lambda i, toks: done_order.append(i))
+  assert [r.tolist() for r in results] == want
+  # eos did stop a request mid-way
+  assert any(2 < len(w) < b and w[-1] == eos_id for w, b in zip(want, BUDGETS, strict=True))
+  assert sorted(done_order) == list(range(len(prompts)))
+  assert stats.generated == sum(len(w) for w in want)
+  num_pages = 3 * -(-max(n + b - 1 for n, b in zip(LENGTHS, BUDGETS, strict=True)) // C)
+  _check_pages_returned(stats, num_pages)
+  # A fixed set of programs: one prefill per length bucket, one decode step.
+  after = batching.num_programs()
+  assert after["prefill"] - before["prefill"] <= len(stats.buckets) <= 2
+  assert after["decode"] - before["decode"] <= 1
+
+
+def test_requests_wait_for_freed_pages(case):
+  model, prompts, eos_id, want, no_eos = case
+  need = [batching.pages_needed(n, b, C) for n, b in zip(LENGTHS, BUDGETS, strict=True)]
+  num_pages = max(need) + 1  # far fewer than the requests need together
+  assert sum(sorted(need)[-2:]) > num_pages
+  running = []
+  results, stats = batching.serve_requests(
+      model, prompts, BUDGETS, slots=4, page_size=C, num_pages=num_pages, eos_id=eos_id,
+      decode_chunk=4, on_result=lambda i, toks: running.append(i))
+  assert [r.tolist() for r in results] == want
+  _check_pages_returned(stats, num_pages)
+  assert stats.occupancy < 1.0
+
+
+def test_a_request_that_never_fits_is_named_and_the_others_complete(case):
+  model, prompts, eos_id, want, no_eos = case
+  too_long = random_tokens(7, (60,)).tolist()  # 60 + 10 - 1 > max_len = 64
+  budgets = [*BUDGETS[:3], 10, *BUDGETS[3:]]
+  with pytest.raises(batching.UnservableRequests, match=r"request 3: prompt of 60 tokens .*"
+                     r"max_len=64") as err:
+    attnlab.generate_requests(model, [*prompts[:3], too_long, *prompts[3:]], budgets,
+                              slots=3, page_size=C, eos_id=eos_id)
+  got = err.value.results
+  assert got[3] is None and list(err.value.errors) == [3]
+  assert [r.tolist() for r in got[:3] + got[4:]] == want
+
+
+def test_a_request_larger_than_the_whole_cache_is_named(case):
+  model, prompts, eos_id, *_ = case
+  with pytest.raises(batching.UnservableRequests, match=r"request 1: .*num_pages=3"):
+    attnlab.generate_requests(model, prompts[:2], [2, 3], slots=2, page_size=C, num_pages=3,
+                              eos_id=None)
+
+
+def test_static_policy_gives_the_same_tokens_with_lower_occupancy(case):
+  model, prompts, eos_id, want, no_eos = case
+  results, static = batching.serve_requests(model, prompts, BUDGETS, slots=3, page_size=C,
+                                            eos_id=None, policy="static", decode_chunk=4)
+  assert [r.tolist() for r in results] == no_eos
+  _, cont = batching.serve_requests(model, prompts, BUDGETS, slots=3, page_size=C,
+                                    eos_id=None, decode_chunk=4)
+  assert static.decode_steps > cont.decode_steps
+  assert static.occupancy < cont.occupancy
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(prompts=[]), "prompts must be a non-empty"),
+    (dict(prompts=[[1, 2], []]), r"prompts\[1\]"),
+    (dict(prompts=[[1, 99]]), "token id 99"),
+    (dict(max_new_tokens=[3]), "one per request"),
+    (dict(max_new_tokens=0), r"max_new_tokens\[0\]=0"),
+    (dict(slots=0), "slots=0"),
+    (dict(cache="ring"), "cache='ring'"),
+    (dict(policy="fifo"), "policy='fifo'"),
+])
+def test_bad_arguments_raise_value_error_naming_the_field(kwargs, match):
+  args = dict(prompts=[[3, 4], [5]], max_new_tokens=2) | kwargs
+  with pytest.raises(ValueError, match=match):
+    attnlab.generate_requests(decoder_model(NAME), args.pop("prompts"), args.pop("max_new_tokens"),
+                              **args)

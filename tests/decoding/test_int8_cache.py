@@ -1,0 +1,79 @@
+"""int8 K/V cache: per-token, per-KV-head float32 scales, on every cache kind."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnlab
+from attnlab.cli import main
+from attnlab.nn import kv_cache as cache_lib
+from tests.decoding.test_cache_parity import TOKENS, decoder_cached
+from tests.decoding.tiny_models import decoder_forward, decoder_model, random_tokens
+
+NAME = "gqa_rope_window10"  # GQA with a window: all three cache kinds apply
+# int8 keeps ~8 bits like bfloat16: the bfloat16 tolerance of DESIGN.md (2e-2),
+# relative to the scale of the logits.
+REL_TOL = 2e-2
+
+
+def test_quantize_round_trip_error_is_at_most_half_a_scale():
+  x = jax.random.normal(jax.random.key(0), (6, 3, 32)) * jnp.array([1e-3, 1.0, 50.0])[:, None]
+  x = x.at[0, 0].set(0.0)  # an all-zero vector gets scale 1 and zeros
+  q, scale = cache_lib.quantize(x)
+  assert q.dtype == jnp.int8 and scale.dtype == jnp.float32 and scale.shape == (6, 3)
+  err = np.abs(np.asarray(cache_lib.dequantize(q, scale)) - np.asarray(x))
+  assert (err <= np.asarray(scale)[..., None] / 2 * (1 + 1e-6)).all()
+  # Symmetric: the largest |x| of each vector maps to 127.
+  np.testing.assert_array_equal(np.abs(np.asarray(q)).max(-1)[1:], 127)
+  assert (np.asarray(q)[0, 0] == 0).all()
+
+
+@pytest.mark.parametrize("kind", cache_lib.CACHE_KINDS)
+def test_int8_prefill_and_decode_match_the_full_forward(kind):
+  got, cache = decoder_cached(NAME, kind, dtype="int8")
+  leaves = jax.tree.leaves(cache)
+  assert sum(x.dtype == jnp.int8 for x in leaves) == 2 * len(cache)  # K and V of every layer
+  assert sum(x.dtype == jnp.float32 for x in leaves) == 2 * len(cache)  # and their scales
+  full = decoder_forward(NAME)(TOKENS)
+  err = np.abs(got - full).max()
+  assert 1e-5 < err <= REL_TOL * np.abs(full).max(), err  # quantized, and close
+
+
+def test_generate_and_generate_requests_with_an_int8_cache_agree():
+  model = decoder_model(NAME)
+  prompts = [random_tokens(40 + i, (n,)).tolist() for i, n in enumerate([3, 11, 6])]
+  got = attnlab.generate_requests(model, prompts, 7, slots=2, page_size=4, cache_dtype="int8",
+                                  eos_id=None)
+  prompt_BT = np.zeros((3, 11), np.int32)
+  for b, p in enumerate(prompts):
+    prompt_BT[b, :len(p)] = p
+  want = attnlab.generate(model, prompt_BT, max_new_tokens=7, prompt_lengths_B=[3, 11, 6],
+                          eos_id=None, cache="paged", page_size=4, cache_dtype="int8")
+  np.testing.assert_array_equal(np.stack(got), want)
+
+
+def test_bytes_per_token_count_the_scales(capsys):
+  cfg = attnlab.ModelConfig(num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8,
+                            head_dim=128, dtype="bfloat16")
+  per_token = cfg.kv_cache_bytes_per_token("int8")
+  assert per_token == 2 * 32 * 8 * (128 + 4)  # int8 values + a float32 scale per KV head
+  assert per_token / cfg.kv_cache_bytes_per_token("bfloat16") == pytest.approx(0.516, abs=1e-3)
+  assert main(["kv-size", "--layers", "32", "--seq", "8192", "--kv_heads", "8", "--head_dim",
+               "128", "--dtype", "int8"]) == 0
+  assert capsys.readouterr().out.startswith("528.00 MiB")
+  # The arrays of a real int8 cache hold exactly that per token (plus the int32 lengths).
+  small = decoder_model(NAME).cfg
+  cache = cache_lib.init_cache(small, "contiguous", 1, 16, dtype="int8")
+  lengths_bytes = 4 * small.num_layers
+  assert cache_lib.cache_bytes(cache) - lengths_bytes == 16 * small.kv_cache_bytes_per_token(
+      "int8")
+
+
+def test_bad_cache_dtype_is_a_value_error():
+  with pytest.raises(ValueError, match="cache_dtype='int4'"):
+    attnlab.generate(decoder_model(NAME), np.ones((1, 3), np.int32), cache_dtype="int4")
+  with pytest.raises(ValueError, match="cache_dtype='int4'"):
+    attnlab.generate_requests(decoder_model(NAME), [[3, 4]], 2, cache_dtype="int4")

@@ -1,0 +1,99 @@
+"""The heads-major Pallas decode kernel ([B, K, S, H], float or int8) against the reference.
+
+Interpret mode on the CPU. The reference sees the same request as plain
+attention over the (dequantized) cache transposed to [B, S, K, H]: the T
+queries at positions lengths - T .. lengths - 1, causal, slots past the
+length empty.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnlab.nn.kv_cache import dequantize, quantize
+from attnlab.ops import decode
+from attnlab.ops.attention import reference_attention
+
+
+def _reference(q, k_BSKH, v_BSKH, lengths_B, window):
+  T, S = q.shape[1], k_BSKH.shape[1]
+  pos_BS = jnp.broadcast_to(jnp.arange(S), (q.shape[0], S))
+  kv_positions = jnp.where(pos_BS < lengths_B[:, None], pos_BS, -1)
+  return reference_attention(q, k_BSKH, v_BSKH, causal=True, window=window,
+                             q_offset=lengths_B - T, kv_positions=kv_positions)
+
+
+@functools.partial(jax.jit, static_argnames=("window", "num_splits"))
+def _kernel(q, k, v, lengths, ks, vs, *, window, num_splits):
+  return decode.decode_attention_heads_major(q, k, v, lengths, k_scale_BKS=ks, v_scale_BKS=vs,
+                                             window=window, num_splits=num_splits,
+                                             interpret=True)
+
+
+# (B, T, S, N, K, H, lengths, window, num_splits, int8)
+CASES = [
+    (2, 1, 40, 4, 4, 16, [40, 7], None, None, False),  # MHA, one full, one short
+    (2, 1, 300, 8, 2, 16, [300, 129], None, 2, False),  # GQA 4, several tiles and splits
+    (1, 3, 64, 4, 1, 8, [20], 5, None, False),  # MQA, 3 queries, a window
+    (2, 1, 200, 4, 2, 16, [200, 3], 33, 2, True),  # int8, GQA, window across tiles
+    (2, 2, 50, 6, 3, 8, [50, 2], None, None, True),  # int8, 2 queries, GQA 2
+]
+
+
+@pytest.mark.parametrize("B,T,S,N,K,H,lengths,window,num_splits,int8", CASES)
+def test_heads_major_decode_matches_reference(B, T, S, N, K, H, lengths, window, num_splits,
+                                              int8):
+  kq, kk, kv = jax.random.split(jax.random.key(S + T), 3)
+  q = jax.random.normal(kq, (B, T, N, H))
+  k = jax.random.normal(kk, (B, K, S, H))
+  v = jax.random.normal(kv, (B, K, S, H))
+  lengths = jnp.array(lengths, jnp.int32)
+  ks = vs = None
+  if int8:
+    (k, ks), (v, vs) = quantize(k), quantize(v)
+    k_ref, v_ref = dequantize(k, ks), dequantize(v, vs)
+  else:
+    k_ref, v_ref = k, v
+  # Slots past each length hold garbage that a kernel reading them would not hide.
+  past = jnp.arange(S)[None, None, :, None] >= lengths[:, None, None, None]
+  garbage = jnp.int8(100) if int8 else 1e4
+  k, v = jnp.where(past, garbage, k).astype(k.dtype), jnp.where(past, garbage, v).astype(v.dtype)
+  got = _kernel(q, k, v, lengths, ks, vs, window=window, num_splits=num_splits)
+  want = _reference(q, jnp.swapaxes(k_ref, 1, 2), jnp.swapaxes(v_ref, 1, 2), lengths, window)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_scales_must_come_with_an_int8_cache():
+  q = jnp.zeros((1, 1, 2, 8))
+  k = jnp.zeros((1, 1, 4, 8))
+  with pytest.raises(ValueError, match="k_scale_BKS"):
+    decode.decode_attention_heads_major(q, k, k, jnp.array([2]), k_scale_BKS=jnp.ones((1, 1, 4)),
+                                        v_scale_BKS=jnp.ones((1, 1, 4)))
+  with pytest.raises(ValueError, match="k_scale_BKS"):
+    decode.decode_attention_heads_major(q, k.astype(jnp.int8), k.astype(jnp.int8), jnp.array([2]))
+
+
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_contiguous_cache_decodes_with_the_heads_major_kernel(monkeypatch, dtype):
+  """attention_impl="pallas": every decode step over the contiguous cache runs the
+  kernel (float or int8) and prefill + decode still equal the full forward."""
+  from tests.decoding.test_cache_parity import TOKENS, decoder_cached
+  from tests.decoding.tiny_models import decoder_forward
+
+  calls = []
+  kernel = decode.decode_attention_heads_major
+
+  def counted(*args, **kwargs):
+    calls.append(args[1].dtype)
+    return kernel(*args, **kwargs)
+
+  monkeypatch.setattr(decode, "decode_attention_heads_major", counted)
+  name = "gqa_rope_window10"
+  got, _ = decoder_cached.__wrapped__(name, "contiguous", "pallas", dtype=dtype)
+  assert len(calls) == 2 and all(c == (jnp.int8 if dtype else jnp.float32) for c in calls)
+  full = decoder_forward(name)(TOKENS)
+  tol = 1e-5 if dtype is None else 2e-2 * np.abs(full).max()  # int8: the tolerance of its tests
+  np.testing.assert_allclose(got, full, atol=tol, rtol=0 if dtype else 1e-5)

@@ -36,9 +36,9 @@ def main():
   from flax import nnx
 
   import attnlab
+  from attnlab import config_gin as gin_config
   from attnlab.data.pipeline import build_sources, validation_batches
   from attnlab.nn import kv_cache as cache_lib
-  from attnlab.training import gin_config
 
   model, cfg = attnlab.load_checkpoint(args.workdir)
   _, dcfg, _ = gin_config.read_workdir_config(os.path.join(args.workdir, "config.gin"))

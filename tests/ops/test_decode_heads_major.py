@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from attnlab.nn.kv_cache import dequantize, quantize
-from attnlab.ops import decode
-from attnlab.ops.attention import reference_attention
+from attnlab.ops.pallas import decode
+from attnlab.ops.reference import reference_attention
 
 
 def _reference(q, k_BSKH, v_BSKH, lengths_B, window):

@@ -32,6 +32,9 @@ ATTENTION_IMPLS = ("auto", *IMPLEMENTATIONS)
 # The self-attention KV caches of decoding (attnlab.nn.kv_cache).
 CACHE_KINDS = ("contiguous", "ring", "paged")
 
+# Methods of multi-head -> grouped / multi-query conversion (attnlab.convert.heads).
+CONVERT_METHODS = ("mean", "first", "random")
+
 
 def _choice(name: str, value, allowed: tuple) -> None:
   if value not in allowed:
@@ -462,3 +465,85 @@ class DecodeConfig:
     _positive("page_size", self.page_size)
     if self.num_pages is not None:
       _positive("num_pages", self.num_pages)
+
+
+# --------------------------------------------------------------------------- ablation
+
+@dataclass(frozen=True, kw_only=True)
+class Sweep:
+  """A head-sharing ablation: arms x seeds on top of a base run.
+
+  Attributes:
+    base: gin files of the run every arm starts from (found as given, next
+      to the sweep file, or in configs/); () = the sweep file binds it all.
+    num_kv_heads: K of the from-scratch arms; None = N, N/2, ..., 1 of the
+      base config (MHA, GQA..., MQA; halving while N stays divisible).
+    seeds: one run per arm and seed (the seed sets the init and data order).
+    match_params: widen every arm's FFN (d_ff) so its parameter count equals
+      the MHA arm's within 1%.
+    uptrain_num_kv_heads: K of the uptraining arms: the MHA arm's final
+      checkpoint converted to K heads (``attnlab.convert_heads``), then
+      trained ``uptrain_fraction`` of the base steps. () = none.
+    uptrain_methods: conversion methods of the uptraining arms.
+    uptrain_fraction: uptraining steps as a fraction of the base steps (the
+      paper's alpha = 0.05); the warmup is scaled by it too.
+    curve_points: validation evaluations per run for the loss curves, used
+      when the base's ``TrainConfig.eval_every`` is 0.
+    decode_prompt_len: tokens of each benchmark prompt (cut from the
+      validation data; the same prompts for every arm).
+    decode_new_tokens: greedy tokens generated per sequence (no early stop).
+    decode_repeats: timed repetitions after a compile run; the best counts.
+  """
+
+  base: tuple[str, ...] = ()
+  num_kv_heads: tuple[int, ...] | None = None
+  seeds: tuple[int, ...] = (0, 1, 2)
+  match_params: bool = False
+  uptrain_num_kv_heads: tuple[int, ...] = ()
+  uptrain_methods: tuple[str, ...] = CONVERT_METHODS
+  uptrain_fraction: float = 0.05
+  curve_points: int = 10
+  decode_prompt_len: int = 32
+  decode_new_tokens: int = 64
+  decode_repeats: int = 3
+
+  def __post_init__(self):
+    for name in ("base", "seeds", "uptrain_num_kv_heads", "uptrain_methods"):
+      value = getattr(self, name)
+      if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name}={value!r} must be a list")
+      object.__setattr__(self, name, tuple(value))
+    if self.num_kv_heads is not None:
+      if isinstance(self.num_kv_heads, (int, str)):
+        raise ValueError(f"num_kv_heads={self.num_kv_heads!r} must be a list (or None)")
+      object.__setattr__(self, "num_kv_heads", tuple(self.num_kv_heads))
+      if not self.num_kv_heads:
+        raise ValueError("num_kv_heads=() is an empty arm list: give at least one K "
+                         "(or None for N, N/2, ..., 1)")
+      for k in self.num_kv_heads:
+        _positive("num_kv_heads", k)
+      if len(set(self.num_kv_heads)) != len(self.num_kv_heads):
+        raise ValueError(f"num_kv_heads={self.num_kv_heads!r} repeats a value")
+    if not self.seeds:
+      raise ValueError("seeds=() is empty: give at least one seed")
+    for s in self.seeds:
+      if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+        raise ValueError(f"seeds={self.seeds!r} must be non-negative integers")
+    if len(set(self.seeds)) != len(self.seeds):
+      raise ValueError(f"seeds={self.seeds!r} repeats a seed")
+    if not isinstance(self.match_params, bool):
+      raise ValueError(f"match_params={self.match_params!r} must be True or False")
+    for k in self.uptrain_num_kv_heads:
+      _positive("uptrain_num_kv_heads", k)
+    if len(set(self.uptrain_num_kv_heads)) != len(self.uptrain_num_kv_heads):
+      raise ValueError(f"uptrain_num_kv_heads={self.uptrain_num_kv_heads!r} repeats a value")
+    if self.uptrain_num_kv_heads and not self.uptrain_methods:
+      raise ValueError("uptrain_methods=() is empty while uptrain_num_kv_heads is set")
+    for m in self.uptrain_methods:
+      if m not in CONVERT_METHODS:
+        raise ValueError(f"uptrain_methods={self.uptrain_methods!r}: {m!r} is not one of "
+                         f"{', '.join(map(repr, CONVERT_METHODS))}")
+    if not 0.0 < self.uptrain_fraction <= 1.0:
+      raise ValueError(f"uptrain_fraction={self.uptrain_fraction!r} must be in (0, 1]")
+    for name in ("curve_points", "decode_prompt_len", "decode_new_tokens", "decode_repeats"):
+      _positive(name, getattr(self, name))

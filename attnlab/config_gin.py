@@ -17,7 +17,7 @@ import os
 
 import gin
 
-from attnlab.config import DataConfig, ModelConfig, TrainConfig
+from attnlab.config import DataConfig, ModelConfig, Sweep, TrainConfig
 
 CONFIG_CLASSES = (ModelConfig, DataConfig, TrainConfig)
 # The built-in configs ship inside the package (package data), so an include
@@ -107,6 +107,21 @@ def read_workdir_config(path: str) -> tuple[ModelConfig, DataConfig, TrainConfig
   return parse([path], [])
 
 
+def resolve_base(base, sweep_file: str, configs_dir: str) -> list[str]:
+  """The paths of ``Sweep.base`` files: as given, next to the sweep file, or in configs/."""
+  out = []
+  for name in base:
+    for folder in ("", os.path.dirname(os.path.abspath(sweep_file)), configs_dir):
+      path = os.path.join(folder, name) if folder else name
+      if os.path.isfile(path):
+        out.append(path)
+        break
+    else:
+      raise FileNotFoundError(f"Sweep.base file {name!r} was not found (as given, next to "
+                              f"{sweep_file}, or in {configs_dir})")
+  return out
+
+
 def parse_sweep(sweep_file: str, bindings: list[str]):
   """(Sweep, ModelConfig, DataConfig, TrainConfig) of an ``attnlab ablate`` sweep.
 
@@ -117,8 +132,6 @@ def parse_sweep(sweep_file: str, bindings: list[str]):
   Raises:
     GinConfigError: as ``parse``, also for an unknown ``Sweep.*`` binding.
   """
-  from attnlab.training.sweep import Sweep, resolve_base
-
   _register((Sweep,))
   (sweep,) = parse([sweep_file], bindings, classes=(Sweep,))
   try:

@@ -19,17 +19,21 @@ line on stderr, nothing written).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 
-from attnlab.cli import CommandError
-from attnlab.training.commands import (
-    _add_cache_flag,
-    _Parser,
-    _split_gin_flags,
-    trainer_run_check,
+from attnlab import config_gin
+from attnlab.commands import CommandError
+from attnlab.commands._common import (
+    CommandParser,
+    add_cache_flag,
+    split_gin_flags,
     use_compilation_cache,
 )
+from attnlab.commands.train import trainer_run_check
+from attnlab.training import report as report_lib
+from attnlab.training import sweep as sweep_lib
 
 PREFIXES = ("Sweep.", "ModelConfig.", "DataConfig.", "TrainConfig.")
 
@@ -41,22 +45,20 @@ def _base_part(text: str) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-  bindings, rest = _split_gin_flags(argv)
-  p = _Parser(prog="attnlab ablate", description="Head-sharing ablation sweep.")
+  bindings, rest = split_gin_flags(argv)
+  p = CommandParser(prog="attnlab ablate", description="Head-sharing ablation sweep.")
   p.add_argument("--gin_file", default=None, help="the sweep gin file (binds Sweep.*)")
   p.add_argument("--out", required=True, help="the sweep directory")
   mode = p.add_mutually_exclusive_group()
   mode.add_argument("--arm", default=None, help="run only this arm (all its seeds)")
   mode.add_argument("--report", action="store_true",
                     help="only (re)build results.csv, summary.csv, report.md and the plots")
-  _add_cache_flag(p)
+  add_cache_flag(p)
   args = p.parse_args(rest)
   for b in bindings:
     if not b.startswith(PREFIXES):
       raise CommandError(f"--gin.{b.split(' = ')[0]}: only {', '.join(PREFIXES)} bindings "
                          "apply to a sweep")
-  from attnlab.training import sweep as sweep_lib
-
   sweep_path = os.path.join(args.out, sweep_lib.SWEEP_FILE)
   gin_file = args.gin_file
   if gin_file is None:
@@ -65,12 +67,9 @@ def main(argv: list[str]) -> int:
                          "OUT/sweep.gin)")
     gin_file = sweep_path
 
-  from attnlab.training import gin_config
-  from attnlab.training import report as report_lib
-
   try:
-    sweep, mcfg, dcfg, tcfg = gin_config.parse_sweep(gin_file, bindings)
-  except gin_config.GinConfigError as e:
+    sweep, mcfg, dcfg, tcfg = config_gin.parse_sweep(gin_file, bindings)
+  except config_gin.GinConfigError as e:
     raise CommandError(str(e)) from None
   base = (mcfg, dcfg, tcfg)
   try:
@@ -98,8 +97,6 @@ def main(argv: list[str]) -> int:
     trainer_run_check(mcfg, tcfg, dcfg)
   except (ValueError, FileNotFoundError, ImportError) as e:
     raise CommandError(str(e)) from None
-
-  import logging
 
   use_compilation_cache(args.compilation_cache)
   logging.basicConfig(level=logging.WARNING, format="%(message)s")

@@ -15,15 +15,18 @@ or step, an existing RUN2) is one line on stderr, exit 2, nothing written.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
-from attnlab.cli import CommandError
-from attnlab.training.commands import _Parser, _split_gin_flags
+from attnlab import config_gin
+from attnlab.commands import CommandError
+from attnlab.commands._common import CommandParser, split_gin_flags
+from attnlab.training.sweep import write_converted_run
 
 
 def main(argv: list[str]) -> int:
-  bindings, rest = _split_gin_flags(argv)
-  p = _Parser(prog="attnlab convert-heads",
+  bindings, rest = split_gin_flags(argv)
+  p = CommandParser(prog="attnlab convert-heads",
               description="Convert a run's checkpoint to fewer KV heads (GQA / MQA).")
   p.add_argument("--from", dest="src", required=True, help="the source training workdir")
   p.add_argument("--to", dest="dst", required=True, help="the new workdir (must not exist)")
@@ -37,17 +40,12 @@ def main(argv: list[str]) -> int:
       raise CommandError(f"--gin.{b.split(' = ')[0]}: only TrainConfig.* and DataConfig.* "
                          "bindings apply (the model is the converted source)")
 
-  import os
-
-  from attnlab.training import gin_config
-  from attnlab.training.sweep import write_converted_run
-
   overrides = {"TrainConfig": {}, "DataConfig": {}}
   config_path = os.path.join(args.src, "config.gin")
   if bindings and os.path.isfile(config_path):
     try:
-      _, dcfg, tcfg = gin_config.parse([config_path], bindings)
-    except gin_config.GinConfigError as e:
+      _, dcfg, tcfg = config_gin.parse([config_path], bindings)
+    except config_gin.GinConfigError as e:
       raise CommandError(str(e)) from None
     for b in bindings:
       cls, field = b.split(" = ")[0].strip().split(".", 1)

@@ -20,7 +20,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-METHODS = ("mean", "first", "random")
+from attnlab.config import CONVERT_METHODS
+from attnlab.nn.transformer import build_model
+
+METHODS = CONVERT_METHODS
 KV_PROJECTIONS = ("k_proj", "v_proj")
 
 
@@ -65,8 +68,6 @@ def convert_heads(model, num_kv_heads: int, method: str, *, rngs: nnx.Rngs | Non
   Raises:
     ValueError: K does not divide K0, K > K0, or an unknown method.
   """
-  from attnlab.nn.transformer import build_model
-
   cfg = model.cfg
   source_kv = cfg.num_heads if cfg.num_kv_heads is None else cfg.num_kv_heads
   check_conversion(source_kv, num_kv_heads, method)

@@ -22,12 +22,33 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 import time
 import traceback
 from dataclasses import dataclass
 
-from attnlab.config import DataConfig, ModelConfig, TrainConfig
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from attnlab import config_gin
+from attnlab.config import DataConfig, ModelConfig, Sweep, TrainConfig
+from attnlab.convert.heads import check_conversion, convert_heads
+from attnlab.data import pipeline
+from attnlab.decoding.generate import generate
+from attnlab.nn.transformer import build_model
+from attnlab.training import sharding as shd
+from attnlab.training import steps as steps_lib
+from attnlab.training import trainer
+from attnlab.training.checkpoint import (
+    CHECKPOINT_DIR,
+    CONFIG_FILE,
+    Checkpointer,
+    load_checkpoint,
+)
+from attnlab.training.metrics import perplexity, read_metrics
 
 ARMS_DIR = "arms"
 RESULT_FILE = "result.json"
@@ -35,108 +56,6 @@ CONVERSION_FILE = "conversion.json"
 PROMPTS_FILE = "prompts.json"
 SWEEP_FILE = "sweep.gin"
 DECODE_BATCHES = (1, 8)
-
-
-def _positive(name, value):
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ValueError(f"{name}={value!r} must be a positive integer")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Sweep:
-  """A head-sharing ablation: arms x seeds on top of a base run.
-
-  Attributes:
-    base: gin files of the run every arm starts from (found as given, next
-      to the sweep file, or in configs/); () = the sweep file binds it all.
-    num_kv_heads: K of the from-scratch arms; None = N, N/2, ..., 1 of the
-      base config (MHA, GQA..., MQA; halving while N stays divisible).
-    seeds: one run per arm and seed (the seed sets the init and data order).
-    match_params: widen every arm's FFN (d_ff) so its parameter count equals
-      the MHA arm's within 1%.
-    uptrain_num_kv_heads: K of the uptraining arms: the MHA arm's final
-      checkpoint converted to K heads (``attnlab.convert_heads``), then
-      trained ``uptrain_fraction`` of the base steps. () = none.
-    uptrain_methods: conversion methods of the uptraining arms.
-    uptrain_fraction: uptraining steps as a fraction of the base steps (the
-      paper's alpha = 0.05); the warmup is scaled by it too.
-    curve_points: validation evaluations per run for the loss curves, used
-      when the base's ``TrainConfig.eval_every`` is 0.
-    decode_prompt_len: tokens of each benchmark prompt (cut from the
-      validation data; the same prompts for every arm).
-    decode_new_tokens: greedy tokens generated per sequence (no early stop).
-    decode_repeats: timed repetitions after a compile run; the best counts.
-  """
-
-  base: tuple[str, ...] = ()
-  num_kv_heads: tuple[int, ...] | None = None
-  seeds: tuple[int, ...] = (0, 1, 2)
-  match_params: bool = False
-  uptrain_num_kv_heads: tuple[int, ...] = ()
-  uptrain_methods: tuple[str, ...] = ("mean", "first", "random")
-  uptrain_fraction: float = 0.05
-  curve_points: int = 10
-  decode_prompt_len: int = 32
-  decode_new_tokens: int = 64
-  decode_repeats: int = 3
-
-  def __post_init__(self):
-    from attnlab.convert.heads import METHODS
-
-    for name in ("base", "seeds", "uptrain_num_kv_heads", "uptrain_methods"):
-      value = getattr(self, name)
-      if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise ValueError(f"{name}={value!r} must be a list")
-      object.__setattr__(self, name, tuple(value))
-    if self.num_kv_heads is not None:
-      if isinstance(self.num_kv_heads, (int, str)):
-        raise ValueError(f"num_kv_heads={self.num_kv_heads!r} must be a list (or None)")
-      object.__setattr__(self, "num_kv_heads", tuple(self.num_kv_heads))
-      if not self.num_kv_heads:
-        raise ValueError("num_kv_heads=() is an empty arm list: give at least one K "
-                         "(or None for N, N/2, ..., 1)")
-      for k in self.num_kv_heads:
-        _positive("num_kv_heads", k)
-      if len(set(self.num_kv_heads)) != len(self.num_kv_heads):
-        raise ValueError(f"num_kv_heads={self.num_kv_heads!r} repeats a value")
-    if not self.seeds:
-      raise ValueError("seeds=() is empty: give at least one seed")
-    for s in self.seeds:
-      if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-        raise ValueError(f"seeds={self.seeds!r} must be non-negative integers")
-    if len(set(self.seeds)) != len(self.seeds):
-      raise ValueError(f"seeds={self.seeds!r} repeats a seed")
-    if not isinstance(self.match_params, bool):
-      raise ValueError(f"match_params={self.match_params!r} must be True or False")
-    for k in self.uptrain_num_kv_heads:
-      _positive("uptrain_num_kv_heads", k)
-    if len(set(self.uptrain_num_kv_heads)) != len(self.uptrain_num_kv_heads):
-      raise ValueError(f"uptrain_num_kv_heads={self.uptrain_num_kv_heads!r} repeats a value")
-    if self.uptrain_num_kv_heads and not self.uptrain_methods:
-      raise ValueError("uptrain_methods=() is empty while uptrain_num_kv_heads is set")
-    for m in self.uptrain_methods:
-      if m not in METHODS:
-        raise ValueError(f"uptrain_methods={self.uptrain_methods!r}: {m!r} is not one of "
-                         f"{', '.join(map(repr, METHODS))}")
-    if not 0.0 < self.uptrain_fraction <= 1.0:
-      raise ValueError(f"uptrain_fraction={self.uptrain_fraction!r} must be in (0, 1]")
-    for name in ("curve_points", "decode_prompt_len", "decode_new_tokens", "decode_repeats"):
-      _positive(name, getattr(self, name))
-
-
-def resolve_base(base, sweep_file: str, configs_dir: str) -> list[str]:
-  """The paths of ``Sweep.base`` files: as given, next to the sweep file, or in configs/."""
-  out = []
-  for name in base:
-    for folder in ("", os.path.dirname(os.path.abspath(sweep_file)), configs_dir):
-      path = os.path.join(folder, name) if folder else name
-      if os.path.isfile(path):
-        out.append(path)
-        break
-    else:
-      raise FileNotFoundError(f"Sweep.base file {name!r} was not found (as given, next to "
-                              f"{sweep_file}, or in {configs_dir})")
-  return out
 
 
 # --------------------------------------------------------------------------- arms
@@ -153,28 +72,17 @@ class Arm:
   d_ff: int = 0  # the FFN width of its model
 
 
-def kv_heads_of(mcfg: ModelConfig) -> int:
-  return mcfg.num_heads if mcfg.num_kv_heads is None else mcfg.num_kv_heads
-
-
 def scratch_name(k: int, n: int) -> str:
   return "mha" if k == n else "mqa" if k == 1 else f"gqa{k}"
 
 
 def abstract_model(mcfg: ModelConfig):
   """The model with shapes only (nothing allocated)."""
-  from flax import nnx
-
-  from attnlab.nn.transformer import build_model
-
   return nnx.eval_shape(lambda: build_model(mcfg, rngs=nnx.Rngs(params=0, dropout=1)))
 
 
 def param_counts(mcfg: ModelConfig) -> tuple[int, int]:
   """(all parameters, attention parameters) of the model ``mcfg`` describes."""
-  import jax
-  from flax import nnx
-
   total = attn = 0
   state = nnx.to_pure_dict(nnx.state(abstract_model(mcfg), nnx.Param))
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
@@ -197,7 +105,7 @@ def matched_d_ff(mcfg: ModelConfig, target: int) -> int:
   d_ff = max(1, round(mcfg.d_ff + (target - p0) / slope))
   got, _ = param_counts(mcfg.replace(d_ff=d_ff))
   if abs(got - target) > 0.01 * target:
-    raise ValueError(f"match_params: num_kv_heads={kv_heads_of(mcfg)} cannot match the MHA "
+    raise ValueError(f"match_params: num_kv_heads={mcfg.num_kv_heads} cannot match the MHA "
                      f"arm's {target} parameters within 1% by d_ff (best d_ff={d_ff}: {got})")
   return d_ff
 
@@ -310,15 +218,11 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
     ValueError: a missing step, K that does not divide the source's KV heads
       or exceeds them, an unknown method, a ``dst`` that already holds a run.
   """
-  from attnlab.convert.heads import check_conversion
-  from attnlab.training import gin_config
-  from attnlab.training.checkpoint import CHECKPOINT_DIR, CONFIG_FILE, Checkpointer
-
   config_path = os.path.join(src, CONFIG_FILE)
   if not os.path.isfile(config_path):
     raise FileNotFoundError(f"{config_path} does not exist: --from is not a training run")
-  mcfg, dcfg, tcfg = gin_config.read_workdir_config(config_path)
-  check_conversion(kv_heads_of(mcfg), num_kv_heads, method)
+  mcfg, dcfg, tcfg = config_gin.read_workdir_config(config_path)
+  check_conversion(mcfg.num_kv_heads, num_kv_heads, method)
   ckpt_dir = os.path.join(src, CHECKPOINT_DIR)
   if not os.path.isdir(ckpt_dir):
     raise FileNotFoundError(f"{ckpt_dir} does not exist: the source run saved no checkpoint")
@@ -345,16 +249,7 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
   finally:
     src_ckpt.close()
 
-  import jax
-  import jax.numpy as jnp
-  from flax import nnx
-
-  import attnlab
-  from attnlab.convert.heads import convert_heads
-  from attnlab.training import sharding as shd
-  from attnlab.training import steps as steps_lib
-
-  model, _ = attnlab.load_checkpoint(src, step)
+  model, _ = load_checkpoint(src, step)
   new = convert_heads(model, num_kv_heads, method, rngs=nnx.Rngs(params=seed, dropout=seed + 1))
   mesh = shd.make_mesh(tcfg.mesh_shape)
   setup, state = steps_lib.init_train(new_mcfg, tcfg, mesh)
@@ -363,14 +258,14 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
   state = {"params": params, "opt_state": opt_state,
            "step": jax.device_put(jnp.zeros((), jnp.int32), setup.state_shardings["step"])}
   info = {"source": os.path.abspath(src), "source_step": int(step), "method": method,
-          "num_kv_heads": int(num_kv_heads), "source_num_kv_heads": kv_heads_of(mcfg)}
+          "num_kv_heads": int(num_kv_heads), "source_num_kv_heads": mcfg.num_kv_heads}
   os.makedirs(dst, exist_ok=True)
   ckpt = Checkpointer(dst, tcfg.keep_checkpoints)
   try:
     ckpt.save(0, state, data_state, {"seed": tcfg.seed, "converted": info})
   finally:
     ckpt.close()
-  text = gin_config.operative_config(new_mcfg, dcfg, tcfg)
+  text = config_gin.operative_config(new_mcfg, dcfg, tcfg)
   header = (f"# Converted by `attnlab convert-heads` from {info['source']} step {step} "
             f"({info['source_num_kv_heads']} -> {num_kv_heads} KV heads, method {method}).\n")
   with open(os.path.join(dst, CONFIG_FILE), "w") as f:
@@ -384,10 +279,6 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
 def prompt_set(sweep: Sweep, mcfg: ModelConfig, dcfg: DataConfig) -> list[list[int]]:
   """The benchmark prompts: the first ``decode_prompt_len`` tokens of the first
   validation rows (DataConfig.seed 0), cycled to 8 rows."""
-  import numpy as np
-
-  from attnlab.data import pipeline
-
   dcfg = dataclasses.replace(dcfg, seed=0)
   sources, _ = pipeline.build_sources(dcfg, mcfg)
   key = "tokens_BT" if mcfg.arch == "decoder_only" else "src_BS"
@@ -406,11 +297,6 @@ def decode_tokens_per_s(model, prompts: list[list[int]], batch: int, new_tokens:
                         repeats: int) -> float:
   """Cached greedy decode throughput (generated tokens / s, best of ``repeats``
   after a compile run) on the first ``batch`` prompts, no early stop."""
-  import jax
-  import numpy as np
-
-  import attnlab
-
   rows = prompts[:batch]
   cfg = model.cfg
   width = max(len(r) for r in rows)
@@ -420,11 +306,11 @@ def decode_tokens_per_s(model, prompts: list[list[int]], batch: int, new_tokens:
   kwargs = dict(max_new_tokens=new_tokens, eos_id=None)
   if cfg.arch == "decoder_only":
     kwargs["prompt_lengths_B"] = np.array([len(r) for r in rows], np.int32)
-  jax.block_until_ready(attnlab.generate(model, prompt_BT, **kwargs))
+  jax.block_until_ready(generate(model, prompt_BT, **kwargs))
   best = math.inf
   for _ in range(repeats):
     t0 = time.perf_counter()
-    jax.block_until_ready(attnlab.generate(model, prompt_BT, **kwargs))
+    jax.block_until_ready(generate(model, prompt_BT, **kwargs))
     best = min(best, time.perf_counter() - t0)
   return batch * new_tokens / best
 
@@ -432,8 +318,6 @@ def decode_tokens_per_s(model, prompts: list[list[int]], batch: int, new_tokens:
 def _eval_records(workdir: str) -> dict[int, dict]:
   """The last eval record of every step in workdir/metrics.jsonl (a resumed
   run may have logged a step twice)."""
-  from attnlab.training.metrics import read_metrics
-
   out = {}
   if os.path.isfile(os.path.join(workdir, "metrics.jsonl")):
     for r in read_metrics(workdir):
@@ -445,12 +329,6 @@ def _eval_records(workdir: str) -> dict[int, dict]:
 def measure(workdir: str, mcfg: ModelConfig, dcfg: DataConfig, tcfg: TrainConfig,
             sweep: Sweep, prompts) -> dict:
   """The measurements of a finished run (see the module docstring of report)."""
-  import statistics
-
-  import attnlab
-  from attnlab.training import trainer
-  from attnlab.training.metrics import perplexity, read_metrics
-
   evals = _eval_records(workdir)
   if tcfg.steps not in evals:
     final = trainer.evaluate_workdir(workdir, tcfg.steps)
@@ -468,7 +346,7 @@ def measure(workdir: str, mcfg: ModelConfig, dcfg: DataConfig, tcfg: TrainConfig
   total, attn = param_counts(mcfg)
   out = {
       "params": total, "attention_params": attn, "d_ff": mcfg.d_ff,
-      "num_kv_heads": kv_heads_of(mcfg), "kv_bytes_per_token": mcfg.kv_cache_bytes_per_token(),
+      "num_kv_heads": mcfg.num_kv_heads, "kv_bytes_per_token": mcfg.kv_cache_bytes_per_token(),
       "steps": tcfg.steps, "tokens_per_step": dcfg.batch_size * dcfg.seq_len,
       "val_loss": float(evals[tcfg.steps]["loss"]),
       "val_ppl": perplexity(float(evals[tcfg.steps]["loss"])),
@@ -479,7 +357,7 @@ def measure(workdir: str, mcfg: ModelConfig, dcfg: DataConfig, tcfg: TrainConfig
   for key in ("exact_match", "bleu"):
     if key in evals[tcfg.steps]:
       out[key] = float(evals[tcfg.steps][key])
-  model, _ = attnlab.load_checkpoint(workdir, tcfg.steps)
+  model, _ = load_checkpoint(workdir, tcfg.steps)
   for b in DECODE_BATCHES:
     out[f"decode_tokens_per_s_b{b}"] = decode_tokens_per_s(
         model, prompts, b, sweep.decode_new_tokens, sweep.decode_repeats)
@@ -508,8 +386,6 @@ def _add_wall(workdir: str, seconds: float) -> float:
 def _prepare_uptrain(out, arm, seed, source, configs) -> dict:
   """Convert the MHA run of ``seed`` into the uptraining run (once) and record
   the validation loss right after conversion."""
-  from attnlab.training import trainer
-
   workdir = run_dir(out, arm, seed)
   conv_path = os.path.join(workdir, CONVERSION_FILE)
   if os.path.isfile(conv_path):
@@ -546,8 +422,6 @@ def run_one(out: str, sweep: Sweep, arm: Arm, seed: int, base, prompts, source=N
   Raises:
     SweepInterrupted: the trainer stopped on a signal before the last step.
   """
-  from attnlab.training import gin_config, trainer
-
   configs = run_configs(sweep, arm, seed, *base)
   mcfg, dcfg, tcfg = configs
   workdir = run_dir(out, arm, seed)
@@ -557,7 +431,7 @@ def run_one(out: str, sweep: Sweep, arm: Arm, seed: int, base, prompts, source=N
     if arm.kind == "uptrain":
       extra = _prepare_uptrain(out, arm, seed, source, configs)
     last = trainer.train(mcfg, tcfg, dcfg, workdir,
-                         config_text=gin_config.operative_config(*configs))
+                         config_text=config_gin.operative_config(*configs))
     if last["step"] < tcfg.steps:
       _add_wall(workdir, time.perf_counter() - t0)
       raise SweepInterrupted(f"arm {arm.name} seed {seed} stopped at step {last['step']}")
@@ -623,8 +497,6 @@ def run_sweep(out: str, sweep: Sweep, arms: list[Arm], base, *, only: str | None
   remaining = sum(steps_of(a) for a, _ in todo)
   done_steps, t_start = 0, time.perf_counter()
   for i, (arm, seed) in enumerate(todo):
-    from attnlab.training.checkpoint import Checkpointer
-
     workdir = run_dir(out, arm, seed)
     start = 0
     if os.path.isdir(os.path.join(workdir, "checkpoints")):
@@ -654,9 +526,7 @@ def operative_sweep_config(sweep: Sweep, mcfg: ModelConfig, dcfg: DataConfig,
                            tcfg: TrainConfig) -> str:
   """gin text of a sweep with every field explicit (``Sweep.base`` emptied: the
   base files are folded into the three configs), so it reruns on its own."""
-  from attnlab.training import gin_config
-
-  text = gin_config.operative_config(dataclasses.replace(sweep, base=()), mcfg, dcfg, tcfg)
+  text = config_gin.operative_config(dataclasses.replace(sweep, base=()), mcfg, dcfg, tcfg)
   body = text.split("\n", 2)[2]
   return ("# The operative sweep config, written by `attnlab ablate`.\n"
           "# `attnlab ablate --gin_file THIS_FILE --out ...` reruns it. The seed of each run\n"

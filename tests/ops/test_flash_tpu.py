@@ -26,11 +26,9 @@ try:  # the bare accelerator image may lack hypothesis; the tpu-marked tests mus
 except ImportError:
   given = None
 
-from attnlab.ops.attention import reference_attention
-
-from attnlab.ops import flash as flash_gpu
-from attnlab.ops.pallas import flash_tpu
+from attnlab.ops.pallas import common, flash_tpu
 from attnlab.ops.pallas.flash_tpu import BlockSizes
+from attnlab.ops.reference import reference_attention
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 BF16_MULTIPLE = 3.0  # kernel error <= this x the bf16 reference's error (+ a float32 floor)
@@ -315,7 +313,7 @@ def test_one_call_lowers_to_mosaic_for_tpu_and_triton_for_cuda(monkeypatch):
   compiled kernel on this CPU host (today it refuses without a GPU).
   """
   pytest.importorskip("jax._src.lib.triton")
-  monkeypatch.setattr(flash_gpu, "resolve_interpret", lambda interpret: bool(interpret))
+  monkeypatch.setattr(common, "resolve_interpret", lambda interpret: bool(interpret))
   q, k, v, _, _ = _inputs(0, 1, 300, 300, 4, 2, 64, BF16, None)
   traced = _dispatch_fn().trace(q, k, v)
   tpu_text = traced.lower(lowering_platforms=("tpu",)).as_text()

@@ -18,9 +18,10 @@ from flax import nnx
 
 import attnlab
 from attnlab import cli
-from attnlab.training import gin_config, trainer
+from attnlab import config_gin as gin_config
 from attnlab.training import report as report_lib
 from attnlab.training import sweep as sweep_lib
+from attnlab.training import trainer
 
 MICRO = """
 Sweep.base = ["lm_stdlib_tiny.gin"]

@@ -60,6 +60,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from attnlab.ops import masks
+from attnlab.ops.pallas import common
+from attnlab.ops.pallas import flash as gpu_flash
 
 LANES = 128  # TPU vector lanes: the last dim of a tile
 SUBLANES = 8  # TPU sublanes: the second-to-last dim of a 32-bit tile
@@ -658,14 +660,7 @@ def flash_attention_tpu(
 BACKENDS = (None, "tpu", "gpu")
 
 
-def _gpu_module():
-  # The Triton kernels; after the layering refactor: attnlab.ops.pallas.flash_gpu.
-  from attnlab.ops import flash as flash_gpu
-
-  return flash_gpu
-
-
-def _gpu_compiled_buildable(flash_gpu) -> bool:
+def _gpu_compiled_buildable() -> bool:
   """Whether the GPU wrapper builds its compiled (Triton) kernel on this host.
 
   Today's ``resolve_interpret`` refuses interpret=False without a GPU, so on a
@@ -673,7 +668,7 @@ def _gpu_compiled_buildable(flash_gpu) -> bool:
   branch). The refactored wrapper should build it everywhere (see the report).
   """
   try:
-    return flash_gpu.resolve_interpret(False) is False
+    return common.resolve_interpret(False) is False
   except ValueError:
     return False
 
@@ -704,7 +699,7 @@ def flash_attention_by_platform(q_BTNH, k_BSKH, v_BSKH, *, backend: str | None =
     return flash_attention_tpu(q, k, v, block_sizes=bs, interpret=interpret, **kwargs)
 
   def gpu(q, k, v, interpret=None):
-    return _gpu_module().flash_attention(q, k, v, block_q=bs.block_q, block_k=bs.block_k,
+    return gpu_flash.flash_attention(q, k, v, block_q=bs.block_q, block_k=bs.block_k,
                                          interpret=interpret, **kwargs)
 
   if backend == "tpu":
@@ -712,7 +707,7 @@ def flash_attention_by_platform(q_BTNH, k_BSKH, v_BSKH, *, backend: str | None =
   if backend == "gpu":
     return gpu(q_BTNH, k_BSKH, v_BSKH)
   branches = dict(tpu=functools.partial(tpu, interpret=False))
-  if _gpu_compiled_buildable(_gpu_module()):
+  if _gpu_compiled_buildable():
     branches["cuda"] = functools.partial(gpu, interpret=False)
   return lax.platform_dependent(
       q_BTNH, k_BSKH, v_BSKH, default=functools.partial(gpu, interpret=True), **branches

@@ -258,8 +258,8 @@ def test_one_call_lowers_to_mosaic_for_tpu_and_triton_for_cuda():
   since on a CPU host backend=None otherwise resolves to the interpreted kernel)."""
   pytest.importorskip("jax._src.lib.triton")
   q, k, v, _, _ = _inputs(0, 1, 300, 300, 4, 2, 64, BF16, None)
-  with flash.cross_platform():
-    traced = jax.jit(_pallas_attention).trace(q, k, v)
+  with flash.cross_platform():  # a fresh function: jit caches traces per function
+    traced = jax.jit(lambda q, k, v: _pallas_attention(q, k, v)).trace(q, k, v)
   names = set(_kernel_blocks(traced.jaxpr))  # platform_dependent traces every branch
   assert {"attnlab_flash_tpu_forward", "attnlab_flash_forward"} <= names
   tpu_text = traced.lower(lowering_platforms=("tpu",)).as_text()

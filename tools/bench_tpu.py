@@ -66,7 +66,7 @@ def _row(*cells, width=14):
 
 def cpu_skipping(args):
   B, N, K, H, T, w = 1, args.heads, args.kv_heads, args.head_dim, args.skip_len, args.window
-  bs = flash_tpu.BlockSizes(args.block, args.block)
+  bs = dict(block_q=args.block, block_k=args.block)
   q, k, v = _qkv(B, T, N, K, H, jnp.float32)
   print(f"# TPU interpret mode: sliding window {w} vs full causal, T={T}, B={B} N={N} K={K} "
         f"H={H} float32, blocks {args.block} (best of {args.iters}, seconds)")
@@ -75,7 +75,7 @@ def cpu_skipping(args):
     t = {}
     for name, window in (("causal", None), ("window", w)):
       fn = lambda q, k, v, window=window: flash_tpu.flash_attention_tpu(
-          q, k, v, causal=True, window=window, block_sizes=bs)
+          q, k, v, causal=True, window=window, **bs)
       t[name] = _time(fn if mode == "fwd" else _fwd_bwd(fn), q, k, v, iters=args.iters)
     _row(mode, f"{t['causal']:.2f}", f"{t['window']:.2f}", f"{t['window'] / t['causal']:.2f}")
   print()
@@ -83,9 +83,9 @@ def cpu_skipping(args):
 
 def cpu_transposes(args):
   B, N, K, H, T = 1, args.heads, args.kv_heads, args.head_dim, args.transpose_len
-  bs = flash_tpu.BlockSizes(args.block, args.block)
+  bs = dict(block_q=args.block, block_k=args.block)
   q, k, v = _qkv(B, T, N, K, H, jnp.float32)
-  kernel = lambda q, k, v: flash_tpu.flash_attention_tpu(q, k, v, causal=True, block_sizes=bs)
+  kernel = lambda q, k, v: flash_tpu.flash_attention_tpu(q, k, v, causal=True, **bs)
 
   def transposes_only(q, k, v):
     # What the wrapper does around the kernels in the forward: three in, one out.

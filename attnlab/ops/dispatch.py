@@ -117,7 +117,9 @@ def auto_implementation(q_len: int, kv_len: int, backend: str | None = None) -> 
     # to "pallas" for long sequences once tools/gpu_check.sh passes on a card.
     return "xla"
   if backend == "tpu":
-    # ops/pallas/flash.py has no Mosaic lowering.
+    # Not "pallas" yet: "pallas" lowers to the Mosaic kernel of ops/pallas/flash_tpu.py
+    # there, which has never been compiled or run on a TPU (TPU interpret mode and
+    # lowering on the CPU only). Switch once tools/tpu_check.sh passes on a TPU.
     return "xla"
   # XLA:CPU: query blocks against only their visible keys (causal / window)
   # while [T, S] scores fit in memory comfortably; past that, the online

@@ -40,7 +40,7 @@ class FlashStatic:
   """The static (hashable) settings of one flash call: the ``custom_vjp``'s
   non-differentiable argument, read by the kernels."""
 
-  backend: str  # the kernel module (flash.KERNELS key)
+  backend: str  # "gpu" (flash_gpu.py) or "tpu" (flash_tpu.py)
   causal: bool
   window: int | None
   scale: float
@@ -69,7 +69,10 @@ def check_block(name: str, value):
 
 
 def resolve_interpret(interpret: bool | None) -> bool:
-  """None -> interpret on CPU, compile on GPU; TPU compiled has no lowering here.
+  """For the Triton-style kernels run on this host: None -> interpret on CPU,
+  compile on GPU; compiled off a GPU raises. (flash.py's platform_dependent
+  branches skip it: they build a compiled kernel for a platform they are
+  lowered for, not run on.)
 
   Kernels call it as ``common.resolve_interpret`` (a module attribute), so a
   test can force the compiled path on the CPU to lower to Triton IR.
@@ -79,9 +82,9 @@ def resolve_interpret(interpret: bool | None) -> bool:
     interpret = backend not in ("gpu", "tpu")
   if not interpret and backend == "tpu":
     raise ValueError(
-        "interpret=False on TPU: attnlab's Pallas kernels have no Mosaic lowering (their "
-        "blocks put the heads axis between the sequence and head dims). Pass interpret=True "
-        "or use implementation='xla'."
+        "interpret=False on TPU: the Triton-style Pallas kernels have no Mosaic lowering "
+        "(their blocks put the heads axis between the sequence and head dims). Pass "
+        "interpret=True, or for flash attention backend='tpu' (or None)."
     )
   if not interpret and backend != "gpu":
     raise ValueError(f"interpret=False needs a GPU; the default backend is {backend!r}")

@@ -1,28 +1,22 @@
-"""Blocked flash attention in Pallas: the differentiable wrapper and the backend pick.
+"""Blocked flash attention in Pallas: the one entry point and the Triton-style wrapper.
 
 ``flash_attention`` computes the same function as ``reference_attention``
-without ever holding a [T, S] score matrix. This module validates the
-request, pads T, S (and H where the backend needs it) to whole blocks, and
-wraps the kernels of one backend module in a ``jax.custom_vjp``; the
-kernels themselves live in sibling modules:
+without ever holding a [T, S] score matrix, with one of two kernel sets:
 
-  * ``flash_gpu.py``: the Triton-style kernels (forward, dQ, dK/dV). On CPU
-    they run in interpret mode (the default there; what the tests run); on a
-    GPU through the Triton lowering (NOT YET RUN on a GPU).
+  * ``flash_gpu.py``: the Triton-style kernels (forward, dQ, dK/dV). On the CPU
+    they run in interpret mode (what the tests run); on a GPU through the
+    Triton lowering (NOT YET RUN on a GPU). This module pads T, S (and H for
+    Triton) to whole blocks and wraps them in a ``jax.custom_vjp``.
+  * ``flash_tpu.py``: the Mosaic kernels, with their own padding, heads-major
+    layout and ``custom_vjp``; TPU interpret mode off a TPU (NEVER RUN on a TPU).
 
-A backend is one entry of ``KERNELS``: a module with ``plan``, ``forward``
-and ``backward`` (see flash_gpu.py). A new one (e.g. a Mosaic TPU module)
-is imported here and added to ``KERNELS``; ``default_backend`` is the one
-place that picks the kernel module for the running platform.
-
-TPU: the GPU kernels have no Mosaic lowering (the heads axis sits between T
-and H in their blocks, which Mosaic's (8, 128) tiling rule does not accept);
-compiled use there raises ``ValueError`` (use ``interpret=True`` or
-implementation="xla").
+``backend`` picks one ("gpu" / "tpu"), or None lets the platform the call is
+lowered for decide (``jax.lax.platform_dependent``); see ``flash_attention``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -30,41 +24,28 @@ import jax
 import jax.numpy as jnp
 
 from attnlab.ops import checks
-from attnlab.ops.pallas import common, flash_gpu
-
-# The kernel modules by backend name.
-KERNELS = {"gpu": flash_gpu}
-
-
-def default_backend() -> str:
-  """The kernel module for the running platform: "gpu" (the Triton-style
-  kernels; interpret mode off a GPU)."""
-  return "gpu"
-
-
-def _kernels(backend: str | None):
-  if backend is not None and backend not in KERNELS:
-    raise ValueError(
-        f"backend={backend!r} is not one of {', '.join(map(repr, sorted(KERNELS)))} or None")
-  return KERNELS[backend or default_backend()]
+from attnlab.ops.pallas import common, flash_gpu, flash_tpu
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(st, q, k, v, off_B1, q_seg, kv_seg):
-  return KERNELS[st.backend].forward(st, q, k, v, off_B1, q_seg, kv_seg)[0]
+  return flash_gpu.forward(st, q, k, v, off_B1, q_seg, kv_seg)[0]
 
 
 def _flash_fwd(st, q, k, v, off_B1, q_seg, kv_seg):
-  out, lse_BNT = KERNELS[st.backend].forward(st, q, k, v, off_B1, q_seg, kv_seg)
+  out, lse_BNT = flash_gpu.forward(st, q, k, v, off_B1, q_seg, kv_seg)
   return out, (q, k, v, off_B1, q_seg, kv_seg, out, lse_BNT)
 
 
 def _flash_bwd(st, res, do):
-  dq, dk, dv = KERNELS[st.backend].backward(st, res, do)
+  dq, dk, dv = flash_gpu.backward(st, res, do)
   return dq, dk, dv, None, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+BACKENDS = ("gpu", "tpu")
 
 
 def flash_attention(
@@ -80,7 +61,7 @@ def flash_attention(
     scale: float | None = None,
     block_q: int | None = None,
     block_k: int | None = None,
-    interpret: bool | None = None,
+    interpret=None,
     backend: str | None = None,
 ):
   """Flash attention (Pallas), differentiable, with the reference op's semantics.
@@ -96,14 +77,33 @@ def flash_attention(
     q_offset: int or int [B]: position of the first query (queries that are
       the tail of a longer sequence); keys are at positions 0..S-1.
     scale: multiplier of the scores; default 1/sqrt(H).
-    block_q, block_k: tile sizes (powers of two); default per backend and
-      head dim. T and S need not be multiples: inputs are padded and the
+    block_q, block_k: tile sizes; default per kernel and head dim. Triton
+      kernels: powers of two; TPU kernel: multiples of 128 compiled, of 8
+      interpreted. T and S need not be multiples: inputs are padded and the
       padding masked.
-    interpret: run the kernels in Pallas interpret mode; default True on
-      CPU, False (Triton) on GPU.
-    backend: the kernel module, a key of ``KERNELS`` ("gpu": the
-      Triton-style kernels of ops/pallas/flash_gpu.py); default from
-      ``default_backend()``.
+    interpret: None: compiled on the kernel's own platform, interpret mode
+      elsewhere; True: interpret mode (for "tpu" also a
+      ``pltpu.InterpretParams``); False: compiled.
+    backend: which kernel.
+
+      * "gpu": the Triton-style kernels (flash_gpu.py), wherever called:
+        compiled on a GPU, interpret mode elsewhere.
+      * "tpu": the Mosaic kernels (flash_tpu.py), wherever called: compiled
+        on a TPU, TPU interpret mode elsewhere.
+      * None (the default): the platform the call is LOWERED for decides,
+        through ``jax.lax.platform_dependent``: Mosaic compiled for "tpu",
+        Triton compiled for "cuda", the Triton-style kernels in interpret
+        mode on any other platform. So one jitted call lowers to Mosaic with
+        ``.lower(lowering_platforms=("tpu",))`` and to Triton with
+        ``("cuda",)`` on any host, and runs interpreted on the CPU.
+        platform_dependent traces every branch, which costs the CPU an extra
+        trace of four compiled kernels (forward + backward) per call; so when
+        the host's default backend is the CPU, None resolves at trace time to
+        the interpret-mode Triton-style kernels (what the CPU runs anyway),
+        unless the call is traced inside ``cross_platform()`` (what a CPU
+        host does to lower the call for TPU or CUDA). With ``interpret`` set,
+        None means the kernel of the running platform ("tpu" on a TPU,
+        "gpu" elsewhere).
 
   Returns:
     [B, T, N, H] in the dtype of ``q_BTNH``; a query that sees no key gets
@@ -111,16 +111,60 @@ def flash_attention(
   """
   checks.check_qkv(q_BTNH, k_BSKH, v_BSKH, window=window, q_segment_ids=q_segment_ids,
                    kv_segment_ids=kv_segment_ids)
+  if backend is not None and backend not in BACKENDS:
+    raise ValueError(f"backend={backend!r} is not one of {', '.join(map(repr, BACKENDS))} "
+                     "or None")
+  kw = dict(causal=causal, window=window, q_segment_ids=q_segment_ids,
+            kv_segment_ids=kv_segment_ids, q_offset=q_offset, scale=scale, block_q=block_q,
+            block_k=block_k)
+  if backend is None and interpret is not None:
+    backend = "tpu" if jax.default_backend() == "tpu" else "gpu"
+  if backend is None and jax.default_backend() == "cpu" and not _CROSS_PLATFORM:
+    backend = "gpu"
+  if backend == "tpu":
+    return flash_tpu.flash_attention_tpu(q_BTNH, k_BSKH, v_BSKH, interpret=interpret, **kw)
+  if backend == "gpu":
+    return _flash_gpu(q_BTNH, k_BSKH, v_BSKH, interpret=common.resolve_interpret(interpret),
+                      **kw)
+  return jax.lax.platform_dependent(
+      q_BTNH, k_BSKH, v_BSKH,
+      tpu=functools.partial(flash_tpu.flash_attention_tpu, interpret=False, **kw),
+      cuda=functools.partial(_flash_gpu, interpret=False, **kw),
+      default=functools.partial(_flash_gpu, interpret=True, **kw),
+  )
+
+
+_CROSS_PLATFORM = False
+
+
+@contextlib.contextmanager
+def cross_platform():
+  """Calls traced inside take ``backend=None``'s platform_dependent path even
+  on a CPU host, so they can be lowered for TPU or CUDA (see ``flash_attention``).
+
+  Read at trace time: a ``jax.jit`` function already traced outside keeps its
+  cached trace, so trace a fresh one inside (``jax.jit(f).trace(...)``).
+  """
+  global _CROSS_PLATFORM
+  previous, _CROSS_PLATFORM = _CROSS_PLATFORM, True
+  try:
+    yield
+  finally:
+    _CROSS_PLATFORM = previous
+
+
+def _flash_gpu(q_BTNH, k_BSKH, v_BSKH, *, causal, window, q_segment_ids, kv_segment_ids,
+               q_offset, scale, block_q, block_k, interpret: bool):
+  """The Triton-style kernels with ``interpret`` already resolved: interpret=False
+  builds the Triton (compiled) kernels on any host; only lowering them needs CUDA."""
   common.check_block("block_q", block_q)
   common.check_block("block_k", block_k)
-  kernels = _kernels(backend)
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   if T == 0 or S == 0:
     return jnp.zeros(q_BTNH.shape, q_BTNH.dtype)
   scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
-  interpret = common.resolve_interpret(interpret)
-  blocks, Hp = kernels.plan(T, S, H, block_q=block_q, block_k=block_k, interpret=interpret)
+  blocks, Hp = flash_gpu.plan(T, S, H, block_q=block_q, block_k=block_k, interpret=interpret)
   bq, bk = blocks.block_q, blocks.block_k
 
   q, k, v = q_BTNH, k_BSKH, v_BSKH
@@ -137,7 +181,7 @@ def flash_attention(
     kv_seg = jnp.pad(kv_segment_ids.astype(jnp.int32), ((0, 0), (0, Sp - S)))
   off_B1 = jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), (B,))[:, None]
   st = common.FlashStatic(
-      backend=backend or default_backend(), causal=bool(causal), window=window, scale=scale,
-      q_len=T, kv_len=S, blocks=blocks, groups=N // K, segments=segments, interpret=interpret)
+      backend="gpu", causal=bool(causal), window=window, scale=scale, q_len=T, kv_len=S,
+      blocks=blocks, groups=N // K, segments=segments, interpret=interpret)
   out = _flash(st, q, k, v, off_B1, q_seg, kv_seg)
   return out[:, :T, :, :H]

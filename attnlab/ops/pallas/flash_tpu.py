@@ -42,9 +42,11 @@ semantics emulated on the CPU). On this project's CPU-only machines it has
 been checked in interpret mode and by lowering for ``("tpu",)`` only; it has
 never run on a TPU (``tools/tpu_check.sh`` is the check to run on one).
 
-Helpers duplicated from ``attnlab/ops/flash.py`` (to be deduped into
-``ops/pallas/common.py``): ``check_qkv``, ``check_window``, ``round_up``,
-``dot_nt``, ``dot_nn``, ``block_bounds``.
+Shared with the Triton kernels (``ops/pallas/common.py``): ``BlockSizes``,
+``FlashStatic`` (extended here by ``TpuStatic``), the block ranges
+``key_blocks`` / ``query_blocks`` and the dot helpers; the inputs are checked by
+``ops/checks.py``. Called through ``attnlab.ops.pallas.flash.flash_attention``
+(``backend="tpu"``, or ``backend=None`` lowered for TPU).
 """
 
 from __future__ import annotations
@@ -59,85 +61,21 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from attnlab.ops import masks
-from attnlab.ops.pallas import common
-from attnlab.ops.pallas import flash as gpu_flash
+from attnlab.ops import checks, masks
+from attnlab.ops.pallas.common import (
+    BlockSizes,
+    FlashStatic,
+    dot_nn,
+    dot_nt,
+    key_blocks,
+    query_blocks,
+    round_up,
+)
 
 LANES = 128  # TPU vector lanes: the last dim of a tile
 SUBLANES = 8  # TPU sublanes: the second-to-last dim of a 32-bit tile
 COMPILED_BLOCK = 512  # default block_q / block_k compiled (capped at the padded length)
 INTERPRET_BLOCK = 128  # default in interpret mode (fewer sequential grid steps)
-
-
-@dataclasses.dataclass(frozen=True)
-class BlockSizes:
-  """Tile sizes: multiples of 128 compiled, of 8 in interpret mode; None = default."""
-
-  block_q: int | None = None
-  block_k: int | None = None
-
-
-# ----------------------------------------------------------------------------
-# Checks and small helpers (duplicated from ops/flash.py; see the module doc).
-# ----------------------------------------------------------------------------
-
-
-def check_qkv(q_BTNH, k_BSKH, v_BSKH):
-  """Raise ValueError (naming the argument) unless q, k, v form a valid GQA request."""
-  for name, x in (("q_BTNH", q_BTNH), ("k_BSKH", k_BSKH), ("v_BSKH", v_BSKH)):
-    if x.ndim != 4:
-      raise ValueError(f"{name} must be rank 4, got shape {x.shape}")
-  if k_BSKH.shape != v_BSKH.shape:
-    raise ValueError(f"k_BSKH shape {k_BSKH.shape} and v_BSKH shape {v_BSKH.shape} must match")
-  if q_BTNH.shape[0] != k_BSKH.shape[0]:
-    raise ValueError(
-        f"batch of q_BTNH ({q_BTNH.shape[0]}) and k_BSKH ({k_BSKH.shape[0]}) must match"
-    )
-  if q_BTNH.shape[3] != k_BSKH.shape[3]:
-    raise ValueError(
-        f"head dim of q_BTNH ({q_BTNH.shape[3]}) and k_BSKH ({k_BSKH.shape[3]}) must match"
-    )
-  if q_BTNH.shape[2] % k_BSKH.shape[2]:
-    raise ValueError(
-        f"num heads of q_BTNH ({q_BTNH.shape[2]}) must be a multiple of the num kv heads "
-        f"of k_BSKH ({k_BSKH.shape[2]})"
-    )
-
-
-def check_window(window):
-  if window is not None and (isinstance(window, bool) or not isinstance(window, int)
-                             or window < 1):
-    raise ValueError(f"window={window!r} must be a positive integer or None")
-
-
-def round_up(n: int, m: int) -> int:
-  return -(-n // m) * m
-
-
-def dot_nt(a, b):
-  """a @ b.T with a float32 result (no transpose materialized)."""
-  return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-
-
-def dot_nn(a, b):
-  return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-
-
-def block_bounds(lo, hi, block):
-  """Block indices [first, last) covering positions [lo, hi); (0, 0) when empty."""
-  lo = jnp.asarray(lo, jnp.int32)
-  hi = jnp.asarray(hi, jnp.int32)
-  empty = hi <= lo
-  # lax.div (truncation) is exact: both operands are non-negative here. Not
-  # `//`, whose floor semantics lower through `sign`.
-  first = jnp.where(empty, 0, lax.div(jnp.maximum(lo, 0), block))
-  last = jnp.where(empty, 0, lax.div(jnp.maximum(hi, 0) + block - 1, block))
-  return first, last
-
-
-def _span_blocks(span: int, block: int, n_blocks: int) -> int:
-  """Most blocks of ``block`` that a run of ``span`` positions can touch (any alignment)."""
-  return min(n_blocks, (span - 1 + block - 1) // block + 1)
 
 
 def resolve_interpret(interpret):
@@ -150,29 +88,20 @@ def resolve_interpret(interpret):
     return pltpu.InterpretParams()
   if interpret is False:
     return False
-  raise ValueError(
-      f"interpret={interpret!r} must be None, a bool or a pltpu.InterpretParams"
-  )
+  raise ValueError(f"interpret={interpret!r} must be None, a bool or a pltpu.InterpretParams")
 
 
-# ----------------------------------------------------------------------------
-# Static configuration and block ranges (shared by index maps and kernels).
-# ----------------------------------------------------------------------------
+def _span_blocks(span: int, block: int, n_blocks: int) -> int:
+  """Most blocks of ``block`` that a run of ``span`` positions can touch (any alignment)."""
+  return min(n_blocks, (span - 1 + block - 1) // block + 1)
 
 
 @dataclasses.dataclass(frozen=True)
-class _Static:
-  causal: bool
-  window: int | None
-  scale: float
-  q_len: int  # T before padding
-  kv_len: int  # S before padding
-  block_q: int
-  block_k: int
-  groups: int  # G = N / K
-  segments: bool
-  interpret: object  # False or a pltpu.InterpretParams (hashable)
-  # Debug switches for the block-skipping test; both True in normal use.
+class TpuStatic(FlashStatic):
+  """``FlashStatic`` (``interpret``: False or a hashable ``pltpu.InterpretParams``) plus
+  the grid extents and two debug switches for the block-skipping test (both True
+  in normal use)."""
+
   clamp_dma: bool = True  # skipped steps map to an already-fetched block
   skip_compute: bool = True  # skipped steps do no compute
 
@@ -203,25 +132,7 @@ class _Static:
     return _span_blocks(span, self.block_q, self.nq)
 
 
-def _key_blocks(st: _Static, off, i):
-  """[first, last) key blocks that query block i can see (from masks.key_range)."""
-  q_lo = off + i * st.block_q
-  q_hi = off + jnp.minimum((i + 1) * st.block_q, st.q_len)
-  lo, hi = masks.key_range(q_lo, q_hi, causal=st.causal, window=st.window, kv_len=st.kv_len)
-  return block_bounds(lo, hi, st.block_k)
-
-
-def _query_blocks(st: _Static, off, j):
-  """[first, last) query blocks that see some key of key block j (masks.query_range)."""
-  k_lo = j * st.block_k
-  k_hi = jnp.minimum((j + 1) * st.block_k, st.kv_len)
-  lo, hi = masks.query_range(
-      k_lo, k_hi, causal=st.causal, window=st.window, q_lo=off, q_hi=off + st.q_len
-  )
-  return block_bounds(lo - off, hi - off, st.block_q)
-
-
-def _step_block(st: _Static, first, last, step, n_blocks):
+def _step_block(st: TpuStatic, first, last, step, n_blocks):
   """The block a grid step fetches: first + step, clamped into the visible range.
 
   A step past the range maps to the last visible block (the pipeline sees the
@@ -234,7 +145,7 @@ def _step_block(st: _Static, first, last, step, n_blocks):
   return jnp.minimum(blk, n_blocks - 1)
 
 
-def _run(st: _Static, blk, last):
+def _run(st: TpuStatic, blk, last):
   return blk < last if st.skip_compute else blk >= 0
 
 
@@ -249,7 +160,7 @@ def _lanes(x_bL, width: int):
   return x if width == reps * LANES else x[:, :width]
 
 
-def _tile_mask(st: _Static, off, q_start, k_start, shape, q_axis: int, q_seg, k_seg):
+def _tile_mask(st: TpuStatic, off, q_start, k_start, shape, q_axis: int, q_seg, k_seg):
   """Which (query, key) pairs of a tile attend; queries along ``q_axis`` of ``shape``.
 
   Positions come from 2-D iotas (Mosaic has no 1-D iota); padding rows and
@@ -269,7 +180,7 @@ def _tile_mask(st: _Static, off, q_start, k_start, shape, q_axis: int, q_seg, k_
 # ----------------------------------------------------------------------------
 
 
-def _forward_kernel(off_ref, q_ref, k_ref, v_ref, *rest, st: _Static, save_lse: bool):
+def _forward_kernel(off_ref, q_ref, k_ref, v_ref, *rest, st: TpuStatic, save_lse: bool):
   if st.segments:
     qs_ref, ks_ref, *rest = rest
   if save_lse:
@@ -279,7 +190,7 @@ def _forward_kernel(off_ref, q_ref, k_ref, v_ref, *rest, st: _Static, save_lse: 
   bq, bk = st.block_q, st.block_k
   b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
   off = off_ref[b]
-  first, last = _key_blocks(st, off, i)
+  first, last = key_blocks(st, off, i)
   kb = first + j
 
   @pl.when(j == 0)
@@ -319,14 +230,14 @@ def _forward_kernel(off_ref, q_ref, k_ref, v_ref, *rest, st: _Static, save_lse: 
       lse_ref[...] = jnp.where(seen, m_ref[...] + jnp.log(l_safe), jnp.inf)
 
 
-def _dq_kernel(off_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest, st: _Static):
+def _dq_kernel(off_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest, st: TpuStatic):
   if st.segments:
     qs_ref, ks_ref, *rest = rest
   dq_ref, acc_ref = rest
   bq, bk = st.block_q, st.block_k
   b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
   off = off_ref[b]
-  first, last = _key_blocks(st, off, i)
+  first, last = key_blocks(st, off, i)
   kb = first + j
 
   @pl.when(j == 0)
@@ -352,14 +263,14 @@ def _dq_kernel(off_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest, 
     dq_ref[...] = acc_ref[...].astype(dq_ref.dtype)
 
 
-def _dkv_kernel(off_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest, st: _Static):
+def _dkv_kernel(off_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest, st: TpuStatic):
   if st.segments:
     qs_ref, ks_ref, *rest = rest
   dk_ref, dv_ref, dk_acc, dv_acc = rest
   bq, bk = st.block_q, st.block_k
   b, j, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
   off = off_ref[b]
-  first, last = _query_blocks(st, off, j)
+  first, last = query_blocks(st, off, j)
   qb = first + lax.rem(t, st.q_steps)
 
   @pl.when(t == 0)
@@ -403,12 +314,12 @@ def _params(semantics):
 _SEMANTICS = ("parallel", "parallel", "parallel", "arbitrary")
 
 
-def _q_major_specs(st: _Static, H: int):
+def _q_major_specs(st: TpuStatic, H: int):
   """BlockSpecs of the (b, n, i, j) grid: q-side blocks and the clamped k-side blocks."""
   bq, bk, G = st.block_q, st.block_k, st.groups
 
   def kv_block(b, i, j, off_ref):
-    first, last = _key_blocks(st, off_ref[b], i)
+    first, last = key_blocks(st, off_ref[b], i)
     return _step_block(st, first, last, j, st.nk)
 
   q_spec = pl.BlockSpec((None, None, bq, H), lambda b, n, i, j, off: (b, n, i, 0))
@@ -423,7 +334,7 @@ def _q_major_specs(st: _Static, H: int):
   return q_spec, kv_spec, row_spec, seg_specs
 
 
-def _forward(st: _Static, q, k, v, off_B, q_seg, kv_seg, *, save_lse: bool):
+def _forward(st: TpuStatic, q, k, v, off_B, q_seg, kv_seg, *, save_lse: bool):
   B, N, Tp, H = q.shape
   q_spec, kv_spec, _, seg_specs = _q_major_specs(st, H)
   in_specs = [q_spec, kv_spec, kv_spec]
@@ -461,7 +372,7 @@ def _forward(st: _Static, q, k, v, off_B, q_seg, kv_seg, *, save_lse: bool):
   return out, lse_BNTL[:, :, None, :, 0]  # [B, N, 1, Tp]: lane-dense rows for the backward
 
 
-def _backward(st: _Static, res, do):
+def _backward(st: TpuStatic, res, do):
   q, k, v, off_B, q_seg, kv_seg, out, lse_BN1T = res
   B, N, Tp, H = q.shape
   K, Sp = k.shape[1], k.shape[2]
@@ -490,7 +401,7 @@ def _backward(st: _Static, res, do):
   # dK/dV: grid (b, KV head h, key block j, query step t); step t is query
   # head h * G + t // q_steps and query block first(j) + t % q_steps.
   def q_block(b, j, t, off_ref):
-    first, last = _query_blocks(st, off_ref[b], j)
+    first, last = query_blocks(st, off_ref[b], j)
     return _step_block(st, first, last, lax.rem(t, st.q_steps), st.nq)
 
   def q_head(h, t):
@@ -539,60 +450,19 @@ def _flash_bwd(st, res, do):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def _check_block(name, value, multiple):
-  if value is None:
-    return
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value % multiple:
-    raise ValueError(f"{name}={value!r} must be a positive multiple of {multiple}")
-
-
-def _prepare(q_BTNH, k_BSKH, v_BSKH, *, causal, window, q_segment_ids, kv_segment_ids,
-             q_offset, scale, block_sizes, interpret, _debug=None):
-  """Validate, pad and transpose; returns (st, args) for ``_flash``."""
-  check_qkv(q_BTNH, k_BSKH, v_BSKH)
-  check_window(window)
-  B, T, N, H = q_BTNH.shape
-  S, K = k_BSKH.shape[1], k_BSKH.shape[2]
-  if (q_segment_ids is None) != (kv_segment_ids is None):
-    raise ValueError("q_segment_ids and kv_segment_ids must be given together")
-  if q_segment_ids is not None:
-    if tuple(q_segment_ids.shape) != (B, T):
-      raise ValueError(f"q_segment_ids shape {q_segment_ids.shape} must be [B, T] = {(B, T)}")
-    if tuple(kv_segment_ids.shape) != (B, S):
-      raise ValueError(f"kv_segment_ids shape {kv_segment_ids.shape} must be [B, S] = {(B, S)}")
-  if jnp.ndim(q_offset) not in (0, 1) or (jnp.ndim(q_offset) == 1
-                                          and jnp.shape(q_offset) != (B,)):
-    raise ValueError(f"q_offset shape {jnp.shape(q_offset)} must be () or [B] = ({B},)")
-  if block_sizes is None:
-    block_sizes = BlockSizes()
-  if not isinstance(block_sizes, BlockSizes):
-    raise ValueError(f"block_sizes={block_sizes!r} must be a BlockSizes or None")
-  interpret = resolve_interpret(interpret)
+def plan(T: int, S: int, *, block_q: int | None, block_k: int | None,
+         interpret) -> BlockSizes:
+  """The tiles of a call: multiples of 128 compiled (default 512), of 8 in
+  interpret mode (default 128), capped at the padded lengths."""
   multiple = SUBLANES if interpret else LANES
-  _check_block("block_q", block_sizes.block_q, multiple)
-  _check_block("block_k", block_sizes.block_k, multiple)
+  for name, value in (("block_q", block_q), ("block_k", block_k)):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1 or value % multiple):
+      raise ValueError(f"{name}={value!r} must be a positive multiple of {multiple} "
+                       f"({'interpret mode' if interpret else 'compiled'})")
   default = INTERPRET_BLOCK if interpret else COMPILED_BLOCK
-  bq = min(block_sizes.block_q or default, round_up(max(T, 1), multiple))
-  bk = min(block_sizes.block_k or default, round_up(max(S, 1), multiple))
-  Tp, Sp = round_up(T, bq), round_up(S, bk)
-
-  # Heads-major at the boundary (see the module doc); padded rows are masked.
-  q = jnp.pad(jnp.swapaxes(q_BTNH, 1, 2), ((0, 0), (0, 0), (0, Tp - T), (0, 0)))
-  k = jnp.pad(jnp.swapaxes(k_BSKH, 1, 2), ((0, 0), (0, 0), (0, Sp - S), (0, 0)))
-  v = jnp.pad(jnp.swapaxes(v_BSKH, 1, 2), ((0, 0), (0, 0), (0, Sp - S), (0, 0)))
-  segments = q_segment_ids is not None
-  q_seg = kv_seg = None
-  if segments:
-    q_seg = jnp.pad(q_segment_ids.astype(jnp.int32), ((0, 0), (0, Tp - T)))[:, None, :]
-    kv_seg = jnp.pad(kv_segment_ids.astype(jnp.int32), ((0, 0), (0, Sp - S)))[:, None, :]
-  off_B = jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), (B,))
-  st = _Static(
-      causal=bool(causal), window=window,
-      scale=1.0 / math.sqrt(H) if scale is None else float(scale),
-      q_len=T, kv_len=S, block_q=bq, block_k=bk, groups=N // K, segments=segments,
-      interpret=interpret, **(_debug or {}),
-  )
-  return st, (q, k, v, off_B, q_seg, kv_seg)
+  return BlockSizes(min(block_q or default, round_up(max(T, 1), multiple)),
+                    min(block_k or default, round_up(max(S, 1), multiple)))
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
@@ -600,37 +470,20 @@ def _flash_jit(st, q, k, v, off_B, q_seg, kv_seg):
   return _flash(st, q, k, v, off_B, q_seg, kv_seg)
 
 
-def flash_attention_tpu(
-    q_BTNH,
-    k_BSKH,
-    v_BSKH,
-    *,
-    causal: bool = False,
-    window: int | None = None,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-    q_offset=0,
-    scale: float | None = None,
-    block_sizes: BlockSizes | None = None,
-    interpret=None,
-    _debug: dict | None = None,
-):
+def flash_attention_tpu(q_BTNH, k_BSKH, v_BSKH, *, causal: bool = False,
+                        window: int | None = None, q_segment_ids=None, kv_segment_ids=None,
+                        q_offset=0, scale: float | None = None, block_q: int | None = None,
+                        block_k: int | None = None, interpret=None,
+                        _debug: dict | None = None):
   """Flash attention, TPU variant (Pallas / Mosaic), differentiable; reference semantics.
 
+  The public entry point is ``attnlab.ops.pallas.flash.flash_attention(...,
+  backend="tpu")`` (same arguments); this is it minus the backend pick.
+
   Args:
-    q_BTNH: queries [B, T, N, H].
-    k_BSKH: keys [B, S, K, H]; N must be a multiple of K (GQA / MQA).
-    v_BSKH: values [B, S, K, H].
-    causal: a query at position t sees keys at positions <= t.
-    window: sliding window of that many keys, the query's own included.
-    q_segment_ids, kv_segment_ids: optional int [B, T] and [B, S]; a query
-      sees only keys with its segment id.
-    q_offset: int or int [B]: position of the first query; keys are at
-      positions 0..S-1.
-    scale: multiplier of the scores; default 1/sqrt(H).
-    block_sizes: ``BlockSizes(block_q, block_k)``: multiples of 128 compiled
-      (default 512), of 8 in interpret mode (default 128); capped at the
-      padded lengths. T and S need not be multiples (padded and masked).
+    q_BTNH, k_BSKH, v_BSKH, causal, window, q_segment_ids, kv_segment_ids,
+      q_offset, scale: as ``flash_attention``.
+    block_q, block_k: tile sizes (``plan``); T and S need not be multiples.
     interpret: None: compiled on a TPU, TPU interpret mode elsewhere; True
       (or a ``pltpu.InterpretParams``): TPU interpret mode; False: the Mosaic
       kernel (runs only on a TPU; lowers anywhere with
@@ -641,74 +494,32 @@ def flash_attention_tpu(
     [B, T, N, H] in the dtype of ``q_BTNH``; a query that sees no key gets
     zeros (and zero gradients).
   """
-  st, args = _prepare(
-      q_BTNH, k_BSKH, v_BSKH, causal=causal, window=window, q_segment_ids=q_segment_ids,
-      kv_segment_ids=kv_segment_ids, q_offset=q_offset, scale=scale, block_sizes=block_sizes,
-      interpret=interpret, _debug=_debug,
-  )
+  checks.check_qkv(q_BTNH, k_BSKH, v_BSKH, window=window, q_segment_ids=q_segment_ids,
+                   kv_segment_ids=kv_segment_ids)
   B, T, N, H = q_BTNH.shape
-  if T == 0 or k_BSKH.shape[1] == 0:
+  S, K = k_BSKH.shape[1], k_BSKH.shape[2]
+  if jnp.ndim(q_offset) not in (0, 1) or (jnp.ndim(q_offset) == 1
+                                          and jnp.shape(q_offset) != (B,)):
+    raise ValueError(f"q_offset shape {jnp.shape(q_offset)} must be () or [B] = ({B},)")
+  interpret = resolve_interpret(interpret)
+  blocks = plan(T, S, block_q=block_q, block_k=block_k, interpret=interpret)
+  if T == 0 or S == 0:
     return jnp.zeros(q_BTNH.shape, q_BTNH.dtype)
-  out_BNTH = _flash_jit(st, *args)
+  bq, bk = blocks.block_q, blocks.block_k
+  Tp, Sp = round_up(T, bq), round_up(S, bk)
+  # Heads-major at the boundary (see the module doc); padded rows are masked.
+  q = jnp.pad(jnp.swapaxes(q_BTNH, 1, 2), ((0, 0), (0, 0), (0, Tp - T), (0, 0)))
+  k = jnp.pad(jnp.swapaxes(k_BSKH, 1, 2), ((0, 0), (0, 0), (0, Sp - S), (0, 0)))
+  v = jnp.pad(jnp.swapaxes(v_BSKH, 1, 2), ((0, 0), (0, 0), (0, Sp - S), (0, 0)))
+  segments = q_segment_ids is not None
+  q_seg = kv_seg = None
+  if segments:
+    q_seg = jnp.pad(q_segment_ids.astype(jnp.int32), ((0, 0), (0, Tp - T)))[:, None, :]
+    kv_seg = jnp.pad(kv_segment_ids.astype(jnp.int32), ((0, 0), (0, Sp - S)))[:, None, :]
+  off_B = jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), (B,))
+  st = TpuStatic(
+      backend="tpu", causal=bool(causal), window=window,
+      scale=1.0 / math.sqrt(H) if scale is None else float(scale), q_len=T, kv_len=S,
+      blocks=blocks, groups=N // K, segments=segments, interpret=interpret, **(_debug or {}))
+  out_BNTH = _flash_jit(st, q, k, v, off_B, q_seg, kv_seg)
   return jnp.swapaxes(out_BNTH[:, :, :T], 1, 2)
-
-
-# ----------------------------------------------------------------------------
-# One entry point for both Pallas kernels, chosen by the lowering platform.
-# ----------------------------------------------------------------------------
-
-BACKENDS = (None, "tpu", "gpu")
-
-
-def _gpu_compiled_buildable() -> bool:
-  """Whether the GPU wrapper builds its compiled (Triton) kernel on this host.
-
-  Today's ``resolve_interpret`` refuses interpret=False without a GPU, so on a
-  CPU host the cuda branch is left out (platform_dependent traces every
-  branch). The refactored wrapper should build it everywhere (see the report).
-  """
-  try:
-    return common.resolve_interpret(False) is False
-  except ValueError:
-    return False
-
-
-def flash_attention_by_platform(q_BTNH, k_BSKH, v_BSKH, *, backend: str | None = None,
-                                block_sizes: BlockSizes | None = None, **kwargs):
-  """The Pallas flash kernel for the platform: Mosaic on TPU, Triton on CUDA.
-
-  Args:
-    backend: "tpu": the TPU variant wherever called (compiled on a TPU, TPU
-      interpret mode elsewhere); "gpu": the Triton variant (compiled on a GPU,
-      interpret mode elsewhere); None: chosen when lowering by
-      ``jax.lax.platform_dependent``: compiled Mosaic for TPU, compiled Triton
-      for CUDA, the Triton variant in interpret mode on other platforms.
-    block_sizes: tile sizes (``BlockSizes``); the GPU variant takes them as
-      its block_q / block_k (powers of two).
-    kwargs: causal, window, q_segment_ids, kv_segment_ids, q_offset, scale.
-  """
-  if backend not in BACKENDS:
-    raise ValueError(f"backend={backend!r} must be one of {BACKENDS}")
-  for name in kwargs:
-    if name not in ("causal", "window", "q_segment_ids", "kv_segment_ids", "q_offset",
-                    "scale"):
-      raise ValueError(f"flash_attention_by_platform got an unexpected argument {name!r}")
-  bs = block_sizes or BlockSizes()
-
-  def tpu(q, k, v, interpret=None):
-    return flash_attention_tpu(q, k, v, block_sizes=bs, interpret=interpret, **kwargs)
-
-  def gpu(q, k, v, interpret=None):
-    return gpu_flash.flash_attention(q, k, v, block_q=bs.block_q, block_k=bs.block_k,
-                                         interpret=interpret, **kwargs)
-
-  if backend == "tpu":
-    return tpu(q_BTNH, k_BSKH, v_BSKH)
-  if backend == "gpu":
-    return gpu(q_BTNH, k_BSKH, v_BSKH)
-  branches = dict(tpu=functools.partial(tpu, interpret=False))
-  if _gpu_compiled_buildable():
-    branches["cuda"] = functools.partial(gpu, interpret=False)
-  return lax.platform_dependent(
-      q_BTNH, k_BSKH, v_BSKH, default=functools.partial(gpu, interpret=True), **branches
-  )

@@ -67,7 +67,7 @@ def check_cache_dtype(dtype):
   if dtype is None:
     return None
   try:
-    name = jnp.dtype(as_dtype(dtype)).name
+    name = jnp.dtype(dtype).name
   except TypeError:
     name = None
   if name not in CACHE_DTYPES:

@@ -106,9 +106,11 @@ def test_decode_defaults_are_decode_config_defaults():
 
   args = decode._decode_parser().parse_args(["--workdir", "w", "--prompt", "p"])
   defaults = attnlab.config.DecodeConfig()
-  for name in ("cache", "temperature", "top_k", "top_p", "beam_size", "length_penalty",
-               "max_new_tokens", "seed"):
+  for name in ("temperature", "top_k", "top_p", "beam_size", "length_penalty",
+               "max_new_tokens", "seed", "page_size", "num_pages"):
     assert getattr(args, name) == getattr(defaults, name), name
+  # --cache is resolved in main: paged with --slots, else DecodeConfig's default.
+  assert args.cache is None and f"else {defaults.cache}" in decode._decode_parser().format_help()
 
 
 def test_decode_workdir_without_config_exits_2(tmp_path, capsys):

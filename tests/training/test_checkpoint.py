@@ -111,7 +111,7 @@ def test_other_errors_are_raised_not_taken_for_a_damaged_checkpoint(saved, monke
     with pytest.raises(ValueError, match="shape"):
       ckpt.restore_latest(_abstract(other))
 
-    def broken(self, step, abstract_state):
+    def broken(self, step, abstract_state, init_state=None):
       raise RuntimeError("a bug in restore")
 
     monkeypatch.setattr(Checkpointer, "restore", broken)

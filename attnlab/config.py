@@ -274,7 +274,8 @@ class DataConfig:
     bos_id, eos_id: the special ids of an "hf_json" tokenizer (the
       checkpoint's config.json names them); None = it has none. The byte and
       sentencepiece tokenizers fix bos=1, eos=2: leave these None.
-    seed: data order and synthetic examples.
+    seed: the training data's order and synthetic training examples (the
+      validation split is the same for every seed).
   """
 
   task: str = "lm"

@@ -133,6 +133,13 @@ class BatchIterator:
     self.index = int(state["index"])
 
 
+def _split_seed(dcfg: DataConfig, split: str) -> int:
+  """The training split follows ``DataConfig.seed``; the validation split is the
+  same for every seed (laid out as with seed 0), so runs that differ only in
+  their seed are evaluated on the same text."""
+  return dcfg.seed if split == "train" else 0
+
+
 def build_sources(dcfg: DataConfig, mcfg: ModelConfig):
   """Train and validation sources and the tokenizer for a data config."""
   tok = make_tokenizer(dcfg.tokenizer, dcfg.tokenizer_model, bos_id=dcfg.bos_id,
@@ -148,12 +155,14 @@ def build_sources(dcfg: DataConfig, mcfg: ModelConfig):
       raise ValueError("task='lm' needs arch='decoder_only'")
     files = text.lm_files(dcfg.paths, validation_percent=dcfg.validation_percent,
                           max_files=dcfg.max_files)
-    return {split: PackedText([text.read_text(f) for f in fs], tok, dcfg.seq_len, dcfg.seed)
+    return {split: PackedText([text.read_text(f) for f in fs], tok, dcfg.seq_len,
+                              _split_seed(dcfg, split))
             for split, fs in files.items()}, tok
   if dcfg.task == "tsv":
     pairs = text.tsv_splits(dcfg.paths, dcfg.validation_percent)
   else:
-    pairs = {split: SyntheticPairs(dcfg.task, seed=dcfg.seed, split=split, min_len=dcfg.min_len,
+    pairs = {split: SyntheticPairs(dcfg.task, seed=_split_seed(dcfg, split), split=split,
+                                   min_len=dcfg.min_len,
                                    max_len=dcfg.max_len, vocab_chars=dcfg.vocab_chars)
              for split in ("train", "validation")}
     src_len, tgt_len = pairs["train"].longest()

@@ -64,13 +64,14 @@ def test_packed_documents_do_not_attend_to_each_other():
   for _ in range(2):  # two different first documents, same second document
     tokens, doc_ids = packing.concat_documents([rng.integers(3, 259, 5), doc2], 1, 2)
     rows.append(packing.packed_rows(tokens, doc_ids, np.array([0]), seq_len=len(tokens) - 1))
-  logits = [model(jnp.asarray(r["tokens_BT"]), positions_BT=jnp.asarray(r["positions_BT"]),
-                  segment_ids_BT=jnp.asarray(r["segment_ids_BT"])) for r in rows]
+  run = nnx.jit(lambda m, t, p, s: m(t, positions_BT=p, segment_ids_BT=s))
+  logits = [run(model, jnp.asarray(r["tokens_BT"]), jnp.asarray(r["positions_BT"]),
+                jnp.asarray(r["segment_ids_BT"])) for r in rows]
   seg = rows[0]["segment_ids_BT"][0]
   assert not np.allclose(logits[0][0, seg == 1], logits[1][0, seg == 1])
   np.testing.assert_allclose(logits[0][0, seg == 2], logits[1][0, seg == 2], atol=1e-5)
   # ... and equal the second document run on its own at positions 0..n-1.
-  alone = model(jnp.asarray(rows[0]["tokens_BT"][:, seg == 2]))
+  alone = nnx.jit(lambda m, t: m(t))(model, jnp.asarray(rows[0]["tokens_BT"][:, seg == 2]))
   np.testing.assert_allclose(logits[0][0, seg == 2], alone[0], atol=1e-5)
 
 
@@ -125,3 +126,23 @@ def test_tsv_reader_and_errors(tmp_path):
     text.read_tsv(str(bad))
   with pytest.raises(FileNotFoundError, match="nope"):
     text.expand_paths([str(tmp_path / "nope*.txt")])
+
+
+@pytest.mark.parametrize("task", ["lm", "reverse"])
+def test_validation_split_is_the_same_for_every_seed(tmp_path, task):
+  """Runs that differ only in their seed are evaluated on the same rows; their
+  training data differs."""
+  for i in range(12):
+    (tmp_path / f"f{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * (3 + i))
+  mcfg = ModelConfig(arch="decoder_only")
+
+  def rows(seed, split):
+    dcfg = DataConfig(task=task, paths=(str(tmp_path / "*.py"),), seq_len=32, batch_size=4,
+                      validation_percent=40, max_len=6, seed=seed)
+    sources, _ = pipeline.build_sources(dcfg, mcfg)
+    return sources[split].batch(np.arange(4))
+
+  for key, want in rows(0, "validation").items():
+    np.testing.assert_array_equal(rows(3, "validation")[key], want, err_msg=key)
+  train0, train3 = rows(0, "train"), rows(3, "train")
+  assert any(not np.array_equal(train0[k], train3[k]) for k in train0)

@@ -13,10 +13,11 @@ sweep plan, so it can be rebuilt at any time from whatever has finished:
 - ``val_loss_vs_tokens.png``, ``val_loss_vs_kv_bytes.png``,
   ``decode_tokens_per_s.png``.
 
-Seed noise: an arm's validation loss differs from the MHA arm's beyond seed
-noise when |mean_a - mean_mha| > 2 * sqrt(s_a^2 / n_a + s_mha^2 / n_mha)
-(s: sample standard deviation over seeds, n: finished seeds; both n >= 2),
-i.e. the difference of the means exceeds twice its standard error.
+Seed noise: arms of one seed share the init seed, the training data order and
+the validation rows, so an arm is compared with MHA seed by seed (a paired
+test): with d_s = loss_a(s) - loss_mha(s) over the n seeds both finished, the
+arm differs beyond seed noise when |mean(d)| > 2 * stdev(d) / sqrt(n) (n >= 2),
+i.e. the mean difference exceeds twice its standard error.
 """
 
 from __future__ import annotations
@@ -108,23 +109,32 @@ def _mean_std(values):
   return mean, (statistics.stdev(values) if len(values) > 1 else None)
 
 
-def noise_test(a: list[float], b: list[float]) -> tuple[float | None, float | None, str]:
-  """(mean(a) - mean(b), its standard error, "yes" | "no" | "n/a") by the
-  module docstring's criterion ("n/a" with fewer than 2 values on a side)."""
-  if not a or not b:
+def noise_test(a: dict[int, float], b: dict[int, float]
+               ) -> tuple[float | None, float | None, str]:
+  """(mean of a[s] - b[s] over the seeds s in both, its standard error,
+  "yes" | "no" | "n/a") by the module docstring's paired criterion ("n/a"
+  with fewer than 2 common seeds)."""
+  d = [a[s] - b[s] for s in sorted(a.keys() & b.keys())]
+  if not d:
     return None, None, "n/a"
-  diff = statistics.fmean(a) - statistics.fmean(b)
-  if len(a) < 2 or len(b) < 2:
+  diff = statistics.fmean(d)
+  if len(d) < 2:
     return diff, None, "n/a"
-  se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+  se = statistics.stdev(d) / math.sqrt(len(d))
   return diff, se, "yes" if abs(diff) > NOISE_FACTOR * se else "no"
+
+
+def _losses(rows: list[dict], arm_name) -> dict[int, float]:
+  """{seed: val_loss} of the arm's finished runs."""
+  return {int(r["seed"]): float(r["val_loss"]) for r in rows
+          if r["arm"] == arm_name and r["status"] == "ok"}
 
 
 def summarize(rows: list[dict], arms, mcfg) -> list[dict]:
   """One row per arm (SUMMARY_COLUMNS)."""
   mha = sweep_lib.mha_arm(arms, mcfg)
   ok = lambda name: [r for r in rows if r["arm"] == name and r["status"] == "ok"]
-  mha_losses = [r["val_loss"] for r in ok(mha.name)] if mha else []
+  mha_losses = _losses(rows, mha.name) if mha else {}
   out = []
   for arm in arms:
     mine = [r for r in rows if r["arm"] == arm.name]
@@ -135,7 +145,7 @@ def summarize(rows: list[dict], arms, mcfg) -> list[dict]:
     for m in MEASURES:
       s[f"{m}_mean"], s[f"{m}_std"] = _mean_std([r.get(m) for r in good])
     if mha is not None and arm.name != mha.name:
-      diff, se, verdict = noise_test([r["val_loss"] for r in good], mha_losses)
+      diff, se, verdict = noise_test(_losses(rows, arm.name), mha_losses)
       s.update(val_loss_diff_vs_mha=diff, val_loss_diff_se=se, exceeds_seed_noise=verdict)
     out.append(s)
   return out
@@ -193,9 +203,10 @@ def report_markdown(summary, rows, arms, sweep, base) -> str:
     lines += [f"| {s['arm']} | {_pm(s['exact_match_mean'], s['exact_match_std'])} | "
               f"{_pm(s['bleu_mean'], s['bleu_std'], 2)} |" for s in summary]
   lines += [
-      "", "Beyond seed noise: |mean(arm) - mean(MHA)| > 2 x sqrt(s_arm²/n_arm + s_MHA²/n_MHA), "
-      "s the sample standard deviation over seeds and n the finished seeds (n/a with fewer "
-      "than 2 on either side): the difference of the means exceeds twice its standard error. "
+      "", "Δ: the mean over seeds of the per-seed difference arm - MHA (arms of a seed share "
+      "the init seed, the data order and the validation rows). Beyond seed noise: |Δ| > 2 x "
+      "stdev(per-seed differences) / sqrt(n), n the seeds both finished (n/a with fewer than "
+      "2): the mean difference exceeds twice its standard error (a paired test). "
       "Δ > 0 means the arm's loss is higher (worse) than MHA's. Throughputs are tokens/s "
       "(training: median over logged windows after the first; decode: cached greedy, "
       f"{sweep.decode_new_tokens} new tokens after {sweep.decode_prompt_len}-token prompts, "
@@ -216,9 +227,7 @@ def report_markdown(summary, rows, arms, sweep, base) -> str:
     for a in uptrain:
       s = by[a.name]
       ref = by.get(scratch.get(a.num_kv_heads, ""), {})
-      diff, _, verdict = noise_test(
-          [r["val_loss"] for r in rows if r["arm"] == a.name and r["status"] == "ok"],
-          [r["val_loss"] for r in rows if r["arm"] == ref.get("arm") and r["status"] == "ok"])
+      diff, _, verdict = noise_test(_losses(rows, a.name), _losses(rows, ref.get("arm")))
       m = by[mha.name]
       lines.append(
           f"| {a.num_kv_heads} | {a.method} | "

@@ -103,7 +103,7 @@ def test_micro_sweep_writes_every_output(micro):
   assert [s["arm"] for s in summary] == ["mha", "mqa"]
   assert summary[1]["exceeds_seed_noise"] == "n/a"  # one seed: no noise estimate
   report = _read(micro, "report.md")
-  assert "| mqa | 1 |" in report and "2 x sqrt(" in report
+  assert "| mqa | 1 |" in report and "2 x stdev(per-seed differences) / sqrt(n)" in report
   for png in report_lib.PLOTS:
     with open(os.path.join(micro, png), "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n", png
@@ -206,10 +206,18 @@ def _model(num_kv_heads=4, **kw):
 TOKENS = np.array([[5, 7, 9, 11, 2, 3, 17, 4]], np.int32)
 
 
+@nnx.jit
+def _logits(model, tokens):
+  """model(tokens), jitted (op-by-op execution compiles every op separately)."""
+  return model(tokens)
+
+
+
 def test_convert_to_the_same_heads_with_mean_is_the_identity():
   model = _model()
   same = attnlab.convert_heads(model, 4, "mean")
-  np.testing.assert_array_equal(np.asarray(model(TOKENS)), np.asarray(same(TOKENS)))
+  np.testing.assert_array_equal(np.asarray(_logits(model, TOKENS)),
+                                np.asarray(_logits(same, TOKENS)))
 
 
 @pytest.mark.parametrize("method", ["mean", "first"])
@@ -249,10 +257,11 @@ def test_first_with_identical_group_heads_keeps_the_function():
       proj.w[...] = np.asarray(proj.w[...])[:, [0, 0, 2, 2]]
       proj.b[...] = np.asarray(proj.b[...])[[0, 0, 2, 2]]
   for method in ("mean", "first"):
-    np.testing.assert_allclose(np.asarray(attnlab.convert_heads(model, 2, method)(TOKENS)),
-                               np.asarray(model(TOKENS)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(_logits(attnlab.convert_heads(model, 2, method), TOKENS)),
+                               np.asarray(_logits(model, TOKENS)), rtol=1e-5, atol=1e-5)
   rnd = attnlab.convert_heads(model, 2, "random", rngs=nnx.Rngs(params=9, dropout=1))
-  assert not np.allclose(np.asarray(rnd(TOKENS)), np.asarray(model(TOKENS)), atol=1e-3)
+  assert not np.allclose(np.asarray(_logits(rnd, TOKENS)), np.asarray(_logits(model, TOKENS)),
+                         atol=1e-3)
 
 
 def test_converted_cache_bytes_drop_by_the_head_ratio():
@@ -281,7 +290,8 @@ def test_convert_heads_command_then_train_and_decode(micro, tmp_path, capsys):
   assert cfg.num_kv_heads == 1
   src_model, _ = attnlab.load_checkpoint(src)
   want = attnlab.convert_heads(src_model, 1, "mean")
-  np.testing.assert_array_equal(np.asarray(model(TOKENS)), np.asarray(want(TOKENS)))
+  np.testing.assert_array_equal(np.asarray(_logits(model, TOKENS)),
+                                np.asarray(_logits(want, TOKENS)))
   capsys.readouterr()
   assert cli.main(["decode", "--workdir", dst, "--prompt", "def", "--max_new_tokens", "3"]) == 0
   assert capsys.readouterr().out.endswith("\n")  # the completion line
@@ -384,10 +394,14 @@ def test_uptrain_arm_converts_the_mha_run(micro, sweep_file, tmp_path):
 
 
 def test_seed_noise_criterion_by_hand():
-  # diff 0.3, se = sqrt(0.01/3 + 0.01/3) = 0.0816: 0.3 > 2 se
-  diff, se, verdict = report_lib.noise_test([2.2, 2.3, 2.4], [1.9, 2.0, 2.1])
-  assert diff == pytest.approx(0.3) and se == pytest.approx(np.sqrt(0.02 / 3))
-  assert verdict == "yes"
-  # diff 0.1 < 2 se
-  assert report_lib.noise_test([2.0, 2.1, 2.2], [1.9, 2.0, 2.1])[2] == "no"
-  assert report_lib.noise_test([2.0], [1.9, 2.0])[2] == "n/a"
+  """Paired over seeds: d = (0.1, 0.2, 0.3) has mean 0.2 and se 0.1 / sqrt(3) = 0.0577."""
+  mha = {0: 1.9, 1: 1.2, 2: 2.5}  # seeds differ a lot; the per-seed differences do not
+  arm = {0: 2.0, 1: 1.4, 2: 2.8}
+  diff, se, verdict = report_lib.noise_test(arm, mha)
+  assert diff == pytest.approx(0.2) and se == pytest.approx(0.1 / np.sqrt(3))
+  assert verdict == "yes"  # 0.2 > 2 x 0.0577; an unpaired test would say "no"
+  # d = (0.1, -0.2, 0.3): mean 0.0667, se 0.153: inside the noise
+  assert report_lib.noise_test({0: 2.0, 1: 1.0, 2: 2.8}, mha)[2] == "no"
+  # Only the seeds both finished count; one common seed is not enough.
+  assert report_lib.noise_test({0: 2.0, 5: 1.0}, mha) == (pytest.approx(0.1), None, "n/a")
+  assert report_lib.noise_test({}, mha) == (None, None, "n/a")

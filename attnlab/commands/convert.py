@@ -230,14 +230,10 @@ def _restore_weights(workdir: str, mcfg, step: int | None):
 
   ckpt = Checkpointer(workdir)
   try:
-    steps = ckpt.steps()
-    if not steps:
-      raise FileNotFoundError(f"{ckpt.directory} holds no checkpoint")
-    if step is None:
-      step = steps[-1]
-    elif step not in steps:
-      raise CommandError(f"--step={step} has no checkpoint in {ckpt.directory}; "
-                         f"saved steps: {steps}")
+    try:
+      step = ckpt.resolve_step(step)
+    except ValueError as e:
+      raise CommandError(f"--{e}") from None
     abstract = nnx.state(nnx.eval_shape(lambda: build_model(mcfg, rngs=nnx.Rngs(0))), nnx.Param)
     device = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),

@@ -123,6 +123,23 @@ class Checkpointer:
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
 
+  def resolve_step(self, step: int | None = None) -> int:
+    """``step`` if it is saved, else the newest saved step when ``step`` is None.
+
+    Raises:
+      FileNotFoundError: nothing is saved.
+      ValueError: ``step`` is not one of the saved steps (the message lists them).
+    """
+    steps = self.steps()
+    if not steps:
+      raise FileNotFoundError(f"{self.directory} holds no checkpoint")
+    if step is None:
+      return steps[-1]
+    if step not in steps:
+      raise ValueError(f"step={step} has no checkpoint in {self.directory}; "
+                       f"saved steps: {steps}")
+    return step
+
   def save(self, step: int, state: dict, data_state: dict, meta: dict | None = None) -> None:
     ocp = self._ocp
     if step in self.manager.all_steps():
@@ -183,6 +200,14 @@ class Checkpointer:
         params=ocp.args.StandardRestore(flatten(abstract_params))))
     return unflatten(abstract_params, out["params"])
 
+  def restore_data(self, step: int) -> dict | None:
+    """The data-pipeline position saved with ``step`` (None for a weights-only checkpoint)."""
+    if not self.has_train_state(step):
+      return None
+    ocp = self._ocp
+    return dict(self.manager.restore(step, args=ocp.args.Composite(
+        data=ocp.args.JsonRestore()))["data"])
+
   def restore_latest(self, abstract_state: dict, init_state: dict | None = None):
     """(step, state, data_state) of the newest readable checkpoint, or None.
 
@@ -235,13 +260,7 @@ def load_checkpoint(workdir: str, step: int | None = None):
   mcfg, _, _ = gin_config.read_workdir_config(config_path)
   ckpt = Checkpointer(workdir)
   try:
-    steps = ckpt.steps()
-    if not steps:
-      raise FileNotFoundError(f"{ckpt_dir} holds no checkpoint")
-    if step is None:
-      step = steps[-1]
-    elif step not in steps:
-      raise ValueError(f"step={step} has no checkpoint in {ckpt_dir}; saved steps: {steps}")
+    step = ckpt.resolve_step(step)
     model = build_model(mcfg, rngs=nnx.Rngs(params=0, dropout=1))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     # Host (single-device) placement: decoding and eval need no mesh.

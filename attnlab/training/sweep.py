@@ -234,18 +234,11 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
     raise ValueError(f"--to {dst} already exists and is not empty: give a new directory")
   src_ckpt = Checkpointer(src)
   try:
-    steps = src_ckpt.steps()
-    if not steps:
-      raise FileNotFoundError(f"{ckpt_dir} holds no checkpoint")
-    if step is None:
-      step = steps[-1]
-    elif step not in steps:
-      raise ValueError(f"step={step} has no checkpoint in {ckpt_dir}; saved steps: {steps}")
+    step = src_ckpt.resolve_step(step)
     if check_only:
       return {}
-    ocp = src_ckpt._ocp
-    data_state = dict(src_ckpt.manager.restore(step, args=ocp.args.Composite(
-        data=ocp.args.JsonRestore()))["data"])
+    # A weights-only source (attnlab convert --from-hf) read no data yet: batch 0.
+    data_state = src_ckpt.restore_data(step) or {"index": 0}
   finally:
     src_ckpt.close()
 

@@ -22,6 +22,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+from flax import nnx  # noqa: E402
+
 import attnlab  # noqa: E402
 from attnlab.cli import main  # noqa: E402
 
@@ -99,7 +101,8 @@ def test_logits_match_transformers_on_a_padded_batch(models, name):
   mask = (np.arange(20)[None, :] < lengths[:, None]).astype(np.int64)
   tokens = np.where(mask == 1, tokens, cfg.pad_id)
   want = _hf_logits(hf_model, tokens, mask)
-  got = np.asarray(model(tokens, segment_ids_BT=mask.astype(np.int32)))
+  got = np.asarray(nnx.jit(lambda m, t, s: m(t, segment_ids_BT=s))(
+      model, tokens, mask.astype(np.int32)))
   assert np.abs(want).max() > 1.0  # the weights are large enough for a meaningful check
   for b, n in enumerate(lengths):
     np.testing.assert_allclose(got[b, :n], want[b, :n], atol=1e-4, rtol=0)
@@ -218,7 +221,8 @@ def test_attnlab_to_hf_to_attnlab_is_bitwise(name, tmp_path):
   hf_model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).float().eval()
   model, _ = attnlab.load_checkpoint(src)
   tokens = np.random.default_rng(5).integers(0, 100, (2, 12))
-  np.testing.assert_allclose(np.asarray(model(tokens)), _hf_logits(hf_model, tokens),
+  np.testing.assert_allclose(np.asarray(nnx.jit(lambda m, t: m(t))(model, tokens)),
+                             _hf_logits(hf_model, tokens),
                              atol=1e-4, rtol=0)
 
 
@@ -415,3 +419,36 @@ def test_export_refuses_a_model_without_a_transformers_layout(tmp_path, capsys):
   assert not (tmp_path / "hf").exists()
   rc, _, err = _convert(["--to-hf", "--workdir", src, "--out", src], capsys)
   assert rc == 2 and "already exists" in err
+
+
+def test_export_of_a_step_that_was_not_saved_lists_the_saved_ones(tmp_path, capsys):
+  src = _attnlab_workdir(tmp_path / "src", attnlab.ModelConfig(**BASE), seed=0)
+  rc, out, err = _convert(["--to-hf", "--workdir", src, "--step", "7", "--out",
+                           str(tmp_path / "hf")], capsys)
+  assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+  assert "--step=7 has no checkpoint" in err and "saved steps: [0]" in err, err
+  assert not (tmp_path / "hf").exists()
+
+
+def test_convert_heads_of_a_weights_only_checkpoint_starts_its_data_at_batch_0(tmp_path):
+  """A converted (weights-only) checkpoint has no data position: the MQA run made
+  from it by convert-heads starts reading at batch 0, and its logits keep the
+  mean-pooled model's."""
+  from attnlab.training.checkpoint import Checkpointer
+
+  src = _attnlab_workdir(tmp_path / "src", attnlab.ModelConfig(**BASE), seed=1)
+  dst = str(tmp_path / "mqa")
+  assert main(["convert-heads", "--from", src, "--to", dst, "--num_kv_heads", "1",
+               "--method", "mean"]) == 0
+  ckpt = Checkpointer(dst)
+  try:
+    assert ckpt.steps() == [0] and ckpt.restore_data(0) == {"index": 0}
+  finally:
+    ckpt.close()
+  model, cfg = attnlab.load_checkpoint(src)
+  converted, new_cfg = attnlab.load_checkpoint(dst)
+  assert new_cfg.num_kv_heads == 1 and cfg.num_kv_heads == 4
+  tokens = jax.numpy.arange(12).reshape(1, 12) % 100
+  run = nnx.jit(lambda m, t: m(t))
+  want = run(attnlab.convert_heads(model, 1, "mean"), tokens)
+  np.testing.assert_allclose(run(converted, tokens), want, rtol=1e-5, atol=1e-5)

@@ -131,3 +131,17 @@ def test_other_errors_are_raised_not_taken_for_a_damaged_checkpoint(saved, monke
 ])
 def test_is_unreadable_classifies_errors(error, unreadable):
   assert checkpoint.is_unreadable(error) is unreadable
+
+
+def test_restore_data_gives_the_saved_position_or_none_for_weights_only(saved, tmp_path):
+  ckpt = Checkpointer(str(saved))
+  try:
+    assert [ckpt.restore_data(k) for k in (1, 2)] == [{"next_batch": 10}, {"next_batch": 20}]
+  finally:
+    ckpt.close()
+  weights = Checkpointer(str(tmp_path))
+  try:
+    weights.save_params(0, _state(3)["params"])
+    assert not weights.has_train_state(0) and weights.restore_data(0) is None
+  finally:
+    weights.close()

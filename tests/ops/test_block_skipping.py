@@ -28,6 +28,7 @@ import pytest
 
 from attnlab.ops.pallas import decode, flash, flash_gpu
 from attnlab.ops.reference import reference_attention
+from tests.ops.flash_inputs import decode_reference
 
 # The contiguous decode kernel picks its tile (at most 128 keys in interpret
 # mode, a power of two): positions aligned to 128 are tile boundaries.
@@ -143,14 +144,6 @@ def test_flash_visits_only_tiles_with_a_visible_key(B, T, N, K, H, causal, windo
   _flash_vs_reference(q, k, v, do, (q, k, v, do), kw, block_q, block_k)
 
 
-def _decode_reference(q, k, v, lengths_B, window):
-  T, S = q.shape[1], k.shape[1]
-  pos_BS = jnp.broadcast_to(jnp.arange(S), (q.shape[0], S))
-  kv_positions = jnp.where(pos_BS < lengths_B[:, None], pos_BS, -1)
-  return reference_attention(q, k, v, causal=True, window=window, q_offset=lengths_B - T,
-                             kv_positions=kv_positions)
-
-
 def _dead_positions(S, lengths_B, T, window, align):
   """[B, S] True at keys in ``align``-aligned blocks wholly before the band or past the length."""
   pos = jnp.arange(S)
@@ -171,7 +164,7 @@ def test_decode_never_reads_tiles_outside_the_band(window, num_splits):
   poison = lambda x: jnp.where(dead_BS[:, :, None, None], jnp.nan, x)
   got = jax.jit(lambda q, k, v, l: decode.decode_attention(
       q, k, v, l, window=window, num_splits=num_splits))(q, poison(k), poison(v), lengths_B)
-  _assert_matches([got], [_decode_reference(q, k, v, lengths_B, window)], ["out"])
+  _assert_matches([got], [decode_reference(q, k, v, lengths_B, window)], ["out"])
 
 
 @pytest.mark.parametrize("window,pages_per_split", [(None, 3), (20, 1), (20, None)])
@@ -202,4 +195,4 @@ def test_paged_decode_never_reads_pages_outside_the_band(window, pages_per_split
   got = jax.jit(lambda *a: decode.paged_decode_attention(
       *a, window=window, pages_per_split=pages_per_split))(
           q, pool(poison(k)), pool(poison(v)), table_BM, lengths_B)
-  _assert_matches([got], [_decode_reference(q, k, v, lengths_B, window)], ["out"])
+  _assert_matches([got], [decode_reference(q, k, v, lengths_B, window)], ["out"])

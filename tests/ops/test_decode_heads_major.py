@@ -15,15 +15,7 @@ import pytest
 
 from attnlab.nn.kv_cache import dequantize, quantize
 from attnlab.ops.pallas import decode
-from attnlab.ops.reference import reference_attention
-
-
-def _reference(q, k_BSKH, v_BSKH, lengths_B, window):
-  T, S = q.shape[1], k_BSKH.shape[1]
-  pos_BS = jnp.broadcast_to(jnp.arange(S), (q.shape[0], S))
-  kv_positions = jnp.where(pos_BS < lengths_B[:, None], pos_BS, -1)
-  return reference_attention(q, k_BSKH, v_BSKH, causal=True, window=window,
-                             q_offset=lengths_B - T, kv_positions=kv_positions)
+from tests.ops.flash_inputs import decode_reference
 
 
 @functools.partial(jax.jit, static_argnames=("window", "num_splits"))
@@ -62,7 +54,7 @@ def test_heads_major_decode_matches_reference(B, T, S, N, K, H, lengths, window,
   garbage = jnp.int8(100) if int8 else 1e4
   k, v = jnp.where(past, garbage, k).astype(k.dtype), jnp.where(past, garbage, v).astype(v.dtype)
   got = _kernel(q, k, v, lengths, ks, vs, window=window, num_splits=num_splits)
-  want = _reference(q, jnp.swapaxes(k_ref, 1, 2), jnp.swapaxes(v_ref, 1, 2), lengths, window)
+  want = decode_reference(q, jnp.swapaxes(k_ref, 1, 2), jnp.swapaxes(v_ref, 1, 2), lengths, window)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 

@@ -13,18 +13,10 @@ import numpy as np
 import pytest
 
 from attnlab.ops.pallas import common, decode
-from attnlab.ops.reference import reference_attention
+from tests.ops.flash_inputs import decode_reference
 from tests.ops.tolerances import assert_bf16_close
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
-
-
-def _reference(q, k, v, lengths_B, window):
-  T, S = q.shape[1], k.shape[1]
-  pos_BS = jnp.broadcast_to(jnp.arange(S), (q.shape[0], S))
-  kv_positions = jnp.where(pos_BS < lengths_B[:, None], pos_BS, -1)
-  return reference_attention(q, k, v, causal=True, window=window, q_offset=lengths_B - T,
-                             kv_positions=kv_positions)
 
 
 def _inputs(seed, B, T, S, N, K, H, dtype):
@@ -37,10 +29,11 @@ def _inputs(seed, B, T, S, N, K, H, dtype):
 
 def _assert_matches_reference(actual, q, k, v, lengths_B, window):
   """float32: close to the reference; bfloat16: error within a few times the reference's own."""
-  ref = _reference(q, k, v, lengths_B, window)
+  ref = decode_reference(q, k, v, lengths_B, window)
   if q.dtype == jnp.bfloat16:
     f32 = lambda x: x.astype(jnp.float32)
-    assert_bf16_close(actual, ref, _reference(f32(q), f32(k), f32(v), lengths_B, window), "out")
+    exact = decode_reference(f32(q), f32(k), f32(v), lengths_B, window)
+    assert_bf16_close(actual, ref, exact, "out")
   else:
     _assert_close(actual, ref, jnp.float32)
 

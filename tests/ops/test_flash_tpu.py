@@ -22,45 +22,24 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+try:  # the bare accelerator images may lack hypothesis; the marked tests must still collect
+  from hypothesis import given, settings
+  from hypothesis import strategies as st
+except ImportError:
+  given = None
+
 import attnlab
 from attnlab.ops.pallas import flash, flash_tpu
 from attnlab.ops.pallas.common import BlockSizes
 from attnlab.ops.reference import reference_attention
+from tests.ops.flash_inputs import flash_inputs, value_and_grads
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 BF16_MULTIPLE = 3.0  # kernel error <= this x the bf16 reference's error (+ a float32 floor)
 
 
-def _inputs(seed, B, T, S, N, K, H, dtype, segments):
-  ks = jax.random.split(jax.random.key(seed), 6)
-  q = jax.random.normal(ks[0], (B, T, N, H), jnp.float32).astype(dtype)
-  k = jax.random.normal(ks[1], (B, S, K, H), jnp.float32).astype(dtype)
-  v = jax.random.normal(ks[2], (B, S, K, H), jnp.float32).astype(dtype)
-  do = jax.random.normal(ks[3], (B, T, N, H), jnp.float32).astype(dtype)
-  seg = {}
-  if segments == "packed":  # several documents per row, sorted ids
-    seg = dict(
-        q_segment_ids=jnp.sort(jax.random.randint(ks[4], (B, T), 1, 4), axis=1),
-        kv_segment_ids=jnp.sort(jax.random.randint(ks[5], (B, S), 1, 4), axis=1),
-    )
-  elif segments == "pad":  # real tokens (1) then padding (0) at the tail
-    seg = dict(
-        q_segment_ids=(jnp.arange(T)[None] < jnp.array([T, max(1, T // 2)])[:B, None]
-                       ).astype(jnp.int32),
-        kv_segment_ids=(jnp.arange(S)[None] < jnp.array([S, max(1, S // 3)])[:B, None]
-                        ).astype(jnp.int32),
-    )
-  return q, k, v, do, seg
 
 
-def _value_and_grads(fn):
-  """jit(q, k, v, dout) -> (out, dq, dk, dv) through jax.vjp."""
-
-  def run(q, k, v, do):
-    out, pullback = jax.vjp(fn, q, k, v)
-    return (out, *pullback(do))
-
-  return jax.jit(run)
 
 
 NAMES = ("out", "dq", "dk", "dv")
@@ -68,12 +47,12 @@ NAMES = ("out", "dq", "dk", "dv")
 
 def _check_parity(B, T, S, N, K, H, *, causal, window, segments=None, dtype=F32, q_offset=0,
                   block_q=16, block_k=32, seed=0):
-  q, k, v, do, seg = _inputs(seed, B, T, S, N, K, H, dtype, segments)
+  q, k, v, do, seg = flash_inputs(seed, B, T, S, N, K, H, dtype, segments)
   kw = dict(causal=causal, window=window, q_offset=q_offset, **seg)
-  got = _value_and_grads(lambda q, k, v: flash.flash_attention(
+  got = value_and_grads(lambda q, k, v: flash.flash_attention(
       q, k, v, block_q=block_q, block_k=block_k, backend="tpu", interpret=True, **kw))(
       q, k, v, do)
-  ref = _value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))
+  ref = value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))
   up = [x.astype(F32) for x in (q, k, v, do)]
   exact = ref(*up)  # float32 on the same inputs
   low = ref(q, k, v, do) if dtype == BF16 else None
@@ -132,6 +111,41 @@ def test_grid_is_covered():
   assert any(c[0] % c[10] and c[1] % c[11] for c in cases)
 
 
+def test_queries_that_see_no_key_give_zeros_and_zero_gradients():
+  """Exactly zero output and dQ for rows that see no key, and no dK / dV from them.
+
+  Row 0 sees its keys (documents 1 and 2 against keys of document 1 and 2),
+  row 1's queries (document 1) face only keys of document 2: every output and
+  every gradient of row 1 is exactly 0, and row 0's are not.
+  """
+  q, k, v, do, _ = flash_inputs(3, 2, 16, 24, 2, 1, 16, F32, None)
+  seg = dict(q_segment_ids=jnp.array([[1] * 8 + [2] * 8, [1] * 16], jnp.int32),
+             kv_segment_ids=jnp.array([[1] * 12 + [2] * 12, [2] * 24], jnp.int32))
+  out, dq, dk, dv = value_and_grads(lambda q, k, v: flash.flash_attention(
+      q, k, v, block_q=8, block_k=16, backend="tpu", interpret=True, **seg))(q, k, v, do)
+  for name, x in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+    x = np.asarray(x)
+    assert np.all(x[1] == 0), name
+    assert np.all(np.isfinite(x[0])) and np.any(x[0] != 0), name
+
+
+if given is not None:
+
+  @settings(max_examples=3, deadline=None, derandomize=True)
+  @given(
+      T=st.integers(9, 24), S=st.integers(9, 24), H=st.sampled_from([16, 32]),
+      K=st.sampled_from([1, 2]), G=st.sampled_from([1, 3]), causal=st.booleans(),
+      window=st.one_of(st.none(), st.integers(1, 16)), q_offset=st.integers(0, 20),
+      segments=st.sampled_from([None, "packed"]), block_k=st.sampled_from([8, 16]),
+  )
+  def test_random_shapes(T, S, H, K, G, causal, window, q_offset, segments, block_k):
+    """Random requests in TPU interpret mode: query tiles of 8 and key tiles of 8 or 16, so
+    several blocks on both axes and partial edge blocks (3 examples a run: each compiles
+    three interpret-mode kernels)."""
+    _check_parity(1, T, S, K * G, K, H, causal=causal, window=window, q_offset=q_offset,
+                  segments=segments, block_q=8, block_k=block_k, seed=T * 97 + S)
+
+
 def test_empty_lengths_give_zeros():
   for T, S in ((0, 5), (3, 0)):
     out = flash.flash_attention(jnp.ones((1, T, 2, 64)), jnp.ones((1, S, 1, 64)),
@@ -168,13 +182,13 @@ def test_masked_blocks_control():
 
 
 def _nan_blocks_run(debug):
-  q, k, v, do, _ = _inputs(5, 1, 128, 128, 1, 1, 64, F32, None)
+  q, k, v, do, _ = flash_inputs(5, 1, 128, 128, 1, 1, 64, F32, None)
   nan = jnp.float32(jnp.nan)
   k = k.at[:, :16].set(nan).at[:, 112:].set(nan)
   v = v.at[:, :16].set(nan).at[:, 112:].set(nan)
   q = q.at[:, :16].set(nan).at[:, 112:].set(nan)
   do = do.at[:, :16].set(nan).at[:, 112:].set(nan)
-  return _value_and_grads(lambda q, k, v: flash_tpu.flash_attention_tpu(
+  return value_and_grads(lambda q, k, v: flash_tpu.flash_attention_tpu(
       q, k, v, causal=True, window=20, block_q=16, block_k=16, interpret=True, _debug=debug))(
       q, k, v, do)
 
@@ -224,13 +238,13 @@ def test_tpu_lowering(H, dtype, bq, bk, segments):
   need a TPU (tools/tpu_check.sh).
   """
   B, T, S, N, K = 2, 300, 700, 8, 2
-  q, k, v, do, seg = _inputs(0, B, T, S, N, K, H, dtype, "packed" if segments else None)
+  q, k, v, do, seg = flash_inputs(0, B, T, S, N, K, H, dtype, "packed" if segments else None)
   fn = lambda q, k, v: flash.flash_attention(
       q, k, v, causal=True, window=200, q_offset=jnp.array([400, 0]), backend="tpu",
       interpret=False, block_q=bq, block_k=bk, **seg)
   fwd = jax.jit(fn).trace(q, k, v).lower(lowering_platforms=("tpu",)).as_text()
   assert fwd.count("tpu_custom_call") == 1
-  both = _value_and_grads(fn).trace(q, k, v, do)
+  both = value_and_grads(fn).trace(q, k, v, do)
   assert both.lower(lowering_platforms=("tpu",)).as_text().count("tpu_custom_call") == 3
   blocks = _kernel_blocks(both.jaxpr)
   Q, KV, ROW = ((bq, H), dtype), ((bk, H), dtype), ((1, bq), jnp.float32)
@@ -243,7 +257,7 @@ def test_tpu_lowering(H, dtype, bq, bk, segments):
 
 
 def test_compiled_blocks_must_be_lane_multiples():
-  q, k, v, _, _ = _inputs(0, 1, 8, 8, 2, 1, 64, F32, None)
+  q, k, v, _, _ = flash_inputs(0, 1, 8, 8, 2, 1, 64, F32, None)
   with pytest.raises(ValueError, match="block_q=64 must be a positive multiple of 128"):
     flash.flash_attention(q, k, v, backend="tpu", interpret=False, block_q=64, block_k=128)
 
@@ -257,7 +271,7 @@ def test_one_call_lowers_to_mosaic_for_tpu_and_triton_for_cuda():
   lowered for TPU, Triton when lowered for CUDA (traced inside cross_platform(),
   since on a CPU host backend=None otherwise resolves to the interpreted kernel)."""
   pytest.importorskip("jax._src.lib.triton")
-  q, k, v, _, _ = _inputs(0, 1, 300, 300, 4, 2, 64, BF16, None)
+  q, k, v, _, _ = flash_inputs(0, 1, 300, 300, 4, 2, 64, BF16, None)
   with flash.cross_platform():  # a fresh function: jit caches traces per function
     traced = jax.jit(lambda q, k, v: _pallas_attention(q, k, v)).trace(q, k, v)
   names = set(_kernel_blocks(traced.jaxpr))  # platform_dependent traces every branch
@@ -289,7 +303,7 @@ def test_cpu_default_is_the_interpreted_triton_kernel():
   trace time, so a jitted function traced before keeps its trace: use a fresh jit."""
   if jax.default_backend() != "cpu":
     pytest.skip("checks the CPU resolution of backend=None")
-  q, k, v, _, _ = _inputs(1, 1, 40, 40, 4, 2, 64, F32, None)
+  q, k, v, _, _ = flash_inputs(1, 1, 40, 40, 4, 2, 64, F32, None)
   fn = jax.jit(_pallas_attention)
   assert set(_kernel_blocks(fn.trace(q, k, v).jaxpr)) == {"attnlab_flash_forward"}
   ref = reference_attention(q, k, v, causal=True, window=100)
@@ -339,11 +353,11 @@ def test_bad_input_raises(call, match):
 def test_tpu_compiled_matches_reference(H, G, causal, window, segments):
   """Mosaic-compiled kernel (interpret=None on a TPU), bfloat16, T = S = 1000."""
   B, T, K = 2, 1000, 2
-  q, k, v, do, seg = _inputs(4, B, T, T, K * G, K, H, BF16, segments)
+  q, k, v, do, seg = flash_inputs(4, B, T, T, K * G, K, H, BF16, segments)
   kw = dict(causal=causal, window=window, **seg)
-  ref = _value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))
+  ref = value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))
   exact, low = ref(*[x.astype(F32) for x in (q, k, v, do)]), ref(q, k, v, do)
-  got = _value_and_grads(lambda q, k, v: flash.flash_attention(q, k, v, backend="tpu", **kw))(
+  got = value_and_grads(lambda q, k, v: flash.flash_attention(q, k, v, backend="tpu", **kw))(
       q, k, v, do)
   for name, a, e, lo in zip(NAMES, got, exact, low):
     a, e, lo = (np.asarray(x, np.float32) for x in (a, e, lo))
@@ -354,6 +368,6 @@ def test_tpu_compiled_matches_reference(H, G, causal, window, segments):
 
 @pytest.mark.tpu
 def test_tpu_dispatch_picks_mosaic():
-  q, k, v, _, _ = _inputs(1, 1, 512, 512, 4, 2, 128, BF16, None)
+  q, k, v, _, _ = flash_inputs(1, 1, 512, 512, 4, 2, 128, BF16, None)
   text = jax.jit(_pallas_attention).lower(q, k, v).as_text()
   assert "tpu_custom_call" in text

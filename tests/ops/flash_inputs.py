@@ -1,0 +1,62 @@
+"""Inputs, the value-and-gradients harness and the decode reference shared by the
+kernel tests."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from attnlab.ops.reference import reference_attention
+
+
+def flash_inputs(seed, B, T, S, N, K, H, dtype, segments):
+  """(q_BTNH, k_BSKH, v_BSKH, dout_BTNH, segment-id kwargs) drawn from ``seed``.
+
+  ``segments``: None; "packed" (several documents per row, sorted ids 1..3);
+  "pad" (real tokens then padding at the tail; B <= 2, the second row keeps
+  half its queries and a third of its keys).
+  """
+  ks = jax.random.split(jax.random.key(seed), 6)
+  q = jax.random.normal(ks[0], (B, T, N, H), jnp.float32).astype(dtype)
+  k = jax.random.normal(ks[1], (B, S, K, H), jnp.float32).astype(dtype)
+  v = jax.random.normal(ks[2], (B, S, K, H), jnp.float32).astype(dtype)
+  do = jax.random.normal(ks[3], (B, T, N, H), jnp.float32).astype(dtype)
+  seg = {}
+  if segments == "packed":
+    seg = dict(
+        q_segment_ids=jnp.sort(jax.random.randint(ks[4], (B, T), 1, 4), axis=1),
+        kv_segment_ids=jnp.sort(jax.random.randint(ks[5], (B, S), 1, 4), axis=1),
+    )
+  elif segments == "pad":
+    seg = dict(
+        q_segment_ids=(jnp.arange(T)[None] < jnp.array([T, max(1, T // 2)])[:B, None]
+                       ).astype(jnp.int32),
+        kv_segment_ids=(jnp.arange(S)[None] < jnp.array([S, max(1, S // 3)])[:B, None]
+                        ).astype(jnp.int32),
+    )
+  elif segments is not None:
+    raise ValueError(f"segments={segments!r} is not one of None, 'packed', 'pad'")
+  return q, k, v, do, seg
+
+
+def value_and_grads(fn):
+  """jit(q, k, v, dout) -> (out, dq, dk, dv) of ``fn(q, k, v)`` through jax.vjp."""
+
+  def run(q, k, v, do):
+    out, pullback = jax.vjp(fn, q, k, v)
+    return (out, *pullback(do))
+
+  return jax.jit(run)
+
+
+@functools.partial(jax.jit, static_argnames=("window",))
+def decode_reference(q_BTNH, k_BSKH, v_BSKH, lengths_B, window=None):
+  """What a decode kernel must return, by the reference op (jitted: one compilation
+  instead of one per op): the T queries of row b sit at positions lengths_B[b] - T ..
+  lengths_B[b] - 1, causal (and ``window``), and cache slots at or past lengths_B[b]
+  are empty."""
+  T, S = q_BTNH.shape[1], k_BSKH.shape[1]
+  pos_BS = jnp.broadcast_to(jnp.arange(S), (q_BTNH.shape[0], S))
+  kv_positions = jnp.where(pos_BS < lengths_B[:, None], pos_BS, -1)
+  return reference_attention(q_BTNH, k_BSKH, v_BSKH, causal=True, window=window,
+                             q_offset=lengths_B - T, kv_positions=kv_positions)

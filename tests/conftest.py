@@ -1,7 +1,30 @@
-"""Shared pytest hooks."""
+"""Shared pytest hooks.
 
-import jax
-import pytest
+One persistent XLA compilation cache per test session: the programs that
+several tests compile alike (the tiny training configs' train step, compiled
+again by every resume, every ``attnlab train`` subprocess and every sweep arm)
+compile once and are loaded from the cache afterwards. The directory is new
+for each session (shared by its xdist workers and the subprocesses they start,
+which inherit the environment), so a run never reads programs compiled by an
+older checkout. A directory set by the caller in $JAX_COMPILATION_CACHE_DIR is
+used as it is. Tests that read what XLA prints while compiling turn the cache
+off in their own process (tests/training/remat_check.py).
+"""
+
+import os
+import shutil
+import tempfile
+
+_OWN_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  # xdist gives the controller and every worker the same run id.
+  _run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+  _OWN_CACHE = os.path.join(tempfile.gettempdir(), f"attnlab-test-xla-cache-{_run}")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
@@ -14,3 +37,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
       if marker in item.keywords:
         item.add_marker(skip)
+
+
+def pytest_sessionfinish(session):
+  """The controller (or the only process) removes the session's cache."""
+  if _OWN_CACHE and not hasattr(session.config, "workerinput"):
+    shutil.rmtree(_OWN_CACHE, ignore_errors=True)

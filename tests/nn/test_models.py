@@ -22,11 +22,23 @@ def build(**kw):
   return attnlab.build_model(ModelConfig(**{**TINY, **kw}), rngs=nnx.Rngs(0))
 
 
+# Jitted calls: op-by-op execution compiles every op of the model on first use (~10x
+# the time of compiling the whole forward once on the CPU).
+@nnx.jit
+def run(model, *args):
+  return model(*args)
+
+
+@nnx.jit
+def encode(model, src):
+  return model.encode(src)
+
+
 def test_gqa_with_k_equal_n_is_mha():
   mha = build(num_kv_heads=None)
   gqa = build(num_kv_heads=4)
   x = tokens(2, 10)
-  np.testing.assert_array_equal(mha(x), gqa(x))
+  np.testing.assert_array_equal(run(mha, x), run(gqa, x))
 
 
 @pytest.mark.parametrize("K", [1, 2])
@@ -47,7 +59,7 @@ def test_gqa_equals_mha_with_each_kv_head_copied_to_its_group(K):
   new = jax.tree.map_with_path(copy, gqa_params, mha_params)
   nnx.update(mha, new)
   x = tokens(2, 12)
-  np.testing.assert_allclose(mha(x), gqa(x), atol=1e-5)
+  np.testing.assert_allclose(run(mha, x), run(gqa, x), atol=1e-5)
 
 
 @pytest.mark.parametrize("K", [1, 2, 4])
@@ -63,7 +75,7 @@ def test_kv_projection_parameters_scale_with_num_kv_heads(K):
 
 def test_mqa_model_runs_and_differs_in_size_from_mha():
   mqa, mha = build(num_kv_heads=1), build()
-  out = mqa(tokens(2, 9))
+  out = run(mqa, tokens(2, 9))
   assert out.shape == (2, 9, 32) and np.all(np.isfinite(out))
   assert attnlab.count_params(mha) - attnlab.count_params(mqa) == 2 * 2 * 32 * 3 * 8
 
@@ -79,7 +91,7 @@ def test_decoder_only_is_causal(kw):
   model = build(**kw)
   x = tokens(2, 12)
   y = x.at[:, 7:].set(tokens(2, 5, seed=1))
-  a, b = model(x), model(y)
+  a, b = run(model, x), run(model, y)
   np.testing.assert_allclose(a[:, :7], b[:, :7], atol=1e-6)
   assert not np.allclose(a[:, 7:], b[:, 7:], atol=1e-3)
 
@@ -88,7 +100,8 @@ def test_encoder_decoder_decoder_is_causal():
   model = build(arch="encoder_decoder", pos="sinusoidal", norm_position="post")
   src, tgt = tokens(2, 8), tokens(2, 10, seed=2)
   tgt2 = tgt.at[:, 6:].set(tokens(2, 4, seed=3))
-  np.testing.assert_allclose(model(src, tgt)[:, :6], model(src, tgt2)[:, :6], atol=1e-6)
+  np.testing.assert_allclose(run(model, src, tgt)[:, :6], run(model, src, tgt2)[:, :6],
+                             atol=1e-6)
 
 
 @pytest.mark.parametrize("pos", ["sinusoidal", "rope", "learned"])
@@ -97,10 +110,10 @@ def test_encoder_ignores_pad_tokens(pos):
   src = tokens(2, 6)
   padded = jnp.concatenate([src, jnp.zeros((2, 5), src.dtype)], axis=1)  # pad_id = 0
   tgt = tokens(2, 7, seed=4)
-  enc = model.encode(src)
-  enc_padded = model.encode(padded)
+  enc = encode(model, src)
+  enc_padded = encode(model, padded)
   np.testing.assert_allclose(enc_padded[:, :6], enc, atol=1e-5)
-  np.testing.assert_allclose(model(padded, tgt), model(src, tgt), atol=1e-5)
+  np.testing.assert_allclose(run(model, padded, tgt), run(model, src, tgt), atol=1e-5)
 
 
 def test_window_at_least_length_equals_full_causal_model():
@@ -108,9 +121,10 @@ def test_window_at_least_length_equals_full_causal_model():
   windowed = build(window=12)
   narrow = build(window=4)
   x = tokens(2, 12)
-  np.testing.assert_allclose(windowed(x), full(x), atol=1e-6)
-  np.testing.assert_allclose(narrow(x)[:, :4], full(x)[:, :4], atol=1e-6)
-  assert not np.allclose(narrow(x)[:, 4:], full(x)[:, 4:], atol=1e-3)
+  want, narrowed = run(full, x), run(narrow, x)
+  np.testing.assert_allclose(run(windowed, x), want, atol=1e-6)
+  np.testing.assert_allclose(narrowed[:, :4], want[:, :4], atol=1e-6)
+  assert not np.allclose(narrowed[:, 4:], want[:, 4:], atol=1e-3)
 
 
 def test_post_ln_block_output_is_layer_normalized():
@@ -133,8 +147,9 @@ def test_model_with_other_attention_impl_matches_reference(impl):
   def loss(m):
     return jnp.mean(jax.nn.log_softmax(m(x))[..., 3])
 
-  np.testing.assert_allclose(other(x), ref(x), atol=1e-5)
-  g_ref, g_other = nnx.grad(loss)(ref), nnx.grad(loss)(other)
+  np.testing.assert_allclose(run(other, x), run(ref, x), atol=1e-5)
+  grad = nnx.jit(nnx.grad(loss))
+  g_ref, g_other = grad(ref), grad(other)
   for a, b in zip(jax.tree.leaves(g_other), jax.tree.leaves(g_ref)):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
@@ -144,9 +159,9 @@ def test_bfloat16_compute_keeps_float32_params():
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   fp32 = build()
   x = tokens(2, 8)
-  out = model(x)
+  out = run(model, x)
   assert out.dtype == jnp.float32
-  np.testing.assert_allclose(out, fp32(x), atol=0.1)
+  np.testing.assert_allclose(out, run(fp32, x), atol=0.1)
 
 
 def overfit(model, batch, loss_fn, steps):

@@ -14,6 +14,12 @@ from attnlab.ops.dispatch import attention, auto_implementation
 from attnlab.ops.reference import blocked_attention, reference_attention
 
 
+def jit_call(fn, q, k, v, **kw):
+  """fn(q, k, v, **kw) under jit (the keyword arguments closed over): one compilation,
+  not one per op as op-by-op execution on the CPU would cost."""
+  return jax.jit(lambda q, k, v: fn(q, k, v, **kw))(q, k, v)
+
+
 def make_qkv(B, T, S, N, K, H, seed=0, dtype=jnp.float32):
   kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
   q = jax.random.normal(kq, (B, T, N, H), jnp.float32).astype(dtype)
@@ -73,7 +79,7 @@ def test_reference_equals_naive_loop(case, N, K):
     case.update(q_seg=q_seg, kv_seg=kv_seg)
   want = naive_attention(q, k, v, **case)
   case.pop("q_seg", None), case.pop("kv_seg", None)
-  got = reference_attention(q, k, v, **case, **kw)
+  got = jit_call(reference_attention, q, k, v, **case, **kw)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -92,8 +98,8 @@ def test_reference_equals_jax_nn_xla(kw, N, K):
   if kw.pop("segments", False):
     seg = jnp.array([[1] * 6 + [2] * 5, [1] * 9 + [0] * 2])
     kw.update(q_segment_ids=seg, kv_segment_ids=seg)
-  want = reference_attention(q, k, v, **kw)
-  got = attention(q, k, v, implementation="xla", **kw)
+  want = jit_call(reference_attention, q, k, v, **kw)
+  got = jit_call(attention, q, k, v, implementation="xla", **kw)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -133,10 +139,10 @@ def test_chunked_equals_reference_forward_and_gradients(B, T, S, N, K, H, block,
   def chunked(q, k, v):
     return chunked_attention(q, k, v, block_k=block, **kw)
 
-  want = reference_attention(q, k, v, **kw)
+  want = jax.jit(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v)
   got = jax.jit(chunked)(q, k, v)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
-  g_ref = jax.grad(_loss("reference", kw), argnums=(0, 1, 2))(q, k, v)
+  g_ref = jax.jit(jax.grad(_loss("reference", kw), argnums=(0, 1, 2)))(q, k, v)
   w = jax.random.normal(jax.random.key(9), want.shape)
   g_chk = jax.jit(jax.grad(lambda q, k, v: jnp.sum(chunked(q, k, v) * w), argnums=(0, 1, 2)))(
       q, k, v)
@@ -146,8 +152,9 @@ def test_chunked_equals_reference_forward_and_gradients(B, T, S, N, K, H, block,
 
 def test_chunked_bfloat16_close_to_float32_reference():
   q, k, v = make_qkv(2, 40, 40, 8, 2, 32, seed=3)
-  want = reference_attention(q, k, v, causal=True)
-  got = chunked_attention(*(x.astype(jnp.bfloat16) for x in (q, k, v)), causal=True, block_k=16)
+  want = jit_call(reference_attention, q, k, v, causal=True)
+  got = jit_call(chunked_attention, *(x.astype(jnp.bfloat16) for x in (q, k, v)), causal=True,
+                 block_k=16)
   assert got.dtype == jnp.bfloat16
   np.testing.assert_allclose(got.astype(jnp.float32), want, atol=2e-2, rtol=2e-2)
 
@@ -159,10 +166,10 @@ def test_fully_masked_rows_are_zero_with_finite_gradients(impl):
   q_seg = jnp.array([[1, 1, 3, 3, 2, 2]])
   kv_seg = jnp.array([[1, 1, 2, 2, 2, 2]])
   kw = dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True)
-  out = attention(q, k, v, implementation=impl, **kw)
+  out = jit_call(attention, q, k, v, implementation=impl, **kw)
   np.testing.assert_array_equal(out[0, 2:4], 0.0)
   assert np.all(np.abs(np.asarray(out[0, [0, 1, 4, 5]])) > 0)
-  grads = jax.grad(_loss(impl, kw), argnums=(0, 1, 2))(q, k, v)
+  grads = jax.jit(jax.grad(_loss(impl, kw), argnums=(0, 1, 2)))(q, k, v)
   for g in grads:
     assert np.all(np.isfinite(g))
   np.testing.assert_array_equal(grads[0][0, 2:4], 0.0)
@@ -178,6 +185,7 @@ def test_self_attention_is_permutation_equivariant():
     return attention(q, k, v)
 
   perm = np.random.default_rng(0).permutation(9)
+  self_attention = jax.jit(self_attention)
   np.testing.assert_allclose(
       self_attention(x_BTD[:, perm]), self_attention(x_BTD)[:, perm], atol=1e-5, rtol=1e-5)
 
@@ -186,26 +194,27 @@ def test_gqa_equals_mha_with_repeated_kv():
   """GQA is MHA whose K/V heads are shared: repeating them (in the test only)
   must give the same output."""
   q, k, v = make_qkv(2, 10, 10, 8, 2, 16, seed=7)
-  gqa = reference_attention(q, k, v, causal=True)
-  mha = reference_attention(q, jnp.repeat(k, 4, axis=2), jnp.repeat(v, 4, axis=2), causal=True)
+  gqa = jit_call(reference_attention, q, k, v, causal=True)
+  mha = jit_call(reference_attention, q, jnp.repeat(k, 4, axis=2), jnp.repeat(v, 4, axis=2),
+                 causal=True)
   np.testing.assert_allclose(gqa, mha, atol=1e-6)
 
 
 @pytest.mark.parametrize("impl", ["reference", "chunked"])
 def test_window_at_least_length_equals_causal(impl):
   q, k, v = make_qkv(2, 12, 12, 4, 2, 8, seed=8)
-  causal = attention(q, k, v, causal=True, implementation=impl)
+  causal = jit_call(attention, q, k, v, causal=True, implementation=impl)
   for window in (12, 13, 100):
-    windowed = attention(q, k, v, causal=True, window=window, implementation=impl)
+    windowed = jit_call(attention, q, k, v, causal=True, window=window, implementation=impl)
     np.testing.assert_allclose(windowed, causal, atol=1e-6)
-  narrower = attention(q, k, v, causal=True, window=11, implementation=impl)
+  narrower = jit_call(attention, q, k, v, causal=True, window=11, implementation=impl)
   assert not np.allclose(narrower[:, -1], causal[:, -1], atol=1e-3)
 
 
 @pytest.mark.parametrize("impl", ["reference", "chunked", "xla"])
 def test_window_one_attends_to_itself_only(impl):
   q, k, v = make_qkv(2, 7, 7, 4, 4, 8, seed=10)
-  out = attention(q, k, v, causal=True, window=1, implementation=impl)
+  out = jit_call(attention, q, k, v, causal=True, window=1, implementation=impl)
   np.testing.assert_allclose(out, v, atol=1e-6)
 
 
@@ -275,14 +284,16 @@ def test_blocked_equals_reference_forward_and_gradients(T, S, N, K, block_q, kw)
   w = jax.random.normal(jax.random.key(9), q.shape)
 
   def loss(fn):
-    return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v) * w), argnums=(0, 1, 2)))
+    def f(q, k, v):
+      out = fn(q, k, v)
+      return jnp.sum(out * w), out
 
-  want, g_ref = loss(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v)
-  got, g_blk = loss(lambda q, k, v: blocked_attention(q, k, v, block_q=block_q, **kw))(q, k, v)
-  np.testing.assert_allclose(
-      blocked_attention(q, k, v, block_q=block_q, **kw), reference_attention(q, k, v, **kw),
-      atol=1e-5, rtol=1e-5)
-  np.testing.assert_allclose(got, want, rtol=1e-5)
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))
+
+  (_, want), g_ref = loss(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v)
+  (_, got), g_blk = loss(lambda q, k, v: blocked_attention(q, k, v, block_q=block_q, **kw))(
+      q, k, v)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
   for name, a, b in zip("qkv", g_blk, g_ref):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5, err_msg=f"d{name}")
 
@@ -330,9 +341,10 @@ def test_auto_runs_what_it_picks_and_matches_the_reference(T, S, kw, want, monke
   if jax.default_backend() != "cpu":
     pytest.skip("the CPU policy")
   q, k, v = make_qkv(2, T, S, 2, 1, 8, seed=12)
-  expected = reference_attention(q, k, v, **kw)
+  expected = jax.jit(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v)
   calls = _spy_implementations(monkeypatch)
-  got = attention(q, k, v, implementation="auto", **kw)
+  # The spies record at trace time: the jitted call records what the eager one would.
+  got = jax.jit(lambda q, k, v: attention(q, k, v, implementation="auto", **kw))(q, k, v)
   assert calls and calls[0] == want, calls
   if want == "blocked":
     assert calls.count("reference") > 1  # several query blocks: not the reference in one piece

@@ -21,7 +21,7 @@ from attnlab.training.trainer import Run  # noqa: E402
 
 
 def main(workdir):
-  mcfg = ModelConfig(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+  mcfg = ModelConfig(d_model=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8,
                      d_ff=64)
   dcfg = DataConfig(task="reverse", seq_len=32, batch_size=8)
   tcfg = TrainConfig(steps=6, warmup_steps=2, learning_rate=3e-3, grad_accum=2, progress=False)

@@ -15,6 +15,10 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
 import jax  # noqa: E402
 
+# The warnings are printed while XLA compiles: a program loaded from the test
+# session's compilation cache would print none.
+jax.config.update("jax_enable_compilation_cache", False)
+
 from attnlab import config_gin  # noqa: E402
 from attnlab.data import pipeline  # noqa: E402
 from attnlab.training import sharding, steps  # noqa: E402

@@ -2,7 +2,7 @@
 # attnlab into it from this checkout, so they work on a new machine.
 PYTHON ?= python3
 VENV ?= .venv
-PYTEST_ARGS ?= -n 2
+PYTEST_ARGS ?= -n 2 --dist worksteal
 
 .PHONY: demo test lint
 

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Mutation testing of one module with mutmut (3.x), from a throwaway copy of the tree.
+#
+#   bash tools/mutation.sh NAME MODULE TEST [TEST ...]
+#   bash tools/mutation.sh masks attnlab/ops/masks.py tests/ops/test_masks.py \
+#       tests/ops/test_attention.py::test_mask_predicates_and_key_range_agree
+#
+# Copies the tracked files to ${MUT_DIR:-/tmp/attnlab-mutation}/NAME, appends a
+# [tool.mutmut] section (only MODULE mutated, only the TESTs run), runs `mutmut run`
+# under `timeout ${MUT_TIMEOUT:-1800}` and writes `mutmut results` to NAME/results.txt
+# (survivors listed; `mutmut show NAME` in that folder prints one). Needs mutmut in the
+# venv of $PYTHON_BIN (default: the python on PATH).
+#
+# JAX is not fork-safe once its backend has started, and mutmut forks a worker per
+# mutant: the workers come from a fork server that has only imported the third-party
+# packages (process_isolation = "forkserver", forkserver_warmup = "import"). One
+# persistent compilation cache serves every mutant, so programs a mutant leaves alone
+# compile once.
+set -euo pipefail
+[ $# -ge 3 ] || { sed -n 2,16p "$0"; exit 2; }
+name=$1; module=$2; shift 2
+repo=$(cd "$(dirname "$0")/.." && pwd)
+dir=${MUT_DIR:-/tmp/attnlab-mutation}/$name
+rm -rf "$dir"; mkdir -p "$dir"
+(cd "$repo" && git ls-files | grep -v '^configs$' | tar -cf - -T -) | (cd "$dir" && tar -xf -)
+cd "$dir"
+rm -rf configs && cp -r attnlab/configs configs
+tests=$(printf '"%s", ' "$@"); tests="[${tests%, }]"
+printf '%s\n' jax jax.numpy numpy flax flax.nnx optax orbax.checkpoint einops chex pytest \
+  hypothesis > preload.txt
+cat >> pyproject.toml <<EOT
+
+[tool.mutmut]
+source_paths = ["attnlab/"]
+only_mutate = ["$module"]
+pytest_add_cli_args_test_selection = $tests
+pytest_add_cli_args = ["-x", "-p", "no:cacheprovider", "-p", "no:randomly"]
+process_isolation = "forkserver"
+forkserver_warmup = "import"
+preload_modules_file = "$dir/preload.txt"
+EOT
+export JAX_COMPILATION_CACHE_DIR=$dir/xla_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
+MUTMUT=${MUTMUT:-mutmut}
+status=0
+timeout "${MUT_TIMEOUT:-1800}" "$MUTMUT" run --max-children "${MUT_CHILDREN:-1}" > run.log 2>&1 \
+  || status=$?
+"$MUTMUT" results > results.txt 2>&1 || true
+echo "mutmut run exit $status; $(grep -c ': survived' results.txt || true) survived; see $dir"

@@ -32,6 +32,7 @@ from attnlab.commands._common import (
     use_compilation_cache,
 )
 from attnlab.commands.train import trainer_run_check
+from attnlab.extras import MissingDependencyError, require
 from attnlab.training import report as report_lib
 from attnlab.training import sweep as sweep_lib
 
@@ -81,6 +82,10 @@ def main(argv: list[str]) -> int:
   names = [a.name for a in arms]
   if args.arm is not None and args.arm not in names:
     raise CommandError(f"--arm {args.arm!r} is not an arm of this sweep: {', '.join(names)}")
+  try:  # the report's plots: checked before anything trains or is written
+    require("matplotlib", "attnlab ablate (its plots)")
+  except MissingDependencyError as e:
+    raise CommandError(str(e)) from None
   text = sweep_lib.operative_sweep_config(sweep, *base)
   if os.path.isfile(sweep_path):
     with open(sweep_path) as f:

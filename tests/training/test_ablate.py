@@ -358,6 +358,14 @@ def test_ablate_bad_input(sweep_file, tmp_path, capsys, binding, message):
   assert message in err
 
 
+def test_ablate_without_matplotlib_stops_before_training(sweep_file, tmp_path, capsys,
+                                                         monkeypatch):
+  monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+  out = str(tmp_path / "out")
+  err = _one_line_exit_2(capsys, ["ablate", "--gin_file", sweep_file, "--out", out], out)
+  assert "needs the matplotlib package: pip install 'attnlab[bench]'" in err, err
+
+
 def test_ablate_unknown_arm(sweep_file, tmp_path, capsys):
   out = str(tmp_path / "out")
   err = _one_line_exit_2(capsys, ["ablate", "--gin_file", sweep_file, "--out", out, "--arm",

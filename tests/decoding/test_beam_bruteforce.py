@@ -121,3 +121,25 @@ def test_narrow_beam_scores_no_better_than_the_best(beam_size):
       scores = {tuple(seq): score for score, seq in ranked}
       assert tuple(got[src].tolist()) in scores
       assert scores[tuple(got[src].tolist())] <= ranked[0][0] + 1e-6
+
+
+def test_length_penalty_factor_is_gnmts():
+  """lp(n) = ((5 + n) / 6)^alpha: 1 at n = 1 for every alpha (a constant factor would not
+  change which hypothesis wins, so the exhaustive test cannot see it), 2 at n = 7, alpha 1."""
+  from attnlab.decoding.beam import length_penalty_factor
+
+  for alpha in (0.0, 0.6, 2.0):
+    assert float(length_penalty_factor(1, alpha)) == pytest.approx(1.0)
+  assert float(length_penalty_factor(7, 1.0)) == pytest.approx(2.0)
+  assert float(length_penalty_factor(jnp.int32(13), 0.5)) == pytest.approx(3 ** 0.5)
+
+
+def test_defaults_are_alpha_0_6_and_pad_0():
+  """Called without length_penalty / pad_id: GNMT's alpha 0.6, and pad id 0 after eos."""
+  src_X = jnp.repeat(jnp.arange(BATCH, dtype=jnp.int32), WIDE)
+  cache = (src_X, 17 * (src_X + 1))
+  got = np.asarray(jax.jit(lambda cache: beam_search(
+      _step_fn, cache, batch=BATCH, beam_size=WIDE, max_len=L, bos_id=BOS, eos_id=EOS))(cache))
+  for src in range(BATCH):
+    assert got[src].tolist() == _enumerate(src, 0.6, EOS)[0][1]  # pad after eos is 0 (PAD)
+  assert any(EOS in row.tolist()[:-1] for row in got)  # some row does end early and pad

@@ -9,6 +9,16 @@ which inherit the environment), so a run never reads programs compiled by an
 older checkout. A directory set by the caller in $JAX_COMPILATION_CACHE_DIR is
 used as it is. Tests that read what XLA prints while compiling turn the cache
 off in their own process (tests/training/remat_check.py).
+
+XLA's backend (LLVM) optimization level 0: the suite's programs are small and
+run once or a few times, so on the CPU most of a test's time is LLVM
+optimizing code that then runs for microseconds (tests/ops/test_attention.py:
+3 min 24 s at the default level, 1 min 20 s at level 0, same results). The
+level changes how the machine code is optimized, not what it computes (XLA's
+CPU fast-math is off at every level). Flags the caller put in $XLA_FLAGS come
+first and are kept; a caller who sets ``--xla_backend_optimization_level``
+there gets that level. Subprocesses inherit the flags; the scripts that force
+a device count append to them.
 """
 
 import os
@@ -22,6 +32,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   _OWN_CACHE = os.path.join(tempfile.gettempdir(), f"attnlab-test-xla-cache-{_run}")
   os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
+
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -7,7 +7,9 @@ import json
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+# Appended: the test session's flags (tests/conftest.py) are kept.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=8")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

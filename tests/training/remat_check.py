@@ -11,7 +11,9 @@ import os
 import sys
 import tempfile
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+# Appended: the test session's flags (tests/conftest.py) are kept.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=8")
 
 import jax  # noqa: E402
 

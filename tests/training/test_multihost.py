@@ -45,7 +45,9 @@ def _spawn(workdir, steps, devices, dist_args=(), extra=()):
           "--workdir", str(workdir), *dist_args]
   # JAX_NUM_CPU_DEVICES: local CPU devices per process (read at backend start).
   env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  # No forced host device count (JAX_NUM_CPU_DEVICES sets it); other flags are kept.
+  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                              if not f.startswith("--xla_force_host_platform_device_count"))
   return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True)
 

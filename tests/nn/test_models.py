@@ -165,16 +165,25 @@ def test_bfloat16_compute_keeps_float32_params():
 
 
 def overfit(model, batch, loss_fn, steps):
+  """Adam on one batch for ``steps`` steps; the loss of the last step.
+
+  All steps run in one compiled loop: calling an ``nnx.jit`` step 150 times
+  spent ~0.1 s a call flattening the model and optimizer graphs in Python.
+  """
   optimizer = nnx.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param)
+  graphdef, state = nnx.split((model, optimizer))
 
-  @nnx.jit
-  def step(model, optimizer):
-    loss, grads = nnx.value_and_grad(lambda m: loss_fn(m, *batch))(model)
-    optimizer.update(model, grads)
-    return loss
+  @jax.jit
+  def run(state):
+    def step(_, carry):
+      model, optimizer = nnx.merge(graphdef, carry[0])
+      loss, grads = nnx.value_and_grad(lambda m: loss_fn(m, *batch))(model)
+      optimizer.update(model, grads)
+      return nnx.state((model, optimizer)), loss
 
-  for _ in range(steps):
-    loss = step(model, optimizer)
+    return jax.lax.fori_loop(0, steps, step, (state, jnp.float32(0)))
+
+  _, loss = run(state)
   return float(loss)
 
 

@@ -164,8 +164,8 @@ def test_metrics_jsonl_and_tensorboard(reference_run):
 
 def test_kill_9_then_resume_is_bitwise_identical(reference_run, tmp_path, caplog):
   ref_dir, _ = reference_run
-  # 1 s a step: the kill lands well before the run could finish on a loaded machine.
-  proc = _spawn(tmp_path, sleep="1")
+  # 0.5 s a step: the kill lands ~4 s before the run could finish, on a loaded machine too.
+  proc = _spawn(tmp_path, sleep="0.5")
   _wait_for(os.path.join(tmp_path, "checkpoints", "4"), proc)
   proc.kill()  # SIGKILL: no handler runs
   proc.wait()
@@ -201,7 +201,7 @@ def test_signal_checkpoints_current_step_exits_0_and_resumes_bitwise(reference_r
   # Only the signal (and the last step) checkpoint; no evaluation (it
   # changes no parameter) to keep the run short.
   extra = ["TrainConfig.checkpoint_every = 0", "TrainConfig.eval_every = 0"]
-  proc = _spawn(tmp_path, extra, sleep="1")
+  proc = _spawn(tmp_path, extra, sleep="0.5")  # the signal lands ~5 s before the end
   _wait_for(os.path.join(tmp_path, "metrics.jsonl"), proc)  # step 2 logged
   proc.send_signal(signum)
   out, err = proc.communicate(timeout=900)

@@ -9,7 +9,9 @@
 # [tool.mutmut] section (only MODULE mutated, only the TESTs run), runs `mutmut run`
 # under `timeout ${MUT_TIMEOUT:-1800}` and writes `mutmut results` to NAME/results.txt
 # (survivors listed; `mutmut show NAME` in that folder prints one). Needs mutmut in the
-# venv of $PYTHON_BIN (default: the python on PATH).
+# venv of $PYTHON_BIN (default: the python on PATH). MUT_NAMES (space-separated fnmatch
+# patterns of mutant names, e.g. "attnlab.nn.kv_cache.x_quantize__mutmut_*") runs only
+# those mutants: the functions a module's fast tests reach.
 #
 # JAX is not fork-safe once its backend has started, and mutmut forks a worker per
 # mutant: the workers come from a fork server that has only imported the third-party
@@ -42,7 +44,8 @@ EOT
 export JAX_COMPILATION_CACHE_DIR=$dir/xla_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 MUTMUT=${MUTMUT:-mutmut}
 status=0
-timeout "${MUT_TIMEOUT:-1800}" "$MUTMUT" run --max-children "${MUT_CHILDREN:-1}" > run.log 2>&1 \
-  || status=$?
+# shellcheck disable=SC2086  # MUT_NAMES: patterns, one word each
+timeout "${MUT_TIMEOUT:-1800}" "$MUTMUT" run --max-children "${MUT_CHILDREN:-1}" ${MUT_NAMES:-} \
+  > run.log 2>&1 || status=$?
 "$MUTMUT" results > results.txt 2>&1 || true
 echo "mutmut run exit $status; $(grep -c ': survived' results.txt || true) survived; see $dir"

@@ -11,9 +11,12 @@ output with the updated cache. How the keys are read is the cache's
 business: ``append`` returns the keys/values the new queries may see with
 their positions, which go to ``attnlab.attention`` as ``kv_positions``, so
 causality and sliding windows come from the same mask predicate as
-training (a negative position marks an empty slot); the paged cache can
-instead hand its pages to the Pallas paged-decode kernel, which reads them
-in place. ``attnlab.ops.dispatch.cache_implementation`` picks the path.
+training (a negative position marks an empty slot). With
+``implementation="pallas"``, a decode step (one new query per sequence)
+instead hands the buffer to a Pallas decode kernel that reads it in place,
+int8 included: the heads-major kernel for the contiguous and ring caches,
+the paged kernel for the pages. ``attnlab.ops.dispatch.cache_implementation``
+picks the path for everything else.
 
 All caches track per-sequence lengths ``lengths_B``: sequence b's next token
 sits at position ``lengths_B[b]``. Prompts are therefore right-padded and
@@ -40,7 +43,8 @@ as int8 with one float32 scale per token and KV head (symmetric:
 ``scale = max_h |x_h| / 127``, ``q = round(x / scale)``, round-trip error
 <= scale / 2), in ``k_scale_*`` / ``v_scale_*`` arrays laid out like the
 buffers without H. They are dequantized when read, before attention
-(``quantize`` / ``dequantize``). Bytes per token and layer: 2 * K * (H + 4),
+(``quantize`` / ``dequantize``), or tile by tile inside the Pallas decode
+kernels. Bytes per token and layer: 2 * K * (H + 4),
 0.56x bfloat16 at H = 32, 0.53x at H = 128.
 """
 
@@ -266,6 +270,34 @@ class RingKVCache(_SelfAttentionCache):
   def window(self) -> int:
     return self.k_BKWH.shape[2]
 
+  def attend(self, q_BTNH, k_BTKH, v_BTKH, *, num_new_B, q_positions_BT, causal: bool,
+             window: int | None, implementation: str, dropout_rate: float = 0.0,
+             dropout_rng=None):
+    """``_SelfAttentionCache.attend``; or, for one new query per sequence and
+    ``implementation="pallas"``, the heads-major Pallas decode kernel over the
+    ring in place (int8 slots dequantized in the kernel).
+
+    After the new token is written, the ring holds exactly the last
+    ``min(length, W)`` positions, which is what a query under a window of W
+    keys sees: the kernel attends over the first ``min(length, W)`` slots
+    with no mask (softmax does not care that the slots are out of order).
+    """
+    if not (implementation == "pallas" and q_BTNH.shape[1] == 1 and causal
+            and window == self.window and dropout_rate == 0):
+      return super().attend(q_BTNH, k_BTKH, v_BTKH, num_new_B=num_new_B,
+                            q_positions_BT=q_positions_BT, causal=causal, window=window,
+                            implementation=implementation, dropout_rate=dropout_rate,
+                            dropout_rng=dropout_rng)
+    cache = self._write(*self._encode(k_BTKH, v_BTKH), num_new_B)
+    out_BTNH = decode_kernels.decode_attention_heads_major(
+        q_BTNH, cache.k_BKWH, cache.v_BKWH, jnp.clip(cache.lengths_B, 1, self.window),
+        k_scale_BKS=cache.k_scale_BKW, v_scale_BKS=cache.v_scale_BKW)
+    return out_BTNH, cache
+
+  def _encode(self, k_BTKH, v_BTKH):
+    int8 = self.k_scale_BKW is not None
+    return tuple(_encode(x, self.k_BKWH.dtype, int8) for x in (k_BTKH, v_BTKH))
+
   def append(self, k_BTKH, v_BTKH, num_new_B):
     """Attend over (ring before the write) ++ (new tokens), then write the ring.
 
@@ -273,13 +305,10 @@ class RingKVCache(_SelfAttentionCache):
     overwrite, so queries see the old ring and the whole chunk; only the last
     W real tokens of the chunk are then kept (no two writes hit one slot).
     """
-    B, T = k_BTKH.shape[:2]
-    W = self.window
+    T = k_BTKH.shape[1]
     pos_BT = _positions_BT(self.lengths_B, T)
     new_BT = _is_new_BT(num_new_B, T)
-    int8 = self.k_scale_BKW is not None
-    (k_new, ks_new), (v_new, vs_new) = (_encode(x, self.k_BKWH.dtype, int8)
-                                        for x in (k_BTKH, v_BTKH))
+    (k_new, ks_new), (v_new, vs_new) = self._encode(k_BTKH, v_BTKH)
     # The chunk's own keys are read as stored (quantized), like the ring's.
     dtype = k_BTKH.dtype
     k_BSKH = jnp.concatenate([jnp.swapaxes(_read(self.k_BKWH, self.k_scale_BKW, dtype), 1, 2),
@@ -287,6 +316,16 @@ class RingKVCache(_SelfAttentionCache):
     v_BSKH = jnp.concatenate([jnp.swapaxes(_read(self.v_BKWH, self.v_scale_BKW, dtype), 1, 2),
                               _read(v_new, vs_new, dtype)], axis=1)
     kv_positions_BS = jnp.concatenate([self.positions_BW, jnp.where(new_BT, pos_BT, -1)], axis=1)
+    cache = self._write((k_new, ks_new), (v_new, vs_new), num_new_B)
+    return cache, k_BSKH, v_BSKH, kv_positions_BS
+
+  def _write(self, k_enc, v_enc, num_new_B):
+    """The ring with the last W real new tokens of each row written (encoded K / V)."""
+    (k_new, ks_new), (v_new, vs_new) = k_enc, v_enc
+    B, T = k_new.shape[:2]
+    W = self.window
+    pos_BT = _positions_BT(self.lengths_B, T)
+    new_BT = _is_new_BT(num_new_B, T)
     t_BT = jnp.arange(T, dtype=jnp.int32)[None, :]
     kept_BT = new_BT & (t_BT >= num_new_B[:, None] - W)
     slot_BT = jnp.where(kept_BT, pos_BT % W, W)
@@ -294,12 +333,11 @@ class RingKVCache(_SelfAttentionCache):
     k = self.k_BKWH.at[b_BT, :, slot_BT].set(k_new, mode="drop")
     v = self.v_BKWH.at[b_BT, :, slot_BT].set(v_new, mode="drop")
     ks = vs = None
-    if int8:
+    if ks_new is not None:
       ks = self.k_scale_BKW.at[b_BT, :, slot_BT].set(ks_new, mode="drop")
       vs = self.v_scale_BKW.at[b_BT, :, slot_BT].set(vs_new, mode="drop")
     positions_BW = self.positions_BW.at[b_BT, slot_BT].set(pos_BT, mode="drop")
-    cache = RingKVCache(k, v, positions_BW, self.lengths_B + num_new_B, ks, vs)
-    return cache, k_BSKH, v_BSKH, kv_positions_BS
+    return RingKVCache(k, v, positions_BW, self.lengths_B + num_new_B, ks, vs)
 
 
 @struct.dataclass
@@ -346,10 +384,10 @@ class PagedKVCache(_SelfAttentionCache):
              dropout_rng=None):
     """``_SelfAttentionCache.attend``; or, for one new query per sequence and
     ``implementation="pallas"``, the Pallas paged-decode kernel over the pages
-    in place (no gather of the whole sequence; the kernel is causal)."""
+    in place (no gather of the whole sequence; int8 pages dequantized in the
+    kernel; the kernel is causal)."""
     path = cache_implementation(implementation, num_queries=q_BTNH.shape[1], paged=True)
-    # The paged kernel reads float pages only: an int8 cache is gathered and dequantized.
-    if path != "paged_decode" or self.k_scale_PCK is not None:
+    if path != "paged_decode":
       return super().attend(q_BTNH, k_BTKH, v_BTKH, num_new_B=num_new_B,
                             q_positions_BT=q_positions_BT, causal=causal, window=window,
                             implementation=implementation, dropout_rate=dropout_rate,
@@ -357,7 +395,8 @@ class PagedKVCache(_SelfAttentionCache):
     cache = self.write(k_BTKH, v_BTKH, num_new_B)
     out_BTNH = decode_kernels.paged_decode_attention(
         q_BTNH, cache.k_pages_PCKH, cache.v_pages_PCKH, jnp.maximum(cache.page_table_BM, 0),
-        cache.lengths_B, window=window)
+        cache.lengths_B, k_scale_PCK=cache.k_scale_PCK, v_scale_PCK=cache.v_scale_PCK,
+        window=window)
     return out_BTNH, cache
 
   def append(self, k_BTKH, v_BTKH, num_new_B):

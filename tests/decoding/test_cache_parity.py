@@ -114,23 +114,30 @@ def test_chunked_attention_over_the_cache_equals_full_forward(kind):
   np.testing.assert_allclose(got, decoder_forward(name)(TOKENS), atol=1e-5, rtol=1e-5)
 
 
-def test_paged_decode_with_the_pallas_kernel_equals_full_forward(monkeypatch):
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_paged_decode_with_the_pallas_kernel_equals_full_forward(monkeypatch, dtype):
   """attention_impl="pallas": decode steps read the pages in place with
-  ``paged_decode_attention`` (interpret mode on the CPU); GQA and a window
-  shorter than prompt + generation."""
+  ``paged_decode_attention`` (interpret mode on the CPU), int8 pages too; GQA
+  and a window shorter than prompt + generation."""
   calls = []
   kernel = decode_ops.paged_decode_attention
 
   def counted(*args, **kwargs):
-    calls.append(kwargs.get("window"))
+    calls.append((kwargs.get("window"), args[1].dtype))
     return kernel(*args, **kwargs)
 
   monkeypatch.setattr(decode_ops, "paged_decode_attention", counted)
   name = "gqa_rope_window10"
-  got, _ = decoder_cached.__wrapped__(name, "paged", "pallas")
+  got, _ = decoder_cached.__wrapped__(name, "paged", "pallas", dtype=dtype)
   # Traced once per layer, in the decode step (the prefill has T > 1).
-  assert calls == [10] * decoder_model(name).cfg.num_layers
-  np.testing.assert_allclose(got, decoder_forward(name)(TOKENS), atol=1e-5, rtol=1e-5)
+  pages_dtype = jnp.int8 if dtype else jnp.float32
+  assert calls == [(10, pages_dtype)] * decoder_model(name).cfg.num_layers
+  full = decoder_forward(name)(TOKENS)
+  if dtype is None:
+    np.testing.assert_allclose(got, full, atol=1e-5, rtol=1e-5)
+  else:  # the int8 tolerance of tests/decoding/test_int8_cache.py, and the same logits
+    np.testing.assert_allclose(got, decoder_cached(name, "paged", dtype="int8")[0], atol=1e-5)
+    assert np.abs(got - full).max() <= 2e-2 * np.abs(full).max()
 
 
 @pytest.mark.parametrize("kind", cache_lib.CACHE_KINDS)

@@ -68,10 +68,12 @@ def test_scales_must_come_with_an_int8_cache():
     decode.decode_attention_heads_major(q, k.astype(jnp.int8), k.astype(jnp.int8), jnp.array([2]))
 
 
-@pytest.mark.parametrize("dtype", [None, "int8"])
-def test_contiguous_cache_decodes_with_the_heads_major_kernel(monkeypatch, dtype):
-  """attention_impl="pallas": every decode step over the contiguous cache runs the
-  kernel (float or int8) and prefill + decode still equal the full forward."""
+@pytest.mark.parametrize("kind,dtype", [("contiguous", None), ("contiguous", "int8"),
+                                        ("ring", None), ("ring", "int8")])
+def test_contiguous_and_ring_caches_decode_with_the_heads_major_kernel(monkeypatch, kind, dtype):
+  """attention_impl="pallas": every decode step over the contiguous or ring cache runs
+  the kernel (float or int8) and prefill + decode still equal the full forward. The
+  ring (window 10) wraps around: 16 tokens per row."""
   from tests.decoding.test_cache_parity import TOKENS, decoder_cached
   from tests.decoding.tiny_models import decoder_forward
 
@@ -84,7 +86,7 @@ def test_contiguous_cache_decodes_with_the_heads_major_kernel(monkeypatch, dtype
 
   monkeypatch.setattr(decode, "decode_attention_heads_major", counted)
   name = "gqa_rope_window10"
-  got, _ = decoder_cached.__wrapped__(name, "contiguous", "pallas", dtype=dtype)
+  got, _ = decoder_cached.__wrapped__(name, kind, "pallas", dtype=dtype)
   assert len(calls) == 2 and all(c == (jnp.int8 if dtype else jnp.float32) for c in calls)
   full = decoder_forward(name)(TOKENS)
   tol = 1e-5 if dtype is None else 2e-2 * np.abs(full).max()  # int8: the tolerance of its tests

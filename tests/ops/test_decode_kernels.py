@@ -108,6 +108,34 @@ def test_paged_decode_matches_reference(B, T, S, N, K, H, page_size, lengths, wi
   _assert_matches_reference(got, q, k, v, lengths_B, window)
 
 
+@pytest.mark.parametrize("T,N,K,page_size,lengths,window,pages_per_split", [
+    (1, 8, 2, 16, [300, 17, 1], None, None),
+    (3, 4, 4, 8, [290, 33, 3], 50, 2),
+])
+def test_paged_decode_of_int8_pages_matches_reference(T, N, K, page_size, lengths, window,
+                                                      pages_per_split):
+  """int8 pages with per-token float32 scales, dequantized in the kernel: the reference
+  sees the dequantized cache. Unused pages hold garbage values and huge scales."""
+  from attnlab.nn.kv_cache import dequantize, quantize
+
+  B, S, H = len(lengths), 300, 32
+  q, k, v = _inputs(B * S + T + 5, B, T, S, N, K, H, jnp.float32)
+  (k8, ks), (v8, vs) = quantize(k), quantize(v)
+  pages = []
+  for x in (k8.astype(jnp.float32), v8.astype(jnp.float32), ks[..., None], vs[..., None]):
+    pool, _, table_BM = _paginate(x, x, page_size, seed=B + S)  # same table every time
+    pages.append(pool)
+  to_int8 = lambda pool: jnp.where(pool == 1e4, 100, pool).astype(jnp.int8)
+  k_pages, v_pages = to_int8(pages[0]), to_int8(pages[1])
+  ks_pages, vs_pages = pages[2][..., 0], pages[3][..., 0]
+  lengths_B = jnp.array(lengths, jnp.int32)
+  got = jax.jit(lambda *a: decode.paged_decode_attention(
+      *a[:5], k_scale_PCK=a[5], v_scale_PCK=a[6], window=window,
+      pages_per_split=pages_per_split))(q, k_pages, v_pages, table_BM, lengths_B, ks_pages,
+                                        vs_pages)
+  _assert_matches_reference(got, q, dequantize(k8, ks), dequantize(v8, vs), lengths_B, window)
+
+
 def test_splits_do_not_change_the_result():
   q, k, v = _inputs(7, 2, 3, 400, 8, 2, 32, jnp.float32)
   lengths_B = jnp.array([400, 250], jnp.int32)
@@ -139,6 +167,18 @@ def test_splits_do_not_change_the_result():
                                            jnp.zeros((5, 8, 2, 32)),
                                            jnp.zeros((1, 2), jnp.int32), jnp.array([3])),
      "v_pages_PCKH"),
+    (lambda: decode.paged_decode_attention(jnp.zeros((1, 1, 4, 32), jnp.float32),
+                                           jnp.zeros((5, 16, 2, 32), jnp.int8),
+                                           jnp.zeros((5, 16, 2, 32), jnp.int8),
+                                           jnp.zeros((1, 2), jnp.int32), jnp.array([3])),
+     "k_scale_PCK / v_scale_PCK go with an int8 cache"),
+    (lambda: decode.paged_decode_attention(jnp.zeros((1, 1, 4, 32), jnp.float32),
+                                           jnp.zeros((5, 16, 2, 32), jnp.int8),
+                                           jnp.zeros((5, 16, 2, 32), jnp.int8),
+                                           jnp.zeros((1, 2), jnp.int32), jnp.array([3]),
+                                           k_scale_PCK=jnp.ones((5, 16, 2)),
+                                           v_scale_PCK=jnp.ones((5, 16))),
+     r"must be \(5, 16, 2\)"),
 ])
 def test_bad_input_raises(call, match):
   with pytest.raises(ValueError, match=match):

@@ -21,6 +21,11 @@ layout of ``attnlab.nn.kv_cache.PagedKVCache``): pages [P, C, K, H] shared
 by all sequences, ``page_table_BM[b, m]`` the id of the m-th page of
 sequence b. One page is one tile.
 
+``decode_attention_heads_major`` reads the contiguous cache of
+``attnlab.nn.kv_cache.KVCache`` ([B, K, S, H]; the ring cache, [B, K, W, H],
+goes through it too). It and the paged kernel take int8 caches with one
+float32 scale per token and KV head, dequantized tile by tile.
+
 Backends as in ``attnlab.ops.pallas.flash_gpu``: interpret mode on CPU (tested), Triton
 on GPU (lowered to Triton IR in the tests, NOT YET RUN on a GPU), no Mosaic
 (TPU) lowering.
@@ -61,6 +66,17 @@ def _check_queries(q_BTNH, *, head_dim, num_kv_heads, kv_name, lengths_B, window
 def _check_positive(name, value):
   if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
     raise ValueError(f"{name}={value!r} must be a positive integer or None")
+
+
+def _check_scales(k, k_scale, v_scale, names, shape) -> bool:
+  """Whether the cache ``k`` is int8; its scales must come with it, of ``shape``."""
+  int8 = k.dtype == jnp.int8
+  if int8 != (k_scale is not None) or (k_scale is None) != (v_scale is None):
+    raise ValueError(f"{names} go with an int8 cache, and only with one "
+                     f"(cache dtype {k.dtype}, scales given: {k_scale is not None})")
+  if int8 and (k_scale.shape != shape or v_scale.shape != shape):
+    raise ValueError(f"{names} shapes {k_scale.shape} / {v_scale.shape} must be {shape}")
+  return int8
 
 
 def _default_splits(programs: int, num_tiles: int) -> int:
@@ -152,8 +168,12 @@ def _decode_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, split_len, t
   lse_ref[...] = lse
 
 
-def _paged_kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, pages_per_split,
-                  kv_len_static, **kw):
+def _paged_kernel(len_ref, table_ref, q_ref, k_ref, v_ref, *rest, pages_per_split,
+                  kv_len_static, int8, **kw):
+  if int8:
+    ks_ref, vs_ref, o_ref, lse_ref = rest
+  else:
+    o_ref, lse_ref = rest
   s = pl.program_id(2)
   length = len_ref[0]
   num_pages = k_ref.shape[0]
@@ -161,7 +181,11 @@ def _paged_kernel(len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, pa
   def load_tile(m):
     # Clamped so that a bad table entry cannot read outside the pool.
     page = jnp.clip(table_ref[m - s * pages_per_split], 0, num_pages - 1)
-    return k_ref[page], v_ref[page]
+    k_cH, v_cH = k_ref[page], v_ref[page]
+    if int8:  # dequantize the page: int8 * its per-token float32 scale
+      k_cH = k_cH.astype(jnp.float32) * ks_ref[page][:, None]
+      v_cH = v_cH.astype(jnp.float32) * vs_ref[page][:, None]
+    return k_cH, v_cH
 
   o, lse = _split_softmax(q_ref[...], load_tile, length=length,
                           kv_len=jnp.minimum(length, kv_len_static), split=s,
@@ -254,14 +278,19 @@ def decode_attention(q_BTNH, k_BSKH, v_BSKH, lengths_B, *, window: int | None = 
 
 
 def paged_decode_attention(q_BTNH, k_pages_PCKH, v_pages_PCKH, page_table_BM, lengths_B, *,
-                           window: int | None = None, scale: float | None = None,
-                           pages_per_split: int | None = None, interpret: bool | None = None):
+                           k_scale_PCK=None, v_scale_PCK=None, window: int | None = None,
+                           scale: float | None = None, pages_per_split: int | None = None,
+                           interpret: bool | None = None):
   """``decode_attention`` over a paged cache.
 
   Args:
     q_BTNH: queries [B, T, N, H], T <= 8, the last T tokens of each sequence.
     k_pages_PCKH, v_pages_PCKH: the page pool [P, C, K, H] shared by all
       sequences (C slots per page). On GPU, C must be a power of two >= 16.
+      Float, or int8 with ``k_scale_PCK`` / ``v_scale_PCK`` (float32
+      [P, C, K], paged like the values: slot c of page p, head k is
+      ``k_pages_PCKH[p, c, k] * k_scale_PCK[p, c, k]``, dequantized per page
+      in the kernel).
     page_table_BM: int [B, M]; page_table_BM[b, m] is the id of the page that
       holds positions [m * C, (m + 1) * C) of sequence b. Entries past the
       sequence's length are never read (may be -1).
@@ -282,6 +311,8 @@ def paged_decode_attention(q_BTNH, k_pages_PCKH, v_pages_PCKH, page_table_BM, le
     raise ValueError(f"k_pages_PCKH shape {k_pages_PCKH.shape} and v_pages_PCKH shape "
                      f"{v_pages_PCKH.shape} must match")
   P, C, K, H = k_pages_PCKH.shape
+  int8 = _check_scales(k_pages_PCKH, k_scale_PCK, v_scale_PCK, "k_scale_PCK / v_scale_PCK",
+                       (P, C, K))
   _check_queries(q_BTNH, head_dim=H, num_kv_heads=K, kv_name="k_pages_PCKH",
                  lengths_B=lengths_B, window=window)
   B, T, N, _ = q_BTNH.shape
@@ -304,27 +335,30 @@ def paged_decode_attention(q_BTNH, k_pages_PCKH, v_pages_PCKH, page_table_BM, le
   table = jnp.pad(page_table_BM.astype(jnp.int32), ((0, 0), (0, splits * pps - M)))
   len_B1 = lengths_B.astype(jnp.int32)[:, None]
   kernel = functools.partial(
-      _paged_kernel, pages_per_split=pps, kv_len_static=M * C, num_queries=T, groups=N // K,
-      window=window, scale=scale,
+      _paged_kernel, pages_per_split=pps, kv_len_static=M * C, int8=int8, num_queries=T,
+      groups=N // K, window=window, scale=scale,
   )
   out_shape, out_specs = _out_specs(B, K, splits, rows, Hp)
   pages_spec = pl.BlockSpec((P, C, None, Hp), lambda b, h, s: (0, 0, h, 0))
+  in_specs = [pl.BlockSpec((None, 1), lambda b, h, s: (b, 0)),
+              pl.BlockSpec((None, pps), lambda b, h, s: (b, s)),
+              pl.BlockSpec((None, None, rows, Hp), lambda b, h, s: (b, h, 0, 0)),
+              pages_spec, pages_spec]
+  args = [len_B1, table, q, k_pages, v_pages]
+  if int8:
+    scale_spec = pl.BlockSpec((P, C, None), lambda b, h, s: (0, 0, h))
+    in_specs += [scale_spec, scale_spec]
+    args += [k_scale_PCK.astype(jnp.float32), v_scale_PCK.astype(jnp.float32)]
   o, lse = pl.pallas_call(
       kernel,
       grid=(B, K, splits),
-      in_specs=[
-          pl.BlockSpec((None, 1), lambda b, h, s: (b, 0)),
-          pl.BlockSpec((None, pps), lambda b, h, s: (b, s)),
-          pl.BlockSpec((None, None, rows, Hp), lambda b, h, s: (b, h, 0, 0)),
-          pages_spec,
-          pages_spec,
-      ],
+      in_specs=in_specs,
       out_specs=out_specs,
       out_shape=out_shape,
       compiler_params=common.compiler_params(interpret, 4, 2),
       interpret=interpret,
       name="attnlab_paged_decode",
-  )(len_B1, table, q, k_pages, v_pages)
+  )(*args)
   return _combine_splits(o, lse, q_BTNH)
 
 
@@ -382,13 +416,7 @@ def decode_attention_heads_major(q_BTNH, k_BKSH, v_BKSH, lengths_B, *, k_scale_B
   if k_BKSH.shape != v_BKSH.shape:
     raise ValueError(f"k_BKSH shape {k_BKSH.shape} and v_BKSH shape {v_BKSH.shape} must match")
   B, K, S, H = k_BKSH.shape
-  int8 = k_BKSH.dtype == jnp.int8
-  if int8 != (k_scale_BKS is not None) or (k_scale_BKS is None) != (v_scale_BKS is None):
-    raise ValueError(f"k_scale_BKS / v_scale_BKS go with an int8 cache, and only with one "
-                     f"(cache dtype {k_BKSH.dtype}, scales given: {k_scale_BKS is not None})")
-  if int8 and (k_scale_BKS.shape != (B, K, S) or v_scale_BKS.shape != (B, K, S)):
-    raise ValueError(f"k_scale_BKS / v_scale_BKS shapes {k_scale_BKS.shape} / "
-                     f"{v_scale_BKS.shape} must be [B, K, S] = {(B, K, S)}")
+  int8 = _check_scales(k_BKSH, k_scale_BKS, v_scale_BKS, "k_scale_BKS / v_scale_BKS", (B, K, S))
   if q_BTNH.ndim == 4 and q_BTNH.shape[0] != B:
     raise ValueError(f"batch of q_BTNH ({q_BTNH.shape[0]}) and of the cache ({B}) must match")
   _check_queries(q_BTNH, head_dim=H, num_kv_heads=K, kv_name="k_BKSH", lengths_B=lengths_B,

@@ -1,0 +1,192 @@
+"""Where a batch-1 decode step goes: step time against streaming and overhead.
+
+The model of tools/bench_decode.py (``_bench.MODEL``: 4 layers, d_model 256,
+8 / 2 heads, head dim 32, SwiGLU 688, vocab 259, float32), prompt 16, greedy,
+contiguous cache. Measured in one run, each the best of ``--iters`` calls:
+
+  * step: one decode step of ``attnlab.generate`` at B=1, as
+    (time of 240 new tokens - time of 16) / 224, so the prefill and the
+    call's fixed costs cancel;
+  * stream: one pass that reads every weight and the whole cache once
+    (``sum(x + c)`` over each array, inside a loop so that it runs like a
+    step), the memory-bound floor of a step;
+  * matvecs: the 29 matrix-vector products of a step alone (q, k, v, o,
+    gate, up, down of 4 layers and the logits), chained through the loop;
+  * tiny: the same generate on the same architecture shrunk to d_model 8,
+    head dim 4, d_ff 8 (the same ops, almost no bytes): the per-step cost of
+    the loop's ops themselves (dispatch, small fusions, cache update);
+  * ops: the instructions of the compiled decode loop's body (fusions,
+    library calls, copies), from XLA's optimized HLO.
+
+    python tools/profile_decode_step.py [--iters 5] [--impl reference|chunked|pallas]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import _bench
+
+PROMPT, LONG, SHORT = 16, 240, 16
+
+
+def _decode_seconds(model, prompt, new, iters):
+  import attnlab
+
+  return _bench.best_of(lambda: attnlab.generate(model, prompt, max_new_tokens=new, eos_id=None),
+                        iters)
+
+
+def step_seconds(cfg, iters):
+  """Seconds per decode step at B=1 (prefill and fixed costs cancelled)."""
+  import numpy as np
+  from flax import nnx
+
+  import attnlab
+
+  model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
+  prompt = np.arange(3, 3 + PROMPT, dtype=np.int32)[None] % cfg.vocab_size
+  long = _decode_seconds(model, prompt, LONG, iters)
+  short = _decode_seconds(model, prompt, SHORT, iters)
+  return (long - short) / (LONG - SHORT), model
+
+
+def _looped(fn, carry, steps):
+  """``fn`` run ``steps`` times in a fori_loop, jitted: seconds per iteration."""
+  import jax
+
+  run = jax.jit(lambda c: jax.lax.fori_loop(0, steps, lambda i, c: fn(c), c))
+  return run
+
+
+def stream_seconds(arrays, iters, steps=LONG):
+  """Seconds to read every array once (the carry changes each pass: nothing is hoisted)."""
+  import jax.numpy as jnp
+
+  def one_pass(c):
+    return sum(jnp.sum(x.astype(jnp.float32) + c) for x in arrays) * 1e-30
+
+  run = _looped(one_pass, jnp.float32(0), steps)
+  return _bench.best_of(lambda: run(jnp.float32(0)), iters) / steps
+
+
+def matvec_seconds(cfg, model, iters, steps=LONG):
+  """Seconds of one step's matrix-vector products alone, chained through the loop."""
+  import jax.numpy as jnp
+  from flax import nnx
+
+  # Every weight as a matrix [in, out]: [D, ...] projections take a D-vector,
+  # the output projection [N, H, D] an N*H-vector, the embedding [V, D] a V-vector.
+  mats = [w.reshape(cfg.d_model, -1) if w.shape[0] == cfg.d_model
+          else w.reshape(-1, w.shape[-1]) for w in _leaves(nnx.state(model, nnx.Param))
+          if w.ndim >= 2]
+  sizes = sorted({n for w in mats for n in w.shape})
+
+  def one_pass(vecs):
+    vecs = dict(vecs)
+    for w in mats:
+      vecs[w.shape[1]] = vecs[w.shape[1]] + 1e-6 * (vecs[w.shape[0]] @ w)
+    return vecs
+
+  vecs = {n: jnp.ones((n,), jnp.float32) for n in sizes}
+  run = _looped(one_pass, vecs, steps)
+  return _bench.best_of(lambda: run(vecs), iters) / steps, len(mats)
+
+
+def _leaves(state):
+  import jax
+
+  return [x for x in jax.tree.leaves(state)]
+
+
+def loop_body_ops(model, cfg):
+  """Counts of the top-level instructions of the decode while-loop body, by kind,
+  in the optimized HLO of the program ``generate`` runs (greedy, contiguous)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+
+  from attnlab.decoding import generate as gen
+
+  prompt = np.arange(3, 3 + PROMPT, dtype=np.int32)[None] % cfg.vocab_size
+  graphdef, state = nnx.split(model)
+  text = gen._sample_decoder_only.trace(
+      graphdef, state, jnp.asarray(prompt), jnp.asarray([PROMPT], jnp.int32), jax.random.key(0),
+      jnp.int32(-1), sampling=gen.GREEDY, cache_len=PROMPT + LONG - 1, num_pages=None,
+      max_new_tokens=LONG, kind="contiguous", page_size=16, cache_dtype=None,
+  ).lower().compile().as_text()
+  bodies = _while_bodies(text)
+  body = max(bodies, key=len) if bodies else []
+  kinds: dict[str, int] = {}
+  for line in body:
+    m = re.match(r"\s*(?:ROOT )?\S+ = \S+ (\w[\w-]*)\(", line)
+    if not m:
+      continue
+    op = m.group(1)
+    if op in ("parameter", "get-tuple-element", "tuple", "constant", "bitcast"):
+      continue
+    if op == "fusion":
+      kind = re.search(r"kind=(\w+)", line)
+      op = f"fusion({kind.group(1) if kind else '?'})"
+    kinds[op] = kinds.get(op, 0) + 1
+  return kinds
+
+
+def _while_bodies(text):
+  """The computations named as a while loop's body, as lists of lines."""
+  names = set(re.findall(r"body=%?([\w.\-]+)", text))
+  comps, cur, name = {}, None, None
+  for line in text.splitlines():
+    m = re.match(r"^%?([\w.\-]+) .*\{$", line) or re.match(r"^(?:ENTRY )?%?([\w.\-]+) ", line)
+    if line and not line.startswith(" ") and m:
+      name, cur = m.group(1), []
+      comps[name] = cur
+    elif cur is not None and line.startswith(" "):
+      cur.append(line)
+  return [comps[n] for n in names if n in comps]
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--iters", type=int, default=5)
+  parser.add_argument("--impl", default=None, help="attention_impl (default: the config's)")
+  args = parser.parse_args()
+
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from attnlab.nn import kv_cache as cache_lib
+
+  over = {} if args.impl is None else {"attention_impl": args.impl}
+  cfg = _bench.attnlab_config(max_len=512, **over)
+  step, model = step_seconds(cfg, args.iters)
+  params = _leaves(nnx.state(model, nnx.Param))
+  cache = jax.tree.leaves(cache_lib.init_cache(cfg, "contiguous", 1, PROMPT + LONG - 1))
+  weight_bytes = sum(x.size * x.dtype.itemsize for x in params)
+  cache_bytes = sum(x.size * x.dtype.itemsize for x in cache)
+  stream = stream_seconds(params + [jnp.asarray(x) for x in cache], args.iters)
+  matvec, n_mats = matvec_seconds(cfg, model, args.iters)
+  tiny_cfg = cfg.replace(d_model=8, head_dim=4, d_ff=8)
+  tiny, _ = step_seconds(tiny_cfg, args.iters)
+  ops = loop_body_ops(model, cfg)
+
+  us = lambda s: f"{s * 1e6:7.1f} us"
+  print(f"model: {_bench.MODEL}, float32, attention_impl={cfg.attention_impl}; B=1, prompt "
+        f"{PROMPT}, contiguous cache of {PROMPT + LONG - 1}; best of {args.iters}")
+  print(f"weights {weight_bytes / 2**20:.1f} MiB, cache {cache_bytes / 2**20:.2f} MiB")
+  print(f"decode step:                 {us(step)}  ({1 / step:.0f} tok/s)")
+  print(f"stream weights + cache once: {us(stream)}  "
+        f"({(weight_bytes + cache_bytes) / stream / 1e9:.1f} GB/s)")
+  print(f"the step's {n_mats} matvecs alone: {us(matvec)}")
+  print(f"same ops, tiny dims:         {us(tiny)}  (per-step cost of the ops themselves)")
+  print(f"step / stream: {step / stream:.2f}x; step - tiny: {us(step - tiny)}")
+  total = sum(ops.values())
+  print(f"loop body: {total} instructions: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])))
+
+
+if __name__ == "__main__":
+  main()

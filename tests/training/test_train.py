@@ -267,3 +267,15 @@ def test_compilation_cache_flag_sets_the_jax_option(tmp_path, monkeypatch):
   commands.use_compilation_cache(str(tmp_path / "xla_cache"))
   assert calls == [("jax_compilation_cache_dir", str(tmp_path / "xla_cache"))]
   assert os.path.isdir(tmp_path / "xla_cache")
+
+
+def test_metrics_writer_does_not_import_torch(tmp_path):
+  """tensorboardX imports torch when it can (~1.7 s a run); MetricsWriter keeps it out,
+  and torch still imports afterwards."""
+  pytest.importorskip("torch")
+  code = ("import sys; from attnlab.training.metrics import MetricsWriter; "
+          f"w = MetricsWriter({str(tmp_path)!r}); w.write(1, 'train', {{'loss': 1.0}}); "
+          "w.close(); assert 'torch' not in sys.modules, 'torch imported'; import torch; "
+          "print(torch.__name__)")
+  res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+  assert res.returncode == 0 and res.stdout.strip() == "torch", res.stderr[-2000:]

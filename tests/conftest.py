@@ -10,17 +10,23 @@ older checkout. A directory set by the caller in $JAX_COMPILATION_CACHE_DIR is
 used as it is. Tests that read what XLA prints while compiling turn the cache
 off in their own process (tests/training/remat_check.py).
 
-XLA's backend (LLVM) optimization level 0: the suite's programs are small and
-run once or a few times, so on the CPU most of a test's time is LLVM
-optimizing code that then runs for microseconds (tests/ops/test_attention.py:
-3 min 24 s at the default level, 1 min 20 s at level 0, same results). The
-level changes how the machine code is optimized, not what it computes (XLA's
-CPU fast-math is off at every level). Flags the caller put in $XLA_FLAGS come
-first and are kept; a caller who sets ``--xla_backend_optimization_level``
-there gets that level. Subprocesses inherit the flags; the scripts that force
-a device count append to them.
+XLA:CPU compiles for speed of compilation, not of the code: the suite's
+programs are small and run once or a few times, so most of a test's time was
+LLVM optimizing code that then runs for microseconds. Backend (LLVM)
+optimization level 0, and fusions through XLA's older loop emitters instead of
+the MLIR fusion emitters (``--xla_cpu_use_fusion_emitters=false``, about half
+the compile time of a flash-attention forward + backward):
+tests/ops/test_attention.py takes 3 min 24 s with XLA's defaults, 1 min 20 s at
+level 0, 49 s with both. Neither changes what a program computes (XLA's CPU
+fast-math is off either way). Flags the caller put in $XLA_FLAGS come first
+and are kept; a caller who sets ``--xla_backend_optimization_level`` there
+gets XLA's defaults for both, and so does a machine with a GPU or TPU plugin
+installed (the flags are for XLA:CPU, and a newer XLA may not know one).
+Subprocesses inherit the flags; the scripts that force a device count append
+to them.
 """
 
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -34,8 +40,11 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   # Programs that compile in under 0.1 s are not written: writing one costs ~17 ms.
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
+                  "--xla_cpu_use_fusion_emitters=false")
+_ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm7_plugin", "libtpu")
+if ("xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")
+    and not any(importlib.util.find_spec(name) for name in _ACCELERATOR_PLUGINS)):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 import jax  # noqa: E402

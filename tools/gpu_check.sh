@@ -9,6 +9,9 @@ set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# XLA's default optimization level: tests/conftest.py then adds none of its CPU
+# compile-speed flags (a newer XLA may not know one, and the GPU tests time kernels).
+export XLA_FLAGS="${XLA_FLAGS:-} --xla_backend_optimization_level=3"
 status=0
 
 echo "== environment"

@@ -205,6 +205,33 @@ def test_triton_lowering(H, dtype, monkeypatch):
     assert "triton" in lowered.as_text()
 
 
+def test_triton_lowering_of_the_heads_major_and_int8_kernels(monkeypatch):
+  """The heads-major kernel (float and int8) and the paged kernel over int8 pages lower
+  to Triton IR too (Pallas -> Triton rules only; running them needs a GPU)."""
+  pytest.importorskip("jax._src.lib.triton")
+  from attnlab.nn.kv_cache import quantize
+
+  monkeypatch.setattr(common, "resolve_interpret", lambda interpret: False)
+  B, T, S, N, K, H, C = 2, 1, 300, 8, 2, 64, 16
+  q, k, v = _inputs(0, B, T, S, N, K, H, jnp.float32)
+  lengths_B = jnp.array([300, 5], jnp.int32)
+  k_BKSH, v_BKSH = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+  (k8, ks), (v8, vs) = quantize(k_BKSH), quantize(v_BKSH)
+  k_pages, v_pages, table_BM = _paginate(k, v, C, seed=0)
+  (kp8, kps), (vp8, vps) = quantize(k_pages), quantize(v_pages)
+  calls = [
+      (decode.decode_attention_heads_major, (q, k_BKSH, v_BKSH, lengths_B), {}),
+      (decode.decode_attention_heads_major, (q, k8, v8, lengths_B),
+       dict(k_scale_BKS=ks, v_scale_BKS=vs)),
+      (decode.paged_decode_attention, (q, kp8, vp8, table_BM, lengths_B),
+       dict(k_scale_PCK=kps, v_scale_PCK=vps)),
+  ]
+  for fn, args, kw in calls:
+    lowered = jax.jit(functools.partial(fn, window=50, **kw)).trace(*args).lower(
+        lowering_platforms=("cuda",))
+    assert "triton" in lowered.as_text()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("H,G", [(64, 8), (128, 4)])
 def test_gpu_compiled_decode_matches_reference(H, G):

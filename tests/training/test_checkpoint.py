@@ -3,7 +3,9 @@ checkpoint (garbled, truncated or missing files, a missing item), but any
 other failure (a bug, a checkpoint of another model shape) is raised instead
 of turning into a warning and a fresh start."""
 
+import collections
 import os
+import re
 import shutil
 
 import jax
@@ -23,6 +25,15 @@ def _state(k):
 def _abstract(state):
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
+
+
+def _assert_restored(state, want):
+  """Same tree (params, opt_state, step), same values, placed as the abstract state said."""
+  assert jax.tree.structure(state) == jax.tree.structure(want)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(want), strict=True):
+    assert isinstance(a, jax.Array) and a.sharding == device
+    np.testing.assert_array_equal(a, b)
 
 
 @pytest.fixture(scope="module")
@@ -75,19 +86,24 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(saved, tmp_path, damage):
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(saved, tmp_path, damage,
+                                                                     caplog):
   workdir = tmp_path / "w"
   shutil.copytree(saved, workdir)
   DAMAGE[damage](str(workdir / "checkpoints" / "2"))
   ckpt = Checkpointer(str(workdir))
   try:
-    with pytest.warns(UserWarning, match="checkpoints/2 could not be restored"):
+    with pytest.warns(UserWarning, match="checkpoints/2 could not be restored") as record:
       step, state, data_state = ckpt.restore_latest(_abstract(_state(0)))
   finally:
     ckpt.close()
   assert step == 1 and data_state == {"next_batch": 10}
-  for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(_state(1))):
-    np.testing.assert_array_equal(a, b)
+  _assert_restored(state, _state(1))
+  # The message names the checkpoint, the error and what happens; the log has it too.
+  (msg,) = [str(w.message) for w in record if "could not be restored" in str(w.message)]
+  assert re.fullmatch(r"checkpoint \S+/checkpoints/2 could not be restored \((\w+): .+\); "
+                      r"falling back to the previous one", msg), msg
+  assert msg in [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
 
 
 def test_healthy_checkpoint_restores_without_warning(saved, recwarn):
@@ -97,8 +113,7 @@ def test_healthy_checkpoint_restores_without_warning(saved, recwarn):
   finally:
     ckpt.close()
   assert step == 2 and data_state == {"next_batch": 20}
-  for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(_state(2))):
-    np.testing.assert_array_equal(a, b)
+  _assert_restored(state, _state(2))
   assert not [w for w in recwarn if "could not be restored" in str(w.message)]
 
 
@@ -145,3 +160,53 @@ def test_restore_data_gives_the_saved_position_or_none_for_weights_only(saved, t
     assert not weights.has_train_state(0) and weights.restore_data(0) is None
   finally:
     weights.close()
+
+
+def test_weights_only_checkpoint_restores_its_params_and_the_rest_from_init_state(tmp_path):
+  """``save_params`` (what ``attnlab convert`` writes): restoring it into a train state
+  takes the optimizer state and step of a fresh init, and has no data position."""
+  ckpt = Checkpointer(str(tmp_path))
+  try:
+    ckpt.save_params(5, _state(5)["params"])
+    assert ckpt.steps() == [5] and not ckpt.has_train_state(5)
+    init = _state(0)
+    with pytest.raises(ValueError, match="checkpoint 5 in .* holds weights only"):
+      ckpt.restore(5, _abstract(init))
+    state, data_state = ckpt.restore(5, _abstract(init), init)
+    want = {"params": _state(5)["params"], "opt_state": init["opt_state"], "step": init["step"]}
+    assert data_state is None
+    _assert_restored(state, want)
+    step, state, data_state = ckpt.restore_latest(_abstract(init), init)
+    assert step == 5 and data_state is None
+    _assert_restored(state, want)
+  finally:
+    ckpt.close()
+
+
+def test_three_checkpoints_kept_by_default_and_a_step_saved_again_is_replaced(tmp_path):
+  ckpt = Checkpointer(str(tmp_path))
+  try:
+    for k in range(1, 6):
+      ckpt.save(k, _state(k), {"next_batch": k}, meta={"seed": 7})
+    assert ckpt.steps() == [3, 4, 5]
+    # A resume past a corrupted checkpoint saves its step again: the new state wins.
+    ckpt.save(5, _state(9), {"next_batch": 90})
+    assert ckpt.steps() == [3, 4, 5]
+    state, data_state = ckpt.restore(5, _abstract(_state(0)))
+    assert data_state == {"next_batch": 90}
+    _assert_restored(state, _state(9))
+    import orbax.checkpoint as ocp
+    meta = ckpt.manager.restore(4, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    assert dict(meta) == {"step": 4, "seed": 7}
+  finally:
+    ckpt.close()
+
+
+def test_flat_leaf_names_follow_the_tree_paths():
+  """Leaves are stored under names built from their paths (dict keys, list indices,
+  attribute names), in order; characters other than [A-Za-z0-9_] become "_"."""
+  Moments = collections.namedtuple("Moments", "mu nu")
+  tree = {"Wq.kernel": 1, "layers": [2, 3], "opt": Moments(4, 5)}
+  assert list(checkpoint.flatten(tree)) == [
+      "0000_Wq_kernel", "0001_layers_0", "0002_layers_1", "0003_opt_mu", "0004_opt_nu"]
+  assert checkpoint.unflatten(tree, checkpoint.flatten(tree)) == tree

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnlab.ops.pallas import decode, flash, flash_gpu
+from attnlab.ops.pallas import common, decode, flash, flash_gpu
 from attnlab.ops.reference import reference_attention
 from tests.ops.flash_inputs import decode_reference
 
@@ -196,3 +196,15 @@ def test_paged_decode_never_reads_pages_outside_the_band(window, pages_per_split
       *a, window=window, pages_per_split=pages_per_split))(
           q, pool(poison(k)), pool(poison(v)), table_BM, lengths_B)
   _assert_matches([got], [decode_reference(q, k, v, lengths_B, window)], ["out"])
+
+
+@pytest.mark.parametrize("lo,hi,block,want", [
+    (0, 8, 4, (0, 2)), (5, 9, 4, (1, 3)), (3, 4, 4, (0, 1)),  # partial blocks count
+    (5, 5, 4, (0, 0)), (6, 5, 4, (0, 0)), (0, 0, 4, (0, 0)),  # empty: no block at all
+    (-3, 0, 4, (0, 0)), (-3, 2, 4, (0, 1)),  # a window reaching before position 0
+])
+def test_block_bounds_cover_exactly_the_blocks_of_the_range(lo, hi, block, want):
+  """The loop bounds of every kernel: [lo, hi) -> blocks [first, last) that hold a
+  position of the range, and (0, 0) for an empty range (no block visited)."""
+  first, last = common.block_bounds(lo, hi, block)
+  assert (int(first), int(last)) == want

@@ -143,3 +143,34 @@ def test_defaults_are_alpha_0_6_and_pad_0():
   for src in range(BATCH):
     assert got[src].tolist() == _enumerate(src, 0.6, EOS)[0][1]  # pad after eos is 0 (PAD)
   assert any(EOS in row.tolist()[:-1] for row in got)  # some row does end early and pad
+
+
+def test_no_hypothesis_longer_than_max_len():
+  """Search stops at max_len tokens: a hypothesis that would end with eos one token later
+  (and win) must not be considered. max_len 2; [3, 3] is the best 2-token hypothesis; after
+  it every token is unlikely, while after the worse [4, 4] eos is almost certain, so
+  [4, 4, eos] would beat [3, 3] if a third step ran."""
+  base = 8  # history code: h -> h * 8 + token + 1 (bos first), unique for short histories
+
+  def code(*tokens):
+    h = 0
+    for t in (BOS, *tokens):
+      h = h * base + t + 1
+    return h
+
+  probs = np.full((base ** 4, V), 0.2)
+  probs[code()] = [0.02, 0.02, 0.01, 0.5, 0.45]  # after bos: 3 or 4
+  probs[code(3)] = [0.03, 0.03, 0.01, 0.9, 0.03]
+  probs[code(4)] = [0.03, 0.03, 0.01, 0.03, 0.9]
+  probs[code(3, 3)] = [0.2475, 0.2475, 0.01, 0.2475, 0.2475]
+  probs[code(4, 4)] = [0.0025, 0.0025, 0.99, 0.0025, 0.0025]
+  logp = jnp.asarray(np.log(probs), jnp.float32)
+
+  def step_fn(tokens_X, h_X):
+    h_X = h_X * base + tokens_X + 1
+    return logp[h_X], h_X
+
+  out = jax.jit(lambda h: beam_search(step_fn, h, batch=1, beam_size=2, max_len=2, bos_id=BOS,
+                                      eos_id=EOS, length_penalty=0.0, pad_id=PAD))(
+      jnp.zeros((2,), jnp.int32))
+  assert np.asarray(out).tolist() == [[3, 3]]

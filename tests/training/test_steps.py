@@ -9,6 +9,8 @@ AdamW with clipping is invariant to a constant gradient scale, so these tests
 use plain SGD (lr 1, no clipping, no momentum) and compare gradients, not
 only losses."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -129,3 +131,40 @@ def test_dropout_draws_depend_on_the_step_and_eval_turns_dropout_off(batch):
   assert float(weight) == float(np.sum(batch["loss_mask_BT"]))
   want = jax.jit(lambda params: hand_loss(graphdef, rest, params, batch, 0.0))(params)
   np.testing.assert_allclose(float(nll_sum) / float(weight), float(want), rtol=1e-5)
+
+
+def test_decoder_only_step_on_packed_documents_equals_hand_computed_loss(tmp_path):
+  """A decoder-only LM batch packs several documents per row: the train and eval steps
+  must pass their positions (restarting per document) and segment ids to the model."""
+  for i in range(6):
+    (tmp_path / f"d{i}.py").write_text(f"x{i} = {i}\n" * (i + 1))  # documents of 7..42 bytes
+  # Absolute (sinusoidal) positions: under RoPE, positions that restart per document and
+  # positions that do not give the same attention within a document.
+  mcfg = ModelConfig(arch="decoder_only", d_model=32, num_layers=1, num_heads=2, d_ff=64,
+                     pos="sinusoidal")
+  dcfg = DataConfig(task="lm", paths=(str(tmp_path / "*.py"),), seq_len=32, batch_size=4,
+                    validation_percent=0)
+  sources, _ = pipeline.build_sources(dcfg, mcfg)
+  lm_batch = next(pipeline.train_iterator(sources, dcfg))
+  assert (lm_batch["segment_ids_BT"].max(axis=1) > 1).any()  # packed: a row holds 2+ documents
+  tcfg = TrainConfig(**SGD)
+  setup, state = steps.init_train(mcfg, tcfg, sharding.make_mesh((1, 1, 1)))
+  params = _host(state["params"])
+
+  @functools.partial(jax.jit, static_argnums=1)
+  def hand(params, packed):
+    model = nnx.merge(setup.graphdef, params, setup.rest)
+    kw = (dict(positions_BT=jnp.asarray(lm_batch["positions_BT"]),
+               segment_ids_BT=jnp.asarray(lm_batch["segment_ids_BT"])) if packed else {})
+    logp_BTV = jax.nn.log_softmax(model(jnp.asarray(lm_batch["tokens_BT"]), **kw), axis=-1)
+    nll_BT = -jnp.take_along_axis(logp_BTV, jnp.asarray(lm_batch["targets_BT"])[..., None],
+                                  axis=-1)[..., 0]
+    mask_BT = jnp.asarray(lm_batch["loss_mask_BT"])
+    return jnp.sum(nll_BT * mask_BT) / jnp.sum(mask_BT)
+
+  want = float(hand(params, True))
+  assert abs(want - float(hand(params, False))) > 1e-3  # the packing matters to the loss
+  nll_sum, weight = steps.make_eval_step(setup)(state["params"], steps.put_batch(lm_batch, setup))
+  np.testing.assert_allclose(float(nll_sum) / float(weight), want, rtol=1e-5)
+  _, m = steps.make_train_step(setup, tcfg)(state, steps.put_batch(lm_batch, setup))
+  np.testing.assert_allclose(float(m["loss"]), want, rtol=1e-5)

@@ -168,3 +168,20 @@ def test_decoder_only_step_on_packed_documents_equals_hand_computed_loss(tmp_pat
   np.testing.assert_allclose(float(nll_sum) / float(weight), want, rtol=1e-5)
   _, m = steps.make_train_step(setup, tcfg)(state, steps.put_batch(lm_batch, setup))
   np.testing.assert_allclose(float(m["loss"]), want, rtol=1e-5)
+
+
+def test_every_dropout_stream_gets_its_own_key():
+  """``with_dropout_key`` keys every RNG stream of the model differently (fold_in(key, i)):
+  two streams with one key would draw the same masks in different layers."""
+  mcfg = MCFG.replace(dropout_rate=0.3, num_layers=2)
+  setup, _ = steps.init_train(mcfg, TrainConfig(**SGD), sharding.make_mesh((1, 1, 1)))
+
+  def stream_keys(key):
+    rest = steps.with_dropout_key(setup.rest, key)
+    is_key = lambda x: isinstance(x, nnx.RngKey)
+    return [np.asarray(jax.random.key_data(v.get_value())).tobytes()
+            for v in jax.tree.leaves(rest, is_leaf=is_key) if is_key(v)]
+
+  keys = stream_keys(jax.random.key(3))
+  assert len(keys) >= 4 and len(set(keys)) == len(keys)
+  assert stream_keys(jax.random.key(3)) == keys  # the same key, the same streams

@@ -28,7 +28,7 @@ def test_quantize_round_trip_error_is_at_most_half_a_scale():
   assert (err <= np.asarray(scale)[..., None] / 2 * (1 + 1e-6)).all()
   # Symmetric: the largest |x| of each vector maps to 127.
   np.testing.assert_array_equal(np.abs(np.asarray(q)).max(-1)[1:], 127)
-  assert (np.asarray(q)[0, 0] == 0).all()
+  assert (np.asarray(q)[0, 0] == 0).all() and float(scale[0, 0]) == 1.0
 
 
 @pytest.mark.parametrize("kind", cache_lib.CACHE_KINDS)

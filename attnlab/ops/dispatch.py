@@ -137,7 +137,9 @@ def cache_implementation(implementation: str, *, num_queries: int, paged: bool) 
   (XLA:CPU, the tools/bench_decode.py model), and the same time at B=1.
   One new query against a paged cache with "pallas" reads the pages in place
   ("paged_decode": ``attnlab.ops.pallas.decode.paged_decode_attention``), with no
-  gather of the whole sequence.
+  gather of the whole sequence. (The contiguous and ring caches send their
+  "pallas" decode steps to the heads-major kernel themselves: ``KVCache.attend``,
+  ``RingKVCache.attend``.)
   """
   if paged and implementation == "pallas" and num_queries == 1:
     return "paged_decode"

@@ -101,8 +101,9 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(saved, tmp_p
   _assert_restored(state, _state(1))
   # The message names the checkpoint, the error and what happens; the log has it too.
   (msg,) = [str(w.message) for w in record if "could not be restored" in str(w.message)]
-  assert re.fullmatch(r"checkpoint \S+/checkpoints/2 could not be restored \((\w+): .+\); "
-                      r"falling back to the previous one", msg), msg
+  m = re.fullmatch(r"checkpoint \S+/checkpoints/2 could not be restored \((\w+): (.+)\); "
+                   r"falling back to the previous one", msg)
+  assert m and m.group(1).endswith("Error") and m.group(2) != "None", msg
   assert msg in [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
 
 
@@ -167,8 +168,12 @@ def test_weights_only_checkpoint_restores_its_params_and_the_rest_from_init_stat
   takes the optimizer state and step of a fresh init, and has no data position."""
   ckpt = Checkpointer(str(tmp_path))
   try:
-    ckpt.save_params(5, _state(5)["params"])
-    assert ckpt.steps() == [5] and not ckpt.has_train_state(5)
+    ckpt.save_params(5, _state(5)["params"], meta={"source": "hf"})
+    ckpt.save_params(6, _state(6)["params"])
+    assert ckpt.steps() == [5, 6] and not ckpt.has_train_state(5)
+    import orbax.checkpoint as ocp
+    meta = ckpt.manager.restore(5, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    assert dict(meta) == {"step": 5, "source": "hf"}
     init = _state(0)
     with pytest.raises(ValueError, match="checkpoint 5 in .* holds weights only"):
       ckpt.restore(5, _abstract(init))
@@ -177,8 +182,8 @@ def test_weights_only_checkpoint_restores_its_params_and_the_rest_from_init_stat
     assert data_state is None
     _assert_restored(state, want)
     step, state, data_state = ckpt.restore_latest(_abstract(init), init)
-    assert step == 5 and data_state is None
-    _assert_restored(state, want)
+    assert step == 6 and data_state is None
+    _assert_restored(state, dict(want, params=_state(6)["params"]))
   finally:
     ckpt.close()
 

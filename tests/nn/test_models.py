@@ -181,7 +181,7 @@ def overfit(model, batch, loss_fn, steps):
       optimizer.update(model, grads)
       return nnx.state((model, optimizer)), loss
 
-    return jax.lax.fori_loop(0, steps, step, (state, jnp.float32(0)))
+    return jax.lax.fori_loop(0, steps, step, (state, jnp.float32(jnp.inf)))  # no step: inf
 
   _, loss = run(state)
   return float(loss)

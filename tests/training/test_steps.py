@@ -69,6 +69,9 @@ def test_sgd_step_equals_hand_computed_smoothed_cross_entropy(batch, accum, eps)
   step = steps.make_train_step(setup, tcfg)
   state, m = step(state, steps.put_batch(batch, setup))
   np.testing.assert_allclose(float(m["loss"]), float(want_loss), rtol=1e-5)
+  # The logged NLL (perplexity) is the unsmoothed mean, summed over the micro-batches too.
+  np.testing.assert_allclose(float(m["nll"]), float(loss_fn(before, 0.0)), rtol=1e-5)
+  assert float(m["tokens"]) == float(np.sum(batch["loss_mask_BT"]))
   np.testing.assert_allclose(float(m["grad_norm"]), float(global_norm(want_grads)), rtol=1e-4)
   after = _host(state["params"])
   # SGD, lr 1: the update is exactly minus the gradient of the batch mean.

@@ -52,8 +52,8 @@ def step_seconds(cfg, iters):
   return (long - short) / (LONG - SHORT), model
 
 
-def _looped(fn, carry, steps):
-  """``fn`` run ``steps`` times in a fori_loop, jitted: seconds per iteration."""
+def _looped(fn, steps):
+  """``carry -> fn`` applied ``steps`` times in a fori_loop, jitted."""
   import jax
 
   run = jax.jit(lambda c: jax.lax.fori_loop(0, steps, lambda i, c: fn(c), c))
@@ -67,19 +67,20 @@ def stream_seconds(arrays, iters, steps=LONG):
   def one_pass(c):
     return sum(jnp.sum(x.astype(jnp.float32) + c) for x in arrays) * 1e-30
 
-  run = _looped(one_pass, jnp.float32(0), steps)
+  run = _looped(one_pass, steps)
   return _bench.best_of(lambda: run(jnp.float32(0)), iters) / steps
 
 
 def matvec_seconds(cfg, model, iters, steps=LONG):
   """Seconds of one step's matrix-vector products alone, chained through the loop."""
+  import jax
   import jax.numpy as jnp
   from flax import nnx
 
   # Every weight as a matrix [in, out]: [D, ...] projections take a D-vector,
   # the output projection [N, H, D] an N*H-vector, the embedding [V, D] a V-vector.
   mats = [w.reshape(cfg.d_model, -1) if w.shape[0] == cfg.d_model
-          else w.reshape(-1, w.shape[-1]) for w in _leaves(nnx.state(model, nnx.Param))
+          else w.reshape(-1, w.shape[-1]) for w in jax.tree.leaves(nnx.state(model, nnx.Param))
           if w.ndim >= 2]
   sizes = sorted({n for w in mats for n in w.shape})
 
@@ -90,14 +91,8 @@ def matvec_seconds(cfg, model, iters, steps=LONG):
     return vecs
 
   vecs = {n: jnp.ones((n,), jnp.float32) for n in sizes}
-  run = _looped(one_pass, vecs, steps)
+  run = _looped(one_pass, steps)
   return _bench.best_of(lambda: run(vecs), iters) / steps, len(mats)
-
-
-def _leaves(state):
-  import jax
-
-  return [x for x in jax.tree.leaves(state)]
 
 
 def loop_body_ops(model, cfg):
@@ -163,7 +158,7 @@ def main():
   over = {} if args.impl is None else {"attention_impl": args.impl}
   cfg = _bench.attnlab_config(max_len=512, **over)
   step, model = step_seconds(cfg, args.iters)
-  params = _leaves(nnx.state(model, nnx.Param))
+  params = jax.tree.leaves(nnx.state(model, nnx.Param))
   cache = jax.tree.leaves(cache_lib.init_cache(cfg, "contiguous", 1, PROMPT + LONG - 1))
   weight_bytes = sum(x.size * x.dtype.itemsize for x in params)
   cache_bytes = sum(x.size * x.dtype.itemsize for x in cache)

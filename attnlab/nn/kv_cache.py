@@ -11,11 +11,14 @@ output with the updated cache. How the keys are read is the cache's
 business: ``append`` returns the keys/values the new queries may see with
 their positions, which go to ``attnlab.attention`` as ``kv_positions``, so
 causality and sliding windows come from the same mask predicate as
-training (a negative position marks an empty slot). With
-``implementation="pallas"``, a decode step (one new query per sequence)
-instead hands the buffer to a Pallas decode kernel that reads it in place,
-int8 included: the heads-major kernel for the contiguous and ring caches,
-the paged kernel for the pages. ``attnlab.ops.dispatch.cache_implementation``
+training (a negative position marks an empty slot). A decode step (one
+new causal query per sequence) of the contiguous and ring caches takes its
+own path with ``implementation="auto"`` (the default): ``attnlab.ops.decode``
+attends over the buffer as it is plus the new token, then the token is
+written in place (no copy of the buffer). With ``implementation="pallas"``,
+a decode step hands the buffer to a Pallas decode kernel that reads it in
+place, int8 included: the heads-major kernel for the contiguous and ring
+caches, the paged kernel for the pages. ``attnlab.ops.dispatch.cache_implementation``
 picks the path for everything else.
 
 All caches track per-sequence lengths ``lengths_B``: sequence b's next token
@@ -58,6 +61,7 @@ from flax import struct
 
 from attnlab.config import CACHE_DTYPES, CACHE_KINDS
 from attnlab.nn.layers import as_dtype
+from attnlab.ops.decode import decode_step_attention
 from attnlab.ops.dispatch import attention, cache_implementation
 from attnlab.ops.pallas import decode as decode_kernels
 from attnlab.ops.reference import reference_attention
@@ -138,6 +142,41 @@ def _attend_keys(q_BTNH, k_BSKH, v_BSKH, *, q_positions_BT, kv_positions_BS, cau
   return attention(q_BTNH, k_BSKH, v_BSKH, implementation=implementation, **mask_kwargs)
 
 
+def _xla_decode_step(q_BTNH, *, causal, implementation, dropout_rate) -> bool:
+  """Whether a contiguous / ring cache request is one XLA decode step
+  (``attnlab.ops.decode``): one new causal query per sequence, no dropout,
+  ``implementation="auto"`` (an explicit implementation is honoured:
+  "chunked" still writes first and attends with the chunked op)."""
+  return (q_BTNH.shape[1] == 1 and causal and dropout_rate == 0 and implementation == "auto")
+
+
+def _after(x, index_B):
+  """``index_B`` unchanged, computed from ``x``: an update at this index waits for ``x``.
+
+  The cache writes of a decode step do not depend on the attention that read
+  the old buffer, so XLA may not order the write after the read, and then
+  copies the whole buffer to write into (XLA:CPU did: two copies of every
+  [B, K, S, H] buffer per step). Taking the index through one element of the
+  attention output makes the order a data dependence; the value is the same
+  (``min(i, 2**31 - 2 + bit) == i``), so any input works, NaN included.
+  """
+  low_bit = jax.lax.bitcast_convert_type(x.reshape(-1)[0].astype(jnp.float32), jnp.int32) & 1
+  return jnp.minimum(index_B, jnp.iinfo(jnp.int32).max - 1 + low_bit)
+
+
+def _put_token(buf, new, slot_B, write_B):
+  """``buf`` [B, K, S, ...] with ``new`` [B, K, ...] at slot ``slot_B[b]`` of each row
+  where ``write_B[b]`` (other rows keep theirs); ``slot_B`` must be in range where
+  ``write_B``. An in-place update (one dynamic-update-slice at B = 1)."""
+  B, S = buf.shape[0], buf.shape[2]
+  slot_B = jnp.clip(slot_B, 0, S - 1)
+  new = new.astype(buf.dtype)
+  b_B = jnp.arange(B)
+  old = buf[b_B, :, slot_B]
+  keep = write_B.reshape((B,) + (1,) * (new.ndim - 1))
+  return buf.at[b_B, :, slot_B].set(jnp.where(keep, new, old), mode="promise_in_bounds")
+
+
 class _SelfAttentionCache:
   """``attend`` for the self-attention caches, through their ``append``."""
 
@@ -198,9 +237,14 @@ class KVCache(_SelfAttentionCache):
   def attend(self, q_BTNH, k_BTKH, v_BTKH, *, num_new_B, q_positions_BT, causal: bool,
              window: int | None, implementation: str, dropout_rate: float = 0.0,
              dropout_rng=None):
-    """``_SelfAttentionCache.attend``; or, for one new query per sequence and
-    ``implementation="pallas"``, the heads-major Pallas decode kernel over the
-    buffer in place (int8 tiles dequantized in the kernel; the kernel is causal)."""
+    """``_SelfAttentionCache.attend``; or, for one new causal query per sequence
+    (no dropout): with ``implementation="pallas"``, the heads-major Pallas
+    decode kernel over the buffer in place (int8 tiles dequantized in the
+    kernel); with "auto", one XLA decode step (``attnlab.ops.decode``) over
+    the buffer before the write, then the write in place."""
+    if _xla_decode_step(q_BTNH, causal=causal, implementation=implementation,
+                        dropout_rate=dropout_rate):
+      return self._decode_step(q_BTNH, k_BTKH, v_BTKH, num_new_B, q_positions_BT, window)
     if not (implementation == "pallas" and q_BTNH.shape[1] == 1 and causal
             and dropout_rate == 0):
       return super().attend(q_BTNH, k_BTKH, v_BTKH, num_new_B=num_new_B,
@@ -212,6 +256,28 @@ class KVCache(_SelfAttentionCache):
         q_BTNH, cache.k_BKSH, cache.v_BKSH, jnp.maximum(cache.lengths_B, 1),
         k_scale_BKS=cache.k_scale_BKS, v_scale_BKS=cache.v_scale_BKS, window=window)
     return out_BTNH, cache
+
+  def _decode_step(self, q_BTNH, k_BTKH, v_BTKH, num_new_B, q_positions_BT, window):
+    """Attend over the buffer and the new token, then write the token in place."""
+    S = self.capacity
+    int8 = self.k_scale_BKS is not None
+    (k_new, ks_new), (v_new, vs_new) = (_encode(x[:, 0], self.k_BKSH.dtype, int8)
+                                        for x in (k_BTKH, v_BTKH))
+    dtype = k_BTKH.dtype
+    new_B = num_new_B > 0
+    out_BNH = decode_step_attention(
+        q_BTNH[:, 0], _read(k_new, ks_new, dtype), _read(v_new, vs_new, dtype), self.k_BKSH,
+        self.v_BKSH, q_positions_B=q_positions_BT[:, 0],
+        new_positions_B=jnp.where(new_B, self.lengths_B, -1),
+        kv_positions_BS=_filled_positions(self.lengths_B, S), window=window,
+        k_scale_BKS=self.k_scale_BKS, v_scale_BKS=self.v_scale_BKS)
+    # A token past the capacity is dropped, as in ``append``.
+    slot_B, write_B = _after(out_BNH, self.lengths_B), new_B & (self.lengths_B < S)
+    put = lambda buf, x: None if buf is None else _put_token(buf, x, slot_B, write_B)
+    cache = KVCache(put(self.k_BKSH, k_new), put(self.v_BKSH, v_new),
+                    self.lengths_B + num_new_B, put(self.k_scale_BKS, ks_new),
+                    put(self.v_scale_BKS, vs_new))
+    return out_BNH[:, None], cache
 
   def append(self, k_BTKH, v_BTKH, num_new_B):
     """Write the new tokens at their positions; see the module docstring.
@@ -273,15 +339,20 @@ class RingKVCache(_SelfAttentionCache):
   def attend(self, q_BTNH, k_BTKH, v_BTKH, *, num_new_B, q_positions_BT, causal: bool,
              window: int | None, implementation: str, dropout_rate: float = 0.0,
              dropout_rng=None):
-    """``_SelfAttentionCache.attend``; or, for one new query per sequence and
-    ``implementation="pallas"``, the heads-major Pallas decode kernel over the
-    ring in place (int8 slots dequantized in the kernel).
+    """``_SelfAttentionCache.attend``; or, for one new causal query per sequence
+    (no dropout): with "auto", one XLA decode step (``attnlab.ops.decode``)
+    over the ring before the write, then the write in place; with "pallas", the
+    heads-major Pallas decode kernel over the ring in place (int8 slots
+    dequantized in the kernel).
 
     After the new token is written, the ring holds exactly the last
     ``min(length, W)`` positions, which is what a query under a window of W
     keys sees: the kernel attends over the first ``min(length, W)`` slots
     with no mask (softmax does not care that the slots are out of order).
     """
+    if _xla_decode_step(q_BTNH, causal=causal, implementation=implementation,
+                        dropout_rate=dropout_rate):
+      return self._decode_step(q_BTNH, k_BTKH, v_BTKH, num_new_B, q_positions_BT, window)
     if not (implementation == "pallas" and q_BTNH.shape[1] == 1 and causal
             and window == self.window and dropout_rate == 0):
       return super().attend(q_BTNH, k_BTKH, v_BTKH, num_new_B=num_new_B,
@@ -293,6 +364,26 @@ class RingKVCache(_SelfAttentionCache):
         q_BTNH, cache.k_BKWH, cache.v_BKWH, jnp.clip(cache.lengths_B, 1, self.window),
         k_scale_BKS=cache.k_scale_BKW, v_scale_BKS=cache.v_scale_BKW)
     return out_BTNH, cache
+
+  def _decode_step(self, q_BTNH, k_BTKH, v_BTKH, num_new_B, q_positions_BT, window):
+    """Attend over the ring (before the write) and the new token, then write it in place."""
+    (k_new, ks_new), (v_new, vs_new) = (
+        (x[:, 0], None if sc is None else sc[:, 0]) for x, sc in self._encode(k_BTKH, v_BTKH))
+    dtype = k_BTKH.dtype
+    new_B = num_new_B > 0
+    out_BNH = decode_step_attention(
+        q_BTNH[:, 0], _read(k_new, ks_new, dtype), _read(v_new, vs_new, dtype), self.k_BKWH,
+        self.v_BKWH, q_positions_B=q_positions_BT[:, 0],
+        new_positions_B=jnp.where(new_B, self.lengths_B, -1), kv_positions_BS=self.positions_BW,
+        window=window, k_scale_BKS=self.k_scale_BKW, v_scale_BKS=self.v_scale_BKW)
+    slot_B = _after(out_BNH, self.lengths_B % self.window)
+    put = lambda buf, x: None if buf is None else _put_token(buf, x, slot_B, new_B)
+    positions_BW = _put_token(self.positions_BW[:, None], self.lengths_B[:, None], slot_B,
+                              new_B)[:, 0]
+    cache = RingKVCache(put(self.k_BKWH, k_new), put(self.v_BKWH, v_new), positions_BW,
+                        self.lengths_B + num_new_B, put(self.k_scale_BKW, ks_new),
+                        put(self.v_scale_BKW, vs_new))
+    return out_BNH[:, None], cache
 
   def _encode(self, k_BTKH, v_BTKH):
     int8 = self.k_scale_BKW is not None

@@ -138,7 +138,8 @@ def cache_implementation(implementation: str, *, num_queries: int, paged: bool) 
   One new query against a paged cache with "pallas" reads the pages in place
   ("paged_decode": ``attnlab.ops.pallas.decode.paged_decode_attention``), with no
   gather of the whole sequence. (The contiguous and ring caches send their
-  "pallas" decode steps to the heads-major kernel themselves: ``KVCache.attend``,
+  "pallas" decode steps to the heads-major kernel, and their "auto" decode steps
+  to ``attnlab.ops.decode.decode_step_attention``, themselves: ``KVCache.attend``,
   ``RingKVCache.attend``.)
   """
   if paged and implementation == "pallas" and num_queries == 1:

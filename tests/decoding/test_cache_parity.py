@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -105,13 +106,27 @@ def test_decoder_prefill_and_decode_equal_full_forward(name, kind):
   np.testing.assert_array_equal(cache_lib.cache_lengths(cache), [TOTAL, TOTAL])
 
 
-@pytest.mark.parametrize("kind", cache_lib.CACHE_KINDS)
-def test_chunked_attention_over_the_cache_equals_full_forward(kind):
-  """Any attention_impl but "reference" attends over the cache with "chunked"
-  (online softmax over key blocks), the path ``generate`` takes by default."""
+@pytest.mark.parametrize("kind,impl", [(k, i) for k in cache_lib.CACHE_KINDS
+                                        for i in ("auto", "chunked")])
+def test_default_and_chunked_paths_over_the_cache_equal_full_forward(monkeypatch, kind, impl):
+  """"auto", the default of ``generate``: the prefill attends over the cache with
+  "chunked" (online softmax over key blocks); decode steps of the contiguous and
+  ring caches run ``attnlab.ops.decode.decode_step_attention`` (the buffer read
+  before the write), the paged cache's "chunked" over the gathered pages.
+  "chunked" asked for explicitly: "chunked" in every step."""
+  calls = []
+  step = cache_lib.decode_step_attention
+
+  def counted(*args, **kwargs):
+    calls.append(kwargs["window"])
+    return step(*args, **kwargs)
+
+  monkeypatch.setattr(cache_lib, "decode_step_attention", counted)
   name = "gqa_rope_window10"
-  got, _ = decoder_cached(name, kind, "chunked")
+  got, _ = decoder_cached.__wrapped__(name, kind, impl)
   np.testing.assert_allclose(got, decoder_forward(name)(TOKENS), atol=1e-5, rtol=1e-5)
+  layers = decoder_model(name).cfg.num_layers
+  assert calls == ([10] * layers if kind != "paged" and impl == "auto" else [])
 
 
 @pytest.mark.parametrize("dtype", [None, "int8"])
@@ -153,9 +168,10 @@ def test_bfloat16_cache_of_a_float32_model(kind):
   np.testing.assert_allclose(got, full, atol=2e-2 * np.abs(full).max(), rtol=0)
 
 
-# The last case attends over the caches (self and cross) with "chunked", the default.
+# The last case is "auto", the default: the decoder's self-attention decode steps run
+# ``attnlab.ops.decode``, cross-attention and the prefill "chunked".
 ENCDEC_CASES = [("paper_gqa", "contiguous", "reference"), ("paper_gqa", "paged", "reference"),
-                ("mqa_rope_window4", "ring", "reference"), ("paper_gqa", "contiguous", "chunked")]
+                ("mqa_rope_window4", "ring", "reference"), ("paper_gqa", "contiguous", "auto")]
 
 
 @pytest.mark.parametrize("name,kind,impl", ENCDEC_CASES, ids=["-".join(c) for c in ENCDEC_CASES])
@@ -201,3 +217,41 @@ def test_ring_cache_memory_does_not_grow_with_length():
   assert jax.tree.map(jnp.shape, after) == jax.tree.map(jnp.shape, short)
   assert cache_lib.cache_bytes(cache_lib.init_cache(cfg, "contiguous", 2, 4096)) > 100 * (
       cache_lib.cache_bytes(long))
+
+
+def _while_body_lines(hlo_text):
+  """The instruction lines of the while-loop bodies of an optimized HLO module."""
+  bodies = set(re.findall(r"body=%?([\w.\-]+)", hlo_text))
+  lines, inside = [], False
+  for line in hlo_text.splitlines():
+    if line and not line.startswith(" "):
+      name = re.match(r"%?([\w.\-]+)", line)
+      inside = bool(name) and name.group(1) in bodies
+    elif inside:
+      lines.append(line)
+  return lines
+
+
+@pytest.mark.parametrize("kind,batch", [("contiguous", 1), ("contiguous", 3), ("ring", 1),
+                                        ("ring", 2)])
+def test_decode_loop_writes_the_cache_in_place(kind, batch):
+  """The compiled decode loop of ``generate`` copies no cache buffer (XLA:CPU): the
+  step reads the old buffer, then writes the new token into it. (Writing first
+  through a ``mode="drop"`` scatter cost three copies of every buffer per step.)"""
+  from attnlab.decoding import generate as gen
+
+  name = "gqa_rope_window10"
+  model = decoder_model(name, "auto")
+  graphdef, state = nnx.split(model)
+  prompt = jnp.asarray(random_tokens(5, (batch, 6)))
+  compiled = gen._sample_decoder_only.trace(
+      graphdef, state, prompt, jnp.full((batch,), 6, jnp.int32), jax.random.key(0),
+      jnp.int32(-1), sampling=gen.GREEDY, cache_len=20, num_pages=None, max_new_tokens=14,
+      kind=kind, page_size=PAGE, cache_dtype=None).lower().compile()
+  cache = cache_lib.init_cache(model.cfg, kind, batch, 20)
+  buffer = cache[0].self_attn.k_BKSH if kind == "contiguous" else cache[0].self_attn.k_BKWH
+  dims = ",".join(map(str, buffer.shape))
+  body = _while_body_lines(compiled.as_text())
+  assert any("dot(" in line or "fusion(" in line for line in body)  # found the loop
+  copies = [line for line in body if re.search(rf"= f32\[{dims}\]\S* copy\(", line)]
+  assert not copies, "\n".join(copies)

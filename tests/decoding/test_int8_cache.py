@@ -42,6 +42,16 @@ def test_int8_prefill_and_decode_match_the_full_forward(kind):
   assert 1e-5 < err <= REL_TOL * np.abs(full).max(), err  # quantized, and close
 
 
+@pytest.mark.parametrize("kind", ["contiguous", "ring"])
+def test_int8_decode_step_equals_the_reference_over_the_same_cache(kind):
+  """The XLA decode step (``attnlab.ops.decode``) applies the int8 scales to the
+  scores and probabilities instead of dequantizing the cache: the same numbers
+  as the reference path, which reads the dequantized cache."""
+  got, _ = decoder_cached(NAME, kind, "auto", dtype="int8")
+  want, _ = decoder_cached(NAME, kind, dtype="int8")
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_generate_and_generate_requests_with_an_int8_cache_agree():
   model = decoder_model(NAME)
   prompts = [random_tokens(40 + i, (n,)).tolist() for i, n in enumerate([3, 11, 6])]

@@ -1,0 +1,113 @@
+"""The XLA decode step (``attnlab.ops.decode.decode_step_attention``) against the reference.
+
+The reference sees the same keys as one list: the cache transposed to
+[B, S, K, H] (dequantized when int8) with the new key appended, at explicit
+positions (-1 = empty), through ``reference_attention``'s mask.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnlab.nn.kv_cache import dequantize, quantize
+from attnlab.ops.decode import decode_step_attention
+from attnlab.ops.reference import reference_attention
+
+
+@functools.partial(jax.jit, static_argnames=("window",))
+def _step(q, k_new, v_new, k, v, q_pos, new_pos, kv_pos, ks, vs, *, window):
+  return decode_step_attention(q, k_new, v_new, k, v, q_positions_B=q_pos,
+                               new_positions_B=new_pos, kv_positions_BS=kv_pos, window=window,
+                               k_scale_BKS=ks, v_scale_BKS=vs)
+
+
+@functools.partial(jax.jit, static_argnames=("window",))
+def _reference(q, k_new, v_new, k, v, q_pos, new_pos, kv_pos, *, window):
+  k_BSKH = jnp.concatenate([jnp.swapaxes(k, 1, 2), k_new[:, None]], axis=1)
+  v_BSKH = jnp.concatenate([jnp.swapaxes(v, 1, 2), v_new[:, None]], axis=1)
+  positions = jnp.concatenate([kv_pos, new_pos[:, None]], axis=1)
+  return reference_attention(q[:, None], k_BSKH, v_BSKH, causal=True, window=window,
+                             q_positions=q_pos[:, None], kv_positions=positions)[:, 0]
+
+
+def _inputs(B, S, N, K, H, seed):
+  keys = jax.random.split(jax.random.key(seed), 6)
+  q = jax.random.normal(keys[0], (B, N, H))
+  k_new, v_new = (jax.random.normal(kk, (B, K, H)) for kk in keys[1:3])
+  k, v = (3 * jax.random.normal(kk, (B, K, S, H)) for kk in keys[3:5])
+  return q, k_new, v_new, k, v
+
+
+# (B, S, N, K, H, window, int8): MHA, GQA, MQA; windows that cut the cache; int8
+CASES = [
+    (2, 12, 4, 4, 8, None, False),
+    (3, 20, 8, 2, 16, 5, False),
+    (2, 9, 6, 1, 8, 1, False),
+    (2, 16, 8, 2, 8, 7, True),
+    (1, 33, 4, 1, 16, None, True),
+]
+
+
+@pytest.mark.parametrize("B,S,N,K,H,window,int8", CASES)
+def test_decode_step_matches_reference(B, S, N, K, H, window, int8):
+  q, k_new, v_new, k, v = _inputs(B, S, N, K, H, seed=S)
+  rng = np.random.default_rng(S)
+  # Cached positions out of order (a ring), some empty (-1); queries at distinct positions.
+  kv_pos = np.stack([rng.permutation(S) - (S // 4) for _ in range(B)])
+  kv_pos = jnp.asarray(np.where(kv_pos < 0, -1, kv_pos), jnp.int32)
+  q_pos = jnp.asarray(rng.integers(S // 2, S, size=B), jnp.int32)
+  new_pos = q_pos
+  ks = vs = None
+  k_ref, v_ref = k, v
+  if int8:
+    (k, ks), (v, vs) = quantize(k), quantize(v)
+    k_ref, v_ref = dequantize(k, ks), dequantize(v, vs)
+  got = _step(q, k_new, v_new, k, v, q_pos, new_pos, kv_pos, ks, vs, window=window)
+  want = _reference(q, k_new, v_new, k_ref, v_ref, q_pos, new_pos, kv_pos, window=window)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_decode_step_keys_after_the_query_and_a_missing_new_key():
+  B, S, N, K, H = 2, 10, 4, 2, 8
+  q, k_new, v_new, k, v = _inputs(B, S, N, K, H, seed=1)
+  kv_pos = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
+  q_pos = jnp.array([4, 7], jnp.int32)
+  # Row 0 has no new key (padding); slots at or past the query's position are
+  # later keys a causal query must not see.
+  new_pos = jnp.array([-1, 7], jnp.int32)
+  got = _step(q, k_new, v_new, k, v, q_pos, new_pos, kv_pos, None, None, window=None)
+  want = _reference(q, k_new, v_new, k, v, q_pos, new_pos, kv_pos, window=None)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_decode_step_with_no_visible_key_returns_zeros():
+  B, S, N, K, H = 1, 6, 4, 2, 8
+  q, k_new, v_new, k, v = _inputs(B, S, N, K, H, seed=2)
+  got = _step(q, k_new, v_new, k, v, jnp.array([3]), jnp.array([-1]),
+              jnp.full((B, S), -1, jnp.int32), None, None, window=None)
+  assert np.array_equal(np.asarray(got), np.zeros((B, N, H)))
+
+
+def test_decode_step_bfloat16_cache_close_to_float32():
+  B, S, N, K, H = 2, 24, 8, 2, 16
+  q, k_new, v_new, k, v = _inputs(B, S, N, K, H, seed=3)
+  kv_pos = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
+  pos = jnp.array([S, S], jnp.int32)
+  bf = lambda x: x.astype(jnp.bfloat16)
+  got = _step(bf(q), bf(k_new), bf(v_new), bf(k), bf(v), pos, pos, kv_pos, None, None,
+              window=None)
+  want = _reference(q, k_new, v_new, k, v, pos, pos, kv_pos, window=None)
+  assert got.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), atol=0.1)
+
+
+def test_decode_step_rejects_half_an_int8_cache():
+  q, k_new, v_new, k, v = _inputs(1, 4, 4, 2, 8, seed=4)
+  pos = jnp.zeros((1,), jnp.int32)
+  with pytest.raises(ValueError, match="k_scale_BKS and v_scale_BKS"):
+    decode_step_attention(q, k_new, v_new, k, v, q_positions_B=pos, new_positions_B=pos,
+                          kv_positions_BS=jnp.zeros((1, 4), jnp.int32),
+                          k_scale_BKS=jnp.ones((1, 2, 4)))

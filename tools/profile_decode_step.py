@@ -6,19 +6,24 @@ contiguous cache. Measured in one run, each the best of ``--iters`` calls:
 
   * step: one decode step of ``attnlab.generate`` at B=1, as
     (time of 240 new tokens - time of 16) / 224, so the prefill and the
-    call's fixed costs cancel;
+    call's fixed costs cancel; for ``attention_impl="auto"`` (decode steps
+    through ``attnlab.ops.decode``: the buffer read, then written in place)
+    and ``"chunked"`` (the token written first, then the chunked op over the
+    buffer; what "auto" did before), compiled in this process and timed in
+    alternating rounds, so machine noise hits both alike;
   * stream: one pass that reads every weight and the whole cache once
     (``sum(x + c)`` over each array, inside a loop so that it runs like a
-    step), the memory-bound floor of a step;
+    step);
   * matvecs: the 29 matrix-vector products of a step alone (q, k, v, o,
-    gate, up, down of 4 layers and the logits), chained through the loop;
+    gate, up, down of 4 layers and the logits), chained through the loop:
+    the time to stream the weights through XLA's matrix-vector kernels;
   * tiny: the same generate on the same architecture shrunk to d_model 8,
     head dim 4, d_ff 8 (the same ops, almost no bytes): the per-step cost of
     the loop's ops themselves (dispatch, small fusions, cache update);
-  * ops: the instructions of the compiled decode loop's body (fusions,
+  * ops: the instructions of each compiled decode loop's body (fusions,
     library calls, copies), from XLA's optimized HLO.
 
-    python tools/profile_decode_step.py [--iters 5] [--impl reference|chunked|pallas]
+    python tools/profile_decode_step.py [--iters 7]
 """
 
 from __future__ import annotations
@@ -31,15 +36,8 @@ import _bench
 PROMPT, LONG, SHORT = 16, 240, 16
 
 
-def _decode_seconds(model, prompt, new, iters):
-  import attnlab
-
-  return _bench.best_of(lambda: attnlab.generate(model, prompt, max_new_tokens=new, eos_id=None),
-                        iters)
-
-
-def step_seconds(cfg, iters):
-  """Seconds per decode step at B=1 (prefill and fixed costs cancelled)."""
+def _programs(cfg):
+  """The model and its compiled ``generate`` programs for LONG and SHORT new tokens."""
   import numpy as np
   from flax import nnx
 
@@ -47,9 +45,27 @@ def step_seconds(cfg, iters):
 
   model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
   prompt = np.arange(3, 3 + PROMPT, dtype=np.int32)[None] % cfg.vocab_size
-  long = _decode_seconds(model, prompt, LONG, iters)
-  short = _decode_seconds(model, prompt, SHORT, iters)
-  return (long - short) / (LONG - SHORT), model
+  calls = {n: (lambda n=n: attnlab.generate(model, prompt, max_new_tokens=n, eos_id=None))
+           for n in (LONG, SHORT)}
+  for call in calls.values():
+    _bench.wall(call)  # compile
+  return model, calls
+
+
+def step_seconds(cfgs, iters):
+  """Seconds per decode step at B=1 of each config, timed in alternating rounds.
+
+  Per config: (best time of LONG new tokens - best of SHORT) / (LONG - SHORT),
+  so the prefill and the call's fixed costs cancel.
+  """
+  progs = {name: _programs(cfg) for name, cfg in cfgs.items()}
+  best = {(name, n): float("inf") for name in cfgs for n in (LONG, SHORT)}
+  for _ in range(iters):
+    for name, (_, calls) in progs.items():
+      for n, call in calls.items():
+        best[name, n] = min(best[name, n], _bench.wall(call))
+  return {name: ((best[name, LONG] - best[name, SHORT]) / (LONG - SHORT), model)
+          for name, (model, _) in progs.items()}
 
 
 def _looped(fn, steps):
@@ -145,8 +161,7 @@ def _while_bodies(text):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--iters", type=int, default=5)
-  parser.add_argument("--impl", default=None, help="attention_impl (default: the config's)")
+  parser.add_argument("--iters", type=int, default=7)
   args = parser.parse_args()
 
   import jax
@@ -155,9 +170,10 @@ def main():
 
   from attnlab.nn import kv_cache as cache_lib
 
-  over = {} if args.impl is None else {"attention_impl": args.impl}
-  cfg = _bench.attnlab_config(max_len=512, **over)
-  step, model = step_seconds(cfg, args.iters)
+  cfg = _bench.attnlab_config(max_len=512)
+  steps = step_seconds({impl: cfg.replace(attention_impl=impl) for impl in ("auto", "chunked")},
+                       args.iters)
+  step, model = steps["auto"]
   params = jax.tree.leaves(nnx.state(model, nnx.Param))
   cache = jax.tree.leaves(cache_lib.init_cache(cfg, "contiguous", 1, PROMPT + LONG - 1))
   weight_bytes = sum(x.size * x.dtype.itemsize for x in params)
@@ -165,22 +181,26 @@ def main():
   stream = stream_seconds(params + [jnp.asarray(x) for x in cache], args.iters)
   matvec, n_mats = matvec_seconds(cfg, model, args.iters)
   tiny_cfg = cfg.replace(d_model=8, head_dim=4, d_ff=8)
-  tiny, _ = step_seconds(tiny_cfg, args.iters)
-  ops = loop_body_ops(model, cfg)
+  tiny, _ = step_seconds({"tiny": tiny_cfg}, args.iters)["tiny"]
 
   us = lambda s: f"{s * 1e6:7.1f} us"
-  print(f"model: {_bench.MODEL}, float32, attention_impl={cfg.attention_impl}; B=1, prompt "
-        f"{PROMPT}, contiguous cache of {PROMPT + LONG - 1}; best of {args.iters}")
+  print(f"model: {_bench.MODEL}, float32; B=1, prompt {PROMPT}, contiguous cache of "
+        f"{PROMPT + LONG - 1}; best of {args.iters}")
   print(f"weights {weight_bytes / 2**20:.1f} MiB, cache {cache_bytes / 2**20:.2f} MiB")
-  print(f"decode step:                 {us(step)}  ({1 / step:.0f} tok/s)")
+  for impl, (seconds, m) in steps.items():
+    ops = loop_body_ops(m, cfg.replace(attention_impl=impl))
+    total = sum(ops.values())
+    print(f"decode step, {impl + ':':8s}      {us(seconds)}  ({1 / seconds:.0f} tok/s); loop body "
+          f"{total} instructions: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])))
+  print(f"auto vs chunked: {steps['chunked'][0] / step:.2f}x faster")
   print(f"stream weights + cache once: {us(stream)}  "
         f"({(weight_bytes + cache_bytes) / stream / 1e9:.1f} GB/s)")
-  print(f"the step's {n_mats} matvecs alone: {us(matvec)}")
+  print(f"the step's {n_mats} matvecs alone: {us(matvec)}  "
+        f"({weight_bytes / matvec / 1e9:.1f} GB/s of weights)")
   print(f"same ops, tiny dims:         {us(tiny)}  (per-step cost of the ops themselves)")
-  print(f"step / stream: {step / stream:.2f}x; step - tiny: {us(step - tiny)}")
-  total = sum(ops.values())
-  print(f"loop body: {total} instructions: "
-        + ", ".join(f"{k} {v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])))
+  print(f"auto step / matvecs: {step / matvec:.2f}x; step / stream: {step / stream:.2f}x; "
+        f"step - tiny: {us(step - tiny)}")
 
 
 if __name__ == "__main__":

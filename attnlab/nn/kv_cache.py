@@ -264,15 +264,15 @@ class KVCache(_SelfAttentionCache):
     (k_new, ks_new), (v_new, vs_new) = (_encode(x[:, 0], self.k_BKSH.dtype, int8)
                                         for x in (k_BTKH, v_BTKH))
     dtype = k_BTKH.dtype
-    new_B = num_new_B > 0
+    # Padding and a token past the capacity are neither stored nor seen, as in ``append``.
+    write_B = (num_new_B > 0) & (self.lengths_B < S)
     out_BNH = decode_step_attention(
         q_BTNH[:, 0], _read(k_new, ks_new, dtype), _read(v_new, vs_new, dtype), self.k_BKSH,
         self.v_BKSH, q_positions_B=q_positions_BT[:, 0],
-        new_positions_B=jnp.where(new_B, self.lengths_B, -1),
+        new_positions_B=jnp.where(write_B, self.lengths_B, -1),
         kv_positions_BS=_filled_positions(self.lengths_B, S), window=window,
         k_scale_BKS=self.k_scale_BKS, v_scale_BKS=self.v_scale_BKS)
-    # A token past the capacity is dropped, as in ``append``.
-    slot_B, write_B = _after(out_BNH, self.lengths_B), new_B & (self.lengths_B < S)
+    slot_B = _after(out_BNH, self.lengths_B)
     put = lambda buf, x: None if buf is None else _put_token(buf, x, slot_B, write_B)
     cache = KVCache(put(self.k_BKSH, k_new), put(self.v_BKSH, v_new),
                     self.lengths_B + num_new_B, put(self.k_scale_BKS, ks_new),

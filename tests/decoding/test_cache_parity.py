@@ -255,3 +255,35 @@ def test_decode_loop_writes_the_cache_in_place(kind, batch):
   assert any("dot(" in line or "fusion(" in line for line in body)  # found the loop
   copies = [line for line in body if re.search(rf"= f32\[{dims}\]\S* copy\(", line)]
   assert not copies, "\n".join(copies)
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "ring"])
+def test_decode_step_equals_append_then_attend_at_the_edges(kind):
+  """One ``attend`` step through the "auto" decode path against the same step through
+  "reference" (write with ``append``, then attend): a full contiguous row (its token
+  past the capacity is neither stored nor seen), a padded row (num_new 0), a row
+  mid-way, a ring that has wrapped; outputs and every cache field equal."""
+  B, S, N, K, H = 3, 6, 4, 2, 8
+  keys = jax.random.split(jax.random.key(7), 5)
+  q = jax.random.normal(keys[0], (B, 1, N, H))
+  k_new, v_new = (jax.random.normal(kk, (B, 1, K, H)) for kk in keys[1:3])
+  lengths = jnp.array([S, 3, 2] if kind == "contiguous" else [S + 3, 3, 2], jnp.int32)
+  num_new = jnp.array([1, 1, 0], jnp.int32)
+  if kind == "contiguous":
+    cache = cache_lib.KVCache.init(B, S, K, H)
+  else:
+    # Slot s holds the latest position p < length with p % S == s (-1: none yet).
+    last_BW = lengths[:, None] - 1 - (lengths[:, None] - 1 - jnp.arange(S)[None, :]) % S
+    cache = cache_lib.RingKVCache.init(B, S, K, H).replace(
+        positions_BW=jnp.where(last_BW >= 0, last_BW, -1))
+  bufs = {f: jax.random.normal(kk, getattr(cache, f).shape)
+          for f, kk in zip([f for f in ("k_BKSH", "v_BKSH", "k_BKWH", "v_BKWH")
+                            if hasattr(cache, f)], keys[3:5], strict=True)}
+  cache = cache.replace(lengths_B=lengths, **bufs)
+  window = 4 if kind == "ring" else None
+  kwargs = dict(num_new_B=num_new, q_positions_BT=lengths[:, None], causal=True, window=window)
+  got, got_cache = cache.attend(q, k_new, v_new, implementation="auto", **kwargs)
+  want, want_cache = cache.attend(q, k_new, v_new, implementation="reference", **kwargs)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+  for a, b in zip(jax.tree.leaves(got_cache), jax.tree.leaves(want_cache), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

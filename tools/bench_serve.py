@@ -10,7 +10,8 @@ same ``--slots``; "static" admits a new batch only when every request of the
 previous one has finished. Each policy runs once to compile, then
 ``--rounds`` times in alternation (static, continuous, static, ...); the
 fastest run of each is reported: tokens/s, slot occupancy (mean fraction of
-the slots decoding per decode step) and decode steps. Both policies run the
+the slots decoding per decode step), decode steps, and the seconds spent in
+prefill and decode calls (``ServeStats``; the rest is the host loop). Both policies run the
 same prefills and generate the same tokens, so the speedup is at most the
 ratio of their decode steps (also printed).
 
@@ -78,7 +79,12 @@ def main():
   for policy, (stats, load) in best.items():
     report[policy] = dict(tokens_per_s=round(stats.tokens_per_second, 1),
                           seconds=round(stats.seconds, 2), occupancy=round(stats.occupancy, 3),
-                          decode_steps=stats.decode_steps, load_avg_1min=round(load, 2))
+                          decode_steps=stats.decode_steps,
+                          prefill_s=round(stats.prefill_seconds, 2),
+                          decode_s=round(stats.decode_seconds, 2),
+                          ms_per_decode_step=round(stats.decode_seconds / stats.decode_steps * 1e3,
+                                                   2),
+                          load_avg_1min=round(load, 2))
     print(policy, report[policy], flush=True)
   report["speedup"] = round(report["continuous"]["tokens_per_s"]
                             / report["static"]["tokens_per_s"], 2)

@@ -83,6 +83,10 @@ class ServeStats:
     live_slot_steps: sum over decode steps of the slots that were decoding.
     prefills: prefill calls (one per served request).
     seconds: wall time of the run (compilation included if it happened).
+    prefill_seconds, decode_seconds: the part of ``seconds`` from calling the
+      prefill / decode programs until their results were on the host (the
+      host reads them at once: the first token, the chunk of new tokens); the
+      rest is the host's scheduling.
     buckets: prompt-length buckets used (one prefill program each).
     free_pages: the allocator's free page ids after the run.
     page_table: the page table [slots, M] after the run (all -1 when every
@@ -95,6 +99,8 @@ class ServeStats:
   live_slot_steps: int = 0
   prefills: int = 0
   seconds: float = 0.0
+  prefill_seconds: float = 0.0
+  decode_seconds: float = 0.0
   buckets: set = dataclasses.field(default_factory=set)
   free_pages: np.ndarray | None = None
   page_table: np.ndarray | None = None
@@ -288,20 +294,24 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
       prompt_1T = np.zeros((1, T), np.int32)
       prompt_1T[0, :len(prompts[i])] = prompts[i]
       rng, sub = jax.random.split(rng)
+      t0 = time.perf_counter()
       kv_cache, alloc, slot_state, first = _prefill(
           graphdef, state, kv_cache, alloc, slot_state, jnp.asarray(prompt_1T),
           jnp.int32(len(prompts[i])), jnp.int32(s), jnp.int32(budgets[i]), sub, eos,
           sampling=sampling, page_size=page_size)
       slot_tokens[s] = [int(first)]
+      stats.prefill_seconds += time.perf_counter() - t0
       if done_with(slot_tokens[s], i):
         finish(s)
     if not any(r >= 0 for r in slot_req):
       continue
     rng, sub = jax.random.split(rng)
+    t0 = time.perf_counter()
     kv_cache, alloc, slot_state, out_BK, steps, live_steps = _decode(
         graphdef, state, kv_cache, alloc, slot_state, sub, eos, jnp.bool_(bool(waiting)),
         steps=decode_chunk, sampling=sampling, page_size=page_size)
     out_BK, steps = np.asarray(out_BK), int(steps)
+    stats.decode_seconds += time.perf_counter() - t0
     stats.decode_steps += steps
     stats.live_slot_steps += int(live_steps)
     for s in range(slots):

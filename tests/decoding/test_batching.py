@@ -65,6 +65,9 @@ def test_each_request_matches_generate_alone_more_requests_than_slots(case):
   assert any(2 < len(w) < b and w[-1] == eos_id for w, b in zip(want, BUDGETS, strict=True))
   assert sorted(done_order) == list(range(len(prompts)))
   assert stats.generated == sum(len(w) for w in want)
+  # The device calls' share of the wall time is accounted for, and is only a share.
+  assert stats.prefill_seconds > 0 and stats.decode_seconds > 0
+  assert stats.prefill_seconds + stats.decode_seconds < stats.seconds
   num_pages = 3 * -(-max(n + b - 1 for n, b in zip(LENGTHS, BUDGETS, strict=True)) // C)
   _check_pages_returned(stats, num_pages)
   # A fixed set of programs: one prefill per length bucket, one decode step.

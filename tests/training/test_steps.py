@@ -105,6 +105,29 @@ def test_nonfinite_step_leaves_params_and_optimizer_state_bitwise_unchanged(batc
                                                       jax.tree.leaves(good["params"])))
 
 
+@jax.custom_vjp
+def _infinite_gradient(x):
+  return x
+
+
+_infinite_gradient.defvjp(lambda x: (x, None), lambda _, g: (g * jnp.inf,))
+
+
+def test_finite_loss_with_an_infinite_gradient_is_not_applied(monkeypatch, batch):
+  """Both must be finite: a step whose loss is finite but whose gradient is not
+  (here the logits' gradient is made infinite) leaves the state unchanged."""
+  logits = steps.model_logits
+  monkeypatch.setattr(steps, "model_logits", lambda m, b: _infinite_gradient(logits(m, b)))
+  tcfg = TrainConfig(steps=5, warmup_steps=0, schedule="constant", on_nonfinite="skip")
+  setup, state = steps.init_train(MCFG, tcfg, sharding.make_mesh((1, 1, 1)))
+  before = _host(state["params"])
+  state, m = steps.make_train_step(setup, tcfg)(state, steps.put_batch(batch, setup))
+  assert np.isfinite(float(m["loss"])) and not np.isfinite(float(m["grad_norm"]))
+  assert not bool(m["finite"])
+  for a, b in zip(jax.tree.leaves(_host(state["params"])), jax.tree.leaves(before), strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
 def test_dropout_draws_depend_on_the_step_and_eval_turns_dropout_off(batch):
   mcfg = MCFG.replace(dropout_rate=0.3)
   tcfg = TrainConfig(**SGD)

@@ -155,11 +155,13 @@ def test_paged_decode_with_the_pallas_kernel_equals_full_forward(monkeypatch, dt
     assert np.abs(got - full).max() <= 2e-2 * np.abs(full).max()
 
 
-@pytest.mark.parametrize("kind", cache_lib.CACHE_KINDS)
-def test_bfloat16_cache_of_a_float32_model(kind):
-  """A cache may hold K/V in a narrower dtype than the model computes in."""
+@pytest.mark.parametrize("kind,impl", [(k, "reference") for k in cache_lib.CACHE_KINDS]
+                         + [("contiguous", "auto"), ("ring", "auto")])
+def test_bfloat16_cache_of_a_float32_model(kind, impl):
+  """A cache may hold K/V in a narrower dtype than the model computes in (through the
+  reference op, and through the "auto" decode step of ``attnlab.ops.decode``)."""
   name = "mqa_rope_window3"
-  got, cache = decoder_cached(name, kind, dtype=jnp.bfloat16)
+  got, cache = decoder_cached(name, kind, impl, dtype=jnp.bfloat16)
   kv = [x for x in jax.tree.leaves(cache) if jnp.issubdtype(x.dtype, jnp.floating)]
   assert kv and all(x.dtype == jnp.bfloat16 for x in kv)
   # bfloat16 keeps 8 bits of mantissa: the bfloat16 tolerance of DESIGN.md (2e-2),

@@ -33,6 +33,15 @@ def _reference(q, k_new, v_new, k, v, q_pos, new_pos, kv_pos, *, window):
                              q_positions=q_pos[:, None], kv_positions=positions)[:, 0]
 
 
+def _assert_matches_reference(q, k_new, v_new, k, v, q_pos, new_pos, kv_pos, *, window,
+                              scales=(None, None), reference_kv=None):
+  """The step over (k, v[, scales]) equals the reference over ``reference_kv`` (default k, v)."""
+  got = _step(q, k_new, v_new, k, v, q_pos, new_pos, kv_pos, *scales, window=window)
+  want = _reference(q, k_new, v_new, *(reference_kv or (k, v)), q_pos, new_pos, kv_pos,
+                    window=window)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
 def _inputs(B, S, N, K, H, seed):
   keys = jax.random.split(jax.random.key(seed), 6)
   q = jax.random.normal(keys[0], (B, N, H))
@@ -59,15 +68,13 @@ def test_decode_step_matches_reference(B, S, N, K, H, window, int8):
   kv_pos = np.stack([rng.permutation(S) - (S // 4) for _ in range(B)])
   kv_pos = jnp.asarray(np.where(kv_pos < 0, -1, kv_pos), jnp.int32)
   q_pos = jnp.asarray(rng.integers(S // 2, S, size=B), jnp.int32)
-  new_pos = q_pos
-  ks = vs = None
-  k_ref, v_ref = k, v
-  if int8:
-    (k, ks), (v, vs) = quantize(k), quantize(v)
-    k_ref, v_ref = dequantize(k, ks), dequantize(v, vs)
-  got = _step(q, k_new, v_new, k, v, q_pos, new_pos, kv_pos, ks, vs, window=window)
-  want = _reference(q, k_new, v_new, k_ref, v_ref, q_pos, new_pos, kv_pos, window=window)
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+  if not int8:
+    _assert_matches_reference(q, k_new, v_new, k, v, q_pos, q_pos, kv_pos, window=window)
+    return
+  (k8, ks), (v8, vs) = quantize(k), quantize(v)
+  _assert_matches_reference(q, k_new, v_new, k8, v8, q_pos, q_pos, kv_pos, window=window,
+                            scales=(ks, vs),
+                            reference_kv=(dequantize(k8, ks), dequantize(v8, vs)))
 
 
 def test_decode_step_keys_after_the_query_and_a_missing_new_key():
@@ -78,9 +85,7 @@ def test_decode_step_keys_after_the_query_and_a_missing_new_key():
   # Row 0 has no new key (padding); slots at or past the query's position are
   # later keys a causal query must not see.
   new_pos = jnp.array([-1, 7], jnp.int32)
-  got = _step(q, k_new, v_new, k, v, q_pos, new_pos, kv_pos, None, None, window=None)
-  want = _reference(q, k_new, v_new, k, v, q_pos, new_pos, kv_pos, window=None)
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+  _assert_matches_reference(q, k_new, v_new, k, v, q_pos, new_pos, kv_pos, window=None)
 
 
 def test_decode_step_with_no_visible_key_returns_zeros():

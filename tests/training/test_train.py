@@ -256,6 +256,27 @@ def test_eval_command_and_load_checkpoint_errors(reference_run, tmp_path, capsys
     attnlab.load_checkpoint(str(ref_dir), step=5)
   model, cfg = attnlab.load_checkpoint(str(ref_dir), step=8)
   assert cfg.d_model == 32 and cfg == _configs()[0]
+  # The parameters come from the checkpoint (restored into shapes, never initialized);
+  # everything else is what building the model gives (the dropout RNG streams).
+  from flax import nnx
+  fresh = attnlab.build_model(cfg, rngs=nnx.Rngs(params=0, dropout=1))
+  got_rest, want_rest = (nnx.state(m, nnx.Not(nnx.Param)) for m in (model, fresh))
+  assert jax.tree.structure(got_rest) == jax.tree.structure(want_rest)
+  for a, b in zip(jax.tree.leaves(got_rest), jax.tree.leaves(want_rest), strict=True):
+    if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+      a, b = jax.random.key_data(a), jax.random.key_data(b)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  init = nnx.state(fresh, nnx.Param)
+  ckpt = Checkpointer(str(ref_dir))
+  try:
+    saved = ckpt.restore_params(8, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                                init))
+  finally:
+    ckpt.close()
+  got = jax.tree.leaves(nnx.state(model, nnx.Param))
+  for a, b in zip(got, jax.tree.leaves(saved), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert any(not np.array_equal(a, b) for a, b in zip(got, jax.tree.leaves(init), strict=True))
 
 
 def test_compilation_cache_flag_sets_the_jax_option(tmp_path, monkeypatch):

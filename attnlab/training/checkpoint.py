@@ -263,9 +263,10 @@ def load_checkpoint(workdir: str, step: int | None = None):
     step = ckpt.resolve_step(step)
     make = lambda: build_model(mcfg, rngs=nnx.Rngs(params=0, dropout=1))
     # The parameters' shapes only: initializing them eagerly (one small XLA
-    # program per op and shape) cost more than the restore (runs/demo: 9.8-10.7 s
-    # against 2.5-3.1 s for this path, under load). The rest of the state (the
-    # dropout RNG streams) is built for real, in one jitted call.
+    # program per op and shape) cost more than the restore (runs/demo, first
+    # load in a process: 3.8-4.0 s against 0.9-1.4 s for this path;
+    # tools/bench_load_checkpoint.py). The rest of the state (the dropout RNG
+    # streams) is built for real, in one jitted call.
     graphdef, params, _ = nnx.split(nnx.eval_shape(make), nnx.Param, ...)
     rest = jax.jit(lambda: nnx.split(make(), nnx.Param, ...)[2])()
     # Host (single-device) placement: decoding and eval need no mesh.

@@ -20,6 +20,7 @@ contiguous cache. Measured in one run, each the best of ``--iters`` calls:
   * tiny: the same generate on the same architecture shrunk to d_model 8,
     head dim 4, d_ff 8 (the same ops, almost no bytes): the per-step cost of
     the loop's ops themselves (dispatch, small fusions, cache update);
+  * first call: of each config's 240-token generate (trace, compile, run);
   * ops: the instructions of each compiled decode loop's body (fusions,
     library calls, copies), from XLA's optimized HLO.
 
@@ -47,9 +48,9 @@ def _programs(cfg):
   prompt = np.arange(3, 3 + PROMPT, dtype=np.int32)[None] % cfg.vocab_size
   calls = {n: (lambda n=n: attnlab.generate(model, prompt, max_new_tokens=n, eos_id=None))
            for n in (LONG, SHORT)}
-  for call in calls.values():
-    _bench.wall(call)  # compile
-  return model, calls
+  first = _bench.wall(calls[LONG])  # trace, compile and run
+  _bench.wall(calls[SHORT])
+  return model, calls, first
 
 
 def step_seconds(cfgs, iters):
@@ -61,11 +62,11 @@ def step_seconds(cfgs, iters):
   progs = {name: _programs(cfg) for name, cfg in cfgs.items()}
   best = {(name, n): float("inf") for name in cfgs for n in (LONG, SHORT)}
   for _ in range(iters):
-    for name, (_, calls) in progs.items():
+    for name, (_, calls, _) in progs.items():
       for n, call in calls.items():
         best[name, n] = min(best[name, n], _bench.wall(call))
-  return {name: ((best[name, LONG] - best[name, SHORT]) / (LONG - SHORT), model)
-          for name, (model, _) in progs.items()}
+  return {name: ((best[name, LONG] - best[name, SHORT]) / (LONG - SHORT), model, first)
+          for name, (model, _, first) in progs.items()}
 
 
 def _looped(fn, steps):
@@ -173,7 +174,7 @@ def main():
   cfg = _bench.attnlab_config(max_len=512)
   steps = step_seconds({impl: cfg.replace(attention_impl=impl) for impl in ("auto", "chunked")},
                        args.iters)
-  step, model = steps["auto"]
+  step, model, _ = steps["auto"]
   params = jax.tree.leaves(nnx.state(model, nnx.Param))
   cache = jax.tree.leaves(cache_lib.init_cache(cfg, "contiguous", 1, PROMPT + LONG - 1))
   weight_bytes = sum(x.size * x.dtype.itemsize for x in params)
@@ -181,17 +182,17 @@ def main():
   stream = stream_seconds(params + [jnp.asarray(x) for x in cache], args.iters)
   matvec, n_mats = matvec_seconds(cfg, model, args.iters)
   tiny_cfg = cfg.replace(d_model=8, head_dim=4, d_ff=8)
-  tiny, _ = step_seconds({"tiny": tiny_cfg}, args.iters)["tiny"]
+  tiny, _, _ = step_seconds({"tiny": tiny_cfg}, args.iters)["tiny"]
 
   us = lambda s: f"{s * 1e6:7.1f} us"
   print(f"model: {_bench.MODEL}, float32; B=1, prompt {PROMPT}, contiguous cache of "
         f"{PROMPT + LONG - 1}; best of {args.iters}")
   print(f"weights {weight_bytes / 2**20:.1f} MiB, cache {cache_bytes / 2**20:.2f} MiB")
-  for impl, (seconds, m) in steps.items():
+  for impl, (seconds, m, first) in steps.items():
     ops = loop_body_ops(m, cfg.replace(attention_impl=impl))
     total = sum(ops.values())
-    print(f"decode step, {impl + ':':8s}      {us(seconds)}  ({1 / seconds:.0f} tok/s); loop body "
-          f"{total} instructions: "
+    print(f"decode step, {impl + ':':8s}      {us(seconds)}  ({1 / seconds:.0f} tok/s); first "
+          f"call {first:.2f} s (trace + compile + run); loop body {total} instructions: "
           + ", ".join(f"{k} {v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])))
   print(f"auto vs chunked: {steps['chunked'][0] / step:.2f}x faster")
   print(f"stream weights + cache once: {us(stream)}  "

@@ -177,6 +177,33 @@ def _put_token(buf, new, slot_B, write_B):
   return buf.at[b_B, :, slot_B].set(jnp.where(keep, new, old), mode="promise_in_bounds")
 
 
+def _attend_then_write(q_BTNH, k_BTKH, v_BTKH, bufs, *, q_positions_BT, kv_positions_BS,
+                       new_positions_B, slot_B, write_B, window):
+  """The decode step of the contiguous and ring caches (one new token per row).
+
+  The new token is encoded as it will be stored; ``decode_step_attention``
+  attends over ``bufs`` = (k, v, k_scale, v_scale) [B, K, S, ...] (scales None
+  for a float cache) as they are, plus the new token at ``new_positions_B``;
+  then the token is written in place at ``slot_B`` where ``write_B``, ordered
+  after the reads (``_after``).
+
+  Returns:
+    (out [B, 1, N, H], the slot index as written, the four updated buffers).
+  """
+  k, v, k_scale, v_scale = bufs
+  (k_new, ks_new), (v_new, vs_new) = (_encode(x[:, 0], k.dtype, k_scale is not None)
+                                      for x in (k_BTKH, v_BTKH))
+  dtype = k_BTKH.dtype
+  out_BNH = decode_step_attention(
+      q_BTNH[:, 0], _read(k_new, ks_new, dtype), _read(v_new, vs_new, dtype), k, v,
+      q_positions_B=q_positions_BT[:, 0], new_positions_B=new_positions_B,
+      kv_positions_BS=kv_positions_BS, window=window, k_scale_BKS=k_scale, v_scale_BKS=v_scale)
+  slot_B = _after(out_BNH, slot_B)
+  written = tuple(None if buf is None else _put_token(buf, x, slot_B, write_B)
+                  for buf, x in zip(bufs, (k_new, v_new, ks_new, vs_new), strict=True))
+  return out_BNH[:, None], slot_B, written
+
+
 class _SelfAttentionCache:
   """``attend`` for the self-attention caches, through their ``append``."""
 
@@ -260,24 +287,14 @@ class KVCache(_SelfAttentionCache):
   def _decode_step(self, q_BTNH, k_BTKH, v_BTKH, num_new_B, q_positions_BT, window):
     """Attend over the buffer and the new token, then write the token in place."""
     S = self.capacity
-    int8 = self.k_scale_BKS is not None
-    (k_new, ks_new), (v_new, vs_new) = (_encode(x[:, 0], self.k_BKSH.dtype, int8)
-                                        for x in (k_BTKH, v_BTKH))
-    dtype = k_BTKH.dtype
     # Padding and a token past the capacity are neither stored nor seen, as in ``append``.
     write_B = (num_new_B > 0) & (self.lengths_B < S)
-    out_BNH = decode_step_attention(
-        q_BTNH[:, 0], _read(k_new, ks_new, dtype), _read(v_new, vs_new, dtype), self.k_BKSH,
-        self.v_BKSH, q_positions_B=q_positions_BT[:, 0],
-        new_positions_B=jnp.where(write_B, self.lengths_B, -1),
-        kv_positions_BS=_filled_positions(self.lengths_B, S), window=window,
-        k_scale_BKS=self.k_scale_BKS, v_scale_BKS=self.v_scale_BKS)
-    slot_B = _after(out_BNH, self.lengths_B)
-    put = lambda buf, x: None if buf is None else _put_token(buf, x, slot_B, write_B)
-    cache = KVCache(put(self.k_BKSH, k_new), put(self.v_BKSH, v_new),
-                    self.lengths_B + num_new_B, put(self.k_scale_BKS, ks_new),
-                    put(self.v_scale_BKS, vs_new))
-    return out_BNH[:, None], cache
+    out_B1NH, _, (k, v, ks, vs) = _attend_then_write(
+        q_BTNH, k_BTKH, v_BTKH, (self.k_BKSH, self.v_BKSH, self.k_scale_BKS, self.v_scale_BKS),
+        q_positions_BT=q_positions_BT, kv_positions_BS=_filled_positions(self.lengths_B, S),
+        new_positions_B=jnp.where(write_B, self.lengths_B, -1), slot_B=self.lengths_B,
+        write_B=write_B, window=window)
+    return out_B1NH, KVCache(k, v, self.lengths_B + num_new_B, ks, vs)
 
   def append(self, k_BTKH, v_BTKH, num_new_B):
     """Write the new tokens at their positions; see the module docstring.
@@ -367,23 +384,15 @@ class RingKVCache(_SelfAttentionCache):
 
   def _decode_step(self, q_BTNH, k_BTKH, v_BTKH, num_new_B, q_positions_BT, window):
     """Attend over the ring (before the write) and the new token, then write it in place."""
-    (k_new, ks_new), (v_new, vs_new) = (
-        (x[:, 0], None if sc is None else sc[:, 0]) for x, sc in self._encode(k_BTKH, v_BTKH))
-    dtype = k_BTKH.dtype
     new_B = num_new_B > 0
-    out_BNH = decode_step_attention(
-        q_BTNH[:, 0], _read(k_new, ks_new, dtype), _read(v_new, vs_new, dtype), self.k_BKWH,
-        self.v_BKWH, q_positions_B=q_positions_BT[:, 0],
-        new_positions_B=jnp.where(new_B, self.lengths_B, -1), kv_positions_BS=self.positions_BW,
-        window=window, k_scale_BKS=self.k_scale_BKW, v_scale_BKS=self.v_scale_BKW)
-    slot_B = _after(out_BNH, self.lengths_B % self.window)
-    put = lambda buf, x: None if buf is None else _put_token(buf, x, slot_B, new_B)
+    out_B1NH, slot_B, (k, v, ks, vs) = _attend_then_write(
+        q_BTNH, k_BTKH, v_BTKH, (self.k_BKWH, self.v_BKWH, self.k_scale_BKW, self.v_scale_BKW),
+        q_positions_BT=q_positions_BT, kv_positions_BS=self.positions_BW,
+        new_positions_B=jnp.where(new_B, self.lengths_B, -1),
+        slot_B=self.lengths_B % self.window, write_B=new_B, window=window)
     positions_BW = _put_token(self.positions_BW[:, None], self.lengths_B[:, None], slot_B,
                               new_B)[:, 0]
-    cache = RingKVCache(put(self.k_BKWH, k_new), put(self.v_BKWH, v_new), positions_BW,
-                        self.lengths_B + num_new_B, put(self.k_scale_BKW, ks_new),
-                        put(self.v_scale_BKW, vs_new))
-    return out_BNH[:, None], cache
+    return out_B1NH, RingKVCache(k, v, positions_BW, self.lengths_B + num_new_B, ks, vs)
 
   def _encode(self, k_BTKH, v_BTKH):
     int8 = self.k_scale_BKW is not None

@@ -278,10 +278,9 @@ def test_decode_step_equals_append_then_attend_at_the_edges(kind):
     last_BW = lengths[:, None] - 1 - (lengths[:, None] - 1 - jnp.arange(S)[None, :]) % S
     cache = cache_lib.RingKVCache.init(B, S, K, H).replace(
         positions_BW=jnp.where(last_BW >= 0, last_BW, -1))
-  bufs = {f: jax.random.normal(kk, getattr(cache, f).shape)
-          for f, kk in zip([f for f in ("k_BKSH", "v_BKSH", "k_BKWH", "v_BKWH")
-                            if hasattr(cache, f)], keys[3:5], strict=True)}
-  cache = cache.replace(lengths_B=lengths, **bufs)
+  names = ("k_BKSH", "v_BKSH") if kind == "contiguous" else ("k_BKWH", "v_BKWH")
+  cache = cache.replace(lengths_B=lengths, **{
+      name: jax.random.normal(kk, (B, K, S, H)) for name, kk in zip(names, keys[3:5])})
   window = 4 if kind == "ring" else None
   kwargs = dict(num_new_B=num_new, q_positions_BT=lengths[:, None], causal=True, window=window)
   got, got_cache = cache.attend(q, k_new, v_new, implementation="auto", **kwargs)

@@ -5,17 +5,22 @@ The demo-sized model (configs/models/decoder_tiny.gin: 4 layers, d_model 128,
 ``--requests`` requests with prompt lengths drawn uniformly from 8..200 and
 token budgets from 16..256 (fixed seed; ``eos_id=None``, so every request
 runs to its budget and both policies generate exactly the same tokens).
-Both policies use the same ``attnlab.generate_requests`` programs and the
+Both policies use the same ``attnlab.generate_requests`` programs, the same
+cache (each of ``--cache``: "paged", "contiguous" = per-slot rows) and the
 same ``--slots``; "static" admits a new batch only when every request of the
 previous one has finished. Each policy runs once to compile, then
-``--rounds`` times in alternation (static, continuous, static, ...); the
+``--rounds`` times in alternation (every cache and policy once per round); the
 fastest run of each is reported: tokens/s, slot occupancy (mean fraction of
 the slots decoding per decode step), decode steps, and the seconds spent in
-prefill and decode calls (``ServeStats``; the rest is the host loop). Both policies run the
-same prefills and generate the same tokens, so the speedup is at most the
-ratio of their decode steps (also printed).
+prefill and decode calls (``ServeStats``; the rest is the host loop); and
+the speedup of each round (its static seconds over its continuous seconds,
+runs seconds apart) with their median, less exposed to a machine whose
+speed drifts than the ratio of the best runs. Both policies run the same
+prefills and generate the same tokens, so the speedup is at most the ratio
+of their decode steps (also printed).
 
-    PYTHONPATH=$PWD python tools/bench_serve.py [--requests 64] [--slots 8] [--rounds 3]
+    PYTHONPATH=$PWD python tools/bench_serve.py [--requests 64] [--slots 8] [--rounds 5]
+        [--cache paged,contiguous]
 """
 
 from __future__ import annotations
@@ -42,10 +47,16 @@ def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--requests", type=int, default=64)
   p.add_argument("--slots", type=int, default=8)
+  p.add_argument("--cache", default="paged,contiguous",
+                 help="comma-separated caches, each served by both policies in every round")
   p.add_argument("--page_size", type=int, default=16)
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--rounds", type=int, default=3, help="timed runs of each policy, alternating")
+  p.add_argument("--rounds", type=int, default=5, help="timed runs of each setting, alternating")
   args = p.parse_args()
+  caches = args.cache.split(",")
+  for c in caches:
+    if c not in ("paged", "contiguous"):
+      p.error(f"--cache: {c!r} is not paged or contiguous")
 
   import numpy as np
   from flax import nnx
@@ -62,34 +73,52 @@ def main():
   lengths = rs.randint(8, 201, args.requests)
   budgets = rs.randint(16, 257, args.requests).tolist()
   prompts = [rs.randint(3, cfg.vocab_size, n).tolist() for n in lengths]
-  report = dict(cpu=cpu_name(), requests=args.requests, slots=args.slots,
-                tokens=int(sum(budgets)))
-  for policy in POLICIES:  # the first run of each compiles
-    batching.serve_requests(model, prompts, budgets, slots=args.slots, page_size=args.page_size,
-                            eos_id=None, policy=policy)
-  best = {}
-  for r in range(args.rounds):  # alternating, so machine noise hits both policies alike
-    for policy in POLICIES:
+  settings = [(c, policy) for c in caches for policy in POLICIES]
+
+  def serve(cache, policy):
+    return batching.serve_requests(model, prompts, budgets, slots=args.slots, cache=cache,
+                                   page_size=args.page_size, eos_id=None, policy=policy)[1]
+
+  for setting in settings:  # the first run of each compiles
+    serve(*setting)
+  best, runs = {}, []
+  for r in range(args.rounds):  # alternating, so machine noise hits every setting alike
+    seconds = {}
+    for setting in settings:
       load = os.getloadavg()[0]
-      _, stats = batching.serve_requests(model, prompts, budgets, slots=args.slots,
-                                         page_size=args.page_size, eos_id=None, policy=policy)
-      print(f"round {r}: {policy} {stats.seconds:.2f} s (load average {load:.2f})", flush=True)
-      if policy not in best or stats.seconds < best[policy][0].seconds:
-        best[policy] = (stats, load)
-  for policy, (stats, load) in best.items():
-    report[policy] = dict(tokens_per_s=round(stats.tokens_per_second, 1),
-                          seconds=round(stats.seconds, 2), occupancy=round(stats.occupancy, 3),
-                          decode_steps=stats.decode_steps,
-                          prefill_s=round(stats.prefill_seconds, 2),
-                          decode_s=round(stats.decode_seconds, 2),
-                          ms_per_decode_step=round(stats.decode_seconds / stats.decode_steps * 1e3,
-                                                   2),
-                          load_avg_1min=round(load, 2))
-    print(policy, report[policy], flush=True)
-  report["speedup"] = round(report["continuous"]["tokens_per_s"]
-                            / report["static"]["tokens_per_s"], 2)
-  report["decode_step_ratio"] = round(report["static"]["decode_steps"]
-                                      / report["continuous"]["decode_steps"], 2)
+      stats = serve(*setting)
+      print(f"round {r}: {setting[0]} {setting[1]} {stats.seconds:.2f} s "
+            f"(load average {load:.2f})", flush=True)
+      seconds[setting] = stats.seconds
+      if setting not in best or stats.seconds < best[setting][0].seconds:
+        best[setting] = (stats, load)
+    runs.append(seconds)
+  report = dict(cpu=cpu_name(), requests=args.requests, slots=args.slots,
+                tokens=int(sum(budgets)), rounds=args.rounds)
+  for (cache, policy), (stats, load) in best.items():
+    report[f"{cache}/{policy}"] = dict(
+        tokens_per_s=round(stats.tokens_per_second, 1), seconds=round(stats.seconds, 2),
+        occupancy=round(stats.occupancy, 3), decode_steps=stats.decode_steps,
+        prefill_s=round(stats.prefill_seconds, 2), decode_s=round(stats.decode_seconds, 2),
+        ms_per_decode_step=round(stats.decode_seconds / stats.decode_steps * 1e3, 2),
+        load_avg_1min=round(load, 2))
+    print(cache, policy, report[f"{cache}/{policy}"], flush=True)
+  # A round's runs are seconds apart: their ratios are less exposed to a machine whose
+  # speed drifts than the ratio of two best runs.
+  def ratios(a, b):
+    per_round = [x[a] / x[b] for x in runs]
+    return dict(median=round(float(np.median(per_round)), 2),
+                per_round=[round(x, 2) for x in per_round])
+
+  for cache in caches:
+    steps = {pol: best[(cache, pol)][0].decode_steps for pol in POLICIES}
+    report[f"{cache}/speedup"] = ratios((cache, "static"), (cache, "continuous")) | dict(
+        best_runs=round(best[(cache, "static")][0].seconds
+                        / best[(cache, "continuous")][0].seconds, 2),
+        decode_step_ratio=round(steps["static"] / steps["continuous"], 2))
+  if len(caches) > 1:  # how much faster the second cache serves continuously than the first
+    report[f"{caches[1]}_over_{caches[0]}_continuous"] = ratios(
+        (caches[0], "continuous"), (caches[1], "continuous"))
   print(json.dumps(report))
 
 

@@ -47,8 +47,9 @@ def _decode_parser():
                  help=f"cached K/V dtype: {' | '.join(CACHE_DTYPES)} (int8: per-token, "
                  "per-KV-head float32 scales); default the model's dtype")
   p.add_argument("--slots", type=int, default=None,
-                 help="continuous batching over the paged cache with this many slots "
-                 "(attnlab.generate_requests); results print as they complete")
+                 help="continuous batching with this many slots (attnlab.generate_requests; "
+                 "--cache paged by default, or contiguous / ring); results print as they "
+                 "complete")
   p.add_argument("--page_size", type=int, default=d.page_size, help="page size of the paged cache")
   p.add_argument("--num_pages", type=int, default=d.num_pages, help="pages of the paged cache")
   return p
@@ -72,7 +73,8 @@ def _serve(args, dcfg, model, prompts, ids, tokenizer) -> int:
 
   try:
     batching.generate_requests(
-        model, ids, dcfg.max_new_tokens, slots=args.slots, page_size=dcfg.page_size,
+        model, ids, dcfg.max_new_tokens, slots=args.slots, cache=dcfg.cache,
+        page_size=dcfg.page_size,
         num_pages=dcfg.num_pages, cache_dtype=args.cache_dtype, eos_id=tokenizer.eos_id,
         rng=jax.random.key(dcfg.seed),
         sampling=Sampling(temperature=dcfg.temperature, top_k=dcfg.top_k, top_p=dcfg.top_p),
@@ -114,9 +116,9 @@ def main(argv: list[str]) -> int:
     raise CommandError(str(e)) from None
   ids = [tokenizer.encode(p) for p in prompts]
   if args.slots is not None:
-    if cfg.arch != "decoder_only" or dcfg.beam_size > 1 or dcfg.cache != "paged":
-      raise CommandError(f"--slots={args.slots} needs a decoder-only checkpoint, --cache paged "
-                         "and no beam search")
+    if cfg.arch != "decoder_only" or dcfg.beam_size > 1:
+      raise CommandError(f"--slots={args.slots} needs a decoder-only checkpoint and no beam "
+                         "search")
     return _serve(args, dcfg, model, prompts, ids, tokenizer)
   width = max(len(x) for x in ids)
   prompt_BT = np.full((len(ids), max(width, 1)), cfg.pad_id, np.int32)

@@ -12,17 +12,23 @@ programs, both compiled once per shape, never per request:
   * ``_prefill``: one request into one slot. The prompt is right-padded to a
     length bucket (powers of two from 16, capped at ``cfg.max_len``), so
     there is one program per bucket. The model runs on a batch-1 *view* of
-    the cache (the shared pages, that slot's page-table row), so a prefill
-    costs one prompt, not ``slots`` prompts.
+    the cache (paged: the shared pages and that slot's page-table row;
+    contiguous / ring: the slot's row, emptied, written back in place), so a
+    prefill costs one prompt, not ``slots`` prompts.
   * ``_decode``: up to ``decode_chunk`` steps of every slot at once (one token
     per live slot per step) in a ``lax.while_loop``; pages are allocated as
     sequences grow and freed when they finish. The loop returns early when a
     slot finishes and a request is waiting, so the host can refill it.
 
-Admission is conservative: a request is admitted only when the pages it can
-need at its full budget (prompt + max_new_tokens - 1 positions) are not
-promised to the running requests, so the device allocator never runs dry
-mid-sequence and nothing is ever preempted. Requests are admitted in order
+Three caches, as in ``generate``. "paged" (the default) admits by pages:
+a request is admitted only when the pages it can need at its full budget
+(prompt + max_new_tokens - 1 positions) are not promised to the running
+requests, so the device allocator never runs dry mid-sequence and nothing is
+ever preempted. "contiguous" gives every slot its own [K, S, H] rows, S the
+longest request (JetStream-style slots: more memory, as many sequences, no
+page gather in the decode step); "ring" (sliding-window models) gives every
+slot a ring of ``cfg.window`` positions. With those a request waits only for
+a free slot. Requests are admitted in order
 (first come, first served); a request that waits for pages blocks the ones
 behind it. A request that can never fit (longer than ``cfg.max_len`` or than
 the whole cache) is not run: the others are, and then ``UnservableRequests``
@@ -47,6 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from attnlab.config import CACHE_KINDS
 from attnlab.decoding.generate import GREEDY, GenerateInputError, _eval_model, _release, _reserve
 from attnlab.decoding.paging import PageAllocator
 from attnlab.decoding.sampling import Sampling, sample
@@ -88,9 +95,9 @@ class ServeStats:
       host reads them at once: the first token, the chunk of new tokens); the
       rest is the host's scheduling.
     buckets: prompt-length buckets used (one prefill program each).
-    free_pages: the allocator's free page ids after the run.
+    free_pages: the allocator's free page ids after the run (paged cache).
     page_table: the page table [slots, M] after the run (all -1 when every
-      request released its pages).
+      request released its pages; paged cache).
   """
 
   slots: int
@@ -142,10 +149,11 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
     prompts: token-id lists of any (non-zero) lengths.
     max_new_tokens: a positive int, or one per request.
     slots: sequences decoding together.
-    cache: "paged" (the only cache continuous batching runs on).
+    cache: "paged" | "contiguous" | "ring" (a sliding-window model): see the
+      module docstring.
     page_size, num_pages: C and P of the paged cache; P defaults to enough
       pages for every slot at the longest request. With fewer, requests wait
-      for the pages of finished ones.
+      for the pages of finished ones. ``num_pages`` is the paged cache's only.
     cache_dtype: dtype of the cached K/V; None = the model's compute dtype.
     sampling: ``Sampling``; greedy by default.
     rng: a ``jax.random.key`` for sampling.
@@ -215,14 +223,19 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
   _positive_int("slots", slots)
   _positive_int("page_size", page_size)
   _positive_int("decode_chunk", decode_chunk)
-  if cache != "paged":
-    raise GenerateInputError(f"cache={cache!r}: continuous batching runs on the paged cache; use "
-                     "cache='paged'")
+  if cache not in CACHE_KINDS:
+    raise GenerateInputError(f"cache={cache!r} is not one of {', '.join(map(repr, CACHE_KINDS))}")
+  if cache == "ring" and cfg.window is None:
+    raise GenerateInputError("cache='ring' needs a sliding-window model (ModelConfig.window), got "
+                             "window=None; use cache='paged' or 'contiguous'")
+  paged = cache == "paged"
   if policy not in POLICIES:
     raise GenerateInputError(f"policy={policy!r} is not one of {', '.join(map(repr, POLICIES))}")
   if not isinstance(sampling, Sampling):
     raise GenerateInputError(f"sampling must be a Sampling, got {type(sampling).__name__}")
   if num_pages is not None:
+    if not paged:
+      raise GenerateInputError(f"num_pages={num_pages} is for cache='paged', got cache={cache!r}")
     _positive_int("num_pages", num_pages)
   cache_dtype = cache_lib.check_cache_dtype(cache_dtype)
   n = len(prompts)
@@ -237,7 +250,8 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
   max_pos = max([need_pos[i] for i in ok], default=1)
   M = -(-max_pos // page_size)
   P = slots * M if num_pages is None else num_pages
-  pages_of = {i: -(-need_pos[i] // page_size) for i in ok}
+  # Pages a request is promised at admission (none for the per-slot caches).
+  pages_of = {i: -(-need_pos[i] // page_size) if paged else 0 for i in ok}
   for i in ok:
     if pages_of[i] > P:
       errors[i] = (f"prompt of {len(prompts[i])} tokens + max_new_tokens {budgets[i]} needs "
@@ -250,9 +264,13 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
     sampling = GREEDY
   eos = jnp.int32(-1 if eos_id is None else eos_id)
   graphdef, state = nnx.split(model)
-  kv_cache = cache_lib.init_cache(cfg, "paged", slots, M * page_size, page_size=page_size,
-                                  num_pages=P, dtype=cache_dtype)
-  alloc = PageAllocator.init(P)
+  if paged:
+    kv_cache = cache_lib.init_cache(cfg, "paged", slots, M * page_size, page_size=page_size,
+                                    num_pages=P, dtype=cache_dtype)
+    alloc = PageAllocator.init(P)
+  else:  # every slot holds the longest request
+    kv_cache = cache_lib.init_cache(cfg, cache, slots, max_pos, dtype=cache_dtype)
+    alloc = None
   slot_state = _SlotState(jnp.zeros((slots,), jnp.int32), jnp.zeros((slots,), bool),
                           jnp.zeros((slots,), jnp.int32))
   results: list = [None] * n
@@ -324,10 +342,11 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
           finish(s)
           break
   stats.seconds = time.perf_counter() - start
-  stats.free_pages = np.asarray(alloc.free_P)[:int(alloc.num_free)]
-  stats.page_table = np.asarray(kv_cache[0].self_attn.page_table_BM)
-  if bool(alloc.exhausted):  # admission promises every page a request can need
-    raise AssertionError("the page allocator ran dry despite admission control")
+  if paged:
+    stats.free_pages = np.asarray(alloc.free_P)[:int(alloc.num_free)]
+    stats.page_table = np.asarray(kv_cache[0].self_attn.page_table_BM)
+    if bool(alloc.exhausted):  # admission promises every page a request can need
+      raise AssertionError("the page allocator ran dry despite admission control")
   if errors:
     raise UnservableRequests(errors, results)
   return results, stats
@@ -347,13 +366,20 @@ def _prefill(graphdef, state, kv_cache, alloc, slot_state, prompt_1T, length, sl
   """Prefill one request into ``slot``; returns (cache, alloc, slot_state, first token)."""
   model = _eval_model(graphdef, state)
   T = prompt_1T.shape[1]
+  segment_ids_1T = (jnp.arange(T)[None, :] < length).astype(jnp.int32)
+  if alloc is None:  # contiguous / ring: the slot's own row, emptied, then put back
+    logits_1TV, row = model(prompt_1T, segment_ids_BT=segment_ids_1T,
+                            cache=cache_lib.take_row(kv_cache, slot))
+    kv_cache = cache_lib.put_row(kv_cache, row, slot)
+    token = _draw(logits_1TV[:, length - 1], rng, sampling)[0][0]
+    done = (token == eos) | (budget <= 1)
+    return kv_cache, alloc, _start_slot(slot_state, slot, token, done, budget), token
   table_BM = kv_cache[0].self_attn.page_table_BM
   row_1M = jax.lax.dynamic_slice_in_dim(table_BM, slot, 1, axis=0)
   zero_1 = jnp.zeros((1,), jnp.int32)
   alloc, row_1M = alloc.allocate(row_1M, zero_1, length[None], page_size)
   # A batch-1 view: the shared pages, this slot's table row.
   view = cache_lib.set_page_table(kv_cache, row_1M, zero_1)
-  segment_ids_1T = (jnp.arange(T)[None, :] < length).astype(jnp.int32)
   logits_1TV, view = model(prompt_1T, segment_ids_BT=segment_ids_1T, cache=view)
   token_1, _ = _draw(logits_1TV[:, length - 1], rng, sampling)
   token = token_1[0]
@@ -363,10 +389,22 @@ def _prefill(graphdef, state, kv_cache, alloc, slot_state, prompt_1T, length, sl
   done = (token == eos) | (budget <= 1)
   is_slot_B = jnp.arange(table_BM.shape[0]) == slot
   kv_cache, alloc = _release(kv_cache, alloc, is_slot_B & done)
-  slot_state = _SlotState(slot_state.token_B.at[slot].set(token),
-                          slot_state.active_B.at[slot].set(~done),
-                          slot_state.remaining_B.at[slot].set(budget - 1))
-  return kv_cache, alloc, slot_state, token
+  return kv_cache, alloc, _start_slot(slot_state, slot, token, done, budget), token
+
+
+def _start_slot(slot_state, slot, token, done, budget):
+  return _SlotState(slot_state.token_B.at[slot].set(token),
+                    slot_state.active_B.at[slot].set(~done),
+                    slot_state.remaining_B.at[slot].set(budget - 1))
+
+
+def _finish(kv_cache, alloc, finished_B):
+  """Finished sequences: pages back to the free list (paged), length 0."""
+  if alloc is not None:
+    return _release(kv_cache, alloc, finished_B)
+  lengths_B = jnp.where(finished_B, 0, cache_lib.cache_lengths(kv_cache))
+  return tuple(blk.replace(self_attn=blk.self_attn.replace(lengths_B=lengths_B))
+               for blk in kv_cache), alloc
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("steps", "sampling",
@@ -391,7 +429,8 @@ def _decode(graphdef, state, kv_cache, alloc, slot_state, rng, eos, stop_on_fini
   def body(carry):
     i, st, out_BK, kv_cache, alloc, rng, live_steps, _ = carry
     live_B = st.active_B.astype(jnp.int32)
-    kv_cache, alloc = _reserve(kv_cache, alloc, live_B, page_size)
+    if alloc is not None:
+      kv_cache, alloc = _reserve(kv_cache, alloc, live_B, page_size)
     logits_B1V, kv_cache = model(st.token_B[:, None], segment_ids_BT=live_B[:, None],
                                  cache=kv_cache)
     sampled_B, rng = _draw(logits_B1V[:, 0], rng, sampling)
@@ -399,7 +438,7 @@ def _decode(graphdef, state, kv_cache, alloc, slot_state, rng, eos, stop_on_fini
     out_BK = out_BK.at[:, i].set(next_B)
     remaining_B = st.remaining_B - live_B
     finished_B = st.active_B & ((next_B == eos) | (remaining_B <= 0))
-    kv_cache, alloc = _release(kv_cache, alloc, finished_B)
+    kv_cache, alloc = _finish(kv_cache, alloc, finished_B)
     st = _SlotState(next_B, st.active_B & ~finished_B, remaining_B)
     return (i + 1, st, out_BK, kv_cache, alloc, rng, live_steps + jnp.sum(live_B),
             jnp.any(finished_B))

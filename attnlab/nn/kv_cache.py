@@ -644,6 +644,37 @@ def set_page_table(cache, page_table_BM, lengths_B=None):
   return tuple(out)
 
 
+def _check_rows(cache):
+  if isinstance(cache[0].self_attn, PagedKVCache):
+    raise ValueError("a paged cache has no rows (its pages are shared by the batch); use its "
+                     "page table")
+
+
+def take_row(cache, b):
+  """Sequence ``b`` (a traced int) of a contiguous / ring cache as an empty batch-1 cache.
+
+  The row's buffers are taken as they are; its length is 0 (and the ring's
+  slot positions -1), so nothing in them is read before it is written again.
+  """
+  _check_rows(cache)
+  rows = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, b, 1, axis=0), cache)
+  out = []
+  for blk in rows:
+    sa = blk.self_attn.replace(lengths_B=jnp.zeros_like(blk.self_attn.lengths_B))
+    if isinstance(sa, RingKVCache):
+      sa = sa.replace(positions_BW=jnp.full_like(sa.positions_BW, -1))
+    out.append(blk.replace(self_attn=sa))
+  return tuple(out)
+
+
+def put_row(cache, row, b):
+  """The cache with sequence ``b`` replaced by the batch-1 cache ``row`` (in place under
+  donation: one dynamic-update-slice per buffer)."""
+  _check_rows(cache)
+  return jax.tree.map(lambda x, r: jax.lax.dynamic_update_slice_in_dim(x, r, b, axis=0), cache,
+                      row)
+
+
 def cache_bytes(cache) -> int:
   """Bytes held by all arrays of a cache."""
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))

@@ -76,6 +76,24 @@ def test_each_request_matches_generate_alone_more_requests_than_slots(case):
   assert after["decode"] - before["decode"] <= 1
 
 
+@pytest.mark.parametrize("cache, name", [("contiguous", NAME), ("ring", "gqa_rope_window10"),
+                                         ("ring", "mqa_rope_window3")])
+def test_slot_row_caches_match_generate_alone(cache, name):
+  # Every slot owns its rows; a refilled slot must not see its last request's keys
+  # (the ring's stale positions included: window 3 < every prompt here).
+  model = decoder_model(name)
+  prompts = _prompts()
+  want = _alone(model, prompts, BUDGETS, None)
+  before = batching.num_programs()
+  results, stats = batching.serve_requests(model, prompts, BUDGETS, slots=3, cache=cache,
+                                           eos_id=None, decode_chunk=4)
+  assert [r.tolist() for r in results] == want
+  assert stats.prefills == len(prompts) > 3 and stats.free_pages is None
+  after = batching.num_programs()
+  assert after["prefill"] - before["prefill"] <= len(stats.buckets)
+  assert after["decode"] - before["decode"] <= 1
+
+
 def test_requests_wait_for_freed_pages(case):
   model, prompts, eos_id, want, no_eos = case
   need = [batching.pages_needed(n, b, C) for n, b in zip(LENGTHS, BUDGETS, strict=True)]
@@ -128,7 +146,9 @@ def test_static_policy_gives_the_same_tokens_with_lower_occupancy(case):
     (dict(max_new_tokens=[3]), "one per request"),
     (dict(max_new_tokens=0), r"max_new_tokens\[0\]=0"),
     (dict(slots=0), "slots=0"),
-    (dict(cache="ring"), "cache='ring'"),
+    (dict(cache="ring"), "cache='ring' needs a sliding-window model"),
+    (dict(cache="rows"), "cache='rows' is not one of"),
+    (dict(cache="contiguous", num_pages=4), "num_pages=4 is for cache='paged'"),
     (dict(policy="fifo"), "policy='fifo'"),
 ])
 def test_bad_arguments_raise_value_error_naming_the_field(kwargs, match):

@@ -217,5 +217,9 @@ def test_decode_slots_batches_continuously_and_matches_plain_decode(workdir, cap
   rows = sorted(line.split("\t", 1) for line in served.splitlines())
   assert [int(i) for i, _ in rows] == [0, 1, 2]
   assert [text for _, text in rows] == plain.splitlines()
+  rc, served, err = _run(base + ["--slots", "2", "--cache", "contiguous"], capsys)
+  assert rc == 0, err
+  assert sorted(line.split("\t", 1)[1] for line in served.splitlines()) == sorted(
+      plain.splitlines())
   rc, _, err = _run(base + ["--slots", "0"], capsys)
   assert rc == 2 and "--slots=0" in err

@@ -52,16 +52,17 @@ def test_int8_decode_step_equals_the_reference_over_the_same_cache(kind):
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_generate_and_generate_requests_with_an_int8_cache_agree():
+@pytest.mark.parametrize("kind", ["paged", "contiguous"])
+def test_generate_and_generate_requests_with_an_int8_cache_agree(kind):
   model = decoder_model(NAME)
   prompts = [random_tokens(40 + i, (n,)).tolist() for i, n in enumerate([3, 11, 6])]
-  got = attnlab.generate_requests(model, prompts, 7, slots=2, page_size=4, cache_dtype="int8",
-                                  eos_id=None)
+  got = attnlab.generate_requests(model, prompts, 7, slots=2, cache=kind, page_size=4,
+                                  cache_dtype="int8", eos_id=None)
   prompt_BT = np.zeros((3, 11), np.int32)
   for b, p in enumerate(prompts):
     prompt_BT[b, :len(p)] = p
   want = attnlab.generate(model, prompt_BT, max_new_tokens=7, prompt_lengths_B=[3, 11, 6],
-                          eos_id=None, cache="paged", page_size=4, cache_dtype="int8")
+                          eos_id=None, cache=kind, page_size=4, cache_dtype="int8")
   np.testing.assert_array_equal(np.stack(got), want)
 
 

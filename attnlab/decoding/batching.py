@@ -379,7 +379,7 @@ def _prefill(graphdef, state, kv_cache, alloc, slot_state, prompt_1T, length, sl
   zero_1 = jnp.zeros((1,), jnp.int32)
   alloc, row_1M = alloc.allocate(row_1M, zero_1, length[None], page_size)
   # A batch-1 view: the shared pages, this slot's table row.
-  view = cache_lib.set_page_table(kv_cache, row_1M, zero_1)
+  view = cache_lib.as_empty(cache_lib.set_page_table(kv_cache, row_1M, zero_1))
   logits_1TV, view = model(prompt_1T, segment_ids_BT=segment_ids_1T, cache=view)
   token_1, _ = _draw(logits_1TV[:, length - 1], rng, sampling)
   token = token_1[0]

@@ -292,6 +292,7 @@ def _sample_decoder_only(graphdef, state, prompt_BT, lengths_B, rng, eos_id, *, 
   cache, alloc = _new_cache(cfg, kind, B, cache_len, page_size, num_pages, cache_dtype)
   if alloc is not None:
     cache, alloc = _reserve(cache, alloc, lengths_B, page_size)
+  cache = cache_lib.as_empty(cache)  # the prefill attends over the prompt alone
   # Prefill: the whole prompt in one pass; padding (t >= length) is not cached.
   segment_ids_BT = (jnp.arange(T)[None, :] < lengths_B[:, None]).astype(jnp.int32)
   logits_BTV, cache = model(prompt_BT, segment_ids_BT=segment_ids_BT, cache=cache)

@@ -141,6 +141,12 @@ class Attention(nnx.Module):
     num_new_B = (jnp.full((B,), T, jnp.int32) if segment_ids_BT is None
                  else jnp.sum(segment_ids_BT != 0, axis=1, dtype=jnp.int32))
     q_BTNH, k_BTKH, v_BTKH = self._project_self(x_BTD, positions_BT)
+    if cache.empty:  # a prefill (``kv_cache.as_empty``): as the uncached forward pass, then store
+      if segment_ids_BT is not None:  # here it only marks right padding
+        segment_ids_BT = (segment_ids_BT != 0).astype(jnp.int32)
+      out_BTNH = self._attend(q_BTNH, k_BTKH, v_BTKH, causal=self.causal, window=self.window,
+                              q_segment_ids=segment_ids_BT, kv_segment_ids=segment_ids_BT)
+      return self.o_proj(out_BTNH), cache.store(k_BTKH, v_BTKH, num_new_B)
     out_BTNH, cache = cache.attend(
         q_BTNH, k_BTKH, v_BTKH, num_new_B=num_new_B, q_positions_BT=positions_BT,
         causal=self.causal, window=self.window, implementation=self.implementation, **dropout)

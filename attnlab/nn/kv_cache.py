@@ -21,6 +21,11 @@ place, int8 included: the heads-major kernel for the contiguous and ring
 caches, the paged kernel for the pages. ``attnlab.ops.dispatch.cache_implementation``
 picks the path for everything else.
 
+A prefill into empty caches (``as_empty``: ``generate`` and
+``generate_requests`` use it) does not go through ``attend``: the layer
+attends over the prompt alone, as its uncached forward pass does, and hands
+the new K/V to ``store``, which writes them without reading the buffers.
+
 All caches track per-sequence lengths ``lengths_B``: sequence b's next token
 sits at position ``lengths_B[b]``. Prompts are therefore right-padded and
 every sequence starts at position 0, exactly as if it were decoded alone.
@@ -243,6 +248,7 @@ class KVCache(_SelfAttentionCache):
     k_BKSH, v_BKSH: keys / values [B, K, S, H]; slot s holds position s.
     lengths_B: int32 [B], tokens written per sequence.
     k_scale_BKS, v_scale_BKS: float32 scales of an int8 cache; None otherwise.
+    empty: static; set by ``as_empty`` (see there).
   """
 
   k_BKSH: jax.Array
@@ -250,6 +256,7 @@ class KVCache(_SelfAttentionCache):
   lengths_B: jax.Array
   k_scale_BKS: jax.Array | None = None
   v_scale_BKS: jax.Array | None = None
+  empty: bool = struct.field(pytree_node=False, default=False)
 
   @classmethod
   def init(cls, batch, max_len, num_kv_heads, head_dim, dtype=jnp.float32):
@@ -296,6 +303,10 @@ class KVCache(_SelfAttentionCache):
         write_B=write_B, window=window)
     return out_B1NH, KVCache(k, v, self.lengths_B + num_new_B, ks, vs)
 
+  def store(self, k_BTKH, v_BTKH, num_new_B):
+    """The cache with the new tokens written (and nothing read)."""
+    return self.append(k_BTKH, v_BTKH, num_new_B)[0]
+
   def append(self, k_BTKH, v_BTKH, num_new_B):
     """Write the new tokens at their positions; see the module docstring.
 
@@ -333,6 +344,7 @@ class RingKVCache(_SelfAttentionCache):
     positions_BW: int32 position held by each slot, -1 = empty.
     lengths_B: int32 [B], tokens seen per sequence (may exceed W).
     k_scale_BKW, v_scale_BKW: float32 scales of an int8 cache; None otherwise.
+    empty: static; set by ``as_empty`` (see there).
   """
 
   k_BKWH: jax.Array
@@ -341,6 +353,7 @@ class RingKVCache(_SelfAttentionCache):
   lengths_B: jax.Array
   k_scale_BKW: jax.Array | None = None
   v_scale_BKW: jax.Array | None = None
+  empty: bool = struct.field(pytree_node=False, default=False)
 
   @classmethod
   def init(cls, batch, window, num_kv_heads, head_dim, dtype=jnp.float32):
@@ -393,6 +406,10 @@ class RingKVCache(_SelfAttentionCache):
     positions_BW = _put_token(self.positions_BW[:, None], self.lengths_B[:, None], slot_B,
                               new_B)[:, 0]
     return out_B1NH, RingKVCache(k, v, positions_BW, self.lengths_B + num_new_B, ks, vs)
+
+  def store(self, k_BTKH, v_BTKH, num_new_B):
+    """The ring with the last W real new tokens written (and nothing read)."""
+    return self._write(*self._encode(k_BTKH, v_BTKH), num_new_B)
 
   def _encode(self, k_BTKH, v_BTKH):
     int8 = self.k_scale_BKW is not None
@@ -453,6 +470,7 @@ class PagedKVCache(_SelfAttentionCache):
     lengths_B: int32 [B], tokens written per sequence.
     k_scale_PCK, v_scale_PCK: float32 scales of an int8 cache (paged like
       the values); None otherwise.
+    empty: static; set by ``as_empty`` (see there).
   """
 
   k_pages_PCKH: jax.Array
@@ -461,6 +479,7 @@ class PagedKVCache(_SelfAttentionCache):
   lengths_B: jax.Array
   k_scale_PCK: jax.Array | None = None
   v_scale_PCK: jax.Array | None = None
+  empty: bool = struct.field(pytree_node=False, default=False)
 
   @classmethod
   def init(cls, batch, max_len, num_kv_heads, head_dim, *, page_size, num_pages,
@@ -505,6 +524,10 @@ class PagedKVCache(_SelfAttentionCache):
     M, C = self.page_table_BM.shape[1], self.page_size
     k_BSKH, v_BSKH = cache.gather(k_BTKH.dtype)
     return cache, k_BSKH, v_BSKH, _filled_positions(cache.lengths_B, M * C)
+
+  def store(self, k_BTKH, v_BTKH, num_new_B):
+    """The cache with the new tokens written into their pages (and nothing read)."""
+    return self.write(k_BTKH, v_BTKH, num_new_B)
 
   def write(self, k_BTKH, v_BTKH, num_new_B):
     """The cache with the new tokens written into their sequences' pages."""
@@ -650,21 +673,35 @@ def _check_rows(cache):
                      "page table")
 
 
-def take_row(cache, b):
-  """Sequence ``b`` (a traced int) of a contiguous / ring cache as an empty batch-1 cache.
+def as_empty(cache):
+  """The caches with every sequence emptied, flagged (statically) as empty.
 
-  The row's buffers are taken as they are; its length is 0 (and the ring's
-  slot positions -1), so nothing in them is read before it is written again.
+  Lengths 0, ring slots unassigned (a paged cache keeps its page table: the
+  pages assigned stay assigned). The buffers are kept as they are; nothing
+  in them is read before it is written again. The next call through the
+  model is a prefill that attends over its own tokens only, exactly as the
+  uncached forward pass does (the layer's implementation, the new K/V
+  before any rounding to the cache dtype), and writes them without reading
+  the buffers; the caches it returns are no longer flagged.
+
+  A cache from ``init_cache`` is empty but not flagged, so that it can
+  start a ``lax.while_loop`` carry as it is (a flagged cache has another
+  pytree structure).
   """
-  _check_rows(cache)
-  rows = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, b, 1, axis=0), cache)
   out = []
-  for blk in rows:
-    sa = blk.self_attn.replace(lengths_B=jnp.zeros_like(blk.self_attn.lengths_B))
+  for blk in cache:
+    sa = blk.self_attn.replace(lengths_B=jnp.zeros_like(blk.self_attn.lengths_B), empty=True)
     if isinstance(sa, RingKVCache):
       sa = sa.replace(positions_BW=jnp.full_like(sa.positions_BW, -1))
     out.append(blk.replace(self_attn=sa))
   return tuple(out)
+
+
+def take_row(cache, b):
+  """Sequence ``b`` (a traced int) of a contiguous / ring cache as an empty batch-1
+  cache (``as_empty``), to fill and ``put_row`` back."""
+  _check_rows(cache)
+  return as_empty(jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, b, 1, axis=0), cache))
 
 
 def put_row(cache, row, b):

@@ -39,11 +39,14 @@ SRC[1, 6:] = 0  # a padded source (pad_id 0): masked in cross-attention
 TGT = random_tokens(2, (2, TOTAL))
 
 
-def cached_logits(model, kind, tokens_BX, lengths_B, forward=None, dtype=None):
+def cached_logits(model, kind, tokens_BX, lengths_B, forward=None, dtype=None, empty=False,
+                  poison=False):
   """Logits [B, X, V] from a padded prefill of ``lengths_B`` tokens, then one token per step.
 
   Row b's prefill logits fill positions < lengths_B[b]; step i feeds token
   ``lengths_B[b] + i`` and fills that position. ``dtype``: of the cache.
+  ``empty``: the prefill gets the cache through ``kv_cache.as_empty``;
+  ``poison``: the float buffers start as NaN (only the prefill is then meaningful).
   """
   graphdef, state = nnx.split(model)
   B, X = tokens_BX.shape
@@ -54,9 +57,15 @@ def cached_logits(model, kind, tokens_BX, lengths_B, forward=None, dtype=None):
     m = nnx.merge(graphdef, state)
     call = forward or (lambda m, t, s, c: m(t, segment_ids_BT=s, cache=c))
     cache = cache_lib.init_cache(cfg, kind, B, X, page_size=PAGE, dtype=dtype)
+    if poison:
+      cache = jax.tree.map(
+          lambda x: jnp.full_like(x, jnp.nan) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+          cache)
     alloc = PageAllocator.init(B * X // PAGE) if kind == "paged" else None
     if alloc is not None:
       cache, alloc = _reserve(cache, alloc, lengths_B, PAGE)
+    if empty:
+      cache = cache_lib.as_empty(cache)
     seg_BT = (jnp.arange(PROMPT_WIDTH)[None] < lengths_B[:, None]).astype(jnp.int32)
     logits_BTV, cache = call(m, tokens_BX[:, :PROMPT_WIDTH], seg_BT, cache)
     rows = jnp.arange(B)
@@ -103,6 +112,28 @@ def decoder_cases():
 def test_decoder_prefill_and_decode_equal_full_forward(name, kind):
   got, cache = decoder_cached(name, kind)
   np.testing.assert_allclose(got, decoder_forward(name)(TOKENS), atol=1e-5, rtol=1e-5)
+  np.testing.assert_array_equal(cache_lib.cache_lengths(cache), [TOTAL, TOTAL])
+
+
+@pytest.mark.parametrize("name,kind,dtype", (
+    # window 3 < the prompts: the prefill's window mask binds
+    [("mqa_rope_window3", k, None) for k in cache_lib.CACHE_KINDS] + [("mha_rope", "paged", None)]
+    # int8: the model (and tolerance) of tests/decoding/test_int8_cache.py
+    + [("gqa_rope_window10", k, "int8") for k in cache_lib.CACHE_KINDS]))
+def test_a_prefill_into_an_empty_flagged_cache_is_the_uncached_forward(name, kind, dtype):
+  """``as_empty``: the prefill attends over the prompt alone, as the uncached forward does
+  (the new K/V before any rounding to the cache dtype) and never reads the buffers (NaN
+  there changes nothing); the decode steps after it read what it stored."""
+  model = decoder_model(name)
+  want = decoder_forward(name)(TOKENS)
+  prefill_BT = np.arange(PROMPT_WIDTH)[None] < LENGTHS[:, None]
+  poisoned, _ = cached_logits(model, kind, TOKENS, LENGTHS, dtype=dtype, empty=True, poison=True)
+  np.testing.assert_allclose(poisoned[:, :PROMPT_WIDTH][prefill_BT],
+                             want[:, :PROMPT_WIDTH][prefill_BT], atol=1e-6, rtol=1e-6)
+  got, cache = cached_logits(model, kind, TOKENS, LENGTHS, dtype=dtype, empty=True)
+  assert not cache[0].self_attn.empty
+  tol = 2e-2 * np.abs(want).max() if dtype == "int8" else 1e-5
+  np.testing.assert_allclose(got, want, atol=tol, rtol=1e-5)
   np.testing.assert_array_equal(cache_lib.cache_lengths(cache), [TOTAL, TOTAL])
 
 

@@ -264,6 +264,7 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
     sampling = GREEDY
   eos = jnp.int32(-1 if eos_id is None else eos_id)
   graphdef, state = nnx.split(model)
+  graphdef = _interned(graphdef)  # hashed once per run, not per device call
   if paged:
     kv_cache = cache_lib.init_cache(cfg, "paged", slots, M * page_size, page_size=page_size,
                                     num_pages=P, dtype=cache_dtype)
@@ -352,6 +353,34 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
   return results, stats
 
 
+class _StaticGraph:
+  """A graphdef as a ``jit`` static argument whose hash is computed once.
+
+  Hashing an NNX graphdef walks the whole module tree (~1 ms for a small
+  model on a 2-core machine), and ``jit`` hashes its static arguments on
+  every call; ``_interned`` hands out one object per graph, so the cache
+  lookup is a stored hash and an identity check.
+  """
+
+  __slots__ = ("graphdef", "_hash")
+
+  def __init__(self, graphdef):
+    self.graphdef = graphdef
+    self._hash = hash(graphdef)
+
+  def __hash__(self):
+    return self._hash
+
+  def __eq__(self, other):
+    return self is other or (isinstance(other, _StaticGraph) and self._hash == other._hash
+                             and self.graphdef == other.graphdef)
+
+
+@functools.lru_cache(maxsize=16)
+def _interned(graphdef) -> _StaticGraph:
+  return _StaticGraph(graphdef)
+
+
 def _draw(logits_BV, rng, sampling):
   if sampling.greedy:
     return sample(logits_BV, None, sampling), rng
@@ -364,7 +393,7 @@ def _draw(logits_BV, rng, sampling):
 def _prefill(graphdef, state, kv_cache, alloc, slot_state, prompt_1T, length, slot, budget, rng,
              eos, *, sampling, page_size):
   """Prefill one request into ``slot``; returns (cache, alloc, slot_state, first token)."""
-  model = _eval_model(graphdef, state)
+  model = _eval_model(graphdef.graphdef, state)
   T = prompt_1T.shape[1]
   segment_ids_1T = (jnp.arange(T)[None, :] < length).astype(jnp.int32)
   if alloc is None:  # contiguous / ring: the slot's own row, emptied, then put back
@@ -418,7 +447,7 @@ def _decode(graphdef, state, kv_cache, alloc, slot_state, rng, eos, stop_on_fini
   which a slot finished. Returns (cache, alloc, slot_state, tokens [B, steps],
   steps run, live slot-steps).
   """
-  model = _eval_model(graphdef, state)
+  model = _eval_model(graphdef.graphdef, state)
   pad_id = model.cfg.pad_id
   B = slot_state.token_B.shape[0]
 

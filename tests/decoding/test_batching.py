@@ -133,8 +133,10 @@ def test_static_policy_gives_the_same_tokens_with_lower_occupancy(case):
   results, static = batching.serve_requests(model, prompts, BUDGETS, slots=3, page_size=C,
                                             eos_id=None, policy="static", decode_chunk=4)
   assert [r.tolist() for r in results] == no_eos
+  before = batching.num_programs()
   _, cont = batching.serve_requests(model, prompts, BUDGETS, slots=3, page_size=C,
                                     eos_id=None, decode_chunk=4)
+  assert batching.num_programs() == before  # a second run of the model compiles nothing
   assert static.decode_steps > cont.decode_steps
   assert static.occupancy < cont.occupancy
 

@@ -16,8 +16,8 @@ programs, both compiled once per shape, never per request:
     contiguous / ring: the slot's row, emptied, written back in place), so a
     prefill costs one prompt, not ``slots`` prompts.
   * ``_decode``: up to ``decode_chunk`` steps of every slot at once (one token
-    per live slot per step) in a ``lax.while_loop``; pages are allocated as
-    sequences grow and freed when they finish. The loop returns early when a
+    per live slot per step) in a ``lax.while_loop``; with the paged cache,
+    pages are allocated as sequences grow and freed when they finish. The loop returns early when a
     slot finishes and a request is waiting, so the host can refill it.
 
 Three caches, as in ``generate``. "paged" (the default) admits by pages:

@@ -397,10 +397,10 @@ def _prefill(graphdef, state, kv_cache, alloc, slot_state, prompt_1T, length, sl
   T = prompt_1T.shape[1]
   segment_ids_1T = (jnp.arange(T)[None, :] < length).astype(jnp.int32)
   if alloc is None:  # contiguous / ring: the slot's own row, emptied, then put back
-    logits_1TV, row = model(prompt_1T, segment_ids_BT=segment_ids_1T,
-                            cache=cache_lib.take_row(kv_cache, slot))
+    logits_11V, row = model(prompt_1T, segment_ids_BT=segment_ids_1T,
+                            cache=cache_lib.take_row(kv_cache, slot), logits_at_B=length[None] - 1)
     kv_cache = cache_lib.put_row(kv_cache, row, slot)
-    token = _draw(logits_1TV[:, length - 1], rng, sampling)[0][0]
+    token = _draw(logits_11V[:, 0], rng, sampling)[0][0]
     done = (token == eos) | (budget <= 1)
     return kv_cache, alloc, _start_slot(slot_state, slot, token, done, budget), token
   table_BM = kv_cache[0].self_attn.page_table_BM
@@ -409,8 +409,9 @@ def _prefill(graphdef, state, kv_cache, alloc, slot_state, prompt_1T, length, sl
   alloc, row_1M = alloc.allocate(row_1M, zero_1, length[None], page_size)
   # A batch-1 view: the shared pages, this slot's table row.
   view = cache_lib.as_empty(cache_lib.set_page_table(kv_cache, row_1M, zero_1))
-  logits_1TV, view = model(prompt_1T, segment_ids_BT=segment_ids_1T, cache=view)
-  token_1, _ = _draw(logits_1TV[:, length - 1], rng, sampling)
+  logits_11V, view = model(prompt_1T, segment_ids_BT=segment_ids_1T, cache=view,
+                           logits_at_B=length[None] - 1)
+  token_1, _ = _draw(logits_11V[:, 0], rng, sampling)
   token = token_1[0]
   table_BM = jax.lax.dynamic_update_slice_in_dim(table_BM, row_1M, slot, axis=0)
   lengths_B = cache_lib.cache_lengths(kv_cache).at[slot].set(length)

@@ -295,8 +295,9 @@ def _sample_decoder_only(graphdef, state, prompt_BT, lengths_B, rng, eos_id, *, 
   cache = cache_lib.as_empty(cache)  # the prefill attends over the prompt alone
   # Prefill: the whole prompt in one pass; padding (t >= length) is not cached.
   segment_ids_BT = (jnp.arange(T)[None, :] < lengths_B[:, None]).astype(jnp.int32)
-  logits_BTV, cache = model(prompt_BT, segment_ids_BT=segment_ids_BT, cache=cache)
-  last_BV = jnp.take_along_axis(logits_BTV, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
+  logits_B1V, cache = model(prompt_BT, segment_ids_BT=segment_ids_BT, cache=cache,
+                            logits_at_B=lengths_B - 1)  # the last prompt token's only
+  last_BV = logits_B1V[:, 0]
   forward = lambda tokens_BT, seg_BT, cache: model(tokens_BT, segment_ids_BT=seg_BT, cache=cache)
   return _sampling_loop(forward, cache, alloc, last_BV, rng, max_new_tokens=max_new_tokens,
                         eos_id=eos_id, sampling=sampling, page_size=page_size, pad_id=cfg.pad_id)

@@ -161,7 +161,8 @@ class DecoderOnly(nnx.Module):
                              scale_embeddings=cfg.scale_embeddings, rngs=rngs, **_dtypes(cfg))
     self.decoder = Stack(cfg, cfg.num_layers, causal=True, cross=False, rngs=rngs)
 
-  def __call__(self, tokens_BT, *, positions_BT=None, segment_ids_BT=None, cache=None):
+  def __call__(self, tokens_BT, *, positions_BT=None, segment_ids_BT=None, cache=None,
+               logits_at_B=None):
     """Logits [B, T, V] (float32) for tokens [B, T].
 
     Args:
@@ -174,6 +175,9 @@ class DecoderOnly(nnx.Module):
         .init_cache``). The tokens continue each sequence at its cache
         length (positions default to lengths + 0..T-1); ``segment_ids_BT``
         then only marks right padding (0), which is not cached.
+      logits_at_B: int [B]: only row b's logits at index ``logits_at_B[b]``
+        are computed, [B, 1, V] (a prefill needs the last prompt token's:
+        the output projection then costs D x V per row instead of T x D x V).
 
     Returns:
       logits [B, T, V], or (logits, updated cache) when ``cache`` is given.
@@ -184,8 +188,14 @@ class DecoderOnly(nnx.Module):
     x_BTD = self.embedder.encode(tokens_BT)
     if cache is not None:
       x_BTD, cache = self.decoder(x_BTD, positions_BT, segment_ids_BT, cache=cache)
-      return self.embedder.decode(x_BTD), cache
+      return self._logits(x_BTD, logits_at_B), cache
     x_BTD = self.decoder(x_BTD, positions_BT, segment_ids_BT)
+    return self._logits(x_BTD, logits_at_B)
+
+  def _logits(self, x_BTD, logits_at_B):
+    if logits_at_B is not None:
+      x_BTD = jnp.take_along_axis(x_BTD, jnp.asarray(logits_at_B, jnp.int32)[:, None, None],
+                                  axis=1)
     return self.embedder.decode(x_BTD)
 
 

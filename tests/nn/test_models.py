@@ -96,6 +96,16 @@ def test_decoder_only_is_causal(kw):
   assert not np.allclose(a[:, 7:], b[:, 7:], atol=1e-3)
 
 
+def test_logits_at_gives_each_rows_logits_at_its_index_only():
+  model = build(pos="rope", num_kv_heads=2)
+  x = tokens(3, 10)
+  at_B = jnp.array([9, 0, 4])
+  full = run(model, x)
+  got = nnx.jit(lambda m, x: m(x, logits_at_B=at_B))(model, x)
+  assert got.shape == (3, 1, TINY["vocab_size"])
+  np.testing.assert_allclose(got[:, 0], full[jnp.arange(3), at_B], atol=1e-6, rtol=1e-6)
+
+
 def test_encoder_decoder_decoder_is_causal():
   model = build(arch="encoder_decoder", pos="sinusoidal", norm_position="post")
   src, tgt = tokens(2, 8), tokens(2, 10, seed=2)

@@ -429,12 +429,11 @@ def _start_slot(slot_state, slot, token, done, budget):
 
 
 def _finish(kv_cache, alloc, finished_B):
-  """Finished sequences: pages back to the free list (paged), length 0."""
-  if alloc is not None:
-    return _release(kv_cache, alloc, finished_B)
-  lengths_B = jnp.where(finished_B, 0, cache_lib.cache_lengths(kv_cache))
-  return tuple(blk.replace(self_attn=blk.self_attn.replace(lengths_B=lengths_B))
-               for blk in kv_cache), alloc
+  """Finished sequences of the paged cache give their pages back. A slot's own rows need
+  nothing: its next prefill empties them (``kv_cache.take_row``)."""
+  if alloc is None:
+    return kv_cache, alloc
+  return _release(kv_cache, alloc, finished_B)
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("steps", "sampling",

@@ -43,6 +43,35 @@ def param(rngs: nnx.Rngs, shape, axes, init, dtype) -> nnx.Param:
   return nnx.Param(init(rngs.params(), shape, dtype), axes=tuple(axes))
 
 
+def weight_einsum(equation: str, x, w):
+  """``jnp.einsum(equation, x, w)`` with the contraction in ``w``'s dimension order.
+
+  ``jnp.einsum`` may list the contracted dimensions in another order than the
+  weight stores them (``"BTNH,NHD->BTD"`` contracts (H, N)); XLA then
+  transposes the weight into that order, a copy of the whole weight on every
+  call, which a decode loop pays on every step. Here the contracted (and
+  batch) dimensions follow ``w``'s order, so a weight is read as stored.
+  """
+  ins, _, out = equation.replace(" ", "").partition("->")
+  xs, _, ws = ins.partition(",")
+  if ("->" not in equation or not xs or not ws or "," in ws or len(set(xs)) != len(xs)
+      or len(set(ws)) != len(ws) or len(set(out)) != len(out) or not set(out) <= set(xs + ws)):
+    raise ValueError("weight_einsum takes an explicit two-operand einsum 'x,w->out' with each "
+                     f"letter once per operand, got {equation!r}")
+  batch = [c for c in ws if c in xs and c in out]
+  contract = [c for c in ws if c in xs and c not in out]
+  summed = [c for c in xs + ws if c not in out and c not in contract]
+  if summed:
+    raise ValueError(f"weight_einsum: {equation!r} sums {''.join(summed)} over one operand only")
+  y = jax.lax.dot_general(
+      x, w, (([xs.index(c) for c in contract], [ws.index(c) for c in contract]),
+             ([xs.index(c) for c in batch], [ws.index(c) for c in batch])))
+  got = batch + [c for c in xs if c not in ws] + [c for c in ws if c not in xs]
+  if got != list(out):
+    y = jnp.transpose(y, [got.index(c) for c in out])
+  return y
+
+
 class Einsum(nnx.Module):
   """A projection written as an einsum, e.g. ``"BTD,DNH->BTNH"`` with w [D, N, H].
 
@@ -66,7 +95,7 @@ class Einsum(nnx.Module):
       self.b = nnx.Param(jnp.zeros(bshape, param_dtype), axes=tuple(axes[d] for d in bias_dims))
 
   def __call__(self, x):
-    y = jnp.einsum(self.equation, x.astype(self.dtype), self.w[...].astype(self.dtype))
+    y = weight_einsum(self.equation, x.astype(self.dtype), self.w[...].astype(self.dtype))
     if self.b is not None:
       y = y + self.b[...].astype(self.dtype)
     return y

@@ -16,8 +16,10 @@ and two dynamic-update-slices, one per consumer layout), and every layer's outpu
 projection [N, H, D] transposed, because the attention output came out with H before N.
 Here the scores and the weighted values are contracted against the buffer in its own
 layout, the output is [B, K, G, H] = [B, N, H] in the order the output projection reads,
-and the cache writes happen after the reads; the loop body has 6 copies left, none of a
-cache buffer or a weight.
+and the cache writes happen after the reads. (The output projection's weight was still
+transposed in every step until ``layers.weight_einsum``: ``jnp.einsum`` contracted
+"BTNH,NHD->BTD" as (H, N), not in the weight's order; now the loop body copies no cache
+buffer and makes no weight-sized array, which a test checks.)
 
 int8 caches (one float32 scale per token and KV head) are not dequantized:
 the scale of key s multiplies its score, the scale of value s its

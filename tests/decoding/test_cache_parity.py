@@ -270,7 +270,8 @@ def _while_body_lines(hlo_text):
 def test_decode_loop_writes_the_cache_in_place(kind, batch):
   """The compiled decode loop of ``generate`` copies no cache buffer (XLA:CPU): the
   step reads the old buffer, then writes the new token into it. (Writing first
-  through a ``mode="drop"`` scatter cost three copies of every buffer per step.)"""
+  through a ``mode="drop"`` scatter cost three copies of every buffer per step.)
+  Nor does it make any weight-sized array (a weight read in another layout)."""
   from attnlab.decoding import generate as gen
 
   name = "gqa_rope_window10"
@@ -288,6 +289,17 @@ def test_decode_loop_writes_the_cache_in_place(kind, batch):
   assert any("dot(" in line or "fusion(" in line for line in body)  # found the loop
   copies = [line for line in body if re.search(rf"= f32\[{dims}\]\S* copy\(", line)]
   assert not copies, "\n".join(copies)
+  # Nor any array of a weight's size: a weight is read where it is stored, never
+  # transposed into another layout inside the loop (jnp.einsum's "BTNH,NHD->BTD"
+  # contracts (H, N), and XLA copied every output-projection weight per step).
+  weight_sizes = {int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(state) if leaf.ndim >= 2}
+  made = []
+  for line in body:
+    m = re.match(r"\s*%\S+ = f32\[([\d,]+)\]\S* (\w[\w-]*)\(", line)
+    if (m and m.group(2) not in ("bitcast", "get-tuple-element", "parameter")
+        and int(np.prod([int(d) for d in m.group(1).split(",")])) in weight_sizes):
+      made.append(line)
+  assert not made, "\n".join(made)
 
 
 @pytest.mark.parametrize("kind", ["contiguous", "ring"])

@@ -22,7 +22,9 @@ contiguous cache. Measured in one run, each the best of ``--iters`` calls:
     the loop's ops themselves (dispatch, small fusions, cache update);
   * first call: of each config's 240-token generate (trace, compile, run);
   * ops: the instructions of each compiled decode loop's body (fusions,
-    library calls, copies), from XLA's optimized HLO.
+    library calls, copies; "weight-sized": those that make an array of a
+    weight's size, i.e. a weight copied into another layout in every step),
+    from XLA's optimized HLO.
 
     python tools/profile_decode_step.py [--iters 7]
 """
@@ -131,6 +133,7 @@ def loop_body_ops(model, cfg):
   ).lower().compile().as_text()
   bodies = _while_bodies(text)
   body = max(bodies, key=len) if bodies else []
+  weight_sizes = {int(np.prod(x.shape)) for x in jax.tree.leaves(state) if x.ndim >= 2}
   kinds: dict[str, int] = {}
   for line in body:
     m = re.match(r"\s*(?:ROOT )?\S+ = \S+ (\w[\w-]*)\(", line)
@@ -139,6 +142,10 @@ def loop_body_ops(model, cfg):
     op = m.group(1)
     if op in ("parameter", "get-tuple-element", "tuple", "constant", "bitcast"):
       continue
+    shape = re.match(r"\s*(?:ROOT )?\S+ = f32\[([\d,]+)\]", line)
+    if shape and int(np.prod([int(d) for d in shape.group(1).split(",")])) in weight_sizes:
+      # A weight-sized array made in the loop: a weight copied into another layout.
+      kinds["weight-sized"] = kinds.get("weight-sized", 0) + 1
     if op == "fusion":
       kind = re.search(r"kind=(\w+)", line)
       op = f"fusion({kind.group(1) if kind else '?'})"
@@ -190,7 +197,7 @@ def main():
   print(f"weights {weight_bytes / 2**20:.1f} MiB, cache {cache_bytes / 2**20:.2f} MiB")
   for impl, (seconds, m, first) in steps.items():
     ops = loop_body_ops(m, cfg.replace(attention_impl=impl))
-    total = sum(ops.values())
+    total = sum(v for k, v in ops.items() if k != "weight-sized")
     print(f"decode step, {impl + ':':8s}      {us(seconds)}  ({1 / seconds:.0f} tok/s); first "
           f"call {first:.2f} s (trace + compile + run); loop body {total} instructions: "
           + ", ".join(f"{k} {v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])))

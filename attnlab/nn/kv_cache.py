@@ -523,7 +523,11 @@ class PagedKVCache(_SelfAttentionCache):
     cache = self.write(k_BTKH, v_BTKH, num_new_B)
     M, C = self.page_table_BM.shape[1], self.page_size
     k_BSKH, v_BSKH = cache.gather(k_BTKH.dtype)
-    return cache, k_BSKH, v_BSKH, _filled_positions(cache.lengths_B, M * C)
+    # A position whose page is missing (its token was dropped by ``write``) is not a
+    # key: the gather reads page 0 there.
+    has_page_BS = jnp.repeat(self.page_table_BM >= 0, C, axis=1)
+    positions_BS = jnp.where(has_page_BS, _filled_positions(cache.lengths_B, M * C), -1)
+    return cache, k_BSKH, v_BSKH, positions_BS
 
   def store(self, k_BTKH, v_BTKH, num_new_B):
     """The cache with the new tokens written into their pages (and nothing read)."""

@@ -60,6 +60,35 @@ def test_allocator_out_of_pages_is_flagged_and_writes_nothing():
   assert (np.asarray(table) == -1).all()
 
 
+@pytest.mark.parametrize("impl", ["reference", "chunked"])
+def test_a_token_without_a_page_is_neither_stored_nor_seen(impl):
+  """A row whose next page is missing (an allocator out of pages): its new token is
+  dropped, and its queries see the keys stored before it, as if the token had not
+  come (the gather reads page 0 where the page is missing; that slot is masked)."""
+  Bq, Mq, Cq, N, K, H = 2, 3, 4, 4, 2, 8
+  keys = jax.random.split(jax.random.key(3), 5)
+  cache = cache_lib.PagedKVCache.init(Bq, Mq * Cq, K, H, page_size=Cq, num_pages=6)
+  cache = cache.replace(
+      page_table_BM=jnp.array([[1, 2, -1], [3, 0, 5]], jnp.int32),  # page 0 is a real page too
+      lengths_B=jnp.array([8, 8], jnp.int32),  # row 0 needs page 2 of its table: missing
+      k_pages_PCKH=jax.random.normal(keys[0], cache.k_pages_PCKH.shape),
+      v_pages_PCKH=jax.random.normal(keys[1], cache.v_pages_PCKH.shape))
+  q = jax.random.normal(keys[2], (Bq, 1, N, H))
+  k_new, v_new = (jax.random.normal(kk, (Bq, 1, K, H)) for kk in keys[3:5])
+  kwargs = dict(q_positions_BT=jnp.array([[8], [8]]), causal=True, window=None,
+                implementation=impl)
+  got, got_cache = cache.attend(q, k_new, v_new, num_new_B=jnp.array([1, 1]), **kwargs)
+  # The same keys in a contiguous cache, row 0 without its new token.
+  k_BSKH, v_BSKH = cache.gather()
+  flat = cache_lib.KVCache.init(Bq, Mq * Cq, K, H).replace(
+      k_BKSH=jnp.moveaxis(k_BSKH, 1, 2), v_BKSH=jnp.moveaxis(v_BSKH, 1, 2),
+      lengths_B=cache.lengths_B)
+  want, _ = flat.attend(q, k_new, v_new, num_new_B=jnp.array([0, 1]), **kwargs)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(got_cache.k_pages_PCKH[0]),
+                                np.asarray(cache.k_pages_PCKH[0]))  # page 0 untouched
+
+
 def test_interleaved_paged_sequences_equal_each_alone_in_contiguous_cache():
   """Four sequences share three batch rows and a small page pool; rows advance
   on different steps, a finished sequence's row and pages go to the next one."""

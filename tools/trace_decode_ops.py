@@ -1,0 +1,92 @@
+"""Where a decode step's time goes, op by op: XLA:CPU's own per-op trace.
+
+Runs ``attnlab.generate`` on the tools/bench_decode.py model (``_bench.MODEL``,
+float32, prompt 16, greedy, contiguous cache) under ``jax.profiler.trace``
+with XLA:CPU's per-thunk trace events on
+(``--xla_cpu_enable_xprof_traceme=true``), reads the events back with
+jax's profile-data reader, and prints the ops of the compiled program by
+time per decode step: fusions, library calls (``ynn_fusion``), dots, copies.
+Tracing adds a few microseconds to every op, so the totals run above an
+untraced step (tools/profile_decode_step.py times that); the ranking and the
+op names (which match XLA's optimized HLO, ``--xla_dump_to``) are the point.
+This is how the per-step transpose of the output projection's weight
+(``copy_bitcast_fusion``, fixed by ``attnlab.nn.layers.weight_einsum``) was found.
+
+    PYTHONPATH=$PWD python tools/trace_decode_ops.py [--batch 1] [--new_tokens 240] [--top 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import os
+import tempfile
+
+_FLAG = "--xla_cpu_enable_xprof_traceme=true"
+if _FLAG not in os.environ.get("XLA_FLAGS", ""):  # before jax is imported
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+
+import _bench  # noqa: E402
+
+
+def op_times(batch: int, new_tokens: int, calls: int = 3):
+  """{op name: (events, total ns)} over ``calls`` traced generate calls, XLA threads only."""
+  import jax
+  import numpy as np
+  from flax import nnx
+  from jax._src.lib import _profile_data
+
+  import attnlab
+
+  cfg = _bench.attnlab_config()
+  model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
+  prompt = np.tile(np.arange(3, 19, dtype=np.int32)[None] % cfg.vocab_size, (batch, 1))
+  run = lambda: np.asarray(attnlab.generate(model, prompt, max_new_tokens=new_tokens,
+                                            eos_id=None))
+  run()  # compile outside the trace
+  with tempfile.TemporaryDirectory() as d:
+    with jax.profiler.trace(d):
+      for _ in range(calls):
+        run()
+    (path,) = glob.glob(f"{d}/**/*.xplane.pb", recursive=True)
+    data = _profile_data.ProfileData.from_file(path)
+  times = collections.defaultdict(lambda: [0, 0])
+  for plane in data.planes:
+    for line in plane.lines:
+      if "python" in line.name:  # the host's Python events, not XLA's ops
+        continue
+      for ev in line.events:
+        t = times[ev.name]
+        t[0] += 1
+        t[1] += ev.duration_ns
+  return times
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--batch", type=int, default=1)
+  parser.add_argument("--new_tokens", type=int, default=240)
+  parser.add_argument("--top", type=int, default=30)
+  args = parser.parse_args()
+  calls = 3
+  times = op_times(args.batch, args.new_tokens, calls)
+  steps = calls * args.new_tokens
+  ops = {n: t for n, t in times.items()
+         if not n.startswith(("ThunkExecutor", "ThreadpoolListener", "end:", "while"))}
+  total = sum(ns for _, ns in ops.values())
+  print(f"model {_bench.MODEL}, float32, B={args.batch}, prompt 16, {args.new_tokens} new "
+        f"tokens; {calls} traced calls; per decode step (prefill included, spread over steps)")
+  print(f"all ops: {total / steps / 1e3:.1f} us a step over {len(ops)} distinct ops "
+        "(traced: each op pays the trace's own overhead)")
+  kinds = collections.Counter()
+  for name, (_, ns) in ops.items():
+    kinds[name.split(".")[0]] += ns
+  print("by kind: " + ", ".join(f"{k} {ns / steps / 1e3:.1f} us"
+                                for k, ns in kinds.most_common(8)))
+  for name, (n, ns) in sorted(ops.items(), key=lambda kv: -kv[1][1])[:args.top]:
+    print(f"{ns / steps / 1e3:9.2f} us/step {n / steps:6.2f}/step  {name}")
+
+
+if __name__ == "__main__":
+  main()

@@ -11,7 +11,7 @@ same ``--slots``; "static" admits a new batch only when every request of the
 previous one has finished. Each policy runs once to compile, then
 ``--rounds`` times in alternation (every cache and policy once per round); the
 fastest run of each is reported: tokens/s, slot occupancy (mean fraction of
-the slots decoding per decode step), decode steps, and the seconds spent in
+the slots decoding per decode step), decode steps and calls, and the seconds spent in
 prefill and decode calls (``ServeStats``; the rest is the host loop); and
 the speedup of each round (its static seconds over its continuous seconds,
 runs seconds apart) with their median, less exposed to a machine whose
@@ -99,6 +99,7 @@ def main():
     report[f"{cache}/{policy}"] = dict(
         tokens_per_s=round(stats.tokens_per_second, 1), seconds=round(stats.seconds, 2),
         occupancy=round(stats.occupancy, 3), decode_steps=stats.decode_steps,
+        decode_calls=stats.decode_calls,
         prefill_s=round(stats.prefill_seconds, 2), decode_s=round(stats.decode_seconds, 2),
         ms_per_decode_step=round(stats.decode_seconds / stats.decode_steps * 1e3, 2),
         load_avg_1min=round(load, 2))

@@ -36,7 +36,8 @@ names it (with the others' results attached).
 
 ``policy="static"`` is the baseline of ``tools/bench_serve.py``: the same
 programs, but a new batch is admitted only when every slot of the previous
-one has finished (each batch waits for its longest request).
+one has finished (each batch waits for its longest request); its decode calls
+do not return early when a slot frees, since nothing could be admitted then.
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ class ServeStats:
   Attributes:
     generated: tokens generated (all requests).
     decode_steps: batched decode steps run.
+    decode_calls: calls of the decode program (each runs up to ``decode_chunk``
+      steps; under "continuous" a call also returns after a step in which a
+      slot finished while a request waits, so that it can be admitted).
     live_slot_steps: sum over decode steps of the slots that were decoding.
     prefills: prefill calls (one per served request).
     seconds: wall time of the run (compilation included if it happened).
@@ -103,6 +107,7 @@ class ServeStats:
   slots: int
   generated: int = 0
   decode_steps: int = 0
+  decode_calls: int = 0
   live_slot_steps: int = 0
   prefills: int = 0
   seconds: float = 0.0
@@ -325,13 +330,17 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
     if not any(r >= 0 for r in slot_req):
       continue
     rng, sub = jax.random.split(rng)
+    # Return early for a freed slot only if it can be refilled: under "static" no request
+    # is admitted before every slot is free, and the loop stops by itself then.
+    refill = bool(waiting) and policy == "continuous"
     t0 = time.perf_counter()
     kv_cache, alloc, slot_state, out_BK, steps, live_steps = _decode(
-        graphdef, state, kv_cache, alloc, slot_state, sub, eos, jnp.bool_(bool(waiting)),
+        graphdef, state, kv_cache, alloc, slot_state, sub, eos, jnp.bool_(refill),
         steps=decode_chunk, sampling=sampling, page_size=page_size)
     out_BK, steps = np.asarray(out_BK), int(steps)
     stats.decode_seconds += time.perf_counter() - t0
     stats.decode_steps += steps
+    stats.decode_calls += 1
     stats.live_slot_steps += int(live_steps)
     for s in range(slots):
       i = slot_req[s]

@@ -139,6 +139,14 @@ def test_static_policy_gives_the_same_tokens_with_lower_occupancy(case):
   assert batching.num_programs() == before  # a second run of the model compiles nothing
   assert static.decode_steps > cont.decode_steps
   assert static.occupancy < cont.occupancy
+  # Static batches of 3 in request order, each running until its longest request is done
+  # (the first token comes from the prefill); a batch's decode calls do not return early
+  # when one of its requests finishes, since nothing can be admitted before the batch ends.
+  batch_steps = [max(BUDGETS[i:i + 3]) - 1 for i in range(0, len(BUDGETS), 3)]
+  assert static.decode_steps == sum(batch_steps)
+  assert static.decode_calls == sum(-(-n // 4) for n in batch_steps)
+  # Continuous batching does return early to refill a freed slot.
+  assert cont.decode_calls > -(-cont.decode_steps // 4)
 
 
 @pytest.mark.parametrize("kwargs, match", [

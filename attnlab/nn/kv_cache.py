@@ -513,7 +513,7 @@ class PagedKVCache(_SelfAttentionCache):
                             dropout_rng=dropout_rng)
     cache = self.write(k_BTKH, v_BTKH, num_new_B)
     out_BTNH = decode_kernels.paged_decode_attention(
-        q_BTNH, cache.k_pages_PCKH, cache.v_pages_PCKH, jnp.maximum(cache.page_table_BM, 0),
+        q_BTNH, cache.k_pages_PCKH, cache.v_pages_PCKH, cache.page_table_BM,
         cache.lengths_B, k_scale_PCK=cache.k_scale_PCK, v_scale_PCK=cache.v_scale_PCK,
         window=window)
     return out_BTNH, cache

@@ -60,11 +60,12 @@ def test_allocator_out_of_pages_is_flagged_and_writes_nothing():
   assert (np.asarray(table) == -1).all()
 
 
-@pytest.mark.parametrize("impl", ["reference", "chunked"])
+@pytest.mark.parametrize("impl", ["reference", "chunked", "pallas"])
 def test_a_token_without_a_page_is_neither_stored_nor_seen(impl):
   """A row whose next page is missing (an allocator out of pages): its new token is
   dropped, and its queries see the keys stored before it, as if the token had not
-  come (the gather reads page 0 where the page is missing; that slot is masked)."""
+  come (the gather reads page 0 where the page is missing; that slot is masked; the
+  Pallas paged kernel masks the missing page's tile)."""
   Bq, Mq, Cq, N, K, H = 2, 3, 4, 4, 2, 8
   keys = jax.random.split(jax.random.key(3), 5)
   cache = cache_lib.PagedKVCache.init(Bq, Mq * Cq, K, H, page_size=Cq, num_pages=6)

@@ -108,6 +108,42 @@ def test_paged_decode_matches_reference(B, T, S, N, K, H, page_size, lengths, wi
   _assert_matches_reference(got, q, k, v, lengths_B, window)
 
 
+@pytest.mark.parametrize("int8", [False, True])
+def test_paged_decode_masks_missing_pages(int8):
+  """A table entry of -1 inside a sequence's length is a missing page (an allocator that
+  ran out): its positions are not keys. The reference sees those positions as empty;
+  page 0, which a clamped entry would read, holds garbage."""
+  from attnlab.ops.reference import reference_attention
+
+  B, T, S, N, K, H, C = 2, 2, 64, 4, 2, 32, 8
+  q, k, v = _inputs(11, B, T, S, N, K, H, jnp.float32)
+  lengths_B = jnp.array([64, 40], jnp.int32)
+  k_pages, v_pages, table_BM = _paginate(k, v, C, seed=5)
+  # Row 0 misses its pages 1 and 7 (its queries' own); row 1 its page 2.
+  missing_BM = jnp.zeros(table_BM.shape, bool).at[0, 1].set(True).at[0, 7].set(True)
+  missing_BM = missing_BM.at[1, 2].set(True)
+  # A garbage page 0 in front of the pool: what a clamped -1 entry would read.
+  k_pages, v_pages = (jnp.concatenate([jnp.full_like(x[:1], 1e4), x]) for x in (k_pages, v_pages))
+  table_BM = jnp.where(missing_BM, -1, table_BM + 1)
+  scales = {}
+  if int8:
+    from attnlab.nn.kv_cache import dequantize, quantize
+
+    (k8, ks), (v8, vs) = quantize(k_pages), quantize(v_pages)
+    k_pages, v_pages = k8, v8
+    scales = dict(k_scale_PCK=ks, v_scale_PCK=vs)
+    k = dequantize(k8, ks)[jnp.maximum(table_BM, 0)].reshape(B, S, K, H)
+    v = dequantize(v8, vs)[jnp.maximum(table_BM, 0)].reshape(B, S, K, H)
+  got = jax.jit(lambda *a: decode.paged_decode_attention(*a, pages_per_split=2, **scales))(
+      q, k_pages, v_pages, table_BM, lengths_B)
+  pos_BS = jnp.broadcast_to(jnp.arange(S), (B, S))
+  seen_BS = (pos_BS < lengths_B[:, None]) & ~jnp.repeat(missing_BM, C, axis=1)
+  want = reference_attention(q, k, v, causal=True, q_offset=lengths_B - T,
+                             kv_positions=jnp.where(seen_BS, pos_BS, -1))
+  # Row 0's queries lost their own page: they see the 48 keys of its other pages.
+  _assert_close(got, want, jnp.float32)
+
+
 @pytest.mark.parametrize("T,N,K,page_size,lengths,window,pages_per_split", [
     (1, 8, 2, 16, [300, 17, 1], None, None),
     (3, 4, 4, 8, [290, 33, 3], 50, 2),

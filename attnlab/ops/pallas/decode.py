@@ -19,7 +19,8 @@ the length or before the window are never read.
 ``paged_decode_attention`` reads the same cache through a page table (the
 layout of ``attnlab.nn.kv_cache.PagedKVCache``): pages [P, C, K, H] shared
 by all sequences, ``page_table_BM[b, m]`` the id of the m-th page of
-sequence b. One page is one tile.
+sequence b. One page is one tile; a table entry < 0 inside the length is a
+missing page, whose positions are not keys (nothing is read for them that counts).
 
 ``decode_attention_heads_major`` reads the contiguous cache of
 ``attnlab.nn.kv_cache.KVCache`` ([B, K, S, H]; the ring cache, [B, K, W, H],
@@ -114,7 +115,8 @@ def _split_softmax(q_QH, load_tile, *, length, kv_len, split, tile, tiles_per_sp
 
   Row r is query r // groups, at position length - num_queries + r // groups;
   rows past num_queries * groups are padding and see nothing. load_tile(j)
-  returns the (k, v) tile of global tile index j. Returns (o, lse), o
+  returns the (k, v) tile of global tile index j and whether its keys exist
+  (a bool scalar; False masks the whole tile). Returns (o, lse), o
   normalized, lse = -inf for a row that saw no key.
   """
   rows = q_QH.shape[0]
@@ -130,10 +132,10 @@ def _split_softmax(q_QH, load_tile, *, length, kv_len, split, tile, tiles_per_sp
 
   def body(j, carry):
     m_Q, l_Q, acc_QH = carry
-    k_cH, v_cH = load_tile(j)
+    k_cH, v_cH, tile_ok = load_tile(j)
     k_idx = j * tile + common.iota(tile)
     ok = masks.position_mask(q_pos[:, None], k_idx[None, :], causal=True, window=window)
-    ok = ok & row_ok[:, None] & (k_idx < kv_len)[None, :]
+    ok = ok & row_ok[:, None] & (k_idx < kv_len)[None, :] & tile_ok
     s_Qc = jnp.where(ok, common.dot_nt(q_QH, k_cH) * scale, -jnp.inf)
     m_new = jnp.maximum(m_Q, jnp.max(s_Qc, axis=1))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
@@ -159,7 +161,7 @@ def _decode_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, split_len, t
 
   def load_tile(j):
     keys = pl.ds((j - base) * tile, tile)
-    return k_ref[keys, :], v_ref[keys, :]
+    return k_ref[keys, :], v_ref[keys, :], True
 
   o, lse = _split_softmax(q_ref[...], load_tile, length=length,
                           kv_len=jnp.minimum(length, kv_len_static), split=s, tile=tile,
@@ -179,13 +181,15 @@ def _paged_kernel(len_ref, table_ref, q_ref, k_ref, v_ref, *rest, pages_per_spli
   num_pages = k_ref.shape[0]
 
   def load_tile(m):
-    # Clamped so that a bad table entry cannot read outside the pool.
-    page = jnp.clip(table_ref[m - s * pages_per_split], 0, num_pages - 1)
+    entry = table_ref[m - s * pages_per_split]
+    # Clamped so that a bad table entry cannot read outside the pool; a missing page
+    # (entry < 0) reads page 0 and is masked.
+    page = jnp.clip(entry, 0, num_pages - 1)
     k_cH, v_cH = k_ref[page], v_ref[page]
     if int8:  # dequantize the page: int8 * its per-token float32 scale
       k_cH = k_cH.astype(jnp.float32) * ks_ref[page][:, None]
       v_cH = v_cH.astype(jnp.float32) * vs_ref[page][:, None]
-    return k_cH, v_cH
+    return k_cH, v_cH, entry >= 0
 
   o, lse = _split_softmax(q_ref[...], load_tile, length=length,
                           kv_len=jnp.minimum(length, kv_len_static), split=s,
@@ -292,8 +296,9 @@ def paged_decode_attention(q_BTNH, k_pages_PCKH, v_pages_PCKH, page_table_BM, le
       ``k_pages_PCKH[p, c, k] * k_scale_PCK[p, c, k]``, dequantized per page
       in the kernel).
     page_table_BM: int [B, M]; page_table_BM[b, m] is the id of the page that
-      holds positions [m * C, (m + 1) * C) of sequence b. Entries past the
-      sequence's length are never read (may be -1).
+      holds positions [m * C, (m + 1) * C) of sequence b. An entry < 0 is a
+      missing page: its positions are not keys (as in ``PagedKVCache``, whose
+      allocator ran out). Entries past the sequence's length are never read.
     lengths_B: int [B], tokens in each sequence (the T queries included).
     window: sliding window of that many keys, the query's own included.
     scale: multiplier of the scores; default 1/sqrt(H).
@@ -384,7 +389,7 @@ def _heads_major_kernel(len_ref, q_ref, k_ref, v_ref, *rest, split_len, tile, kv
     if int8:  # dequantize the tile: int8 * its per-token float32 scale
       k_cH = k_cH.astype(jnp.float32) * ks_ref[keys][:, None]
       v_cH = v_cH.astype(jnp.float32) * vs_ref[keys][:, None]
-    return k_cH, v_cH
+    return k_cH, v_cH, True
 
   o, lse = _split_softmax(q_ref[...], load_tile, length=length,
                           kv_len=jnp.minimum(length, kv_len_static), split=s, tile=tile,

@@ -50,7 +50,11 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> 
   """The three configs that gin files plus bindings describe.
 
   Includes are searched next to each file, in the built-in configs
-  (``CONFIGS_DIR``, attnlab/configs/) and in the working directory.
+  (``CONFIGS_DIR``, attnlab/configs/) and in the working directory. A
+  relative ``DataConfig.tokenizer_model`` is found as given (the working
+  directory) or else next to the gin files (the last first): a workdir's
+  config.gin names the tokenizer.json beside it as "tokenizer.json", so the
+  workdir can move.
 
   Raises:
     GinConfigError: a missing file or include, an unknown configurable or
@@ -80,7 +84,21 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> 
     raise GinConfigError(_first_line(e)) from e
   finally:
     gin.clear_config()
-  return configs
+  return tuple(_find_tokenizer(c, gin_files) if isinstance(c, DataConfig) else c
+               for c in configs)
+
+
+def _find_tokenizer(dcfg: DataConfig, gin_files: list[str]) -> DataConfig:
+  """``dcfg`` with a relative tokenizer_model that is not in the working directory
+  but next to a gin file (the last first) pointing there."""
+  path = dcfg.tokenizer_model
+  if not path or os.path.isabs(path) or os.path.isfile(path):
+    return dcfg
+  for gin_file in reversed(gin_files):
+    beside = os.path.join(os.path.dirname(os.path.abspath(gin_file)), path)
+    if os.path.isfile(beside):
+      return dataclasses.replace(dcfg, tokenizer_model=beside)
+  return dcfg
 
 
 def _gin_value(value) -> str:
@@ -90,11 +108,20 @@ def _gin_value(value) -> str:
   return repr(value)
 
 
-def operative_config(*configs) -> str:
-  """gin text binding every field of ``configs`` (the run, reproducibly)."""
+def operative_config(*configs, workdir: str | None = None) -> str:
+  """gin text binding every field of ``configs`` (the run, reproducibly).
+
+  With ``workdir`` (where the text goes, as config.gin): a tokenizer_model
+  inside it is written relative to it (``parse`` finds it next to the file).
+  """
   lines = ["# The operative config of this run, written by `attnlab train`.",
            "# `attnlab train --gin_file THIS_FILE --workdir ...` reproduces it.", ""]
   for cfg in configs:
+    if workdir is not None and isinstance(cfg, DataConfig) and cfg.tokenizer_model:
+      root = os.path.realpath(workdir)
+      path = os.path.realpath(cfg.tokenizer_model)
+      if os.path.commonpath([root, path]) == root:
+        cfg = dataclasses.replace(cfg, tokenizer_model=os.path.relpath(path, root))
     name = type(cfg).__name__
     lines += [f"{name}.{f.name} = {_gin_value(getattr(cfg, f.name))}"
               for f in dataclasses.fields(cfg)]

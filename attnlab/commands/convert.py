@@ -144,7 +144,7 @@ def from_hf(src_dir: str, workdir: str, *, dtype: str | None = None) -> dict:
     n = _save_weights(tmp, mcfg, params, meta={"converted_from": os.path.abspath(src_dir),
                                                "family": family})
     del params
-    _write_config(tmp, mcfg, dcfg, tcfg, src_dir)
+    _write_config(tmp, mcfg, dcfg, tcfg, src_dir, out)
     if dcfg.tokenizer == "hf_json":
       for name in TOKENIZER_FILES:
         if os.path.isfile(os.path.join(src_dir, name)):
@@ -179,9 +179,9 @@ def _save_weights(tmp: str, mcfg, params: dict, meta: dict) -> int:
   return n
 
 
-def _write_config(tmp: str, mcfg, dcfg, tcfg, src_dir: str) -> None:
-
-  text = gin_config.operative_config(mcfg, dcfg, tcfg)
+def _write_config(tmp: str, mcfg, dcfg, tcfg, src_dir: str, workdir: str) -> None:
+  # The tokenizer.json copied into the workdir is named relative to it (movable).
+  text = gin_config.operative_config(mcfg, dcfg, tcfg, workdir=workdir)
   header = (f"# Converted by `attnlab convert --from-hf {os.path.abspath(src_dir)}`.\n"
             "# Fine-tune: attnlab train --gin_file THIS_FILE --workdir THIS_WORKDIR "
             "--gin.DataConfig.paths=\"('my/*.txt',)\" --gin.TrainConfig.steps=N\n")

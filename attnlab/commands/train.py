@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
   sharding.initialize_distributed(args.coordinator_address, args.num_processes,
                                   args.process_id)
   logging.basicConfig(level=logging.INFO, format="%(message)s")
-  config_text = config_gin.operative_config(mcfg, dcfg, tcfg)
+  config_text = config_gin.operative_config(mcfg, dcfg, tcfg, workdir=args.workdir)
   try:
     # Data and mesh are checked before the workdir is created.
     trainer_run_check(mcfg, tcfg, dcfg)

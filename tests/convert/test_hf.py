@@ -333,6 +333,40 @@ def test_finetune_and_eval_start_from_the_converted_weights(with_tokenizer, tmp_
   # A few steps at lr <= 2e-5 move the converted weights a little (AdamW steps
   # are about lr each); a restart from a random init would move them by ~0.1.
   assert 0 < moved < 1e-3
+  # The rewritten config.gin still names its tokenizer relative to the workdir.
+  with open(os.path.join(workdir, "config.gin"), encoding="utf-8") as f:
+    assert "DataConfig.tokenizer_model = 'tokenizer.json'" in f.read()
+
+
+def test_a_converted_workdir_can_move(with_tokenizer, tmp_path, monkeypatch, capsys):
+  """config.gin names the tokenizer.json beside it relatively: a copy of the workdir
+  elsewhere decodes with its own tokenizer, from any working directory, with the
+  original gone (renamed for the test)."""
+  import shutil
+
+  from attnlab import config_gin as gin_config
+
+  _, tok, workdir = with_tokenizer
+  with open(os.path.join(workdir, "config.gin"), encoding="utf-8") as f:
+    assert "DataConfig.tokenizer_model = 'tokenizer.json'" in f.read()
+  moved = str(tmp_path / "moved")
+  shutil.copytree(workdir, moved)
+  elsewhere = tmp_path / "elsewhere"
+  elsewhere.mkdir()
+  monkeypatch.chdir(elsewhere)
+  _, dcfg, _ = gin_config.read_workdir_config(os.path.join(moved, "config.gin"))
+  assert dcfg.tokenizer_model == os.path.join(moved, "tokenizer.json")
+  os.rename(workdir, workdir + ".away")
+  try:
+    rc, out, err = _convert_decode(moved, "the lazy fox", capsys)
+  finally:
+    os.rename(workdir + ".away", workdir)
+  assert rc == 0, err
+  assert out.strip()
+  # As given (the working directory) wins over next to the config file.
+  (elsewhere / "tokenizer.json").write_text("{}")
+  _, dcfg, _ = gin_config.read_workdir_config(os.path.join(moved, "config.gin"))
+  assert dcfg.tokenizer_model == "tokenizer.json"
 
 
 # --------------------------------------------------------------------------- errors

@@ -9,10 +9,11 @@ Both policies use the same ``attnlab.generate_requests`` programs, the same
 cache (each of ``--cache``: "paged", "contiguous" = per-slot rows) and the
 same ``--slots``; "static" admits a new batch only when every request of the
 previous one has finished. Each policy runs once to compile, then
-``--rounds`` times in alternation (every cache and policy once per round); the
-fastest run of each is reported: tokens/s, slot occupancy (mean fraction of
-the slots decoding per decode step), decode steps and calls, and the seconds spent in
-prefill and decode calls (``ServeStats``; the rest is the host loop); and
+``--rounds`` times in alternation (every cache and policy once per round, in
+reverse order every other round); the fastest run of each is reported:
+tokens/s, slot occupancy (mean fraction of the slots decoding per decode
+step), decode steps and calls, and the seconds spent in prefill and decode
+calls (``ServeStats``; the rest is the host loop); and
 the speedup of each round (its static seconds over its continuous seconds,
 runs seconds apart) with their median, less exposed to a machine whose
 speed drifts than the ratio of the best runs. Both policies run the same
@@ -84,7 +85,9 @@ def main():
   best, runs = {}, []
   for r in range(args.rounds):  # alternating, so machine noise hits every setting alike
     seconds = {}
-    for setting in settings:
+    # Odd rounds run the settings in reverse order (ABBA): a machine that speeds up or slows
+    # down steadily does not favour the setting that always runs first.
+    for setting in (settings if r % 2 == 0 else settings[::-1]):
       load = os.getloadavg()[0]
       stats = serve(*setting)
       print(f"round {r}: {setting[0]} {setting[1]} {stats.seconds:.2f} s "

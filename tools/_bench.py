@@ -45,6 +45,29 @@ def attnlab_config(**overrides):
   return ModelConfig(**kwargs)
 
 
+def serve_workload(requests: int, seed: int = 0):
+  """The model and requests of tools/bench_serve.py: (model, prompts, budgets).
+
+  The demo-sized model (4 layers, d_model 128, 4 heads, SwiGLU 352, RoPE, vocab
+  259; random weights, float32); prompt lengths uniform in 8..200, token
+  budgets in 16..256, drawn with ``seed``.
+  """
+  import numpy as np
+  from flax import nnx
+
+  import attnlab
+
+  cfg = attnlab.ModelConfig(arch="decoder_only", vocab_size=259, d_model=128, num_layers=4,
+                            num_heads=4, d_ff=352, pos="rope", norm="rmsnorm", mlp="swiglu",
+                            tie_embeddings=True, max_len=1024)
+  model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
+  rs = np.random.RandomState(seed)
+  lengths = rs.randint(8, 201, requests)
+  budgets = rs.randint(16, 257, requests).tolist()
+  prompts = [rs.randint(3, cfg.vocab_size, n).tolist() for n in lengths]
+  return model, prompts, budgets
+
+
 def llama_config(max_positions: int):
   """``MODEL`` as transformers' ``LlamaConfig`` (tied embeddings, like attnlab's default)."""
   from transformers import LlamaConfig

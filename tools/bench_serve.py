@@ -32,6 +32,8 @@ import os
 import platform
 import subprocess
 
+import _bench
+
 
 def cpu_name() -> str:
   try:
@@ -60,20 +62,11 @@ def main():
       p.error(f"--cache: {c!r} is not paged or contiguous")
 
   import numpy as np
-  from flax import nnx
 
-  import attnlab
   from attnlab.decoding import batching
   from attnlab.decoding.batching import POLICIES
 
-  cfg = attnlab.ModelConfig(arch="decoder_only", vocab_size=259, d_model=128, num_layers=4,
-                            num_heads=4, d_ff=352, pos="rope", norm="rmsnorm", mlp="swiglu",
-                            tie_embeddings=True, max_len=1024)
-  model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
-  rs = np.random.RandomState(args.seed)
-  lengths = rs.randint(8, 201, args.requests)
-  budgets = rs.randint(16, 257, args.requests).tolist()
-  prompts = [rs.randint(3, cfg.vocab_size, n).tolist() for n in lengths]
+  model, prompts, budgets = _bench.serve_workload(args.requests, args.seed)
   settings = [(c, policy) for c in caches for policy in POLICIES]
 
   def serve(cache, policy):

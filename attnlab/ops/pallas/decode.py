@@ -20,7 +20,7 @@ the length or before the window are never read.
 layout of ``attnlab.nn.kv_cache.PagedKVCache``): pages [P, C, K, H] shared
 by all sequences, ``page_table_BM[b, m]`` the id of the m-th page of
 sequence b. One page is one tile; a table entry < 0 inside the length is a
-missing page, whose positions are not keys (nothing is read for them that counts).
+missing page: its tile is masked, so its positions are not keys.
 
 ``decode_attention_heads_major`` reads the contiguous cache of
 ``attnlab.nn.kv_cache.KVCache`` ([B, K, S, H]; the ring cache, [B, K, W, H],

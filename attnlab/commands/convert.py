@@ -32,12 +32,11 @@ from attnlab.commands import CommandError
 from attnlab.commands._common import CommandParser
 from attnlab.config import DataConfig, TrainConfig
 from attnlab.convert import hf
-from attnlab.data.tokenizer import BOS_ID, EOS_ID, HFJsonTokenizer
+from attnlab.data.tokenizer import BOS_ID, EOS_ID, TOKENIZER_FILES, HFJsonTokenizer
 from attnlab.nn.layers import as_dtype
 from attnlab.nn.transformer import build_model
 from attnlab.training.checkpoint import Checkpointer
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 STEP = 0
 
 

@@ -71,6 +71,11 @@ def _import_sentencepiece():
   return extras.require("sentencepiece", "tokenizer='sentencepiece'")
 
 
+# A transformers tokenizer's files: tokenizer.json (what ``HFJsonTokenizer`` reads) and the
+# two that transformers writes beside it; copied along with a workdir that holds them.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
 class HFJsonTokenizer:
   """A transformers ``tokenizer.json`` (``pip install tokenizers``).
 

@@ -37,6 +37,7 @@ from attnlab import config_gin
 from attnlab.config import DataConfig, ModelConfig, Sweep, TrainConfig
 from attnlab.convert.heads import check_conversion, convert_heads
 from attnlab.data import pipeline
+from attnlab.data.tokenizer import TOKENIZER_FILES
 from attnlab.decoding.generate import generate
 from attnlab.nn.transformer import build_model
 from attnlab.training import sharding as shd
@@ -205,7 +206,9 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
   optimizer state, the source's data position, so uptraining reads data the
   source had not) and a ``config.gin`` (the source's, with the new
   ``num_kv_heads`` and ``bindings``: ``{"TrainConfig": {...}, "DataConfig":
-  {...}}`` field overrides), so ``attnlab train --workdir dst`` uptrains it.
+  {...}}`` field overrides), so ``attnlab train --workdir dst`` uptrains it. A
+  tokenizer file inside ``src`` (an HF-converted run's tokenizer.json) is
+  copied into ``dst`` and named relative to it.
 
   Everything is checked before anything is written; ``check_only`` stops
   there.
@@ -258,12 +261,36 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
     ckpt.save(0, state, data_state, {"seed": tcfg.seed, "converted": info})
   finally:
     ckpt.close()
-  text = config_gin.operative_config(new_mcfg, dcfg, tcfg)
+  dcfg = _copy_own_tokenizer(dcfg, src, dst)
+  text = config_gin.operative_config(new_mcfg, dcfg, tcfg, workdir=dst)
   header = (f"# Converted by `attnlab convert-heads` from {info['source']} step {step} "
             f"({info['source_num_kv_heads']} -> {num_kv_heads} KV heads, method {method}).\n")
   with open(os.path.join(dst, CONFIG_FILE), "w") as f:
     f.write(header + text)
   return info
+
+
+def _copy_own_tokenizer(dcfg: DataConfig, src: str, dst: str) -> DataConfig:
+  """``dcfg`` naming a copy in ``dst`` of a tokenizer file that lives inside the run ``src``
+  (a workdir made by ``attnlab convert --from-hf`` holds its tokenizer.json; with
+  tokenizer="hf_json" the transformers files beside it are copied too), so ``dst`` does not
+  depend on ``src``. A tokenizer elsewhere (the user's data) stays where it is."""
+  path = dcfg.tokenizer_model
+  if not path or not os.path.isfile(path):
+    return dcfg
+  root, path = os.path.realpath(src), os.path.realpath(path)
+  if os.path.commonpath([root, path]) != root:
+    return dcfg
+  rel = os.path.relpath(path, root)
+  names = [rel]
+  if dcfg.tokenizer == "hf_json":
+    folder = os.path.dirname(rel)
+    names += [os.path.join(folder, n) for n in TOKENIZER_FILES
+              if os.path.join(folder, n) != rel and os.path.isfile(os.path.join(root, folder, n))]
+  for name in names:
+    os.makedirs(os.path.dirname(os.path.join(dst, name)), exist_ok=True)
+    shutil.copyfile(os.path.join(root, name), os.path.join(dst, name))
+  return dataclasses.replace(dcfg, tokenizer_model=os.path.join(dst, rel))
 
 
 # --------------------------------------------------------------------------- measuring

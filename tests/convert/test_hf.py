@@ -363,6 +363,22 @@ def test_a_converted_workdir_can_move(with_tokenizer, tmp_path, monkeypatch, cap
     os.rename(workdir + ".away", workdir)
   assert rc == 0, err
   assert out.strip()
+  # A convert-heads run made from it holds its own copy of the tokenizer, named relatively.
+  mqa = str(tmp_path / "mqa")
+  assert main(["convert-heads", "--from", moved, "--to", mqa, "--num_kv_heads", "1",
+               "--method", "mean"]) == 0
+  capsys.readouterr()
+  with open(os.path.join(mqa, "config.gin"), encoding="utf-8") as f:
+    assert "DataConfig.tokenizer_model = 'tokenizer.json'" in f.read()
+  with open(os.path.join(mqa, "tokenizer.json"), "rb") as a, \
+       open(os.path.join(moved, "tokenizer.json"), "rb") as b:
+    assert a.read() == b.read()
+  os.rename(moved, moved + ".away")
+  try:
+    rc, out, err = _convert_decode(mqa, "the lazy fox", capsys)
+  finally:
+    os.rename(moved + ".away", moved)
+  assert rc == 0, err
   # As given (the working directory) wins over next to the config file.
   (elsewhere / "tokenizer.json").write_text("{}")
   _, dcfg, _ = gin_config.read_workdir_config(os.path.join(moved, "config.gin"))

@@ -125,9 +125,9 @@ def loop_body_ops(model, cfg):
   from attnlab.decoding import generate as gen
 
   prompt = np.arange(3, 3 + PROMPT, dtype=np.int32)[None] % cfg.vocab_size
-  graphdef, state = nnx.split(model)
+  state = nnx.state(model)
   text = gen._sample_decoder_only.trace(
-      graphdef, state, jnp.asarray(prompt), jnp.asarray([PROMPT], jnp.int32), jax.random.key(0),
+      model, jnp.asarray(prompt), jnp.asarray([PROMPT], jnp.int32), jax.random.key(0),
       jnp.int32(-1), sampling=gen.GREEDY, cache_len=PROMPT + LONG - 1, num_pages=None,
       max_new_tokens=LONG, kind="contiguous", page_size=16, cache_dtype=None,
   ).lower().compile().as_text()

@@ -98,7 +98,6 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
   if beam_size is not None and (not isinstance(beam_size, int) or beam_size < 1):
     raise GenerateInputError(f"beam_size={beam_size!r} must be a positive integer")
   B, T = prompt_BT.shape
-  graphdef, state = nnx.split(model)
   if sampling.greedy:
     sampling = GREEDY  # the filters do nothing at temperature 0: one compiled program for all
   # Traced, not static: a new eos does not recompile. -1 matches no token.
@@ -118,11 +117,11 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
       if cache == "paged":
         raise GenerateInputError("beam search reorders whole cache rows: use cache='contiguous' or "
                                  "'ring' with beam_size")
-      return _beam_encoder_decoder(graphdef, state, jnp.asarray(prompt_BT), eos, jnp.int32(bos_id),
+      return _beam_encoder_decoder(model, jnp.asarray(prompt_BT), eos, jnp.int32(bos_id),
                                    beam_size=beam_size, length_penalty=float(length_penalty),
                                    cache_len=cache_len, **static)
     tokens_BT, exhausted = _sample_encoder_decoder(
-        graphdef, state, jnp.asarray(prompt_BT), rng, eos, jnp.int32(bos_id), sampling=sampling,
+        model, jnp.asarray(prompt_BT), rng, eos, jnp.int32(bos_id), sampling=sampling,
         cache_len=cache_len, num_pages=num_pages, **static)
   else:
     if beam_size is not None:
@@ -133,7 +132,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     cache_len = _check_cache_len(cfg, cache_len, T + max_new_tokens - 1, "the prompt")
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
     tokens_BT, exhausted = _sample_decoder_only(
-        graphdef, state, jnp.asarray(prompt_BT), jnp.asarray(lengths_B), rng, eos,
+        model, jnp.asarray(prompt_BT), jnp.asarray(lengths_B), rng, eos,
         sampling=sampling, cache_len=cache_len, num_pages=num_pages, **static)
   if bool(exhausted):
     raise RuntimeError(
@@ -213,6 +212,19 @@ def _eval_model(graphdef, state):
   return model
 
 
+def _in_eval_mode(model):
+  """The traced copy of the model that a jitted function received, without dropout.
+
+  ``generate`` hands the model itself to ``jax.jit`` (an NNX module is a pytree:
+  flattening it is ~0.3 ms where ``nnx.split`` walks the module graph in Python,
+  ~5 ms on the tools/bench_decode.py model, every call). Inside the trace the
+  module is a copy rebuilt from its leaves, so setting its eval mode leaves the
+  caller's model as it was.
+  """
+  model.eval()  # no dropout while decoding
+  return model
+
+
 def _sampling_loop(forward, cache, alloc, first_logits_BV, rng, *, max_new_tokens, eos_id,
                    sampling, page_size, pad_id):
   """Sample the first token from ``first_logits_BV``, then step until done.
@@ -282,11 +294,11 @@ def _new_cache(cfg, kind, batch, cache_len, page_size, num_pages, cache_dtype=No
   return cache, alloc
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=(
+@functools.partial(jax.jit, static_argnames=(
     "max_new_tokens", "kind", "page_size", "sampling", "cache_len", "num_pages", "cache_dtype"))
-def _sample_decoder_only(graphdef, state, prompt_BT, lengths_B, rng, eos_id, *, max_new_tokens,
+def _sample_decoder_only(model, prompt_BT, lengths_B, rng, eos_id, *, max_new_tokens,
                          kind, page_size, sampling, cache_len, num_pages, cache_dtype):
-  model = _eval_model(graphdef, state)
+  model = _in_eval_mode(model)
   cfg = model.cfg
   B, T = prompt_BT.shape
   cache, alloc = _new_cache(cfg, kind, B, cache_len, page_size, num_pages, cache_dtype)
@@ -311,11 +323,11 @@ def _decoder_forward(model):
   return forward
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=(
+@functools.partial(jax.jit, static_argnames=(
     "max_new_tokens", "kind", "page_size", "sampling", "cache_len", "num_pages", "cache_dtype"))
-def _sample_encoder_decoder(graphdef, state, src_BS, rng, eos_id, bos_id, *, max_new_tokens, kind,
+def _sample_encoder_decoder(model, src_BS, rng, eos_id, bos_id, *, max_new_tokens, kind,
                             page_size, sampling, cache_len, num_pages, cache_dtype):
-  model = _eval_model(graphdef, state)
+  model = _in_eval_mode(model)
   cfg = model.cfg
   B = src_BS.shape[0]
   cache, alloc = _new_cache(cfg, kind, B, cache_len, page_size, num_pages, cache_dtype)
@@ -330,12 +342,12 @@ def _sample_encoder_decoder(graphdef, state, src_BS, rng, eos_id, bos_id, *, max
                         page_size=page_size, pad_id=cfg.pad_id)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=(
+@functools.partial(jax.jit, static_argnames=(
     "max_new_tokens", "kind", "page_size", "beam_size", "length_penalty",
     "cache_len", "cache_dtype"))
-def _beam_encoder_decoder(graphdef, state, src_BS, eos_id, bos_id, *, max_new_tokens, kind,
+def _beam_encoder_decoder(model, src_BS, eos_id, bos_id, *, max_new_tokens, kind,
                           page_size, beam_size, length_penalty, cache_len, cache_dtype):
-  model = _eval_model(graphdef, state)
+  model = _in_eval_mode(model)
   cfg = model.cfg
   B = src_BS.shape[0]
   # Beams are rows X = b * Z + z; every beam of a source shares its cross K/V.

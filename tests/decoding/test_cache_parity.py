@@ -276,10 +276,10 @@ def test_decode_loop_writes_the_cache_in_place(kind, batch):
 
   name = "gqa_rope_window10"
   model = decoder_model(name, "auto")
-  graphdef, state = nnx.split(model)
+  state = nnx.state(model)
   prompt = jnp.asarray(random_tokens(5, (batch, 6)))
   compiled = gen._sample_decoder_only.trace(
-      graphdef, state, prompt, jnp.full((batch,), 6, jnp.int32), jax.random.key(0),
+      model, prompt, jnp.full((batch,), 6, jnp.int32), jax.random.key(0),
       jnp.int32(-1), sampling=gen.GREEDY, cache_len=20, num_pages=None, max_new_tokens=14,
       kind=kind, page_size=PAGE, cache_dtype=None).lower().compile()
   cache = cache_lib.init_cache(model.cfg, kind, batch, 20)

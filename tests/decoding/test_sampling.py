@@ -152,3 +152,25 @@ def test_beam_search_on_a_model_scores_at_least_greedy():
     return np.asarray(jnp.take_along_axis(lp, jnp.asarray(tgt)[..., None], -1)[..., 0].sum(1))
 
   assert (logp(beam) >= logp(greedy) - 1e-5).all()
+
+
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_generate_decodes_without_dropout_and_leaves_a_training_model_training(arch):
+  """``generate`` hands the model itself to ``jax.jit`` and sets eval mode on the traced
+  copy: a model in train mode (dropout 0.5) decodes as its eval-mode self, twice alike,
+  and is still in train mode afterwards."""
+  from flax import nnx
+
+  cfg = attnlab.ModelConfig(arch=arch, vocab_size=50, d_model=32, num_layers=2, num_heads=4,
+                            num_kv_heads=2, d_ff=64, max_len=32, dropout_rate=0.5)
+  model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
+  model.train()
+  dropouts = [m for _, m in nnx.iter_graph(model) if isinstance(m, nnx.Dropout)]
+  assert dropouts and not any(d.deterministic for d in dropouts)
+  prompt = random_tokens(31, (2, 5)) % 50
+  run = lambda: np.asarray(attnlab.generate(model, prompt, max_new_tokens=6, eos_id=None))
+  first, second = run(), run()
+  assert not any(d.deterministic for d in dropouts)  # the caller's model: still training
+  model.eval()
+  np.testing.assert_array_equal(first, second)
+  np.testing.assert_array_equal(first, run())

@@ -215,9 +215,9 @@ def _eval_model(graphdef, state):
 def _in_eval_mode(model):
   """The traced copy of the model that a jitted function received, without dropout.
 
-  ``generate`` hands the model itself to ``jax.jit`` (an NNX module is a pytree:
-  flattening it is ~0.3 ms where ``nnx.split`` walks the module graph in Python,
-  ~5 ms on the tools/bench_decode.py model, every call). Inside the trace the
+  ``generate`` hands the model itself to ``jax.jit`` (an NNX module is a pytree,
+  flattened by jax; ``nnx.split`` on every call walked the module graph in Python:
+  tools/bench_generate_call.py). Inside the trace the
   module is a copy rebuilt from its leaves, so setting its eval mode leaves the
   caller's model as it was.
   """

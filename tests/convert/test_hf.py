@@ -338,6 +338,17 @@ def test_finetune_and_eval_start_from_the_converted_weights(with_tokenizer, tmp_
     assert "DataConfig.tokenizer_model = 'tokenizer.json'" in f.read()
 
 
+def _decode_without(gone: str, workdir: str, capsys) -> str:
+  """What ``attnlab decode --workdir workdir`` prints while ``gone`` is renamed away."""
+  os.rename(gone, gone + ".away")
+  try:
+    rc, out, err = _convert_decode(workdir, "the lazy fox", capsys)
+  finally:
+    os.rename(gone + ".away", gone)
+  assert rc == 0, err
+  return out
+
+
 def test_a_converted_workdir_can_move(with_tokenizer, tmp_path, monkeypatch, capsys):
   """config.gin names the tokenizer.json beside it relatively: a copy of the workdir
   elsewhere decodes with its own tokenizer, from any working directory, with the
@@ -356,13 +367,7 @@ def test_a_converted_workdir_can_move(with_tokenizer, tmp_path, monkeypatch, cap
   monkeypatch.chdir(elsewhere)
   _, dcfg, _ = gin_config.read_workdir_config(os.path.join(moved, "config.gin"))
   assert dcfg.tokenizer_model == os.path.join(moved, "tokenizer.json")
-  os.rename(workdir, workdir + ".away")
-  try:
-    rc, out, err = _convert_decode(moved, "the lazy fox", capsys)
-  finally:
-    os.rename(workdir + ".away", workdir)
-  assert rc == 0, err
-  assert out.strip()
+  assert _decode_without(workdir, moved, capsys).strip()
   # A convert-heads run made from it holds its own copy of the tokenizer, named relatively.
   mqa = str(tmp_path / "mqa")
   assert main(["convert-heads", "--from", moved, "--to", mqa, "--num_kv_heads", "1",
@@ -373,12 +378,7 @@ def test_a_converted_workdir_can_move(with_tokenizer, tmp_path, monkeypatch, cap
   with open(os.path.join(mqa, "tokenizer.json"), "rb") as a, \
        open(os.path.join(moved, "tokenizer.json"), "rb") as b:
     assert a.read() == b.read()
-  os.rename(moved, moved + ".away")
-  try:
-    rc, out, err = _convert_decode(mqa, "the lazy fox", capsys)
-  finally:
-    os.rename(moved + ".away", moved)
-  assert rc == 0, err
+  assert _decode_without(moved, mqa, capsys).strip()
   # As given (the working directory) wins over next to the config file.
   (elsewhere / "tokenizer.json").write_text("{}")
   _, dcfg, _ = gin_config.read_workdir_config(os.path.join(moved, "config.gin"))

@@ -55,9 +55,16 @@ import numpy as np
 from flax import nnx, struct
 
 from attnlab.config import CACHE_KINDS
-from attnlab.decoding.generate import GREEDY, GenerateInputError, _eval_model, _release, _reserve
+from attnlab.decoding.generate import (
+  GREEDY,
+  GenerateInputError,
+  _eval_model,
+  _release,
+  _reserve,
+  as_key,
+)
 from attnlab.decoding.paging import PageAllocator
-from attnlab.decoding.sampling import Sampling, sample
+from attnlab.decoding.sampling import Sampling, sample_rows
 from attnlab.nn import kv_cache as cache_lib
 
 POLICIES = ("continuous", "static")
@@ -135,11 +142,13 @@ class _SlotState:
     token_B: the last token of each slot (fed next).
     active_B: bool, the slot holds a request that is still decoding.
     remaining_B: int32 tokens the slot may still generate.
+    key_B: the random key of each slot's request (``_request_key``).
   """
 
   token_B: jax.Array
   active_B: jax.Array
   remaining_B: jax.Array
+  key_B: jax.Array
 
 
 def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *, slots: int = 8,
@@ -161,7 +170,9 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
       for the pages of finished ones. ``num_pages`` is the paged cache's only.
     cache_dtype: dtype of the cached K/V; None = the model's compute dtype.
     sampling: ``Sampling``; greedy by default.
-    rng: a ``jax.random.key`` for sampling.
+    rng: a ``jax.random.key`` for sampling. Request i draws its tokens from
+      its own key (``jax.random.fold_in(rng, i)``), so its tokens do not
+      depend on ``slots``, ``cache``, ``policy`` or the other requests.
     eos_id: a request stops after emitting it; None = always its budget.
     on_result: called as ``on_result(index, tokens)`` when a request completes.
     policy: "continuous", or "static" (a new batch only when all slots are free).
@@ -264,10 +275,12 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
                    f"(num_pages={P})")
   ok = [i for i in ok if i not in errors]
 
-  rng = jax.random.key(0) if rng is None else rng
+  rng = as_key(rng)
   if sampling.greedy:
     sampling = GREEDY
-  eos = jnp.int32(-1 if eos_id is None else eos_id)
+  # Host scalars go to the programs as numpy values: a jnp scalar is a device
+  # computation of its own (~0.1 ms here), and these are passed every call.
+  eos = np.int32(-1 if eos_id is None else eos_id)
   graphdef, state = nnx.split(model)
   graphdef = _interned(graphdef)  # hashed once per run, not per device call
   if paged:
@@ -278,7 +291,7 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
     kv_cache = cache_lib.init_cache(cfg, cache, slots, max_pos, dtype=cache_dtype)
     alloc = None
   slot_state = _SlotState(jnp.zeros((slots,), jnp.int32), jnp.zeros((slots,), bool),
-                          jnp.zeros((slots,), jnp.int32))
+                          jnp.zeros((slots,), jnp.int32), jax.random.split(rng, slots))
   results: list = [None] * n
   stats = ServeStats(slots=slots)
   waiting = collections.deque(ok)
@@ -298,8 +311,17 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
     if on_result is not None:
       on_result(i, results[i])
 
-  def done_with(tokens, i):
-    return len(tokens) >= budgets[i] or (eos_id is not None and tokens[-1] == eos_id)
+  def take(s, new):
+    """Add the slot's new tokens up to its request's end; finish it there."""
+    i = slot_req[s]
+    new = new[:budgets[i] - len(slot_tokens[s])]
+    if eos_id is not None:
+      (at_eos,) = np.nonzero(new == eos_id)
+      new = new[:at_eos[0] + 1] if at_eos.size else new
+    slot_tokens[s].extend(new.tolist())
+    if len(slot_tokens[s]) >= budgets[i] or (eos_id is not None and new.size
+                                               and new[-1] == eos_id):
+      finish(s)
 
   while waiting or any(r >= 0 for r in slot_req):
     may_admit = policy == "continuous" or all(r < 0 for r in slot_req)
@@ -317,40 +339,34 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
       stats.prefills += 1
       prompt_1T = np.zeros((1, T), np.int32)
       prompt_1T[0, :len(prompts[i])] = prompts[i]
-      rng, sub = jax.random.split(rng)
       t0 = time.perf_counter()
       kv_cache, alloc, slot_state, first = _prefill(
-          graphdef, state, kv_cache, alloc, slot_state, jnp.asarray(prompt_1T),
-          jnp.int32(len(prompts[i])), jnp.int32(s), jnp.int32(budgets[i]), sub, eos,
-          sampling=sampling, page_size=page_size)
-      slot_tokens[s] = [int(first)]
+          graphdef, state, kv_cache, alloc, slot_state, prompt_1T, np.int32(len(prompts[i])),
+          np.int32(s), np.int32(budgets[i]), rng, np.int32(i), eos, sampling=sampling,
+          page_size=page_size)
+      first = np.asarray(first).reshape(1)
       stats.prefill_seconds += time.perf_counter() - t0
-      if done_with(slot_tokens[s], i):
-        finish(s)
+      take(s, first)
     if not any(r >= 0 for r in slot_req):
       continue
-    rng, sub = jax.random.split(rng)
     # Return early for a freed slot only if it can be refilled: under "static" no request
     # is admitted before every slot is free, and the loop stops by itself then.
     refill = bool(waiting) and policy == "continuous"
     t0 = time.perf_counter()
-    kv_cache, alloc, slot_state, out_BK, steps, live_steps = _decode(
-        graphdef, state, kv_cache, alloc, slot_state, sub, eos, jnp.bool_(refill),
+    kv_cache, alloc, slot_state, *out = _decode(
+        graphdef, state, kv_cache, alloc, slot_state, eos, np.bool_(refill),
         steps=decode_chunk, sampling=sampling, page_size=page_size)
-    out_BK, steps = np.asarray(out_BK), int(steps)
+    out_BK, steps, live_steps = jax.device_get(out)  # one transfer
     stats.decode_seconds += time.perf_counter() - t0
-    stats.decode_steps += steps
+    stats.decode_steps += int(steps)
     stats.decode_calls += 1
     stats.live_slot_steps += int(live_steps)
+    if steps == 0:  # no slot live on the device, yet the host holds requests: never loop
+      raise AssertionError(f"the decode program ran no step for requests "
+                           f"{[i for i in slot_req if i >= 0]} that the host still runs")
     for s in range(slots):
-      i = slot_req[s]
-      if i < 0:
-        continue
-      for t in out_BK[s, :steps]:
-        slot_tokens[s].append(int(t))
-        if done_with(slot_tokens[s], i):
-          finish(s)
-          break
+      if slot_req[s] >= 0:
+        take(s, out_BK[s, :steps])
   stats.seconds = time.perf_counter() - start
   if paged:
     stats.free_pages = np.asarray(alloc.free_P)[:int(alloc.num_free)]
@@ -390,28 +406,35 @@ def _interned(graphdef) -> _StaticGraph:
   return _StaticGraph(graphdef)
 
 
-def _draw(logits_BV, rng, sampling):
+def _request_key(rng, request):
+  """The key request ``request`` draws all its tokens from: its token that is
+  drawn while ``r`` tokens of its budget remain uses ``fold_in(key, r)``."""
+  return jax.random.fold_in(rng, request)
+
+
+def _draw(logits_BV, key_B, remaining_B, sampling):
   if sampling.greedy:
-    return sample(logits_BV, None, sampling), rng
-  rng, sub = jax.random.split(rng)
-  return sample(logits_BV, sub, sampling), rng
+    return sample_rows(logits_BV, None, sampling)
+  return sample_rows(logits_BV, jax.vmap(jax.random.fold_in)(key_B, remaining_B), sampling)
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("sampling", "page_size"),
                    donate_argnames=("kv_cache",))
 def _prefill(graphdef, state, kv_cache, alloc, slot_state, prompt_1T, length, slot, budget, rng,
-             eos, *, sampling, page_size):
-  """Prefill one request into ``slot``; returns (cache, alloc, slot_state, first token)."""
+             request, eos, *, sampling, page_size):
+  """Prefill request ``request`` into ``slot``; returns (cache, alloc, slot_state, first token)."""
   model = _eval_model(graphdef.graphdef, state)
   T = prompt_1T.shape[1]
+  key = _request_key(rng, request)
+  draw = lambda logits_11V: _draw(logits_11V[:, 0], key[None], budget[None], sampling)[0]
   segment_ids_1T = (jnp.arange(T)[None, :] < length).astype(jnp.int32)
   if alloc is None:  # contiguous / ring: the slot's own row, emptied, then put back
     logits_11V, row = model(prompt_1T, segment_ids_BT=segment_ids_1T,
                             cache=cache_lib.take_row(kv_cache, slot), logits_at_B=length[None] - 1)
     kv_cache = cache_lib.put_row(kv_cache, row, slot)
-    token = _draw(logits_11V[:, 0], rng, sampling)[0][0]
+    token = draw(logits_11V)
     done = (token == eos) | (budget <= 1)
-    return kv_cache, alloc, _start_slot(slot_state, slot, token, done, budget), token
+    return kv_cache, alloc, _start_slot(slot_state, slot, token, done, budget, key), token
   table_BM = kv_cache[0].self_attn.page_table_BM
   row_1M = jax.lax.dynamic_slice_in_dim(table_BM, slot, 1, axis=0)
   zero_1 = jnp.zeros((1,), jnp.int32)
@@ -420,21 +443,21 @@ def _prefill(graphdef, state, kv_cache, alloc, slot_state, prompt_1T, length, sl
   view = cache_lib.as_empty(cache_lib.set_page_table(kv_cache, row_1M, zero_1))
   logits_11V, view = model(prompt_1T, segment_ids_BT=segment_ids_1T, cache=view,
                            logits_at_B=length[None] - 1)
-  token_1, _ = _draw(logits_11V[:, 0], rng, sampling)
-  token = token_1[0]
+  token = draw(logits_11V)
   table_BM = jax.lax.dynamic_update_slice_in_dim(table_BM, row_1M, slot, axis=0)
   lengths_B = cache_lib.cache_lengths(kv_cache).at[slot].set(length)
   kv_cache = cache_lib.set_page_table(view, table_BM, lengths_B)
   done = (token == eos) | (budget <= 1)
   is_slot_B = jnp.arange(table_BM.shape[0]) == slot
   kv_cache, alloc = _release(kv_cache, alloc, is_slot_B & done)
-  return kv_cache, alloc, _start_slot(slot_state, slot, token, done, budget), token
+  return kv_cache, alloc, _start_slot(slot_state, slot, token, done, budget, key), token
 
 
-def _start_slot(slot_state, slot, token, done, budget):
+def _start_slot(slot_state, slot, token, done, budget, key):
   return _SlotState(slot_state.token_B.at[slot].set(token),
                     slot_state.active_B.at[slot].set(~done),
-                    slot_state.remaining_B.at[slot].set(budget - 1))
+                    slot_state.remaining_B.at[slot].set(budget - 1),
+                    slot_state.key_B.at[slot].set(key))
 
 
 def _finish(kv_cache, alloc, finished_B):
@@ -448,7 +471,7 @@ def _finish(kv_cache, alloc, finished_B):
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("steps", "sampling",
                                                                   "page_size"),
                    donate_argnames=("kv_cache",))
-def _decode(graphdef, state, kv_cache, alloc, slot_state, rng, eos, stop_on_finish, *, steps,
+def _decode(graphdef, state, kv_cache, alloc, slot_state, eos, stop_on_finish, *, steps,
             sampling, page_size):
   """Up to ``steps`` decode steps of every live slot.
 
@@ -465,25 +488,25 @@ def _decode(graphdef, state, kv_cache, alloc, slot_state, rng, eos, stop_on_fini
     return (i < steps) & jnp.any(st.active_B) & ~(stop_on_finish & finished_any)
 
   def body(carry):
-    i, st, out_BK, kv_cache, alloc, rng, live_steps, _ = carry
+    i, st, out_BK, kv_cache, alloc, live_steps, _ = carry
     live_B = st.active_B.astype(jnp.int32)
     if alloc is not None:
       kv_cache, alloc = _reserve(kv_cache, alloc, live_B, page_size)
     logits_B1V, kv_cache = model(st.token_B[:, None], segment_ids_BT=live_B[:, None],
                                  cache=kv_cache)
-    sampled_B, rng = _draw(logits_B1V[:, 0], rng, sampling)
+    sampled_B = _draw(logits_B1V[:, 0], st.key_B, st.remaining_B, sampling)
     next_B = jnp.where(st.active_B, sampled_B, pad_id)
     out_BK = out_BK.at[:, i].set(next_B)
     remaining_B = st.remaining_B - live_B
     finished_B = st.active_B & ((next_B == eos) | (remaining_B <= 0))
     kv_cache, alloc = _finish(kv_cache, alloc, finished_B)
-    st = _SlotState(next_B, st.active_B & ~finished_B, remaining_B)
-    return (i + 1, st, out_BK, kv_cache, alloc, rng, live_steps + jnp.sum(live_B),
+    st = _SlotState(next_B, st.active_B & ~finished_B, remaining_B, st.key_B)
+    return (i + 1, st, out_BK, kv_cache, alloc, live_steps + jnp.sum(live_B),
             jnp.any(finished_B))
 
   out_BK = jnp.full((B, steps), pad_id, jnp.int32)
-  carry = (jnp.int32(0), slot_state, out_BK, kv_cache, alloc, rng, jnp.int32(0), jnp.bool_(False))
-  i, slot_state, out_BK, kv_cache, alloc, _, live_steps, _ = jax.lax.while_loop(cond, body, carry)
+  carry = (jnp.int32(0), slot_state, out_BK, kv_cache, alloc, jnp.int32(0), jnp.bool_(False))
+  i, slot_state, out_BK, kv_cache, alloc, live_steps, _ = jax.lax.while_loop(cond, body, carry)
   return kv_cache, alloc, slot_state, out_BK, i, live_steps
 
 

@@ -86,9 +86,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
   cfg = model.cfg
   prompt_BT = np.asarray(prompt_BT)
   _check_prompt(cfg, prompt_BT, max_new_tokens)
-  rng = jax.random.key(0) if rng is None else rng
-  if isinstance(rng, jax.Array) and not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
-    rng = jax.random.wrap_key_data(rng)
+  rng = as_key(rng)
   if cache not in CACHE_KINDS:
     raise GenerateInputError(
         f"cache={cache!r} is not one of {', '.join(map(repr, CACHE_KINDS))}")
@@ -204,6 +202,15 @@ def _num_pages(kind, num_pages, rows, cache_len, page_size):
 # ----------------------------------------------------------------------------
 # The jitted loops.
 # ----------------------------------------------------------------------------
+
+
+def as_key(rng):
+  """A typed ``jax.random`` key: ``rng`` as given (raw uint32 key data wrapped), key(0) if None."""
+  if rng is None:
+    return jax.random.key(0)
+  if isinstance(rng, jax.Array) and not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+    return jax.random.wrap_key_data(rng)
+  return rng
 
 
 def _eval_model(graphdef, state):

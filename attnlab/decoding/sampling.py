@@ -67,3 +67,12 @@ def sample(logits_BV, rng, sampling: Sampling):
     return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
   return jax.random.categorical(rng, filtered_logits(logits_BV, sampling), axis=-1).astype(
       jnp.int32)
+
+
+def sample_rows(logits_BV, keys_B, sampling: Sampling):
+  """Next tokens int32 [B] from logits [B, V], row b drawn with its own key ``keys_B[b]``
+  (so a row's token does not depend on the other rows of the batch)."""
+  if sampling.greedy:
+    return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+  logits_BV = filtered_logits(logits_BV, sampling)
+  return jax.vmap(jax.random.categorical)(keys_B, logits_BV).astype(jnp.int32)

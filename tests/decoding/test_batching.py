@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
 import attnlab
 from attnlab.decoding import batching
-from tests.decoding.tiny_models import decoder_model, random_tokens
+from attnlab.decoding.sampling import Sampling, filtered_logits
+from tests.decoding.tiny_models import decoder_forward, decoder_model, random_tokens
 
 NAME = "gqa_sinusoidal"
 C = 4  # page size
@@ -147,6 +149,54 @@ def test_static_policy_gives_the_same_tokens_with_lower_occupancy(case):
   assert static.decode_calls == sum(-(-n // 4) for n in batch_steps)
   # Continuous batching does return early to refill a freed slot.
   assert cont.decode_calls > -(-cont.decode_steps // 4)
+
+
+def _sampled_alone(prompt, budget, key, sampling):
+  """What sampling request ``key`` must give, from full forward passes (no cache): the
+  token drawn while r tokens of the budget remain is ``categorical(fold_in(key, r), ...)``
+  of the filtered logits at the last position."""
+  forward = decoder_forward(NAME)
+  seq, out = list(prompt), []
+  for r in range(budget, 0, -1):
+    tokens_1T = np.zeros((1, 64), np.int32)  # one shape: one compiled forward (causal)
+    tokens_1T[0, :len(seq)] = seq
+    logits_V = forward(tokens_1T)[0, len(seq) - 1]
+    out.append(int(jax.random.categorical(jax.random.fold_in(key, r),
+                                          filtered_logits(logits_V[None], sampling)[0])))
+    seq.append(out[-1])
+  return out
+
+
+def test_sampled_requests_follow_their_own_keys_whatever_the_schedule(case):
+  model, prompts, *_, no_eos = case
+  sampling = Sampling(temperature=1.0, top_k=10)
+  rng = jax.random.key(7)
+  want = [_sampled_alone(p, b, jax.random.fold_in(rng, i), sampling)
+          for i, (p, b) in enumerate(zip(prompts, BUDGETS, strict=True))]
+  assert want != no_eos  # it does sample
+  num_pages = max(batching.pages_needed(n, b, C) for n, b in zip(LENGTHS, BUDGETS, strict=True))
+  for kwargs in (dict(slots=3), dict(slots=2, cache="contiguous", policy="static"),
+                 dict(slots=4, num_pages=num_pages + 1)):
+    got = attnlab.generate_requests(model, prompts, BUDGETS, page_size=C, eos_id=None,
+                                    decode_chunk=4, sampling=sampling, rng=rng, **kwargs)
+    assert [g.tolist() for g in got] == want, kwargs
+  other = attnlab.generate_requests(model, prompts, BUDGETS, slots=3, page_size=C, eos_id=None,
+                                    sampling=sampling, rng=jax.random.key(8))
+  assert [g.tolist() for g in other] != want
+  # eos inside a static batch: the call runs on for the batch's other requests, and the
+  # request's tokens stop at its eos. Some token is such an eos for these samples.
+  def cut(row, eos_id):
+    return row[:row.index(eos_id) + 1] if eos_id in row else row
+
+  def ends_mid_batch(eos_id):
+    rows = [cut(w, eos_id) for w in want]
+    return any(1 < len(r) < max(map(len, rows[b - b % 3:b - b % 3 + 3])) and r[-1] == eos_id
+               for b, r in enumerate(rows))
+
+  eos_id = min(t for row in want for t in row if ends_mid_batch(t))
+  got = attnlab.generate_requests(model, prompts, BUDGETS, slots=3, page_size=C, eos_id=eos_id,
+                                  decode_chunk=4, sampling=sampling, rng=rng, policy="static")
+  assert [g.tolist() for g in got] == [cut(w, eos_id) for w in want]
 
 
 @pytest.mark.parametrize("kwargs, match", [

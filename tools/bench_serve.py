@@ -13,7 +13,7 @@ previous one has finished. Each policy runs once to compile, then
 reverse order every other round); the fastest run of each is reported:
 tokens/s, slot occupancy (mean fraction of the slots decoding per decode
 step), decode steps and calls, and the seconds spent in prefill and decode
-calls (``ServeStats``; the rest is the host loop); and
+calls and in the host loop between them (``ServeStats``); and
 the speedup of each round (its static seconds over its continuous seconds,
 runs seconds apart) with their median, less exposed to a machine whose
 speed drifts than the ratio of the best runs. Both policies run the same
@@ -101,6 +101,7 @@ def main():
         occupancy=round(stats.occupancy, 3), decode_steps=stats.decode_steps,
         decode_calls=stats.decode_calls,
         prefill_s=round(stats.prefill_seconds, 2), decode_s=round(stats.decode_seconds, 2),
+        host_s=round(stats.host_seconds, 2),
         ms_per_decode_step=round(stats.decode_seconds / stats.decode_steps * 1e3, 2),
         load_avg_1min=round(load, 2))
     print(cache, policy, report[f"{cache}/{policy}"], flush=True)

@@ -101,6 +101,12 @@ def _find_tokenizer(dcfg: DataConfig, gin_files: list[str]) -> DataConfig:
   return dcfg
 
 
+def relative_inside(path: str, folder: str) -> str | None:
+  """``path`` relative to ``folder`` if it lies inside it (links resolved), else None."""
+  root, path = os.path.realpath(folder), os.path.realpath(path)
+  return os.path.relpath(path, root) if os.path.commonpath([root, path]) == root else None
+
+
 def _gin_value(value) -> str:
   if isinstance(value, tuple):
     inner = ", ".join(_gin_value(v) for v in value)
@@ -118,10 +124,9 @@ def operative_config(*configs, workdir: str | None = None) -> str:
            "# `attnlab train --gin_file THIS_FILE --workdir ...` reproduces it.", ""]
   for cfg in configs:
     if workdir is not None and isinstance(cfg, DataConfig) and cfg.tokenizer_model:
-      root = os.path.realpath(workdir)
-      path = os.path.realpath(cfg.tokenizer_model)
-      if os.path.commonpath([root, path]) == root:
-        cfg = dataclasses.replace(cfg, tokenizer_model=os.path.relpath(path, root))
+      rel = relative_inside(cfg.tokenizer_model, workdir)
+      if rel is not None:
+        cfg = dataclasses.replace(cfg, tokenizer_model=rel)
     name = type(cfg).__name__
     lines += [f"{name}.{f.name} = {_gin_value(getattr(cfg, f.name))}"
               for f in dataclasses.fields(cfg)]

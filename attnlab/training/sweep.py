@@ -278,10 +278,10 @@ def _copy_own_tokenizer(dcfg: DataConfig, src: str, dst: str) -> DataConfig:
   path = dcfg.tokenizer_model
   if not path or not os.path.isfile(path):
     return dcfg
-  root, path = os.path.realpath(src), os.path.realpath(path)
-  if os.path.commonpath([root, path]) != root:
+  rel = config_gin.relative_inside(path, src)
+  if rel is None:
     return dcfg
-  rel = os.path.relpath(path, root)
+  root = os.path.realpath(src)
   names = [rel]
   if dcfg.tokenizer == "hf_json":
     folder = os.path.dirname(rel)

@@ -82,3 +82,14 @@ def test_overrides_beat_files_and_config_gin_reproduces(tmp_path):
   written = tmp_path / "config.gin"
   written.write_text(gin_config.operative_config(*configs))
   assert gin_config.read_workdir_config(str(written)) == configs
+
+
+def test_relative_inside_resolves_links_and_is_not_fooled_by_a_shared_prefix(tmp_path):
+  run = tmp_path / "run"
+  (run / "tok").mkdir(parents=True)
+  (tmp_path / "run2").mkdir()
+  (tmp_path / "link").symlink_to(run)
+  assert gin_config.relative_inside(str(run / "tok" / "t.json"), str(run)) == "tok/t.json"
+  assert gin_config.relative_inside(str(tmp_path / "link" / "t.json"), str(run)) == "t.json"
+  assert gin_config.relative_inside(str(tmp_path / "run2" / "t.json"), str(run)) is None
+  assert gin_config.relative_inside(str(tmp_path / "t.json"), str(run)) is None

@@ -296,7 +296,7 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
   if sampling.greedy:
     sampling = GREEDY
   # Host scalars go to the programs as numpy values: a jnp scalar is a device
-  # computation of its own (~0.1 ms here), and these are passed every call.
+  # computation of its own, and these are passed every call.
   eos = np.int32(-1 if eos_id is None else eos_id)
   graphdef, state = nnx.split(model)
   graphdef = _interned(graphdef)  # hashed once per run, not per device call
@@ -430,9 +430,8 @@ def _request_key(rng, request):
 
 
 def _draw(logits_BV, key_B, remaining_B, sampling):
-  if sampling.greedy:
-    return sample_rows(logits_BV, None, sampling)
-  return sample_rows(logits_BV, jax.vmap(jax.random.fold_in)(key_B, remaining_B), sampling)
+  keys_B = None if sampling.greedy else jax.vmap(jax.random.fold_in)(key_B, remaining_B)
+  return sample_rows(logits_BV, keys_B, sampling)
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("sampling", "page_size"),

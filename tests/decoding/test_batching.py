@@ -177,9 +177,10 @@ def test_sampled_requests_follow_their_own_keys_whatever_the_schedule(case):
   assert want != no_eos  # it does sample
   num_pages = max(batching.pages_needed(n, b, C) for n, b in zip(LENGTHS, BUDGETS, strict=True))
   for kwargs in (dict(slots=3), dict(slots=2, cache="contiguous", policy="static"),
-                 dict(slots=4, num_pages=num_pages + 1)):
+                 dict(slots=4, num_pages=num_pages + 1),
+                 dict(slots=3, rng=jax.random.key_data(rng))):  # raw key data, as generate takes
     got = attnlab.generate_requests(model, prompts, BUDGETS, page_size=C, eos_id=None,
-                                    decode_chunk=4, sampling=sampling, rng=rng, **kwargs)
+                                    decode_chunk=4, sampling=sampling, **(dict(rng=rng) | kwargs))
     assert [g.tolist() for g in got] == want, kwargs
   other = attnlab.generate_requests(model, prompts, BUDGETS, slots=3, page_size=C, eos_id=None,
                                     sampling=sampling, rng=jax.random.key(8))

@@ -33,7 +33,7 @@ extra decode calls (it returns early to refill a slot), so with few requests
 the speedup can pass it.
 
     PYTHONPATH=$PWD python tools/bench_serve.py [--requests 64] [--slots 8] [--rounds 5]
-        [--cache paged,contiguous]
+        [--cache paged,contiguous] [--decode_chunk 16]
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ def main():
   p.add_argument("--page_size", type=int, default=16)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--rounds", type=int, default=5, help="timed runs of each setting, alternating")
+  p.add_argument("--decode_chunk", type=int, default=16,
+                 help="decode steps per device call at most (generate_requests' decode_chunk)")
   args = p.parse_args()
   caches = args.cache.split(",")
   for c in caches:
@@ -83,7 +85,8 @@ def main():
 
   def serve(cache, policy):
     return batching.serve_requests(model, prompts, budgets, slots=args.slots, cache=cache,
-                                   page_size=args.page_size, eos_id=None, policy=policy)[1]
+                                   page_size=args.page_size, eos_id=None, policy=policy,
+                                   decode_chunk=args.decode_chunk)[1]
 
   for setting in settings:  # the first run of each compiles
     serve(*setting)
@@ -107,6 +110,7 @@ def main():
     decode_runs.append(decode_seconds)
     ceiling_runs.append(cont_stats)
   report = dict(cpu=cpu_name(), requests=args.requests, slots=args.slots,
+                decode_chunk=args.decode_chunk,
                 tokens=int(sum(budgets)), rounds=args.rounds)
   for (cache, policy), (stats, load) in best.items():
     report[f"{cache}/{policy}"] = dict(

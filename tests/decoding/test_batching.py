@@ -47,7 +47,7 @@ def _check_pages_returned(stats, num_pages):
 
 @pytest.fixture(scope="module")
 def case():
-  model = decoder_model(NAME)
+  model = decoder_model(NAME, varied=True)
   prompts = _prompts()
   no_eos = _alone(model, prompts, BUDGETS, None)
   # An eos that some request emits in the middle of its budget, not as its first token.
@@ -84,7 +84,7 @@ def test_each_request_matches_generate_alone_more_requests_than_slots(case):
 def test_slot_row_caches_match_generate_alone(cache, name):
   # Every slot owns its rows; a refilled slot must not see its last request's keys
   # (the ring's stale positions included: window 3 < every prompt here).
-  model = decoder_model(name)
+  model = decoder_model(name, varied=True)
   prompts = _prompts()
   want = _alone(model, prompts, BUDGETS, None)
   before = batching.num_programs()
@@ -156,7 +156,7 @@ def _sampled_alone(prompt, budget, key, sampling):
   """What sampling request ``key`` must give, from full forward passes (no cache): the
   token drawn while r tokens of the budget remain is ``categorical(fold_in(key, r), ...)``
   of the filtered logits at the last position."""
-  forward = decoder_forward(NAME)
+  forward = decoder_forward(NAME, varied=True)
   seq, out = list(prompt), []
   for r in range(budget, 0, -1):
     tokens_1T = np.zeros((1, 64), np.int32)  # one shape: one compiled forward (causal)
@@ -227,5 +227,5 @@ def test_prefill_buckets_hold_the_prompt_with_less_than_half_of_it_as_padding():
 def test_bad_arguments_raise_value_error_naming_the_field(kwargs, match):
   args = dict(prompts=[[3, 4], [5]], max_new_tokens=2) | kwargs
   with pytest.raises(ValueError, match=match):
-    attnlab.generate_requests(decoder_model(NAME), args.pop("prompts"), args.pop("max_new_tokens"),
-                              **args)
+    attnlab.generate_requests(decoder_model(NAME, varied=True), args.pop("prompts"),
+                              args.pop("max_new_tokens"), **args)

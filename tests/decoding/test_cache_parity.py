@@ -129,7 +129,7 @@ def test_a_prefill_into_an_empty_flagged_cache_is_the_uncached_forward(name, kin
   prefill_BT = np.arange(PROMPT_WIDTH)[None] < LENGTHS[:, None]
   poisoned, _ = cached_logits(model, kind, TOKENS, LENGTHS, dtype=dtype, empty=True, poison=True)
   np.testing.assert_allclose(poisoned[:, :PROMPT_WIDTH][prefill_BT],
-                             want[:, :PROMPT_WIDTH][prefill_BT], atol=1e-6, rtol=1e-6)
+                             want[:, :PROMPT_WIDTH][prefill_BT], atol=1e-5, rtol=1e-5)
   got, cache = cached_logits(model, kind, TOKENS, LENGTHS, dtype=dtype, empty=True)
   assert not cache[0].self_attn.empty
   tol = 2e-2 * np.abs(want).max() if dtype == "int8" else 1e-5
@@ -221,20 +221,20 @@ GREEDY_CASES = [("mha_rope", "contiguous"), ("gqa_sinusoidal", "paged"),
 
 @pytest.mark.parametrize("name,kind", GREEDY_CASES, ids=["-".join(c) for c in GREEDY_CASES])
 def test_greedy_generate_equals_recompute_everything(name, kind):
-  model = decoder_model(name)
+  model = decoder_model(name, varied=True)
   prompt = random_tokens(3, (2, TOTAL))
   prompt[1, LENGTHS[1]:] = model.cfg.pad_id  # right padding
   got = attnlab.generate(model, prompt[:, :PROMPT_WIDTH], max_new_tokens=STEPS, cache=kind,
                          eos_id=None, page_size=PAGE)
-  assert_greedy(decoder_forward(name), prompt, LENGTHS, np.asarray(got))
+  assert_greedy(decoder_forward(name, varied=True), prompt, LENGTHS, np.asarray(got))
 
 
 def test_encoder_decoder_greedy_equals_recompute_everything():
   bos = 1
-  got = np.asarray(attnlab.generate(encdec_model("paper_gqa"), SRC, max_new_tokens=8,
+  got = np.asarray(attnlab.generate(encdec_model("paper_gqa", varied=True), SRC, max_new_tokens=8,
                                     eos_id=None, bos_id=bos))
   tgt = np.full((2, TGT_LEN), bos, np.int32)
-  assert_greedy(lambda t: encdec_forward("paper_gqa")(SRC, t), tgt, [1, 1], got)
+  assert_greedy(lambda t: encdec_forward("paper_gqa", varied=True)(SRC, t), tgt, [1, 1], got)
 
 
 def test_ring_cache_memory_does_not_grow_with_length():

@@ -54,7 +54,7 @@ def test_int8_decode_step_equals_the_reference_over_the_same_cache(kind):
 
 @pytest.mark.parametrize("kind", ["paged", "contiguous"])
 def test_generate_and_generate_requests_with_an_int8_cache_agree(kind):
-  model = decoder_model(NAME)
+  model = decoder_model(NAME, varied=True)
   prompts = [random_tokens(40 + i, (n,)).tolist() for i, n in enumerate([3, 11, 6])]
   got = attnlab.generate_requests(model, prompts, 7, slots=2, cache=kind, page_size=4,
                                   cache_dtype="int8", eos_id=None)

@@ -55,7 +55,7 @@ def test_top_k_and_top_p_combine():
 
 
 def test_temperature_zero_is_greedy_and_same_seed_same_tokens():
-  model = decoder_model("mha_rope")
+  model = decoder_model("mha_rope", varied=True)
   prompt = random_tokens(30, (2, 6))
   greedy = attnlab.generate(model, prompt, max_new_tokens=8, eos_id=None)
   zero = attnlab.generate(model, prompt, max_new_tokens=8, eos_id=None,
@@ -73,7 +73,7 @@ def test_temperature_zero_is_greedy_and_same_seed_same_tokens():
 
 
 def test_eos_stops_each_sequence_and_pads_after_it():
-  model = decoder_model("mha_rope")
+  model = decoder_model("mha_rope", varied=True)
   prompt = random_tokens(31, (2, 6))
   free = np.asarray(attnlab.generate(model, prompt, max_new_tokens=8, eos_id=None))
   eos = int(free[0, 2])  # make the third token of row 0 the end
@@ -125,33 +125,62 @@ def test_beam_finds_the_better_sequence_on_a_toy():
   assert _toy_beam(3, length_penalty=0.6) == [B_, EOS, PAD, PAD]
 
 
-def test_beam_size_one_equals_greedy_with_eos():
-  model = encdec_model("paper_gqa")
+def _logp(src, tgt, eos=None):
+  """log P(tgt | src) per row under ``encdec_model("paper_gqa", varied=True)``, by teacher
+  forcing on the shared compiled forward (target padded to TGT_LEN; causal); with ``eos``,
+  the padding after a row's first eos does not count."""
+  tgt_in = np.zeros((2, TGT_LEN), np.int32)
+  tgt_in[:, 0], tgt_in[:, 1:tgt.shape[1]] = 1, tgt[:, :-1]
+  logits = encdec_forward("paper_gqa", varied=True)(src, tgt_in)[:, :tgt.shape[1]]
+  lp_BJV = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+  lp_BJ = np.take_along_axis(lp_BJV, tgt[..., None], -1)[..., 0]
+  if eos is not None:
+    after_eos_BJ = (np.cumsum(tgt == eos, axis=1) - (tgt == eos)) > 0
+    lp_BJ = np.where(after_eos_BJ, 0.0, lp_BJ)
+  return lp_BJ.sum(1)
+
+
+def test_beam_size_one_without_eos_is_greedy():
+  model = encdec_model("paper_gqa", varied=True)
+  src = random_tokens(32, SRC_SHAPE)
+  greedy = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=None))
+  beam = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=None, beam_size=1,
+                                     length_penalty=0.0))
+  np.testing.assert_array_equal(beam, greedy)
+
+
+def test_beam_size_one_with_eos_returns_an_early_end_that_beats_greedy():
+  """Beam 1 is not greedy once a hypothesis can end: of each step's two best candidates,
+  the best that does not end stays alive (greedy's token, unless that is eos) and one that
+  ends enters the finished set, which wins if its log P beats the alive beam's. So its
+  answer follows greedy's path, then ends in eos where that was more likely than anything
+  greedy goes on to."""
+  model = encdec_model("paper_gqa", varied=True)
   src = random_tokens(32, SRC_SHAPE)
   free = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=None))
   eos = int(free[1, 3])  # eos is traced: the same compiled program as eos_id=None
   greedy = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=eos))
   beam = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=eos, beam_size=1,
                                      length_penalty=0.0))
-  np.testing.assert_array_equal(beam, greedy)
+  pad = model.cfg.pad_id
+  for b in range(2):
+    row = beam[b].tolist()
+    end = row.index(eos) if eos in row else len(row)
+    assert row[:end] == free[b, :end].tolist()  # greedy's path up to its end
+    assert all(t == pad for t in row[end + 1:])
+  assert (_logp(src, beam, eos) >= _logp(src, greedy, eos) - 1e-5).all()
+  # Here an early eos does win in some row (so the test tells beam 1 from greedy).
+  assert not np.array_equal(beam, greedy)
 
 
 def test_beam_search_on_a_model_scores_at_least_greedy():
   """Beam 4 (no length penalty) finds a hypothesis at least as likely as greedy's."""
-  model = encdec_model("paper_gqa")
+  model = encdec_model("paper_gqa", varied=True)
   src = random_tokens(33, SRC_SHAPE)
   greedy = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=None))
   beam = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=None, beam_size=4,
                                      length_penalty=0.0))
-
-  def logp(tgt):
-    # Teacher forcing on the shared compiled forward (target padded to TGT_LEN; causal).
-    tgt_in = np.zeros((2, TGT_LEN), np.int32)
-    tgt_in[:, 0], tgt_in[:, 1:tgt.shape[1]] = 1, tgt[:, :-1]
-    lp = jax.nn.log_softmax(encdec_forward("paper_gqa")(src, tgt_in)[:, :tgt.shape[1]], axis=-1)
-    return np.asarray(jnp.take_along_axis(lp, jnp.asarray(tgt)[..., None], -1)[..., 0].sum(1))
-
-  assert (logp(beam) >= logp(greedy) - 1e-5).all()
+  assert (_logp(src, beam) >= _logp(src, greedy) - 1e-5).all()
 
 
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])

@@ -31,6 +31,14 @@ ENCDEC_CONFIGS = {
                       norm_position="post", mlp="relu", scale_embeddings=True),
     "mqa_rope_window4": dict(num_heads=4, num_kv_heads=1, window=4),
 }
+# ``varied=True`` models have every parameter scaled by this after the default
+# initialization. At the default scale these tiny models decode greedily to one token
+# repeated (e.g. [60, 60, 60, ...] whatever the prompt), which cannot tell one request, row
+# or step from another: a scheduler or cache that mixed them up would still match, and a
+# chosen eos ends every sequence at once. Scaled, their tokens vary with the prompt and the
+# step. Tests that compare logits use the default models (the scaled ones amplify rounding
+# and int8 error beyond the tolerances of DESIGN.md); tests that compare tokens use these.
+PARAM_SCALE = 2.0
 # Shapes shared by the encoder-decoder tests, so that they share compiled functions.
 SRC_SHAPE = (2, 9)
 TGT_LEN = 20
@@ -41,17 +49,25 @@ def make_cfg(arch, overrides, attention_impl="reference"):
                              max_len=64, attention_impl=attention_impl, **overrides)
 
 
+def _scaled(model):
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  return nnx.merge(graphdef, jax.tree.map(lambda x: x * PARAM_SCALE, params), rest)
+
+
 @functools.cache
-def decoder_model(name, attention_impl="reference"):
-  """The same parameters whatever ``attention_impl`` (same config, same seed)."""
+def decoder_model(name, attention_impl="reference", varied=False):
+  """The same parameters whatever ``attention_impl`` (same config, same seed);
+  ``varied``: scaled by ``PARAM_SCALE``."""
   cfg = make_cfg("decoder_only", DECODER_CONFIGS[name], attention_impl)
-  return attnlab.build_model(cfg, rngs=nnx.Rngs(0))
+  model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
+  return _scaled(model) if varied else model
 
 
 @functools.cache
-def encdec_model(name, attention_impl="reference"):
+def encdec_model(name, attention_impl="reference", varied=False):
   cfg = make_cfg("encoder_decoder", ENCDEC_CONFIGS[name], attention_impl)
-  return attnlab.build_model(cfg, rngs=nnx.Rngs(1))
+  model = attnlab.build_model(cfg, rngs=nnx.Rngs(1))
+  return _scaled(model) if varied else model
 
 
 def random_tokens(seed, shape):
@@ -59,17 +75,19 @@ def random_tokens(seed, shape):
 
 
 @functools.cache
-def decoder_forward(name):
-  """The jitted full forward of ``decoder_model(name)``: tokens [B, T] -> logits [B, T, V]."""
-  graphdef, state = nnx.split(decoder_model(name))
+def decoder_forward(name, varied=False):
+  """The jitted full forward of ``decoder_model(name, varied=varied)``: tokens [B, T] ->
+  logits [B, T, V]."""
+  graphdef, state = nnx.split(decoder_model(name, varied=varied))
   run = jax.jit(lambda tokens_BT: nnx.merge(graphdef, state)(tokens_BT))
   return lambda tokens_BT: np.asarray(run(jnp.asarray(tokens_BT)))
 
 
 @functools.cache
-def encdec_forward(name):
-  """The jitted teacher-forced forward of ``encdec_model(name)``: (src, tgt_in) -> logits."""
-  graphdef, state = nnx.split(encdec_model(name))
+def encdec_forward(name, varied=False):
+  """The jitted teacher-forced forward of ``encdec_model(name, varied=varied)``: (src,
+  tgt_in) -> logits."""
+  graphdef, state = nnx.split(encdec_model(name, varied=varied))
   run = jax.jit(lambda src_BS, tgt_BT: nnx.merge(graphdef, state)(src_BS, tgt_BT))
   return lambda src_BS, tgt_BT: np.asarray(run(jnp.asarray(src_BS), jnp.asarray(tgt_BT)))
 

@@ -213,12 +213,6 @@ def as_key(rng):
   return rng
 
 
-def _eval_model(graphdef, state):
-  model = nnx.merge(graphdef, state)
-  model.eval()  # no dropout while decoding
-  return model
-
-
 def _in_eval_mode(model):
   """The traced copy of the model that a jitted function received, without dropout.
 
@@ -230,6 +224,11 @@ def _in_eval_mode(model):
   """
   model.eval()  # no dropout while decoding
   return model
+
+
+def _eval_model(graphdef, state):
+  """``_in_eval_mode`` of the model merged from ``nnx.split``'s parts (inside a trace)."""
+  return _in_eval_mode(nnx.merge(graphdef, state))
 
 
 def _sampling_loop(forward, cache, alloc, first_logits_BV, rng, *, max_new_tokens, eos_id,

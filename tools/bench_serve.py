@@ -118,7 +118,7 @@ def main():
         occupancy=round(stats.occupancy, 3), decode_steps=stats.decode_steps,
         decode_calls=stats.decode_calls,
         prefill_s=round(stats.prefill_seconds, 2), decode_s=round(stats.decode_seconds, 2),
-        host_s=round(stats.host_seconds, 2),
+        host_s=round(stats.host_seconds, 2), cache_mib=round(stats.cache_bytes / 2**20, 2),
         ms_per_decode_step=round(stats.decode_seconds / stats.decode_steps * 1e3, 2),
         load_avg_1min=round(load, 2))
     print(cache, policy, report[f"{cache}/{policy}"], flush=True)

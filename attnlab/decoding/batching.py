@@ -108,6 +108,8 @@ class ServeStats:
       host reads them at once: the first token, the chunk of new tokens); the
       rest is the host's scheduling.
     buckets: prompt-length buckets used (one prefill program each).
+    cache_bytes: bytes of the K/V cache the run allocated (values, int8
+      scales, page table, lengths; ``kv_cache.cache_bytes``).
     free_pages: the allocator's free page ids after the run (paged cache).
     page_table: the page table [slots, M] after the run (all -1 when every
       request released its pages; paged cache).
@@ -123,6 +125,7 @@ class ServeStats:
   prefill_seconds: float = 0.0
   decode_seconds: float = 0.0
   buckets: set = dataclasses.field(default_factory=set)
+  cache_bytes: int = 0
   free_pages: np.ndarray | None = None
   page_table: np.ndarray | None = None
 
@@ -310,7 +313,7 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
   slot_state = _SlotState(jnp.zeros((slots,), jnp.int32), jnp.zeros((slots,), bool),
                           jnp.zeros((slots,), jnp.int32), jax.random.split(rng, slots))
   results: list = [None] * n
-  stats = ServeStats(slots=slots)
+  stats = ServeStats(slots=slots, cache_bytes=cache_lib.cache_bytes(kv_cache))
   waiting = collections.deque(ok)
   slot_req = [-1] * slots
   slot_tokens: list[list[int]] = [[] for _ in range(slots)]

@@ -9,6 +9,7 @@ import pytest
 
 import attnlab
 from attnlab.cli import main
+from attnlab.decoding import batching
 from attnlab.nn import kv_cache as cache_lib
 from tests.decoding.test_cache_parity import TOKENS, decoder_cached
 from tests.decoding.tiny_models import decoder_forward, decoder_model, random_tokens
@@ -64,6 +65,13 @@ def test_generate_and_generate_requests_with_an_int8_cache_agree(kind):
   want = attnlab.generate(model, prompt_BT, max_new_tokens=7, prompt_lengths_B=[3, 11, 6],
                           eos_id=None, cache=kind, page_size=4, cache_dtype="int8")
   np.testing.assert_array_equal(np.stack(got), want)
+  # And the serving cache is int8: values of 1 byte plus a float32 scale per H = 8 values
+  # (12 of the float32 cache's 32 bytes per head and token), with the same page table.
+  stats = {dtype: batching.serve_requests(model, prompts, 7, slots=2, cache=kind, page_size=4,
+                                          cache_dtype=dtype, eos_id=None)[1]
+           for dtype in ("int8", None)}
+  assert model.cfg.head_dim == 8
+  assert 0.37 < stats["int8"].cache_bytes / stats[None].cache_bytes < 0.40
 
 
 def test_bytes_per_token_count_the_scales(capsys):

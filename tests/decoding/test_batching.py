@@ -9,7 +9,13 @@ import pytest
 import attnlab
 from attnlab.decoding import batching
 from attnlab.decoding.sampling import Sampling, filtered_logits
-from tests.decoding.tiny_models import decoder_forward, decoder_model, random_tokens
+from tests.decoding.tiny_models import (
+  VOCAB,
+  decoder_forward,
+  decoder_model,
+  encdec_model,
+  random_tokens,
+)
 
 NAME = "gqa_sinusoidal"
 C = 4  # page size
@@ -214,18 +220,75 @@ def test_prefill_buckets_hold_the_prompt_with_less_than_half_of_it_as_padding():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(prompts=[]), "prompts must be a non-empty"),
+    (dict(prompts="abc"), "prompts must be a non-empty list of token-id lists, got <class 'str'>"),
     (dict(prompts=[[1, 2], []]), r"prompts\[1\]"),
+    (dict(prompts=[[1, 2], np.zeros(0, np.int32)]), r"prompts\[1\] must be a non-empty"),
+    (dict(prompts=[[[1, 2]]]), r"prompts\[0\] must be .* shape \(1, 2\)"),
     (dict(prompts=[[1, 99]]), "token id 99"),
+    (dict(prompts=[[1, 61]]), r"token id 61, outside the vocabulary \[0, 61\)"),
+    (dict(prompts=[[1, -1]]), "token id -1, outside"),
     (dict(max_new_tokens=[3]), "one per request"),
     (dict(max_new_tokens=0), r"max_new_tokens\[0\]=0"),
     (dict(slots=0), "slots=0"),
-    (dict(cache="ring"), "cache='ring' needs a sliding-window model"),
-    (dict(cache="rows"), "cache='rows' is not one of"),
+    (dict(page_size=0), "page_size=0 must be a positive integer"),
+    (dict(decode_chunk=0), "decode_chunk=0 must be a positive integer"),
+    (dict(num_pages=0), "num_pages=0 must be a positive integer"),
+    (dict(sampling="greedy"), "sampling must be a Sampling, got str"),
+    (dict(cache="ring"), "cache='ring' needs a sliding-window model \\(ModelConfig.window\\), "
+                         "got window=None; use cache='paged' or 'contiguous'"),
+    (dict(cache="rows"), "cache='rows' is not one of 'contiguous', 'ring', 'paged'"),
     (dict(cache="contiguous", num_pages=4), "num_pages=4 is for cache='paged'"),
-    (dict(policy="fifo"), "policy='fifo'"),
+    (dict(policy="fifo"), "policy='fifo' is not one of 'continuous', 'static'"),
 ])
 def test_bad_arguments_raise_value_error_naming_the_field(kwargs, match):
   args = dict(prompts=[[3, 4], [5]], max_new_tokens=2) | kwargs
   with pytest.raises(ValueError, match=match):
     attnlab.generate_requests(decoder_model(NAME, varied=True), args.pop("prompts"),
                               args.pop("max_new_tokens"), **args)
+
+
+def test_an_encoder_decoder_model_is_refused_by_name():
+  with pytest.raises(ValueError, match="needs a decoder-only model, got arch='encoder_decoder'"):
+    attnlab.generate_requests(encdec_model("paper_gqa"), [[3, 4]], 2)
+
+
+def test_prompt_token_ids_at_the_vocabulary_edges_are_served():
+  model = decoder_model(NAME, varied=True)
+  prompts = [[0, 5, 7], [VOCAB - 1, 4]]
+  got = attnlab.generate_requests(model, prompts, 3, slots=2, page_size=C, eos_id=None)
+  assert [r.tolist() for r in got] == _alone(model, prompts, [3, 3], None)
+
+
+def test_requests_at_the_exact_limits_are_served():
+  """A request that needs exactly max_len positions, or exactly every page, fits."""
+  model = decoder_model(NAME, varied=True)
+  prompt = random_tokens(8, (55,)).tolist()  # 55 + 10 - 1 = 64 = max_len positions
+  assert model.cfg.max_len == 64
+  got = attnlab.generate_requests(model, [prompt], 10, page_size=C, eos_id=None)
+  assert [r.tolist() for r in got] == _alone(model, [prompt], [10], None)
+  # 5 + 4 - 1 = 8 positions = 2 pages of 4, and the cache holds 2 pages.
+  prompts = [random_tokens(9 + i, (5,)).tolist() for i in range(2)]
+  results, stats = batching.serve_requests(model, prompts, 4, slots=2, page_size=C,
+                                           num_pages=2, eos_id=None)
+  assert [r.tolist() for r in results] == _alone(model, prompts, [4, 4], None)
+  _check_pages_returned(stats, 2)
+
+
+def test_admission_promises_whole_pages():
+  """Two requests of 5 positions need 2 pages of 4 each: with 3 pages they must run one
+  after the other (promising 5 / 4 = 1.25 pages each would start both, and the allocator
+  would run dry)."""
+  model = decoder_model(NAME, varied=True)
+  prompts = [random_tokens(11 + i, (3,)).tolist() for i in range(2)]
+  results, stats = batching.serve_requests(model, prompts, 3, slots=2, page_size=C,
+                                           num_pages=3, eos_id=None, decode_chunk=1)
+  assert [r.tolist() for r in results] == _alone(model, prompts, [3, 3], None)
+  _check_pages_returned(stats, 3)
+  assert stats.live_slot_steps == stats.decode_steps  # never two at once
+
+
+def test_when_no_request_fits_every_one_is_named():
+  model = decoder_model(NAME, varied=True)
+  with pytest.raises(batching.UnservableRequests, match="2 request") as err:
+    attnlab.generate_requests(model, [[3] * 60, [4] * 62], 10, page_size=C)
+  assert err.value.results == [None, None] and sorted(err.value.errors) == [0, 1]

@@ -9,6 +9,7 @@ import pytest
 import attnlab
 from attnlab.decoding import batching
 from attnlab.decoding.sampling import Sampling, filtered_logits
+from attnlab.nn import kv_cache as cache_lib
 from tests.decoding.tiny_models import (
   VOCAB,
   decoder_forward,
@@ -69,6 +70,7 @@ def test_each_request_matches_generate_alone_more_requests_than_slots(case):
       model, prompts, BUDGETS, slots=3, page_size=C, eos_id=eos_id, decode_chunk=4,
       on_result=lambda i, toks: done_order.append(i))
   assert [r.tolist() for r in results] == want
+  assert all(r.dtype == np.int32 for r in results)
   # eos did stop a request mid-way
   assert any(2 < len(w) < b and w[-1] == eos_id for w, b in zip(want, BUDGETS, strict=True))
   assert sorted(done_order) == list(range(len(prompts)))
@@ -98,6 +100,10 @@ def test_slot_row_caches_match_generate_alone(cache, name):
                                            eos_id=None, decode_chunk=4)
   assert [r.tolist() for r in results] == want
   assert stats.prefills == len(prompts) > 3 and stats.free_pages is None
+  # Every slot holds the longest request's positions, no more.
+  max_pos = max(n + b - 1 for n, b in zip(LENGTHS, BUDGETS, strict=True))
+  assert stats.cache_bytes == cache_lib.cache_bytes(
+      cache_lib.init_cache(model.cfg, cache, 3, max_pos))
   after = batching.num_programs()
   assert after["prefill"] - before["prefill"] <= len(stats.buckets)
   assert after["decode"] - before["decode"] <= 1
@@ -115,6 +121,10 @@ def test_requests_wait_for_freed_pages(case):
   assert [r.tolist() for r in results] == want
   _check_pages_returned(stats, num_pages)
   assert stats.occupancy < 1.0
+  # The pool is num_pages pages of C positions: no more memory than asked for.
+  max_pos = max(n + b - 1 for n, b in zip(LENGTHS, BUDGETS, strict=True))
+  assert stats.cache_bytes == cache_lib.cache_bytes(cache_lib.init_cache(
+      model.cfg, "paged", 4, -(-max_pos // C) * C, page_size=C, num_pages=num_pages))
 
 
 def test_a_request_that_never_fits_is_named_and_the_others_complete(case):

@@ -65,12 +65,18 @@ def case():
 def test_each_request_matches_generate_alone_more_requests_than_slots(case):
   model, prompts, eos_id, want, no_eos = case
   before = batching.num_programs()
-  done_order = []
+  done_order, reported = [], {}
+
+  def on_result(i, tokens):
+    done_order.append(i)
+    reported[i] = tokens.tolist()
+
   results, stats = batching.serve_requests(
       model, prompts, BUDGETS, slots=3, page_size=C, eos_id=eos_id, decode_chunk=4,
-      on_result=lambda i, toks: done_order.append(i))
+      on_result=on_result)
   assert [r.tolist() for r in results] == want
   assert all(r.dtype == np.int32 for r in results)
+  assert reported == dict(enumerate(want))  # the callback gets each request's tokens
   # eos did stop a request mid-way
   assert any(2 < len(w) < b and w[-1] == eos_id for w, b in zip(want, BUDGETS, strict=True))
   assert sorted(done_order) == list(range(len(prompts)))
@@ -302,3 +308,15 @@ def test_when_no_request_fits_every_one_is_named():
   with pytest.raises(batching.UnservableRequests, match="2 request") as err:
     attnlab.generate_requests(model, [[3] * 60, [4] * 62], 10, page_size=C)
   assert err.value.results == [None, None] and sorted(err.value.errors) == [0, 1]
+
+
+def test_the_first_request_finishing_last_is_waited_for():
+  """Request 0 runs longest: the host loop must not take slot index 0 (request 0) for a
+  free slot."""
+  model = decoder_model(NAME, varied=True)
+  prompts = [random_tokens(12 + i, (4,)).tolist() for i in range(3)]
+  budgets = [12, 2, 3]
+  for policy in batching.POLICIES:
+    got = attnlab.generate_requests(model, prompts, budgets, slots=2, page_size=C, eos_id=None,
+                                    policy=policy, decode_chunk=4)
+    assert [r.tolist() for r in got] == _alone(model, prompts, budgets, None)

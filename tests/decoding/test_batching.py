@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import jax
 import numpy as np
 import pytest
@@ -311,12 +313,47 @@ def test_when_no_request_fits_every_one_is_named():
 
 
 def test_the_first_request_finishing_last_is_waited_for():
-  """Request 0 runs longest: the host loop must not take slot index 0 (request 0) for a
-  free slot."""
+  """Request 0 (in slot 0) runs longest: the host loop must not take it for a free slot, nor
+  stop looking for free slots at it. Continuous batching starts request 2 in slot 1 when
+  request 1 ends (11 decode steps in all: request 0's); static batching waits for request 0
+  (11 steps), then runs request 2 (2 more)."""
   model = decoder_model(NAME, varied=True)
   prompts = [random_tokens(12 + i, (4,)).tolist() for i in range(3)]
   budgets = [12, 2, 3]
-  for policy in batching.POLICIES:
-    got = attnlab.generate_requests(model, prompts, budgets, slots=2, page_size=C, eos_id=None,
-                                    policy=policy, decode_chunk=4)
+  for policy, steps in (("continuous", 11), ("static", 13)):
+    got, stats = batching.serve_requests(model, prompts, budgets, slots=2, page_size=C,
+                                         eos_id=None, policy=policy, decode_chunk=4)
     assert [r.tolist() for r in got] == _alone(model, prompts, budgets, None)
+    assert stats.decode_steps == steps, policy
+
+
+def test_a_request_whose_first_token_is_eos_never_decodes(case):
+  """The prefill's token ends the request on the device too: each live slot-step of the
+  decode program makes one of the tokens after the first."""
+  model, prompts, _, _, no_eos = case
+  eos = no_eos[2][0]
+  want = _alone(model, prompts, BUDGETS, eos)
+  assert want[2] == [eos] and any(len(w) > 1 for w in want)
+  results, stats = batching.serve_requests(model, prompts, BUDGETS, slots=3, page_size=C,
+                                           eos_id=eos, decode_chunk=4)
+  assert [r.tolist() for r in results] == want
+  assert stats.live_slot_steps == stats.generated - stats.prefills
+
+
+def test_stats_add_up_every_device_call(case, monkeypatch):
+  """prefill_seconds and decode_seconds sum over all calls (each call here made 5 ms
+  longer)."""
+  model, prompts, eos_id, want, _ = case
+  def slower(fn):
+    def call(*args, **kwargs):
+      time.sleep(0.005)
+      return fn(*args, **kwargs)
+    return call
+
+  for name in ("_prefill", "_decode"):
+    monkeypatch.setattr(batching, name, slower(getattr(batching, name)))
+  _, stats = batching.serve_requests(model, prompts, BUDGETS, slots=3, page_size=C,
+                                     eos_id=eos_id, decode_chunk=4)
+  assert stats.prefill_seconds >= 0.005 * stats.prefills
+  assert stats.decode_seconds >= 0.005 * stats.decode_calls
+  assert stats.prefills == len(prompts) and stats.decode_calls > 1

@@ -357,3 +357,13 @@ def test_stats_add_up_every_device_call(case, monkeypatch):
   assert stats.prefill_seconds >= 0.005 * stats.prefills
   assert stats.decode_seconds >= 0.005 * stats.decode_calls
   assert stats.prefills == len(prompts) and stats.decode_calls > 1
+
+
+def test_serve_requests_has_the_defaults_of_generate_requests():
+  """``serve_requests`` is ``generate_requests`` with its stats: called with defaults (as
+  tools/bench_serve.py does) it must serve the same way."""
+  import inspect
+
+  defaults = lambda fn: {name: p.default for name, p in inspect.signature(fn).parameters.items()}
+  assert defaults(batching.serve_requests) == defaults(attnlab.generate_requests)
+  assert defaults(attnlab.generate_requests)["eos_id"] == 2  # as the README says

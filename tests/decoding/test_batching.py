@@ -367,3 +367,15 @@ def test_serve_requests_has_the_defaults_of_generate_requests():
   defaults = lambda fn: {name: p.default for name, p in inspect.signature(fn).parameters.items()}
   assert defaults(batching.serve_requests) == defaults(attnlab.generate_requests)
   assert defaults(attnlab.generate_requests)["eos_id"] == 2  # as the README says
+
+
+def test_requests_that_end_at_their_prefill_leave_no_slot_busy():
+  """A budget of one token ends at the prefill: with more such requests than slots, every
+  one is served and no decode step runs."""
+  model = decoder_model(NAME, varied=True)
+  prompts = _prompts()[:5]
+  results, stats = batching.serve_requests(model, prompts, 1, slots=2, page_size=C,
+                                           eos_id=None)
+  assert [r.tolist() for r in results] == _alone(model, prompts, [1] * 5, None)
+  assert stats.decode_steps == 0 and stats.prefills == 5
+  _check_pages_returned(stats, 2 * -(-max(len(p) for p in prompts) // C))

@@ -73,9 +73,11 @@ def test_each_request_matches_generate_alone_more_requests_than_slots(case):
     done_order.append(i)
     reported[i] = tokens.tolist()
 
+  start = time.perf_counter()
   results, stats = batching.serve_requests(
       model, prompts, BUDGETS, slots=3, page_size=C, eos_id=eos_id, decode_chunk=4,
       on_result=on_result)
+  assert 0 < stats.seconds <= time.perf_counter() - start
   assert [r.tolist() for r in results] == want
   assert all(r.dtype == np.int32 for r in results)
   assert reported == dict(enumerate(want))  # the callback gets each request's tokens

@@ -140,12 +140,16 @@ def _logp(src, tgt, eos=None):
   return lp_BJ.sum(1)
 
 
-def test_beam_size_one_without_eos_is_greedy():
+def _greedy_and_beam(src, beam_size, eos=None):
+  """8 tokens of greedy decoding and of beam search (no length penalty) of ``src`` with the
+  varied paper_gqa model."""
   model = encdec_model("paper_gqa", varied=True)
-  src = random_tokens(32, SRC_SHAPE)
-  greedy = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=None))
-  beam = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=None, beam_size=1,
-                                     length_penalty=0.0))
+  run = lambda **kw: np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=eos, **kw))
+  return run(), run(beam_size=beam_size, length_penalty=0.0)
+
+
+def test_beam_size_one_without_eos_is_greedy():
+  greedy, beam = _greedy_and_beam(random_tokens(32, SRC_SHAPE), 1)
   np.testing.assert_array_equal(beam, greedy)
 
 
@@ -155,14 +159,11 @@ def test_beam_size_one_with_eos_returns_an_early_end_that_beats_greedy():
   ends enters the finished set, which wins if its log P beats the alive beam's. So its
   answer follows greedy's path, then ends in eos where that was more likely than anything
   greedy goes on to."""
-  model = encdec_model("paper_gqa", varied=True)
   src = random_tokens(32, SRC_SHAPE)
-  free = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=None))
+  free, _ = _greedy_and_beam(src, 1)
   eos = int(free[1, 3])  # eos is traced: the same compiled program as eos_id=None
-  greedy = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=eos))
-  beam = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=eos, beam_size=1,
-                                     length_penalty=0.0))
-  pad = model.cfg.pad_id
+  greedy, beam = _greedy_and_beam(src, 1, eos)
+  pad = encdec_model("paper_gqa", varied=True).cfg.pad_id
   for b in range(2):
     row = beam[b].tolist()
     end = row.index(eos) if eos in row else len(row)
@@ -175,11 +176,8 @@ def test_beam_size_one_with_eos_returns_an_early_end_that_beats_greedy():
 
 def test_beam_search_on_a_model_scores_at_least_greedy():
   """Beam 4 (no length penalty) finds a hypothesis at least as likely as greedy's."""
-  model = encdec_model("paper_gqa", varied=True)
   src = random_tokens(33, SRC_SHAPE)
-  greedy = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=None))
-  beam = np.asarray(attnlab.generate(model, src, max_new_tokens=8, eos_id=None, beam_size=4,
-                                     length_penalty=0.0))
+  greedy, beam = _greedy_and_beam(src, 4)
   assert (_logp(src, beam) >= _logp(src, greedy) - 1e-5).all()
 
 

@@ -52,6 +52,14 @@ def test_allocator_never_hands_out_a_page_twice_and_leaks_none(ops):
     np.testing.assert_array_equal((t >= 0).sum(1), -(-lengths // C))
 
 
+def test_a_new_allocator_holds_every_page_once_and_hands_them_out_in_order():
+  alloc = PageAllocator.init(P)
+  assert alloc.free_P.shape == (P,) and int(alloc.num_free) == P and not bool(alloc.exhausted)
+  alloc, table = _allocate(alloc, jnp.full((B, M), -1, jnp.int32), jnp.zeros(B, jnp.int32),
+                           jnp.array([C + 1, 1, 0], jnp.int32))
+  np.testing.assert_array_equal(np.asarray(table)[:, :2], [[0, 1], [2, -1], [-1, -1]])
+
+
 def test_allocator_out_of_pages_is_flagged_and_writes_nothing():
   alloc = PageAllocator.init(2)
   alloc, table = _allocate(alloc, jnp.full((B, M), -1, jnp.int32), jnp.zeros(B, jnp.int32),

@@ -85,11 +85,37 @@ def test_eos_stops_each_sequence_and_pads_after_it():
     assert (row[end:] == model.cfg.pad_id).all()
 
 
-@pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(top_k=0), dict(top_p=0.0),
-                                 dict(top_p=1.5)])
+@pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(top_k=0), dict(top_k=2.5),
+                                 dict(top_k=True), dict(top_p=0.0), dict(top_p=1.5)])
 def test_sampling_rejects_bad_values(bad):
   with pytest.raises(ValueError, match=next(iter(bad))):
     Sampling(**bad)
+
+
+def test_the_edges_of_the_allowed_values_are_accepted():
+  assert Sampling(temperature=1.0, top_k=1, top_p=1.0).top_k == 1
+  # top_k=1 keeps the most likely token alone; top_p=1.0 keeps every token.
+  logits = jnp.log(jnp.array([[0.1, 0.6, 0.3]]))
+  kept = np.isfinite(np.asarray(filtered_logits(logits, Sampling(temperature=1.0, top_k=1))))
+  np.testing.assert_array_equal(kept, [[False, True, False]])
+  every = filtered_logits(logits, Sampling(temperature=1.0, top_p=1.0))
+  assert np.isfinite(np.asarray(every)).all()
+
+
+def test_temperature_divides_the_logits_in_float32():
+  logits = jnp.array([[1.0, -2.0, 0.5]], jnp.bfloat16)
+  got = filtered_logits(logits, Sampling(temperature=2.0))
+  assert got.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(got), [[0.5, -1.0, 0.25]])
+
+
+def test_top_p_stops_once_the_kept_mass_reaches_p_exactly():
+  """Probabilities 1/2, 1/4, 1/8, 1/8 (exact in float32): with p = 3/4 the first two reach
+  p, so the third, whose more likely tokens already hold 3/4, is dropped."""
+  logits = jnp.log(jnp.array([[0.5, 0.25, 0.125, 0.125]], jnp.float32))
+  np.testing.assert_array_equal(np.asarray(jax.nn.softmax(logits)), [[0.5, 0.25, 0.125, 0.125]])
+  kept = np.isfinite(np.asarray(filtered_logits(logits, Sampling(temperature=1.0, top_p=0.75))))
+  np.testing.assert_array_equal(kept, [[True, True, False, False]])
 
 
 # ----------------------------------------------------------------------------

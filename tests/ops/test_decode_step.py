@@ -116,7 +116,54 @@ def test_decode_step_bfloat16_error_is_the_references_own():
 def test_decode_step_rejects_half_an_int8_cache():
   q, k_new, v_new, k, v = _inputs(1, 4, 4, 2, 8, seed=4)
   pos = jnp.zeros((1,), jnp.int32)
-  with pytest.raises(ValueError, match="k_scale_BKS and v_scale_BKS"):
+  with pytest.raises(ValueError, match=r"^k_scale_BKS and v_scale_BKS must be given together "
+                     r"\(int8 cache\) or not$"):
     decode_step_attention(q, k_new, v_new, k, v, q_positions_B=pos, new_positions_B=pos,
                           kv_positions_BS=jnp.zeros((1, 4), jnp.int32),
                           k_scale_BKS=jnp.ones((1, 2, 4)))
+
+
+def test_decode_step_rejects_query_heads_that_do_not_group():
+  q, k_new, v_new, k, v = _inputs(1, 4, 6, 4, 8, seed=4)
+  pos = jnp.zeros((1,), jnp.int32)
+  with pytest.raises(ValueError, match="num_heads=6 must be a multiple of the cache's "
+                     "num_kv_heads=4"):
+    decode_step_attention(q, k_new, v_new, k, v, q_positions_B=pos, new_positions_B=pos,
+                          kv_positions_BS=jnp.zeros((1, 4), jnp.int32))
+
+
+def test_decode_step_first_token_at_position_0_sees_only_itself():
+  """An empty cache and the sequence's first token: its own key (position 0) is the one
+  key, so every head returns its KV head's new value."""
+  B, S, N, K, H = 2, 5, 4, 2, 8
+  q, k_new, v_new, k, v = _inputs(B, S, N, K, H, seed=5)
+  zero = jnp.zeros((B,), jnp.int32)
+  got = _step(q, k_new, v_new, k, v, zero, zero, jnp.full((B, S), -1, jnp.int32), None, None,
+              window=None)
+  np.testing.assert_allclose(np.asarray(got), np.repeat(np.asarray(v_new), N // K, axis=1),
+                             rtol=1e-6)
+
+
+def test_decode_step_softmax_is_stabilized_per_row():
+  """Rows whose scores lie hundreds apart: each row's softmax subtracts its own max (one max
+  over the batch would underflow the lower row to zeros)."""
+  B, S, N, K, H = 2, 8, 4, 2, 8
+  q, k_new, v_new, k, v = _inputs(B, S, N, K, H, seed=6)
+  q = q * jnp.array([60.0, -60.0])[:, None, None]
+  kv_pos = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
+  pos = jnp.full((B,), S, jnp.int32)
+  _assert_matches_reference(q, k_new, v_new, k, v, pos, pos, kv_pos, window=None)
+
+
+def test_decode_step_custom_scale():
+  """``scale=s`` is the default step on queries scaled by s * sqrt(H)."""
+  B, S, N, K, H = 2, 6, 4, 2, 8
+  q, k_new, v_new, k, v = _inputs(B, S, N, K, H, seed=7)
+  kv_pos = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
+  pos = jnp.full((B,), S, jnp.int32)
+  kw = dict(q_positions_B=pos, new_positions_B=pos, kv_positions_BS=kv_pos)
+  got = decode_step_attention(q, k_new, v_new, k, v, scale=0.9, **kw)
+  want = decode_step_attention(q * 0.9 * np.sqrt(H), k_new, v_new, k, v, **kw)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+  assert not np.allclose(np.asarray(got), np.asarray(decode_step_attention(q, k_new, v_new, k,
+                                                                           v, **kw)))

@@ -90,9 +90,9 @@ def main():
 
   for setting in settings:  # the first run of each compiles
     serve(*setting)
-  best, runs, decode_runs, ceiling_runs = {}, [], [], []
+  best, runs = {}, []  # runs: one {setting: ServeStats} per round
   for r in range(args.rounds):  # alternating, so machine noise hits every setting alike
-    seconds, decode_seconds, cont_stats = {}, {}, {}
+    round_stats = {}
     # Odd rounds run the settings in reverse order (ABBA): a machine that speeds up or slows
     # down steadily does not favour the setting that always runs first.
     for setting in (settings if r % 2 == 0 else settings[::-1]):
@@ -100,15 +100,10 @@ def main():
       stats = serve(*setting)
       print(f"round {r}: {setting[0]} {setting[1]} {stats.seconds:.2f} s "
             f"(load average {load:.2f})", flush=True)
-      seconds[setting] = stats.seconds
-      decode_seconds[setting] = stats.decode_seconds
-      if setting[1] == "continuous":
-        cont_stats[setting[0]] = stats
+      round_stats[setting] = stats
       if setting not in best or stats.seconds < best[setting][0].seconds:
         best[setting] = (stats, load)
-    runs.append(seconds)
-    decode_runs.append(decode_seconds)
-    ceiling_runs.append(cont_stats)
+    runs.append(round_stats)
   report = dict(cpu=cpu_name(), requests=args.requests, slots=args.slots,
                 decode_chunk=args.decode_chunk,
                 tokens=int(sum(budgets)), rounds=args.rounds)
@@ -124,16 +119,16 @@ def main():
     print(cache, policy, report[f"{cache}/{policy}"], flush=True)
   # A round's runs are seconds apart: their ratios are less exposed to a machine whose
   # speed drifts than the ratio of two best runs.
-  def ratios(a, b, rounds=runs):
-    per_round = [x[a] / x[b] for x in rounds]
+  def summary(per_round):
     return dict(median=round(float(np.median(per_round)), 2),
                 per_round=[round(x, 2) for x in per_round])
 
+  def ratios(a, b, seconds=lambda st: st.seconds):
+    return summary([seconds(x[a]) / seconds(x[b]) for x in runs])
+
   def ceiling(cache, step_ratio):
-    per_round = [(st.seconds + (step_ratio - 1) * st.decode_seconds) / st.seconds
-                 for st in (x[cache] for x in ceiling_runs)]
-    return dict(median=round(float(np.median(per_round)), 2),
-                per_round=[round(x, 2) for x in per_round])
+    return summary([(st.seconds + (step_ratio - 1) * st.decode_seconds) / st.seconds
+                    for st in (x[(cache, "continuous")] for x in runs)])
 
   for cache in caches:
     steps = {pol: best[(cache, pol)][0].decode_steps for pol in POLICIES}
@@ -143,7 +138,8 @@ def main():
         decode_step_ratio=round(steps["static"] / steps["continuous"], 2),
         # The same over the decode calls' seconds alone: what the scheduling itself gains,
         # without the prefills and the host loop that both policies pay alike.
-        decode_only=ratios((cache, "static"), (cache, "continuous"), decode_runs),
+        decode_only=ratios((cache, "static"), (cache, "continuous"),
+                           seconds=lambda st: st.decode_seconds),
         ceiling=ceiling(cache, steps["static"] / steps["continuous"]))
   if len(caches) > 1:  # how much faster the second cache serves continuously than the first
     report[f"{caches[1]}_over_{caches[0]}_continuous"] = ratios(

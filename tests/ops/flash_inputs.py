@@ -50,13 +50,13 @@ def value_and_grads(fn):
 
 
 @functools.partial(jax.jit, static_argnames=("window",))
-def decode_reference(q_BTNH, k_BSKH, v_BSKH, lengths_B, window=None):
+def decode_reference(q_BTNH, k_BSKH, v_BSKH, lengths_B, window=None, scale=None):
   """What a decode kernel must return, by the reference op (jitted: one compilation
   instead of one per op): the T queries of row b sit at positions lengths_B[b] - T ..
   lengths_B[b] - 1, causal (and ``window``), and cache slots at or past lengths_B[b]
-  are empty."""
+  are empty; ``scale`` multiplies the scores (default 1 / sqrt(H))."""
   T, S = q_BTNH.shape[1], k_BSKH.shape[1]
   pos_BS = jnp.broadcast_to(jnp.arange(S), (q_BTNH.shape[0], S))
   kv_positions = jnp.where(pos_BS < lengths_B[:, None], pos_BS, -1)
   return reference_attention(q_BTNH, k_BSKH, v_BSKH, causal=True, window=window,
-                             q_offset=lengths_B - T, kv_positions=kv_positions)
+                             q_offset=lengths_B - T, kv_positions=kv_positions, scale=scale)

@@ -172,6 +172,79 @@ def test_paged_decode_of_int8_pages_matches_reference(T, N, K, page_size, length
   _assert_matches_reference(got, q, dequantize(k8, ks), dequantize(v8, vs), lengths_B, window)
 
 
+def _three_kernels(q, k_BSKH, v_BSKH, lengths_B, *, int8=False, page_size=16, **kw):
+  """{kernel: output} of the kernels over one cache: ``decode_attention`` on it as it
+  is (float only), ``decode_attention_heads_major`` on it transposed and
+  ``paged_decode_attention`` on it scattered into shuffled pages. int8: the cache
+  quantized per token and KV head; returns the dequantized cache too, for the reference.
+  ``kw``: window, scale, splits (``num_splits`` / ``pages_per_split``)."""
+  from attnlab.nn.kv_cache import dequantize, quantize
+
+  splits = kw.pop("splits", None)
+  heads_major = lambda x: jnp.swapaxes(x, 1, 2)
+  out = {}
+  if int8:
+    (k8, ks), (v8, vs) = quantize(k_BSKH), quantize(v_BSKH)
+    k_BSKH, v_BSKH = dequantize(k8, ks), dequantize(v8, vs)
+    out["heads_major"] = decode.decode_attention_heads_major(
+        q, heads_major(k8), heads_major(v8), lengths_B, k_scale_BKS=heads_major(ks),
+        v_scale_BKS=heads_major(vs), num_splits=splits, **kw)
+    pools = [_paginate(x, x, page_size, seed=1)[0]
+             for x in (k8.astype(jnp.float32), v8.astype(jnp.float32), ks[..., None],
+                       vs[..., None])]
+    table_BM = _paginate(k8, v8, page_size, seed=1)[2]
+    to_int8 = lambda pool: jnp.where(pool == 1e4, 100, pool).astype(jnp.int8)
+    out["paged"] = decode.paged_decode_attention(
+        q, to_int8(pools[0]), to_int8(pools[1]), table_BM, lengths_B,
+        k_scale_PCK=pools[2][..., 0], v_scale_PCK=pools[3][..., 0], pages_per_split=splits,
+        **kw)
+  else:
+    out["contiguous"] = decode.decode_attention(q, k_BSKH, v_BSKH, lengths_B,
+                                                num_splits=splits, **kw)
+    out["heads_major"] = decode.decode_attention_heads_major(
+        q, heads_major(k_BSKH), heads_major(v_BSKH), lengths_B, num_splits=splits, **kw)
+    k_pages, v_pages, table_BM = _paginate(k_BSKH, v_BSKH, page_size, seed=1)
+    out["paged"] = decode.paged_decode_attention(q, k_pages, v_pages, table_BM, lengths_B,
+                                                 pages_per_split=splits, **kw)
+  return out, k_BSKH, v_BSKH
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_kernel_blocks_stay_in_bounds(monkeypatch, int8):
+  """Every block the kernels' index maps select lies inside its array. Interpret mode
+  clamps an out-of-bounds block index, so a kernel that asked for one would still
+  match the reference here, and read past the array on a GPU; TPU interpret mode
+  raises on such a read instead. All three kernels run under it (float; int8 pages /
+  tiles with their scales), with several splits and a window, and match the reference."""
+  pltpu = pytest.importorskip("jax.experimental.pallas.tpu")
+  monkeypatch.setattr(common, "resolve_interpret", lambda interpret: pltpu.InterpretParams())
+  B, T, S, N, K, H = 2, 2, 100, 4, 2, 32
+  q, k, v = _inputs(3, B, T, S, N, K, H, jnp.float32)
+  lengths_B = jnp.array([100, 37], jnp.int32)
+  for splits, window in ((None, None), (3, 20)):
+    outs, k_ref, v_ref = _three_kernels(q, k, v, lengths_B, int8=int8, splits=splits,
+                                        window=window)
+    want = decode_reference(q, k_ref, v_ref, lengths_B, window)
+    for name, got in outs.items():
+      np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5,
+                                 err_msg=f"{name}, splits={splits}, window={window}")
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_scale_multiplies_the_scores(int8):
+  """``scale=`` replaces 1 / sqrt(H) as the scores' multiplier, in every kernel."""
+  B, T, S, N, K, H = 2, 1, 60, 4, 2, 16
+  q, k, v = _inputs(4, B, T, S, N, K, H, jnp.float32)
+  lengths_B = jnp.array([60, 23], jnp.int32)
+  outs, k_ref, v_ref = _three_kernels(q, k, v, lengths_B, int8=int8, scale=0.9)
+  want = decode_reference(q, k_ref, v_ref, lengths_B, scale=0.9)
+  # 0.9 is far from 1 / sqrt(16) = 0.25: a kernel that kept the default would not match.
+  assert np.abs(np.asarray(want - decode_reference(q, k_ref, v_ref, lengths_B))).max() > 0.1
+  for name, got in outs.items():
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5,
+                               err_msg=name)
+
+
 def test_splits_do_not_change_the_result():
   q, k, v = _inputs(7, 2, 3, 400, 8, 2, 32, jnp.float32)
   lengths_B = jnp.array([400, 250], jnp.int32)
@@ -207,7 +280,8 @@ def test_splits_do_not_change_the_result():
                                            jnp.zeros((5, 16, 2, 32), jnp.int8),
                                            jnp.zeros((5, 16, 2, 32), jnp.int8),
                                            jnp.zeros((1, 2), jnp.int32), jnp.array([3])),
-     "k_scale_PCK / v_scale_PCK go with an int8 cache"),
+     r"k_scale_PCK / v_scale_PCK go with an int8 cache, and only with one \(cache dtype int8, "
+     "scales given: False"),
     (lambda: decode.paged_decode_attention(jnp.zeros((1, 1, 4, 32), jnp.float32),
                                            jnp.zeros((5, 16, 2, 32), jnp.int8),
                                            jnp.zeros((5, 16, 2, 32), jnp.int8),
@@ -219,6 +293,76 @@ def test_splits_do_not_change_the_result():
 def test_bad_input_raises(call, match):
   with pytest.raises(ValueError, match=match):
     call()
+
+
+_Q = jnp.zeros((1, 1, 4, 32))
+_LEN = jnp.array([3])
+_TABLE = jnp.zeros((1, 2), jnp.int32)
+
+
+@pytest.mark.parametrize("call,match", [
+    # Each kernel names its own cache argument in the shared checks' messages.
+    (lambda: decode.decode_attention(_Q, jnp.zeros((1, 16, 2, 16)), jnp.zeros((1, 16, 2, 16)),
+                                     _LEN), r"head dim of q_BTNH \(32\) and of k_BSKH \(16\)"),
+    (lambda: decode.paged_decode_attention(_Q, jnp.zeros((5, 16, 3, 32)), jnp.zeros((5, 16, 3, 32)),
+                                           _TABLE, _LEN),
+     r"multiple of num_kv_heads of k_pages_PCKH \(K=3\)"),
+    (lambda: decode.decode_attention_heads_major(_Q, jnp.zeros((1, 2, 16, 8)),
+                                                 jnp.zeros((1, 2, 16, 8)), _LEN),
+     r"head dim of q_BTNH \(32\) and of k_BKSH \(8\)"),
+    # A window of no key, in each kernel.
+    (lambda: decode.decode_attention(_Q, jnp.zeros((1, 16, 2, 32)), jnp.zeros((1, 16, 2, 32)),
+                                     _LEN, window=0), "window=0 must be a positive integer"),
+    (lambda: decode.paged_decode_attention(_Q, jnp.zeros((5, 16, 2, 32)), jnp.zeros((5, 16, 2, 32)),
+                                           _TABLE, _LEN, window=0),
+     "window=0 must be a positive integer"),
+    (lambda: decode.decode_attention_heads_major(_Q, jnp.zeros((1, 2, 16, 32)),
+                                                 jnp.zeros((1, 2, 16, 32)), _LEN, window=0),
+     "window=0 must be a positive integer"),
+    (lambda: decode.paged_decode_attention(_Q, jnp.zeros((5, 16, 2, 32)), jnp.zeros((5, 16, 2, 32)),
+                                           _TABLE, _LEN, pages_per_split=0),
+     "pages_per_split=0 must be a positive integer"),
+    (lambda: decode.decode_attention_heads_major(_Q, jnp.zeros((1, 2, 16, 32)),
+                                                 jnp.zeros((1, 2, 16, 32)), _LEN, num_splits=0),
+     "num_splits=0 must be a positive integer"),
+    # The caches' own shapes.
+    (lambda: decode.paged_decode_attention(_Q, jnp.zeros((16, 2, 32)), jnp.zeros((5, 16, 2, 32)),
+                                           _TABLE, _LEN),
+     r"k_pages_PCKH must be rank 4 \[P, C, K, H\], got shape \(16, 2, 32\)"),
+    (lambda: decode.paged_decode_attention(_Q, jnp.zeros((5, 16, 2, 32)), jnp.zeros((16, 2, 32)),
+                                           _TABLE, _LEN),
+     r"v_pages_PCKH must be rank 4 \[P, C, K, H\], got shape \(16, 2, 32\)"),
+    (lambda: decode.decode_attention_heads_major(_Q, jnp.zeros((2, 16, 32)),
+                                                 jnp.zeros((1, 2, 16, 32)), _LEN),
+     r"k_BKSH must be rank 4 \[B, K, S, H\], got shape \(2, 16, 32\)"),
+    (lambda: decode.decode_attention_heads_major(_Q, jnp.zeros((1, 2, 16, 32)),
+                                                 jnp.zeros((2, 16, 32)), _LEN),
+     r"v_BKSH must be rank 4 \[B, K, S, H\], got shape \(2, 16, 32\)"),
+    (lambda: decode.decode_attention_heads_major(_Q, jnp.zeros((1, 2, 16, 32)),
+                                                 jnp.zeros((1, 2, 8, 32)), _LEN),
+     r"k_BKSH shape \(1, 2, 16, 32\) and v_BKSH shape \(1, 2, 8, 32\) must match"),
+    (lambda: decode.decode_attention_heads_major(jnp.zeros((2, 1, 4, 32)),
+                                                 jnp.zeros((1, 2, 16, 32)),
+                                                 jnp.zeros((1, 2, 16, 32)), jnp.array([3, 3])),
+     r"batch of q_BTNH \(2\) and of the cache \(1\) must match"),
+    (lambda: decode.decode_attention_heads_major(jnp.zeros((1, 4, 32)), jnp.zeros((1, 2, 16, 32)),
+                                                 jnp.zeros((1, 2, 16, 32)), _LEN),
+     r"q_BTNH must be rank 4"),
+])
+def test_bad_input_names_the_argument(call, match):
+  with pytest.raises(ValueError, match=match):
+    call()
+
+
+@pytest.mark.parametrize("page_size", [8, 24])
+def test_gpu_path_refuses_a_page_size_triton_cannot_tile(monkeypatch, page_size):
+  """Compiled (not interpreted), the paged kernel needs pages of a power of two >= 16
+  slots; checked before anything is lowered, so it raises off a GPU too."""
+  monkeypatch.setattr(common, "resolve_interpret", lambda interpret: False)
+  pages = jnp.zeros((5, page_size, 2, 32))
+  with pytest.raises(ValueError, match=f"page size C={page_size} of k_pages_PCKH must be a "
+                                       "power of two >= 16 on GPU"):
+    decode.paged_decode_attention(_Q, pages, pages, _TABLE, _LEN)
 
 
 @pytest.mark.parametrize("H,dtype", [(64, jnp.bfloat16), (80, jnp.float32)])

@@ -61,10 +61,11 @@ def test_heads_major_decode_matches_reference(B, T, S, N, K, H, lengths, window,
 def test_scales_must_come_with_an_int8_cache():
   q = jnp.zeros((1, 1, 2, 8))
   k = jnp.zeros((1, 1, 4, 8))
-  with pytest.raises(ValueError, match="k_scale_BKS"):
+  with pytest.raises(ValueError, match=r"^k_scale_BKS / v_scale_BKS go with an int8 cache, and "
+                     r"only with one \(cache dtype float32, scales given: True\)"):
     decode.decode_attention_heads_major(q, k, k, jnp.array([2]), k_scale_BKS=jnp.ones((1, 1, 4)),
                                         v_scale_BKS=jnp.ones((1, 1, 4)))
-  with pytest.raises(ValueError, match="k_scale_BKS"):
+  with pytest.raises(ValueError, match=r"^k_scale_BKS / v_scale_BKS go with an int8 cache"):
     decode.decode_attention_heads_major(q, k.astype(jnp.int8), k.astype(jnp.int8), jnp.array([2]))
 
 

@@ -28,7 +28,9 @@ def _inputs(seed, B, T, S, N, K, H, dtype):
 
 
 def _assert_matches_reference(actual, q, k, v, lengths_B, window):
-  """float32: close to the reference; bfloat16: error within a few times the reference's own."""
+  """In q's dtype; float32: close to the reference; bfloat16: error within a few times the
+  reference's own."""
+  assert actual.dtype == q.dtype
   ref = decode_reference(q, k, v, lengths_B, window)
   if q.dtype == jnp.bfloat16:
     f32 = lambda x: x.astype(jnp.float32)
@@ -228,6 +230,83 @@ def test_kernel_blocks_stay_in_bounds(monkeypatch, int8):
     for name, got in outs.items():
       np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5,
                                  err_msg=f"{name}, splits={splits}, window={window}")
+
+
+def test_a_bad_page_table_entry_reads_inside_the_pool(monkeypatch):
+  """A table entry past the pool (a corrupt table) is clamped to the pool's last page,
+  and a missing page (-1) to page 0, so the paged kernel never reads outside the pool
+  (TPU interpret mode raises on a read out of bounds). The row with only a missing
+  page still equals the reference with that page's positions empty."""
+  from attnlab.ops.reference import reference_attention
+
+  pltpu = pytest.importorskip("jax.experimental.pallas.tpu")
+  monkeypatch.setattr(common, "resolve_interpret", lambda interpret: pltpu.InterpretParams())
+  B, T, S, N, K, H, C = 2, 1, 64, 4, 2, 32, 16
+  q, k, v = _inputs(0, B, T, S, N, K, H, jnp.float32)
+  lengths_B = jnp.array([64, 20], jnp.int32)
+  k_pages, v_pages, table_BM = _paginate(k, v, C, seed=0)
+  table_BM = table_BM.at[0, 1].set(-1).at[1, 0].set(k_pages.shape[0] + 3)
+  got = jax.jit(decode.paged_decode_attention)(q, k_pages, v_pages, table_BM, lengths_B)
+  assert np.all(np.isfinite(np.asarray(got)))
+  pos_S = jnp.arange(S)
+  seen_S = (pos_S < 16) | (pos_S >= 32)
+  want = reference_attention(q[:1], k[:1], v[:1], causal=True, q_offset=63,
+                             kv_positions=jnp.where(seen_S, pos_S, -1)[None])
+  _assert_close(got[:1], want, jnp.float32)
+
+
+def test_tiles_outside_the_key_range_are_not_read():
+  """The kernels visit only the tiles (pages) that hold a key the queries see: NaN in
+  every tile wholly before the window or past the length would reach the output
+  (0 x NaN) if one were visited. Tiles the range only overlaps hold finite garbage
+  outside it, which the mask hides. Interpret-mode tiles are 128 keys; pages 16."""
+  B, T, S, N, K, H, C, W = 2, 1, 384, 4, 2, 32, 16, 50
+  q, k, v = _inputs(5, B, T, S, N, K, H, jnp.float32)
+  lengths_B = jnp.array([300, 40], jnp.int32)
+  want = decode_reference(q, k, v, lengths_B, W)
+  pos_BS = jnp.arange(S)[None, :]
+  lo_B1, hi_B1 = jnp.maximum(lengths_B - W, 0)[:, None], lengths_B[:, None]
+
+  def poisoned(tile):
+    """k, v with NaN in the tiles wholly outside [lo, hi), 1e4 in the rest outside it."""
+    tile_BS = pos_BS // tile
+    outside_BS = (tile_BS < lo_B1 // tile) | (tile_BS > (hi_B1 - 1) // tile)
+    garbage_BS = jnp.where(outside_BS, jnp.nan, 1e4)
+    keep_BS = (pos_BS >= lo_B1) & (pos_BS < hi_B1)
+    return [jnp.where(keep_BS[..., None, None], x, garbage_BS[..., None, None]) for x in (k, v)]
+
+  assert np.isnan(np.asarray(poisoned(128)[0])).any()
+  for splits in (None, 2):
+    kt, vt = poisoned(128)
+    got = {"contiguous": decode.decode_attention(q, kt, vt, lengths_B, window=W,
+                                                 num_splits=splits),
+           "heads_major": decode.decode_attention_heads_major(
+               q, jnp.swapaxes(kt, 1, 2), jnp.swapaxes(vt, 1, 2), lengths_B, window=W,
+               num_splits=splits)}
+    kp, vp = poisoned(C)
+    k_pages, v_pages, table_BM = _paginate(kp, vp, C, seed=2)
+    got["paged"] = decode.paged_decode_attention(q, k_pages, v_pages, table_BM, lengths_B,
+                                                 window=W, pages_per_split=splits)
+    for name, out in got.items():
+      np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-5, atol=1e-5,
+                                 err_msg=f"{name}, splits={splits}")
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_scores_far_apart_across_rows_and_splits(int8):
+  """The online softmax keeps one running max per query row, and the splits are merged
+  through their log-sum-exps relative to the largest: rows whose scores lie ~100 apart
+  (one head of a KV group scaled x40, another x0.01) and log-sum-exps near 100 neither
+  underflow nor overflow float32."""
+  B, T, S, N, K, H = 2, 2, 300, 4, 2, 32
+  q, k, v = _inputs(6, B, T, S, N, K, H, jnp.float32)
+  q = q * jnp.array([40.0, 0.01, 1.0, 40.0])[None, None, :, None]
+  lengths_B = jnp.array([300, 130], jnp.int32)
+  outs, k_ref, v_ref = _three_kernels(q, k, v, lengths_B, int8=int8, splits=3)
+  want = decode_reference(q, k_ref, v_ref, lengths_B)
+  for name, got in outs.items():
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4,
+                               err_msg=name)
 
 
 @pytest.mark.parametrize("int8", [False, True])

@@ -336,7 +336,9 @@ def test_splits_do_not_change_the_result():
 
 @pytest.mark.parametrize("call,match", [
     (lambda: decode.decode_attention(jnp.zeros((1, 9, 4, 32)), jnp.zeros((1, 16, 2, 32)),
-                                     jnp.zeros((1, 16, 2, 32)), jnp.array([16])), "T=9"),
+                                     jnp.zeros((1, 16, 2, 32)), jnp.array([16])),
+     r"q_BTNH has T=9 queries; the decode kernels take 1..8 \(use flash_attention for "
+     r"prefill\)"),
     (lambda: decode.decode_attention(jnp.zeros((1, 1, 4, 32)), jnp.zeros((1, 16, 2, 16)),
                                      jnp.zeros((1, 16, 2, 16)), jnp.array([16])), "head dim"),
     (lambda: decode.decode_attention(jnp.zeros((1, 1, 3, 32)), jnp.zeros((1, 16, 2, 32)),
@@ -404,6 +406,12 @@ _TABLE = jnp.zeros((1, 2), jnp.int32)
     (lambda: decode.decode_attention_heads_major(_Q, jnp.zeros((1, 2, 16, 32)),
                                                  jnp.zeros((1, 2, 16, 32)), _LEN, num_splits=0),
      "num_splits=0 must be a positive integer"),
+    (lambda: decode.decode_attention_heads_major(_Q, jnp.zeros((1, 2, 16, 32)),
+                                                 jnp.zeros((1, 2, 16, 32)), _LEN, num_splits=True),
+     "num_splits=True must be a positive integer"),
+    (lambda: decode.paged_decode_attention(_Q, jnp.zeros((5, 16, 2, 32)), jnp.zeros((5, 16, 2, 32)),
+                                           _TABLE, _LEN, pages_per_split=2.0),
+     "pages_per_split=2.0 must be a positive integer"),
     # The caches' own shapes.
     (lambda: decode.paged_decode_attention(_Q, jnp.zeros((16, 2, 32)), jnp.zeros((5, 16, 2, 32)),
                                            _TABLE, _LEN),

@@ -331,3 +331,62 @@ def test_decode_step_equals_append_then_attend_at_the_edges(kind):
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
   for a, b in zip(jax.tree.leaves(got_cache), jax.tree.leaves(want_cache), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_one_token_prompts_fill_max_len_and_cache_len_exactly():
+  """A one-token prompt is a prompt; a request that needs exactly ``cfg.max_len``
+  positions, in a cache of exactly that many slots, is served (the last generated
+  token is never fed back, so prompt + max_new_tokens - 1 slots): greedy equals the
+  cache-free argmax of every prefix."""
+  name = "mha_rope"
+  model = decoder_model(name, varied=True)
+  max_len = model.cfg.max_len
+  prompt = random_tokens(4, (2, 1))
+  got = attnlab.generate(model, prompt, max_new_tokens=max_len, eos_id=None, cache_len=max_len)
+  room = np.zeros((2, max_len), np.int32)  # the prefix, then room for the generated tokens
+  room[:, :1] = prompt
+  assert_greedy(decoder_forward(name, varied=True), room, [1, 1], np.asarray(got))
+
+
+@pytest.mark.parametrize("kind", cache_lib.CACHE_KINDS)
+def test_generate_builds_its_cache_in_the_dtype_asked_for(monkeypatch, kind):
+  """``cache_dtype`` reaches the cache ``generate`` decodes through: int8 buffers with
+  float32 scales, or bfloat16 (greedy tokens alone would hardly show it)."""
+  from attnlab.decoding import generate as generate_lib
+
+  made = []
+  init_cache = cache_lib.init_cache
+
+  def spy(*args, **kwargs):
+    cache = init_cache(*args, **kwargs)
+    made.append(cache[0].self_attn)
+    return cache
+
+  monkeypatch.setattr(generate_lib.cache_lib, "init_cache", spy)
+  name = "gqa_rope_window10" if kind == "ring" else "mha_rope"
+  model = decoder_model(name)
+  prompt = random_tokens(5, (1, 3))
+  for dtype, want in (("int8", jnp.int8), ("bfloat16", jnp.bfloat16)):
+    made.clear()
+    # An odd cache_len: a program of its own, so generate traces (and builds its cache) here.
+    attnlab.generate(model, prompt, max_new_tokens=3, cache=kind, cache_dtype=dtype,
+                     cache_len=13, page_size=4, eos_id=None)
+    (layer,) = made
+    buffers = [x for x in jax.tree.leaves(layer) if x.ndim == 4]
+    assert buffers and all(x.dtype == want for x in buffers), (kind, dtype)
+    scales = [x for x in jax.tree.leaves(layer) if x.ndim == 3 and x.dtype == jnp.float32]
+    assert bool(scales) == (dtype == "int8"), (kind, dtype)
+
+
+def test_encoder_decoder_sampling_draws_from_its_key_and_honours_num_pages():
+  """The encoder-decoder path samples with the ``rng`` it is given (the same key, the same
+  tokens; another key, others) and its paged cache has the ``num_pages`` asked for."""
+  model = encdec_model("paper_gqa", varied=True)
+  sampling = attnlab.Sampling(temperature=2.0)
+  draw = lambda seed: np.asarray(attnlab.generate(
+      model, SRC, max_new_tokens=8, sampling=sampling, rng=jax.random.key(seed), eos_id=None))
+  assert np.array_equal(draw(0), draw(0))
+  assert not np.array_equal(draw(0), draw(1))
+  with pytest.raises(RuntimeError, match="ran out of pages"):
+    attnlab.generate(model, SRC, max_new_tokens=8, cache="paged", page_size=2, num_pages=5,
+                     eos_id=None)

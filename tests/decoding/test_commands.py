@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 import attnlab
 from attnlab.cli import main
 from attnlab.commands import decode as decode_command
-from tests.decoding.tiny_models import decoder_model
+from tests.decoding.tiny_models import decoder_model, encdec_model
 
 
 def _run(argv, capsys):
@@ -134,10 +136,46 @@ def test_generate_rejects_bad_prompts():
     attnlab.generate(model, np.array([[5, 6, 7, 8, 9, 10]]), max_new_tokens=2, cache_len=4)
   with pytest.raises(ValueError, match="max_len=64"):
     attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=100)
-  with pytest.raises(ValueError, match="window"):
+  with pytest.raises(ValueError, match=re.escape(
+      "cache='ring' needs a sliding-window model (ModelConfig.window), got window=None; use "
+      "cache='contiguous' or 'paged'")):
     attnlab.generate(model, np.array([[5, 6]]), cache="ring")
-  with pytest.raises(ValueError, match="encoder-decoder"):
+  with pytest.raises(ValueError, match=re.escape(
+      "beam_size=2 needs an encoder-decoder model; sample or use greedy decoding "
+      "(temperature=0) with a decoder-only model")):
     attnlab.generate(model, np.array([[5, 6]]), beam_size=2)
+  for beam_size in (0, 2.5):
+    with pytest.raises(ValueError, match=f"beam_size={beam_size} must be a positive integer"):
+      attnlab.generate(model, np.array([[5, 6]]), beam_size=beam_size)
+  with pytest.raises(ValueError, match=re.escape(
+      "cache='nope' is not one of 'contiguous', 'ring', 'paged'")):
+    attnlab.generate(model, np.array([[5, 6]]), cache="nope")
+  with pytest.raises(ValueError, match=re.escape(
+      "prompt 1 is empty (all padding, pad_id=0): give at least one token")):
+    attnlab.generate(model, np.array([[5, 6], [5, 6]]), prompt_lengths_B=[2, 0])
+  with pytest.raises(ValueError, match=re.escape("prompt_lengths_B shape (3,) must be [B] = (2,)")):
+    attnlab.generate(model, np.array([[5, 6], [5, 6]]), prompt_lengths_B=[2, 2, 2])
+  with pytest.raises(ValueError, match=re.escape(
+      "prompt_lengths_B=[2, 3] exceeds the prompt width T=2")):
+    attnlab.generate(model, np.array([[5, 6], [5, 6]]), prompt_lengths_B=[2, 3])
+  encdec = encdec_model("paper_gqa")
+  with pytest.raises(ValueError, match=re.escape(
+      "beam search reorders whole cache rows: use cache='contiguous' or 'ring' with beam_size")):
+    attnlab.generate(encdec, np.array([[5, 6]]), beam_size=2, cache="paged")
+  with pytest.raises(ValueError, match=re.escape(
+      "the generated target plus max_new_tokens needs 8 cache slots, more than cache_len=5")):
+    attnlab.generate(encdec, np.array([[5, 6]]), max_new_tokens=8, cache_len=5)
+
+
+def test_generate_default_eos_is_the_tokenizers():
+  """``generate`` (and the serving loop) stop at the byte tokenizer's eos unless told
+  otherwise: the id the training data ends documents with."""
+  import inspect
+
+  from attnlab.data.tokenizer import EOS_ID
+
+  for fn in (attnlab.generate, attnlab.generate_requests):
+    assert inspect.signature(fn).parameters["eos_id"].default == EOS_ID
 
 
 def test_generate_input_errors_have_their_own_type():

@@ -390,3 +390,19 @@ def test_encoder_decoder_sampling_draws_from_its_key_and_honours_num_pages():
   with pytest.raises(RuntimeError, match="ran out of pages"):
     attnlab.generate(model, SRC, max_new_tokens=8, cache="paged", page_size=2, num_pages=5,
                      eos_id=None)
+
+
+def test_explicit_prompt_lengths_keep_trailing_pad_ids_as_tokens():
+  """``prompt_lengths_B`` says where each prompt ends, pad ids included: row 0's prompt
+  is [t, pad, pad] (three tokens), which the default would cut to [t]."""
+  name = "mha_rope"
+  model = decoder_model(name, varied=True)
+  prompt = random_tokens(6, (2, 3))
+  prompt[0, 1:] = model.cfg.pad_id
+  got = np.asarray(attnlab.generate(model, prompt, prompt_lengths_B=[3, 2], max_new_tokens=6,
+                                    eos_id=None))
+  room = np.zeros((2, 9), np.int32)
+  room[:, :3] = prompt
+  assert_greedy(decoder_forward(name, varied=True), room, [3, 2], got)
+  inferred = np.asarray(attnlab.generate(model, prompt[:1], max_new_tokens=6, eos_id=None))
+  assert not np.array_equal(inferred[0], got[0])

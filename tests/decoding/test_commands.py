@@ -132,9 +132,11 @@ def test_generate_rejects_bad_prompts():
     attnlab.generate(model, np.array([[5, model.cfg.vocab_size]]))
   with pytest.raises(ValueError, match="outside the vocabulary"):
     attnlab.generate(model, np.array([[5, -1]]))
-  with pytest.raises(ValueError, match="cache_len=4"):
+  with pytest.raises(ValueError, match=re.escape(
+      "the prompt plus max_new_tokens needs 7 cache slots, more than cache_len=4")):
     attnlab.generate(model, np.array([[5, 6, 7, 8, 9, 10]]), max_new_tokens=2, cache_len=4)
-  with pytest.raises(ValueError, match="max_len=64"):
+  with pytest.raises(ValueError, match=re.escape(
+      "the prompt plus max_new_tokens needs 101 positions, more than the model's max_len=64")):
     attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=100)
   with pytest.raises(ValueError, match=re.escape(
       "cache='ring' needs a sliding-window model (ModelConfig.window), got window=None; use "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -167,6 +169,8 @@ def test_generate_with_too_few_pages_raises():
 
   model = decoder_model("mha_rope")
   prompt = random_tokens(20, (2, 6))
-  with pytest.raises(RuntimeError, match="ran out of pages"):
+  with pytest.raises(RuntimeError, match=re.escape(
+      "the paged cache ran out of pages (num_pages=4, page_size=2); pass a larger num_pages or "
+      "fewer / shorter sequences")):
     attnlab.generate(model, prompt, max_new_tokens=8, cache="paged", page_size=2, num_pages=4,
                      eos_id=None)

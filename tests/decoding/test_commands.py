@@ -169,6 +169,36 @@ def test_generate_rejects_bad_prompts():
     attnlab.generate(encdec, np.array([[5, 6]]), max_new_tokens=8, cache_len=5)
 
 
+def test_generate_checks_max_new_tokens_and_the_prompt_array():
+  model = decoder_model("mha_rope")
+  for bad in (0, -1, 2.5, True):
+    with pytest.raises(ValueError, match=re.escape(
+        f"max_new_tokens={bad!r} must be a positive integer")):
+      attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=bad)
+  for bad in (np.array([5, 6]), np.array([[5.0, 6.0]])):
+    with pytest.raises(ValueError, match=re.escape(
+        f"prompt must be an int array [B, T], got dtype {bad.dtype} and shape {bad.shape}")):
+      attnlab.generate(model, bad)
+  with pytest.raises(ValueError, match=re.escape("the prompt is empty (shape (0, 3))")):
+    attnlab.generate(model, np.zeros((0, 3), np.int32))
+  # The smallest request there is: one token of prompt, one new token.
+  assert attnlab.generate(model, np.array([[5]]), max_new_tokens=1).shape == (1, 1)
+
+
+def test_generate_rng_none_is_key_zero_and_raw_key_data_is_a_key():
+  """``rng=None`` samples as ``jax.random.key(0)``; raw uint32 key data (the old-style
+  ``PRNGKey``) is wrapped, drawing what its typed key draws."""
+  import jax
+
+  model = decoder_model("mha_rope", varied=True)
+  sample = lambda rng: np.asarray(attnlab.generate(
+      model, np.array([[5, 6]]), max_new_tokens=8, eos_id=None,
+      sampling=attnlab.Sampling(temperature=2.0), rng=rng))
+  assert np.array_equal(sample(None), sample(jax.random.key(0)))
+  assert np.array_equal(sample(jax.random.key_data(jax.random.key(3))), sample(jax.random.key(3)))
+  assert not np.array_equal(sample(jax.random.key(3)), sample(jax.random.key(0)))
+
+
 def test_generate_default_eos_is_the_tokenizers():
   """``generate`` (and the serving loop) stop at the byte tokenizer's eos unless told
   otherwise: the id the training data ends documents with."""

@@ -174,3 +174,16 @@ def test_generate_with_too_few_pages_raises():
       "fewer / shorter sequences")):
     attnlab.generate(model, prompt, max_new_tokens=8, cache="paged", page_size=2, num_pages=4,
                      eos_id=None)
+
+
+def test_generate_with_exactly_enough_pages_decodes_like_contiguous():
+  """prompt + max_new_tokens - 1 positions per row, in whole pages, and not one page more:
+  the loop runs max_new_tokens - 1 steps after the prefill and asks for no page past them."""
+  import attnlab
+
+  model = decoder_model("mha_rope")
+  prompt = random_tokens(21, (2, 4))
+  contiguous = attnlab.generate(model, prompt, max_new_tokens=5, eos_id=None)
+  paged = attnlab.generate(model, prompt, max_new_tokens=5, cache="paged", page_size=4,
+                           num_pages=4, eos_id=None)
+  np.testing.assert_array_equal(np.asarray(paged), np.asarray(contiguous))

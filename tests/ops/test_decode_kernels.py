@@ -379,6 +379,16 @@ def test_bad_input_raises(call, match):
 _Q = jnp.zeros((1, 1, 4, 32))
 _LEN = jnp.array([3])
 _TABLE = jnp.zeros((1, 2), jnp.int32)
+_POOL = jnp.zeros((5, 16, 2, 32))  # P, C, K, H
+_ROWS = jnp.zeros((1, 2, 16, 32))  # B, K, S, H
+
+
+def _paged(**kw):
+  return decode.paged_decode_attention(_Q, _POOL, _POOL, _TABLE, _LEN, **kw)
+
+
+def _heads_major(**kw):
+  return decode.decode_attention_heads_major(_Q, _ROWS, _ROWS, _LEN, **kw)
 
 
 @pytest.mark.parametrize("call,match", [
@@ -394,24 +404,12 @@ _TABLE = jnp.zeros((1, 2), jnp.int32)
     # A window of no key, in each kernel.
     (lambda: decode.decode_attention(_Q, jnp.zeros((1, 16, 2, 32)), jnp.zeros((1, 16, 2, 32)),
                                      _LEN, window=0), "window=0 must be a positive integer"),
-    (lambda: decode.paged_decode_attention(_Q, jnp.zeros((5, 16, 2, 32)), jnp.zeros((5, 16, 2, 32)),
-                                           _TABLE, _LEN, window=0),
-     "window=0 must be a positive integer"),
-    (lambda: decode.decode_attention_heads_major(_Q, jnp.zeros((1, 2, 16, 32)),
-                                                 jnp.zeros((1, 2, 16, 32)), _LEN, window=0),
-     "window=0 must be a positive integer"),
-    (lambda: decode.paged_decode_attention(_Q, jnp.zeros((5, 16, 2, 32)), jnp.zeros((5, 16, 2, 32)),
-                                           _TABLE, _LEN, pages_per_split=0),
-     "pages_per_split=0 must be a positive integer"),
-    (lambda: decode.decode_attention_heads_major(_Q, jnp.zeros((1, 2, 16, 32)),
-                                                 jnp.zeros((1, 2, 16, 32)), _LEN, num_splits=0),
-     "num_splits=0 must be a positive integer"),
-    (lambda: decode.decode_attention_heads_major(_Q, jnp.zeros((1, 2, 16, 32)),
-                                                 jnp.zeros((1, 2, 16, 32)), _LEN, num_splits=True),
-     "num_splits=True must be a positive integer"),
-    (lambda: decode.paged_decode_attention(_Q, jnp.zeros((5, 16, 2, 32)), jnp.zeros((5, 16, 2, 32)),
-                                           _TABLE, _LEN, pages_per_split=2.0),
-     "pages_per_split=2.0 must be a positive integer"),
+    (lambda: _paged(window=0), "window=0 must be a positive integer"),
+    (lambda: _heads_major(window=0), "window=0 must be a positive integer"),
+    (lambda: _paged(pages_per_split=0), "pages_per_split=0 must be a positive integer"),
+    (lambda: _heads_major(num_splits=0), "num_splits=0 must be a positive integer"),
+    (lambda: _heads_major(num_splits=True), "num_splits=True must be a positive integer"),
+    (lambda: _paged(pages_per_split=2.0), "pages_per_split=2.0 must be a positive integer"),
     # The caches' own shapes.
     (lambda: decode.paged_decode_attention(_Q, jnp.zeros((16, 2, 32)), jnp.zeros((5, 16, 2, 32)),
                                            _TABLE, _LEN),

@@ -63,6 +63,19 @@ def _paginate(k_BSKH, v_BSKH, page_size, seed, spare_pages=3):
   return pool(k_BSKH), pool(v_BSKH), table_BM.astype(jnp.int32)
 
 
+
+def _paginate_int8(k8_BSKH, v8_BSKH, ks_BSK, vs_BSK, page_size, seed):
+  """An int8 cache and its scales scattered into shuffled pages (one table for all four):
+  (k_pages, v_pages, k_scale_PCK, v_scale_PCK, table_BM). Unused pages hold garbage values
+  (100) and huge scales."""
+  pools = []
+  for x in (k8_BSKH.astype(jnp.float32), v8_BSKH.astype(jnp.float32), ks_BSK[..., None],
+            vs_BSK[..., None]):
+    pool, _, table_BM = _paginate(x, x, page_size, seed=seed)  # the same table every time
+    pools.append(pool)
+  to_int8 = lambda pool: jnp.where(pool == 1e4, 100, pool).astype(jnp.int8)
+  return to_int8(pools[0]), to_int8(pools[1]), pools[2][..., 0], pools[3][..., 0], table_BM
+
 # (B, T, S, N, K, H, lengths, window, num_splits, dtype)
 DECODE_CASES = [
     (3, 1, 300, 8, 8, 32, [300, 17, 1], None, None, jnp.float32),
@@ -159,13 +172,8 @@ def test_paged_decode_of_int8_pages_matches_reference(T, N, K, page_size, length
   B, S, H = len(lengths), 300, 32
   q, k, v = _inputs(B * S + T + 5, B, T, S, N, K, H, jnp.float32)
   (k8, ks), (v8, vs) = quantize(k), quantize(v)
-  pages = []
-  for x in (k8.astype(jnp.float32), v8.astype(jnp.float32), ks[..., None], vs[..., None]):
-    pool, _, table_BM = _paginate(x, x, page_size, seed=B + S)  # same table every time
-    pages.append(pool)
-  to_int8 = lambda pool: jnp.where(pool == 1e4, 100, pool).astype(jnp.int8)
-  k_pages, v_pages = to_int8(pages[0]), to_int8(pages[1])
-  ks_pages, vs_pages = pages[2][..., 0], pages[3][..., 0]
+  k_pages, v_pages, ks_pages, vs_pages, table_BM = _paginate_int8(k8, v8, ks, vs, page_size,
+                                                                  seed=B + S)
   lengths_B = jnp.array(lengths, jnp.int32)
   got = jax.jit(lambda *a: decode.paged_decode_attention(
       *a[:5], k_scale_PCK=a[5], v_scale_PCK=a[6], window=window,
@@ -191,15 +199,11 @@ def _three_kernels(q, k_BSKH, v_BSKH, lengths_B, *, int8=False, page_size=16, **
     out["heads_major"] = decode.decode_attention_heads_major(
         q, heads_major(k8), heads_major(v8), lengths_B, k_scale_BKS=heads_major(ks),
         v_scale_BKS=heads_major(vs), num_splits=splits, **kw)
-    pools = [_paginate(x, x, page_size, seed=1)[0]
-             for x in (k8.astype(jnp.float32), v8.astype(jnp.float32), ks[..., None],
-                       vs[..., None])]
-    table_BM = _paginate(k8, v8, page_size, seed=1)[2]
-    to_int8 = lambda pool: jnp.where(pool == 1e4, 100, pool).astype(jnp.int8)
+    k_pages, v_pages, ks_pages, vs_pages, table_BM = _paginate_int8(k8, v8, ks, vs, page_size,
+                                                                    seed=1)
     out["paged"] = decode.paged_decode_attention(
-        q, to_int8(pools[0]), to_int8(pools[1]), table_BM, lengths_B,
-        k_scale_PCK=pools[2][..., 0], v_scale_PCK=pools[3][..., 0], pages_per_split=splits,
-        **kw)
+        q, k_pages, v_pages, table_BM, lengths_B, k_scale_PCK=ks_pages, v_scale_PCK=vs_pages,
+        pages_per_split=splits, **kw)
   else:
     out["contiguous"] = decode.decode_attention(q, k_BSKH, v_BSKH, lengths_B,
                                                 num_splits=splits, **kw)

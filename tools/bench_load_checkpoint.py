@@ -35,7 +35,7 @@ def _child(workdir: str, way: str) -> None:
     mcfg, _, _ = config_gin.read_workdir_config(f"{workdir}/{CONFIG_FILE}")
     model = attnlab.build_model(mcfg, rngs=nnx.Rngs(params=0, dropout=1))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    ckpt = Checkpointer(workdir)
+    ckpt = Checkpointer(workdir, read_only=True)
     try:
       abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
       params = ckpt.restore_params(ckpt.resolve_step(None), abstract)

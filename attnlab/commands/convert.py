@@ -227,7 +227,7 @@ def _restore_weights(workdir: str, mcfg, step: int | None):
   """({parameter path: array}, step): one host copy, no model initialized."""
 
 
-  ckpt = Checkpointer(workdir)
+  ckpt = Checkpointer(workdir, read_only=True)
   try:
     try:
       step = ckpt.resolve_step(step)

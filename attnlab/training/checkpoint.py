@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import warnings
 
@@ -104,20 +105,42 @@ def unflatten(like, flat: dict):
 
 
 class Checkpointer:
-  """Save / restore train states in ``workdir/checkpoints``, keeping ``keep``."""
+  """Save / restore train states in ``workdir/checkpoints``, keeping ``keep``.
 
-  def __init__(self, workdir: str, keep: int = 3):
+  A writer (the default) deletes what an earlier writer left half-saved
+  (orbax's ``<step>.orbax-checkpoint-tmp`` directories of a killed run) before
+  it returns; only the process that trains a workdir opens one. Everything
+  that only reads (``load_checkpoint``, ``attnlab eval``, a sweep checking
+  how far a run got) opens it with ``read_only=True``, which deletes nothing:
+  the temporary directory it sees may be a save of a run still training.
+  """
+
+  def __init__(self, workdir: str, keep: int = 3, *, read_only: bool = False):
     import orbax.checkpoint as ocp
 
     self._ocp = ocp
+    self.read_only = read_only
     self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+    if read_only:
+      options = ocp.CheckpointManagerOptions(read_only=True, create=False,
+                                             enable_async_checkpointing=False)
+      self.manager = ocp.CheckpointManager(self.directory, options=options)
+      return
     extra = {}
     kill_step = os.environ.get(KILL_MID_SAVE_ENV)
     if kill_step:
       extra["temporary_path_class"] = _kill_mid_save_path_class(ocp, int(kill_step))
+    # Not orbax's cleanup_tmp_directories: it deletes in a background thread
+    # that close() does not wait for, so a second manager opened on the same
+    # directory soon after raced it on the same paths (FileNotFoundError in
+    # rmtree, seen in CI on a resume after a kill mid-save).
+    if jax.process_index() == 0 and os.path.isdir(self.directory):
+      for name in ocp.path.step.tmp_checkpoints(self.directory):
+        log.info("deleting %s, a checkpoint left half-saved", os.path.join(self.directory, name))
+        shutil.rmtree(os.path.join(self.directory, name))
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, enable_async_checkpointing=False,
-        cleanup_tmp_directories=True, **extra)
+        cleanup_tmp_directories=False, **extra)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
 
   def steps(self) -> list[int]:
@@ -140,7 +163,13 @@ class Checkpointer:
                        f"saved steps: {steps}")
     return step
 
+  def _check_writable(self) -> None:
+    if self.read_only:
+      raise ValueError(f"this Checkpointer of {self.directory} is read-only: open it with "
+                       "read_only=False to save")
+
   def save(self, step: int, state: dict, data_state: dict, meta: dict | None = None) -> None:
+    self._check_writable()
     ocp = self._ocp
     if step in self.manager.all_steps():
       # Only a resume past a corrupted checkpoint saves a step twice.
@@ -157,6 +186,7 @@ class Checkpointer:
   def save_params(self, step: int, params, meta: dict | None = None) -> None:
     """A weights-only checkpoint (``attnlab convert``): no optimizer or data
     state, so training from it starts a fresh optimizer at batch 0."""
+    self._check_writable()
     ocp = self._ocp
     self.manager.save(step, args=ocp.args.Composite(
         params=ocp.args.StandardSave(flatten(params)),
@@ -258,7 +288,7 @@ def load_checkpoint(workdir: str, step: int | None = None):
   if not os.path.isdir(ckpt_dir):
     raise FileNotFoundError(f"{ckpt_dir} does not exist: no checkpoint saved yet")
   mcfg, _, _ = gin_config.read_workdir_config(config_path)
-  ckpt = Checkpointer(workdir)
+  ckpt = Checkpointer(workdir, read_only=True)
   try:
     step = ckpt.resolve_step(step)
     make = lambda: build_model(mcfg, rngs=nnx.Rngs(params=0, dropout=1))

@@ -235,7 +235,7 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
   tcfg = tcfg.replace(**bindings.get("TrainConfig", {}))
   if os.path.exists(dst) and os.listdir(dst):
     raise ValueError(f"--to {dst} already exists and is not empty: give a new directory")
-  src_ckpt = Checkpointer(src)
+  src_ckpt = Checkpointer(src, read_only=True)
   try:
     step = src_ckpt.resolve_step(step)
     if check_only:
@@ -520,7 +520,7 @@ def run_sweep(out: str, sweep: Sweep, arms: list[Arm], base, *, only: str | None
     workdir = run_dir(out, arm, seed)
     start = 0
     if os.path.isdir(os.path.join(workdir, "checkpoints")):
-      c = Checkpointer(workdir)
+      c = Checkpointer(workdir, read_only=True)
       start = (c.steps() or [0])[-1]
       c.close()
     elapsed = time.perf_counter() - t_start

@@ -256,7 +256,7 @@ def evaluate_workdir(workdir: str, step: int | None = None) -> dict:
     raise FileNotFoundError(f"{path} does not exist: not a training workdir")
   mcfg, dcfg, tcfg = gin_config.read_workdir_config(path)
   run = Run(mcfg, tcfg, dcfg)
-  ckpt = Checkpointer(workdir, tcfg.keep_checkpoints)
+  ckpt = Checkpointer(workdir, read_only=True)
   try:
     if not ckpt.steps():
       raise FileNotFoundError(f"{ckpt.directory} holds no checkpoint")

@@ -108,7 +108,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(saved, tmp_p
 
 
 def test_healthy_checkpoint_restores_without_warning(saved, recwarn):
-  ckpt = Checkpointer(str(saved))
+  ckpt = Checkpointer(str(saved), read_only=True)
   try:
     step, state, data_state = ckpt.restore_latest(_abstract(_state(0)))
   finally:
@@ -116,6 +116,49 @@ def test_healthy_checkpoint_restores_without_warning(saved, recwarn):
   assert step == 2 and data_state == {"next_batch": 20}
   _assert_restored(state, _state(2))
   assert not [w for w in recwarn if "could not be restored" in str(w.message)]
+
+
+def test_a_reader_leaves_a_half_saved_checkpoint_and_a_writer_deletes_it_at_once(saved, tmp_path):
+  """A save killed before its commit leaves ``<step>.orbax-checkpoint-tmp``. A
+  read-only Checkpointer (load_checkpoint, attnlab eval, a sweep's progress
+  check) deletes nothing: that directory may be the save of a run still
+  training. A writer deletes it before its constructor returns; orbax's own
+  cleanup ran in a thread that close() did not wait for, and a second manager
+  opened soon after on the same directory raced it (CI: FileNotFoundError in
+  rmtree on a resume after a kill mid-save)."""
+  workdir = tmp_path / "w"
+  shutil.copytree(saved, workdir)
+  half = workdir / "checkpoints" / "3.orbax-checkpoint-tmp"
+  (half / "params").mkdir(parents=True)
+  (half / "params" / "x").write_bytes(b"half written")
+  for _ in range(2):  # twice: nothing a first reader started may finish later
+    reader = Checkpointer(str(workdir), read_only=True)
+    try:
+      assert reader.steps() == [1, 2]
+      step, state, _ = reader.restore_latest(_abstract(_state(0)))
+      assert step == 2
+      _assert_restored(state, _state(2))
+      with pytest.raises(ValueError, match=r"checkpoints is read-only: open it with "
+                                           r"read_only=False to save"):
+        reader.save(3, _state(3), {"next_batch": 30})
+      with pytest.raises(ValueError, match="is read-only"):
+        reader.save_params(3, _state(3)["params"])
+    finally:
+      reader.close()
+    assert (half / "params" / "x").read_bytes() == b"half written"
+  assert _listing(workdir) == ["1", "2", "3.orbax-checkpoint-tmp"]
+  writer = Checkpointer(str(workdir))
+  try:
+    assert _listing(workdir) == ["1", "2"]
+    writer.save(3, _state(3), {"next_batch": 30})
+    assert writer.steps() == [1, 2, 3]
+  finally:
+    writer.close()
+  assert _listing(workdir) == ["1", "2", "3"]
+
+
+def _listing(workdir):
+  return sorted(os.listdir(workdir / "checkpoints"))
 
 
 def test_other_errors_are_raised_not_taken_for_a_damaged_checkpoint(saved, monkeypatch):

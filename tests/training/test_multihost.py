@@ -94,12 +94,12 @@ def test_two_processes_match_one_process_and_resume(tmp_path):
   ref = _spawn(one, 6, 4, extra=["TrainConfig.eval_every=0"])
   first = _finish(_two_processes(two, 3) + [ref])
   assert [o["step"] for o in first] == [3, 3, 6]
-  assert Checkpointer(str(two)).steps() == [3]
+  assert Checkpointer(str(two), read_only=True).steps() == [3]
   second = _finish(_two_processes(two, 6))
   assert [o["step"] for o in second] == [6, 6]
   assert second[0]["loss"] == second[1]["loss"]  # the processes agree
 
-  assert Checkpointer(str(two)).steps() == [3, 6]
+  assert Checkpointer(str(two), read_only=True).steps() == [3, 6]
   losses_one, losses_two = _train_losses(one), _train_losses(two)
   assert len(losses_one) == len(losses_two) == 6
   np.testing.assert_allclose(losses_two, losses_one, rtol=1e-5, atol=1e-5)

@@ -59,7 +59,7 @@ def _params(workdir, step):
 
 
 def _steps(workdir):
-  ckpt = Checkpointer(str(workdir))
+  ckpt = Checkpointer(str(workdir), read_only=True)
   try:
     return ckpt.steps()
   finally:
@@ -188,8 +188,13 @@ def test_kill_in_the_middle_of_a_save_then_resume_skips_it(reference_run, tmp_pa
   assert {"params", "opt_state", "data"} <= set(os.listdir(ckdir / names[1]))
   assert _train_steps(tmp_path) == [2, 4, 6, 8]
   assert _steps(tmp_path) == [4]
+  # Readers delete nothing: the half-saved directory could be a live run's save.
+  attnlab.load_checkpoint(str(tmp_path))
+  assert trainer.evaluate_workdir(str(tmp_path))["step"] == 4
+  assert sorted(os.listdir(ckdir)) == names
   _resume(tmp_path, caplog, 4)
   assert _steps(tmp_path) == [4, 8, 12]
+  assert sorted(os.listdir(ckdir)) == ["12", "4", "8"]
   _assert_same_params(ref_dir, tmp_path)
   _assert_same_params(ref_dir, tmp_path, step=8)
 
@@ -237,7 +242,7 @@ def test_nan_stops_and_keeps_last_good_checkpoint(tmp_path):
          "TrainConfig.grad_clip = 0.0", "TrainConfig.eval_every = 0"]
   with pytest.raises(trainer.NonFiniteError, match="non-finite"):
     _run(tmp_path / "stop", bad)
-  steps = Checkpointer(str(tmp_path / "stop")).steps()
+  steps = Checkpointer(str(tmp_path / "stop"), read_only=True).steps()
   assert steps and all(np.isfinite(p).all() for p in _params(tmp_path / "stop", steps[-1]))
   last = _run(tmp_path / "skip", bad + ["TrainConfig.on_nonfinite = 'skip'"])
   assert last["step"] == 12 and last["skipped_steps"] >= 1
@@ -267,7 +272,7 @@ def test_eval_command_and_load_checkpoint_errors(reference_run, tmp_path, capsys
       a, b = jax.random.key_data(a), jax.random.key_data(b)
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   init = nnx.state(fresh, nnx.Param)
-  ckpt = Checkpointer(str(ref_dir))
+  ckpt = Checkpointer(str(ref_dir), read_only=True)
   try:
     saved = ckpt.restore_params(8, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                                 init))

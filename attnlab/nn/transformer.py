@@ -124,6 +124,12 @@ class Stack(nnx.Module):
     self.norm = _norm(cfg) if cfg.norm_position == "pre" else nnx.data(None)
 
   def add_positions(self, x_BTD, positions_BT):
+    length = x_BTD.shape[1]
+    if length > self.cfg.max_len:
+      # A learned table has max_len rows (a position past it would silently
+      # read the last one); the bound holds for every kind of position.
+      raise ValueError(f"a sequence of {length} tokens is longer than ModelConfig.max_len="
+                       f"{self.cfg.max_len}: raise max_len or shorten the inputs")
     if self.cfg.pos == "sinusoidal":
       x_BTD = x_BTD + sinusoidal_positions(positions_BT, self.cfg.d_model).astype(x_BTD.dtype)
     elif self.cfg.pos == "learned":

@@ -224,3 +224,21 @@ def test_encoder_decoder_overfits_a_fixed_batch(norm_position):
 def test_build_model_rejects_non_config():
   with pytest.raises(ValueError, match="ModelConfig"):
     attnlab.build_model({"d_model": 3}, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("arch,pos", [("decoder_only", "learned"), ("decoder_only", "rope"),
+                                      ("encoder_decoder", "sinusoidal")])
+def test_a_sequence_longer_than_max_len_is_refused_by_name(arch, pos):
+  """The learned table has max_len rows: a longer input would read its last row at
+  every later position, silently. Every model refuses one (the encoder's and the
+  decoder's inputs alike); max_len tokens run."""
+  model = build(arch=arch, pos=pos, max_len=8)
+  ok = tokens(1, 8)
+  run(model, *([ok, ok] if arch == "encoder_decoder" else [ok]))
+  msg = r"^a sequence of 9 tokens is longer than ModelConfig.max_len=8: raise max_len or "
+  long = tokens(1, 9)
+  with pytest.raises(ValueError, match=msg):
+    run(model, *([long, ok] if arch == "encoder_decoder" else [long]))
+  if arch == "encoder_decoder":
+    with pytest.raises(ValueError, match=msg):
+      run(model, ok, long)

@@ -72,4 +72,8 @@ class LearnedPositions(nnx.Module):
     )
 
   def __call__(self, positions_BT):
+    # Clipped, not NaN-filled: the models refuse inputs longer than max_len, and
+    # a padded or idle row (a free serving slot) past the table must stay finite,
+    # since a NaN key or value written where a 0 probability reads it still
+    # poisons the sum (0 * NaN).
     return jnp.take(self.embed_positions[...], positions_BT, axis=0, mode="clip")

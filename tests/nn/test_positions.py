@@ -1,4 +1,5 @@
-"""Positions: the 2017 sinusoidal formula, RoPE's relative-position property."""
+"""Positions: the 2017 sinusoidal formula, RoPE's formula and relative-position property,
+the learned table."""
 
 import math
 
@@ -6,8 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
-from attnlab.nn.positions import apply_rope, sinusoidal_positions
+from attnlab.nn.positions import LearnedPositions, apply_rope, sinusoidal_positions
 
 
 @pytest.mark.parametrize("pos,i", [(0, 0), (1, 0), (7, 3), (50, 10), (123, 31)])
@@ -62,3 +64,63 @@ def test_rope_rotates_the_first_pair_by_position_times_one():
   x = jnp.zeros((1, 1, 1, 4)).at[..., 0].set(1.0)
   y = apply_rope(x, jnp.array([[2]]), pairing="adjacent")
   np.testing.assert_allclose(y[0, 0, 0, :2], [math.cos(2), math.sin(2)], atol=1e-6)
+
+
+@pytest.mark.parametrize("pairing", ["half", "adjacent"])
+@pytest.mark.parametrize("theta", [None, 500.0])
+def test_rope_rotates_pair_i_by_position_times_theta_to_the_minus_2i_over_h(pairing, theta):
+  """Every pair, against the formula in numpy: pair i (features (i, i + H/2) with
+  "half", (2i, 2i + 1) with "adjacent") turns by pos * theta^(-2i/H); theta
+  defaults to 10000."""
+  H, pos = 16, np.array([[0, 3, 41, 1000]])
+  x = np.asarray(jax.random.normal(jax.random.key(3), (1, 4, 2, H)))
+  kw = {} if theta is None else {"theta": theta}
+  got = np.asarray(apply_rope(jnp.asarray(x), jnp.asarray(pos), pairing=pairing, **kw))
+  i = np.arange(H // 2)
+  angle = pos[..., None, None] * (theta or 10000.0) ** (-2.0 * i / H)  # [1, T, 1, H/2]
+  a, b = (i, i + H // 2) if pairing == "half" else (2 * i, 2 * i + 1)
+  want = np.empty_like(x)
+  want[..., a] = x[..., a] * np.cos(angle) - x[..., b] * np.sin(angle)
+  want[..., b] = x[..., b] * np.cos(angle) + x[..., a] * np.sin(angle)
+  np.testing.assert_allclose(got, want, atol=2e-4)
+
+
+def test_rope_pairs_halves_by_default_and_keeps_the_input_dtype():
+  x = jax.random.normal(jax.random.key(4), (1, 3, 2, 8))
+  pos = jnp.array([[1, 2, 70]])
+  np.testing.assert_array_equal(apply_rope(x, pos), apply_rope(x, pos, pairing="half"))
+  # bfloat16 in, bfloat16 out: computed in float32, rounded once at the end.
+  y = apply_rope(x.astype(jnp.bfloat16), pos)
+  assert y.dtype == jnp.bfloat16
+  want = apply_rope(x.astype(jnp.bfloat16).astype(jnp.float32), pos).astype(jnp.bfloat16)
+  np.testing.assert_array_equal(y.astype(jnp.float32), want.astype(jnp.float32))
+
+
+def test_odd_sizes_and_unknown_pairings_are_refused_by_name():
+  with pytest.raises(ValueError, match=r"^head_dim=7 must be even for RoPE$"):
+    apply_rope(jnp.zeros((1, 1, 1, 7)), jnp.zeros((1, 1), jnp.int32))
+  with pytest.raises(ValueError, match=r"^pairing='interleaved' is not one of 'half', "
+                                       r"'adjacent'$"):
+    apply_rope(jnp.zeros((1, 1, 1, 8)), jnp.zeros((1, 1), jnp.int32), pairing="interleaved")
+  with pytest.raises(ValueError, match=r"^d_model=33 must be even for sinusoidal positions$"):
+    sinusoidal_positions(jnp.zeros((1, 1), jnp.int32), 33)
+
+
+@pytest.mark.parametrize("param_dtype", [jnp.float32, jnp.bfloat16])
+def test_learned_positions_read_their_table_row_by_position(param_dtype):
+  """Row p of the table ``embed_positions`` [max_len, D] at position p (a packed
+  row restarts its positions), initialized N(0, 0.02^2) in ``param_dtype``,
+  its model axis sharded like the embeddings."""
+  table = LearnedPositions(512, 64, param_dtype=param_dtype, rngs=nnx.Rngs(0))
+  assert table.max_len == 512
+  w = table.embed_positions
+  assert w.shape == (512, 64) and w.dtype == param_dtype
+  assert w.get_metadata()["axes"] == (None, "embed")
+  std = float(jnp.std(w[...].astype(jnp.float32)))
+  assert 0.019 < std < 0.021 and abs(float(jnp.mean(w[...].astype(jnp.float32)))) < 1e-3
+  pos = jnp.array([[0, 1, 2, 511], [5, 0, 1, 2]])
+  np.testing.assert_array_equal(table(pos), w[...][pos])
+  # Past the table (a padded or idle row): the last row, finite, not NaN.
+  np.testing.assert_array_equal(table(jnp.array([[512, 9999]])), w[...][jnp.array([[511, 511]])])
+  other = LearnedPositions(512, 64, param_dtype=param_dtype, rngs=nnx.Rngs(1))
+  assert not np.array_equal(other.embed_positions[...], w[...])

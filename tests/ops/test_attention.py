@@ -28,24 +28,31 @@ def make_qkv(B, T, S, N, K, H, seed=0, dtype=jnp.float32):
   return q, k, v
 
 
-def naive_attention(q, k, v, *, causal=False, window=None, q_seg=None, kv_seg=None, q_offset=0):
-  """One query at a time in NumPy float64: the textbook definition."""
+def naive_attention(q, k, v, *, causal=False, window=None, q_seg=None, kv_seg=None, q_offset=0,
+                    scale=None, q_pos=None, kv_pos=None):
+  """One query at a time in NumPy float64: the textbook definition. ``q_pos`` /
+  ``kv_pos`` ([B, T] / [B, S]) replace q_offset + t and s; a negative key
+  position is an empty slot."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   B, T, N, H = q.shape
   S, K = k.shape[1], k.shape[2]
+  scale = 1 / np.sqrt(H) if scale is None else scale
   out = np.zeros_like(q)
   for b, t, n in itertools.product(range(B), range(T), range(N)):
     kv_head = n // (N // K)
-    qpos = q_offset + t
+    qpos = q_offset + t if q_pos is None else q_pos[b, t]
     scores, values = [], []
     for s in range(S):
-      if causal and s > qpos:
+      kpos = s if kv_pos is None else kv_pos[b, s]
+      if kpos < 0:
         continue
-      if window is not None and (qpos - s >= window or (not causal and s - qpos >= window)):
+      if causal and kpos > qpos:
+        continue
+      if window is not None and (qpos - kpos >= window or (not causal and kpos - qpos >= window)):
         continue
       if q_seg is not None and q_seg[b, t] != kv_seg[b, s]:
         continue
-      scores.append(q[b, t, n] @ k[b, s, kv_head] / np.sqrt(H))
+      scores.append(q[b, t, n] @ k[b, s, kv_head] * scale)
       values.append(v[b, s, kv_head])
     if scores:
       w = np.exp(np.array(scores) - max(scores))
@@ -61,7 +68,17 @@ NAIVE_CASES = [
     dict(causal=True, q_offset=4),
     dict(segments=True),
     dict(causal=True, segments=True),
+    dict(scale=0.3),
+    dict(causal=True, scale=2.5),
+    dict(causal=True, positions=True),
+    dict(causal=True, window=3, positions=True),
+    dict(window=2, positions=True),
 ]
+
+# Ring-buffer-like explicit positions: queries at 10..14 and 3..7, keys out of
+# order with an empty slot (-1) in each row.
+Q_POS = np.array([[10, 11, 12, 13, 14], [3, 4, 5, 6, 7]])
+KV_POS = np.array([[12, -1, 10, 14, 11], [7, 3, 5, -1, 4]])
 
 
 @pytest.mark.parametrize("case", NAIVE_CASES, ids=str)
@@ -77,8 +94,12 @@ def test_reference_equals_naive_loop(case, N, K):
     kv_seg = q_seg.copy()
     kw = dict(q_segment_ids=jnp.asarray(q_seg), kv_segment_ids=jnp.asarray(kv_seg))
     case.update(q_seg=q_seg, kv_seg=kv_seg)
+  if case.pop("positions", False):
+    kw = dict(q_positions=jnp.asarray(Q_POS), kv_positions=jnp.asarray(KV_POS))
+    case.update(q_pos=Q_POS, kv_pos=KV_POS)
   want = naive_attention(q, k, v, **case)
-  case.pop("q_seg", None), case.pop("kv_seg", None)
+  for name in ("q_seg", "kv_seg", "q_pos", "kv_pos"):
+    case.pop(name, None)
   got = jit_call(reference_attention, q, k, v, **case, **kw)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
@@ -148,6 +169,119 @@ def test_chunked_equals_reference_forward_and_gradients(B, T, S, N, K, H, block,
       q, k, v)
   for name, a, b in zip("qkv", g_chk, g_ref):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5, err_msg=f"d{name}")
+
+
+@pytest.mark.parametrize("impl", [reference_attention, blocked_attention, chunked_attention],
+                         ids=["reference", "blocked", "chunked"])
+def test_an_explicit_scale_replaces_one_over_sqrt_h(impl):
+  q, k, v = make_qkv(2, 9, 9, 4, 2, 8, seed=12)
+  for scale in (0.05, 1.7):
+    want = naive_attention(q, k, v, causal=True, scale=scale)
+    np.testing.assert_allclose(jit_call(impl, q, k, v, causal=True, scale=scale), want,
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl", [reference_attention, blocked_attention, chunked_attention],
+                         ids=["reference", "blocked", "chunked"])
+def test_large_scores_and_rows_far_apart_stay_exact(impl):
+  """Scores of +-50..100: each row needs its own max (one max for all rows
+  underflows the low row to 0 / 0) and the max must be subtracted, not added
+  (exp(200) overflows float32)."""
+  x = np.linspace(0.5, 1.0, 6)
+  q = jnp.asarray(np.array([100.0, -100.0]).reshape(1, 2, 1, 1) * np.ones((1, 2, 2, 1)),
+                  jnp.float32)
+  k = jnp.asarray(x.reshape(1, 6, 1, 1), jnp.float32)
+  v = jax.random.normal(jax.random.key(13), (1, 6, 1, 4))
+  v1 = v[..., :1]
+  want = naive_attention(q, k, v1)
+  got = jit_call(impl, q, k, v1)
+  assert np.all(np.abs(want) > 1e-3)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_reference_in_bfloat16_matches_the_definition():
+  """The bfloat16 path (scores scaled after the product, float32 softmax): a
+  bfloat16 result close to the float64 definition on the same rounded inputs."""
+  q, k, v = make_qkv(2, 12, 12, 8, 2, 32, seed=14, dtype=jnp.bfloat16)
+  for kw in (dict(causal=True), dict(window=3), dict(causal=True, scale=0.6)):
+    got = jit_call(reference_attention, q, k, v, **kw)
+    assert got.dtype == jnp.bfloat16
+    want = naive_attention(q.astype(jnp.float32), k.astype(jnp.float32),
+                           v.astype(jnp.float32), **kw)
+    np.testing.assert_allclose(got.astype(jnp.float32), want, atol=2e-2, rtol=2e-2)
+    assert np.abs(np.asarray(got.astype(jnp.float32)) - want).mean() < 4e-3
+
+
+def test_attention_dropout_drops_probabilities_at_the_rate_and_rescales_the_rest():
+  """With one-hot values (v[s] = e_s) the output row is the probability row:
+  each entry is either dropped (0) or the undropped probability / (1 - rate);
+  about ``rate`` of them are dropped; a key reproduces its mask, another key
+  draws another; the average over keys is the undropped output."""
+  B, T, N, K, S, rate = 2, 16, 4, 1, 16, 0.25
+  q, k, _ = make_qkv(B, T, S, N, K, S, seed=15)
+  v = jnp.broadcast_to(jnp.eye(S)[None, :, None, :], (B, S, K, S))
+  drop = jax.jit(lambda key: reference_attention(q, k, v, dropout_rate=rate, dropout_rng=key))
+  p = np.asarray(jit_call(reference_attention, q, k, v))
+  np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-5)
+  np.testing.assert_array_equal(jit_call(reference_attention, q, k, v, dropout_rate=0.0,
+                                         dropout_rng=jax.random.key(0)), p)
+  outs = np.stack([np.asarray(drop(jax.random.key(i))) for i in range(48)])
+  kept = outs != 0
+  np.testing.assert_allclose(outs[kept], np.broadcast_to(p / (1 - rate), outs.shape)[kept],
+                             rtol=1e-5)
+  assert abs((1 - kept.mean()) - rate) < 0.01  # 98,304 entries: sd 0.0014
+  np.testing.assert_array_equal(drop(jax.random.key(3)), outs[3])
+  assert (outs[3] != outs[4]).any()
+  assert abs(outs.mean(0).sum() / p.sum() - 1) < 0.01
+
+
+def test_blocked_visits_each_query_block_against_exactly_the_keys_it_sees(monkeypatch):
+  """Default blocks of max(64, ceil(T / 16)) queries; each against the key range
+  its queries can see (from the mask, brute force), a block that sees no key
+  not computed (zeros), the rest equal to the reference."""
+  import attnlab.ops.reference as ref_module
+
+  calls = []
+  real = ref_module.reference_attention
+
+  def spy(q, k, v, **kw):
+    calls.append((q.shape[1], k.shape[1], kw["q_offset"], kw["scale"]))
+    return real(q, k, v, **kw)
+
+  monkeypatch.setattr(ref_module, "reference_attention", spy)
+  for T, S, kw in [(256, 256, dict(causal=True, window=40)), (1040, 1040, dict(causal=True)),
+                   (1040, 1040, dict(window=100)), (200, 80, dict(causal=True, q_offset=-90)),
+                   (128, 64, dict(causal=True, q_offset=-64)), (400, 80, dict(window=100)),
+                   (48, 48, dict())]:
+    block = max(64, -(-T // 16))
+    q_pos = np.arange(T) + kw.get("q_offset", 0)
+    mask = np.asarray(masks.position_mask(q_pos[:, None], np.arange(S)[None], causal=kw.get(
+        "causal", False), window=kw.get("window")))
+    want_calls = []
+    for lo in range(0, T, block):
+      seen = np.nonzero(mask[lo:lo + block].any(axis=0))[0]
+      if seen.size:
+        want_calls.append((min(block, T - lo), seen.max() + 1 - seen.min(),
+                           kw.get("q_offset", 0) + lo - seen.min(), 0.3))
+    for dtype in (jnp.float32, jnp.bfloat16):
+      q, k, v = make_qkv(1, T, S, 1, 1, 4, seed=16, dtype=dtype)
+      calls.clear()
+      got = jax.jit(lambda q, k, v, kw=kw: blocked_attention(q, k, v, scale=0.3, **kw))(q, k, v)
+      assert calls == want_calls, (T, S, kw)
+      assert got.dtype == dtype
+      want = jit_call(real, q, k, v, scale=0.3, **kw)
+      np.testing.assert_allclose(got.astype(jnp.float32), want.astype(jnp.float32),
+                                 atol=1e-5, rtol=1e-5)
+      blind = ~mask.any(axis=1)  # queries that see no key: zeros
+      assert blind.any() == (len(want_calls) < -(-T // block)), (T, S, kw)
+      np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32))[:, blind], 0.0)
+
+
+def test_blocked_needs_a_python_int_offset():
+  q, k, v = make_qkv(1, 4, 4, 1, 1, 4)
+  with pytest.raises(ValueError, match=r"^implementation='blocked' needs an int q_offset, "
+                                       r"got <class 'jax.*Array.*'>$"):
+    blocked_attention(q, k, v, causal=True, q_offset=jnp.int32(2))
 
 
 def test_chunked_bfloat16_close_to_float32_reference():

@@ -69,8 +69,7 @@ def convert_heads(model, num_kv_heads: int, method: str, *, rngs: nnx.Rngs | Non
     ValueError: K does not divide K0, K > K0, or an unknown method.
   """
   cfg = model.cfg
-  source_kv = cfg.num_heads if cfg.num_kv_heads is None else cfg.num_kv_heads
-  check_conversion(source_kv, num_kv_heads, method)
+  check_conversion(cfg.num_kv_heads, num_kv_heads, method)  # a ModelConfig resolves None to N
   new_cfg = cfg.replace(num_kv_heads=num_kv_heads)
   new_model = build_model(new_cfg, rngs=rngs if rngs is not None else nnx.Rngs(params=0,
                                                                                  dropout=1))

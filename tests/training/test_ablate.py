@@ -12,6 +12,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -197,10 +198,26 @@ def _model(num_kv_heads=4, **kw):
                             num_layers=2, d_ff=32, use_bias=True, **kw)
   model = attnlab.build_model(cfg, rngs=nnx.Rngs(params=3, dropout=4))
   # Nonzero biases so that their conversion is checked too.
-  for layer in model.decoder.layers:
-    for proj in (layer.self_attn.k_proj, layer.self_attn.v_proj):
-      proj.b[...] = jax.random.normal(jax.random.key(id(proj) % 1000), proj.b.shape)
+  for i, attn in enumerate(_attentions(model)):
+    for j, proj in enumerate((attn.k_proj, attn.v_proj)):
+      proj.b[...] = jax.random.normal(jax.random.key(10 * i + j), proj.b.shape,
+                                      proj.b.dtype)
   return model
+
+
+def _attentions(model):
+  """Every attention module: encoder self-attention, decoder self- and cross-attention."""
+  stacks = [model.encoder, model.decoder] if hasattr(model, "encoder") else [model.decoder]
+  return [a for stack in stacks for layer in stack.layers
+          for a in (layer.self_attn, layer.cross_attn) if a is not None]
+
+
+def _merged_by_hand(x, axis, groups, method):
+  """The K/V head merge in NumPy float64 (axis: the head axis)."""
+  x = np.moveaxis(np.asarray(x, np.float64), axis, 0)
+  parts = np.split(x, groups, axis=0)
+  out = np.stack([p.mean(0) if method == "mean" else p[0] for p in parts])
+  return np.moveaxis(out, 0, axis)
 
 
 TOKENS = np.array([[5, 7, 9, 11, 2, 3, 17, 4]], np.int32)
@@ -273,12 +290,88 @@ def test_converted_cache_bytes_drop_by_the_head_ratio():
 
 def test_convert_rejects_bad_heads_and_methods():
   model = _model()
-  with pytest.raises(ValueError, match="num_kv_heads=3 must divide"):
+  with pytest.raises(ValueError, match=r"^num_kv_heads=3 must divide the source model's 4 KV "
+                                       r"heads$"):
     attnlab.convert_heads(model, 3, "mean")
-  with pytest.raises(ValueError, match="num_kv_heads=8 is larger"):
+  with pytest.raises(ValueError, match=r"^num_kv_heads=8 is larger than the source model's 4 "
+                                       r"KV heads: conversion only merges heads$"):
     attnlab.convert_heads(model, 8, "mean")
-  with pytest.raises(ValueError, match="method='avg' is not one of"):
+  with pytest.raises(ValueError, match=r"^method='avg' is not one of 'mean', 'first', "
+                                       r"'random'$"):
     attnlab.convert_heads(model, 2, "avg")
+  for bad in (0, -2, 2.0, True, "2", None):
+    with pytest.raises(ValueError, match=rf"^num_kv_heads={bad!r} must be a positive integer$"):
+      attnlab.convert_heads(model, bad, "mean")
+  # The source's own K/V count bounds the target, not its query heads.
+  with pytest.raises(ValueError, match="num_kv_heads=4 is larger than the source model's 2 KV"):
+    attnlab.convert_heads(_model(num_kv_heads=2), 4, "mean")
+
+
+@pytest.mark.parametrize("method", ["mean", "first"])
+@pytest.mark.parametrize("source_kv,arch", [(None, "decoder_only"), (4, "encoder_decoder"),
+                                            (2, "decoder_only")], ids=str)
+def test_convert_merges_every_attention_by_hand(method, source_kv, arch):
+  """MHA given as num_kv_heads=None, a GQA source (2 -> 1), and an
+  encoder-decoder, whose encoder self-attention and decoder cross-attention
+  K/V are merged too; weights [D, K, H] and biases [K, H]."""
+  model = _model(num_kv_heads=source_kv, arch=arch)
+  new = attnlab.convert_heads(model, 1 if source_kv == 2 else 2, method)
+  groups = new.cfg.num_kv_heads
+  old_attn, new_attn = _attentions(model), _attentions(new)
+  assert len(old_attn) == len(new_attn) == (6 if arch == "encoder_decoder" else 2)
+  for old_a, new_a in zip(old_attn, new_attn):
+    for name in ("k_proj", "v_proj"):
+      old_p, new_p = getattr(old_a, name), getattr(new_a, name)
+      np.testing.assert_allclose(new_p.w[...], _merged_by_hand(old_p.w[...], 1, groups, method),
+                                 rtol=1e-6, atol=1e-7)
+      np.testing.assert_allclose(new_p.b[...], _merged_by_hand(old_p.b[...], 0, groups, method),
+                                 rtol=1e-6, atol=1e-7)
+
+
+def test_convert_keeps_bfloat16_parameters_and_averages_in_float32():
+  model = _model(param_dtype="bfloat16")
+  new = attnlab.convert_heads(model, 1, "mean")
+  for old_a, new_a in zip(_attentions(model), _attentions(new)):
+    w_old, w_new = old_a.k_proj.w[...], new_a.k_proj.w[...]
+    assert w_new.dtype == jnp.bfloat16
+    want = jnp.asarray(_merged_by_hand(w_old.astype(jnp.float32), 1, 1, "mean"), jnp.float32)
+    np.testing.assert_array_equal(np.asarray(w_new.astype(jnp.float32)),
+                                  np.asarray(want.astype(jnp.bfloat16).astype(jnp.float32)))
+  leaves = jax.tree.leaves(nnx.state(new, nnx.Param))
+  assert {x.dtype for x in leaves} == {jnp.dtype(jnp.bfloat16)}
+
+
+def test_a_parameter_whose_shape_changes_unexpectedly_is_named(monkeypatch):
+  """Every parameter but k_proj / v_proj is copied, so its shape must not depend
+  on K; one that did (here v_proj, no longer listed as a K/V projection) stops
+  the conversion naming its path and both shapes."""
+  from attnlab.convert import heads
+
+  monkeypatch.setattr(heads, "KV_PROJECTIONS", ("k_proj",))
+  with pytest.raises(AssertionError, match=r"^decoder/layers/0/self_attn/v_proj/b: \(4, 4\) vs "
+                                           r"\(2, 4\)$"):
+    attnlab.convert_heads(_model(), 2, "mean")
+
+
+def test_random_draws_the_new_kv_from_rngs_and_defaults_to_params_0_dropout_1():
+  """"random": the K/V projections of a model freshly built with ``rngs``
+  (default ``nnx.Rngs(params=0, dropout=1)``), every other parameter copied;
+  the new model's other state (dropout streams) is that fresh model's too."""
+  model = _model()
+  for rngs, seeds in [(None, dict(params=0, dropout=1)),
+                      (nnx.Rngs(params=9, dropout=5), dict(params=9, dropout=5))]:
+    new = attnlab.convert_heads(model, 2, "random", rngs=rngs)
+    fresh = attnlab.build_model(new.cfg, rngs=nnx.Rngs(**seeds))
+    for new_a, fresh_a, old_a in zip(_attentions(new), _attentions(fresh), _attentions(model)):
+      for name in ("k_proj", "v_proj"):
+        np.testing.assert_array_equal(getattr(new_a, name).w[...], getattr(fresh_a, name).w[...])
+      np.testing.assert_array_equal(new_a.q_proj.w[...], old_a.q_proj.w[...])
+    rest = [nnx.state(m, nnx.Not(nnx.Param)) for m in (new, fresh)]
+    keys = [[np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(
+        x.dtype, jax.dtypes.prng_key) else x) for x in jax.tree.leaves(r)] for r in rest]
+    assert len(keys[0]) == len(keys[1]) > 0
+    for a, b in zip(*keys):
+      np.testing.assert_array_equal(a, b)
 
 
 def test_convert_heads_command_then_train_and_decode(micro, tmp_path, capsys):

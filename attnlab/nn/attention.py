@@ -136,8 +136,11 @@ class Attention(nnx.Module):
       out_BTNH, cache = cache.attend(self.q_proj(x_BTD), implementation=self.implementation,
                                      **dropout)
       return self.o_proj(out_BTNH), cache
+    # The mask works on row indices, as without a cache: the new tokens' slots
+    # follow the cache lengths. ``positions_BT`` only rotates (RoPE).
+    rows_BT = cache.lengths_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
     if positions_BT is None:
-      positions_BT = cache.lengths_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+      positions_BT = rows_BT
     num_new_B = (jnp.full((B,), T, jnp.int32) if segment_ids_BT is None
                  else jnp.sum(segment_ids_BT != 0, axis=1, dtype=jnp.int32))
     q_BTNH, k_BTKH, v_BTKH = self._project_self(x_BTD, positions_BT)
@@ -148,7 +151,7 @@ class Attention(nnx.Module):
                               q_segment_ids=segment_ids_BT, kv_segment_ids=segment_ids_BT)
       return self.o_proj(out_BTNH), cache.store(k_BTKH, v_BTKH, num_new_B)
     out_BTNH, cache = cache.attend(
-        q_BTNH, k_BTKH, v_BTKH, num_new_B=num_new_B, q_positions_BT=positions_BT,
+        q_BTNH, k_BTKH, v_BTKH, num_new_B=num_new_B, q_positions_BT=rows_BT,
         causal=self.causal, window=self.window, implementation=self.implementation, **dropout)
     return self.o_proj(out_BTNH), cache
 

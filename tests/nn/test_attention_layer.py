@@ -1,0 +1,205 @@
+"""The attention layer (``attnlab.nn.attention.Attention``) on its own: against the
+projections and the attention written out in NumPy, its defaults, dtypes, attention
+dropout, and a cache's default positions and padding."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import attnlab
+from attnlab.nn.attention import Attention
+from attnlab.nn.kv_cache import KVCache
+
+D, N, K, H = 16, 4, 2, 8
+
+
+@nnx.jit
+def call(layer, x, **kw):
+  return layer(x, **kw)
+
+
+def _x(B=2, T=6, seed=0):
+  return jax.random.normal(jax.random.key(seed), (B, T, D))
+
+
+def _rope(x_BTNH, pos_T, theta):
+  """Half-split RoPE in NumPy: pair (i, i + H/2) turns by pos * theta^(-2i/H)."""
+  half = x_BTNH.shape[-1] // 2
+  angle = pos_T[None, :, None, None] * theta ** (-2.0 * np.arange(half) / x_BTNH.shape[-1])
+  a, b = x_BTNH[..., :half], x_BTNH[..., half:]
+  return np.concatenate([a * np.cos(angle) - b * np.sin(angle),
+                         b * np.cos(angle) + a * np.sin(angle)], axis=-1)
+
+
+def _by_hand(layer, x, *, causal=False, rope_theta=None):
+  """The layer in NumPy float64: projections (+ biases), RoPE, softmax attention
+  with query head n reading KV head n // (N / K), the output projection."""
+  x = np.asarray(x, np.float64)
+  f64 = lambda a: np.asarray(a, np.float64)
+
+  def project(p, eq):
+    y = np.einsum(eq, x, f64(p.w[...]))
+    return y if p.b is None else y + f64(p.b[...])
+
+  q = project(layer.q_proj, "btd,dnh->btnh")
+  k = project(layer.k_proj, "btd,dkh->btkh")
+  v = project(layer.v_proj, "btd,dkh->btkh")
+  T = x.shape[1]
+  if rope_theta is not None:
+    q, k = _rope(q, np.arange(T), rope_theta), _rope(k, np.arange(T), rope_theta)
+  out = np.zeros_like(q)
+  for b, t, n in itertools.product(range(x.shape[0]), range(T), range(N)):
+    keys = range(t + 1) if causal else range(T)
+    s = np.array([q[b, t, n] @ k[b, j, n // (N // K)] for j in keys]) / np.sqrt(H)
+    p = np.exp(s - s.max())
+    out[b, t, n] = (p / p.sum()) @ v[b, list(keys), n // (N // K)]
+  y = np.einsum("btnh,nhd->btd", out, f64(layer.o_proj.w[...]))
+  return y if layer.o_proj.b is None else y + f64(layer.o_proj.b[...])
+
+
+def _set_biases(layer):
+  for i, p in enumerate((layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj)):
+    if p.b is not None:
+      p.b[...] = jax.random.normal(jax.random.key(100 + i), p.b.shape)
+
+
+def test_defaults_bidirectional_no_rope_no_bias_no_dropout_auto():
+  layer = Attention(D, N, K, H, rngs=nnx.Rngs(0))
+  assert (layer.causal, layer.window, layer.rope_theta, layer.rope_pairing) == (
+      False, None, None, "half")
+  assert layer.implementation == "auto" and layer.dropout_rate == 0.0
+  assert layer.dropout_rngs is None and layer.deterministic is False
+  assert all(p.b is None for p in (layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj))
+  x = _x()
+  np.testing.assert_allclose(call(layer, x), _by_hand(layer, x), atol=1e-5, rtol=1e-5)
+  assert layer.q_proj.w.shape == (D, N, H) and layer.k_proj.w.shape == (D, K, H)
+  assert layer.o_proj.w.shape == (N, H, D)
+
+
+@pytest.mark.parametrize("o_bias", [None, False])
+def test_causal_rope_and_biases_against_numpy(o_bias):
+  """``use_bias`` puts biases [N, H] / [K, H] / [D] on the four projections;
+  ``o_bias=False`` leaves the output projection without one (Qwen2)."""
+  layer = Attention(D, N, K, H, causal=True, rope_theta=500.0, use_bias=True, o_bias=o_bias,
+                    rngs=nnx.Rngs(1))
+  assert layer.q_proj.b.shape == (N, H) and layer.k_proj.b.shape == (K, H)
+  assert (layer.o_proj.b is None) == (o_bias is False)
+  _set_biases(layer)
+  x = _x(seed=1)
+  np.testing.assert_allclose(call(layer, x), _by_hand(layer, x, causal=True, rope_theta=500.0),
+                             atol=1e-5, rtol=1e-5)
+
+
+def test_heads_that_do_not_group_are_refused_by_name():
+  with pytest.raises(ValueError, match=r"^num_heads=6 must be a multiple of num_kv_heads=4$"):
+    Attention(D, 6, 4, H, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("param_dtype", [jnp.float32, jnp.bfloat16])
+def test_compute_dtype_and_parameter_dtype(param_dtype):
+  layer = Attention(D, N, K, H, use_bias=True, dtype=jnp.bfloat16, param_dtype=param_dtype,
+                    rngs=nnx.Rngs(2))
+  for p in (layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj):
+    assert p.w.dtype == param_dtype and p.b.dtype == param_dtype
+  x = _x(seed=2)
+  out = call(layer, x)
+  assert out.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(out, np.float32), _by_hand(layer, x), atol=5e-2,
+                             rtol=5e-2)
+
+
+def test_attention_dropout_is_on_in_training_unbiased_and_off_in_eval():
+  """Dropout on the probabilities (the reference op), from the layer's own
+  ``dropout`` stream: two calls differ, the same seed repeats the same draws,
+  the output is linear in the probabilities so the mean over draws is the
+  undropped output, and ``eval()`` turns it off (equal to a layer without
+  dropout and the same parameters)."""
+  make = lambda rate: Attention(D, N, K, H, causal=True, dropout_rate=rate,
+                                implementation="reference", rngs=nnx.Rngs(params=3, dropout=4))
+  layer, again, plain = make(0.5), make(0.5), make(0.0)
+  for a, b in zip(jax.tree.leaves(nnx.state(layer, nnx.Param)),
+                  jax.tree.leaves(nnx.state(plain, nnx.Param))):
+    np.testing.assert_array_equal(a, b)
+  x = _x(seed=3)
+  want = np.asarray(call(plain, x))
+  draws = np.stack([np.asarray(call(layer, x)) for _ in range(200)])
+  np.testing.assert_array_equal(np.asarray(call(again, x)), draws[0])
+  assert not np.allclose(draws[0], draws[1]) and not np.allclose(draws[0], want, atol=1e-3)
+  spread = np.abs(draws - want).mean()
+  assert np.abs(draws.mean(0) - want).mean() < 0.2 * spread  # 200 draws: ~0.07 expected
+  layer.eval()
+  np.testing.assert_allclose(call(layer, x), want, atol=1e-6)
+  layer.train()
+  assert not np.allclose(call(layer, x), want, atol=1e-3)
+
+
+def test_a_model_with_attention_dropout_drops_in_training_only():
+  cfg = dict(vocab_size=32, d_model=D, num_layers=2, num_heads=N, num_kv_heads=K, d_ff=32,
+             attention_impl="reference")
+  build = lambda rate: attnlab.build_model(attnlab.ModelConfig(**cfg, attention_dropout_rate=rate),
+                                           rngs=nnx.Rngs(params=0, dropout=1))
+  model, plain = build(0.3), build(0.0)
+  tokens = jax.random.randint(jax.random.key(5), (2, 8), 1, 32)
+  want = np.asarray(call(plain, tokens))
+  first, second = np.asarray(call(model, tokens)), np.asarray(call(model, tokens))
+  assert not np.allclose(first, want, atol=1e-3) and not np.allclose(first, second, atol=1e-3)
+  model.eval()
+  np.testing.assert_allclose(call(model, tokens), want, atol=1e-5)
+
+
+def test_with_a_cache_positions_default_to_the_lengths_and_no_segment_ids_means_no_padding():
+  """Over a cache, the positions default to the cache lengths + 0..T-1 (RoPE
+  depends on them) and missing segment ids to all tokens real: the same
+  outputs and cache as passing them, and the same outputs as the uncached
+  layer over the whole sequence."""
+  layer = Attention(D, N, K, H, causal=True, rope_theta=100.0, implementation="reference",
+                    rngs=nnx.Rngs(6))
+  x = _x(B=2, T=7, seed=6)
+  full = np.asarray(call(layer, x))
+  outs = {}
+  for explicit in (False, True):
+    cache, got = KVCache.init(2, 16, K, H), []
+    for lo, hi in [(0, 4), (4, 5), (5, 7)]:
+      kw = {}
+      if explicit:
+        kw = dict(positions_BT=jnp.broadcast_to(jnp.arange(lo, hi), (2, hi - lo)),
+                  segment_ids_BT=jnp.ones((2, hi - lo), jnp.int32))
+      out, cache = call(layer, x[:, lo:hi], cache=cache, **kw)
+      got.append(np.asarray(out))
+    np.testing.assert_array_equal(cache.lengths_B, [7, 7])
+    outs[explicit] = (np.concatenate(got, axis=1), cache)
+  np.testing.assert_allclose(outs[False][0], full, atol=1e-5, rtol=1e-5)
+  np.testing.assert_array_equal(outs[False][0], outs[True][0])
+  for a, b in zip(jax.tree.leaves(outs[False][1]), jax.tree.leaves(outs[True][1])):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_packed_documents_attend_only_within_themselves():
+  """Segment ids [1, 1, 1, 2, 2, 2, 0]: each document, with positions restarting,
+  gives what it gives alone; the padding (segment 0) changes nothing."""
+  layer = Attention(D, N, K, H, causal=True, rope_theta=100.0, rngs=nnx.Rngs(7))
+  x = _x(B=1, T=7, seed=7)
+  seg = jnp.array([[1, 1, 1, 2, 2, 2, 0]])
+  pos = jnp.array([[0, 1, 2, 0, 1, 2, 0]])
+  packed = np.asarray(call(layer, x, positions_BT=pos, segment_ids_BT=seg))
+  np.testing.assert_allclose(packed[:, :3], call(layer, x[:, :3]), atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(packed[:, 3:6], call(layer, x[:, 3:6]), atol=1e-5, rtol=1e-5)
+
+
+def test_with_a_cache_explicit_positions_are_used():
+  """Positions that are not the cache's default (here 0, 3, 6, ...: RoPE sees
+  other distances) give what the uncached layer gives with them."""
+  layer = Attention(D, N, K, H, causal=True, rope_theta=100.0, rngs=nnx.Rngs(8))
+  x = _x(B=2, T=5, seed=8)
+  pos = jnp.broadcast_to(3 * jnp.arange(5), (2, 5))
+  want = np.asarray(call(layer, x, positions_BT=pos))
+  assert not np.allclose(want, call(layer, x), atol=1e-4)
+  cache, got = KVCache.init(2, 8, K, H), []
+  for lo, hi in [(0, 3), (3, 4), (4, 5)]:
+    out, cache = call(layer, x[:, lo:hi], positions_BT=pos[:, lo:hi], cache=cache)
+    got.append(np.asarray(out))
+  np.testing.assert_allclose(np.concatenate(got, axis=1), want, atol=1e-5, rtol=1e-5)

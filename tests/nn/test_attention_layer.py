@@ -35,28 +35,39 @@ def _rope(x_BTNH, pos_T, theta):
                          b * np.cos(angle) + a * np.sin(angle)], axis=-1)
 
 
-def _by_hand(layer, x, *, causal=False, rope_theta=None):
+def _by_hand(layer, x, *, causal=False, rope_theta=None, pairing="half", context=None,
+             q_seg=None, kv_seg=None):
   """The layer in NumPy float64: projections (+ biases), RoPE, softmax attention
-  with query head n reading KV head n // (N / K), the output projection."""
+  with query head n reading KV head n // (N / K), the output projection. Keys and
+  values come from ``context`` if given (cross-attention); a query sees the keys
+  of its own segment (a query that sees none gives zeros)."""
   x = np.asarray(x, np.float64)
+  src = x if context is None else np.asarray(context, np.float64)
   f64 = lambda a: np.asarray(a, np.float64)
 
-  def project(p, eq):
-    y = np.einsum(eq, x, f64(p.w[...]))
+  def project(p, eq, inp):
+    y = np.einsum(eq, inp, f64(p.w[...]))
     return y if p.b is None else y + f64(p.b[...])
 
-  q = project(layer.q_proj, "btd,dnh->btnh")
-  k = project(layer.k_proj, "btd,dkh->btkh")
-  v = project(layer.v_proj, "btd,dkh->btkh")
-  T = x.shape[1]
+  q = project(layer.q_proj, "btd,dnh->btnh", x)
+  k = project(layer.k_proj, "btd,dkh->btkh", src)
+  v = project(layer.v_proj, "btd,dkh->btkh", src)
+  T, S = x.shape[1], src.shape[1]
   if rope_theta is not None:
-    q, k = _rope(q, np.arange(T), rope_theta), _rope(k, np.arange(T), rope_theta)
-  out = np.zeros_like(q)
+    if pairing == "adjacent":  # pairs (2i, 2i+1) moved to (i, i + H/2): scores are unchanged
+      perm = np.concatenate([np.arange(0, H, 2), np.arange(1, H, 2)])
+      q, k = q[..., perm], k[..., perm]
+    q, k = _rope(q, np.arange(T), rope_theta), _rope(k, np.arange(S), rope_theta)
+  q_seg = np.ones((x.shape[0], T)) if q_seg is None else np.asarray(q_seg)
+  kv_seg = np.ones((x.shape[0], S)) if kv_seg is None else np.asarray(kv_seg)
+  out = np.zeros((*q.shape[:3], H))
   for b, t, n in itertools.product(range(x.shape[0]), range(T), range(N)):
-    keys = range(t + 1) if causal else range(T)
+    keys = [j for j in (range(t + 1) if causal else range(S)) if kv_seg[b, j] == q_seg[b, t]]
+    if not keys:
+      continue
     s = np.array([q[b, t, n] @ k[b, j, n // (N // K)] for j in keys]) / np.sqrt(H)
     p = np.exp(s - s.max())
-    out[b, t, n] = (p / p.sum()) @ v[b, list(keys), n // (N // K)]
+    out[b, t, n] = (p / p.sum()) @ v[b, keys, n // (N // K)]
   y = np.einsum("btnh,nhd->btd", out, f64(layer.o_proj.w[...]))
   return y if layer.o_proj.b is None else y + f64(layer.o_proj.b[...])
 
@@ -203,3 +214,39 @@ def test_with_a_cache_explicit_positions_are_used():
     out, cache = call(layer, x[:, lo:hi], positions_BT=pos[:, lo:hi], cache=cache)
     got.append(np.asarray(out))
   np.testing.assert_allclose(np.concatenate(got, axis=1), want, atol=1e-5, rtol=1e-5)
+
+
+def test_rope_pairing_adjacent_against_numpy():
+  layer = Attention(D, N, K, H, causal=True, rope_theta=300.0, rope_pairing="adjacent",
+                    rngs=nnx.Rngs(9))
+  x = _x(seed=9)
+  want = _by_hand(layer, x, causal=True, rope_theta=300.0, pairing="adjacent")
+  np.testing.assert_allclose(call(layer, x), want, atol=1e-5, rtol=1e-5)
+  assert not np.allclose(want, _by_hand(layer, x, causal=True, rope_theta=300.0), atol=1e-3)
+
+
+def test_cross_attention_sees_the_whole_context_but_its_padding():
+  """Cross-attention: keys and values from the context, never causal, no RoPE;
+  context segment 0 is padding; with segment ids on one side only, the other
+  side is all one segment (a padded query then sees nothing: zeros in, o_proj's
+  bias out)."""
+  layer = Attention(D, N, K, H, use_bias=True, rngs=nnx.Rngs(10))
+  _set_biases(layer)
+  x, ctx = _x(B=2, T=5, seed=10), _x(B=2, T=7, seed=11)
+  ctx_seg = jnp.array([[1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1]])
+  got = call(layer, x, context_BSD=ctx, context_segment_ids_BS=ctx_seg)
+  np.testing.assert_allclose(got, _by_hand(layer, x, context=ctx, kv_seg=ctx_seg),
+                             atol=1e-5, rtol=1e-5)
+  q_seg = jnp.array([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+  got = call(layer, x, segment_ids_BT=q_seg, context_BSD=ctx)
+  want = _by_hand(layer, x, context=ctx, q_seg=q_seg)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(got[0, 4], layer.o_proj.b[...], atol=1e-6)
+
+
+def test_with_a_cache_right_padding_is_not_stored():
+  layer = Attention(D, N, K, H, causal=True, rngs=nnx.Rngs(12))
+  x = _x(B=2, T=3, seed=12)
+  _, cache = call(layer, x, segment_ids_BT=jnp.array([[1, 1, 1], [1, 1, 0]]),
+                  cache=KVCache.init(2, 8, K, H))
+  np.testing.assert_array_equal(cache.lengths_B, [3, 2])

@@ -250,3 +250,39 @@ def test_with_a_cache_right_padding_is_not_stored():
   _, cache = call(layer, x, segment_ids_BT=jnp.array([[1, 1, 1], [1, 1, 0]]),
                   cache=KVCache.init(2, 8, K, H))
   np.testing.assert_array_equal(cache.lengths_B, [3, 2])
+
+
+def test_projections_carry_their_logical_axes_and_fan_in_init():
+  """Logical axes (mapped onto the mesh by the training code) and a variance of
+  1 / fan-in: D for q / k / v, N x H for the output projection."""
+  d, n, k, h = 64, 8, 2, 16
+  layer = Attention(d, n, k, h, use_bias=True, rngs=nnx.Rngs(13))
+  want = {"q_proj": (("embed", "heads", "head_dim"), d),
+          "k_proj": (("embed", "kv_heads", "head_dim"), d),
+          "v_proj": (("embed", "kv_heads", "head_dim"), d),
+          "o_proj": (("heads", "head_dim", "embed"), n * h)}
+  for name, (axes, fan_in) in want.items():
+    p = getattr(layer, name)
+    assert p.w.get_metadata()["axes"] == axes, name
+    std = float(jnp.std(p.w[...]))
+    assert abs(std * np.sqrt(fan_in) - 1) < 0.06, (name, std)
+  assert layer.q_proj.b.get_metadata()["axes"] == ("heads", "head_dim")
+  assert layer.k_proj.b.get_metadata()["axes"] == ("kv_heads", "head_dim")
+  assert layer.o_proj.b.get_metadata()["axes"] == ("embed",)
+
+
+def test_attention_dropout_applies_over_caches_too_in_training():
+  """A cached call in training mode drops too (self- and cross-attention caches);
+  in eval mode it equals the layer without dropout."""
+  from attnlab.nn.kv_cache import CrossKVCache
+
+  layer = Attention(D, N, K, H, causal=True, dropout_rate=0.5, implementation="reference",
+                    rngs=nnx.Rngs(params=14, dropout=15))
+  x, ctx = _x(B=2, T=3, seed=14), _x(B=2, T=5, seed=15)
+  cross = CrossKVCache(layer.k_proj(ctx), layer.v_proj(ctx), jnp.ones((2, 5), jnp.int32))
+  for cache in (KVCache.init(2, 8, K, H), cross):
+    layer.eval()
+    want, _ = call(layer, x, cache=cache)
+    layer.train()
+    got, _ = call(layer, x, cache=cache)
+    assert not np.allclose(got, want, atol=1e-3), type(cache).__name__

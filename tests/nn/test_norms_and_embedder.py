@@ -1,0 +1,90 @@
+"""RMSNorm, LayerNorm and the Embedder against NumPy with parameters away from their
+initial values (a scale of 1 and a bias of 0 hide a divided scale or a subtracted bias),
+inputs whose variance is near eps, their dtypes and their logical axes."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from attnlab.nn.layers import Embedder, LayerNorm, RMSNorm
+
+D = 16
+
+
+def _inputs(dtype=jnp.float32):
+  x = np.array(jax.random.normal(jax.random.key(0), (2, 3, D)))
+  x[0, 0] *= 1e-4  # variance 1e-8: eps (1e-6) dominates, its sign matters
+  return jnp.asarray(x, dtype)
+
+
+def _set(p, seed, shift):
+  p[...] = (shift + 0.5 * jax.random.normal(jax.random.key(seed), p.shape)).astype(p.dtype)
+
+
+@pytest.mark.parametrize("dtype,param_dtype", [(jnp.float32, jnp.float32),
+                                               (jnp.bfloat16, jnp.bfloat16)])
+def test_rmsnorm_against_numpy(dtype, param_dtype):
+  norm = RMSNorm(D, eps=1e-6, dtype=dtype, param_dtype=param_dtype)
+  assert norm.scale.dtype == param_dtype and norm.scale.get_metadata()["axes"] == ("embed",)
+  np.testing.assert_array_equal(norm.scale[...], 1.0)
+  _set(norm.scale, 1, 1.0)
+  x = _inputs(dtype)
+  got = jax.jit(lambda x: norm(x))(x)
+  assert got.dtype == dtype
+  xf = np.asarray(x.astype(jnp.float32), np.float64)
+  want = xf / np.sqrt((xf**2).mean(-1, keepdims=True) + 1e-6) * np.asarray(
+      norm.scale[...].astype(jnp.float32), np.float64)
+  tol = 1e-5 if dtype == jnp.float32 else 2e-2
+  np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype,param_dtype", [(jnp.float32, jnp.float32),
+                                               (jnp.bfloat16, jnp.bfloat16)])
+def test_layernorm_against_numpy(dtype, param_dtype):
+  norm = LayerNorm(D, eps=1e-6, dtype=dtype, param_dtype=param_dtype)
+  for p in (norm.scale, norm.bias):
+    assert p.dtype == param_dtype and p.get_metadata()["axes"] == ("embed",)
+  np.testing.assert_array_equal(norm.scale[...], 1.0)
+  np.testing.assert_array_equal(norm.bias[...], 0.0)
+  _set(norm.scale, 2, 1.0)
+  _set(norm.bias, 3, 0.0)
+  x = _inputs(dtype)
+  got = jax.jit(lambda x: norm(x))(x)
+  assert got.dtype == dtype
+  xf = np.asarray(x.astype(jnp.float32), np.float64)
+  mean = xf.mean(-1, keepdims=True)
+  var = ((xf - mean) ** 2).mean(-1, keepdims=True)
+  f64 = lambda p: np.asarray(p[...].astype(jnp.float32), np.float64)
+  want = (xf - mean) / np.sqrt(var + 1e-6) * f64(norm.scale) + f64(norm.bias)
+  tol = 1e-5 if dtype == jnp.float32 else 3e-2
+  np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("scale_embeddings", [False, True])
+@pytest.mark.parametrize("tied", [True, False])
+def test_embedder_encodes_rows_scaled_and_decodes_with_the_tied_or_own_head(scale_embeddings,
+                                                                             tied):
+  V = 11
+  emb = Embedder(V, D, tied=tied, scale_embeddings=scale_embeddings, dtype=jnp.bfloat16,
+                 rngs=nnx.Rngs(4))
+  table = np.asarray(emb.embed_tokens[...], np.float64)
+  assert emb.embed_tokens.get_metadata()["axes"] == ("vocab", "embed")
+  assert abs(table.std() * math.sqrt(D) - 1) < 0.15  # std D^-1/2
+  tokens = jnp.array([[0, 3, 10], [5, 5, 1]])
+  x = jax.jit(emb.encode)(tokens)
+  assert x.dtype == jnp.bfloat16
+  want = table[np.asarray(tokens)] * (math.sqrt(D) if scale_embeddings else 1.0)
+  np.testing.assert_allclose(np.asarray(x.astype(jnp.float32)), want, rtol=1e-2, atol=1e-2)
+  h = jax.random.normal(jax.random.key(5), (2, 3, D)).astype(jnp.bfloat16)
+  logits = jax.jit(emb.decode)(h)
+  assert logits.dtype == jnp.float32 and logits.shape == (2, 3, V)
+  head = table.T if tied else np.asarray(emb.lm_head[...], np.float64)
+  if not tied:
+    assert emb.lm_head.get_metadata()["axes"] == ("embed", "vocab")
+  want = np.asarray(h.astype(jnp.float32), np.float64) @ np.asarray(
+      jnp.asarray(head, jnp.float32).astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+  np.testing.assert_allclose(np.asarray(logits), want, rtol=1e-4, atol=1e-4)

@@ -122,7 +122,10 @@ class Checkpointer:
     self.read_only = read_only
     self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
     if read_only:
-      options = ocp.CheckpointManagerOptions(read_only=True, create=False,
+      # Not orbax's read_only option, which logs two warnings on every open (a
+      # decode or an eval would print them): a manager that creates and cleans
+      # nothing, and ``save`` refuses (``_check_writable``).
+      options = ocp.CheckpointManagerOptions(create=False, cleanup_tmp_directories=False,
                                              enable_async_checkpointing=False)
       self.manager = ocp.CheckpointManager(self.directory, options=options)
       return

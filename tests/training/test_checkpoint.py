@@ -155,6 +155,12 @@ def test_a_reader_leaves_a_half_saved_checkpoint_and_a_writer_deletes_it_at_once
   finally:
     writer.close()
   assert _listing(workdir) == ["1", "2", "3"]
+  # A reader of a workdir that saved nothing creates nothing there.
+  nothing = tmp_path / "nothing"
+  reader = Checkpointer(str(nothing), read_only=True)
+  assert reader.steps() == []
+  reader.close()
+  assert not nothing.exists()
 
 
 def _listing(workdir):

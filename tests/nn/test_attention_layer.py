@@ -2,8 +2,6 @@
 projections and the attention written out in NumPy, its defaults, dtypes, attention
 dropout, and a cache's default positions and padding."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +11,7 @@ from flax import nnx
 import attnlab
 from attnlab.nn.attention import Attention
 from attnlab.nn.kv_cache import KVCache
+from tests.ops.naive import naive_attention
 
 D, N, K, H = 16, 4, 2, 8
 
@@ -37,10 +36,9 @@ def _rope(x_BTNH, pos_T, theta):
 
 def _by_hand(layer, x, *, causal=False, rope_theta=None, pairing="half", context=None,
              q_seg=None, kv_seg=None):
-  """The layer in NumPy float64: projections (+ biases), RoPE, softmax attention
-  with query head n reading KV head n // (N / K), the output projection. Keys and
-  values come from ``context`` if given (cross-attention); a query sees the keys
-  of its own segment (a query that sees none gives zeros)."""
+  """The layer in NumPy float64: projections (+ biases), RoPE, the textbook
+  attention (``naive_attention``), the output projection. Keys and values come
+  from ``context`` if given (cross-attention)."""
   x = np.asarray(x, np.float64)
   src = x if context is None else np.asarray(context, np.float64)
   f64 = lambda a: np.asarray(a, np.float64)
@@ -58,16 +56,10 @@ def _by_hand(layer, x, *, causal=False, rope_theta=None, pairing="half", context
       perm = np.concatenate([np.arange(0, H, 2), np.arange(1, H, 2)])
       q, k = q[..., perm], k[..., perm]
     q, k = _rope(q, np.arange(T), rope_theta), _rope(k, np.arange(S), rope_theta)
-  q_seg = np.ones((x.shape[0], T)) if q_seg is None else np.asarray(q_seg)
-  kv_seg = np.ones((x.shape[0], S)) if kv_seg is None else np.asarray(kv_seg)
-  out = np.zeros((*q.shape[:3], H))
-  for b, t, n in itertools.product(range(x.shape[0]), range(T), range(N)):
-    keys = [j for j in (range(t + 1) if causal else range(S)) if kv_seg[b, j] == q_seg[b, t]]
-    if not keys:
-      continue
-    s = np.array([q[b, t, n] @ k[b, j, n // (N // K)] for j in keys]) / np.sqrt(H)
-    p = np.exp(s - s.max())
-    out[b, t, n] = (p / p.sum()) @ v[b, keys, n // (N // K)]
+  if q_seg is not None or kv_seg is not None:  # the side left out is all one segment
+    q_seg = np.ones((x.shape[0], T)) if q_seg is None else np.asarray(q_seg)
+    kv_seg = np.ones((x.shape[0], S)) if kv_seg is None else np.asarray(kv_seg)
+  out = naive_attention(q, k, v, causal=causal, q_seg=q_seg, kv_seg=kv_seg)
   y = np.einsum("btnh,nhd->btd", out, f64(layer.o_proj.w[...]))
   return y if layer.o_proj.b is None else y + f64(layer.o_proj.b[...])
 

@@ -121,28 +121,24 @@ class Checkpointer:
     self._ocp = ocp
     self.read_only = read_only
     self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
-    if read_only:
-      # Not orbax's read_only option, which logs two warnings on every open (a
-      # decode or an eval would print them): a manager that creates and cleans
-      # nothing, and ``save`` refuses (``_check_writable``).
-      options = ocp.CheckpointManagerOptions(create=False, cleanup_tmp_directories=False,
-                                             enable_async_checkpointing=False)
-      self.manager = ocp.CheckpointManager(self.directory, options=options)
-      return
     extra = {}
-    kill_step = os.environ.get(KILL_MID_SAVE_ENV)
-    if kill_step:
-      extra["temporary_path_class"] = _kill_mid_save_path_class(ocp, int(kill_step))
-    # Not orbax's cleanup_tmp_directories: it deletes in a background thread
-    # that close() does not wait for, so a second manager opened on the same
-    # directory soon after raced it on the same paths (FileNotFoundError in
-    # rmtree, seen in CI on a resume after a kill mid-save).
-    if jax.process_index() == 0 and os.path.isdir(self.directory):
-      for name in ocp.path.step.tmp_checkpoints(self.directory):
-        log.info("deleting %s, a checkpoint left half-saved", os.path.join(self.directory, name))
-        shutil.rmtree(os.path.join(self.directory, name))
+    if not read_only:
+      kill_step = os.environ.get(KILL_MID_SAVE_ENV)
+      if kill_step:
+        extra["temporary_path_class"] = _kill_mid_save_path_class(ocp, int(kill_step))
+      if jax.process_index() == 0 and os.path.isdir(self.directory):
+        for name in ocp.path.step.tmp_checkpoints(self.directory):
+          log.info("deleting %s, a checkpoint left half-saved",
+                   os.path.join(self.directory, name))
+          shutil.rmtree(os.path.join(self.directory, name))
+    # Not orbax's cleanup_tmp_directories: it deletes in a background thread that
+    # close() does not wait for, so a second manager opened on the same directory
+    # soon after raced it on the same paths (FileNotFoundError in rmtree, seen in
+    # CI on a resume after a kill mid-save). Nor orbax's read_only option for a
+    # reader: it logs two warnings on every open (each decode and eval printed
+    # them); a reader creates and deletes nothing, and ``save`` refuses.
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=True, enable_async_checkpointing=False,
+        max_to_keep=keep, create=not read_only, enable_async_checkpointing=False,
         cleanup_tmp_directories=False, **extra)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
 

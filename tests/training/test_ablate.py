@@ -237,25 +237,13 @@ def test_convert_to_the_same_heads_with_mean_is_the_identity():
                                 np.asarray(_logits(same, TOKENS)))
 
 
-@pytest.mark.parametrize("method", ["mean", "first"])
-def test_convert_merges_each_group_by_hand(method):
+@pytest.mark.parametrize("method", ["mean", "first", "random"])
+def test_convert_copies_every_other_parameter(method):
+  """Only k_proj / v_proj change (``test_convert_merges_every_attention_by_hand``);
+  every other parameter is the source's, bit for bit."""
   model = _model()
   new = attnlab.convert_heads(model, 2, method)
   assert new.cfg.num_kv_heads == 2 and new.cfg.num_heads == 4
-  for old_l, new_l in zip(model.decoder.layers, new.decoder.layers):
-    for name in ("k_proj", "v_proj"):
-      w = np.asarray(getattr(old_l.self_attn, name).w[...])  # [D, 4, H]
-      b = np.asarray(getattr(old_l.self_attn, name).b[...])  # [4, H]
-      if method == "mean":
-        want_w = np.stack([(w[:, 0] + w[:, 1]) / 2, (w[:, 2] + w[:, 3]) / 2], axis=1)
-        want_b = np.stack([(b[0] + b[1]) / 2, (b[2] + b[3]) / 2])
-      else:
-        want_w, want_b = w[:, [0, 2]], b[[0, 2]]
-      np.testing.assert_allclose(np.asarray(getattr(new_l.self_attn, name).w[...]), want_w,
-                                 rtol=1e-6, atol=1e-7)
-      np.testing.assert_allclose(np.asarray(getattr(new_l.self_attn, name).b[...]), want_b,
-                                 rtol=1e-6, atol=1e-7)
-  # Every other parameter is copied.
   old = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   got = nnx.to_pure_dict(nnx.state(new, nnx.Param))
   for path, leaf in jax.tree_util.tree_flatten_with_path(old)[0]:

@@ -11,7 +11,9 @@
 # (survivors listed; `mutmut show NAME` in that folder prints one). Needs mutmut in the
 # venv of $PYTHON_BIN (default: the python on PATH). MUT_NAMES (space-separated fnmatch
 # patterns of mutant names, e.g. "attnlab.nn.kv_cache.x_quantize__mutmut_*") runs only
-# those mutants: the functions a module's fast tests reach.
+# those mutants: the functions a module's fast tests reach. MUT_RECHECK=DIR (a previous
+# round's folder) runs only the mutants that survived there or that it did not run,
+# with the TESTs given now (e.g. the round's tests plus the ones written since).
 #
 # JAX is not fork-safe once its backend has started, and mutmut forks a worker per
 # mutant: the workers come from a fork server that has only imported the third-party
@@ -23,6 +25,12 @@ set -euo pipefail
 name=$1; module=$2; shift 2
 repo=$(cd "$(dirname "$0")/.." && pwd)
 dir=${MUT_DIR:-/tmp/attnlab-mutation}/$name
+if [ -n "${MUT_RECHECK:-}" ]; then
+  [ -f "$MUT_RECHECK/results.txt" ] || { echo "MUT_RECHECK: no $MUT_RECHECK/results.txt" >&2; exit 2; }
+  MUT_NAMES="${MUT_NAMES:-} $(sed -n 's/^ *\([^ ]*\): \(survived\|not checked\)$/\1/p' \
+    "$MUT_RECHECK/results.txt" | tr '\n' ' ')"
+  [ -n "${MUT_NAMES// /}" ] || { echo "MUT_RECHECK: nothing survived in $MUT_RECHECK" >&2; exit 0; }
+fi
 rm -rf "$dir"; mkdir -p "$dir"
 (cd "$repo" && git ls-files | grep -v '^configs$' | tar -cf - -T -) | (cd "$dir" && tar -xf -)
 cd "$dir"

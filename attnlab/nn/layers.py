@@ -137,9 +137,14 @@ class LayerNorm(nnx.Module):
     return y.astype(self.dtype)
 
 
+_NORMS = {"rmsnorm": RMSNorm, "layernorm": LayerNorm}
+
+
 def make_norm(kind: str, dim: int, *, eps: float, dtype, param_dtype):
-  cls = {"rmsnorm": RMSNorm, "layernorm": LayerNorm}[kind]
-  return cls(dim, eps=eps, dtype=dtype, param_dtype=param_dtype)
+  """The norm layer ``kind`` ("rmsnorm" | "layernorm") over the last dimension of size dim."""
+  if kind not in _NORMS:
+    raise ValueError(f"norm={kind!r} is not one of {', '.join(map(repr, _NORMS))}")
+  return _NORMS[kind](dim, eps=eps, dtype=dtype, param_dtype=param_dtype)
 
 
 class Embedder(nnx.Module):

@@ -3,6 +3,7 @@ initial values (a scale of 1 and a bias of 0 hide a divided scale or a subtracte
 inputs whose variance is near eps, their dtypes and their logical axes."""
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +11,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnlab.nn.layers import Embedder, LayerNorm, RMSNorm
+import attnlab
+from attnlab.nn.layers import Embedder, LayerNorm, RMSNorm, make_norm
+from attnlab.nn.partitioning import activation_sharding
 
 D = 16
 
@@ -88,3 +91,56 @@ def test_embedder_encodes_rows_scaled_and_decodes_with_the_tied_or_own_head(scal
   want = np.asarray(h.astype(jnp.float32), np.float64) @ np.asarray(
       jnp.asarray(head, jnp.float32).astype(jnp.bfloat16).astype(jnp.float32), np.float64)
   np.testing.assert_allclose(np.asarray(logits), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind,cls", [("rmsnorm", RMSNorm), ("layernorm", LayerNorm)])
+def test_make_norm_builds_the_kind_with_its_eps_and_dtypes(kind, cls):
+  norm = make_norm(kind, D, eps=0.25, dtype=jnp.bfloat16, param_dtype=jnp.float16)
+  assert type(norm) is cls and norm.eps == 0.25 and norm.dtype == jnp.bfloat16
+  assert norm.scale.dtype == jnp.float16 and norm.scale.shape == (D,)
+  with pytest.raises(ValueError, match=re.escape(
+      "norm='batchnorm' is not one of 'rmsnorm', 'layernorm'")):
+    make_norm("batchnorm", D, eps=0.25, dtype=jnp.float32, param_dtype=jnp.float32)
+
+
+def test_embedder_defaults_param_dtype_and_the_heads_init():
+  emb = Embedder(11, D, rngs=nnx.Rngs(0))  # tied, no scaling, float32
+  assert emb.tied and emb.lm_head is None and emb.scale == 1.0
+  assert emb.embed_tokens.dtype == jnp.float32
+  tokens = jnp.array([[1, 2, 3]])
+  np.testing.assert_array_equal(emb.encode(tokens), emb.embed_tokens[...][tokens])
+  V = 512  # the own head's init: fan-in D (std D^-1/2), whatever V is
+  emb = Embedder(V, D, tied=False, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(1))
+  assert emb.embed_tokens.dtype == emb.lm_head.dtype == jnp.bfloat16
+  head = np.asarray(emb.lm_head[...].astype(jnp.float32), np.float64)
+  assert head.shape == (D, V) and abs(head.std() * math.sqrt(D) - 1) < 0.05
+
+
+def test_embeddings_of_d_model_4_are_scaled_by_2():
+  emb = Embedder(11, 4, scale_embeddings=True, rngs=nnx.Rngs(0))
+  tokens = jnp.array([[1, 2, 3]])
+  np.testing.assert_allclose(emb.encode(tokens), 2 * emb.embed_tokens[...][tokens], rtol=1e-6)
+
+
+def test_the_model_declares_the_logical_axes_of_its_activations():
+  """Under ``activation_sharding`` the embedder and the stack constrain their activations
+  by logical axes (what the trainer maps to mesh axes); recorded here on one device."""
+  cfg = attnlab.ModelConfig(vocab_size=11, d_model=D, num_layers=2, num_heads=2, d_ff=32,
+                            max_len=8)
+  model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
+  seen = []
+  replicated = jax.sharding.NamedSharding(
+      jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",)), jax.sharding.PartitionSpec())
+
+  def resolve(axes, shape):
+    seen.append((axes, shape))
+    return replicated
+
+  tokens = jnp.ones((2, 5), jnp.int32)
+  with activation_sharding(resolve):
+    logits = nnx.jit(lambda m, t: m(t))(model, tokens)
+  np.testing.assert_allclose(logits, model(tokens), rtol=1e-6, atol=1e-6)
+  activations = ("batch", "length", "embed")
+  assert seen == [(("vocab", None), (11, D)), (activations, (2, 5, D)),
+                  (activations, (2, 5, D)), (activations, (2, 5, D)),  # after each layer
+                  (("batch", "length", "vocab"), (2, 5, 11))]

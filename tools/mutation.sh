@@ -12,8 +12,8 @@
 # venv of $PYTHON_BIN (default: the python on PATH). MUT_NAMES (space-separated fnmatch
 # patterns of mutant names, e.g. "attnlab.nn.kv_cache.x_quantize__mutmut_*") runs only
 # those mutants: the functions a module's fast tests reach. MUT_RECHECK=DIR (a previous
-# round's folder) runs only the mutants that survived there or that it did not run,
-# with the TESTs given now (e.g. the round's tests plus the ones written since).
+# round's folder) runs only the mutants that survived there and those it selected but did
+# not run (its time box), with the TESTs given now (the round's tests plus those since).
 #
 # JAX is not fork-safe once its backend has started, and mutmut forks a worker per
 # mutant: the workers come from a fork server that has only imported the third-party
@@ -21,19 +21,33 @@
 # persistent compilation cache serves every mutant, so programs a mutant leaves alone
 # compile once.
 set -euo pipefail
+set -f  # mutant-name patterns (MUT_NAMES) are never file globs
 [ $# -ge 3 ] || { sed -n 2,16p "$0"; exit 2; }
 name=$1; module=$2; shift 2
 repo=$(cd "$(dirname "$0")/.." && pwd)
 dir=${MUT_DIR:-/tmp/attnlab-mutation}/$name
 if [ -n "${MUT_RECHECK:-}" ]; then
   [ -f "$MUT_RECHECK/results.txt" ] || { echo "MUT_RECHECK: no $MUT_RECHECK/results.txt" >&2; exit 2; }
-  MUT_NAMES="${MUT_NAMES:-} $(sed -n 's/^ *\([^ ]*\): \(survived\|not checked\)$/\1/p' \
-    "$MUT_RECHECK/results.txt" | tr '\n' ' ')"
-  [ -n "${MUT_NAMES// /}" ] || { echo "MUT_RECHECK: nothing survived in $MUT_RECHECK" >&2; exit 0; }
+  # Survivors, and the mutants that round selected (its names.txt) but did not run.
+  MUT_NAMES="${MUT_NAMES:-} $(python3 - "$MUT_RECHECK" <<'EOP'
+import fnmatch, os, re, sys
+folder = sys.argv[1]
+names = os.path.join(folder, "names.txt")
+selected = open(names).read().split() if os.path.exists(names) else []
+for line in open(os.path.join(folder, "results.txt")):
+  m = re.match(r"\s*(\S+): (survived|not checked)$", line)
+  if m and (m[2] == "survived" or not selected
+            or any(fnmatch.fnmatch(m[1], p) for p in selected)):
+    print(m[1])
+EOP
+)"
+  MUT_NAMES=$(echo $MUT_NAMES)  # one line (set -f: no globbing)
+  [ -n "$MUT_NAMES" ] || { echo "MUT_RECHECK: nothing left to run in $MUT_RECHECK" >&2; exit 0; }
 fi
 rm -rf "$dir"; mkdir -p "$dir"
 (cd "$repo" && git ls-files | grep -v '^configs$' | tar -cf - -T -) | (cd "$dir" && tar -xf -)
 cd "$dir"
+echo "${MUT_NAMES:-}" > names.txt  # what this round selects (empty: every mutant)
 rm -rf configs && cp -r attnlab/configs configs
 tests=$(printf '"%s", ' "$@"); tests="[${tests%, }]"
 printf '%s\n' jax jax.numpy numpy flax flax.nnx optax orbax.checkpoint einops chex pytest \

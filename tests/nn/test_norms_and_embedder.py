@@ -97,6 +97,7 @@ def test_embedder_encodes_rows_scaled_and_decodes_with_the_tied_or_own_head(scal
 def test_make_norm_builds_the_kind_with_its_eps_and_dtypes(kind, cls):
   norm = make_norm(kind, D, eps=0.25, dtype=jnp.bfloat16, param_dtype=jnp.float16)
   assert type(norm) is cls and norm.eps == 0.25 and norm.dtype == jnp.bfloat16
+  assert cls(D).eps == 1e-6  # the default
   assert norm.scale.dtype == jnp.float16 and norm.scale.shape == (D,)
   with pytest.raises(ValueError, match=re.escape(
       "norm='batchnorm' is not one of 'rmsnorm', 'layernorm'")):

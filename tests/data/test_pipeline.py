@@ -1,0 +1,217 @@
+"""The batch layouts, row by row; the iterator's order over epochs; the validation batches;
+and what ``build_sources`` builds or refuses for every task."""
+
+import re
+
+import numpy as np
+import pytest
+
+from attnlab.config import DataConfig, ModelConfig
+from attnlab.data import packing, pipeline
+from attnlab.data.tokenizer import ByteTokenizer
+
+TOK = ByteTokenizer()
+PAD, BOS, EOS = 0, 1, 2
+INT_KEYS = ("tokens_BT", "targets_BT", "segment_ids_BT", "positions_BT")
+
+
+def ids(text):
+  return [ord(c) + 3 for c in text]
+
+
+def check(batch, want):
+  """The batch has exactly ``want``'s keys, values and dtypes (int32; the mask float32)."""
+  assert sorted(batch) == sorted(want)
+  for k, v in want.items():
+    assert batch[k].dtype == (np.float32 if k == "loss_mask_BT" else np.int32), k
+    np.testing.assert_array_equal(batch[k], v, err_msg=k)
+
+
+@pytest.mark.parametrize("loss_on_prompt", [False, True])
+def test_decoder_only_pairs_row_by_row(loss_on_prompt):
+  """[bos] source [eos] target [eos], cut to T + 1 tokens and shifted by one; segment ids
+  mark the tokens, positions count from 0; the loss covers the target and its eos (or,
+  with loss_on_prompt, everything)."""
+  src = pipeline.PairBatches([("ab", "xyz"), ("abcdef", "uvwxyz")], TOK, seq_len=10,
+                             arch="decoder_only", loss_on_prompt=loss_on_prompt)
+  a, b, c, d, e, f = ids("abcdef")
+  u, v, w, x, y, z = ids("uvwxyz")
+  short = [1, 1, 1, 1, 1, 1, 1, 1, 0, 0]
+  check(src.batch([0, 1]), dict(
+      tokens_BT=[[BOS, a, b, EOS, x, y, z, EOS, PAD, PAD], [BOS, a, b, c, d, e, f, EOS, u, v]],
+      targets_BT=[[a, b, EOS, x, y, z, EOS, PAD, PAD, PAD], [a, b, c, d, e, f, EOS, u, v, w]],
+      segment_ids_BT=[short, [1] * 10],
+      positions_BT=[list(range(10))] * 2,
+      loss_mask_BT=[[1, 1, 1, 1, 1, 1, 1, 0, 0, 0], [1] * 10] if loss_on_prompt else
+      [[0, 0, 0, 1, 1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 1, 1, 1]]))
+  assert src.size == 2
+
+
+def test_encoder_decoder_pairs_row_by_row():
+  """src = source [eos]; tgt_in = [bos] target; targets = target [eos]; each cut to T."""
+  src = pipeline.PairBatches([("ab", "xyz"), ("abcdefg", "uvwxyzq")], TOK, seq_len=5,
+                             arch="encoder_decoder", loss_on_prompt=False)
+  a, b, c, d = ids("abcd")
+  u, v, w, x, y, z = ids("uvwxyz")
+  batch = src.batch([0, 1])
+  for k in ("src_BS", "tgt_in_BT", "targets_BT", "tgt_segment_ids_BT"):
+    assert batch[k].dtype == np.int32, k
+  assert batch["loss_mask_BT"].dtype == np.float32 and len(batch) == 5
+  want = dict(src_BS=[[a, b, EOS, PAD, PAD], [a, b, c, d, EOS]],
+              tgt_in_BT=[[BOS, x, y, z, PAD], [BOS, u, v, w, x]],
+              targets_BT=[[x, y, z, EOS, PAD], [u, v, w, x, EOS]],
+              tgt_segment_ids_BT=[[1, 1, 1, 1, 0], [1] * 5],
+              loss_mask_BT=[[1, 1, 1, 1, 0], [1] * 5])
+  for k, v_ in want.items():
+    np.testing.assert_array_equal(batch[k], v_, err_msg=k)
+
+
+def test_packed_rows_dtypes_and_the_rows_a_stream_holds():
+  tokens, doc_ids = packing.concat_documents([np.array([5, 6]), np.array([7])], 1, 2)
+  assert tokens.dtype == doc_ids.dtype == np.int32
+  np.testing.assert_array_equal(doc_ids, [1, 1, 1, 1, 2, 2, 2])
+  batch = packing.packed_rows(tokens, doc_ids, np.array([0, 1]), seq_len=3)
+  check(batch, dict(tokens_BT=[[1, 5, 6], [2, 1, 7]], targets_BT=[[5, 6, 2], [1, 7, 2]],
+                    segment_ids_BT=[[1, 1, 1], [1, 2, 2]], positions_BT=[[0, 1, 2], [0, 0, 1]],
+                    loss_mask_BT=[[1, 1, 1], [0, 1, 1]]))
+  # A row reads T + 1 tokens: a stream of n tokens holds (n - 1) // T rows.
+  assert [packing.num_rows(n, 3) for n in (0, 1, 3, 4, 6, 7, 10)] == [0, 0, 0, 1, 1, 2, 3]
+
+
+def test_packed_text_of_exactly_one_row_and_of_less():
+  one = pipeline.PackedText(["abcdefg"], TOK, seq_len=8, seed=0)  # bos + 7 + eos = 9 = T + 1
+  assert one.size == 1
+  with pytest.raises(ValueError, match=re.escape(
+      "the corpus (9 tokens) is shorter than one row of seq_len=9")):
+    pipeline.PackedText(["abcdefg"], TOK, seq_len=9, seed=0)
+
+
+class Rows:
+  """A source whose row i is the number i."""
+
+  def __init__(self, size):
+    self.size = size
+
+  def batch(self, indices):
+    return np.asarray(indices)
+
+
+def test_iterator_without_a_seed_reads_rows_in_order_across_epochs():
+  it = pipeline.BatchIterator(Rows(5), 2, seed=None)
+  assert [next(it).tolist() for _ in range(4)] == [[0, 1], [2, 3], [4, 0], [1, 2]]
+  endless = pipeline.BatchIterator(Rows(None), 3, seed=None, index=2)
+  assert next(endless).tolist() == [6, 7, 8]
+
+
+def test_iterator_with_a_seed_reads_each_epoch_as_its_own_permutation():
+  it = pipeline.BatchIterator(Rows(6), 3, seed=4)
+  epochs = [np.concatenate([next(it), next(it)]) for _ in range(3)]
+  for e, rows in enumerate(epochs):
+    np.testing.assert_array_equal(rows, np.random.default_rng([4, e]).permutation(6))
+  assert len({tuple(r) for r in epochs}) == 3  # reshuffled every epoch
+  assert pipeline.BatchIterator(Rows(6), 6, seed=0).source.size == 6  # one batch: fine
+  with pytest.raises(ValueError, match=re.escape(
+      "batch_size=7 is larger than the data (6 rows)")):
+    pipeline.BatchIterator(Rows(6), 7, seed=0)
+
+
+def test_train_iterator_shuffles_with_the_data_seed_and_validation_reads_in_order():
+  sources = {"train": Rows(8), "validation": Rows(10)}
+  dcfg = DataConfig(task="copy", batch_size=4, seed=3)
+  it = pipeline.train_iterator(sources, dcfg)
+  np.testing.assert_array_equal(next(it), np.random.default_rng([3, 0]).permutation(8)[:4])
+  # Whole batches of the validation rows, in order, at most as many as asked for.
+  got = pipeline.validation_batches(sources, dcfg, num_batches=5)
+  assert [b.tolist() for b in got] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+  got = pipeline.validation_batches(sources, dcfg, num_batches=1)
+  assert [b.tolist() for b in got] == [[0, 1, 2, 3]]
+  # Fewer rows than a batch: one batch of all of them.
+  got = pipeline.validation_batches({"validation": Rows(3)}, dcfg, num_batches=5)
+  assert [b.tolist() for b in got] == [[0, 1, 2]]
+  # An endless source: num_batches of batch_size.
+  got = pipeline.validation_batches({"validation": Rows(None)}, dcfg, num_batches=2)
+  assert [b.tolist() for b in got] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_synthetic_sources_are_endless():
+  sources, _ = pipeline.build_sources(DataConfig(task="copy", seq_len=32),
+                                      ModelConfig(arch="decoder_only"))
+  assert sources["train"].size is None and sources["validation"].size is None
+
+
+@pytest.mark.parametrize("arch,task,max_len,need", [
+    ("decoder_only", "reverse", 5, 12),  # [bos] 5 [eos] 5 [eos]
+    ("encoder_decoder", "reverse", 5, 6),  # 5 + eos on either side
+    ("decoder_only", "add", 6, 13),  # "999+999" [eos] "1998": 1 + 7 + 1 + 4 + 1 - 1 (shift)
+    ("encoder_decoder", "add", 6, 8),  # "999+999" + eos
+])
+def test_synthetic_tasks_need_seq_len_for_their_longest_example(arch, task, max_len, need):
+  mcfg = ModelConfig(arch=arch)
+  sources, _ = pipeline.build_sources(
+      DataConfig(task=task, seq_len=need, max_len=max_len, min_len=1), mcfg)
+  assert sources["train"].arch == arch
+  with pytest.raises(ValueError, match=re.escape(
+      f"seq_len={need - 1} is too short for task={task!r} with max_len={max_len}: "
+      f"needs {need}")):
+    pipeline.build_sources(DataConfig(task=task, seq_len=need - 1, max_len=max_len, min_len=1),
+                           mcfg)
+
+
+def test_build_sources_passes_loss_on_prompt():
+  sources, _ = pipeline.build_sources(DataConfig(task="copy", seq_len=32, loss_on_prompt=True),
+                                      ModelConfig(arch="decoder_only"))
+  assert sources["train"].batch([0])["loss_mask_BT"][0, 0] == 1.0
+
+
+def test_lm_task_needs_a_decoder_only_model():
+  with pytest.raises(ValueError, match=re.escape("task='lm' needs arch='decoder_only'")):
+    pipeline.build_sources(DataConfig(task="lm"), ModelConfig(arch="encoder_decoder"))
+
+
+def test_lm_sources_read_at_most_max_files(tmp_path):
+  for i in range(6):
+    (tmp_path / f"f{i}.txt").write_text("x" * (10 + i))
+  dcfg = DataConfig(task="lm", paths=(str(tmp_path / "*.txt"),), seq_len=4, batch_size=1,
+                    validation_percent=20, max_files=1)
+  sources, _ = pipeline.build_sources(dcfg, ModelConfig())
+  for split in ("train", "validation"):  # one document: its bytes + bos + eos
+    assert set(sources[split].doc_ids_Y.tolist()) == {1}, split
+
+
+def test_tsv_task_reads_its_files(tmp_path):
+  train, valid = tmp_path / "train.tsv", tmp_path / "valid.tsv"
+  train.write_text("ab\tba\ncd\tdc\n")
+  valid.write_text("ef\tfe\n")
+  dcfg = DataConfig(task="tsv", paths=(str(train), str(valid)), seq_len=8, batch_size=1)
+  sources, _ = pipeline.build_sources(dcfg, ModelConfig(arch="encoder_decoder"))
+  assert sources["train"].pairs == [("ab", "ba"), ("cd", "dc")]
+  assert sources["validation"].pairs == [("ef", "fe")]
+  assert sources["train"].arch == "encoder_decoder"
+
+
+def hf_tokenizer_json(path):
+  """A word-level tokenizer.json with four words, saved at ``path``."""
+  tokenizers = pytest.importorskip("tokenizers")
+  vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "a": 3, "b": 4}
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  tok.save(str(path))
+  return str(path)
+
+
+def test_hf_json_sources_take_the_configs_bos_and_eos(tmp_path):
+  path = hf_tokenizer_json(tmp_path / "tokenizer.json")
+  (tmp_path / "doc.txt").write_text("a b a b a b a b")
+  kw = dict(task="lm", paths=(str(tmp_path / "doc.txt"),), seq_len=4, batch_size=1,
+            tokenizer="hf_json", tokenizer_model=path)
+  sources, tok = pipeline.build_sources(DataConfig(bos_id=1, eos_id=2, **kw), ModelConfig())
+  assert (tok.bos_id, tok.eos_id) == (1, 2)
+  np.testing.assert_array_equal(sources["train"].tokens_Y, [1, 3, 4, 3, 4, 3, 4, 3, 4, 2])
+  for bos, eos in [(None, 2), (1, None)]:
+    with pytest.raises(ValueError, match=re.escape(
+        f"training data is laid out with bos and eos: set DataConfig.bos_id (={bos}) and "
+        f"eos_id (={eos}) of the hf_json tokenizer")):
+      pipeline.build_sources(DataConfig(bos_id=bos, eos_id=eos, **kw), ModelConfig())
+  with pytest.raises(ValueError, match=re.escape(
+      "vocab_size=4 is smaller than the tokenizer's 5")):
+    pipeline.build_sources(DataConfig(bos_id=1, eos_id=2, **kw), ModelConfig(vocab_size=4))

@@ -1,0 +1,172 @@
+"""Corpus files and their splits, TSV pairs, the synthetic tasks' ranges and the byte
+tokenizer's edges."""
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+from attnlab.data import synthetic, text
+from attnlab.data.tokenizer import ByteTokenizer, HFJsonTokenizer, make_tokenizer
+
+
+def test_stdlib_files_are_whole_paths_of_many_files():
+  files = text.stdlib_files()
+  assert len(files) > 100 and all(os.path.isabs(f) and os.path.isfile(f) for f in files[:50])
+  split = text.lm_files((), validation_percent=5)  # no max_files: every file
+  assert len(split["train"]) + len(split["validation"]) == len(files)
+
+
+def test_expand_paths_globs_recursively_and_sorts(tmp_path):
+  (tmp_path / "b").mkdir()
+  (tmp_path / "b" / "deep").mkdir()
+  for p in ("z.txt", "b/y.txt", "b/deep/x.txt"):
+    (tmp_path / p).write_text(p)
+  got = text.expand_paths([str(tmp_path / "**" / "*.txt"), str(tmp_path / "z.txt")])
+  assert got == sorted(str(tmp_path / p) for p in ("z.txt", "b/y.txt", "b/deep/x.txt"))
+
+
+def test_in_validation_holds_out_none_at_0_and_all_at_100_percent():
+  keys = [f"file{i}.py" for i in range(500)]
+  assert not any(text.in_validation(k, 0) for k in keys)
+  assert all(text.in_validation(k, 100) for k in keys)
+  assert 0.2 < np.mean([text.in_validation(k, 30) for k in keys]) < 0.4
+
+
+def names(want_in_validation: bool, percent: int, n: int):
+  """n file names that the hash puts (or not) in the validation split at ``percent``."""
+  out = [f"m{i}.py" for i in range(1000) if text.in_validation(f"m{i}.py", percent)
+         == want_in_validation]
+  return out[:n]
+
+
+def test_split_files_puts_a_file_on_each_side(tmp_path):
+  assert text.split_files([], 10) == {"train": [], "validation": []}
+  one = [str(tmp_path / "m0.py")]
+  assert text.split_files(one, 10) == {"train": one, "validation": one}  # read by both
+  # No file drawn for validation: the last one is.
+  train_only = [str(tmp_path / n) for n in sorted(names(False, 10, 3))]
+  assert text.split_files(train_only, 10) == {"train": train_only[:2],
+                                              "validation": train_only[2:]}
+  # Every file drawn: the first one only.
+  val_only = [str(tmp_path / n) for n in sorted(names(True, 60, 3))]
+  assert text.split_files(val_only, 60) == {"train": val_only[1:], "validation": val_only[:1]}
+  # percent 0: nothing is held out, and validation reads the training files.
+  assert text.split_files(train_only, 0) == {"train": train_only, "validation": train_only}
+
+
+def test_split_files_depends_on_paths_relative_to_the_corpus(tmp_path):
+  files = sorted(names(True, 30, 3) + names(False, 30, 3))
+  a, b = tmp_path / "a", tmp_path / "elsewhere" / "b"
+  split_a = text.split_files([str(a / f) for f in files], 30)
+  split_b = text.split_files([str(b / f) for f in files], 30)
+  for side in ("train", "validation"):
+    assert [os.path.basename(f) for f in split_a[side]] == [
+        os.path.basename(f) for f in split_b[side]]
+  assert [os.path.basename(f) for f in split_a["validation"]] == sorted(names(True, 30, 3))
+
+
+def test_lm_files_thins_each_side_evenly_to_max_files(tmp_path):
+  files = sorted(names(False, 20, 9) + names(True, 20, 3))
+  for f in files:
+    (tmp_path / f).write_text("x")
+  paths = [str(tmp_path / f) for f in files]
+  split = text.lm_files([str(tmp_path / "*.py")], validation_percent=20, max_files=3)
+  train = [p for p in paths if not text.in_validation(os.path.basename(p), 20)]
+  val = [p for p in paths if text.in_validation(os.path.basename(p), 20)]
+  assert split == {"train": train[::3], "validation": val}
+  split = text.lm_files([str(tmp_path / "*.py")], validation_percent=20, max_files=2)
+  assert split == {"train": train[::4][:2], "validation": val[::1][:2]}
+  with pytest.raises(FileNotFoundError, match=re.escape("no files match")):
+    text.lm_files([str(tmp_path / "*.none")], validation_percent=20)
+
+
+def test_read_text_replaces_bad_utf8(tmp_path):
+  path = tmp_path / "t.txt"
+  path.write_bytes("é\n".encode() + b"\xff!")
+  assert text.read_text(str(path)) == "é\n\ufffd!"
+
+
+def test_read_tsv_keeps_fields_as_written_and_names_bad_lines(tmp_path):
+  good = tmp_path / "a.tsv"
+  good.write_text("hello\tbonjour  \nx\t\n\n  \ny\toui\textra\n", encoding="utf-8")
+  assert text.read_tsv(str(good)) == [("hello", "bonjour  "), ("x", ""), ("y", "oui")]
+  bad = tmp_path / "b.tsv"
+  bad.write_text("ok\tok\n" + "z" * 70 + "\n")
+  with pytest.raises(ValueError, match=re.escape(
+      f"{bad}:2: expected 'source<TAB>target', got '{'z' * 60}'") + "$"):
+    text.read_tsv(str(bad))
+  empty = tmp_path / "c.tsv"
+  empty.write_text("\n\n")
+  with pytest.raises(ValueError, match=re.escape(f"{empty}: no 'source<TAB>target' lines")):
+    text.read_tsv(str(empty))
+
+
+def test_tsv_splits_by_a_second_file_or_by_line(tmp_path):
+  lines = [(f"s{i}", f"t{i}") for i in range(200)]
+  one = tmp_path / "one.tsv"
+  one.write_text("".join(f"{s}\t{t}\n" for s, t in lines))
+  split = text.tsv_splits([str(one)], 10)
+  held = [text.in_validation(str(i), 10) for i in range(200)]
+  assert split["validation"] == [p for p, h in zip(lines, held) if h]
+  assert split["train"] == [p for p, h in zip(lines, held) if not h]
+  assert 5 < len(split["validation"]) < 40
+  # Nothing held out at 0%: the first pair is the validation set.
+  assert text.tsv_splits([str(one)], 0) == {"train": lines, "validation": lines[:1]}
+  two = tmp_path / "two.tsv"
+  two.write_text("v\tw\n")
+  assert text.tsv_splits([str(one), str(two)], 10) == {"train": lines,
+                                                        "validation": [("v", "w")]}
+  with pytest.raises(FileNotFoundError, match=re.escape(
+      f"TSV file {str(tmp_path / 'no.tsv')!r} does not exist")):
+    text.tsv_splits([str(one), str(tmp_path / "no.tsv")], 10)
+
+
+def examples(task, **kw):
+  return [synthetic.make_example(task, np.random.default_rng([0, i]), **kw) for i in range(600)]
+
+
+def test_synthetic_sources_draw_every_length_and_letter_of_their_range():
+  pairs = examples("copy", min_len=2, max_len=6, vocab_chars=4)
+  assert {len(s) for s, _ in pairs} == {2, 3, 4, 5, 6}
+  assert set("".join(s for s, _ in pairs)) == set("abcd")
+  src = synthetic.SyntheticPairs("copy", seed=0, split="train", min_len=2, max_len=6,
+                                 vocab_chars=4)
+  assert src.size is None and src.longest() == (6, 6)
+  with pytest.raises(ValueError, match=re.escape(
+      "task='mul' is not one of 'copy', 'reverse', 'sort', 'add'")):
+    synthetic.make_example("mul", np.random.default_rng(0), min_len=1, max_len=2, vocab_chars=2)
+
+
+@pytest.mark.parametrize("max_len,top", [(6, 3), (7, 3), (1, 1)])
+def test_add_operands_have_1_to_max_len_over_2_digits(max_len, top):
+  pairs = examples("add", min_len=1, max_len=max_len, vocab_chars=10)
+  operands = [int(x) for s, _ in pairs for x in s.split("+")]
+  assert {len(str(x)) for x in operands} == set(range(1, top + 1))
+  assert min(operands) == 0 and max(operands) >= 10 ** top * 0.9
+  # The longest example is the bound the pipeline sizes rows by.
+  src = synthetic.SyntheticPairs("add", seed=0, split="train", min_len=1, max_len=max_len,
+                                 vocab_chars=10)
+  assert src.longest() == (2 * top + 1, top + 1)
+  assert max(len(s) for s, _ in pairs) == 2 * top + 1
+  assert max(len(t) for _, t in pairs) == top + 1
+
+
+def test_byte_tokenizer_takes_bytes_and_decodes_only_byte_ids():
+  tok = ByteTokenizer()
+  np.testing.assert_array_equal(tok.encode(b"\x00\xff"), [3, 258])
+  assert tok.encode("é").dtype == np.int32 and tok.encode("é").tolist() == [198, 172]
+  # pad / bos / eos and ids past the vocabulary are dropped; a 2-D array is read row-major.
+  assert tok.decode(np.array([[0, 1, 2, 3 + 104], [259, 260, 3 + 105, 3]])) == "hi\x00"
+  assert tok.decode([3 + 0xC3]) == "\ufffd"  # a lone UTF-8 lead byte
+
+
+def test_make_tokenizer_builds_the_kind_named(tmp_path):
+  assert isinstance(make_tokenizer(), ByteTokenizer)
+  tokenizers = pytest.importorskip("tokenizers")
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"<pad>": 0, "a": 1},
+                                                         unk_token="<pad>"))
+  tok.save(str(tmp_path / "tokenizer.json"))
+  hf = make_tokenizer("hf_json", str(tmp_path / "tokenizer.json"), bos_id=5, eos_id=6)
+  assert isinstance(hf, HFJsonTokenizer) and (hf.bos_id, hf.eos_id, hf.vocab_size) == (5, 6, 2)

@@ -46,5 +46,7 @@ def check_data_config(dcfg) -> None:
   """Fail now, not at the first eval, on a package a ``DataConfig`` will need."""
   if dcfg.tokenizer == "sentencepiece":
     require("sentencepiece", "tokenizer='sentencepiece'")
+  if dcfg.tokenizer == "hf_json":
+    require("tokenizers", "tokenizer='hf_json'")
   if dcfg.task == "tsv":
     require("sacrebleu", "task='tsv' (BLEU in eval)")

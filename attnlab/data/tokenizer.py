@@ -91,12 +91,9 @@ class HFJsonTokenizer:
 
   def __init__(self, path: str, *, bos_id: int | None = None, eos_id: int | None = None,
                pad_id: int = 0):
+    tokenizers = extras.require("tokenizers", "tokenizer='hf_json'")
     try:
-      from tokenizers import Tokenizer
-    except ImportError as e:  # an optional extra: say how to get it
-      raise ImportError("tokenizer='hf_json' needs `pip install tokenizers`") from e
-    try:
-      self._tok = Tokenizer.from_file(path)
+      self._tok = tokenizers.Tokenizer.from_file(path)
     except Exception as e:  # noqa: BLE001 - the library raises a bare Exception on bad files
       raise ValueError(f"tokenizer_model={path!r} is not a readable tokenizer.json: {e}") from e
     self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from attnlab.config import DataConfig, ModelConfig
-from attnlab.data import packing, pipeline
+from attnlab.data import packing, pipeline, text
 from attnlab.data.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
@@ -164,7 +164,7 @@ def test_build_sources_passes_loss_on_prompt():
 
 
 def test_lm_task_needs_a_decoder_only_model():
-  with pytest.raises(ValueError, match=re.escape("task='lm' needs arch='decoder_only'")):
+  with pytest.raises(ValueError, match=r"^task='lm' needs arch='decoder_only'$"):
     pipeline.build_sources(DataConfig(task="lm"), ModelConfig(arch="encoder_decoder"))
 
 
@@ -187,6 +187,13 @@ def test_tsv_task_reads_its_files(tmp_path):
   assert sources["train"].pairs == [("ab", "ba"), ("cd", "dc")]
   assert sources["validation"].pairs == [("ef", "fe")]
   assert sources["train"].arch == "encoder_decoder"
+  # One file: validation_percent of its lines are held out.
+  train.write_text("".join(f"s{i}\tt{i}\n" for i in range(100)))
+  dcfg = DataConfig(task="tsv", paths=(str(train),), seq_len=8, batch_size=1,
+                    validation_percent=30)
+  sources, _ = pipeline.build_sources(dcfg, ModelConfig(arch="encoder_decoder"))
+  assert sources["validation"].pairs == text.tsv_splits([str(train)], 30)["validation"]
+  assert 15 < sources["validation"].size < 45
 
 
 def hf_tokenizer_json(path):

@@ -3,12 +3,19 @@ tokenizer's edges."""
 
 import os
 import re
+import sys
 
 import numpy as np
 import pytest
 
 from attnlab.data import synthetic, text
-from attnlab.data.tokenizer import ByteTokenizer, HFJsonTokenizer, make_tokenizer
+from attnlab.data.tokenizer import (
+    ByteTokenizer,
+    HFJsonTokenizer,
+    SentencePieceTokenizer,
+    make_tokenizer,
+)
+from attnlab.extras import MissingDependencyError
 
 
 def test_stdlib_files_are_whole_paths_of_many_files():
@@ -43,8 +50,12 @@ def names(want_in_validation: bool, percent: int, n: int):
 
 def test_split_files_puts_a_file_on_each_side(tmp_path):
   assert text.split_files([], 10) == {"train": [], "validation": []}
-  one = [str(tmp_path / "m0.py")]
-  assert text.split_files(one, 10) == {"train": one, "validation": one}  # read by both
+  for in_val in (False, True):  # one file is read by both sides, wherever the hash puts it
+    one = [str(tmp_path / names(in_val, 10, 1)[0])]
+    assert text.split_files(one, 10) == {"train": one, "validation": one}
+  # Two files, both drawn: the first is held out.
+  two = [str(tmp_path / n) for n in sorted(names(True, 60, 2))]
+  assert text.split_files(two, 60) == {"train": two[1:], "validation": two[:1]}
   # No file drawn for validation: the last one is.
   train_only = [str(tmp_path / n) for n in sorted(names(False, 10, 3))]
   assert text.split_files(train_only, 10) == {"train": train_only[:2],
@@ -65,6 +76,19 @@ def test_split_files_depends_on_paths_relative_to_the_corpus(tmp_path):
     assert [os.path.basename(f) for f in split_a[side]] == [
         os.path.basename(f) for f in split_b[side]]
   assert [os.path.basename(f) for f in split_a["validation"]] == sorted(names(True, 30, 3))
+  # Two files in two folders are keyed from their common folder ("d0/m1.py"), not from the
+  # first one's ("m1.py"): a pair where only "d0/..." is drawn, and "m1.py" alone is not.
+  held = next(n for n in (f"m{i}.py" for i in range(1000))
+              if text.in_validation(f"d0/{n}", 30) and not text.in_validation(n, 30))
+  kept = next(n for n in (f"m{i}.py" for i in range(1000)) if not text.in_validation(f"d1/{n}", 30))
+  files = [str(tmp_path / "d0" / held), str(tmp_path / "d1" / kept)]
+  assert text.split_files(files, 30) == {"train": files[1:], "validation": files[:1]}
+
+
+def test_an_empty_default_corpus_is_refused(monkeypatch):
+  monkeypatch.setattr(text, "stdlib_files", lambda: [])
+  with pytest.raises(FileNotFoundError, match="^the LM corpus is empty$"):
+    text.lm_files((), validation_percent=5)
 
 
 def test_lm_files_thins_each_side_evenly_to_max_files(tmp_path):
@@ -90,8 +114,9 @@ def test_read_text_replaces_bad_utf8(tmp_path):
 
 def test_read_tsv_keeps_fields_as_written_and_names_bad_lines(tmp_path):
   good = tmp_path / "a.tsv"
-  good.write_text("hello\tbonjour  \nx\t\n\n  \ny\toui\textra\n", encoding="utf-8")
-  assert text.read_tsv(str(good)) == [("hello", "bonjour  "), ("x", ""), ("y", "oui")]
+  good.write_text("hello\tbonjour  \nx\t\n\n  \ny\toui\textra\nX\tboX\n", encoding="utf-8")
+  assert text.read_tsv(str(good)) == [("hello", "bonjour  "), ("x", ""), ("y", "oui"),
+                                      ("X", "boX")]
   bad = tmp_path / "b.tsv"
   bad.write_text("ok\tok\n" + "z" * 70 + "\n")
   with pytest.raises(ValueError, match=re.escape(
@@ -145,6 +170,7 @@ def test_add_operands_have_1_to_max_len_over_2_digits(max_len, top):
   operands = [int(x) for s, _ in pairs for x in s.split("+")]
   assert {len(str(x)) for x in operands} == set(range(1, top + 1))
   assert min(operands) == 0 and max(operands) >= 10 ** top * 0.9
+  assert np.mean(np.array(operands) == 0) < 0.15  # (1/10 + 1/100 + ...) / top: rare
   # The longest example is the bound the pipeline sizes rows by.
   src = synthetic.SyntheticPairs("add", seed=0, split="train", min_len=1, max_len=max_len,
                                  vocab_chars=10)
@@ -170,3 +196,35 @@ def test_make_tokenizer_builds_the_kind_named(tmp_path):
   tok.save(str(tmp_path / "tokenizer.json"))
   hf = make_tokenizer("hf_json", str(tmp_path / "tokenizer.json"), bos_id=5, eos_id=6)
   assert isinstance(hf, HFJsonTokenizer) and (hf.bos_id, hf.eos_id, hf.vocab_size) == (5, 6, 2)
+
+
+def test_hf_json_tokenizer_ids_vocabulary_and_bad_files(tmp_path):
+  tokenizers = pytest.importorskip("tokenizers")
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"<pad>": 0, "a": 1, "b": 2},
+                                                         unk_token="<pad>"))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  tok.add_special_tokens(["<eos>"])  # an added token counts in the vocabulary
+  tok.save(str(tmp_path / "tokenizer.json"))
+  hf = HFJsonTokenizer(str(tmp_path / "tokenizer.json"))
+  assert (hf.vocab_size, hf.pad_id, hf.bos_id, hf.eos_id) == (4, 0, None, None)
+  ids = hf.encode("a b a")
+  assert ids.dtype == np.int32 and ids.tolist() == [1, 2, 1]
+  assert hf.decode(np.array([[1, 3], [2, 0]])) == "a b <pad>"  # <eos> is special: dropped
+  bad = tmp_path / "bad.json"
+  bad.write_text("{not json")
+  with pytest.raises(ValueError, match=re.escape(
+      f"tokenizer_model={str(bad)!r} is not a readable tokenizer.json: ")):
+    HFJsonTokenizer(str(bad))
+
+
+@pytest.mark.parametrize("module,build,message", [
+    ("sentencepiece", lambda: SentencePieceTokenizer("x.model"),
+     "tokenizer='sentencepiece' needs the sentencepiece package: "
+     "pip install 'attnlab[sentencepiece]'"),
+    ("tokenizers", lambda: HFJsonTokenizer("tokenizer.json"),
+     "tokenizer='hf_json' needs the tokenizers package: pip install 'attnlab[tokenizers]'"),
+])
+def test_a_missing_tokenizer_package_is_named_with_its_extra(monkeypatch, module, build, message):
+  monkeypatch.setitem(sys.modules, module, None)  # `import <module>` raises ImportError
+  with pytest.raises(MissingDependencyError, match="^" + re.escape(message) + "$"):
+    build()

@@ -61,6 +61,8 @@ def test_an_exception_in_eval_leaves_a_checkpoint_of_its_step(tmp_path, monkeypa
                        "DataConfig.tokenizer_model = 'sp.model'"], "attnlab[sentencepiece]"),
     ("sacrebleu", ["DataConfig.task = 'tsv'", "DataConfig.paths = ('{tsv}', '{tsv}')"],
      "pip install sacrebleu"),
+    ("tokenizers", ["DataConfig.tokenizer = 'hf_json'", "DataConfig.tokenizer_model = 't.json'",
+                    "DataConfig.bos_id = 1", "DataConfig.eos_id = 2"], "attnlab[tokenizers]"),
 ])
 def test_a_missing_optional_package_stops_before_step_1(tmp_path, monkeypatch, capsys, missing,
                                                         bindings, needle):

@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 
 from attnlab.config import TrainConfig
-from attnlab.training.optim import cross_entropy, inverse_sqrt_schedule, make_schedule
+from attnlab.training.optim import (
+    cross_entropy,
+    inverse_sqrt_schedule,
+    make_optimizer,
+    make_schedule,
+)
 
 
 @pytest.mark.parametrize("step", [1, 10, 3999, 4000, 4001, 20000])
@@ -58,3 +63,94 @@ def test_loss_mask_drops_exactly_the_masked_tokens():
   logits2 = logits.at[0, 1].set(100.0)
   np.testing.assert_allclose(cross_entropy(logits2, targets, mask)[1], nll, rtol=1e-6)
 
+
+
+def test_inverse_sqrt_config_is_the_papers_schedule_times_the_learning_rate():
+  fn = make_schedule(TrainConfig(schedule="inverse_sqrt", warmup_steps=50, learning_rate=2.0),
+                     64)
+  for count in (0, 49, 50, 500):
+    want = 2.0 * 64**-0.5 * min((count + 1) ** -0.5, (count + 1) * 50**-1.5)
+    np.testing.assert_allclose(float(fn(count)), want, rtol=1e-6)
+
+
+def test_constant_schedule_warms_up_linearly_then_holds():
+  fn = make_schedule(TrainConfig(schedule="constant", warmup_steps=10, learning_rate=3.0), 64)
+  np.testing.assert_allclose([float(fn(c)) for c in (0, 5, 10, 11, 10_000)],
+                             [0.0, 1.5, 3.0, 3.0, 3.0], rtol=1e-6)
+  fn = make_schedule(TrainConfig(schedule="constant", warmup_steps=0, learning_rate=3.0), 64)
+  np.testing.assert_allclose([float(fn(0)), float(fn(7))], [3.0, 3.0], rtol=1e-6)
+
+
+def test_cosine_schedule_shorter_than_its_warmup_decays_one_step_after_it():
+  fn = make_schedule(TrainConfig(schedule="cosine", steps=5, warmup_steps=10, learning_rate=1.0,
+                                 min_lr_ratio=0.25), 64)
+  np.testing.assert_allclose([float(fn(5)), float(fn(10)), float(fn(11)), float(fn(50))],
+                             [0.5, 1.0, 0.25, 0.25], atol=1e-6)
+
+
+def test_masked_and_smoothed_loss_counts_the_kept_tokens_only():
+  rng = np.random.default_rng(2)
+  logits = jnp.asarray(rng.normal(size=(2, 4, 5)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, 5, (2, 4)))
+  mask = jnp.asarray([[1.0, 0.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0]])
+  keep = np.asarray(mask, bool)
+  loss, nll, w = cross_entropy(logits, targets, mask, 0.2)
+  logp = np.asarray(jax.nn.log_softmax(logits), np.float64)[keep]
+  q = 0.8 * np.eye(5)[np.asarray(targets)[keep]] + 0.2 / 5
+  np.testing.assert_allclose(loss, -np.sum(q * logp), rtol=1e-5)
+  assert float(w) == 4
+  loss0, nll0, _ = cross_entropy(logits, targets, mask)  # no smoothing by default
+  np.testing.assert_allclose(loss0, nll0, rtol=1e-7)
+  np.testing.assert_allclose(nll0, nll, rtol=1e-7)
+
+
+def one_update(tcfg, grads, params, steps=1):
+  tx, _ = make_optimizer(tcfg, 64)
+  state = tx.init(params)
+  out = []
+  for _ in range(steps):
+    updates, state = tx.update(grads, state, params)
+    out.append(jax.tree.map(np.asarray, updates))
+  return out
+
+
+PARAMS = {"w": jnp.full((2, 3), 2.0), "b": jnp.full((3,), 2.0)}
+LR = dict(schedule="constant", warmup_steps=0, learning_rate=0.1, grad_clip=0.0)
+
+
+def test_sgd_uses_b1_as_momentum():
+  g = {"w": jnp.full((2, 3), 1.0), "b": jnp.full((3,), -2.0)}
+  u1, u2 = one_update(TrainConfig(optimizer="sgd", b1=0.5, **LR), g, PARAMS, steps=2)
+  for k in g:
+    np.testing.assert_allclose(u1[k], -0.1 * np.asarray(g[k]), rtol=1e-6)
+    np.testing.assert_allclose(u2[k], -0.1 * 1.5 * np.asarray(g[k]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_adams_first_step_moves_each_weight_by_the_learning_rate(optimizer):
+  g = {"w": jnp.full((2, 3), 3.0), "b": jnp.full((3,), -0.5)}
+  tcfg = TrainConfig(optimizer=optimizer, b1=0.9, b2=0.99, eps=1e-8, weight_decay=0.0, **LR)
+  (u,) = one_update(tcfg, g, PARAMS)
+  np.testing.assert_allclose(u["w"], -0.1, rtol=1e-5)  # m / sqrt(v) = sign(g) at step 1
+  np.testing.assert_allclose(u["b"], 0.1, rtol=1e-5)
+  # eps is the config's: with eps as large as |g| the step halves.
+  (u,) = one_update(tcfg.replace(eps=3.0), g, PARAMS)
+  np.testing.assert_allclose(u["w"], -0.05, rtol=1e-5)
+
+
+def test_adamw_decays_matrices_and_leaves_vectors_alone():
+  zero = {"w": jnp.zeros((2, 3)), "b": jnp.zeros((3,))}
+  (u,) = one_update(TrainConfig(optimizer="adamw", weight_decay=0.5, **LR), zero, PARAMS)
+  np.testing.assert_allclose(u["w"], -0.1 * 0.5 * 2.0, rtol=1e-6)
+  np.testing.assert_array_equal(u["b"], 0.0)
+  (u,) = one_update(TrainConfig(optimizer="adam", weight_decay=0.5, **LR), zero, PARAMS)
+  np.testing.assert_array_equal(u["w"], 0.0)  # adam has no decay
+
+
+def test_grad_clip_scales_the_global_norm_down_to_it():
+  g = {"w": jnp.full((2, 3), 4.0), "b": jnp.full((3,), 4.0)}  # global norm 12
+  lr = dict(LR, grad_clip=3.0)
+  (u,) = one_update(TrainConfig(optimizer="sgd", b1=0.0, **lr), g, PARAMS)
+  np.testing.assert_allclose(u["w"], -0.1 * 4.0 / 4.0, rtol=1e-6)
+  (u,) = one_update(TrainConfig(optimizer="sgd", b1=0.0, **dict(LR, grad_clip=100.0)), g, PARAMS)
+  np.testing.assert_allclose(u["w"], -0.1 * 4.0, rtol=1e-6)  # below the clip: untouched

@@ -138,6 +138,20 @@ def test_adams_first_step_moves_each_weight_by_the_learning_rate(optimizer):
   np.testing.assert_allclose(u["w"], -0.05, rtol=1e-5)
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_adam_moments_use_the_configs_b1_and_b2(optimizer):
+  g1, g2 = 3.0, -1.0
+  grads = [{"w": jnp.full((2, 3), g), "b": jnp.full((3,), g)} for g in (g1, g2)]
+  tcfg = TrainConfig(optimizer=optimizer, b1=0.5, b2=0.75, eps=1e-8, weight_decay=0.0, **LR)
+  tx, _ = make_optimizer(tcfg, 64)
+  state = tx.init(PARAMS)
+  for g in grads:
+    u, state = tx.update(g, state, PARAMS)
+  m = (0.5 * 0.5 * g1 + 0.5 * g2) / (1 - 0.5**2)  # bias-corrected moments after two steps
+  v = (0.75 * 0.25 * g1**2 + 0.25 * g2**2) / (1 - 0.75**2)
+  np.testing.assert_allclose(np.asarray(u["w"]), -0.1 * m / (np.sqrt(v) + 1e-8), rtol=1e-5)
+
+
 def test_adamw_decays_matrices_and_leaves_vectors_alone():
   zero = {"w": jnp.zeros((2, 3)), "b": jnp.zeros((3,))}
   (u,) = one_update(TrainConfig(optimizer="adamw", weight_decay=0.5, **LR), zero, PARAMS)
@@ -149,8 +163,17 @@ def test_adamw_decays_matrices_and_leaves_vectors_alone():
 
 def test_grad_clip_scales_the_global_norm_down_to_it():
   g = {"w": jnp.full((2, 3), 4.0), "b": jnp.full((3,), 4.0)}  # global norm 12
-  lr = dict(LR, grad_clip=3.0)
-  (u,) = one_update(TrainConfig(optimizer="sgd", b1=0.0, **lr), g, PARAMS)
-  np.testing.assert_allclose(u["w"], -0.1 * 4.0 / 4.0, rtol=1e-6)
+  for clip in (3.0, 0.6):  # a clip below 1 clips too
+    (u,) = one_update(TrainConfig(optimizer="sgd", b1=0.0, **dict(LR, grad_clip=clip)), g,
+                      PARAMS)
+    np.testing.assert_allclose(u["w"], -0.1 * 4.0 * clip / 12.0, rtol=1e-6)
   (u,) = one_update(TrainConfig(optimizer="sgd", b1=0.0, **dict(LR, grad_clip=100.0)), g, PARAMS)
   np.testing.assert_allclose(u["w"], -0.1 * 4.0, rtol=1e-6)  # below the clip: untouched
+
+
+def test_the_optimizer_follows_the_schedule_of_its_config():
+  g = {"w": jnp.full((2, 3), 1.0), "b": jnp.full((3,), 1.0)}
+  tcfg = TrainConfig(optimizer="sgd", b1=0.0, schedule="inverse_sqrt", warmup_steps=4,
+                     learning_rate=2.0, grad_clip=0.0)
+  (u,) = one_update(tcfg, g, PARAMS)
+  np.testing.assert_allclose(u["w"], -2.0 * 64**-0.5 * 4**-1.5, rtol=1e-6)  # d_model = 64

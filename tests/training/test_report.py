@@ -1,0 +1,152 @@
+"""The ablation report from hand-written run results: results.csv row by row (finished,
+failed, interrupted and pending runs), summary.csv's means, standard deviations and paired
+noise test against numpy, and the numbers report.md prints."""
+
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+
+from attnlab import ModelConfig
+from attnlab.config import DataConfig, Sweep, TrainConfig
+from attnlab.training import report as report_lib
+from attnlab.training import sweep as sweep_lib
+
+MCFG = ModelConfig(d_model=32, num_heads=4, num_layers=1, d_ff=64)
+BASE = (MCFG, DataConfig(task="copy", batch_size=2, seq_len=16),
+        TrainConfig(steps=20, warmup_steps=2))
+SWEEP = Sweep(num_kv_heads=(4, 2, 1), seeds=(0, 1, 2), uptrain_num_kv_heads=(1,),
+              uptrain_methods=("mean",), uptrain_fraction=0.25)
+# val_loss per arm and seed; None: the run did not finish.
+LOSSES = {"mha": [2.0, 2.1, 1.9], "gqa2": [2.05, 2.2, None], "mqa": [2.5, None, None],
+          "uptrain-mean-mqa": [2.3, 2.35, 2.4]}
+
+
+def result(arm, seed, loss):
+  r = dict(status="ok", val_loss=loss, val_ppl=float(np.exp(loss)), best_val_loss=loss - 0.01,
+           train_tokens_per_s=1000.0 * (seed + 1), decode_tokens_per_s_b1=500.0 + seed,
+           decode_tokens_per_s_b8=3000.0 - seed, wall_time_s=10.0 + seed,
+           curve=[[0, 5.0], [20, loss]], arm=arm.name, kind=arm.kind, method=arm.method,
+           seed=seed, num_kv_heads=arm.num_kv_heads)
+  if arm.kind == "uptrain":
+    r["val_loss_converted"] = 3.0 + seed
+  return r
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("sweep"))
+  arms = sweep_lib.plan(SWEEP, MCFG)
+  for arm in arms:
+    for seed, loss in enumerate(LOSSES[arm.name]):
+      workdir = sweep_lib.run_dir(out, arm, seed)
+      if loss is not None:
+        os.makedirs(workdir)
+        with open(os.path.join(workdir, sweep_lib.RESULT_FILE), "w") as f:
+          json.dump(result(arm, seed, loss), f)
+  gqa_failed = sweep_lib.run_dir(out, "gqa2", 2)
+  os.makedirs(gqa_failed)
+  with open(os.path.join(gqa_failed, sweep_lib.RESULT_FILE), "w") as f:
+    json.dump(dict(status="failed", error="RuntimeError: boom", wall_time_s=1.0), f)
+  os.makedirs(os.path.join(sweep_lib.run_dir(out, "mqa", 1), "checkpoints", "5"))
+  counts = report_lib.write_report(out, SWEEP, arms, BASE, plots=False)
+  return out, arms, counts
+
+
+def read_csv(out, name):
+  with open(os.path.join(out, name)) as f:
+    return list(csv.DictReader(f))
+
+
+def test_results_csv_has_every_planned_run_with_its_status(report):
+  out, arms, counts = report
+  assert counts == {"ok": 9, "failed": 1, "interrupted": 1, "pending": 1}
+  rows = read_csv(out, "results.csv")
+  assert list(rows[0]) == report_lib.RESULT_COLUMNS
+  assert [(r["arm"], r["seed"], r["status"]) for r in rows] == [
+      ("mha", "0", "ok"), ("mha", "1", "ok"), ("mha", "2", "ok"),
+      ("gqa2", "0", "ok"), ("gqa2", "1", "ok"), ("gqa2", "2", "failed"),
+      ("mqa", "0", "ok"), ("mqa", "1", "interrupted"), ("mqa", "2", "pending"),
+      ("uptrain-mean-mqa", "0", "ok"), ("uptrain-mean-mqa", "1", "ok"),
+      ("uptrain-mean-mqa", "2", "ok")]
+  by = {(r["arm"], int(r["seed"])): r for r in rows}
+  assert by[("gqa2", 2)]["error"] == "RuntimeError: boom"
+  assert by[("gqa2", 2)]["val_loss"] == ""
+  assert by[("mqa", 1)]["error"] == "checkpoint at step 5 of 20; rerun to resume"
+  assert by[("mqa", 2)]["error"] == "" and by[("mqa", 2)]["val_loss"] == ""
+  r = by[("gqa2", 1)]
+  assert float(r["val_loss"]) == 2.2 and float(r["train_tokens_per_s"]) == 2000.0
+  assert (r["kind"], r["num_kv_heads"], r["steps"]) == ("scratch", "2", "20")
+  assert int(r["train_tokens"]) == 20 * 2 * 16
+  # Planned columns come from the arm's model: K KV heads of 8 dims, float32, 1 layer.
+  assert int(r["kv_bytes_per_token"]) == 2 * 1 * 2 * 8 * 4
+  params, attn = sweep_lib.param_counts(MCFG.replace(num_kv_heads=2))
+  assert (int(r["params"]), int(r["attention_params"])) == (params, attn)
+  up = by[("uptrain-mean-mqa", 2)]
+  assert (up["kind"], up["method"], up["steps"]) == ("uptrain", "mean", "5")
+  assert float(up["val_loss_converted"]) == 5.0
+
+
+def test_summary_means_stds_and_the_paired_noise_test(report):
+  out, _, _ = report
+  summary = {s["arm"]: s for s in read_csv(out, "summary.csv")}
+  assert list(next(iter(summary.values()))) == report_lib.SUMMARY_COLUMNS
+  for name, losses in LOSSES.items():
+    ok = [x for x in losses if x is not None]
+    s = summary[name]
+    assert (int(s["runs_ok"]), int(s["runs_planned"])) == (len(ok), 3), name
+    assert float(s["val_loss_mean"]) == pytest.approx(np.mean(ok), rel=1e-5), name
+    if len(ok) > 1:
+      assert float(s["val_loss_std"]) == pytest.approx(np.std(ok, ddof=1), rel=1e-5), name
+    else:
+      assert s["val_loss_std"] == "", name  # one seed: no spread
+  # Throughputs over the finished seeds only (gqa2: seeds 0 and 1).
+  assert float(summary["gqa2"]["train_tokens_per_s_mean"]) == 1500.0
+  assert float(summary["gqa2"]["decode_tokens_per_s_b8_std"]) == pytest.approx(
+      np.std([3000.0, 2999.0], ddof=1), rel=1e-5)
+  assert summary["mha"]["exceeds_seed_noise"] == ""  # the reference itself
+  # gqa2 - mha over the seeds both finished (0, 1): +0.05, +0.10.
+  d = np.array([2.05 - 2.0, 2.2 - 2.1])
+  g = summary["gqa2"]
+  assert float(g["val_loss_diff_vs_mha"]) == pytest.approx(d.mean(), rel=1e-5)
+  assert float(g["val_loss_diff_se"]) == pytest.approx(d.std(ddof=1) / np.sqrt(2), rel=1e-5)
+  assert g["exceeds_seed_noise"] == ("yes" if abs(d.mean()) > 2 * d.std(ddof=1) / np.sqrt(2)
+                                     else "no")
+  assert summary["mqa"]["exceeds_seed_noise"] == "n/a"  # one common seed
+  u = np.array([0.3, 0.25, 0.5])  # uptrained mqa - mha, seeds 0..2
+  assert float(summary["uptrain-mean-mqa"]["val_loss_diff_vs_mha"]) == pytest.approx(
+      u.mean(), rel=1e-5)
+  assert summary["uptrain-mean-mqa"]["exceeds_seed_noise"] == "yes"
+  assert float(summary["uptrain-mean-mqa"]["val_loss_converted_mean"]) == 4.0
+
+
+def test_report_markdown_prints_the_summary(report):
+  out, arms, _ = report
+  with open(os.path.join(out, "report.md")) as f:
+    text = f.read()
+  assert "Finished runs: 9 of 12." in text
+  assert "Seeds: 0, 1, 2. match_params: False." in text
+  params, attn = sweep_lib.param_counts(MCFG.replace(num_kv_heads=2))
+  mean, std = np.mean([2.05, 2.2]), np.std([2.05, 2.2], ddof=1)
+  ppl = [np.exp(2.05), np.exp(2.2)]
+  best = [2.04, 2.19]
+  d = np.mean([0.05, 0.1])
+  se = np.std([0.05, 0.1], ddof=1) / np.sqrt(2)
+  row = (f"| gqa2 | 2 | {params:,} | {attn:,} | 128 | {mean:.4f} ± {std:.4f} | "
+         f"{np.mean(ppl):.3f} ± {np.std(ppl, ddof=1):.3f} | "
+         f"{np.mean(best):.4f} ± {np.std(best, ddof=1):.4f} | {d:+.4f} | "
+         f"{'yes' if abs(d) > 2 * se else 'no'} | 1,500 ± 707 | 500 ± 1 | 3,000 ± 1 | "
+         f"10 ± 1 | 2/3 |")
+  assert row in text, row
+  assert "| mqa | 1 | " in text and "| 2.5000 | " in text and "| 1/3 |" in text
+  # The uptraining table: K, method, after conversion, after uptraining, the same K from
+  # scratch (mqa: one seed), the paired difference (one common seed: n/a), MHA.
+  up = (f"| 1 | mean | 4.0000 ± 1.0000 | 2.3500 ± 0.0500 | 2.5000 | {2.3 - 2.5:+.4f} | n/a | "
+        f"2.0000 ± 0.1000 |")
+  assert up in text, up
+  assert "then 5 steps = 0.25 of 20" in text
+  assert ("- gqa2 seed 2: failed (RuntimeError: boom)\n"
+          "- mqa seed 1: interrupted (checkpoint at step 5 of 20; rerun to resume)\n"
+          "- mqa seed 2: pending\n") in text

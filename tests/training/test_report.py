@@ -35,9 +35,9 @@ def result(arm, seed, loss):
   return r
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
-  out = str(tmp_path_factory.mktemp("sweep"))
+@pytest.fixture
+def report(tmp_path):  # per test: mutation testing attributes the calls to each test
+  out = str(tmp_path)
   arms = sweep_lib.plan(SWEEP, MCFG)
   for arm in arms:
     for seed, loss in enumerate(LOSSES[arm.name]):

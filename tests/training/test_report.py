@@ -76,6 +76,9 @@ def test_results_csv_has_every_planned_run_with_its_status(report):
   assert by[("gqa2", 2)]["val_loss"] == ""
   assert by[("mqa", 1)]["error"] == "checkpoint at step 5 of 20; rerun to resume"
   assert by[("mqa", 2)]["error"] == "" and by[("mqa", 2)]["val_loss"] == ""
+  # A run that never started still shows its plan.
+  assert (by[("mqa", 2)]["kind"], by[("mqa", 2)]["num_kv_heads"]) == ("scratch", "1")
+  assert by[("uptrain-mean-mqa", 2)]["method"] == "mean"
   r = by[("gqa2", 1)]
   assert float(r["val_loss"]) == 2.2 and float(r["train_tokens_per_s"]) == 2000.0
   assert (r["kind"], r["num_kv_heads"], r["steps"]) == ("scratch", "2", "20")
@@ -126,8 +129,40 @@ def test_report_markdown_prints_the_summary(report):
   out, arms, _ = report
   with open(os.path.join(out, "report.md")) as f:
     text = f.read()
-  assert "Finished runs: 9 of 12." in text
-  assert "Seeds: 0, 1, 2. match_params: False." in text
+  assert text.startswith(
+      "# Head-sharing ablation\n\n"
+      "Base model: decoder_only, d_model 32, 1 layers, 4 query heads (head dim 8), d_ff 64, "
+      "float32. Data: task 'copy', batch 2 x 16 tokens. Training: 20 steps (adamw, cosine, "
+      "peak lr 0.001). Seeds: 0, 1, 2. match_params: False.\n"
+      "Finished runs: 9 of 12.\n\n"
+      "## Arms (mean ± std over seeds)\n\n"
+      "| arm | K | params | attention params | KV bytes/token | val loss | val ppl | "
+      "best val loss | Δ loss vs MHA | beyond seed noise | train tok/s | decode tok/s b=1 | "
+      "decode tok/s b=8 | wall s | runs |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---:|---:|\n"
+      "| mha | 4 | ")
+  assert "| - | - | 2,000 ± 1,000 | 501 ± 1 | 2,999 ± 1 | 11 ± 1 | 3/3 |\n| gqa2" in text
+  assert ("\n\nΔ: the mean over seeds of the per-seed difference arm - MHA (arms of a seed "
+          "share the init seed, the data order and the validation rows). Beyond seed noise: "
+          "|Δ| > 2 x stdev(per-seed differences) / sqrt(n), n the seeds both finished (n/a "
+          "with fewer than 2): the mean difference exceeds twice its standard error (a paired "
+          "test). Δ > 0 means the arm's loss is higher (worse) than MHA's. Throughputs are "
+          "tokens/s (training: median over logged windows after the first; decode: cached "
+          "greedy, 64 new tokens after 32-token prompts, best of 3).\n\n"
+          "## Uptraining (MHA checkpoint converted, then 5 steps = 0.25 of 20)\n\n"
+          "| K | method | val loss after conversion | after uptraining | same K from scratch | "
+          "Δ uptrained - scratch | beyond seed noise | MHA |\n"
+          "|---:|---|---:|---:|---:|---:|:---:|---:|\n| 1 | mean | ") in text
+  assert text.endswith(
+      "\n\n## Runs not finished\n\n"
+      "- gqa2 seed 2: failed (RuntimeError: boom)\n"
+      "- mqa seed 1: interrupted (checkpoint at step 5 of 20; rerun to resume)\n"
+      "- mqa seed 2: pending\n\n"
+      "## Plots\n\n"
+      "![val_loss_vs_tokens](val_loss_vs_tokens.png)\n"
+      "![val_loss_vs_kv_bytes](val_loss_vs_kv_bytes.png)\n"
+      "![decode_tokens_per_s](decode_tokens_per_s.png)\n")
+  assert "exact match" not in text  # no translation scores, no table for them
   params, attn = sweep_lib.param_counts(MCFG.replace(num_kv_heads=2))
   mean, std = np.mean([2.05, 2.2]), np.std([2.05, 2.2], ddof=1)
   ppl = [np.exp(2.05), np.exp(2.2)]
@@ -140,13 +175,50 @@ def test_report_markdown_prints_the_summary(report):
          f"{'yes' if abs(d) > 2 * se else 'no'} | 1,500 ± 707 | 500 ± 1 | 3,000 ± 1 | "
          f"10 ± 1 | 2/3 |")
   assert row in text, row
-  assert "| mqa | 1 | " in text and "| 2.5000 | " in text and "| 1/3 |" in text
+  params, attn = sweep_lib.param_counts(MCFG.replace(num_kv_heads=1))
+  assert (f"| mqa | 1 | {params:,} | {attn:,} | 64 | 2.5000 | {np.exp(2.5):.3f} | 2.4900 | "
+          f"{0.5:+.4f} | n/a | 1,000 | 500 | 3,000 | 10 | 1/3 |") in text
   # The uptraining table: K, method, after conversion, after uptraining, the same K from
   # scratch (mqa: one seed), the paired difference (one common seed: n/a), MHA.
   up = (f"| 1 | mean | 4.0000 ± 1.0000 | 2.3500 ± 0.0500 | 2.5000 | {2.3 - 2.5:+.4f} | n/a | "
         f"2.0000 ± 0.1000 |")
   assert up in text, up
-  assert "then 5 steps = 0.25 of 20" in text
-  assert ("- gqa2 seed 2: failed (RuntimeError: boom)\n"
-          "- mqa seed 1: interrupted (checkpoint at step 5 of 20; rerun to resume)\n"
-          "- mqa seed 2: pending\n") in text
+
+
+def test_a_sweep_without_mha_with_an_unfinished_arm_and_translation_scores(tmp_path):
+  """No MHA arm: no differences to it; an arm with no finished run prints dashes; the
+  exact-match / BLEU table appears when runs report them; the plots are written."""
+  pytest.importorskip("matplotlib")
+  mcfg = MCFG.replace(head_dim=16)
+  sweep = Sweep(num_kv_heads=(2, 1), seeds=(0,))
+  arms = sweep_lib.plan(sweep, mcfg)
+  workdir = sweep_lib.run_dir(str(tmp_path), arms[0], 0)
+  os.makedirs(workdir)
+  r = result(arms[0], 0, 2.0) | dict(exact_match=0.5, bleu=12.345)
+  with open(os.path.join(workdir, sweep_lib.RESULT_FILE), "w") as f:
+    json.dump(r, f)
+  base = (mcfg, BASE[1], BASE[2])
+  counts = report_lib.write_report(str(tmp_path), sweep, arms, base)
+  assert counts == {"ok": 1, "failed": 0, "interrupted": 0, "pending": 1}
+  summary = {s["arm"]: s for s in read_csv(str(tmp_path), "summary.csv")}
+  for name in ("gqa2", "mqa"):
+    assert summary[name]["val_loss_diff_vs_mha"] == summary[name]["exceeds_seed_noise"] == ""
+  assert summary["mqa"]["val_loss_mean"] == "" and summary["mqa"]["runs_ok"] == "0"
+  with open(os.path.join(str(tmp_path), "report.md")) as f:
+    text = f.read()
+  assert "4 query heads (head dim 16)" in text and "Seeds: 0." in text
+  params, attn = sweep_lib.param_counts(mcfg.replace(num_kv_heads=2))
+  assert (f"| gqa2 | 2 | {params:,} | {attn:,} | 256 | 2.0000 | {np.exp(2.0):.3f} | 1.9900 | - "
+          f"| - | 1,000 | 500 | 3,000 | 10 | 1/1 |") in text
+  assert "| mqa | 1 | " in text and "| - | - | - | - | - | - | - | - | - | 0/1 |" in text
+  assert "| arm | exact match | BLEU |\n|---|---:|---:|\n| gqa2 | 0.5000 | 12.35 |\n" \
+      "| mqa | - | - |\n" in text
+  assert "## Uptraining" not in text
+  for png in report_lib.PLOTS:
+    with open(os.path.join(str(tmp_path), png), "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n", png
+
+
+def test_csv_cells_keep_six_significant_digits_and_name_nan():
+  assert [report_lib._fmt(v) for v in (None, "", float("nan"), 0.123456789, 1234567.0, 3, "a")
+          ] == ["", "", "nan", "0.123457", "1.23457e+06", "3", "a"]

@@ -151,11 +151,11 @@ def summarize(rows: list[dict], arms, mcfg) -> list[dict]:
   return out
 
 
-def _pm(mean, std, digits=4, fmt="f") -> str:
+def _pm(mean, std, digits=4) -> str:
   if mean is None:
     return "-"
-  text = f"{mean:.{digits}{fmt}}"
-  return text + (f" ± {std:.{digits}{fmt}}" if std is not None else "")
+  text = f"{mean:.{digits}f}"
+  return text + (f" ± {std:.{digits}f}" if std is not None else "")
 
 
 def _rate(mean, std) -> str:
@@ -171,8 +171,7 @@ def report_markdown(summary, rows, arms, sweep, base) -> str:
   lines = [
       "# Head-sharing ablation", "",
       f"Base model: {mcfg.arch}, d_model {mcfg.d_model}, {mcfg.num_layers} layers, "
-      f"{mcfg.num_heads} query heads (head dim "
-      f"{mcfg.d_model // mcfg.num_heads if mcfg.head_dim is None else mcfg.head_dim}), d_ff "
+      f"{mcfg.num_heads} query heads (head dim {mcfg.head_dim}), d_ff "
       f"{mcfg.d_ff}, {mcfg.dtype}. Data: task {dcfg.task!r}, batch {dcfg.batch_size} x "
       f"{dcfg.seq_len} tokens. Training: {tcfg.steps} steps ({tcfg.optimizer}, "
       f"{tcfg.schedule}, peak lr {tcfg.learning_rate:g}). Seeds: "
@@ -246,7 +245,7 @@ def report_markdown(summary, rows, arms, sweep, base) -> str:
   return "\n".join(lines) + "\n"
 
 
-def plot(out: str, summary, rows, curves, arms, base) -> list[str]:
+def plot(out: str, summary, curves, arms, base) -> list[str]:
   """Write the three PNGs into ``out``; their paths."""
   import matplotlib
 
@@ -345,6 +344,6 @@ def write_report(out: str, sweep, arms, base, *, plots: bool = True) -> dict:
   with open(os.path.join(out, "report.md"), "w") as f:
     f.write(report_markdown(summary, rows, arms, sweep, base))
   if plots:
-    plot(out, summary, rows, curves, arms, base)
+    plot(out, summary, curves, arms, base)
   return {s: sum(r["status"] == s for r in rows)
           for s in ("ok", "failed", "interrupted", "pending")}

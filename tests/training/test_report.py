@@ -211,7 +211,7 @@ def test_a_sweep_without_mha_with_an_unfinished_arm_and_translation_scores(tmp_p
   assert (f"| gqa2 | 2 | {params:,} | {attn:,} | 256 | 2.0000 | {np.exp(2.0):.3f} | 1.9900 | - "
           f"| - | 1,000 | 500 | 3,000 | 10 | 1/1 |") in text
   assert "| mqa | 1 | " in text and "| - | - | - | - | - | - | - | - | - | 0/1 |" in text
-  assert "| arm | exact match | BLEU |\n|---|---:|---:|\n| gqa2 | 0.5000 | 12.35 |\n" \
+  assert "|\n\n| arm | exact match | BLEU |\n|---|---:|---:|\n| gqa2 | 0.5000 | 12.35 |\n" \
       "| mqa | - | - |\n" in text
   assert "## Uptraining" not in text
   for png in report_lib.PLOTS:
@@ -222,3 +222,22 @@ def test_a_sweep_without_mha_with_an_unfinished_arm_and_translation_scores(tmp_p
 def test_csv_cells_keep_six_significant_digits_and_name_nan():
   assert [report_lib._fmt(v) for v in (None, "", float("nan"), 0.123456789, 1234567.0, 3, "a")
           ] == ["", "", "nan", "0.123457", "1.23457e+06", "3", "a"]
+
+
+def test_uptraining_to_a_k_without_its_own_from_scratch_arm(tmp_path):
+  """The uptraining table compares with the same K from scratch; with no such arm it says
+  so with dashes."""
+  sweep = Sweep(num_kv_heads=(4,), seeds=(0, 1), uptrain_num_kv_heads=(2,),
+                uptrain_methods=("first",))
+  arms = sweep_lib.plan(sweep, MCFG)
+  for arm in arms:
+    for seed in (0, 1):
+      workdir = sweep_lib.run_dir(str(tmp_path), arm, seed)
+      os.makedirs(workdir)
+      with open(os.path.join(workdir, sweep_lib.RESULT_FILE), "w") as f:
+        json.dump(result(arm, seed, 2.0 + 0.1 * seed + (arm.kind == "uptrain")), f)
+  report_lib.write_report(str(tmp_path), sweep, arms, BASE, plots=False)
+  with open(os.path.join(str(tmp_path), "report.md")) as f:
+    text = f.read()
+  assert ("| 2 | first | 3.5000 ± 0.7071 | 3.0500 ± 0.0707 | - | - | n/a | "
+          "2.0500 ± 0.0707 |") in text

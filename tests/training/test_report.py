@@ -241,3 +241,24 @@ def test_uptraining_to_a_k_without_its_own_from_scratch_arm(tmp_path):
     text = f.read()
   assert ("| 2 | first | 3.5000 ± 0.7071 | 3.0500 ± 0.0707 | - | - | n/a | "
           "2.0500 ± 0.0707 |") in text
+
+
+def test_scores_and_the_from_scratch_reference_show_their_spread_over_seeds(tmp_path):
+  sweep = Sweep(num_kv_heads=(4, 2), seeds=(0, 1), uptrain_num_kv_heads=(2,),
+                uptrain_methods=("mean",))
+  arms = sweep_lib.plan(sweep, MCFG)
+  for arm in arms:
+    for seed in (0, 1):
+      workdir = sweep_lib.run_dir(str(tmp_path), arm, seed)
+      os.makedirs(workdir)
+      loss = {"mha": 2.0, "gqa2": 2.2, "uptrain-mean-gqa2": 2.1}[arm.name] + 0.2 * seed
+      r = result(arm, seed, loss) | dict(exact_match=0.5 + 0.1 * seed, bleu=10.0 + 2 * seed)
+      with open(os.path.join(workdir, sweep_lib.RESULT_FILE), "w") as f:
+        json.dump(r, f)
+  report_lib.write_report(str(tmp_path), sweep, arms, BASE, plots=False)
+  with open(os.path.join(str(tmp_path), "report.md")) as f:
+    text = f.read()
+  assert "| gqa2 | 0.5500 ± 0.0707 | 11.00 ± 1.41 |" in text
+  # K=2 uptrained (2.1, 2.3) against K=2 from scratch (2.2, 2.4): -0.1 on both seeds.
+  assert ("| 2 | mean | 3.5000 ± 0.7071 | 2.2000 ± 0.1414 | 2.3000 ± 0.1414 | -0.1000 | "
+          in text)

@@ -35,21 +35,29 @@ def result(arm, seed, loss):
   return r
 
 
+def write_result(out, arm, seed, r):
+  """The run's result.json, as the sweep writes it."""
+  workdir = sweep_lib.run_dir(out, arm, seed)
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, sweep_lib.RESULT_FILE), "w") as f:
+    json.dump(r, f)
+
+
+def read_report(out):
+  with open(os.path.join(out, "report.md")) as f:
+    return f.read()
+
+
 @pytest.fixture
 def report(tmp_path):  # per test: mutation testing attributes the calls to each test
   out = str(tmp_path)
   arms = sweep_lib.plan(SWEEP, MCFG)
   for arm in arms:
     for seed, loss in enumerate(LOSSES[arm.name]):
-      workdir = sweep_lib.run_dir(out, arm, seed)
       if loss is not None:
-        os.makedirs(workdir)
-        with open(os.path.join(workdir, sweep_lib.RESULT_FILE), "w") as f:
-          json.dump(result(arm, seed, loss), f)
-  gqa_failed = sweep_lib.run_dir(out, "gqa2", 2)
-  os.makedirs(gqa_failed)
-  with open(os.path.join(gqa_failed, sweep_lib.RESULT_FILE), "w") as f:
-    json.dump(dict(status="failed", error="RuntimeError: boom", wall_time_s=1.0), f)
+        write_result(out, arm, seed, result(arm, seed, loss))
+  write_result(out, "gqa2", 2, dict(status="failed", error="RuntimeError: boom",
+                                     wall_time_s=1.0))
   os.makedirs(os.path.join(sweep_lib.run_dir(out, "mqa", 1), "checkpoints", "5"))
   counts = report_lib.write_report(out, SWEEP, arms, BASE, plots=False)
   return out, arms, counts
@@ -127,8 +135,7 @@ def test_summary_means_stds_and_the_paired_noise_test(report):
 
 def test_report_markdown_prints_the_summary(report):
   out, arms, _ = report
-  with open(os.path.join(out, "report.md")) as f:
-    text = f.read()
+  text = read_report(out)
   assert text.startswith(
       "# Head-sharing ablation\n\n"
       "Base model: decoder_only, d_model 32, 1 layers, 4 query heads (head dim 8), d_ff 64, "
@@ -192,11 +199,8 @@ def test_a_sweep_without_mha_with_an_unfinished_arm_and_translation_scores(tmp_p
   mcfg = MCFG.replace(head_dim=16)
   sweep = Sweep(num_kv_heads=(2, 1), seeds=(0,))
   arms = sweep_lib.plan(sweep, mcfg)
-  workdir = sweep_lib.run_dir(str(tmp_path), arms[0], 0)
-  os.makedirs(workdir)
-  r = result(arms[0], 0, 2.0) | dict(exact_match=0.5, bleu=12.345)
-  with open(os.path.join(workdir, sweep_lib.RESULT_FILE), "w") as f:
-    json.dump(r, f)
+  write_result(str(tmp_path), arms[0], 0,
+               result(arms[0], 0, 2.0) | dict(exact_match=0.5, bleu=12.345))
   base = (mcfg, BASE[1], BASE[2])
   counts = report_lib.write_report(str(tmp_path), sweep, arms, base)
   assert counts == {"ok": 1, "failed": 0, "interrupted": 0, "pending": 1}
@@ -204,8 +208,7 @@ def test_a_sweep_without_mha_with_an_unfinished_arm_and_translation_scores(tmp_p
   for name in ("gqa2", "mqa"):
     assert summary[name]["val_loss_diff_vs_mha"] == summary[name]["exceeds_seed_noise"] == ""
   assert summary["mqa"]["val_loss_mean"] == "" and summary["mqa"]["runs_ok"] == "0"
-  with open(os.path.join(str(tmp_path), "report.md")) as f:
-    text = f.read()
+  text = read_report(str(tmp_path))
   assert "4 query heads (head dim 16)" in text and "Seeds: 0." in text
   params, attn = sweep_lib.param_counts(mcfg.replace(num_kv_heads=2))
   assert (f"| gqa2 | 2 | {params:,} | {attn:,} | 256 | 2.0000 | {np.exp(2.0):.3f} | 1.9900 | - "
@@ -232,13 +235,10 @@ def test_uptraining_to_a_k_without_its_own_from_scratch_arm(tmp_path):
   arms = sweep_lib.plan(sweep, MCFG)
   for arm in arms:
     for seed in (0, 1):
-      workdir = sweep_lib.run_dir(str(tmp_path), arm, seed)
-      os.makedirs(workdir)
-      with open(os.path.join(workdir, sweep_lib.RESULT_FILE), "w") as f:
-        json.dump(result(arm, seed, 2.0 + 0.1 * seed + (arm.kind == "uptrain")), f)
+      write_result(str(tmp_path), arm, seed,
+                   result(arm, seed, 2.0 + 0.1 * seed + (arm.kind == "uptrain")))
   report_lib.write_report(str(tmp_path), sweep, arms, BASE, plots=False)
-  with open(os.path.join(str(tmp_path), "report.md")) as f:
-    text = f.read()
+  text = read_report(str(tmp_path))
   assert ("| 2 | first | 3.5000 ± 0.7071 | 3.0500 ± 0.0707 | - | - | n/a | "
           "2.0500 ± 0.0707 |") in text
 
@@ -249,15 +249,11 @@ def test_scores_and_the_from_scratch_reference_show_their_spread_over_seeds(tmp_
   arms = sweep_lib.plan(sweep, MCFG)
   for arm in arms:
     for seed in (0, 1):
-      workdir = sweep_lib.run_dir(str(tmp_path), arm, seed)
-      os.makedirs(workdir)
       loss = {"mha": 2.0, "gqa2": 2.2, "uptrain-mean-gqa2": 2.1}[arm.name] + 0.2 * seed
-      r = result(arm, seed, loss) | dict(exact_match=0.5 + 0.1 * seed, bleu=10.0 + 2 * seed)
-      with open(os.path.join(workdir, sweep_lib.RESULT_FILE), "w") as f:
-        json.dump(r, f)
+      write_result(str(tmp_path), arm, seed, result(arm, seed, loss)
+                   | dict(exact_match=0.5 + 0.1 * seed, bleu=10.0 + 2 * seed))
   report_lib.write_report(str(tmp_path), sweep, arms, BASE, plots=False)
-  with open(os.path.join(str(tmp_path), "report.md")) as f:
-    text = f.read()
+  text = read_report(str(tmp_path))
   assert "| gqa2 | 0.5500 ± 0.0707 | 11.00 ± 1.41 |" in text
   # K=2 uptrained (2.1, 2.3) against K=2 from scratch (2.2, 2.4): -0.1 on both seeds.
   assert ("| 2 | mean | 3.5000 ± 0.7071 | 2.2000 ± 0.1414 | 2.3000 ± 0.1414 | -0.1000 | "

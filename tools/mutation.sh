@@ -13,7 +13,8 @@
 # patterns of mutant names, e.g. "attnlab.nn.kv_cache.x_quantize__mutmut_*") runs only
 # those mutants: the functions a module's fast tests reach. MUT_RECHECK=DIR (a previous
 # round's folder) runs only the mutants that survived there and those it selected but did
-# not run (its time box), with the TESTs given now (the round's tests plus those since).
+# not run (its time box), with the TESTs given now (the round's tests plus those since);
+# mutants that no test reached there are not included: name them with MUT_NAMES.
 #
 # JAX is not fork-safe once its backend has started, and mutmut forks a worker per
 # mutant: the workers come from a fork server that has only imported the third-party
@@ -22,7 +23,7 @@
 # compile once.
 set -euo pipefail
 set -f  # mutant-name patterns (MUT_NAMES) are never file globs
-[ $# -ge 3 ] || { sed -n 2,16p "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n '2,/^set -e/p' "$0" | sed '$d'; exit 2; }
 name=$1; module=$2; shift 2
 repo=$(cd "$(dirname "$0")/.." && pwd)
 dir=${MUT_DIR:-/tmp/attnlab-mutation}/$name

@@ -110,8 +110,12 @@ class HFJsonTokenizer:
 
 def make_tokenizer(kind: str = "byte", model_path: str = "", *, bos_id: int | None = None,
                    eos_id: int | None = None):
+  """The tokenizer ``DataConfig.tokenizer`` names ("byte" | "sentencepiece" | "hf_json");
+  ``model_path`` is its model file, ``bos_id`` / ``eos_id`` an hf_json tokenizer's ids."""
   if kind == "byte":
     return ByteTokenizer()
   if kind == "hf_json":
     return HFJsonTokenizer(model_path, bos_id=bos_id, eos_id=eos_id)
-  return SentencePieceTokenizer(model_path)
+  if kind == "sentencepiece":
+    return SentencePieceTokenizer(model_path)
+  raise ValueError(f"tokenizer={kind!r} is not one of 'byte', 'sentencepiece', 'hf_json'")

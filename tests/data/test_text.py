@@ -196,6 +196,9 @@ def test_make_tokenizer_builds_the_kind_named(tmp_path):
   tok.save(str(tmp_path / "tokenizer.json"))
   hf = make_tokenizer("hf_json", str(tmp_path / "tokenizer.json"), bos_id=5, eos_id=6)
   assert isinstance(hf, HFJsonTokenizer) and (hf.bos_id, hf.eos_id, hf.vocab_size) == (5, 6, 2)
+  with pytest.raises(ValueError, match=re.escape(
+      "tokenizer='bpe' is not one of 'byte', 'sentencepiece', 'hf_json'")):
+    make_tokenizer("bpe", "m.model")
 
 
 def test_hf_json_tokenizer_ids_vocabulary_and_bad_files(tmp_path):

@@ -9,6 +9,7 @@ import pytest
 from attnlab.config import DataConfig, ModelConfig
 from attnlab.data import packing, pipeline, text
 from attnlab.data.tokenizer import ByteTokenizer
+from tests.data.hf_tokenizer import word_level_tokenizer_json
 
 TOK = ByteTokenizer()
 PAD, BOS, EOS = 0, 1, 2
@@ -196,18 +197,9 @@ def test_tsv_task_reads_its_files(tmp_path):
   assert 15 < sources["validation"].size < 45
 
 
-def hf_tokenizer_json(path):
-  """A word-level tokenizer.json with four words, saved at ``path``."""
-  tokenizers = pytest.importorskip("tokenizers")
-  vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "a": 3, "b": 4}
-  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
-  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-  tok.save(str(path))
-  return str(path)
-
-
 def test_hf_json_sources_take_the_configs_bos_and_eos(tmp_path):
-  path = hf_tokenizer_json(tmp_path / "tokenizer.json")
+  path = word_level_tokenizer_json(tmp_path / "tokenizer.json",
+                                   ["<pad>", "<s>", "</s>", "a", "b"])
   (tmp_path / "doc.txt").write_text("a b a b a b a b")
   kw = dict(task="lm", paths=(str(tmp_path / "doc.txt"),), seq_len=4, batch_size=1,
             tokenizer="hf_json", tokenizer_model=path)

@@ -16,6 +16,7 @@ from attnlab.data.tokenizer import (
     make_tokenizer,
 )
 from attnlab.extras import MissingDependencyError
+from tests.data.hf_tokenizer import word_level_tokenizer_json
 
 
 def test_stdlib_files_are_whole_paths_of_many_files():
@@ -190,11 +191,8 @@ def test_byte_tokenizer_takes_bytes_and_decodes_only_byte_ids():
 
 def test_make_tokenizer_builds_the_kind_named(tmp_path):
   assert isinstance(make_tokenizer(), ByteTokenizer)
-  tokenizers = pytest.importorskip("tokenizers")
-  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"<pad>": 0, "a": 1},
-                                                         unk_token="<pad>"))
-  tok.save(str(tmp_path / "tokenizer.json"))
-  hf = make_tokenizer("hf_json", str(tmp_path / "tokenizer.json"), bos_id=5, eos_id=6)
+  path = word_level_tokenizer_json(tmp_path / "tokenizer.json", ["<pad>", "a"])
+  hf = make_tokenizer("hf_json", path, bos_id=5, eos_id=6)
   assert isinstance(hf, HFJsonTokenizer) and (hf.bos_id, hf.eos_id, hf.vocab_size) == (5, 6, 2)
   with pytest.raises(ValueError, match=re.escape(
       "tokenizer='bpe' is not one of 'byte', 'sentencepiece', 'hf_json'")):
@@ -202,13 +200,10 @@ def test_make_tokenizer_builds_the_kind_named(tmp_path):
 
 
 def test_hf_json_tokenizer_ids_vocabulary_and_bad_files(tmp_path):
-  tokenizers = pytest.importorskip("tokenizers")
-  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"<pad>": 0, "a": 1, "b": 2},
-                                                         unk_token="<pad>"))
-  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-  tok.add_special_tokens(["<eos>"])  # an added token counts in the vocabulary
-  tok.save(str(tmp_path / "tokenizer.json"))
-  hf = HFJsonTokenizer(str(tmp_path / "tokenizer.json"))
+  # An added token counts in the vocabulary.
+  path = word_level_tokenizer_json(tmp_path / "tokenizer.json", ["<pad>", "a", "b"],
+                                   specials=["<eos>"])
+  hf = HFJsonTokenizer(path)
   assert (hf.vocab_size, hf.pad_id, hf.bos_id, hf.eos_id) == (4, 0, None, None)
   ids = hf.encode("a b a")
   assert ids.dtype == np.int32 and ids.tolist() == [1, 2, 1]

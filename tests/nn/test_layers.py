@@ -76,7 +76,7 @@ GENERAL = ("weight_einsum takes an explicit two-operand einsum 'x,w->out' with e
     ("BXD,DFY->BF", "weight_einsum: 'BXD,DFY->BF' sums XY over one operand only"),
 ])
 def test_weight_einsum_refuses_what_it_does_not_do(equation, message):
-  if message is GENERAL:
+  if message == GENERAL:
     message += repr(equation)
   with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
     weight_einsum(equation, jnp.ones((2, 3, 3)), jnp.ones((3, 4)))

@@ -104,13 +104,14 @@ def test_masked_and_smoothed_loss_counts_the_kept_tokens_only():
   np.testing.assert_allclose(nll0, nll, rtol=1e-7)
 
 
-def one_update(tcfg, grads, params, steps=1):
+def updates(tcfg, params, *grads):
+  """The optimizer's update for each of ``grads``, applied in turn from a fresh state."""
   tx, _ = make_optimizer(tcfg, 64)
   state = tx.init(params)
   out = []
-  for _ in range(steps):
-    updates, state = tx.update(grads, state, params)
-    out.append(jax.tree.map(np.asarray, updates))
+  for g in grads:
+    u, state = tx.update(g, state, params)
+    out.append(jax.tree.map(np.asarray, u))
   return out
 
 
@@ -120,7 +121,7 @@ LR = dict(schedule="constant", warmup_steps=0, learning_rate=0.1, grad_clip=0.0)
 
 def test_sgd_uses_b1_as_momentum():
   g = {"w": jnp.full((2, 3), 1.0), "b": jnp.full((3,), -2.0)}
-  u1, u2 = one_update(TrainConfig(optimizer="sgd", b1=0.5, **LR), g, PARAMS, steps=2)
+  u1, u2 = updates(TrainConfig(optimizer="sgd", b1=0.5, **LR), PARAMS, g, g)
   for k in g:
     np.testing.assert_allclose(u1[k], -0.1 * np.asarray(g[k]), rtol=1e-6)
     np.testing.assert_allclose(u2[k], -0.1 * 1.5 * np.asarray(g[k]), rtol=1e-6)
@@ -130,11 +131,11 @@ def test_sgd_uses_b1_as_momentum():
 def test_adams_first_step_moves_each_weight_by_the_learning_rate(optimizer):
   g = {"w": jnp.full((2, 3), 3.0), "b": jnp.full((3,), -0.5)}
   tcfg = TrainConfig(optimizer=optimizer, b1=0.9, b2=0.99, eps=1e-8, weight_decay=0.0, **LR)
-  (u,) = one_update(tcfg, g, PARAMS)
+  (u,) = updates(tcfg, PARAMS, g)
   np.testing.assert_allclose(u["w"], -0.1, rtol=1e-5)  # m / sqrt(v) = sign(g) at step 1
   np.testing.assert_allclose(u["b"], 0.1, rtol=1e-5)
   # eps is the config's: with eps as large as |g| the step halves.
-  (u,) = one_update(tcfg.replace(eps=3.0), g, PARAMS)
+  (u,) = updates(tcfg.replace(eps=3.0), PARAMS, g)
   np.testing.assert_allclose(u["w"], -0.05, rtol=1e-5)
 
 
@@ -143,10 +144,7 @@ def test_adam_moments_use_the_configs_b1_and_b2(optimizer):
   g1, g2 = 3.0, -1.0
   grads = [{"w": jnp.full((2, 3), g), "b": jnp.full((3,), g)} for g in (g1, g2)]
   tcfg = TrainConfig(optimizer=optimizer, b1=0.5, b2=0.75, eps=1e-8, weight_decay=0.0, **LR)
-  tx, _ = make_optimizer(tcfg, 64)
-  state = tx.init(PARAMS)
-  for g in grads:
-    u, state = tx.update(g, state, PARAMS)
+  _, u = updates(tcfg, PARAMS, *grads)
   m = (0.5 * 0.5 * g1 + 0.5 * g2) / (1 - 0.5**2)  # bias-corrected moments after two steps
   v = (0.75 * 0.25 * g1**2 + 0.25 * g2**2) / (1 - 0.75**2)
   np.testing.assert_allclose(np.asarray(u["w"]), -0.1 * m / (np.sqrt(v) + 1e-8), rtol=1e-5)
@@ -154,20 +152,19 @@ def test_adam_moments_use_the_configs_b1_and_b2(optimizer):
 
 def test_adamw_decays_matrices_and_leaves_vectors_alone():
   zero = {"w": jnp.zeros((2, 3)), "b": jnp.zeros((3,))}
-  (u,) = one_update(TrainConfig(optimizer="adamw", weight_decay=0.5, **LR), zero, PARAMS)
+  (u,) = updates(TrainConfig(optimizer="adamw", weight_decay=0.5, **LR), PARAMS, zero)
   np.testing.assert_allclose(u["w"], -0.1 * 0.5 * 2.0, rtol=1e-6)
   np.testing.assert_array_equal(u["b"], 0.0)
-  (u,) = one_update(TrainConfig(optimizer="adam", weight_decay=0.5, **LR), zero, PARAMS)
+  (u,) = updates(TrainConfig(optimizer="adam", weight_decay=0.5, **LR), PARAMS, zero)
   np.testing.assert_array_equal(u["w"], 0.0)  # adam has no decay
 
 
 def test_grad_clip_scales_the_global_norm_down_to_it():
   g = {"w": jnp.full((2, 3), 4.0), "b": jnp.full((3,), 4.0)}  # global norm 12
   for clip in (3.0, 0.6):  # a clip below 1 clips too
-    (u,) = one_update(TrainConfig(optimizer="sgd", b1=0.0, **dict(LR, grad_clip=clip)), g,
-                      PARAMS)
+    (u,) = updates(TrainConfig(optimizer="sgd", b1=0.0, **dict(LR, grad_clip=clip)), PARAMS, g)
     np.testing.assert_allclose(u["w"], -0.1 * 4.0 * clip / 12.0, rtol=1e-6)
-  (u,) = one_update(TrainConfig(optimizer="sgd", b1=0.0, **dict(LR, grad_clip=100.0)), g, PARAMS)
+  (u,) = updates(TrainConfig(optimizer="sgd", b1=0.0, **dict(LR, grad_clip=100.0)), PARAMS, g)
   np.testing.assert_allclose(u["w"], -0.1 * 4.0, rtol=1e-6)  # below the clip: untouched
 
 
@@ -175,5 +172,5 @@ def test_the_optimizer_follows_the_schedule_of_its_config():
   g = {"w": jnp.full((2, 3), 1.0), "b": jnp.full((3,), 1.0)}
   tcfg = TrainConfig(optimizer="sgd", b1=0.0, schedule="inverse_sqrt", warmup_steps=4,
                      learning_rate=2.0, grad_clip=0.0)
-  (u,) = one_update(tcfg, g, PARAMS)
+  (u,) = updates(tcfg, PARAMS, g)
   np.testing.assert_allclose(u["w"], -2.0 * 64**-0.5 * 4**-1.5, rtol=1e-6)  # d_model = 64

@@ -50,13 +50,12 @@ Q_POS = np.array([[10, 11, 12, 13, 14], [3, 4, 5, 6, 7]])
 KV_POS = np.array([[12, -1, 10, 14, 11], [7, 3, 5, -1, 4]])
 
 
-@pytest.mark.parametrize("case", NAIVE_CASES, ids=str)
-@pytest.mark.parametrize("N,K", [(4, 4), (4, 2), (4, 1)])
-def test_reference_equals_naive_loop(case, N, K):
+def naive_case(case, N, K, seed=0, dtype=jnp.float32):
+  """q, k, v of a NAIVE_CASES entry, the op's keyword arguments and the naive result."""
   case = dict(case)
   B, T, H = 2, 5, 8
   S = T + case.get("q_offset", 0)
-  q, k, v = make_qkv(B, T, S, N, K, H)
+  q, k, v = make_qkv(B, T, S, N, K, H, seed=seed, dtype=dtype)
   kw = {}
   if case.pop("segments", False):
     q_seg = np.array([[1, 1, 2, 2, 2], [1, 1, 1, 1, 0]])
@@ -69,8 +68,52 @@ def test_reference_equals_naive_loop(case, N, K):
   want = naive_attention(q, k, v, **case)
   for name in ("q_seg", "kv_seg", "q_pos", "kv_pos"):
     case.pop(name, None)
-  got = jit_call(reference_attention, q, k, v, **case, **kw)
+  return (q, k, v), {**case, **kw}, want
+
+
+@pytest.mark.parametrize("case", NAIVE_CASES, ids=str)
+@pytest.mark.parametrize("N,K", [(4, 4), (4, 2), (4, 1)])
+def test_reference_equals_naive_loop(case, N, K):
+  qkv, kw, want = naive_case(case, N, K)
+  got = jit_call(reference_attention, *qkv, **kw)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["reference", "blocked", "chunked", "xla", "pallas", "auto"])
+def test_the_dispatcher_passes_every_argument_to_every_implementation(impl):
+  """``attention(..., implementation=impl)`` against the naive loop on every case the
+  implementation takes (explicit positions: "reference", "chunked" and "auto" only):
+  a scale, window, offset, segment ids or positions that the dispatcher dropped or
+  replaced on its way to the op fails here. (A kernel's own tests call it directly.)"""
+  takes_positions = impl in ("reference", "chunked", "auto")
+  for case in NAIVE_CASES:
+    if case.get("positions") and not takes_positions:
+      continue
+    if impl == "blocked" and not (case.get("causal") or "window" in case):
+      continue  # nothing to skip: "blocked" is the reference in one block there
+    qkv, kw, want = naive_case(case, 4, 2, seed=3)
+    got = jit_call(attention, *qkv, implementation=impl, **kw)
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5, err_msg=str(case))
+
+
+@pytest.mark.parametrize("impl", ["reference", "blocked", "chunked", "xla", "pallas", "auto"])
+def test_the_output_has_the_dtype_of_the_queries(impl):
+  qkv, kw, want = naive_case(dict(causal=True, window=3), 4, 2, seed=4, dtype=jnp.bfloat16)
+  got = jit_call(attention, *qkv, implementation=impl, **kw)
+  assert got.dtype == jnp.bfloat16
+  np.testing.assert_allclose(got.astype(jnp.float32), want, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("impl", ["blocked", "xla", "pallas"])
+@pytest.mark.parametrize("given", ["q_positions", "kv_positions", "both"])
+def test_explicit_positions_are_refused_by_name_where_unsupported(impl, given):
+  (q, k, v), kw, _ = naive_case(dict(causal=True, positions=True), 4, 2)
+  if given != "both":
+    kw = {"causal": True, given: kw[given]}
+  with pytest.raises(ValueError) as e:
+    attention(q, k, v, implementation=impl, **kw)
+  assert str(e.value) == (f"q_positions/kv_positions are supported by implementation="
+                          f"'reference' or 'chunked', not {impl!r}")
 
 
 @pytest.mark.parametrize(
@@ -398,29 +441,78 @@ def test_mask_predicates_and_key_range_agree():
       assert visible.min() == lo and visible.max() == hi - 1
 
 
-@pytest.mark.parametrize(
-    "args,match",
-    [
-        (dict(q=(2, 4, 6, 8), k=(2, 4, 4, 8)), "multiple of num_kv_heads"),
-        (dict(q=(2, 4, 4, 8), k=(2, 4, 4, 16)), "head_dim"),
-        (dict(q=(2, 4, 4, 8), k=(3, 4, 4, 8)), "batch"),
-        (dict(q=(2, 4, 8), k=(2, 4, 4, 8)), "rank 4"),
-        (dict(window=0), "window=0"),
-        (dict(q_seg=(2, 5)), "q_segment_ids shape"),
-        (dict(impl="flash9"), "implementation='flash9'"),
-    ],
-)
-def test_bad_input_raises_clear_errors(args, match):
-  q = jnp.zeros(args.get("q", (2, 4, 4, 8)))
-  k = jnp.zeros(args.get("k", (2, 4, 4, 8)))
-  kw = {}
-  if "window" in args:
-    kw["window"] = args["window"]
-  if "q_seg" in args:
-    kw.update(q_segment_ids=jnp.zeros(args["q_seg"], jnp.int32),
-              kv_segment_ids=jnp.zeros((2, 4), jnp.int32))
-  with pytest.raises(ValueError, match=match):
-    attention(q, k, k, implementation=args.get("impl", "reference"), **kw)
+BAD_INPUTS = [
+    # (q shape, k shape, v shape, keyword arguments, the whole message)
+    ((2, 4, 8), (2, 4, 4, 8), None, {},
+     "q_BTNH must be rank 4 (q [B, T, N, H], k and v [B, S, K, H]); got shapes "
+     "(2, 4, 8), (2, 4, 4, 8), (2, 4, 4, 8)"),
+    ((2, 4, 4, 8), (2, 4, 4, 8, 1), None, {},
+     "k_BSKH must be rank 4 (q [B, T, N, H], k and v [B, S, K, H]); got shapes "
+     "(2, 4, 4, 8), (2, 4, 4, 8, 1), (2, 4, 4, 8, 1)"),
+    ((2, 4, 4, 8), (2, 4, 4, 8), (2, 4, 32), {},
+     "v_BSKH must be rank 4 (q [B, T, N, H], k and v [B, S, K, H]); got shapes "
+     "(2, 4, 4, 8), (2, 4, 4, 8), (2, 4, 32)"),
+    ((2, 4, 4, 8), (2, 4, 4, 8), (2, 5, 4, 8), {},
+     "k_BSKH shape (2, 4, 4, 8) and v_BSKH shape (2, 5, 4, 8) must match"),
+    ((2, 4, 4, 8), (3, 5, 4, 8), None, {},
+     "batch of q_BTNH (2) and k_BSKH (3) must match"),
+    ((2, 4, 4, 8), (2, 4, 4, 16), None, {},
+     "head dim of q_BTNH (8) and of k_BSKH (16) must match (q, k and v share one head_dim H)"),
+    ((2, 4, 6, 8), (2, 4, 4, 8), None, {},
+     "num heads of q_BTNH (N=6) must be a multiple of num_kv_heads of k_BSKH (K=4): each KV "
+     "head serves G = N / K query heads, so N must be a multiple of the num kv heads"),
+    ((2, 4, 4, 8), (2, 4, 4, 8), None, dict(window=0),
+     "window=0 must be a positive integer or None"),
+    ((2, 4, 4, 8), (2, 4, 4, 8), None, dict(window=2.5),
+     "window=2.5 must be a positive integer or None"),
+    ((2, 4, 4, 8), (2, 4, 4, 8), None, dict(window=True),
+     "window=True must be a positive integer or None"),
+    ((2, 4, 4, 8), (2, 4, 4, 8), None, dict(window="3"),
+     "window='3' must be a positive integer or None"),
+    ((2, 4, 4, 8), (2, 4, 4, 8), None, dict(q_segment_ids=(2, 4)),
+     "q_segment_ids and kv_segment_ids must be given together"),
+    ((2, 4, 4, 8), (2, 4, 4, 8), None, dict(kv_segment_ids=(2, 4)),
+     "q_segment_ids and kv_segment_ids must be given together"),
+    ((2, 4, 4, 8), (2, 6, 4, 8), None, dict(q_segment_ids=(2, 5), kv_segment_ids=(2, 6)),
+     "q_segment_ids shape (2, 5) must be [B, T] = (2, 4)"),
+    ((2, 4, 4, 8), (2, 6, 4, 8), None, dict(q_segment_ids=(2, 4), kv_segment_ids=(2, 4)),
+     "kv_segment_ids shape (2, 4) must be [B, S] = (2, 6)"),
+    ((2, 4, 4, 8), (2, 4, 4, 8), None, dict(implementation="flash9"),
+     "implementation='flash9' is not one of 'reference', 'blocked', 'chunked', 'xla', "
+     "'cudnn', 'pallas' or 'auto'"),
+]
+
+
+@pytest.mark.parametrize("q_shape,k_shape,v_shape,kw,message", BAD_INPUTS, ids=str)
+def test_bad_input_raises_clear_errors(q_shape, k_shape, v_shape, kw, message):
+  kw = {name: (jnp.zeros(value, jnp.int32) if name.endswith("segment_ids") else value)
+        for name, value in kw.items()}
+  kw.setdefault("implementation", "reference")
+  q, k = jnp.zeros(q_shape), jnp.zeros(k_shape)
+  v = k if v_shape is None else jnp.zeros(v_shape)
+  with pytest.raises(ValueError) as e:
+    attention(q, k, v, **kw)
+  assert str(e.value) == message
+
+
+def test_the_decode_kernels_query_check_names_their_cache():
+  """``check_query_heads`` on its own (the decode kernels' entry: they name their cache)."""
+  from attnlab.ops import checks
+
+  cases = [
+      ((2, 1, 8), dict(), "q_BTNH must be rank 4 [B, T, N, H], got shape (2, 1, 8)"),
+      ((2, 1, 4, 8), dict(head_dim=16, kv_name="pages"),
+       "head dim of q_BTNH (8) and of pages (16) must match (q, k and v share one head_dim H)"),
+      ((2, 1, 6, 8), dict(num_kv_heads=4),
+       "num heads of q_BTNH (N=6) must be a multiple of num_kv_heads of k_BSKH (K=4): each KV "
+       "head serves G = N / K query heads, so N must be a multiple of the num kv heads"),
+  ]
+  for shape, kw, message in cases:
+    kw = {"num_kv_heads": 2, "head_dim": 8, **kw}
+    with pytest.raises(ValueError) as e:
+      checks.check_query_heads(jnp.zeros(shape), **kw)
+    assert str(e.value) == message
+  checks.check_query_heads(jnp.zeros((2, 1, 6, 8)), num_kv_heads=3, head_dim=8)
 
 
 def test_cudnn_without_gpu_is_a_clear_error():
@@ -501,6 +593,10 @@ AUTO_CASES = [
     (20, 20, dict(causal=True, q_offset=jnp.array([3, 0])), "reference"),  # traced offset
     (64, 65600, dict(), "chunked"),  # T * S > 2048^2
     (64, 65600, dict(causal=True, q_offset=65536), "chunked"),
+    (200, 200, dict(window=30), "blocked"),  # a window alone is a band too
+    # Explicit positions (ring caches): the key ranges are not static.
+    (20, 20, dict(causal=True, q_positions=jnp.tile(jnp.arange(20), (2, 1))), "reference"),
+    (20, 20, dict(causal=True, kv_positions=jnp.tile(jnp.arange(20), (2, 1))), "reference"),
 ]
 
 
@@ -519,20 +615,84 @@ def test_auto_runs_what_it_picks_and_matches_the_reference(T, S, kw, want, monke
   np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-5)
 
 
-def test_cudnn_rejects_what_its_kernel_does_not_support(monkeypatch):
+def test_cache_implementation_sends_only_a_paged_pallas_decode_step_to_the_paged_kernel():
+  from attnlab.ops.dispatch import cache_implementation
+
+  for impl in ("auto", "reference", "blocked", "chunked", "xla", "cudnn", "pallas"):
+    for num_queries in (1, 2, 8):
+      for paged in (False, True):
+        want = ("paged_decode" if (impl, num_queries, paged) == ("pallas", 1, True)
+                else "reference" if impl == "reference" else "chunked")
+        got = cache_implementation(impl, num_queries=num_queries, paged=paged)
+        assert got == want, (impl, num_queries, paged)
+
+
+CUDNN_REFUSALS = [
+    # (T, keyword arguments, what the message lists)
+    (8, dict(q_segment_ids="seg", kv_segment_ids="seg"), "segment ids"),
+    (8, dict(causal=True, q_offset=1), "q_offset"),
+    (8, dict(q_offset=jnp.array([0])), "q_offset"),  # a traced offset: not known to be 0
+    (8, dict(window=3), "a non-causal window"),
+    (4, dict(causal=True), "causal with T=4 != S=8"),
+    (4, dict(causal=True, window=3, q_offset=2, q_segment_ids="seg", kv_segment_ids="seg"),
+     "segment ids, q_offset, causal with T=4 != S=8"),
+]
+
+
+@pytest.mark.parametrize("T,kw,listed", CUDNN_REFUSALS, ids=str)
+def test_cudnn_rejects_what_its_kernel_does_not_support(T, kw, listed, monkeypatch):
   """Checked before cuDNN is called, so the CPU can test it (the backend is faked)."""
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  q, k, v = make_qkv(1, 8, 8, 2, 2, 8)
-  seg = jnp.ones((1, 8), jnp.int32)
-  for kw, match in [
-      (dict(q_segment_ids=seg, kv_segment_ids=seg), "segment ids"),
-      (dict(causal=True, q_offset=2), "q_offset"),
-      (dict(window=3), "non-causal window"),
-  ]:
-    with pytest.raises(ValueError, match=f"cudnn.*{match}"):
-      attention(q, k, v, implementation="cudnn", **kw)
-  with pytest.raises(ValueError, match="causal with T=4 != S=8"):
-    attention(q[:, :4], k, v, causal=True, implementation="cudnn")
+  q, k, v = make_qkv(1, T, 8, 2, 2, 8)
+  kw = dict(kw)
+  for name in ("q_segment_ids", "kv_segment_ids"):
+    if name in kw:
+      kw[name] = jnp.ones((1, T if name[0] == "q" else 8), jnp.int32)
+  with pytest.raises(ValueError) as e:
+    attention(q, k, v, implementation="cudnn", **kw)
+  assert str(e.value) == (f"implementation='cudnn' does not support {listed}; "
+                          "use 'pallas', 'xla' or 'chunked'")
+
+
+@pytest.mark.parametrize("kw,causal,window_size", [
+    (dict(), False, None),
+    (dict(causal=True, q_offset=0), True, None),
+    (dict(causal=True, window=5, scale=0.3), True, (4, 0)),
+], ids=str)
+def test_cudnn_passes_its_mask_as_cudnn_arguments(kw, causal, window_size, monkeypatch):
+  """What reaches ``jax.nn.dot_product_attention`` (faked GPU, the call recorded)."""
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  calls = []
+  monkeypatch.setattr(jax.nn, "dot_product_attention",
+                      lambda *args, **kwargs: calls.append((args, kwargs)) or args[0])
+  q, k, v = make_qkv(1, 8, 8, 4, 2, 16)
+  attention(q, k, v, implementation="cudnn", **kw)
+  ((args, kwargs),) = calls
+  assert all(a is b for a, b in zip(args, (q, k, v), strict=True))
+  assert kwargs == dict(scale=kw.get("scale", 0.25), is_causal=causal,
+                        local_window_size=window_size, implementation="cudnn")
+
+
+def test_xla_asks_jax_nn_for_xla_with_a_mask_only_where_one_is_needed(monkeypatch):
+  """"xla" pins jax.nn's implementation (left to jax, a GPU may pick cuDNN) and passes
+  a mask only for a causal, windowed or segmented request."""
+  real = jax.nn.dot_product_attention
+  calls = []
+
+  def spy(*args, **kwargs):
+    calls.append(kwargs)
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+  q, k, v = make_qkv(1, 4, 4, 2, 2, 16)
+  seg = jnp.ones((1, 4), jnp.int32)
+  for kw, masked in [(dict(), False), (dict(scale=0.5), False), (dict(causal=True), True),
+                     (dict(window=2), True), (dict(q_segment_ids=seg, kv_segment_ids=seg), True)]:
+    calls.clear()
+    attention(q, k, v, implementation="xla", **kw)
+    (got,) = calls
+    assert got["implementation"] == "xla" and got["scale"] == kw.get("scale", 0.25)
+    assert ("mask" in got) == masked, kw
 
 
 @pytest.mark.gpu

@@ -258,3 +258,123 @@ def test_scores_and_the_from_scratch_reference_show_their_spread_over_seeds(tmp_
   # K=2 uptrained (2.1, 2.3) against K=2 from scratch (2.2, 2.4): -0.1 on both seeds.
   assert ("| 2 | mean | 3.5000 ± 0.7071 | 2.2000 ± 0.1414 | 2.3000 ± 0.1414 | -0.1000 | "
           in text)
+
+
+@pytest.fixture
+def figures(tmp_path, monkeypatch):
+  """The report's three figures, kept as ``plot`` closes them, with the data they show."""
+  pytest.importorskip("matplotlib")
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  closed = []
+  close = plt.close
+  monkeypatch.setattr(plt, "close", lambda fig=None: closed.append(fig) or close(fig))
+  out = str(tmp_path)
+  arms = sweep_lib.plan(SWEEP, MCFG)
+  for arm in arms:
+    for seed, loss in enumerate(LOSSES[arm.name]):
+      if loss is not None:
+        write_result(out, arm, seed, result(arm, seed, loss))
+  report_lib.write_report(out, SWEEP, arms, BASE)
+  assert len(closed) == 3
+  for png in report_lib.PLOTS:
+    with open(os.path.join(out, png), "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n", png
+  return closed, {s["arm"]: s for s in read_csv(out, "summary.csv")}
+
+
+def band(ax, label):
+  """(x, mean, std, line) of the band labelled ``label``: the line and its filled area."""
+  (line,) = [ln for ln in ax.get_lines() if ln.get_label() == label]
+  x, mean = list(line.get_xdata()), list(line.get_ydata())
+  (fill,) = [c for c in ax.collections
+             if np.allclose(c.get_facecolor()[0][:3], matplotlib_rgb(line.get_color()))]
+  assert fill.get_alpha() == 0.2
+  vertices = fill.get_paths()[0].vertices
+  lo = [min(y for vx, y in vertices if vx == xi) for xi in x]
+  hi = [max(y for vx, y in vertices if vx == xi) for xi in x]
+  std = [(h - l) / 2 for l, h in zip(lo, hi)]
+  np.testing.assert_allclose([(l + h) / 2 for l, h in zip(lo, hi)], mean, atol=1e-12)
+  return x, mean, std, line
+
+
+def matplotlib_rgb(color):
+  from matplotlib.colors import to_rgb
+
+  return to_rgb(color)
+
+
+def test_the_loss_curves_are_seed_means_with_std_bands_over_training_tokens(figures):
+  (fig, _, _), summary = figures
+  scratch, uptrain = fig.axes
+  tokens_per_step = BASE[1].batch_size * BASE[1].seq_len  # 32
+  assert (scratch.get_xlabel(), scratch.get_ylabel(), scratch.get_title()) == (
+      "training tokens", "validation loss", "from scratch (mean ± std over seeds)")
+  assert [t.get_text() for t in scratch.get_legend().get_texts()] == [
+      "mha (3 seeds)", "gqa2 (2 seeds)", "mqa (1 seeds)"]
+  for label, losses in (("mha (3 seeds)", [2.0, 2.1, 1.9]), ("gqa2 (2 seeds)", [2.05, 2.2]),
+                        ("mqa (1 seeds)", [2.5])):
+    x, mean, std, line = band(scratch, label)
+    assert x == [0, 20 * tokens_per_step] and line.get_marker() == "."
+    np.testing.assert_allclose(mean, [5.0, np.mean(losses)], rtol=1e-12)
+    np.testing.assert_allclose(std, [0.0, np.std(losses, ddof=1) if len(losses) > 1 else 0.0],
+                               atol=1e-12)
+  assert (uptrain.get_xlabel(), uptrain.get_ylabel(), uptrain.get_title()) == (
+      "uptraining tokens (after the MHA run)", "validation loss",
+      "uptrained from the MHA checkpoint")
+  x, mean, std, line = band(uptrain, "uptrain-mean-mqa (3 seeds)")
+  assert x == [0, 640] and line.get_linestyle() == "-"
+  np.testing.assert_allclose(mean, [5.0, 2.35], rtol=1e-12)
+  np.testing.assert_allclose(std, [0.0, 0.05], rtol=1e-9)
+  # The from-scratch arm of the same K, as a dotted gray line at its mean, named.
+  (ref,) = [ln for ln in uptrain.get_lines() if ln.get_linestyle() == ":"]
+  assert list(ref.get_ydata()) == [2.5, 2.5] and ref.get_color() == "gray"
+  assert [t.get_text() for t in uptrain.texts] == ["mqa from scratch"]
+  assert uptrain.texts[0].xy == (0, 2.5)
+  assert float(summary["mqa"]["val_loss_mean"]) == 2.5
+
+
+def test_final_loss_against_kv_bytes_one_point_per_arm(figures):
+  (_, fig, _), summary = figures
+  (ax,) = fig.axes
+  assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
+  assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == (
+      "KV-cache bytes per token", "final validation loss", "quality vs cache memory (mean ± std)")
+  points = {c.get_label(): c for c in ax.containers}
+  assert list(points) == ["mha", "gqa2", "mqa", "uptrain-mean-mqa"]
+  for name, losses in LOSSES.items():
+    data_line, _, (bars,) = points[name]
+    done = [v for v in losses if v is not None]
+    assert list(data_line.get_xdata()) == [int(summary[name]["kv_bytes_per_token"])]
+    np.testing.assert_allclose(np.asarray(data_line.get_ydata(), float), [np.mean(done)], rtol=1e-12)
+    assert data_line.get_marker() == ("^" if name.startswith("uptrain") else "o")
+    assert data_line.get_linestyle() == "None"
+    ((_, lo), (_, hi)) = bars.get_segments()[0]
+    np.testing.assert_allclose((hi - lo) / 2, np.std(done, ddof=1) if len(done) > 1 else 0.0,
+                               atol=1e-12)
+  assert [t.get_text() for t in ax.get_legend().get_texts()] == list(points)
+
+
+def test_decode_throughput_per_k_one_line_per_batch(figures):
+  (_, _, fig), _ = figures
+  (ax,) = fig.axes
+  assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
+  assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == (
+      "num_kv_heads (K)", "decode tokens/s", "cached greedy decode throughput (mean ± std)")
+  assert [t.get_text() for t in ax.get_xticklabels()] == ["4", "2", "1"]
+  assert list(ax.get_xticks()) == [4, 2, 1]
+  lines = {c.get_label(): c for c in ax.containers}
+  assert list(lines) == ["batch 1", "batch 8"]
+  # result(): b1 = 500 + seed, b8 = 3000 - seed; mha seeds 0-2, gqa2 0-1, mqa 0.
+  for label, per_seed in (("batch 1", lambda s: 500.0 + s), ("batch 8", lambda s: 3000.0 - s)):
+    data_line, _, (bars,) = lines[label]
+    assert list(data_line.get_xdata()) == [4, 2, 1] and data_line.get_marker() == "o"
+    seeds = [(0, 1, 2), (0, 1), (0,)]
+    np.testing.assert_allclose(np.asarray(data_line.get_ydata(), float),
+                               [np.mean([per_seed(s) for s in ss]) for ss in seeds])
+    half = [(seg[1][1] - seg[0][1]) / 2 for seg in bars.get_segments()]
+    np.testing.assert_allclose(half, [1.0, 0.5 ** 0.5, 0.0], atol=1e-12)
+  assert [t.get_text() for t in ax.get_legend().get_texts()] == ["batch 1", "batch 8"]

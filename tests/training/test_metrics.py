@@ -1,0 +1,101 @@
+"""MetricsWriter, read_metrics and perplexity, on their own (test_train.py checks
+what a training run logs through them)."""
+
+import json
+import math
+import sys
+
+import pytest
+
+from attnlab.training import metrics
+
+
+def _scalars(tb_dir):
+  from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+  acc = EventAccumulator(str(tb_dir))
+  acc.Reload()
+  return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_write_appends_one_json_object_per_call(tmp_path):
+  w = metrics.MetricsWriter(str(tmp_path))
+  w.write(3, "train", {"loss": 1.5, "grad_norm": 2})
+  w.write(4.0, "eval", {"perplexity": 7.25})
+  w.close()
+  lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+  assert [json.loads(line) for line in lines] == [
+      {"step": 3, "split": "train", "loss": 1.5, "grad_norm": 2.0},
+      {"step": 4, "split": "eval", "perplexity": 7.25},
+  ]
+  rec = json.loads(lines[0])
+  assert type(rec["step"]) is int and type(rec["grad_norm"]) is float
+  assert list(rec) == ["step", "split", "loss", "grad_norm"]
+  # A second writer (a resumed run) appends to the same file.
+  w2 = metrics.MetricsWriter(str(tmp_path))
+  w2.write(5, "train", {"loss": 1.0})
+  w2.close()
+  assert [r["step"] for r in metrics.read_metrics(str(tmp_path))] == [3, 4, 5]
+
+
+def test_tensorboard_gets_the_same_scalars_under_split_slash_name(tmp_path):
+  w = metrics.MetricsWriter(str(tmp_path))
+  assert w.path == str(tmp_path / "metrics.jsonl")
+  assert w.tb_dir == str(tmp_path / "tensorboard")
+  w.write(2, "train", {"loss": 1.5, "learning_rate": 0.25})
+  w.write(4, "train", {"loss": 0.5, "learning_rate": 0.125})
+  w.write(4, "eval", {"perplexity": 3.0})
+  w.flush()
+  w.close()
+  assert _scalars(tmp_path / "tensorboard") == {
+      "train/loss": [(2, 1.5), (4, 0.5)],
+      "train/learning_rate": [(2, 0.25), (4, 0.125)],
+      "eval/perplexity": [(4, 3.0)],
+  }
+
+
+def test_close_is_idempotent_and_flush_after_close_is_a_no_op(tmp_path):
+  w = metrics.MetricsWriter(str(tmp_path))
+  w.write(1, "train", {"loss": 1.0})
+  w.close()
+  assert w._tb is None
+  w.close()
+  w.flush()
+
+
+def test_a_disabled_writer_writes_nothing(tmp_path):
+  """Processes other than 0 of a multi-host run: no file, no event directory."""
+  w = metrics.MetricsWriter(str(tmp_path), enabled=False)
+  w.write(1, "train", {"loss": 1.0})
+  w.flush()
+  w.close()
+  assert list(tmp_path.iterdir()) == []
+
+
+def test_read_metrics_skips_blank_lines(tmp_path):
+  (tmp_path / "metrics.jsonl").write_text(
+      '{"step": 1, "split": "train", "loss": 2.0}\n\n  \n{"step": 2, "split": "eval"}\n')
+  assert metrics.read_metrics(str(tmp_path)) == [
+      {"step": 1, "split": "train", "loss": 2.0}, {"step": 2, "split": "eval"}]
+
+
+@pytest.mark.parametrize("nll", [0.0, 1.25, 49.5, 50.0])
+def test_perplexity_is_exp_of_the_nll(nll):
+  assert metrics.perplexity(nll) == math.exp(nll)
+
+
+@pytest.mark.parametrize("nll", [50.5, 1e4, float("inf")])
+def test_perplexity_is_capped_at_exp_50(nll):
+  """A diverged run logs exp(50), not an overflow."""
+  assert metrics.perplexity(nll) == math.exp(50.0)
+
+
+def test_summary_writer_hides_torch_only_while_importing_and_only_if_absent(monkeypatch):
+  sentinel = object()
+  monkeypatch.setitem(sys.modules, "torch", sentinel)
+  metrics._summary_writer()
+  assert sys.modules["torch"] is sentinel  # an imported torch is left alone
+  monkeypatch.delitem(sys.modules, "torch")
+  writer_cls = metrics._summary_writer()
+  assert "torch" not in sys.modules  # not left as None: `import torch` works afterwards
+  assert writer_cls.__name__ == "SummaryWriter"

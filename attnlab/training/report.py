@@ -245,6 +245,12 @@ def report_markdown(summary, rows, arms, sweep, base) -> str:
   return "\n".join(lines) + "\n"
 
 
+def _legend(ax, **kw):
+  """A legend, where something is drawn (an empty one makes matplotlib warn)."""
+  if ax.get_legend_handles_labels()[0]:
+    ax.legend(**kw)
+
+
 def plot(out: str, summary, curves, arms, base) -> list[str]:
   """Write the three PNGs into ``out``; their paths."""
   import matplotlib
@@ -279,7 +285,7 @@ def plot(out: str, summary, curves, arms, base) -> list[str]:
     band(ax, a, 0, marker=".")
   ax.set(xlabel="training tokens", ylabel="validation loss",
          title="from scratch (mean ± std over seeds)")
-  ax.legend(fontsize=8)
+  _legend(ax, fontsize=8)
   ax.grid(alpha=0.3)
   if uptrain:
     ax = axes[0][1]
@@ -293,7 +299,7 @@ def plot(out: str, summary, curves, arms, base) -> list[str]:
                     color="gray", va="bottom")
     ax.set(xlabel="uptraining tokens (after the MHA run)", ylabel="validation loss",
            title="uptrained from the MHA checkpoint")
-    ax.legend(fontsize=8)
+    _legend(ax, fontsize=8)
     ax.grid(alpha=0.3)
   fig.tight_layout()
   fig.savefig(paths[0], dpi=120)
@@ -310,7 +316,7 @@ def plot(out: str, summary, curves, arms, base) -> list[str]:
   ax.set_xscale("log", base=2)
   ax.set(xlabel="KV-cache bytes per token", ylabel="final validation loss",
          title="quality vs cache memory (mean ± std)")
-  ax.legend(fontsize=7)
+  _legend(ax, fontsize=7)
   ax.grid(alpha=0.3)
   fig.tight_layout()
   fig.savefig(paths[1], dpi=120)
@@ -327,7 +333,7 @@ def plot(out: str, summary, curves, arms, base) -> list[str]:
   ax.set_xticks(ks or [1], [str(k) for k in ks] or ["1"])
   ax.set(xlabel="num_kv_heads (K)", ylabel="decode tokens/s",
          title="cached greedy decode throughput (mean ± std)")
-  ax.legend()
+  _legend(ax)
   ax.grid(alpha=0.3)
   fig.tight_layout()
   fig.savefig(paths[2], dpi=120)

@@ -45,6 +45,8 @@ def test_tensorboard_gets_the_same_scalars_under_split_slash_name(tmp_path):
   w.write(2, "train", {"loss": 1.5, "learning_rate": 0.25})
   w.write(4, "train", {"loss": 0.5, "learning_rate": 0.125})
   w.write(4, "eval", {"perplexity": 3.0})
+  # A live run's scalars reach TensorBoard within 10 s (tensorboardX's default is 120).
+  assert w._tb._flush_secs == 10
   w.flush()
   w.close()
   assert _scalars(tmp_path / "tensorboard") == {

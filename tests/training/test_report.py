@@ -3,6 +3,7 @@ failed, interrupted and pending runs), summary.csv's means, standard deviations 
 noise test against numpy, and the numbers report.md prints."""
 
 import csv
+import dataclasses
 import json
 import os
 
@@ -260,9 +261,9 @@ def test_scores_and_the_from_scratch_reference_show_their_spread_over_seeds(tmp_
           in text)
 
 
-@pytest.fixture
-def figures(tmp_path, monkeypatch):
-  """The report's three figures, kept as ``plot`` closes them, with the data they show."""
+def draw(out, monkeypatch, sweep, losses):
+  """Write the report of ``sweep`` (``losses[arm][seed]``, None: not run) with its plots;
+  (the three figures, kept as ``plot`` closes them, with the data they show; summary rows)."""
   pytest.importorskip("matplotlib")
   import matplotlib
 
@@ -272,18 +273,30 @@ def figures(tmp_path, monkeypatch):
   closed = []
   close = plt.close
   monkeypatch.setattr(plt, "close", lambda fig=None: closed.append(fig) or close(fig))
-  out = str(tmp_path)
-  arms = sweep_lib.plan(SWEEP, MCFG)
+  arms = sweep_lib.plan(sweep, MCFG)
   for arm in arms:
-    for seed, loss in enumerate(LOSSES[arm.name]):
+    for seed, loss in enumerate(losses.get(arm.name, ())):
       if loss is not None:
         write_result(out, arm, seed, result(arm, seed, loss))
-  report_lib.write_report(out, SWEEP, arms, BASE)
+  report_lib.write_report(out, sweep, arms, BASE)
   assert len(closed) == 3
-  for png in report_lib.PLOTS:
+  for png, fig in zip(report_lib.PLOTS, closed, strict=True):
     with open(os.path.join(out, png), "rb") as f:
-      assert f.read(8) == b"\x89PNG\r\n\x1a\n", png
+      head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", png
+    # 120 dpi: the image is the figure's size in inches x 120 (width, height from IHDR).
+    size = [int.from_bytes(head[i:i + 4], "big") for i in (16, 20)]
+    assert size == [round(v * 120) for v in fig.get_size_inches()], png
   return closed, {s["arm"]: s for s in read_csv(out, "summary.csv")}
+
+
+PLOT_SWEEP = dataclasses.replace(SWEEP, uptrain_methods=("mean", "first"))
+PLOT_LOSSES = {**LOSSES, "uptrain-first-mqa": [2.6, 2.7, None]}
+
+
+@pytest.fixture
+def figures(tmp_path, monkeypatch):
+  return draw(str(tmp_path), monkeypatch, PLOT_SWEEP, PLOT_LOSSES)
 
 
 def band(ax, label):
@@ -325,16 +338,22 @@ def test_the_loss_curves_are_seed_means_with_std_bands_over_training_tokens(figu
   assert (uptrain.get_xlabel(), uptrain.get_ylabel(), uptrain.get_title()) == (
       "uptraining tokens (after the MHA run)", "validation loss",
       "uptrained from the MHA checkpoint")
-  x, mean, std, line = band(uptrain, "uptrain-mean-mqa (3 seeds)")
-  assert x == [0, 640] and line.get_linestyle() == "-"
-  np.testing.assert_allclose(mean, [5.0, 2.35], rtol=1e-12)
-  np.testing.assert_allclose(std, [0.0, 0.05], rtol=1e-9)
+  assert [t.get_text() for t in uptrain.get_legend().get_texts()] == [
+      "uptrain-mean-mqa (3 seeds)", "uptrain-first-mqa (2 seeds)"]
+  # Mean-pooled conversion solid, the others dashed.
+  for label, style, losses in (("uptrain-mean-mqa (3 seeds)", "-", [2.3, 2.35, 2.4]),
+                               ("uptrain-first-mqa (2 seeds)", "--", [2.6, 2.7])):
+    x, mean, std, line = band(uptrain, label)
+    assert x == [0, 640] and line.get_linestyle() == style and line.get_marker() == "."
+    np.testing.assert_allclose(mean, [5.0, np.mean(losses)], rtol=1e-12)
+    np.testing.assert_allclose(std, [0.0, np.std(losses, ddof=1)], rtol=1e-9, atol=1e-12)
   # The from-scratch arm of the same K, as a dotted gray line at its mean, named.
   (ref,) = [ln for ln in uptrain.get_lines() if ln.get_linestyle() == ":"]
   assert list(ref.get_ydata()) == [2.5, 2.5] and ref.get_color() == "gray"
-  assert [t.get_text() for t in uptrain.texts] == ["mqa from scratch"]
-  assert uptrain.texts[0].xy == (0, 2.5)
+  assert [(t.get_text(), t.xy, t.get_color()) for t in uptrain.texts] == [
+      ("mqa from scratch", (0, 2.5), "gray")]
   assert float(summary["mqa"]["val_loss_mean"]) == 2.5
+  assert list(fig.get_size_inches()) == [12, 4.5]
 
 
 def test_final_loss_against_kv_bytes_one_point_per_arm(figures):
@@ -344,12 +363,13 @@ def test_final_loss_against_kv_bytes_one_point_per_arm(figures):
   assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == (
       "KV-cache bytes per token", "final validation loss", "quality vs cache memory (mean ± std)")
   points = {c.get_label(): c for c in ax.containers}
-  assert list(points) == ["mha", "gqa2", "mqa", "uptrain-mean-mqa"]
-  for name, losses in LOSSES.items():
+  assert list(points) == ["mha", "gqa2", "mqa", "uptrain-mean-mqa", "uptrain-first-mqa"]
+  for name, losses in PLOT_LOSSES.items():
     data_line, _, (bars,) = points[name]
     done = [v for v in losses if v is not None]
     assert list(data_line.get_xdata()) == [int(summary[name]["kv_bytes_per_token"])]
-    np.testing.assert_allclose(np.asarray(data_line.get_ydata(), float), [np.mean(done)], rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(data_line.get_ydata(), float), [np.mean(done)],
+                               rtol=1e-12)
     assert data_line.get_marker() == ("^" if name.startswith("uptrain") else "o")
     assert data_line.get_linestyle() == "None"
     ((_, lo), (_, hi)) = bars.get_segments()[0]
@@ -378,3 +398,25 @@ def test_decode_throughput_per_k_one_line_per_batch(figures):
     half = [(seg[1][1] - seg[0][1]) / 2 for seg in bars.get_segments()]
     np.testing.assert_allclose(half, [1.0, 0.5 ** 0.5, 0.0], atol=1e-12)
   assert [t.get_text() for t in ax.get_legend().get_texts()] == ["batch 1", "batch 8"]
+
+
+def test_plots_of_a_sweep_without_uptraining_and_with_unfinished_arms(tmp_path, monkeypatch,
+                                                                     recwarn):
+  """One panel of curves; an arm with no finished run is left out of every figure (and the
+  arms after it are still drawn); with nothing finished the throughput axis still has a tick,
+  and nothing warns (no empty legends)."""
+  sweep = Sweep(num_kv_heads=(4, 2, 1), seeds=(0, 1))
+  (curves, points, throughput), _ = draw(str(tmp_path / "a"), monkeypatch, sweep,
+                                          {"mha": [2.0, 2.2], "mqa": [2.4]})
+  (ax,) = curves.axes
+  assert list(curves.get_size_inches()) == [6.5, 4.5]
+  assert [t.get_text() for t in ax.get_legend().get_texts()] == ["mha (2 seeds)",
+                                                                  "mqa (1 seeds)"]
+  assert [c.get_label() for c in points.axes[0].containers] == ["mha", "mqa"]
+  assert [t.get_text() for t in throughput.axes[0].get_xticklabels()] == ["4", "1"]
+  os.makedirs(tmp_path / "b")
+  (curves, points, throughput), _ = draw(str(tmp_path / "b"), monkeypatch, sweep, {})
+  assert list(throughput.axes[0].get_xticks()) == [1]
+  assert [t.get_text() for t in throughput.axes[0].get_xticklabels()] == ["1"]
+  assert curves.axes[0].get_legend() is None and points.axes[0].get_legend() is None
+  assert not [str(w.message) for w in recwarn], [str(w.message) for w in recwarn]

@@ -556,15 +556,15 @@ class PagedKVCache(_SelfAttentionCache):
     return PagedKVCache(k, v, self.page_table_BM, self.lengths_B + num_new_B, ks, vs)
 
   def gather(self, dtype=None):
-    """Keys / values [B, M*C, K, H] in position order (unassigned pages read page 0, masked);
-    an int8 cache is dequantized to ``dtype`` (default float32)."""
+    """Keys / values [B, M*C, K, H] in position order (unassigned pages read page 0, masked),
+    as ``dtype``: by default the pages' dtype, float32 for an int8 cache (dequantized)."""
     B, M = self.page_table_BM.shape
     _, C, K, H = self.k_pages_PCKH.shape
     table_BM = jnp.maximum(self.page_table_BM, 0)
     k = self.k_pages_PCKH[table_BM].reshape(B, M * C, K, H)
     v = self.v_pages_PCKH[table_BM].reshape(B, M * C, K, H)
     if self.k_scale_PCK is None:
-      return k, v
+      return (k, v) if dtype is None else (k.astype(dtype), v.astype(dtype))
     dtype = dtype or jnp.float32
     ks = self.k_scale_PCK[table_BM].reshape(B, M * C, K)
     vs = self.v_scale_PCK[table_BM].reshape(B, M * C, K)

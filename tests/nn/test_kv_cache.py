@@ -1,0 +1,339 @@
+"""The KV caches on their own, without a model: every kind x dtype x implementation
+against the naive loop over the tokens written so far, what each cache stores, and
+the whole-model helpers (init_cache, as_empty, rows, page tables, bytes).
+(tests/decoding/test_cache_parity.py checks models decoding through them.)"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnlab import ModelConfig
+from attnlab.nn import kv_cache as cache_lib
+from tests.ops.naive import naive_attention
+
+B, N, K, H = 2, 4, 2, 8
+# (T, num_new_B) of each call: a padded prefill, decode steps (row 1 idles in one),
+# a padded chunk of three, more steps. Row 0 ends at 15 tokens, row 1 at 10.
+SCHEDULE = [(6, (6, 3)), (1, (1, 1)), (1, (1, 0)), (3, (3, 2)), (1, (1, 1)), (1, (1, 1)),
+            (1, (1, 1)), (1, (1, 1))]
+S = 16  # the contiguous cache's capacity
+W = 4  # the ring's window (the prefill of 6 is longer than it)
+PAGE = 4
+TABLE = np.array([[5, 1, 6, 3], [0, 4, 2, 7]], np.int32)  # page 0 is a real page too
+
+CASES = [  # (kind, window)
+    ("contiguous", None), ("contiguous", 3), ("ring", W), ("paged", None), ("paged", 3)]
+
+
+def new_cache(kind, dtype):
+  if kind == "contiguous":
+    return cache_lib.KVCache.init(B, S, K, H, dtype=dtype)
+  if kind == "ring":
+    return cache_lib.RingKVCache.init(B, W, K, H, dtype=dtype)
+  cache = cache_lib.PagedKVCache.init(B, S, K, H, page_size=PAGE, num_pages=8, dtype=dtype)
+  return cache.replace(page_table_BM=jnp.asarray(TABLE))
+
+
+def as_stored(x, dtype):
+  """K / V as a cache of ``dtype`` gives them back (int8: quantized, then dequantized)."""
+  x = jnp.asarray(x)
+  if dtype == "int8":
+    return np.asarray(cache_lib.dequantize(*cache_lib.quantize(x)))
+  return np.asarray(x.astype(dtype).astype(jnp.float32))
+
+
+def stored(cache, b):
+  """{position: (k [K, H], v [K, H])} that the cache holds for row b, in float32."""
+  if isinstance(cache, cache_lib.PagedKVCache):
+    k, v = (np.asarray(x[b]) for x in cache.gather(jnp.float32))
+    return {p: (k[p], v[p]) for p in range(int(cache.lengths_B[b]))}
+  names = ("k_BKSH", "v_BKSH", "k_scale_BKS", "v_scale_BKS")
+  if isinstance(cache, cache_lib.RingKVCache):
+    names = ("k_BKWH", "v_BKWH", "k_scale_BKW", "v_scale_BKW")
+  k, v, ks, vs = (getattr(cache, n) for n in names)
+  k, v = (np.asarray(cache_lib._read(x, s, jnp.float32))[b] for x, s in ((k, ks), (v, vs)))
+  if isinstance(cache, cache_lib.RingKVCache):
+    return {int(p): (k[:, s], v[:, s]) for s, p in enumerate(np.asarray(cache.positions_BW[b]))
+            if p >= 0}
+  return {p: (k[:, p], v[:, p]) for p in range(min(int(cache.lengths_B[b]), S))}
+
+
+@pytest.mark.parametrize("impl", ["auto", "reference", "chunked", "pallas"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("kind,window", CASES, ids=str)
+def test_attend_equals_the_naive_loop_over_what_was_written(kind, window, dtype, impl):
+  """Each call's real queries against the naive loop over every token written so far
+  (as the cache stores it), causal, under the window; padding is neither stored nor
+  seen; after each call the cache holds exactly the real tokens (the ring: the last W)."""
+  cache = new_cache(kind, dtype)
+  # The decode steps ("auto", "pallas") weigh a bfloat16 cache's values with probabilities
+  # rounded to bfloat16 (the flash-attention convention: P in the dtype of V).
+  tol = 4e-3 if dtype == "bfloat16" and impl in ("auto", "pallas") else 2e-5
+  step = jax.jit(lambda cache, q, k, v, n, qpos: cache.attend(
+      q, k, v, num_new_B=n, q_positions_BT=qpos, causal=True, window=window,
+      implementation=impl))
+  keys = iter(jax.random.split(jax.random.key(11), 3 * len(SCHEDULE)))
+  history = [{} for _ in range(B)]  # position -> (k, v) as stored
+  lengths = np.zeros(B, np.int32)
+  for T, num_new in SCHEDULE:
+    q, k, v = (jax.random.normal(next(keys), (B, T, n, H)) for n in (N, K, K))
+    qpos = lengths[:, None] + np.arange(T)[None, :]
+    out, cache = step(cache, q, k, v, jnp.asarray(num_new, jnp.int32), jnp.asarray(qpos))
+    ks, vs = as_stored(k, dtype), as_stored(v, dtype)
+    for b in range(B):
+      for t in range(num_new[b]):
+        history[b][int(qpos[b, t])] = (ks[b, t], vs[b, t])
+      if not num_new[b]:
+        continue
+      pos = sorted(history[b])
+      want = naive_attention(
+          np.asarray(q[b:b + 1, :num_new[b]]), np.stack([history[b][p][0] for p in pos])[None],
+          np.stack([history[b][p][1] for p in pos])[None], causal=True, window=window,
+          q_pos=qpos[b:b + 1, :num_new[b]], kv_pos=np.array([pos]))
+      np.testing.assert_allclose(np.asarray(out[b:b + 1, :num_new[b]], np.float32), want,
+                                 rtol=tol, atol=tol, err_msg=f"row {b} after {lengths}")
+    lengths = lengths + np.array(num_new)
+    np.testing.assert_array_equal(np.asarray(cache.lengths_B), lengths)
+    for b in range(B):
+      kept = {p: kv for p, kv in history[b].items()
+              if kind != "ring" or p >= lengths[b] - W}
+      got = stored(cache, b)
+      assert sorted(got) == sorted(kept), (b, lengths)
+      for p in kept:
+        np.testing.assert_array_equal(got[p][0], kept[p][0])
+        np.testing.assert_array_equal(got[p][1], kept[p][1])
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "ring", "paged"])
+def test_store_writes_what_attend_writes_and_reads_nothing(kind):
+  """``store`` (the prefill into an empty cache) leaves the cache ``attend`` leaves, from
+  buffers full of NaN: nothing of the old buffers is read."""
+  k, v = (jax.random.normal(kk, (B, 6, K, H)) for kk in jax.random.split(jax.random.key(2)))
+  q = jnp.zeros((B, 6, N, H))
+  num_new = jnp.array([6, 3], jnp.int32)
+  cache = new_cache(kind, "float32")
+  poisoned = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan) if x.dtype == jnp.float32 else x,
+                          cache)
+  _, want = cache.attend(q, k, v, num_new_B=num_new, q_positions_BT=jnp.zeros((B, 6), jnp.int32),
+                         causal=True, window=None, implementation="reference")
+  got = poisoned.store(k, v, num_new)
+  np.testing.assert_array_equal(np.asarray(got.lengths_B), [6, 3])
+  for b in range(B):
+    w, g = stored(want, b), stored(got, b)
+    assert sorted(w) == sorted(g)
+    for p in w:
+      np.testing.assert_array_equal(g[p][0], w[p][0])
+      np.testing.assert_array_equal(g[p][1], w[p][1])
+
+
+def test_a_contiguous_cache_drops_tokens_past_its_capacity():
+  cache = cache_lib.KVCache.init(1, 4, K, H).replace(lengths_B=jnp.array([3], jnp.int32))
+  k = jnp.ones((1, 3, K, H))
+  out = cache.store(k, 2 * k, jnp.array([3], jnp.int32))
+  assert int(out.lengths_B[0]) == 6
+  np.testing.assert_array_equal(np.asarray(out.k_BKSH[0, :, 3]), 1.0)
+  np.testing.assert_array_equal(np.asarray(out.k_BKSH[0, :, :3]), 0.0)  # nothing wrapped
+
+
+@pytest.mark.parametrize("dtype,scales", [("float32", None), ("bfloat16", None),
+                                          ("int8", "float32")])
+def test_init_shapes_dtypes_and_empty_markers(dtype, scales):
+  c = cache_lib.KVCache.init(3, 10, 2, 8, dtype=dtype)
+  r = cache_lib.RingKVCache.init(3, 5, 2, 8, dtype=dtype)
+  p = cache_lib.PagedKVCache.init(3, 10, 2, 8, page_size=4, num_pages=7, dtype=dtype)
+  for buf in (c.k_BKSH, c.v_BKSH):
+    assert buf.shape == (3, 2, 10, 8) and buf.dtype == dtype and not np.asarray(buf).any()
+  for buf in (r.k_BKWH, r.v_BKWH):
+    assert buf.shape == (3, 2, 5, 8) and buf.dtype == dtype
+  for buf in (p.k_pages_PCKH, p.v_pages_PCKH):
+    assert buf.shape == (7, 4, 2, 8) and buf.dtype == dtype
+  for got, shape in ((c.k_scale_BKS, (3, 2, 10)), (c.v_scale_BKS, (3, 2, 10)),
+                     (r.k_scale_BKW, (3, 2, 5)), (r.v_scale_BKW, (3, 2, 5)),
+                     (p.k_scale_PCK, (7, 4, 2)), (p.v_scale_PCK, (7, 4, 2))):
+    if scales is None:
+      assert got is None
+    else:
+      assert got.shape == shape and got.dtype == scales and not np.asarray(got).any()
+  for x in (c.lengths_B, r.lengths_B, p.lengths_B):
+    assert x.dtype == jnp.int32 and list(np.asarray(x)) == [0, 0, 0]
+  assert r.positions_BW.dtype == jnp.int32 and (np.asarray(r.positions_BW) == -1).all()
+  assert r.positions_BW.shape == (3, 5)
+  assert p.page_table_BM.dtype == jnp.int32 and p.page_table_BM.shape == (3, 3)  # ceil(10 / 4)
+  assert (np.asarray(p.page_table_BM) == -1).all()
+  assert (c.capacity, r.window, p.page_size, p.capacity) == (10, 5, 4, 12)
+  assert not (c.empty or r.empty or p.empty)
+
+
+CFG = ModelConfig(vocab_size=32, d_model=32, num_heads=4, num_kv_heads=2, num_layers=3,
+                  d_ff=64, window=6)
+
+
+@pytest.mark.parametrize("kind,cls", [("contiguous", cache_lib.KVCache),
+                                      ("ring", cache_lib.RingKVCache),
+                                      ("paged", cache_lib.PagedKVCache)])
+def test_init_cache_builds_one_cache_per_layer(kind, cls):
+  caches = cache_lib.init_cache(CFG, kind, 2, 20, page_size=4)
+  assert len(caches) == CFG.num_layers
+  assert all(isinstance(c, cache_lib.BlockCache) and c.cross_attn is None for c in caches)
+  assert all(type(c.self_attn) is cls for c in caches)
+  sa = caches[0].self_attn
+  bufs = {"contiguous": "k_BKSH", "ring": "k_BKWH", "paged": "k_pages_PCKH"}
+  shape = {"contiguous": (2, 2, 20, 8), "ring": (2, 2, 6, 8),
+           "paged": (10, 4, 2, 8)}[kind]  # paged: every row at 20 tokens, 5 pages each
+  assert getattr(sa, bufs[kind]).shape == shape and getattr(sa, bufs[kind]).dtype == jnp.float32
+  bf16 = cache_lib.init_cache(CFG.replace(dtype="bfloat16"), kind, 2, 20)[0].self_attn
+  assert getattr(bf16, bufs[kind]).dtype == jnp.bfloat16  # default: the compute dtype
+  int8 = cache_lib.init_cache(CFG, kind, 2, 20, dtype="int8")[0].self_attn
+  assert getattr(int8, bufs[kind]).dtype == jnp.int8
+  if kind == "paged":
+    assert cache_lib.init_cache(CFG, kind, 2, 20, page_size=8, num_pages=3)[0].self_attn \
+        .k_pages_PCKH.shape == (3, 8, 2, 8)
+  np.testing.assert_array_equal(np.asarray(cache_lib.cache_lengths(caches)), [0, 0])
+
+
+def test_init_cache_refuses_by_name():
+  with pytest.raises(ValueError) as e:
+    cache_lib.init_cache(CFG.replace(window=None), "ring", 2, 8)
+  assert str(e.value) == ("cache='ring' needs a sliding-window model (ModelConfig.window), got "
+                          "window=None; use cache='contiguous' or 'paged'")
+  with pytest.raises(ValueError) as e:
+    cache_lib.init_cache(CFG, "flat", 2, 8)
+  assert str(e.value) == "cache='flat' is not one of 'contiguous', 'ring', 'paged'"
+
+
+def test_check_cache_dtype():
+  assert cache_lib.check_cache_dtype(None) is None
+  assert cache_lib.check_cache_dtype("int8") == jnp.int8
+  assert cache_lib.check_cache_dtype(jnp.bfloat16) == jnp.bfloat16
+  assert cache_lib.check_cache_dtype(np.dtype("float32")) == jnp.float32
+  for bad in ("int4", "float64", "int16", object, "not a dtype"):
+    with pytest.raises(ValueError) as e:
+      cache_lib.check_cache_dtype(bad)
+    assert str(e.value) == (f"cache_dtype={bad!r} is not one of float32, bfloat16, float16, "
+                            "int8 (or None)")
+
+
+def filled(cache):
+  """``cache`` with every array leaf filled with distinct values (lengths too)."""
+  leaves, treedef = jax.tree.flatten(cache)
+  return jax.tree.unflatten(treedef, [
+      (jnp.arange(x.size) + 100 * i).reshape(x.shape).astype(x.dtype)
+      for i, x in enumerate(leaves)])
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "ring", "paged"])
+def test_as_empty_zeroes_the_lengths_and_keeps_the_buffers(kind):
+  cache = filled(cache_lib.init_cache(CFG, kind, 2, 8, page_size=4))
+  empty = cache_lib.as_empty(cache)
+  for before, after in zip(cache, empty, strict=True):
+    a, e = before.self_attn, after.self_attn
+    assert e.empty and not a.empty
+    np.testing.assert_array_equal(np.asarray(e.lengths_B), [0, 0])
+    assert e.lengths_B.dtype == jnp.int32
+    for name in ("k_BKSH", "k_BKWH", "k_pages_PCKH", "page_table_BM"):
+      if hasattr(a, name):
+        np.testing.assert_array_equal(np.asarray(getattr(e, name)), np.asarray(getattr(a, name)))
+    if kind == "ring":
+      assert (np.asarray(e.positions_BW) == -1).all()
+
+
+def test_take_row_and_put_row_round_trip():
+  cache = filled(cache_lib.init_cache(CFG, "ring", 3, 8))
+  row = jax.jit(cache_lib.take_row)(cache, 1)
+  sa = row[0].self_attn
+  assert sa.empty and sa.k_BKWH.shape == (1, 2, 6, 8)
+  np.testing.assert_array_equal(np.asarray(sa.k_BKWH[0]), np.asarray(cache[0].self_attn.k_BKWH[1]))
+  assert int(sa.lengths_B[0]) == 0 and (np.asarray(sa.positions_BW) == -1).all()
+  # Write the row back changed (as a prefill leaves it: not flagged): only row 1 changes.
+  row = jax.tree.map(lambda x: x + 1, tuple(b.replace(self_attn=b.self_attn.replace(empty=False))
+                                            for b in row))
+  back = jax.jit(cache_lib.put_row)(cache, row, 1)
+  for x, y, r in zip(jax.tree.leaves(cache), jax.tree.leaves(back), jax.tree.leaves(row),
+                     strict=True):
+    x, y, r = np.asarray(x), np.asarray(y), np.asarray(r)
+    np.testing.assert_array_equal(y[[0, 2]], x[[0, 2]])
+    np.testing.assert_array_equal(y[1], r[0])
+
+
+def test_a_paged_cache_has_no_rows():
+  cache = cache_lib.init_cache(CFG, "paged", 2, 8, page_size=4)
+  message = ("a paged cache has no rows (its pages are shared by the batch); use its page "
+             "table")
+  for call in (lambda: cache_lib.take_row(cache, 0), lambda: cache_lib.put_row(cache, cache, 0)):
+    with pytest.raises(ValueError) as e:
+      call()
+    assert str(e.value) == message
+
+
+def test_set_page_table_and_with_cross_reach_every_layer():
+  cache = cache_lib.init_cache(CFG, "paged", 2, 8, page_size=4)
+  table = jnp.array([[3, 1], [0, 2]], jnp.int32)
+  got = cache_lib.set_page_table(cache, table)
+  for blk in got:
+    np.testing.assert_array_equal(np.asarray(blk.self_attn.page_table_BM), np.asarray(table))
+    np.testing.assert_array_equal(np.asarray(blk.self_attn.lengths_B), [0, 0])
+  got = cache_lib.set_page_table(cache, table, jnp.array([5, 2], jnp.int32))
+  assert all(list(np.asarray(b.self_attn.lengths_B)) == [5, 2] for b in got)
+  np.testing.assert_array_equal(np.asarray(cache_lib.cache_lengths(got)), [5, 2])
+  cross = [cache_lib.CrossKVCache(jnp.full((2, 3, 2, 8), i), jnp.zeros((2, 3, 2, 8)),
+                                  jnp.ones((2, 3), jnp.int32)) for i in range(3)]
+  got = cache_lib.with_cross(got, cross)
+  assert [b.cross_attn for b in got] == cross
+  assert [list(np.asarray(b.self_attn.lengths_B)) for b in got] == [[5, 2]] * 3
+  with pytest.raises(ValueError):
+    cache_lib.with_cross(got, cross[:2])
+
+
+@pytest.mark.parametrize("impl", ["auto", "reference", "xla", "pallas"])
+def test_cross_attention_sees_the_source_but_its_padding(impl):
+  ks = jax.random.split(jax.random.key(5), 3)
+  k, v = (jax.random.normal(kk, (2, 5, K, H)) for kk in ks[:2])
+  q = jax.random.normal(ks[2], (2, 3, N, H))
+  seg = jnp.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], jnp.int32)
+  cross = cache_lib.CrossKVCache(k, v, seg)
+  out, same = jax.jit(lambda c, q: c.attend(q, implementation=impl))(cross, q)
+  for b, n in ((0, 5), (1, 3)):
+    want = naive_attention(np.asarray(q[b:b + 1]), np.asarray(k[b:b + 1, :n]),
+                           np.asarray(v[b:b + 1, :n]))
+    np.testing.assert_allclose(np.asarray(out[b:b + 1]), want, rtol=2e-5, atol=2e-5)
+  for a, c in zip(jax.tree.leaves(same), jax.tree.leaves(cross), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+
+
+def test_cache_bytes_counts_every_array():
+  cfg = CFG.replace(num_layers=1)
+  # K and V [B, K, S, H] float32, lengths [B] int32.
+  assert cache_lib.cache_bytes(cache_lib.init_cache(cfg, "contiguous", 2, 8)) == (
+      2 * 2 * 2 * 8 * 8 * 4 + 2 * 4)
+  # int8 values, float32 scales [B, K, S].
+  assert cache_lib.cache_bytes(cache_lib.init_cache(cfg, "contiguous", 2, 8, dtype="int8")) == (
+      2 * 2 * 2 * 8 * 8 + 2 * 2 * 2 * 8 * 4 + 2 * 4)
+  # Pages [P, C, K, H], the table [B, M], lengths.
+  assert cache_lib.cache_bytes(cache_lib.init_cache(cfg, "paged", 2, 8, page_size=4,
+                                                    num_pages=5)) == (
+      2 * 5 * 4 * 2 * 8 * 4 + 2 * 2 * 4 + 2 * 4)
+
+
+def test_after_keeps_the_index_whatever_the_value():
+  index = jnp.array([0, 7, 2**31 - 2], jnp.int32)
+  for x in (jnp.zeros(3), jnp.full(3, jnp.nan), jnp.full(3, -1.0), jnp.full(3, 1e30),
+            jnp.array([jnp.finfo(jnp.float32).tiny]), jnp.full((2, 2), 3, jnp.bfloat16)):
+    got = cache_lib._after(x, index)
+    assert got.dtype == jnp.int32
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(index))
+
+
+@pytest.mark.parametrize("T,causal,impl,dropout,want", [
+    (1, True, "auto", 0.0, True),
+    (2, True, "auto", 0.0, False),
+    (1, False, "auto", 0.0, False),
+    (1, True, "reference", 0.0, False),
+    (1, True, "chunked", 0.0, False),
+    (1, True, "auto", 0.1, False),
+])
+def test_which_requests_take_the_xla_decode_step(T, causal, impl, dropout, want):
+  q = jnp.zeros((2, T, N, H))
+  assert cache_lib._xla_decode_step(q, causal=causal, implementation=impl,
+                                    dropout_rate=dropout) is want
+

@@ -74,16 +74,12 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> 
   try:
     with gin.unlock_config():
       gin.parse_config_files_and_bindings(gin_files, bindings, finalize_config=False)
+    configs = tuple(wrapped[cls]() for cls in classes)
   except (ValueError, OSError, SyntaxError, TypeError, KeyError) as e:
     raise GinConfigError(_first_line(e)) from e
   finally:
     root.setLevel(level)
-  try:
-    configs = tuple(wrapped[cls]() for cls in classes)
-  except (ValueError, TypeError) as e:
-    raise GinConfigError(_first_line(e)) from e
-  finally:
-    gin.clear_config()
+    gin.clear_config()  # also after an error: no binding outlives the call
   return tuple(_find_tokenizer(c, gin_files) if isinstance(c, DataConfig) else c
                for c in configs)
 

@@ -2,6 +2,7 @@
 naming the problem and writes nothing; --gin. overrides beat files; the
 written config.gin reproduces the run's configs."""
 
+import dataclasses
 import glob
 import os
 
@@ -11,6 +12,7 @@ from flax import nnx
 import attnlab
 from attnlab import cli
 from attnlab import config_gin as gin_config
+from attnlab.config import DataConfig, ModelConfig, TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GIN_FILES = sorted(glob.glob(os.path.join(REPO, "configs", "**", "*.gin"), recursive=True))
@@ -93,3 +95,133 @@ def test_relative_inside_resolves_links_and_is_not_fooled_by_a_shared_prefix(tmp
   assert gin_config.relative_inside(str(tmp_path / "link" / "t.json"), str(run)) == "t.json"
   assert gin_config.relative_inside(str(tmp_path / "run2" / "t.json"), str(run)) is None
   assert gin_config.relative_inside(str(tmp_path / "t.json"), str(run)) is None
+
+
+def test_gin_values_read_back_as_written():
+  assert [gin_config._gin_value(v) for v in ((), (1,), ("a",), (1, (2,), "b"), None, True, 0.5,
+                                             "x", -1)] == [
+      "()", "(1,)", "('a',)", "(1, (2,), 'b')", "None", "True", "0.5", "'x'", "-1"]
+  # A one-element tuple stays a tuple through config.gin (not a parenthesized string).
+  configs = (ModelConfig(d_model=32, num_heads=4, d_ff=64), DataConfig(paths=("a.txt",)),
+             TrainConfig(mesh_shape=(1, -1, 1)))
+  text = gin_config.operative_config(*configs)
+  assert text.splitlines()[:3] == [
+      "# The operative config of this run, written by `attnlab train`.",
+      "# `attnlab train --gin_file THIS_FILE --workdir ...` reproduces it.", ""]
+  assert "DataConfig.paths = ('a.txt',)" in text.splitlines()
+  assert text.endswith("\n") and "\n\n" in text
+  assert gin_config.parse([], text.splitlines()) == configs
+
+
+def test_the_operative_config_names_a_tokenizer_inside_the_workdir_relative_to_it(tmp_path):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "tokenizer.json").write_text("{}")
+  inside = DataConfig(tokenizer="hf_json", tokenizer_model=str(workdir / "tokenizer.json"))
+  outside = dataclasses.replace(inside, tokenizer_model=str(tmp_path / "elsewhere.json"))
+  text = gin_config.operative_config(inside, workdir=str(workdir))
+  assert "DataConfig.tokenizer_model = 'tokenizer.json'" in text.splitlines()
+  assert f"DataConfig.tokenizer_model = {str(workdir / 'tokenizer.json')!r}" in \
+      gin_config.operative_config(inside).splitlines()  # no workdir: as given
+  assert f"DataConfig.tokenizer_model = {str(tmp_path / 'elsewhere.json')!r}" in \
+      gin_config.operative_config(outside, workdir=str(workdir)).splitlines()
+  # Read back from anywhere, the relative name is found next to config.gin.
+  (workdir / "config.gin").write_text(gin_config.operative_config(
+      ModelConfig(d_model=32, num_heads=4, d_ff=64), inside, TrainConfig(), workdir=str(workdir)))
+  _, dcfg, _ = gin_config.read_workdir_config(str(workdir / "config.gin"))
+  assert dcfg.tokenizer_model == str(workdir / "tokenizer.json")
+
+
+def test_a_relative_tokenizer_is_found_as_given_else_beside_the_last_gin_file(tmp_path,
+                                                                              monkeypatch):
+  a, b, cwd = tmp_path / "a", tmp_path / "b", tmp_path / "cwd"
+  for d in (a, b, cwd):
+    d.mkdir()
+  for d in (a, b):
+    (d / "t.json").write_text("{}")
+    (d / "x.gin").write_text("DataConfig.tokenizer_model = 't.json'\n")
+  monkeypatch.chdir(cwd)
+  dcfg = lambda files: gin_config.parse([str(f) for f in files], [])[1]
+  assert dcfg([a / "x.gin"]).tokenizer_model == str(a / "t.json")
+  assert dcfg([a / "x.gin", b / "x.gin"]).tokenizer_model == str(b / "t.json")  # the last first
+  assert dcfg([b / "x.gin", a / "x.gin"]).tokenizer_model == str(a / "t.json")
+  (a / "y.gin").write_text("DataConfig.tokenizer_model = 'missing.json'\n")
+  assert dcfg([a / "y.gin"]).tokenizer_model == "missing.json"  # not found: as given
+  (cwd / "t.json").write_text("{}")
+  assert dcfg([a / "x.gin"]).tokenizer_model == "t.json"  # the working directory first
+  absolute = str(b / "t.json")
+  (a / "z.gin").write_text(f"DataConfig.tokenizer_model = {absolute!r}\n")
+  assert dcfg([a / "z.gin"]).tokenizer_model == absolute
+  (a / "e.gin").write_text("DataConfig.seq_len = 8\n")
+  assert dcfg([a / "e.gin"]).tokenizer_model == ""
+
+
+def test_parse_leaves_no_binding_and_no_log_level_behind(tmp_path):
+  import logging
+
+  import gin
+
+  (tmp_path / "x.gin").write_text("ModelConfig.d_model = 48\n")
+  root = logging.getLogger()
+  level = root.level
+  root.setLevel(logging.WARNING)
+  try:
+    mcfg, _, _ = gin_config.parse([str(tmp_path / "x.gin")], ["TrainConfig.steps = 3"])
+    assert mcfg.d_model == 48 and root.level == logging.WARNING
+    assert gin.config_str() == ""  # cleared: the next parse starts from nothing
+    assert gin_config.parse([], [])[0].d_model == ModelConfig().d_model
+    with pytest.raises(gin_config.GinConfigError):
+      gin_config.parse([str(tmp_path / "x.gin")], ["ModelConfig.d_modle = 1"])
+    assert root.level == logging.WARNING and gin.config_str() == ""
+  finally:
+    root.setLevel(level)
+
+
+@pytest.mark.parametrize("files,bindings,message", [
+    (["nope.gin"], [], "gin file 'nope.gin' does not exist"),
+    ([], ["ModelConfig.d_model = 'big'"],
+     "d_model='big' must be a positive integer"),
+    ([], ["ModelConfig.d_modle = 1"], None),
+])
+def test_parse_errors_are_one_line_gin_config_errors(files, bindings, message):
+  with pytest.raises(gin_config.GinConfigError) as e:
+    gin_config.parse(files, bindings)
+  assert isinstance(e.value, ValueError) and "\n" not in str(e.value)
+  if message is not None:
+    assert str(e.value).startswith(message), str(e.value)
+  else:
+    assert "d_modle" in str(e.value)
+
+
+def test_first_line_keeps_at_most_two_lines_joined():
+  assert gin_config._first_line(ValueError("one")) == "one"
+  assert gin_config._first_line(ValueError("  one\ntwo\nthree ")) == "one two"
+  assert gin_config._first_line(KeyError()) == "KeyError"
+  assert gin_config._first_line(ValueError("\n")) == "ValueError"
+
+
+def test_sweep_base_files_are_found_as_given_beside_the_sweep_or_in_configs(tmp_path,
+                                                                           monkeypatch):
+  sweeps = tmp_path / "sweeps"
+  sweeps.mkdir()
+  (sweeps / "mine.gin").write_text("ModelConfig.d_model = 48\n")
+  (tmp_path / "given.gin").write_text("ModelConfig.num_layers = 3\n")
+  monkeypatch.chdir(tmp_path)
+  sweep_file = sweeps / "s.gin"
+  # Read in order (a later file wins), then the sweep file, then the bindings.
+  sweep_file.write_text('Sweep.base = ["lm_stdlib_tiny.gin", "given.gin", "mine.gin"]\n'
+                        "Sweep.seeds = (0,)\nModelConfig.d_ff = 96\n")
+  assert gin_config.resolve_base(("lm_stdlib_tiny.gin", "given.gin", "mine.gin"),
+                                 str(sweep_file), gin_config.CONFIGS_DIR) == [
+      os.path.join(gin_config.CONFIGS_DIR, "lm_stdlib_tiny.gin"), "given.gin",
+      str(sweeps / "mine.gin")]
+  sweep, mcfg, dcfg, tcfg = gin_config.parse_sweep(str(sweep_file), ["TrainConfig.steps = 5"])
+  assert sweep.seeds == (0,)
+  assert (mcfg.d_model, mcfg.num_layers, mcfg.d_ff, tcfg.steps) == (48, 3, 96, 5)
+  tiny = gin_config.parse([os.path.join(gin_config.CONFIGS_DIR, "lm_stdlib_tiny.gin")], [])
+  assert dcfg == tiny[1]  # the base file's data config
+  sweep_file.write_text('Sweep.base = ["lost.gin"]\n')
+  with pytest.raises(gin_config.GinConfigError) as e:
+    gin_config.parse_sweep(str(sweep_file), [])
+  assert str(e.value) == (f"Sweep.base file 'lost.gin' was not found (as given, next to "
+                          f"{sweep_file}, or in {gin_config.CONFIGS_DIR})")

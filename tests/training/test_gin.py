@@ -15,11 +15,12 @@ from attnlab import config_gin as gin_config
 from attnlab.config import DataConfig, ModelConfig, TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-GIN_FILES = sorted(glob.glob(os.path.join(REPO, "configs", "**", "*.gin"), recursive=True))
+CONFIGS = os.path.join(REPO, "attnlab", "configs")  # the top-level configs/ links here
+GIN_FILES = sorted(glob.glob(os.path.join(CONFIGS, "**", "*.gin"), recursive=True))
 
 
 def test_there_are_configs():
-  names = {os.path.relpath(p, os.path.join(REPO, "configs")) for p in GIN_FILES}
+  names = {os.path.relpath(p, CONFIGS) for p in GIN_FILES}
   for want in ("lm_stdlib_tiny.gin", "lm_stdlib.gin", "seq2seq_reverse.gin", "seq2seq_sort.gin",
                "seq2seq_add.gin", "translation_tsv.gin", "models/transformer_base.gin"):
     assert want in names
@@ -34,7 +35,7 @@ def test_every_gin_file_parses_and_builds(path):
 
 
 def test_paper_base_config_is_the_paper():
-  mcfg, _, tcfg = gin_config.parse([os.path.join(REPO, "configs", "translation_tsv.gin")], [])
+  mcfg, _, tcfg = gin_config.parse([os.path.join(CONFIGS, "translation_tsv.gin")], [])
   assert (mcfg.d_model, mcfg.num_heads, mcfg.d_ff, mcfg.num_layers, mcfg.num_encoder_layers) == (
       512, 8, 2048, 6, 6)
   assert (mcfg.norm_position, mcfg.norm, mcfg.pos, mcfg.mlp) == (
@@ -57,7 +58,7 @@ def _train(argv, capsys):
 ])
 def test_bad_binding_exits_2_naming_it(tmp_path, capsys, binding, needle):
   workdir = tmp_path / "run"
-  rc, err = _train(["--gin_file", os.path.join(REPO, "configs", "seq2seq_reverse.gin"),
+  rc, err = _train(["--gin_file", os.path.join(CONFIGS, "seq2seq_reverse.gin"),
                     binding, "--workdir", str(workdir)], capsys)
   assert rc == 2
   assert needle in err and len(err.strip().splitlines()) == 1
@@ -76,7 +77,7 @@ def test_missing_file_and_include_exit_2(tmp_path, capsys):
 
 
 def test_overrides_beat_files_and_config_gin_reproduces(tmp_path):
-  base = os.path.join(REPO, "configs", "seq2seq_reverse.gin")
+  base = os.path.join(CONFIGS, "seq2seq_reverse.gin")
   extra = tmp_path / "extra.gin"
   extra.write_text("ModelConfig.d_model = 48\nTrainConfig.steps = 7\n")
   configs = gin_config.parse([base, str(extra)], ["ModelConfig.d_model = 32"])

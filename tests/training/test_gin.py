@@ -218,6 +218,8 @@ def test_sweep_base_files_are_found_as_given_beside_the_sweep_or_in_configs(tmp_
       str(sweeps / "mine.gin")]
   sweep, mcfg, dcfg, tcfg = gin_config.parse_sweep(str(sweep_file), ["TrainConfig.steps = 5"])
   assert sweep.seeds == (0,)
+  # The bindings bind the Sweep too (`attnlab ablate --gin.Sweep.seeds=...`).
+  assert gin_config.parse_sweep(str(sweep_file), ["Sweep.seeds = (4, 5)"])[0].seeds == (4, 5)
   assert (mcfg.d_model, mcfg.num_layers, mcfg.d_ff, tcfg.steps) == (48, 3, 96, 5)
   tiny = gin_config.parse([os.path.join(gin_config.CONFIGS_DIR, "lm_stdlib_tiny.gin")], [])
   assert dcfg == tiny[1]  # the base file's data config
@@ -226,3 +228,12 @@ def test_sweep_base_files_are_found_as_given_beside_the_sweep_or_in_configs(tmp_
     gin_config.parse_sweep(str(sweep_file), [])
   assert str(e.value) == (f"Sweep.base file 'lost.gin' was not found (as given, next to "
                           f"{sweep_file}, or in {gin_config.CONFIGS_DIR})")
+
+
+def test_the_configurables_also_answer_to_their_module_qualified_names():
+  """``attnlab.ModelConfig`` names the same configurable as ``ModelConfig`` (and keeps a
+  user's own ``ModelConfig`` configurable apart)."""
+  mcfg, dcfg, tcfg = gin_config.parse([], ["attnlab.ModelConfig.d_model = 48",
+                                           "attnlab.DataConfig.seq_len = 32",
+                                           "attnlab.TrainConfig.steps = 9"])
+  assert (mcfg.d_model, dcfg.seq_len, tcfg.steps) == (48, 32, 9)

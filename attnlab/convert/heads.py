@@ -78,7 +78,7 @@ def convert_heads(model, num_kv_heads: int, method: str, *, rngs: nnx.Rngs | Non
   fresh = nnx.to_pure_dict(new_state)
 
   def convert(path, old_leaf, fresh_leaf):
-    names = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
+    names = [k.key for k in path]  # a pure dict: every key is a DictKey
     is_kv = len(names) >= 2 and names[-2] in KV_PROJECTIONS
     if not is_kv:
       if old_leaf.shape != fresh_leaf.shape:

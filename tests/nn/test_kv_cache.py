@@ -13,9 +13,10 @@ from attnlab.nn import kv_cache as cache_lib
 from tests.ops.naive import naive_attention
 
 B, N, K, H = 2, 4, 2, 8
-# (T, num_new_B) of each call: a padded prefill, decode steps (row 1 idles in one),
-# a padded chunk of three, more steps. Row 0 ends at 15 tokens, row 1 at 10.
-SCHEDULE = [(6, (6, 3)), (1, (1, 1)), (1, (1, 0)), (3, (3, 2)), (1, (1, 1)), (1, (1, 1)),
+# (T, num_new_B) of each call: a prefill longer than the ring, in which row 1 gets nothing
+# (its first decode step is its first token), decode steps (row 1 idles in one), a padded
+# chunk of three, more steps. Row 0 ends at 15 tokens, row 1 at 7.
+SCHEDULE = [(6, (6, 0)), (1, (1, 1)), (1, (1, 0)), (3, (3, 2)), (1, (1, 1)), (1, (1, 1)),
             (1, (1, 1)), (1, (1, 1))]
 S = 16  # the contiguous cache's capacity
 W = 4  # the ring's window (the prefill of 6 is longer than it)
@@ -62,10 +63,15 @@ def stored(cache, b):
 @pytest.mark.parametrize("impl", ["auto", "reference", "chunked", "pallas"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("kind,window", CASES, ids=str)
-def test_attend_equals_the_naive_loop_over_what_was_written(kind, window, dtype, impl):
+def test_attend_equals_the_naive_loop_over_what_was_written(kind, window, dtype, impl,
+                                                           monkeypatch):
   """Each call's real queries against the naive loop over every token written so far
   (as the cache stores it), causal, under the window; padding is neither stored nor
-  seen; after each call the cache holds exactly the real tokens (the ring: the last W)."""
+  seen; after each call the cache holds exactly the real tokens (the ring: the last W).
+  Each call takes its path: one query per row is a decode step (the XLA step with "auto",
+  a Pallas kernel with "pallas"; the paged cache's "auto" goes to the op), the rest go to
+  the attention op, "reference" as asked and everything else "chunked"."""
+  paths = record_paths(monkeypatch)
   cache = new_cache(kind, dtype)
   # The decode steps ("auto", "pallas") weigh a bfloat16 cache's values with probabilities
   # rounded to bfloat16 (the flash-attention convention: P in the dtype of V).
@@ -76,10 +82,15 @@ def test_attend_equals_the_naive_loop_over_what_was_written(kind, window, dtype,
   keys = iter(jax.random.split(jax.random.key(11), 3 * len(SCHEDULE)))
   history = [{} for _ in range(B)]  # position -> (k, v) as stored
   lengths = np.zeros(B, np.int32)
+  traced_T = set()
   for T, num_new in SCHEDULE:
     q, k, v = (jax.random.normal(next(keys), (B, T, n, H)) for n in (N, K, K))
     qpos = lengths[:, None] + np.arange(T)[None, :]
+    traced = len(paths)
     out, cache = step(cache, q, k, v, jnp.asarray(num_new, jnp.int32), jnp.asarray(qpos))
+    if len(paths) > traced:  # the first call of this T traces its program
+      assert set(paths[traced:]) == {expected_path(kind, impl, T)}, (T, paths[traced:])
+      traced_T.add(T)
     ks, vs = as_stored(k, dtype), as_stored(v, dtype)
     for b in range(B):
       for t in range(num_new[b]):
@@ -103,6 +114,59 @@ def test_attend_equals_the_naive_loop_over_what_was_written(kind, window, dtype,
       for p in kept:
         np.testing.assert_array_equal(got[p][0], kept[p][0])
         np.testing.assert_array_equal(got[p][1], kept[p][1])
+  assert traced_T == {T for T, _ in SCHEDULE}
+
+
+def record_paths(monkeypatch):
+  """The paths the caches take, recorded as they are traced (the real ops still run)."""
+  from attnlab.ops.pallas import decode as kernels
+
+  paths = []
+
+  def spy(name, fn):
+    def call(*args, **kwargs):
+      paths.append(name if name != "op" else ("op", kwargs["implementation"]))
+      return fn(*args, **kwargs)
+    return call
+
+  monkeypatch.setattr(cache_lib, "attention", spy("op", cache_lib.attention))
+  monkeypatch.setattr(cache_lib, "decode_step_attention",
+                      spy("xla decode step", cache_lib.decode_step_attention))
+  for name in ("decode_attention_heads_major", "paged_decode_attention"):
+    monkeypatch.setattr(kernels, name, spy(name, getattr(kernels, name)))
+  return paths
+
+
+def expected_path(kind, impl, T):
+  if T == 1 and impl == "auto" and kind != "paged":
+    return "xla decode step"
+  if T == 1 and impl == "pallas":
+    return "paged_decode_attention" if kind == "paged" else "decode_attention_heads_major"
+  return ("op", "reference" if impl == "reference" else "chunked")
+
+
+@pytest.mark.parametrize("kind,window", CASES, ids=str)
+def test_attention_dropout_over_a_cache_is_the_reference_ops_with_its_key(kind, window):
+  """Dropout (training through a cache) takes the reference op with the layer's key over
+  the keys the cache returns, for one query and for several, whatever the implementation."""
+  from attnlab.ops.reference import reference_attention
+
+  for T in (1, 3):
+    ks = jax.random.split(jax.random.key(T), 3)
+    q, k, v = (jax.random.normal(kk, (B, T, n, H)) for kk, n in zip(ks, (N, K, K)))
+    cache = new_cache(kind, "float32")
+    n_B, qpos = jnp.array([T, T], jnp.int32), jnp.tile(jnp.arange(T), (B, 1))
+    rng = jax.random.key(7)
+    got, _ = cache.attend(q, k, v, num_new_B=n_B, q_positions_BT=qpos, causal=True,
+                          window=window, implementation="auto", dropout_rate=0.5,
+                          dropout_rng=rng)
+    _, k_all, v_all, kv_pos = cache.append(k, v, n_B)
+    want = reference_attention(q, k_all, v_all, causal=True, window=window, q_positions=qpos,
+                               kv_positions=kv_pos, dropout_rate=0.5, dropout_rng=rng)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    plain, _ = cache.attend(q, k, v, num_new_B=n_B, q_positions_BT=qpos, causal=True,
+                            window=window, implementation="auto")
+    assert not np.allclose(np.asarray(got), np.asarray(plain))
 
 
 @pytest.mark.parametrize("kind", ["contiguous", "ring", "paged"])
@@ -189,6 +253,8 @@ def test_init_cache_builds_one_cache_per_layer(kind, cls):
   if kind == "paged":
     assert cache_lib.init_cache(CFG, kind, 2, 20, page_size=8, num_pages=3)[0].self_attn \
         .k_pages_PCKH.shape == (3, 8, 2, 8)
+    default = cache_lib.init_cache(CFG, kind, 2, 40)[0].self_attn  # pages of 16 by default
+    assert default.k_pages_PCKH.shape == (6, 16, 2, 8) and default.page_table_BM.shape == (2, 3)
   np.testing.assert_array_equal(np.asarray(cache_lib.cache_lengths(caches)), [0, 0])
 
 
@@ -285,20 +351,53 @@ def test_set_page_table_and_with_cross_reach_every_layer():
     cache_lib.with_cross(got, cross[:2])
 
 
-@pytest.mark.parametrize("impl", ["auto", "reference", "xla", "pallas"])
-def test_cross_attention_sees_the_source_but_its_padding(impl):
+def cross_case(T):
   ks = jax.random.split(jax.random.key(5), 3)
   k, v = (jax.random.normal(kk, (2, 5, K, H)) for kk in ks[:2])
-  q = jax.random.normal(ks[2], (2, 3, N, H))
+  q = jax.random.normal(ks[2], (2, T, N, H))
   seg = jnp.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], jnp.int32)
-  cross = cache_lib.CrossKVCache(k, v, seg)
+  return q, cache_lib.CrossKVCache(k, v, seg)
+
+
+@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("impl", ["auto", "reference", "xla", "pallas"])
+def test_cross_attention_sees_the_source_but_its_padding(impl, T, monkeypatch):
+  """Against the naive loop; the op gets the layer's implementation as mapped for a cache
+  ("reference" stays, the rest go "chunked"; one query with "pallas" is not a paged decode)."""
+  from attnlab.ops import dispatch
+
+  q, cross = cross_case(T)
+  calls = []
+  monkeypatch.setattr(cache_lib, "attention",
+                      lambda *a, **kw: calls.append(kw) or dispatch.attention(*a, **kw))
   out, same = jax.jit(lambda c, q: c.attend(q, implementation=impl))(cross, q)
+  (kw,) = calls
+  assert kw["implementation"] == ("reference" if impl == "reference" else "chunked")
+  assert kw["causal"] is False and kw["window"] is None
+  assert kw["q_segment_ids"].dtype == jnp.int32
   for b, n in ((0, 5), (1, 3)):
-    want = naive_attention(np.asarray(q[b:b + 1]), np.asarray(k[b:b + 1, :n]),
-                           np.asarray(v[b:b + 1, :n]))
+    want = naive_attention(np.asarray(q[b:b + 1]), np.asarray(cross.k_BSKH[b:b + 1, :n]),
+                           np.asarray(cross.v_BSKH[b:b + 1, :n]))
     np.testing.assert_allclose(np.asarray(out[b:b + 1]), want, rtol=2e-5, atol=2e-5)
   for a, c in zip(jax.tree.leaves(same), jax.tree.leaves(cross), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+
+
+def test_cross_attention_dropout_is_the_reference_ops_with_its_key():
+  from attnlab.ops.reference import reference_attention
+
+  q, cross = cross_case(3)
+  rng = jax.random.key(9)
+  got, _ = cross.attend(q, implementation="auto", dropout_rate=0.5, dropout_rng=rng)
+  want = reference_attention(q, cross.k_BSKH, cross.v_BSKH, q_segment_ids=jnp.ones((2, 3)),
+                             kv_segment_ids=cross.segment_ids_BS, dropout_rate=0.5,
+                             dropout_rng=rng)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  plain, _ = cross.attend(q, implementation="auto")
+  assert not np.allclose(np.asarray(got), np.asarray(plain))
+  other, _ = cross.attend(q, implementation="auto", dropout_rate=0.5,
+                          dropout_rng=jax.random.key(10))
+  assert not np.allclose(np.asarray(got), np.asarray(other))
 
 
 def test_cache_bytes_counts_every_array():

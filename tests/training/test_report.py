@@ -356,12 +356,18 @@ def test_the_loss_curves_are_seed_means_with_std_bands_over_training_tokens(figu
   assert list(fig.get_size_inches()) == [12, 4.5]
 
 
-def test_final_loss_against_kv_bytes_one_point_per_arm(figures):
-  (_, fig, _), summary = figures
+def single_log2_axes(fig, xlabel, ylabel, title):
+  """The figure's one axes, checked: x on a log2 scale, its labels and title."""
   (ax,) = fig.axes
   assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
-  assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == (
-      "KV-cache bytes per token", "final validation loss", "quality vs cache memory (mean ± std)")
+  assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == (xlabel, ylabel, title)
+  return ax
+
+
+def test_final_loss_against_kv_bytes_one_point_per_arm(figures):
+  (_, fig, _), summary = figures
+  ax = single_log2_axes(fig, "KV-cache bytes per token", "final validation loss",
+                        "quality vs cache memory (mean ± std)")
   points = {c.get_label(): c for c in ax.containers}
   assert list(points) == ["mha", "gqa2", "mqa", "uptrain-mean-mqa", "uptrain-first-mqa"]
   for name, losses in PLOT_LOSSES.items():
@@ -380,10 +386,8 @@ def test_final_loss_against_kv_bytes_one_point_per_arm(figures):
 
 def test_decode_throughput_per_k_one_line_per_batch(figures):
   (_, _, fig), _ = figures
-  (ax,) = fig.axes
-  assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
-  assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == (
-      "num_kv_heads (K)", "decode tokens/s", "cached greedy decode throughput (mean ± std)")
+  ax = single_log2_axes(fig, "num_kv_heads (K)", "decode tokens/s",
+                        "cached greedy decode throughput (mean ± std)")
   assert [t.get_text() for t in ax.get_xticklabels()] == ["4", "2", "1"]
   assert list(ax.get_xticks()) == [4, 2, 1]
   lines = {c.get_label(): c for c in ax.containers}

@@ -1,0 +1,235 @@
+"""The models against an independent NumPy (float64) implementation: the 2017
+encoder-decoder Transformer and its pre-LN variant, and decoder-only models in the
+layouts transformers has no counterpart for here (post-LN, sinusoidal or learned
+positions, RoFormer's adjacent RoPE pairs with a sliding window, MQA). Every parameter
+is randomized (biases, norm scales and offsets included). tests/convert/test_hf.py
+checks the Llama / Mistral / Qwen2 / GPT-2 layouts against transformers."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import attnlab
+
+B, S, T = 2, 7, 6
+PAD = 0
+
+
+def layernorm(x, p, eps):
+  mu = x.mean(-1, keepdims=True)
+  var = ((x - mu) ** 2).mean(-1, keepdims=True)
+  return (x - mu) / np.sqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def rmsnorm(x, p, eps):
+  return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * p["scale"]
+
+
+def gelu_tanh(x):
+  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def sinusoids(L, D):
+  """PE[p, 2i] = sin(p / 10000^(2i/D)), PE[p, 2i+1] = cos(...)."""
+  pe = np.zeros((L, D))
+  for p in range(L):
+    for i in range(0, D, 2):
+      pe[p, i] = np.sin(p / 10000 ** (i / D))
+      pe[p, i + 1] = np.cos(p / 10000 ** (i / D))
+  return pe
+
+
+def rope(x, theta, pairing):
+  """x [T, N, H] rotated by position t: pairs (i, i + H/2) ("half") or (2i, 2i + 1)."""
+  T, _, H = x.shape
+  out = np.empty_like(x)
+  for t in range(T):
+    for i in range(H // 2):
+      a, b = (i, i + H // 2) if pairing == "half" else (2 * i, 2 * i + 1)
+      angle = t * theta ** (-2 * i / H)
+      out[t, :, a] = x[t, :, a] * np.cos(angle) - x[t, :, b] * np.sin(angle)
+      out[t, :, b] = x[t, :, b] * np.cos(angle) + x[t, :, a] * np.sin(angle)
+  return out
+
+
+def bias(p):
+  return p.get("b", 0.0)
+
+
+def attention(p, x, ctx, allowed, rotary=None):
+  """Multi-head attention of one sequence: x [T, D] over ctx [S, D]; allowed [T, S];
+  ``rotary`` = (theta, pairing) rotates q and k by their positions 0, 1, ..."""
+  q = np.einsum("td,dnh->tnh", x, p["q_proj"]["w"]) + bias(p["q_proj"])
+  k = np.einsum("sd,dkh->skh", ctx, p["k_proj"]["w"]) + bias(p["k_proj"])
+  v = np.einsum("sd,dkh->skh", ctx, p["v_proj"]["w"]) + bias(p["v_proj"])
+  if rotary is not None:
+    q, k = rope(q, *rotary), rope(k, *rotary)
+  N, H = q.shape[1:]
+  group = N // k.shape[1]
+  out = np.zeros_like(q)
+  for n in range(N):
+    scores = q[:, n] @ k[:, n // group].T / np.sqrt(H)
+    scores = np.where(allowed, scores, -np.inf)
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    out[:, n] = (w / w.sum(-1, keepdims=True)) @ v[:, n // group]
+  return np.einsum("tnh,nhd->td", out, p["o_proj"]["w"]) + bias(p["o_proj"])
+
+
+def mlp(p, x, kind):
+  h = x @ p["up_proj"]["w"] + bias(p["up_proj"])
+  if kind == "swiglu":
+    g = x @ p["gate_proj"]["w"] + bias(p["gate_proj"])
+    h = g / (1 + np.exp(-g)) * h
+  else:
+    h = np.maximum(h, 0) if kind == "relu" else gelu_tanh(h)
+  return h @ p["down_proj"]["w"] + bias(p["down_proj"])
+
+
+def self_attention(p, allowed, rotary=None):
+  return lambda h: attention(p, h, h, allowed, rotary)
+
+
+def cross_attention(p, ctx, allowed):
+  return lambda h: attention(p, h, ctx, allowed)
+
+
+def feed_forward(p, kind):
+  return lambda h: mlp(p, h, kind)
+
+
+def numpy_encoder_decoder(cfg, params, src, tgt):
+  """Logits [B, T, V] in float64."""
+  return np.stack([numpy_sequence(cfg, params, s, t) for s, t in zip(src, tgt, strict=True)])
+
+
+def norm_and_residual(cfg):
+  def norm(x, p):
+    if cfg.norm == "layernorm":
+      return layernorm(x, p, cfg.norm_eps)
+    return rmsnorm(x, p, cfg.norm_eps)
+
+  def residual(x, p_norm, f):
+    if cfg.norm_position == "pre":
+      return x + f(norm(x, p_norm))
+    return norm(x + f(x), p_norm)
+
+  return norm, residual
+
+
+def embed(cfg, params, stack, tokens):
+  """Token embeddings (scaled by sqrt(D) if asked) plus the additive positions, if any."""
+  x = params["embedder"]["embed_tokens"][tokens]
+  x = x * (np.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0)
+  if cfg.pos == "sinusoidal":
+    x = x + sinusoids(len(tokens), cfg.d_model)
+  elif cfg.pos == "learned":
+    x = x + params[stack]["learned_positions"]["embed_positions"][:len(tokens)]
+  return x
+
+
+def unembed(cfg, params, y):
+  E = params["embedder"]["embed_tokens"]
+  return y @ (E.T if cfg.tie_embeddings else params["embedder"]["lm_head"])
+
+
+def numpy_sequence(cfg, params, src, tgt):
+  """Logits [T, V] of one source / target pair."""
+  norm, residual = norm_and_residual(cfg)
+  real = (src != PAD)[None, :]
+  x = embed(cfg, params, "encoder", src)
+  for blk in params["encoder"]["layers"].values():
+    x = residual(x, blk["input_layernorm"], self_attention(blk["self_attn"], real))
+    x = residual(x, blk["post_attention_layernorm"], feed_forward(blk["mlp"], cfg.mlp))
+  if cfg.norm_position == "pre":
+    x = norm(x, params["encoder"]["norm"])
+  causal = np.tril(np.ones((len(tgt), len(tgt)), bool))
+  y = embed(cfg, params, "decoder", tgt)
+  for blk in params["decoder"]["layers"].values():
+    y = residual(y, blk["input_layernorm"], self_attention(blk["self_attn"], causal))
+    y = residual(y, blk["cross_attn_layernorm"], cross_attention(blk["cross_attn"], x, real))
+    y = residual(y, blk["post_attention_layernorm"], feed_forward(blk["mlp"], cfg.mlp))
+  if cfg.norm_position == "pre":
+    y = norm(y, params["decoder"]["norm"])
+  return unembed(cfg, params, y)
+
+
+def numpy_decoder_only(cfg, params, tokens):
+  """Logits [T, V] of one sequence."""
+  norm, residual = norm_and_residual(cfg)
+  T = len(tokens)
+  t, s = np.arange(T)[:, None], np.arange(T)[None, :]
+  allowed = (s <= t) & ((t - s < cfg.window) if cfg.window else True)
+  rotary = (cfg.rope_theta, cfg.rope_pairing) if cfg.pos == "rope" else None
+  x = embed(cfg, params, "decoder", tokens)
+  for blk in params["decoder"]["layers"].values():
+    x = residual(x, blk["input_layernorm"], self_attention(blk["self_attn"], allowed, rotary))
+    x = residual(x, blk["post_attention_layernorm"], feed_forward(blk["mlp"], cfg.mlp))
+  if cfg.norm_position == "pre":
+    x = norm(x, params["decoder"]["norm"])
+  return unembed(cfg, params, x)
+
+
+def randomized(cfg):
+  """The model of ``cfg`` with every parameter drawn at random, and its float64 params."""
+  model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
+  leaves, treedef = jax.tree.flatten(nnx.state(model, nnx.Param))
+  keys = jax.random.split(jax.random.key(1), len(leaves))
+  # The initialization has zero biases and unit norm scales: draw them all.
+  nnx.update(model, jax.tree.unflatten(treedef, [
+      0.4 * jax.random.normal(kk, x.shape, x.dtype) for kk, x in zip(keys, leaves)]))
+  params = jax.tree.map(lambda x: np.asarray(x, np.float64),
+                        nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+  return model, params
+
+
+CONFIGS = {
+    # The paper's model: post-LN, layer norm, ReLU, tied embeddings scaled by sqrt(D).
+    "paper": dict(norm_position="post", norm="layernorm", mlp="relu", tie_embeddings=True,
+                  scale_embeddings=True),
+    # Its pre-LN variant (a final norm per stack), RMSNorm, GELU, an output projection.
+    "pre_ln": dict(norm_position="pre", norm="rmsnorm", mlp="gelu", tie_embeddings=False,
+                   scale_embeddings=False),
+}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_encoder_decoder_equals_the_numpy_transformer(name):
+  cfg = attnlab.ModelConfig(
+      arch="encoder_decoder", vocab_size=19, d_model=16, num_heads=4, num_kv_heads=2, d_ff=24,
+      num_layers=2, num_encoder_layers=2, pos="sinusoidal", use_bias=True, norm_eps=1e-5,
+      pad_id=PAD, attention_impl="reference", **CONFIGS[name])
+  model, params = randomized(cfg)
+  rng = np.random.default_rng(2)
+  src = rng.integers(1, cfg.vocab_size, (B, S))
+  src[1, 4:] = PAD  # a padded source: masked in the encoder and in cross-attention
+  tgt = rng.integers(1, cfg.vocab_size, (B, T))
+  got = jax.jit(lambda m, s, t: m(s, t))(model, jnp.asarray(src), jnp.asarray(tgt))
+  want = numpy_encoder_decoder(cfg, params, src, tgt)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
+
+
+DECODER_CONFIGS = {
+    # RoFormer's adjacent pairs, a sliding window of 3, SwiGLU, RMSNorm, no biases.
+    "rope_adjacent_window": dict(pos="rope", rope_pairing="adjacent", rope_theta=500.0,
+                                 window=3, mlp="swiglu", norm="rmsnorm", tie_embeddings=False),
+    # Post-LN with learned positions, layer norm, GELU, biases, tied and scaled embeddings.
+    "post_ln_learned": dict(pos="learned", norm_position="post", norm="layernorm", mlp="gelu",
+                            use_bias=True, scale_embeddings=True),
+    # MQA with sinusoidal positions, ReLU, biases on the q / k / v projections only.
+    "mqa_sinusoidal": dict(pos="sinusoidal", num_kv_heads=1, mlp="relu", norm="layernorm",
+                           qkv_bias=True),
+}
+
+
+@pytest.mark.parametrize("name", DECODER_CONFIGS)
+def test_decoder_only_equals_the_numpy_transformer(name):
+  kw = {"num_kv_heads": 2, "norm_eps": 1e-5, **DECODER_CONFIGS[name]}
+  cfg = attnlab.ModelConfig(vocab_size=19, d_model=16, num_heads=4, d_ff=24, num_layers=2,
+                            attention_impl="reference", **kw)
+  model, params = randomized(cfg)
+  tokens = np.random.default_rng(3).integers(0, cfg.vocab_size, (B, T))
+  got = jax.jit(lambda m, t: m(t))(model, jnp.asarray(tokens))
+  want = np.stack([numpy_decoder_only(cfg, params, row) for row in tokens])
+  np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-4 * np.abs(want).max())

@@ -31,41 +31,46 @@ def gelu_tanh(x):
   return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
-def sinusoids(L, D):
-  """PE[p, 2i] = sin(p / 10000^(2i/D)), PE[p, 2i+1] = cos(...)."""
-  pe = np.zeros((L, D))
-  for p in range(L):
+def sinusoids(positions, D):
+  """PE[p, 2i] = sin(p / 10000^(2i/D)), PE[p, 2i+1] = cos(...), at each position."""
+  pe = np.zeros((len(positions), D))
+  for row, p in enumerate(positions):
     for i in range(0, D, 2):
-      pe[p, i] = np.sin(p / 10000 ** (i / D))
-      pe[p, i + 1] = np.cos(p / 10000 ** (i / D))
+      pe[row, i] = np.sin(p / 10000 ** (i / D))
+      pe[row, i + 1] = np.cos(p / 10000 ** (i / D))
   return pe
 
 
-def rope(x, theta, pairing):
-  """x [T, N, H] rotated by position t: pairs (i, i + H/2) ("half") or (2i, 2i + 1)."""
+def rope(x, positions, theta, pairing):
+  """x [T, N, H] rotated by its positions: pairs (i, i + H/2) ("half") or (2i, 2i + 1)."""
   T, _, H = x.shape
   out = np.empty_like(x)
   for t in range(T):
     for i in range(H // 2):
       a, b = (i, i + H // 2) if pairing == "half" else (2 * i, 2 * i + 1)
-      angle = t * theta ** (-2 * i / H)
+      angle = positions[t] * theta ** (-2 * i / H)
       out[t, :, a] = x[t, :, a] * np.cos(angle) - x[t, :, b] * np.sin(angle)
       out[t, :, b] = x[t, :, b] * np.cos(angle) + x[t, :, a] * np.sin(angle)
   return out
 
 
-def bias(p):
-  return p.get("b", 0.0)
+def bias(p, on):
+  """The projection's bias if the config gives it one (the model must have it then, and
+  must not otherwise)."""
+  assert ("b" in p) == on, (sorted(p), on)
+  return p["b"] if on else 0.0
 
 
-def attention(p, x, ctx, allowed, rotary=None):
+def attention(cfg, p, x, ctx, allowed, rotary=None):
   """Multi-head attention of one sequence: x [T, D] over ctx [S, D]; allowed [T, S];
-  ``rotary`` = (theta, pairing) rotates q and k by their positions 0, 1, ..."""
-  q = np.einsum("td,dnh->tnh", x, p["q_proj"]["w"]) + bias(p["q_proj"])
-  k = np.einsum("sd,dkh->skh", ctx, p["k_proj"]["w"]) + bias(p["k_proj"])
-  v = np.einsum("sd,dkh->skh", ctx, p["v_proj"]["w"]) + bias(p["v_proj"])
+  ``rotary`` = (theta, pairing, q positions [T], k positions [S]) rotates q and k."""
+  qkv = cfg.has_bias("qkv")
+  q = np.einsum("td,dnh->tnh", x, p["q_proj"]["w"]) + bias(p["q_proj"], qkv)
+  k = np.einsum("sd,dkh->skh", ctx, p["k_proj"]["w"]) + bias(p["k_proj"], qkv)
+  v = np.einsum("sd,dkh->skh", ctx, p["v_proj"]["w"]) + bias(p["v_proj"], qkv)
   if rotary is not None:
-    q, k = rope(q, *rotary), rope(k, *rotary)
+    theta, pairing, q_pos, k_pos = rotary
+    q, k = rope(q, q_pos, theta, pairing), rope(k, k_pos, theta, pairing)
   N, H = q.shape[1:]
   group = N // k.shape[1]
   out = np.zeros_like(q)
@@ -74,29 +79,31 @@ def attention(p, x, ctx, allowed, rotary=None):
     scores = np.where(allowed, scores, -np.inf)
     w = np.exp(scores - scores.max(-1, keepdims=True))
     out[:, n] = (w / w.sum(-1, keepdims=True)) @ v[:, n // group]
-  return np.einsum("tnh,nhd->td", out, p["o_proj"]["w"]) + bias(p["o_proj"])
+  return np.einsum("tnh,nhd->td", out, p["o_proj"]["w"]) + bias(p["o_proj"], cfg.has_bias("o"))
 
 
-def mlp(p, x, kind):
-  h = x @ p["up_proj"]["w"] + bias(p["up_proj"])
-  if kind == "swiglu":
-    g = x @ p["gate_proj"]["w"] + bias(p["gate_proj"])
+def mlp(cfg, p, x):
+  on = cfg.has_bias("mlp")
+  h = x @ p["up_proj"]["w"] + bias(p["up_proj"], on)
+  assert ("gate_proj" in p) == (cfg.mlp == "swiglu")
+  if cfg.mlp == "swiglu":
+    g = x @ p["gate_proj"]["w"] + bias(p["gate_proj"], on)
     h = g / (1 + np.exp(-g)) * h
   else:
-    h = np.maximum(h, 0) if kind == "relu" else gelu_tanh(h)
-  return h @ p["down_proj"]["w"] + bias(p["down_proj"])
+    h = np.maximum(h, 0) if cfg.mlp == "relu" else gelu_tanh(h)
+  return h @ p["down_proj"]["w"] + bias(p["down_proj"], on)
 
 
-def self_attention(p, allowed, rotary=None):
-  return lambda h: attention(p, h, h, allowed, rotary)
+def self_attention(cfg, p, allowed, rotary=None):
+  return lambda h: attention(cfg, p, h, h, allowed, rotary)
 
 
-def cross_attention(p, ctx, allowed):
-  return lambda h: attention(p, h, ctx, allowed)
+def cross_attention(cfg, p, ctx, allowed):
+  return lambda h: attention(cfg, p, h, ctx, allowed)
 
 
-def feed_forward(p, kind):
-  return lambda h: mlp(p, h, kind)
+def feed_forward(cfg, p):
+  return lambda h: mlp(cfg, p, h)
 
 
 def numpy_encoder_decoder(cfg, params, src, tgt):
@@ -118,14 +125,15 @@ def norm_and_residual(cfg):
   return norm, residual
 
 
-def embed(cfg, params, stack, tokens):
+def embed(cfg, params, stack, tokens, positions=None):
   """Token embeddings (scaled by sqrt(D) if asked) plus the additive positions, if any."""
+  positions = np.arange(len(tokens)) if positions is None else positions
   x = params["embedder"]["embed_tokens"][tokens]
   x = x * (np.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0)
   if cfg.pos == "sinusoidal":
-    x = x + sinusoids(len(tokens), cfg.d_model)
+    x = x + sinusoids(positions, cfg.d_model)
   elif cfg.pos == "learned":
-    x = x + params[stack]["learned_positions"]["embed_positions"][:len(tokens)]
+    x = x + params[stack]["learned_positions"]["embed_positions"][positions]
   return x
 
 
@@ -140,32 +148,36 @@ def numpy_sequence(cfg, params, src, tgt):
   real = (src != PAD)[None, :]
   x = embed(cfg, params, "encoder", src)
   for blk in params["encoder"]["layers"].values():
-    x = residual(x, blk["input_layernorm"], self_attention(blk["self_attn"], real))
-    x = residual(x, blk["post_attention_layernorm"], feed_forward(blk["mlp"], cfg.mlp))
+    x = residual(x, blk["input_layernorm"], self_attention(cfg, blk["self_attn"], real))
+    x = residual(x, blk["post_attention_layernorm"], feed_forward(cfg, blk["mlp"]))
   if cfg.norm_position == "pre":
     x = norm(x, params["encoder"]["norm"])
   causal = np.tril(np.ones((len(tgt), len(tgt)), bool))
   y = embed(cfg, params, "decoder", tgt)
   for blk in params["decoder"]["layers"].values():
-    y = residual(y, blk["input_layernorm"], self_attention(blk["self_attn"], causal))
-    y = residual(y, blk["cross_attn_layernorm"], cross_attention(blk["cross_attn"], x, real))
-    y = residual(y, blk["post_attention_layernorm"], feed_forward(blk["mlp"], cfg.mlp))
+    y = residual(y, blk["input_layernorm"], self_attention(cfg, blk["self_attn"], causal))
+    y = residual(y, blk["cross_attn_layernorm"], cross_attention(cfg, blk["cross_attn"], x,
+                                                                 real))
+    y = residual(y, blk["post_attention_layernorm"], feed_forward(cfg, blk["mlp"]))
   if cfg.norm_position == "pre":
     y = norm(y, params["decoder"]["norm"])
   return unembed(cfg, params, y)
 
 
-def numpy_decoder_only(cfg, params, tokens):
-  """Logits [T, V] of one sequence."""
+def numpy_decoder_only(cfg, params, tokens, positions, segments):
+  """Logits [T, V] of one row of packed documents (``segments``; ``positions`` restart per
+  document): a token sees the earlier tokens of its own document, within the window."""
   norm, residual = norm_and_residual(cfg)
-  T = len(tokens)
-  t, s = np.arange(T)[:, None], np.arange(T)[None, :]
-  allowed = (s <= t) & ((t - s < cfg.window) if cfg.window else True)
-  rotary = (cfg.rope_theta, cfg.rope_pairing) if cfg.pos == "rope" else None
-  x = embed(cfg, params, "decoder", tokens)
+  p, q = positions[:, None], positions[None, :]
+  allowed = (segments[:, None] == segments[None, :]) & (q <= p)
+  if cfg.window:
+    allowed &= p - q < cfg.window
+  rotary = (cfg.rope_theta, cfg.rope_pairing, positions, positions) if cfg.pos == "rope" else None
+  x = embed(cfg, params, "decoder", tokens, positions)
   for blk in params["decoder"]["layers"].values():
-    x = residual(x, blk["input_layernorm"], self_attention(blk["self_attn"], allowed, rotary))
-    x = residual(x, blk["post_attention_layernorm"], feed_forward(blk["mlp"], cfg.mlp))
+    x = residual(x, blk["input_layernorm"], self_attention(cfg, blk["self_attn"], allowed,
+                                                           rotary))
+    x = residual(x, blk["post_attention_layernorm"], feed_forward(cfg, blk["mlp"]))
   if cfg.norm_position == "pre":
     x = norm(x, params["decoder"]["norm"])
   return unembed(cfg, params, x)
@@ -230,6 +242,11 @@ def test_decoder_only_equals_the_numpy_transformer(name):
                             attention_impl="reference", **kw)
   model, params = randomized(cfg)
   tokens = np.random.default_rng(3).integers(0, cfg.vocab_size, (B, T))
-  got = jax.jit(lambda m, t: m(t))(model, jnp.asarray(tokens))
-  want = np.stack([numpy_decoder_only(cfg, params, row) for row in tokens])
+  # Row 0 one document at positions 0..T-1; row 1 two packed documents, positions restarting.
+  segments = np.array([[1] * T, [1] * 4 + [2] * (T - 4)])
+  positions = np.array([list(range(T)), list(range(4)) + list(range(T - 4))])
+  got = jax.jit(lambda m, t, p, s: m(t, positions_BT=p, segment_ids_BT=s))(
+      model, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segments))
+  want = np.stack([numpy_decoder_only(cfg, params, *row)
+                   for row in zip(tokens, positions, segments, strict=True)])
   np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-4 * np.abs(want).max())

@@ -142,44 +142,41 @@ def unembed(cfg, params, y):
   return y @ (E.T if cfg.tie_embeddings else params["embedder"]["lm_head"])
 
 
+def run_stack(cfg, params, name, x, allowed, rotary=None, context=None):
+  """The blocks of stack ``name`` over x [T, D] (self-attention where ``allowed``, then
+  cross-attention to ``context`` = (ctx [S, D], allowed [T, S]) if given, then the MLP),
+  and its final norm in the pre-LN position."""
+  norm, residual = norm_and_residual(cfg)
+  for blk in params[name]["layers"].values():
+    x = residual(x, blk["input_layernorm"], self_attention(cfg, blk["self_attn"], allowed,
+                                                           rotary))
+    if context is not None:
+      x = residual(x, blk["cross_attn_layernorm"], cross_attention(cfg, blk["cross_attn"],
+                                                                   *context))
+    x = residual(x, blk["post_attention_layernorm"], feed_forward(cfg, blk["mlp"]))
+  return norm(x, params[name]["norm"]) if cfg.norm_position == "pre" else x
+
+
 def numpy_sequence(cfg, params, src, tgt):
   """Logits [T, V] of one source / target pair."""
-  norm, residual = norm_and_residual(cfg)
   real = (src != PAD)[None, :]
-  x = embed(cfg, params, "encoder", src)
-  for blk in params["encoder"]["layers"].values():
-    x = residual(x, blk["input_layernorm"], self_attention(cfg, blk["self_attn"], real))
-    x = residual(x, blk["post_attention_layernorm"], feed_forward(cfg, blk["mlp"]))
-  if cfg.norm_position == "pre":
-    x = norm(x, params["encoder"]["norm"])
+  enc = run_stack(cfg, params, "encoder", embed(cfg, params, "encoder", src), real)
   causal = np.tril(np.ones((len(tgt), len(tgt)), bool))
-  y = embed(cfg, params, "decoder", tgt)
-  for blk in params["decoder"]["layers"].values():
-    y = residual(y, blk["input_layernorm"], self_attention(cfg, blk["self_attn"], causal))
-    y = residual(y, blk["cross_attn_layernorm"], cross_attention(cfg, blk["cross_attn"], x,
-                                                                 real))
-    y = residual(y, blk["post_attention_layernorm"], feed_forward(cfg, blk["mlp"]))
-  if cfg.norm_position == "pre":
-    y = norm(y, params["decoder"]["norm"])
+  y = run_stack(cfg, params, "decoder", embed(cfg, params, "decoder", tgt), causal,
+                context=(enc, real))
   return unembed(cfg, params, y)
 
 
 def numpy_decoder_only(cfg, params, tokens, positions, segments):
   """Logits [T, V] of one row of packed documents (``segments``; ``positions`` restart per
   document): a token sees the earlier tokens of its own document, within the window."""
-  norm, residual = norm_and_residual(cfg)
   p, q = positions[:, None], positions[None, :]
   allowed = (segments[:, None] == segments[None, :]) & (q <= p)
   if cfg.window:
     allowed &= p - q < cfg.window
   rotary = (cfg.rope_theta, cfg.rope_pairing, positions, positions) if cfg.pos == "rope" else None
-  x = embed(cfg, params, "decoder", tokens, positions)
-  for blk in params["decoder"]["layers"].values():
-    x = residual(x, blk["input_layernorm"], self_attention(cfg, blk["self_attn"], allowed,
-                                                           rotary))
-    x = residual(x, blk["post_attention_layernorm"], feed_forward(cfg, blk["mlp"]))
-  if cfg.norm_position == "pre":
-    x = norm(x, params["decoder"]["norm"])
+  x = run_stack(cfg, params, "decoder", embed(cfg, params, "decoder", tokens, positions),
+                allowed, rotary)
   return unembed(cfg, params, x)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnlab import extras
+from attnlab.config import TOKENIZERS
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 BYTE_OFFSET = 3
@@ -118,4 +119,4 @@ def make_tokenizer(kind: str = "byte", model_path: str = "", *, bos_id: int | No
     return HFJsonTokenizer(model_path, bos_id=bos_id, eos_id=eos_id)
   if kind == "sentencepiece":
     return SentencePieceTokenizer(model_path)
-  raise ValueError(f"tokenizer={kind!r} is not one of 'byte', 'sentencepiece', 'hf_json'")
+  raise ValueError(f"tokenizer={kind!r} is not one of {', '.join(map(repr, TOKENIZERS))}")

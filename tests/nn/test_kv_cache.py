@@ -171,9 +171,9 @@ def test_attention_dropout_over_a_cache_is_the_reference_ops_with_its_key(kind, 
 
 
 @pytest.mark.parametrize("kind", ["contiguous", "ring", "paged"])
-def test_store_writes_what_attend_writes_and_reads_nothing(kind):
-  """``store`` (the prefill into an empty cache) leaves the cache ``attend`` leaves, from
-  buffers full of NaN: nothing of the old buffers is read."""
+def test_store_writes_what_attend_writes_over_buffers_of_nan(kind):
+  """``store`` (the prefill into an empty cache) leaves the cache ``attend`` leaves, starting
+  from buffers full of NaN: every stored value comes from the new tokens."""
   k, v = (jax.random.normal(kk, (B, 6, K, H)) for kk in jax.random.split(jax.random.key(2)))
   q = jnp.zeros((B, 6, N, H))
   num_new = jnp.array([6, 3], jnp.int32)

@@ -84,9 +84,11 @@ def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int) -> l
   for batch in batches:
     prompt_BT, lengths_B, sources, refs = _split_rows(batch, cfg.arch, eos_id, cfg.pad_id)
     T = prompt_BT.shape[1]
-    # A reference fits in the row width T (with its eos); a decoder-only
-    # prompt of width T leaves max_len - T + 1 positions to generate into.
-    max_new = T if cfg.arch == "encoder_decoder" else min(T, cfg.max_len - T + 1)
+    # A reference fits in its row (with its eos): an encoder-decoder's target row,
+    # which need not be as wide as the source; a decoder-only prompt of width T
+    # leaves max_len - T + 1 positions to generate into.
+    max_new = (np.shape(batch["targets_BT"])[1] if cfg.arch == "encoder_decoder"
+               else min(T, cfg.max_len - T + 1))
     tokens_BJ = np.asarray(generate(model, prompt_BT, max_new_tokens=max_new,
                                     prompt_lengths_B=lengths_B, eos_id=eos_id, bos_id=bos_id))
     for b in range(len(refs)):

@@ -103,3 +103,120 @@ def test_bleu_of_hand_made_partial_matches_is_the_hand_computed_value(tmp_path):
   rows = [json.loads(line) for line in
           (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
   assert [(r["prediction"], r["reference"]) for r in rows] == pairs
+
+
+# ----------------------------------------------------------------- the pieces, by hand
+
+BOS, EOS, PAD = 1, 2, 0
+
+
+def test_until_eos_cuts_at_the_first_eos():
+  assert eval_lib._until_eos(np.array([5, 6, EOS, 7, EOS]), EOS) == [5, 6]
+  assert eval_lib._until_eos(np.array([EOS, 5]), EOS) == []
+  assert eval_lib._until_eos([5, 6, 7], EOS) == [5, 6, 7]
+
+
+def test_split_rows_of_a_decoder_only_batch():
+  """Rows ``[bos] source [eos] target [eos] pad...``: the prompt is the row through the first
+  eos (pad after it), its length that many tokens; the reference is the target (targets
+  are the row shifted by one)."""
+  tokens = np.array([[BOS, 5, 6, EOS, 7, 8, 9, EOS, PAD, PAD],
+                     [BOS, 5, EOS, 9, EOS, PAD, PAD, PAD, PAD, PAD]])
+  targets = np.concatenate([tokens[:, 1:], np.full((2, 1), PAD)], axis=1)
+  prompt, lengths, sources, refs = eval_lib._split_rows(
+      {"tokens_BT": tokens, "targets_BT": targets}, "decoder_only", EOS, PAD)
+  np.testing.assert_array_equal(prompt, [[BOS, 5, 6, EOS] + [PAD] * 6,
+                                         [BOS, 5, EOS] + [PAD] * 7])
+  assert prompt.dtype == lengths.dtype == np.int32
+  np.testing.assert_array_equal(lengths, [4, 3])
+  assert sources == [[5, 6], [5]]
+  assert refs == [[7, 8, 9], [9]]
+
+
+def test_split_rows_of_an_encoder_decoder_batch():
+  src = np.array([[5, 6, EOS, PAD], [7, EOS, PAD, PAD]])
+  targets = np.array([[8, 9, EOS, PAD], [EOS, PAD, PAD, PAD]])
+  prompt, lengths, sources, refs = eval_lib._split_rows(
+      {"src_BS": src, "targets_BT": targets}, "encoder_decoder", EOS, PAD)
+  assert prompt is not None and lengths is None
+  np.testing.assert_array_equal(prompt, src)
+  assert sources == [[5, 6], [7]] and refs == [[8, 9], []]
+
+
+def test_validation_loss_is_token_weighted_over_the_batches():
+  seen = []
+
+  def eval_step(params, batch):
+    seen.append((params, batch))
+    return {"a": (6.0, 3.0), "b": (2.0, 1.0)}[batch]
+
+  out = eval_lib.validation_loss(eval_step, "P", ["a", "b"], lambda b: b)
+  assert out == {"loss": 2.0, "perplexity": pytest.approx(math.exp(2.0)), "tokens": 4.0}
+  assert seen == [("P", "a"), ("P", "b")]
+  assert eval_lib.validation_loss(eval_step, "P", [], lambda b: b)["loss"] == 0.0
+
+
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_decode_batches_asks_generate_for_room_to_the_row_width(monkeypatch, arch):
+  """Every batch decodes the same shapes: a decoder-only prompt of width T gets
+  min(T, max_len - T + 1) new tokens (its prompt lengths say where each ends), an
+  encoder-decoder T; predictions stop before eos."""
+  from types import SimpleNamespace
+
+  calls = []
+
+  def generate(model, prompt, **kw):
+    calls.append((prompt, kw))
+    return np.array([[9, EOS, 4], [EOS, 9, 9]])
+
+  monkeypatch.setattr(eval_lib, "generate", generate)
+  T = 6
+  if arch == "decoder_only":
+    tokens = np.array([[BOS, 5, EOS, 7, EOS, PAD], [BOS, 5, 6, EOS, 8, EOS]])
+    batch = {"tokens_BT": tokens, "targets_BT": np.roll(tokens, -1, axis=1)}
+  else:
+    batch = {"src_BS": np.array([[5, EOS, PAD], [6, 7, EOS]]),
+             "targets_BT": np.array([[9, EOS] + [PAD] * 4, [9, 9, EOS] + [PAD] * 3])}
+  for max_len, want_new in ((64, T), (9, 4)):
+    model = SimpleNamespace(cfg=SimpleNamespace(arch=arch, pad_id=PAD, max_len=max_len))
+    calls.clear()
+    out = eval_lib.decode_batches(model, [batch, batch], eos_id=EOS, bos_id=BOS)
+    assert len(calls) == 2
+    prompt, kw = calls[0]
+    new = T if arch == "encoder_decoder" else want_new
+    assert kw["max_new_tokens"] == new and kw["eos_id"] == EOS and kw["bos_id"] == BOS
+    if arch == "decoder_only":
+      np.testing.assert_array_equal(kw["prompt_lengths_B"], [3, 4])
+      np.testing.assert_array_equal(prompt, [[BOS, 5, EOS, PAD, PAD, PAD],
+                                             [BOS, 5, 6, EOS, PAD, PAD]])
+      assert [e["source"] for e in out[:2]] == [[5], [5, 6]]
+      assert [e["reference"] for e in out[:2]] == [[7], [8]]
+    else:
+      assert kw["prompt_lengths_B"] is None
+      assert [e["source"] for e in out[:2]] == [[5], [6, 7]]
+      assert [e["reference"] for e in out[:2]] == [[9], [9, 9]]
+    assert [e["prediction"] for e in out] == [[9], []] * 2
+
+
+def test_seq2seq_metrics_without_bleu_writes_its_folder_and_counts_nothing_on_nothing(
+    tmp_path):
+  tok = ByteTokenizer()
+  ex = [{"source": tok.encode("a"), "reference": list(tok.encode("bc")),
+         "prediction": list(tok.encode("bc"))},
+        {"source": tok.encode("d"), "reference": list(tok.encode("e")),
+         "prediction": list(tok.encode("f"))}]
+  path = tmp_path / "new" / "deeper" / "p.jsonl"
+  out = eval_lib.seq2seq_metrics(ex, tok, bleu=False, predictions_path=str(path))
+  assert out == {"exact_match": 0.5}
+  rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+  assert rows == [{"source": "a", "reference": "bc", "prediction": "bc"},
+                  {"source": "d", "reference": "e", "prediction": "f"}]
+  assert eval_lib.seq2seq_metrics([], tok, bleu=False) == {"exact_match": 0.0}
+
+
+def test_host_params_are_numpy_copies():
+  import jax.numpy as jnp
+
+  out = eval_lib.host_params({"w": jnp.ones((2, 3)), "n": [jnp.int32(4)]})
+  assert isinstance(out["w"], np.ndarray) and isinstance(out["n"][0], np.ndarray)
+  np.testing.assert_array_equal(out["w"], np.ones((2, 3)))

@@ -1,0 +1,162 @@
+"""The sweep's bookkeeping by hand, without training: the arms a sweep plans, the configs of
+each run, the result files and wall-time counter, the progress line's durations.
+(`test_ablate.py` runs sweeps end to end.)"""
+
+import json
+import os
+import re
+
+import pytest
+
+from attnlab.config import DataConfig, ModelConfig, Sweep, TrainConfig
+from attnlab.training import sweep as sweep_lib
+from attnlab.training.sweep import Arm
+
+
+def base(num_heads=8, **kw):
+  return ModelConfig(vocab_size=40, d_model=32, num_layers=1, num_heads=num_heads,
+                     head_dim=4, d_ff=64, **kw)
+
+
+@pytest.mark.parametrize("num_heads, ks", [(8, [8, 4, 2, 1]), (6, [6, 3, 1]), (12, [12, 6, 3, 1]),
+                                           (1, [1]), (5, [5, 1])])
+def test_default_arms_halve_the_kv_heads_down_to_mqa(num_heads, ks):
+  arms = sweep_lib.plan(Sweep(), base(num_heads))
+  assert [a.num_kv_heads for a in arms] == ks
+  names = ["mha"] + [f"gqa{k}" for k in ks[1:-1]] + ["mqa"] if len(ks) > 1 else ["mha"]
+  assert [a.name for a in arms] == names
+  assert {(a.kind, a.method, a.d_ff) for a in arms} == {("scratch", "", 64)}
+
+
+def test_uptrain_arms_follow_the_scratch_arms_one_per_k_and_method():
+  arms = sweep_lib.plan(Sweep(num_kv_heads=(8, 2), uptrain_num_kv_heads=(2, 1),
+                              uptrain_methods=("mean", "first")), base())
+  assert [(a.name, a.num_kv_heads, a.kind, a.method) for a in arms] == [
+      ("mha", 8, "scratch", ""), ("gqa2", 2, "scratch", ""),
+      ("uptrain-mean-gqa2", 2, "uptrain", "mean"), ("uptrain-first-gqa2", 2, "uptrain", "first"),
+      ("uptrain-mean-mqa", 1, "uptrain", "mean"), ("uptrain-first-mqa", 1, "uptrain", "first")]
+  assert sweep_lib.mha_arm(arms, base()) == arms[0]
+  assert sweep_lib.mha_arm(arms[1:], base()) is None
+
+
+@pytest.mark.parametrize("sweep, message", [
+    (Sweep(num_kv_heads=(3,)), "num_kv_heads=3 must divide num_heads=8 of the base model"),
+    (Sweep(num_kv_heads=(16,)), "num_kv_heads=16 must divide num_heads=8 of the base model"),
+    (Sweep(num_kv_heads=(4, 2), uptrain_num_kv_heads=(1,)),
+     "uptrain_num_kv_heads=(1,) needs the MHA arm (num_kv_heads=8) in num_kv_heads=(4, 2): "
+     "it is the source"),
+    (Sweep(num_kv_heads=(8,), uptrain_num_kv_heads=(3,)),
+     "uptrain_num_kv_heads=3 must divide num_heads=8 of the base model"),
+    (Sweep(num_kv_heads=(8,), uptrain_num_kv_heads=(16,)),
+     "uptrain_num_kv_heads=16 must divide num_heads=8 of the base model"),
+])
+def test_plan_refuses_arms_it_cannot_build(sweep, message):
+  with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+    sweep_lib.plan(sweep, base())
+
+
+def test_matched_arms_widen_the_ffn_to_the_mha_parameter_count():
+  mcfg = base()
+  arms = sweep_lib.plan(Sweep(num_kv_heads=(8, 2, 1), match_params=True), mcfg)
+  mha = sweep_lib.param_counts(mcfg)[0]
+  assert arms[0].d_ff == 64
+  for arm in arms[1:]:
+    assert arm.d_ff > 64
+    got = sweep_lib.param_counts(mcfg.replace(num_kv_heads=arm.num_kv_heads, d_ff=arm.d_ff))[0]
+    # The closest d_ff: one more or one less is no closer.
+    for other in (arm.d_ff - 1, arm.d_ff + 1):
+      near = sweep_lib.param_counts(mcfg.replace(num_kv_heads=arm.num_kv_heads, d_ff=other))[0]
+      assert abs(got - mha) <= abs(near - mha)
+  with pytest.raises(ValueError, match=re.escape(
+      "match_params: num_kv_heads=1 cannot match the MHA arm's 100 parameters within 1% by "
+      "d_ff (best d_ff=1: ")):
+    sweep_lib.matched_d_ff(mcfg.replace(num_kv_heads=1), 100)
+
+
+def test_param_counts_split_out_the_attention():
+  """(all, attention): per layer q / o are D x N x H, k / v D x K x H; the rest is the
+  embedding, the MLP and the norms."""
+  D, N, K, H, F, V = 32, 8, 2, 4, 64, 40
+  attn = D * N * H * 2 + D * K * H * 2
+  rest = V * D + 3 * D * F + 2 * D + D  # tied embedding, SwiGLU, two norms, the final norm
+  assert sweep_lib.param_counts(base(num_kv_heads=K)) == (attn + rest, attn)
+
+
+def train(**kw):
+  return TrainConfig(**{"steps": 1000, "warmup_steps": 100, "log_every": 50, **kw})
+
+
+def test_a_scratch_run_keeps_the_base_schedule_and_takes_the_seed():
+  sweep = Sweep(curve_points=8)
+  arm = Arm("gqa2", 2, d_ff=96)
+  m, d, t = sweep_lib.run_configs(sweep, arm, 3, base(), DataConfig(seed=0), train())
+  assert (m.num_kv_heads, m.d_ff, d.seed, t.seed) == (2, 96, 3, 3)
+  assert (t.steps, t.warmup_steps, t.log_every, t.progress) == (1000, 100, 50, False)
+  assert t.eval_every == 1000 // 8
+  _, _, t = sweep_lib.run_configs(sweep, arm, 3, base(), DataConfig(), train(eval_every=7))
+  assert t.eval_every == 7
+  _, _, t = sweep_lib.run_configs(Sweep(curve_points=50), arm, 0, base(), DataConfig(),
+                                  train(steps=20, warmup_steps=2))
+  assert t.eval_every == 1
+
+
+def test_an_uptrain_run_is_a_fraction_of_the_steps_and_warmup():
+  sweep = Sweep(uptrain_fraction=0.05, curve_points=10)
+  arm = Arm("uptrain-mean-mqa", 1, "uptrain", "mean", 64)
+  _, _, t = sweep_lib.run_configs(sweep, arm, 0, base(), DataConfig(), train())
+  assert (t.steps, t.warmup_steps, t.eval_every) == (50, 5, 5)
+  assert t.log_every == 50 // 4  # a few throughput windows after the first
+  _, _, t = sweep_lib.run_configs(sweep, arm, 0, base(), DataConfig(), train(log_every=3))
+  assert t.log_every == 3
+  _, _, t = sweep_lib.run_configs(sweep, arm, 0, base(), DataConfig(), train(log_every=0))
+  assert t.log_every == 0
+  # The warmup leaves at least one step after it; inverse_sqrt needs one warmup step.
+  _, _, t = sweep_lib.run_configs(Sweep(uptrain_fraction=0.5), arm, 0, base(), DataConfig(),
+                                  train(steps=10, warmup_steps=20))
+  assert (t.steps, t.warmup_steps) == (5, 4)
+  _, _, t = sweep_lib.run_configs(Sweep(uptrain_fraction=0.001), arm, 0, base(), DataConfig(),
+                                  train(steps=1000, warmup_steps=100, schedule="inverse_sqrt"))
+  assert (t.steps, t.warmup_steps) == (1, 1)
+  _, _, t = sweep_lib.run_configs(Sweep(uptrain_fraction=0.001), arm, 0, base(), DataConfig(),
+                                  train(steps=1000, warmup_steps=100))
+  assert (t.steps, t.warmup_steps) == (1, 0)
+  assert sweep_lib.uptrain_steps(Sweep(uptrain_fraction=0.001), train(steps=100)) == 1
+
+
+def test_results_live_under_arms_name_seed(tmp_path):
+  out = str(tmp_path)
+  assert sweep_lib.run_dir(out, Arm("mqa", 1), 2) == os.path.join(out, "arms", "mqa", "seed_2")
+  assert sweep_lib.run_dir(out, "mqa", 2) == sweep_lib.run_dir(out, Arm("mqa", 1), 2)
+  assert sweep_lib.read_result(out, "mqa", 2) is None
+  os.makedirs(sweep_lib.run_dir(out, "mqa", 2))
+  path = os.path.join(sweep_lib.run_dir(out, "mqa", 2), "result.json")
+  sweep_lib._write_json(path, {"b": 1, "a": [2]})
+  assert sweep_lib.read_result(out, "mqa", 2) == {"a": [2], "b": 1}
+  assert not os.path.exists(path + ".tmp")
+  with open(path) as f:
+    assert f.read() == json.dumps({"a": [2], "b": 1}, indent=1, sort_keys=True)
+
+
+def test_wall_time_adds_up_over_resumed_invocations(tmp_path):
+  workdir = str(tmp_path / "new" / "run")
+  assert sweep_lib._add_wall(workdir, 1.5) == 1.5
+  assert sweep_lib._add_wall(workdir, 2.25) == 3.75
+  with open(os.path.join(workdir, "wall_time_s")) as f:
+    assert f.read() == "3.750"
+
+
+@pytest.mark.parametrize("seconds, text", [(0, "0m00s"), (59.4, "0m59s"), (59.6, "1m00s"),
+                                           (61, "1m01s"), (3599, "59m59s"), (3600, "1h00m"),
+                                           (3661, "1h01m"), (90061, "25h01m")])
+def test_durations_print_as_minutes_or_hours(seconds, text):
+  assert sweep_lib._fmt_s(seconds) == text
+
+
+def test_eval_records_keep_the_last_record_of_each_step(tmp_path):
+  assert sweep_lib._eval_records(str(tmp_path)) == {}
+  lines = [{"step": 10, "split": "eval", "loss": 3.0}, {"step": 10, "split": "train", "loss": 9},
+           {"step": 20, "split": "eval", "loss": 2.0}, {"step": 10, "split": "eval", "loss": 2.5}]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+  got = sweep_lib._eval_records(str(tmp_path))
+  assert sorted(got) == [10, 20]
+  assert (got[10]["loss"], got[20]["loss"]) == (2.5, 2.0)

@@ -406,3 +406,78 @@ def test_explicit_prompt_lengths_keep_trailing_pad_ids_as_tokens():
   assert_greedy(decoder_forward(name, varied=True), room, [3, 2], got)
   inferred = np.asarray(attnlab.generate(model, prompt[:1], max_new_tokens=6, eos_id=None))
   assert not np.array_equal(inferred[0], got[0])
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "paged"])
+def test_explicit_positions_rotate_the_cached_queries_and_keys(kind):
+  """With a cache, explicit positions only rotate (RoPE): positions 0, 2, 4, ... (a gap
+  between every two tokens, which no shift of 0, 1, 2, ... imitates) give the uncached
+  forward's logits at those positions; the default (the rows) gives other ones."""
+  name = "mha_rope"
+  model = decoder_model(name)
+  gapped = lambda m, t, seg, c: m(t, segment_ids_BT=seg, cache=c, positions_BT=2 * (
+      c[0].self_attn.lengths_B[:, None] + jnp.arange(t.shape[1], dtype=jnp.int32)[None]))
+  got, _ = cached_logits(model, kind, TOKENS, LENGTHS, forward=gapped)
+  positions = jnp.broadcast_to(2 * jnp.arange(TOTAL, dtype=jnp.int32), TOKENS.shape)
+  want = np.asarray(nnx.jit(lambda m, t, p: m(t, positions_BT=p))(model, TOKENS, positions))
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  assert np.abs(want - decoder_forward(name)(TOKENS)).max() > 1e-2
+
+
+def test_explicit_target_positions_reach_a_cached_encoder_decoder():
+  """The same for the decoder of an encoder-decoder with sinusoidal positions (added to the
+  embeddings): cached steps at target positions 0, 2, 4, ... give the uncached forward's
+  logits at those positions."""
+  name = "paper_gqa"
+  model = encdec_model(name)
+  src_j = jnp.asarray(SRC)
+  gapped = lambda m, t, seg, c: m(src_j, t, tgt_segment_ids_BT=seg, cache=c, tgt_positions_BT=2 * (
+      c[0].self_attn.lengths_B[:, None] + jnp.arange(t.shape[1], dtype=jnp.int32)[None]))
+  got, _ = cached_logits(model, "contiguous", TGT, LENGTHS, forward=gapped)
+  positions = jnp.broadcast_to(2 * jnp.arange(TOTAL, dtype=jnp.int32), TGT.shape)
+  want = np.asarray(nnx.jit(lambda m, s, t, p: m(s, t, tgt_positions_BT=p))(
+      model, src_j, jnp.asarray(TGT), positions))
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  assert np.abs(want - encdec_forward(name)(SRC, TGT)).max() > 1e-2
+
+
+def test_explicit_source_segment_ids_reach_the_encoder_and_the_cross_cache():
+  """``src_segment_ids_BS`` given to a cached call (which encodes the source into the
+  cross-attention K/V) masks what it says, as in the uncached forward: here the last
+  three real tokens of row 0, which the pad-derived default would keep."""
+  name = "paper_gqa"
+  model = encdec_model(name)
+  seg = (SRC != 0).astype(np.int32)
+  seg[0, -3:] = 0
+  src_j, seg_j = jnp.asarray(SRC), jnp.asarray(seg)
+  forward = lambda m, t, s, c: m(src_j, t, src_segment_ids_BS=seg_j, tgt_segment_ids_BT=s,
+                                 cache=c)
+  got, _ = cached_logits(model, "contiguous", TGT, LENGTHS, forward=forward)
+  want = np.asarray(nnx.jit(lambda m, s, t, g: m(s, t, src_segment_ids_BS=g))(
+      model, src_j, jnp.asarray(TGT), seg_j))
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  default = encdec_forward(name)(SRC, TGT)
+  assert np.abs(want[0] - default[0]).max() > 1e-2
+  np.testing.assert_allclose(want[1], default[1], atol=1e-5, rtol=1e-5)
+  cross = model.cross_cache(src_j, src_segment_ids_BS=seg_j)
+  encoded = model.encode(src_j, src_segment_ids_BS=seg_j)
+  for block, got_kv in zip(model.decoder.layers, cross, strict=True):
+    want_kv = block.cross_attn.cross_kv(encoded, seg_j)
+    for a, b in zip(jax.tree.leaves(got_kv), jax.tree.leaves(want_kv), strict=True):
+      np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_a_cross_attention_block_without_its_cross_cache_says_what_to_do():
+  model = encdec_model("paper_gqa")
+  cache = cache_lib.init_cache(model.cfg, "contiguous", 2, 4)
+  message = ("a decoder block with cross-attention needs cache.cross_attn "
+             "(EncoderDecoder.cross_cache(src_BS))")
+  with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+    model.decode(jnp.asarray(TGT[:, :2]), None, src_segment_ids_BS=None, cache=cache)
+
+
+def test_a_cache_of_another_number_of_layers_is_refused():
+  model = decoder_model("mha_rope")  # 2 layers
+  cache = cache_lib.init_cache(model.cfg, "contiguous", 2, 4)
+  with pytest.raises(ValueError, match=re.escape("zip() argument 2 is shorter than argument 1")):
+    model(jnp.asarray(TOKENS[:, :2]), cache=cache[:1])

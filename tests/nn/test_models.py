@@ -1,5 +1,7 @@
 """The models: head sharing, causality, padding, norms, and that they learn."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -164,6 +166,20 @@ def test_model_with_other_attention_impl_matches_reference(impl):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+def dot_operand_dtypes(jaxpr):
+  """The operand dtypes of every ``dot_general`` in a jaxpr, its sub-jaxprs included."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      found.append(tuple(str(v.aval.dtype) for v in eqn.invars))
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, tuple | list) else (value,):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          found += dot_operand_dtypes(sub)
+  return found
+
+
 def test_bfloat16_compute_keeps_float32_params():
   model = build(dtype="bfloat16")
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
@@ -172,6 +188,183 @@ def test_bfloat16_compute_keeps_float32_params():
   out = run(model, x)
   assert out.dtype == jnp.float32
   np.testing.assert_allclose(out, run(fp32, x), atol=0.1)
+
+
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_bfloat16_compute_runs_every_matmul_in_bfloat16(arch):
+  """dtype='bfloat16': every projection, both attention products and the logits multiply
+  bfloat16 by bfloat16 (float32 parameters are cast), in both stacks of an encoder-decoder.
+  A layer that missed the dtype would multiply in float32."""
+  L = TINY["num_layers"]
+  extra = {"num_encoder_layers": 1, "mlp": "relu"} if arch == "encoder_decoder" else {}
+  model = build(arch=arch, dtype="bfloat16", attention_impl="reference", **extra)
+  graphdef, state = nnx.split(model)
+  x = tokens(2, 8)
+  call = lambda st: nnx.merge(graphdef, st)(*((x,) if arch == "decoder_only" else (x, x)))
+  dots = dot_operand_dtypes(jax.make_jaxpr(call)(state).jaxpr)
+  # q, k, v, o, scores, weighted values; swiglu 3 matmuls, relu 2; the logits.
+  want = L * (6 + 3) + 1 if arch == "decoder_only" else 1 * (6 + 2) + L * (12 + 2) + 1
+  assert dots == [("bfloat16", "bfloat16")] * want
+
+
+@pytest.mark.parametrize("pos", ["sinusoidal", "learned"])
+def test_positions_are_added_in_the_activation_dtype(pos):
+  stack = build(pos=pos, dtype="bfloat16").decoder
+  x_BTD = jnp.ones((2, 5, TINY["d_model"]), jnp.bfloat16)
+  out = stack.add_positions(x_BTD, jnp.broadcast_to(jnp.arange(5), (2, 5)))
+  assert out.dtype == jnp.bfloat16
+
+
+# The logical axes of every parameter (training/sharding.py maps them to the mesh), by the
+# last two names of its path; norm scales and offsets are ("embed",).
+PARAM_AXES = {
+    ("q_proj", "w"): ("embed", "heads", "head_dim"), ("q_proj", "b"): ("heads", "head_dim"),
+    ("k_proj", "w"): ("embed", "kv_heads", "head_dim"), ("k_proj", "b"): ("kv_heads", "head_dim"),
+    ("v_proj", "w"): ("embed", "kv_heads", "head_dim"), ("v_proj", "b"): ("kv_heads", "head_dim"),
+    ("o_proj", "w"): ("heads", "head_dim", "embed"), ("o_proj", "b"): ("embed",),
+    ("up_proj", "w"): ("embed", "mlp"), ("up_proj", "b"): ("mlp",),
+    ("gate_proj", "w"): ("embed", "mlp"), ("gate_proj", "b"): ("mlp",),
+    ("down_proj", "w"): ("mlp", "embed"), ("down_proj", "b"): ("embed",),
+    ("embedder", "embed_tokens"): ("vocab", "embed"), ("embedder", "lm_head"): ("embed", "vocab"),
+    ("learned_positions", "embed_positions"): (None, "embed"),
+}
+EVERY_PARAM = {
+    "decoder_only": dict(pos="learned", mlp="swiglu", tie_embeddings=False, use_bias=True),
+    "encoder_decoder": dict(num_encoder_layers=1, mlp="relu", norm="layernorm", use_bias=True),
+}
+
+
+@pytest.mark.parametrize("arch", EVERY_PARAM)
+def test_every_parameter_has_the_param_dtype_its_logical_axes_and_a_fan_in_init(arch):
+  """param_dtype reaches every parameter (the learned position table included); each
+  names its logical axes; each projection weight has std 1 / sqrt(fan-in) (F != D, so a
+  fan-in taken over the wrong axis shows)."""
+  D, N, K, H, F = 64, 4, 2, 16, 96
+  model = attnlab.build_model(ModelConfig(
+      arch=arch, vocab_size=40, d_model=D, num_heads=N, num_kv_heads=K, head_dim=H, d_ff=F,
+      num_layers=1, max_len=32, param_dtype="bfloat16", **EVERY_PARAM[arch]), rngs=nnx.Rngs(0))
+  fan_in = dict(q_proj=D, k_proj=D, v_proj=D, o_proj=N * H, up_proj=D, gate_proj=D, down_proj=F)
+  seen = set()
+  for path, p in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    names = tuple(map(str, path))
+    axes = ("embed",) if names[-1] in ("scale", "bias") else PARAM_AXES[names[-2:]]
+    assert (p.dtype, p.get_metadata()["axes"]) == (jnp.bfloat16, axes), names
+    if names[-1] == "w":
+      w = np.asarray(p.get_value().astype(jnp.float32), np.float64)
+      assert abs(w.std() * np.sqrt(fan_in[names[-2]]) - 1) < 0.1, (names, w.std())
+    seen.add(names[-2] if names[-1] in ("w", "b") else names[-1])
+  projections = {"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"}
+  if arch == "decoder_only":
+    assert seen >= projections | {"gate_proj", "embed_positions", "embed_tokens", "lm_head"}
+  else:
+    assert seen >= projections and "gate_proj" not in seen
+    assert any("cross_attn" in map(str, path) for path, _ in
+               nnx.to_flat_state(nnx.state(model, nnx.Param)))
+
+
+def test_count_params_is_the_hand_count():
+  """Untied SwiGLU decoder, no biases, RMSNorm: embeddings + lm_head, per layer q, k, v, o,
+  three MLP matrices and two norm scales, then the final norm; learned positions add a
+  max_len x D table, RoPE nothing. Only parameters count (not the RNG state)."""
+  V, D, L, N, K, H, F = 32, 32, 2, 4, 2, 8, 64
+  hand = 2 * V * D + L * (D * N * H + 2 * D * K * H + N * H * D + 3 * D * F + 2 * D) + D
+  kw = dict(num_kv_heads=K, tie_embeddings=False, dropout_rate=0.1)
+  assert attnlab.count_params(build(**kw)) == hand
+  assert attnlab.count_params(build(pos="learned", **kw)) == hand + TINY["max_len"] * D
+
+
+def test_models_refuse_another_architecture_by_name():
+  enc_dec = ModelConfig(**TINY, arch="encoder_decoder", num_encoder_layers=1)
+  with pytest.raises(ValueError, match=re.escape(
+      "DecoderOnly needs arch='decoder_only', got arch='encoder_decoder'")):
+    attnlab.DecoderOnly(enc_dec, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=re.escape(
+      "EncoderDecoder needs arch='encoder_decoder', got arch='decoder_only'")):
+    attnlab.EncoderDecoder(ModelConfig(**TINY), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="^build_model needs a ModelConfig, got dict$"):
+    attnlab.build_model(dict(TINY), rngs=nnx.Rngs(0))
+
+
+def test_residual_and_embedding_dropout_drop_in_training_only():
+  """dropout_rate: a model in training mode draws new masks on every call (so two calls
+  differ from each other and from the dropout-free model); in eval mode it is that model."""
+  model, plain = build(dropout_rate=0.3), build()
+  x = tokens(2, 8)
+  want = np.asarray(run(plain, x))
+  first, second = np.asarray(run(model, x)), np.asarray(run(model, x))
+  assert not np.allclose(first, want, atol=1e-3) and not np.allclose(first, second, atol=1e-3)
+  model.eval()
+  np.testing.assert_allclose(run(model, x), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_remat_recomputes_the_same_logits_and_gradients(arch):
+  """remat=True (each block's activations recomputed in the backward pass) changes no
+  number: the same logits and gradients as without it, on packed documents at gapped
+  positions (decoder-only) and a padded source with a padded target (encoder-decoder)."""
+  extra = {"num_encoder_layers": 2} if arch == "encoder_decoder" else {}
+  plain, remat = build(arch=arch, **extra), build(arch=arch, remat=True, **extra)
+  x = tokens(2, 8)
+  if arch == "decoder_only":
+    seg = jnp.array([[1] * 8, [1] * 3 + [2] * 5])
+    pos = jnp.array([[0, 1, 2, 5, 6, 7, 8, 9], [0, 1, 2, 0, 1, 2, 3, 4]])
+    forward = lambda m: m(x, positions_BT=pos, segment_ids_BT=seg)
+  else:
+    src = x.at[1, 5:].set(0)
+    tgt_seg = jnp.array([[1] * 8, [1] * 6 + [0] * 2])
+    forward = lambda m: m(src, x, tgt_segment_ids_BT=tgt_seg)
+  loss = lambda m: jnp.mean(jax.nn.log_softmax(forward(m))[..., 3])
+  (l_plain, g_plain), (l_remat, g_remat) = [
+      nnx.jit(nnx.value_and_grad(loss))(m) for m in (plain, remat)]
+  np.testing.assert_allclose(nnx.jit(forward)(remat), nnx.jit(forward)(plain), atol=1e-6)
+  np.testing.assert_allclose(l_remat, l_plain, atol=1e-6)
+  for a, b in zip(jax.tree.leaves(g_remat), jax.tree.leaves(g_plain), strict=True):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  # The inputs reach the blocks: other segment ids change the logits.
+  assert not np.allclose(nnx.jit(forward)(remat), nnx.jit(
+      lambda m: m(x) if arch == "decoder_only" else m(src, x))(remat), atol=1e-3)
+
+
+def test_activations_declare_their_logical_axes_inside_activation_sharding():
+  """Under ``activation_sharding`` (the training steps' trace) the embedding table, the
+  embedded tokens, every block's output and the logits name their logical axes; outside it
+  nothing is constrained."""
+  from attnlab.nn.partitioning import activation_sharding
+
+  declared = []
+
+  def resolve(axes, shape):
+    declared.append((axes, tuple(shape)))
+    return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+  model = build(arch="encoder_decoder", num_encoder_layers=1)
+  graphdef, state = nnx.split(model)
+  x = tokens(2, 8)
+  want = run(model, x, x)
+  with activation_sharding(resolve):
+    got = jax.jit(lambda st: nnx.merge(graphdef, st)(x, x))(state)
+  np.testing.assert_array_equal(got, want)
+  D, V = TINY["d_model"], TINY["vocab_size"]
+  table = (("vocab", None), (V, D))
+  hidden = (("batch", "length", "embed"), (2, 8, D))
+  # The encoder: its table, the embedded source, its one block; the decoder: the table, the
+  # embedded target, its blocks; the logits.
+  assert declared == ([table, hidden, hidden] + [table, hidden] + [hidden] * TINY["num_layers"]
+                      + [(("batch", "length", "vocab"), (2, 8, V))])
+  declared.clear()
+  jax.jit(lambda st: nnx.merge(graphdef, st)(x, x))(state)  # a new trace, outside
+  assert declared == []
+
+
+def test_mlp_defaults_to_swiglu_without_biases_and_names_the_kinds():
+  from attnlab.nn.mlp import MLP
+
+  mlp = MLP(8, 16, rngs=nnx.Rngs(0))
+  assert mlp.kind == "swiglu" and mlp.gate_proj is not None
+  assert mlp.up_proj.b is None and mlp.gate_proj.b is None and mlp.down_proj.b is None
+  with pytest.raises(ValueError, match=re.escape(
+      "mlp kind='geglu' is not one of 'relu', 'gelu', 'swiglu'")):
+    MLP(8, 16, kind="geglu", rngs=nnx.Rngs(0))
 
 
 def overfit(model, batch, loss_fn, steps):

@@ -157,20 +157,31 @@ def run_stack(cfg, params, name, x, allowed, rotary=None, context=None):
   return norm(x, params[name]["norm"]) if cfg.norm_position == "pre" else x
 
 
-def numpy_sequence(cfg, params, src, tgt):
-  """Logits [T, V] of one source / target pair."""
-  real = (src != PAD)[None, :]
-  enc = run_stack(cfg, params, "encoder", embed(cfg, params, "encoder", src), real)
-  causal = np.tril(np.ones((len(tgt), len(tgt)), bool))
-  y = run_stack(cfg, params, "decoder", embed(cfg, params, "decoder", tgt), causal,
-                context=(enc, real))
+def numpy_sequence(cfg, params, src, tgt, src_seg=None, tgt_seg=None, src_pos=None,
+                   tgt_pos=None):
+  """Logits [T, V] of one source / target pair: by default one document each, the source's
+  pad tokens masked. Packed pairs: target document j attends to source document j."""
+  src_seg = (src != PAD).astype(int) if src_seg is None else src_seg
+  tgt_seg = np.ones(len(tgt), int) if tgt_seg is None else tgt_seg
+  # Keys of the query's own segment, never padding (a padding query's row is never read:
+  # it sees the real keys, to stay finite).
+  sees = lambda q, k: np.where(q[:, None] == 0, k[None] != 0,
+                               (q[:, None] == k[None]) & (k[None] != 0))
+  enc = run_stack(cfg, params, "encoder", embed(cfg, params, "encoder", src, src_pos),
+                  sees(src_seg, src_seg))
+  rows = np.arange(len(tgt))
+  causal = sees(tgt_seg, tgt_seg) & (rows[None] <= rows[:, None])
+  y = run_stack(cfg, params, "decoder", embed(cfg, params, "decoder", tgt, tgt_pos), causal,
+                context=(enc, sees(tgt_seg, src_seg)))
   return unembed(cfg, params, y)
 
 
 def numpy_decoder_only(cfg, params, tokens, positions, segments):
-  """Logits [T, V] of one row of packed documents (``segments``; ``positions`` restart per
-  document): a token sees the earlier tokens of its own document, within the window."""
-  p, q = positions[:, None], positions[None, :]
+  """Logits [T, V] of one row of packed documents (``segments``): a token sees the earlier
+  tokens of its own document, within the window. Masks count rows (the library's contract);
+  ``positions`` (any: restarting per document, with gaps) only rotate or add to the
+  embeddings."""
+  p, q = np.arange(len(tokens))[:, None], np.arange(len(tokens))[None, :]
   allowed = (segments[:, None] == segments[None, :]) & (q <= p)
   if cfg.window:
     allowed &= p - q < cfg.window
@@ -219,6 +230,31 @@ def test_encoder_decoder_equals_the_numpy_transformer(name):
   np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("name", CONFIGS)
+def test_packed_encoder_decoder_equals_the_numpy_transformer(name):
+  """Row 0 packs two source / target pairs (segments 1 and 2, positions restarting per
+  document): each target document sees its own earlier tokens and its own source. Row 1 is
+  one pair, its source padded (explicit segment 0) and its target at gapped positions."""
+  cfg = attnlab.ModelConfig(
+      arch="encoder_decoder", vocab_size=19, d_model=16, num_heads=4, num_kv_heads=2, d_ff=24,
+      num_layers=2, num_encoder_layers=2, pos="sinusoidal", use_bias=True, norm_eps=1e-5,
+      pad_id=PAD, attention_impl="reference", **CONFIGS[name])
+  model, params = randomized(cfg)
+  rng = np.random.default_rng(4)
+  src = rng.integers(1, cfg.vocab_size, (B, S))
+  tgt = rng.integers(1, cfg.vocab_size, (B, T))
+  src_seg = np.array([[1, 1, 1, 2, 2, 2, 2], [1, 1, 1, 1, 1, 0, 0]])
+  tgt_seg = np.array([[1, 1, 2, 2, 2, 2], [1] * T])
+  src_pos = np.array([[0, 1, 2, 0, 1, 2, 3], list(range(S))])
+  tgt_pos = np.array([[0, 1, 0, 1, 2, 3], [0, 1, 2, 5, 6, 7]])
+  got = jax.jit(lambda m, *a: m(a[0], a[1], src_segment_ids_BS=a[2], tgt_segment_ids_BT=a[3],
+                                src_positions_BS=a[4], tgt_positions_BT=a[5]))(
+      model, *map(jnp.asarray, (src, tgt, src_seg, tgt_seg, src_pos, tgt_pos)))
+  want = np.stack([numpy_sequence(cfg, params, *row) for row in
+                   zip(src, tgt, src_seg, tgt_seg, src_pos, tgt_pos, strict=True)])
+  np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
+
+
 DECODER_CONFIGS = {
     # RoFormer's adjacent pairs, a sliding window of 3, SwiGLU, RMSNorm, no biases.
     "rope_adjacent_window": dict(pos="rope", rope_pairing="adjacent", rope_theta=500.0,
@@ -239,9 +275,10 @@ def test_decoder_only_equals_the_numpy_transformer(name):
                             attention_impl="reference", **kw)
   model, params = randomized(cfg)
   tokens = np.random.default_rng(3).integers(0, cfg.vocab_size, (B, T))
-  # Row 0 one document at positions 0..T-1; row 1 two packed documents, positions restarting.
+  # Row 0 one document at positions with a gap (0, 1, 2, 5, 6, 7: the masks count rows, the
+  # positions rotate or add); row 1 two packed documents, positions restarting.
   segments = np.array([[1] * T, [1] * 4 + [2] * (T - 4)])
-  positions = np.array([list(range(T)), list(range(4)) + list(range(T - 4))])
+  positions = np.array([[0, 1, 2, 5, 6, 7], list(range(4)) + list(range(T - 4))])
   got = jax.jit(lambda m, t, p, s: m(t, positions_BT=p, segment_ids_BT=s))(
       model, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segments))
   want = np.stack([numpy_decoder_only(cfg, params, *row)

@@ -7,6 +7,7 @@ checked against a value worked out from n-gram counts by hand."""
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -153,6 +154,7 @@ def test_validation_loss_is_token_weighted_over_the_batches():
   out = eval_lib.validation_loss(eval_step, "P", ["a", "b"], lambda b: b)
   assert out == {"loss": 2.0, "perplexity": pytest.approx(math.exp(2.0)), "tokens": 4.0}
   assert seen == [("P", "a"), ("P", "b")]
+  assert eval_lib.validation_loss(eval_step, "P", ["b"], lambda b: b)["loss"] == 2.0  # 1 token
   assert eval_lib.validation_loss(eval_step, "P", [], lambda b: b)["loss"] == 0.0
 
 
@@ -165,7 +167,8 @@ def test_decode_batches_asks_generate_for_room_to_the_row_width(monkeypatch, arc
 
   calls = []
 
-  def generate(model, prompt, **kw):
+  def generate(model_arg, prompt, **kw):
+    assert model_arg is model
     calls.append((prompt, kw))
     return np.array([[9, EOS, 4], [EOS, 9, 9]])
 
@@ -212,6 +215,27 @@ def test_seq2seq_metrics_without_bleu_writes_its_folder_and_counts_nothing_on_no
   assert rows == [{"source": "a", "reference": "bc", "prediction": "bc"},
                   {"source": "d", "reference": "e", "prediction": "f"}]
   assert eval_lib.seq2seq_metrics([], tok, bleu=False) == {"exact_match": 0.0}
+  assert eval_lib.seq2seq_metrics(ex[:1], tok, bleu=False) == {"exact_match": 1.0}
+
+
+def test_predictions_are_utf8_text_and_bleu_without_sacrebleu_says_what_to_install(
+    tmp_path, monkeypatch):
+  import sys
+
+  from attnlab.extras import MissingDependencyError
+
+  tok = ByteTokenizer()
+  ex = [{"source": tok.encode("thé"), "reference": list(tok.encode("café crème")),
+         "prediction": list(tok.encode("café"))}]
+  path = tmp_path / "p.jsonl"
+  eval_lib.seq2seq_metrics(ex, tok, bleu=False, predictions_path=str(path))
+  assert path.read_bytes().decode("utf-8") == (
+      '{"source": "thé", "reference": "café crème", "prediction": "café"}\n')
+  monkeypatch.setitem(sys.modules, "sacrebleu", None)  # import sacrebleu raises ImportError
+  with pytest.raises(MissingDependencyError, match="^" + re.escape(
+      "task='tsv' (BLEU in eval) needs the sacrebleu package: pip install sacrebleu (a "
+      "dependency of attnlab: reinstall it)") + "$"):
+    eval_lib.seq2seq_metrics(ex, tok, bleu=True)
 
 
 def test_host_params_are_numpy_copies():

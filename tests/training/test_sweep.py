@@ -29,12 +29,16 @@ def test_default_arms_halve_the_kv_heads_down_to_mqa(num_heads, ks):
 
 
 def test_uptrain_arms_follow_the_scratch_arms_one_per_k_and_method():
-  arms = sweep_lib.plan(Sweep(num_kv_heads=(8, 2), uptrain_num_kv_heads=(2, 1),
-                              uptrain_methods=("mean", "first")), base())
+  """Uptraining arms keep the MHA arm's d_ff (they are converted from it), also when the
+  scratch arms are matched; K = N converts MHA to itself (a sanity arm)."""
+  arms = sweep_lib.plan(Sweep(num_kv_heads=(8, 2), uptrain_num_kv_heads=(2, 1, 8),
+                              uptrain_methods=("mean", "first"), match_params=True), base())
   assert [(a.name, a.num_kv_heads, a.kind, a.method) for a in arms] == [
       ("mha", 8, "scratch", ""), ("gqa2", 2, "scratch", ""),
       ("uptrain-mean-gqa2", 2, "uptrain", "mean"), ("uptrain-first-gqa2", 2, "uptrain", "first"),
-      ("uptrain-mean-mqa", 1, "uptrain", "mean"), ("uptrain-first-mqa", 1, "uptrain", "first")]
+      ("uptrain-mean-mqa", 1, "uptrain", "mean"), ("uptrain-first-mqa", 1, "uptrain", "first"),
+      ("uptrain-mean-mha", 8, "uptrain", "mean"), ("uptrain-first-mha", 8, "uptrain", "first")]
+  assert arms[1].d_ff > 64 and [a.d_ff for a in arms[2:]] == [64] * 6
   assert sweep_lib.mha_arm(arms, base()) == arms[0]
   assert sweep_lib.mha_arm(arms[1:], base()) is None
 
@@ -71,6 +75,10 @@ def test_matched_arms_widen_the_ffn_to_the_mha_parameter_count():
       "match_params: num_kv_heads=1 cannot match the MHA arm's 100 parameters within 1% by "
       "d_ff (best d_ff=1: ")):
     sweep_lib.matched_d_ff(mcfg.replace(num_kv_heads=1), 100)
+  # Below what d_ff=1 gives, by 30%: refused too (the best is 43% off).
+  smallest = sweep_lib.param_counts(mcfg.replace(num_kv_heads=1, d_ff=1))[0]
+  with pytest.raises(ValueError, match="cannot match the MHA arm's"):
+    sweep_lib.matched_d_ff(mcfg.replace(num_kv_heads=1), int(0.7 * smallest))
 
 
 def test_param_counts_split_out_the_attention():
@@ -98,6 +106,9 @@ def test_a_scratch_run_keeps_the_base_schedule_and_takes_the_seed():
   _, _, t = sweep_lib.run_configs(Sweep(curve_points=50), arm, 0, base(), DataConfig(),
                                   train(steps=20, warmup_steps=2))
   assert t.eval_every == 1
+  _, _, t = sweep_lib.run_configs(sweep, arm, 0, base(), DataConfig(),
+                                  train(steps=20, warmup_steps=2, log_every=10))
+  assert t.log_every == 10  # a scratch run logs as the base says
 
 
 def test_an_uptrain_run_is_a_fraction_of_the_steps_and_warmup():
@@ -110,6 +121,9 @@ def test_an_uptrain_run_is_a_fraction_of_the_steps_and_warmup():
   assert t.log_every == 3
   _, _, t = sweep_lib.run_configs(sweep, arm, 0, base(), DataConfig(), train(log_every=0))
   assert t.log_every == 0
+  _, _, t = sweep_lib.run_configs(Sweep(uptrain_fraction=0.005), arm, 0, base(), DataConfig(),
+                                  train(log_every=3))
+  assert (t.steps, t.log_every) == (5, 1)
   # The warmup leaves at least one step after it; inverse_sqrt needs one warmup step.
   _, _, t = sweep_lib.run_configs(Sweep(uptrain_fraction=0.5), arm, 0, base(), DataConfig(),
                                   train(steps=10, warmup_steps=20))
@@ -147,7 +161,8 @@ def test_wall_time_adds_up_over_resumed_invocations(tmp_path):
 
 @pytest.mark.parametrize("seconds, text", [(0, "0m00s"), (59.4, "0m59s"), (59.6, "1m00s"),
                                            (61, "1m01s"), (3599, "59m59s"), (3600, "1h00m"),
-                                           (3661, "1h01m"), (90061, "25h01m")])
+                                           (3661, "1h01m"), (7140, "1h59m"),
+                                           (90061, "25h01m")])
 def test_durations_print_as_minutes_or_hours(seconds, text):
   assert sweep_lib._fmt_s(seconds) == text
 

@@ -3,6 +3,7 @@ host devices (in a subprocess: the device count is fixed at jax import)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -36,6 +37,101 @@ def test_mesh_shape_resolution():
   assert dict(sharding.make_mesh((1, 1, 1)).shape) == {"data": 1, "fsdp": 1, "tensor": 1}
   assert jax.device_count() >= 1
 
+
+
+class _Mesh:
+  def __init__(self, data, fsdp, tensor):
+    self.shape = {"data": data, "fsdp": fsdp, "tensor": tensor}
+
+
+@pytest.mark.parametrize("mesh, axes, shape, want", [
+    # The batch goes over data x fsdp, or over whichever of them is larger than 1.
+    ((2, 2, 2), ("batch", "length", "embed"), (8, 5, 4), P(("data", "fsdp"), None, None)),
+    ((1, 4, 2), ("batch", "length", "embed"), (8, 5, 4), P("fsdp", None, None)),
+    ((4, 1, 2), ("batch", "length", "vocab"), (8, 5, 6), P("data", None, "tensor")),
+    # data x fsdp = 4 must divide the batch; otherwise it is replicated.
+    ((2, 2, 1), ("batch",), (6,), P(None)),
+    # A mesh axis is used once per array: embed takes fsdp after the batch did not.
+    ((2, 2, 2), ("embed", "mlp"), (32, 64), P("fsdp", "tensor")),
+    ((1, 2, 4), ("heads", "kv_heads", "head_dim"), (8, 8, 4), P("tensor", None, None)),
+    ((2, 2, 2), ("batch", "embed"), (4, 4), P(("data", "fsdp"), None)),
+    # Axes of size 1 shard nothing; unknown names and None replicate.
+    ((8, 1, 1), ("embed", "heads", "mlp", "vocab"), (8, 8, 8, 8), P(None, None, None, None)),
+    ((2, 2, 2), ("nope", None, "length", "head_dim"), (8, 8, 8, 8), P(None, None, None, None)),
+    ((1, 1, 8), ("vocab", "embed"), (259, 32), P(None, None)),
+    ((1, 1, 8), ("embed", "vocab"), (32, 264), P(None, "tensor")),
+])
+def test_logical_to_spec_table(mesh, axes, shape, want):
+  assert sharding.logical_to_spec(axes, shape, _Mesh(*mesh)) == want
+
+
+@pytest.mark.parametrize("shape, n, message", [
+    ((-1, 3, 1), 8, "mesh_shape=(-1, 3, 1) does not divide 8 devices"),
+    ((2, 2, 4), 8, "mesh_shape=(2, 2, 4) needs 16 devices, only 8 exist"),
+    ((2, -1, 1), 1, "mesh_shape=(2, -1, 1) does not divide 1 devices"),
+])
+def test_mesh_shape_errors_name_the_shape_and_the_devices(shape, n, message):
+  with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+    sharding.resolve_mesh_shape(shape, n)
+
+
+def test_mesh_shape_fills_the_one_unknown_axis_and_may_use_fewer_devices():
+  filled = sharding.resolve_mesh_shape((1, 1, -1), 8)
+  assert filled == (1, 1, 8) and all(type(n) is int for n in filled)
+  assert sharding.resolve_mesh_shape([2, 1, 2], 8) == (2, 1, 2)  # 4 of the 8
+  assert sharding.resolve_mesh_shape((1, 1, 1), 1) == (1, 1, 1)
+  mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+  assert mesh.axis_names == ("data", "fsdp", "tensor")
+  assert list(mesh.devices.flat) == jax.devices()[:1]
+
+
+def test_param_shardings_read_each_variables_axes():
+  """From each Variable's ``axes`` (none: replicated), in the parameters' tree structure;
+  optimizer state: copies of the parameters sharded alike, every other leaf (counts)
+  replicated."""
+  from flax import nnx
+
+  mesh = sharding.make_mesh((1, 1, 1))
+  params = {"w": nnx.Param(np.ones((4, 8)), axes=("embed", "mlp")),
+            "b": nnx.Param(np.ones((8,))), "n": np.int32(3)}
+  out = sharding.param_shardings(params, mesh)
+  assert isinstance(out["w"], nnx.Param) and isinstance(out["b"], nnx.Param)
+  assert out["w"].get_value() == jax.sharding.NamedSharding(mesh, P(None, None))
+  assert out["b"].get_value() == sharding.replicated(mesh)
+  assert out["n"] == sharding.replicated(mesh)
+  fake = _Mesh(1, 2, 4)
+  assert sharding.logical_to_spec(("embed", "mlp"), (4, 8), fake) == P("fsdp", "tensor")
+  state = {"mu": {"a": 1, "b": 2}, "nu": {"a": 3, "b": 4}, "count": 5}
+  like = sharding.tree_shardings_like(state, {"a": 0, "b": 0}, "PARAMS", mesh)
+  assert like == {"mu": "PARAMS", "nu": "PARAMS", "count": sharding.replicated(mesh)}
+  assert sharding.batch_sharding(mesh).spec == P(("data", "fsdp"))
+  assert sharding.replicated(mesh).spec == P()
+  resolve = sharding.activation_resolver(mesh)
+  assert resolve(("batch", "embed"), (2, 4)) == jax.sharding.NamedSharding(mesh, P(None, None))
+
+
+@pytest.mark.parametrize("args, env, want", [
+    ((), {}, None),
+    (("host:1234", 1, 0), {}, None),  # one process needs nothing
+    (("host:1234", 2, 1), {}, dict(coordinator_address="host:1234", num_processes=2,
+                                   process_id=1)),
+    ((), {"JAX_COORDINATOR_ADDRESS": "h:9", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"},
+     dict(coordinator_address="h:9", num_processes=4, process_id=3)),
+    ((None, 2, None), {"JAX_COORDINATOR_ADDRESS": "h:9", "JAX_NUM_PROCESSES": "4",
+                       "JAX_PROCESS_ID": "3"},
+     dict(coordinator_address="h:9", num_processes=2, process_id=3)),
+    ((), {"JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"}, None),  # no coordinator
+])
+def test_initialize_distributed_takes_arguments_over_the_environment(monkeypatch, args, env,
+                                                                     want):
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in env.items():
+    monkeypatch.setenv(name, value)
+  assert sharding.initialize_distributed(*args) is (want is not None)
+  assert calls == ([] if want is None else [want])
 
 def test_one_device_and_8_device_mesh_agree(tmp_path):
   script = os.path.join(os.path.dirname(__file__), "mesh_check.py")

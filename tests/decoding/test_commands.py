@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -47,7 +48,8 @@ def test_kv_size_bad_input_exits_2(capsys):
 def workdir(tmp_path_factory):
   """A real (2-step) training run of a tiny model, written by ``attnlab train``."""
   path = tmp_path_factory.mktemp("run") / "w"
-  rc = main(["train", "--gin_file", "configs/lm_stdlib_tiny.gin",
+  gin_file = os.path.join(os.path.dirname(attnlab.__file__), "configs", "lm_stdlib_tiny.gin")
+  rc = main(["train", "--gin_file", gin_file,
              "--gin.TrainConfig.steps=2", "--gin.TrainConfig.checkpoint_every=2",
              "--gin.TrainConfig.log_every=0", "--gin.DataConfig.max_files=2",
              "--gin.DataConfig.batch_size=2", "--gin.DataConfig.seq_len=32",
@@ -70,6 +72,92 @@ def test_decode_from_a_checkpoint(workdir, capsys, tmp_path):
                        "--seed", "3"], capsys)
   assert rc == 0, err
   assert [line.split("\t")[0] for line in out.splitlines()] == ["import os", "x = 1"]
+
+
+def _expected(workdir, prompts, **kw):
+  """What ``attnlab decode`` should print for ``prompts``: ``attnlab.generate`` on the
+  checkpoint with the tokenizer's ids, the rows right-padded, cut at eos, detokenized."""
+  import jax
+
+  from attnlab.config import DecodeConfig
+
+  model, cfg = attnlab.load_checkpoint(workdir)
+  tok = decode_command._tokenizer(workdir)
+  ids = [tok.encode(p) for p in prompts]
+  prompt_BT = np.full((len(ids), max(map(len, ids))), cfg.pad_id, np.int32)
+  for b, x in enumerate(ids):
+    prompt_BT[b, :len(x)] = x
+  d = DecodeConfig()
+  sampling = attnlab.Sampling(temperature=kw.pop("temperature", d.temperature),
+                              top_k=kw.pop("top_k", d.top_k), top_p=kw.pop("top_p", d.top_p))
+  out = np.asarray(attnlab.generate(
+      model, prompt_BT, prompt_lengths_B=np.array([len(x) for x in ids], np.int32),
+      eos_id=tok.eos_id, rng=jax.random.key(kw.pop("seed", d.seed)), sampling=sampling,
+      max_new_tokens=kw.pop("max_new_tokens", d.max_new_tokens), **kw))
+  rows = [list(r[:list(r).index(tok.eos_id)]) if tok.eos_id in r else list(r) for r in out]
+  return [tok.decode(np.asarray(r, np.int32)) for r in rows]
+
+
+def test_decode_prints_what_generate_gives_with_every_flag(workdir, capsys, tmp_path):
+  """The printed completions are ``attnlab.generate``'s with the flags passed on: greedy
+  with one prompt (the completion alone); sampling (temperature, top_k, top_p, seed) with
+  a prompts file ("prompt<TAB>completion"); an int8 cache; the contiguous cache with
+  eos; another checkpoint step."""
+  rc, out, err = _run(["decode", "--workdir", workdir, "--prompt", "def main(",
+                       "--max_new_tokens", "5", "--cache", "paged", "--page_size", "4"], capsys)
+  assert rc == 0, err
+  assert out == _expected(workdir, ["def main("], max_new_tokens=5, cache="paged",
+                          page_size=4)[0] + "\n"
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("import os\n\nx = 1\n")  # the blank line is skipped
+  flags = dict(temperature=0.8, top_k=5, top_p=0.9, seed=3, max_new_tokens=4)
+  argv = ["decode", "--workdir", workdir, "--prompts_file", str(prompts)]
+  for name, value in flags.items():
+    argv += [f"--{name}", str(value)]
+  rc, out, err = _run(argv, capsys)
+  assert rc == 0, err
+  want = _expected(workdir, ["import os", "x = 1"], **flags)
+  assert out.splitlines() == [f"import os\t{want[0]}", f"x = 1\t{want[1]}"]
+  rc, other_seed, _ = _run(argv[:-6] + ["--seed", "4", "--max_new_tokens", "4"], capsys)
+  assert other_seed != out  # the seed reaches the sampler
+  rc, out, err = _run(["decode", "--workdir", workdir, "--prompt", "x", "--max_new_tokens",
+                       "6", "--cache_dtype", "int8", "--cache", "contiguous"], capsys)
+  assert rc == 0, err
+  assert out == _expected(workdir, ["x"], max_new_tokens=6, cache_dtype="int8",
+                          cache="contiguous")[0] + "\n"
+
+
+def test_decode_slots_pass_every_flag_to_generate_requests(workdir, monkeypatch, capsys,
+                                                            tmp_path):
+  from attnlab.decoding import batching
+
+  seen = {}
+  real = batching.generate_requests
+
+  def spy(model, ids, max_new_tokens, **kw):
+    seen.update(kw, ids=ids, max_new_tokens=max_new_tokens)
+    return real(model, ids, max_new_tokens, **kw)
+
+  monkeypatch.setattr(batching, "generate_requests", spy)
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("ab\ncd\n")
+  rc, _, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts),
+                     "--slots", "3", "--page_size", "8", "--num_pages", "5", "--max_new_tokens",
+                     "3", "--cache_dtype", "int8", "--temperature", "0.5", "--top_k", "4",
+                     "--top_p", "0.7", "--seed", "9"], capsys)
+  assert rc == 0, err
+  tok = decode_command._tokenizer(workdir)
+  assert [list(x) for x in seen.pop("ids")] == [list(tok.encode("ab")), list(tok.encode("cd"))]
+  sampling, rng = seen.pop("sampling"), seen.pop("rng")
+  assert (sampling.temperature, sampling.top_k, sampling.top_p) == (0.5, 4, 0.7)
+  import jax
+
+  np.testing.assert_array_equal(jax.random.key_data(rng),
+                                jax.random.key_data(jax.random.key(9)))
+  assert callable(seen.pop("on_result"))
+  assert seen == dict(max_new_tokens=3, slots=3, cache="paged", page_size=8, num_pages=5,
+                      cache_dtype="int8", eos_id=tok.eos_id)
+  assert "\r[" in err and "2/2 requests" in err and err.endswith("\n")
 
 
 @pytest.mark.parametrize("extra,needle", [

@@ -381,3 +381,21 @@ def test_decode_slots_batches_continuously_and_matches_plain_decode(workdir, cap
       plain.splitlines())
   rc, _, err = _run(base + ["--slots", "0"], capsys)
   assert rc == 2 and "--slots=0" in err
+
+
+def test_decode_slots_serves_the_others_and_names_a_request_that_can_never_fit(
+    workdir, capsys, tmp_path):
+  """A prompt longer than the model's max_len cannot be served: the others print, then one
+  line names it, exit status 1."""
+  _, cfg = attnlab.load_checkpoint(workdir)
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("ab\n" + "x" * cfg.max_len + "\ncd\n")
+  rc, out, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts),
+                       "--slots", "2", "--max_new_tokens", "3"], capsys)
+  assert rc == 1
+  assert sorted(int(line.split("\t")[0]) for line in out.splitlines()) == [0, 2]
+  last = err.strip().splitlines()[-1]
+  assert last.startswith("attnlab decode: 1 request(s) can never be served (request 1: prompt of "
+                         f"{cfg.max_len} tokens + max_new_tokens 3 needs {cfg.max_len + 2} "
+                         f"positions, more than the model's max_len={cfg.max_len})"), last
+  assert last.endswith("the other 2 completed")

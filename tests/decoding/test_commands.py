@@ -399,3 +399,44 @@ def test_decode_slots_serves_the_others_and_names_a_request_that_can_never_fit(
                          f"{cfg.max_len} tokens + max_new_tokens 3 needs {cfg.max_len + 2} "
                          f"positions, more than the model's max_len={cfg.max_len})"), last
   assert last.endswith("the other 2 completed")
+
+
+def test_decode_slots_progress_counts_requests_tokens_and_rate(workdir, monkeypatch, capsys,
+                                                               tmp_path):
+  """One progress frame per completed request: a 20-wide bar of the requests done, the
+  requests, the tokens so far and tokens / s (a fake clock: 0.5 s per reading)."""
+  import itertools
+  from types import SimpleNamespace
+
+  from attnlab.decoding import batching
+
+  clock = itertools.count(0.0, 0.5)
+  monkeypatch.setattr(decode_command, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+  lengths, real = [], batching.generate_requests
+
+  def spy(*args, on_result, **kw):  # records each completed request's token count
+    return real(*args, on_result=lambda i, t: (lengths.append(len(t)), on_result(i, t)), **kw)
+
+  monkeypatch.setattr(batching, "generate_requests", spy)
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("a\nbb\nccc\n")
+  rc, out, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts),
+                       "--slots", "1", "--max_new_tokens", "4"], capsys)
+  assert rc == 0, err
+  frames = err.split("\r")[1:]
+  assert err.startswith("\r") and frames[-1].endswith("\n")
+  assert len(out.splitlines()) == len(lengths) == 3
+  done = 0
+  for k, (n, frame) in enumerate(zip(lengths, frames, strict=True), start=1):
+    done += n
+    bar = "#" * (20 * k // 3)
+    assert frame.rstrip("\n") == (f"[{bar:<20}] {k}/3 requests, {done} tokens, "
+                                  f"{done / (0.5 * k):.1f} tok/s"), frame
+
+
+def test_decode_slots_input_errors_exit_2_with_one_line(workdir, capsys):
+  rc, _, err = _run(["decode", "--workdir", workdir, "--prompt", "hi", "--slots", "2",
+                     "--cache", "contiguous", "--num_pages", "4"], capsys)
+  assert rc == 2
+  assert err.strip() == ("attnlab decode: error: num_pages=4 is for cache='paged', got "
+                         "cache='contiguous'"), err

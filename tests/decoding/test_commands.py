@@ -440,3 +440,103 @@ def test_decode_slots_input_errors_exit_2_with_one_line(workdir, capsys):
   assert rc == 2
   assert err.strip() == ("attnlab decode: error: num_pages=4 is for cache='paged', got "
                          "cache='contiguous'"), err
+
+
+class _GenerateSpy:
+  """Stands in for ``decode.generate``: records the call, then runs the real one."""
+
+  def __init__(self, monkeypatch):
+    self.calls = []
+    real = decode_command.generate
+
+    def spy(model, prompt, **kw):
+      self.calls.append((model, np.asarray(prompt), kw))
+      return real(model, prompt, **kw)
+
+    monkeypatch.setattr(decode_command, "generate", spy)
+
+
+def test_decode_hands_every_flag_to_generate(workdir, monkeypatch, capsys, tmp_path):
+  import jax
+
+  from attnlab.config import DecodeConfig
+
+  spy = _GenerateSpy(monkeypatch)
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("abc\nd\n")
+  rc, _, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts),
+                     "--max_new_tokens", "3", "--cache", "paged", "--cache_dtype", "int8",
+                     "--page_size", "8", "--num_pages", "7", "--temperature", "0.5", "--top_k",
+                     "4", "--top_p", "0.7", "--seed", "9"], capsys)
+  assert rc == 0, err
+  (model, prompt, kw), = spy.calls
+  tok = decode_command._tokenizer(workdir)
+  assert model.cfg.arch == "decoder_only"
+  np.testing.assert_array_equal(prompt, [list(tok.encode("abc")),
+                                         list(tok.encode("d")) + [model.cfg.pad_id] * 2])
+  assert prompt.dtype == np.int32
+  np.testing.assert_array_equal(kw.pop("prompt_lengths_B"), [3, 1])
+  sampling, rng = kw.pop("sampling"), kw.pop("rng")
+  assert (sampling.temperature, sampling.top_k, sampling.top_p) == (0.5, 4, 0.7)
+  np.testing.assert_array_equal(jax.random.key_data(rng), jax.random.key_data(jax.random.key(9)))
+  assert kw == dict(max_new_tokens=3, cache="paged", eos_id=tok.eos_id, bos_id=tok.bos_id,
+                    cache_dtype="int8", page_size=8, num_pages=7)
+  spy.calls.clear()
+  rc, _, err = _run(["decode", "--workdir", workdir, "--prompt", "x"], capsys)
+  assert rc == 0, err
+  d = DecodeConfig()
+  (_, _, kw), = spy.calls
+  assert (kw["cache"], kw["max_new_tokens"], kw["cache_dtype"], kw["page_size"],
+          kw["num_pages"]) == (d.cache, d.max_new_tokens, None, d.page_size, d.num_pages)
+  assert (kw["sampling"].temperature, kw["sampling"].top_k, kw["sampling"].top_p) == (
+      d.temperature, d.top_k, d.top_p)
+
+
+@pytest.fixture(scope="module")
+def encdec_workdir(tmp_path_factory):
+  """A real (2-step) training run of a tiny encoder-decoder (the reverse task)."""
+  path = tmp_path_factory.mktemp("run") / "ed"
+  gin_file = os.path.join(os.path.dirname(attnlab.__file__), "configs", "seq2seq_reverse.gin")
+  rc = main(["train", "--gin_file", gin_file, "--gin.TrainConfig.steps=2",
+             "--gin.TrainConfig.checkpoint_every=2", "--gin.TrainConfig.log_every=0",
+             "--gin.TrainConfig.eval_every=0", "--gin.DataConfig.batch_size=2",
+             "--gin.ModelConfig.d_model=16", "--gin.ModelConfig.num_layers=1",
+             "--gin.ModelConfig.num_encoder_layers=1", "--gin.ModelConfig.d_ff=32",
+             "--gin.ModelConfig.num_heads=2", "--workdir", str(path)])
+  assert rc == 0
+  return str(path)
+
+
+def test_decode_an_encoder_decoder_with_beam_search(encdec_workdir, monkeypatch, capsys):
+  """An encoder-decoder decodes from the source (no prompt lengths) with the tokenizer's
+  bos, and takes --beam_size / --length_penalty; --slots needs a decoder-only model."""
+  spy = _GenerateSpy(monkeypatch)
+  base = ["decode", "--workdir", encdec_workdir, "--prompt", "abc", "--max_new_tokens", "4"]
+  rc, out, err = _run(base + ["--beam_size", "3", "--length_penalty", "0.8"], capsys)
+  assert rc == 0, err
+  (model, _, kw), = spy.calls
+  tok = decode_command._tokenizer(encdec_workdir)
+  assert model.cfg.arch == "encoder_decoder" and "prompt_lengths_B" not in kw
+  assert (kw["beam_size"], kw["length_penalty"], kw["bos_id"]) == (3, 0.8, tok.bos_id)
+  spy.calls.clear()
+  rc, _, err = _run(base, capsys)
+  assert rc == 0, err
+  assert "beam_size" not in spy.calls[0][2] and "length_penalty" not in spy.calls[0][2]
+  rc, _, err = _run(base + ["--slots", "2"], capsys)
+  assert rc == 2 and err.strip() == ("attnlab decode: error: --slots=2 needs a decoder-only "
+                                     "checkpoint and no beam search"), err
+
+
+def test_decode_refuses_slots_with_beams_and_unknown_cache_dtypes(workdir, capsys):
+  from attnlab.config import CACHE_DTYPES
+
+  base = ["decode", "--workdir", workdir, "--prompt", "x"]
+  rc, _, err = _run(base + ["--slots", "2", "--beam_size", "2"], capsys)
+  assert rc == 2 and err.strip() == ("attnlab decode: error: --slots=2 needs a decoder-only "
+                                     "checkpoint and no beam search"), err
+  rc, _, err = _run(base + ["--cache_dtype", "int4"], capsys)
+  assert rc == 2 and err.strip() == ("attnlab decode: error: --cache_dtype=int4 is not one of "
+                                     + ", ".join(CACHE_DTYPES)), err
+  rc, _, err = _run(base + ["--max_new_tokens", "0"], capsys)
+  assert rc == 2 and err.strip() == ("attnlab decode: error: max_new_tokens=0 must be a "
+                                     "positive integer"), err

@@ -540,3 +540,30 @@ def test_decode_refuses_slots_with_beams_and_unknown_cache_dtypes(workdir, capsy
   rc, _, err = _run(base + ["--max_new_tokens", "0"], capsys)
   assert rc == 2 and err.strip() == ("attnlab decode: error: max_new_tokens=0 must be a "
                                      "positive integer"), err
+
+
+def test_decode_prompt_sources_and_their_errors(workdir, capsys, tmp_path):
+  """A prompts file: one prompt per non-blank line, trailing spaces kept (only the newline
+  goes); a missing file, a blank file and an empty --prompt are one-line errors; --workdir
+  is required, --step takes a saved step number."""
+  prompts = tmp_path / "p.txt"
+  prompts.write_text("ab  \n   \ncd\n", encoding="utf-8")
+  base = ["decode", "--workdir", workdir, "--max_new_tokens", "2"]
+  rc, out, err = _run(base + ["--prompts_file", str(prompts), "--step", "2"], capsys)
+  assert rc == 0, err
+  assert [line.split("\t")[0] for line in out.splitlines()] == ["ab  ", "cd"]
+  missing = tmp_path / "nope.txt"
+  rc, _, err = _run(base + ["--prompts_file", str(missing)], capsys)
+  assert rc == 2 and err.strip() == (f"attnlab decode: error: cannot read --prompts_file: "
+                                     f"[Errno 2] No such file or directory: '{missing}'"), err
+  (tmp_path / "blank.txt").write_text("\n  \n")
+  rc, _, err = _run(base + ["--prompts_file", str(tmp_path / "blank.txt")], capsys)
+  assert rc == 2 and err.strip() == (f"attnlab decode: error: --prompts_file "
+                                     f"{tmp_path / 'blank.txt'} holds no prompt"), err
+  rc, _, err = _run(base + ["--prompt", ""], capsys)
+  assert rc == 2 and err.strip() == ("attnlab decode: error: the prompt is empty: give at "
+                                     "least one character"), err
+  rc, _, err = _run(["decode", "--prompt", "x"], capsys)
+  assert rc == 2 and "the following arguments are required: --workdir" in err
+  rc, _, err = _run(base + ["--prompt", "x", "--step", "two"], capsys)
+  assert rc == 2 and "--step: invalid int value: 'two'" in err

@@ -410,7 +410,7 @@ def test_decode_slots_progress_counts_requests_tokens_and_rate(workdir, monkeypa
 
   from attnlab.decoding import batching
 
-  clock = itertools.count(0.0, 0.5)
+  clock = itertools.count(100.0, 0.5)  # the rate counts from the first reading
   monkeypatch.setattr(decode_command, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
   lengths, real = [], batching.generate_requests
 
@@ -547,11 +547,14 @@ def test_decode_prompt_sources_and_their_errors(workdir, capsys, tmp_path):
   goes); a missing file, a blank file and an empty --prompt are one-line errors; --workdir
   is required, --step takes a saved step number."""
   prompts = tmp_path / "p.txt"
-  prompts.write_text("ab  \n   \ncd\n", encoding="utf-8")
+  prompts.write_text("ab  \n   \nXcX\n", encoding="utf-8")
   base = ["decode", "--workdir", workdir, "--max_new_tokens", "2"]
   rc, out, err = _run(base + ["--prompts_file", str(prompts), "--step", "2"], capsys)
   assert rc == 0, err
-  assert [line.split("\t")[0] for line in out.splitlines()] == ["ab  ", "cd"]
+  assert [line.split("\t")[0] for line in out.splitlines()] == ["ab  ", "XcX"]
+  rc, _, err = _run(base + ["--prompt", "x", "--temperature", "-1"], capsys)
+  assert rc == 2 and err.strip() == ("attnlab decode: error: temperature=-1.0 must be >= 0 "
+                                     "(0 = greedy)"), err
   missing = tmp_path / "nope.txt"
   rc, _, err = _run(base + ["--prompts_file", str(missing)], capsys)
   assert rc == 2 and err.strip() == (f"attnlab decode: error: cannot read --prompts_file: "

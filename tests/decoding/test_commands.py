@@ -512,12 +512,12 @@ def test_decode_an_encoder_decoder_with_beam_search(encdec_workdir, monkeypatch,
   bos, and takes --beam_size / --length_penalty; --slots needs a decoder-only model."""
   spy = _GenerateSpy(monkeypatch)
   base = ["decode", "--workdir", encdec_workdir, "--prompt", "abc", "--max_new_tokens", "4"]
-  rc, out, err = _run(base + ["--beam_size", "3", "--length_penalty", "0.8"], capsys)
+  rc, out, err = _run(base + ["--beam_size", "2", "--length_penalty", "0.8"], capsys)
   assert rc == 0, err
   (model, _, kw), = spy.calls
   tok = decode_command._tokenizer(encdec_workdir)
   assert model.cfg.arch == "encoder_decoder" and "prompt_lengths_B" not in kw
-  assert (kw["beam_size"], kw["length_penalty"], kw["bos_id"]) == (3, 0.8, tok.bos_id)
+  assert (kw["beam_size"], kw["length_penalty"], kw["bos_id"]) == (2, 0.8, tok.bos_id)
   spy.calls.clear()
   rc, _, err = _run(base, capsys)
   assert rc == 0, err

@@ -165,7 +165,7 @@ def test_decode_slots_pass_every_flag_to_generate_requests(workdir, monkeypatch,
     (["--prompt", ""], "empty"),
     (["--cache", "nope"], "cache='nope'"),
     (["--top_p", "2"], "top_p=2.0"),
-    (["--beam_size", "3"], "encoder-decoder"),
+    (["--beam_size", "2"], "encoder-decoder"),
     (["--cache", "ring"], "window"),
     (["--max_new_tokens", "5000"], "max_len"),
 ])

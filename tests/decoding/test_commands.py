@@ -44,20 +44,25 @@ def test_kv_size_bad_input_exits_2(capsys):
   assert rc == 2 and "required" in err
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-  """A real (2-step) training run of a tiny model, written by ``attnlab train``."""
+def _trained(tmp_path_factory, gin_name, *bindings):
+  """A real (2-step) training run written by ``attnlab train``: the package's gin file
+  ``gin_name`` with ``bindings`` (and a checkpoint at step 2)."""
   path = tmp_path_factory.mktemp("run") / "w"
-  gin_file = os.path.join(os.path.dirname(attnlab.__file__), "configs", "lm_stdlib_tiny.gin")
-  rc = main(["train", "--gin_file", gin_file,
-             "--gin.TrainConfig.steps=2", "--gin.TrainConfig.checkpoint_every=2",
-             "--gin.TrainConfig.log_every=0", "--gin.DataConfig.max_files=2",
-             "--gin.DataConfig.batch_size=2", "--gin.DataConfig.seq_len=32",
-             "--gin.ModelConfig.d_model=32", "--gin.ModelConfig.num_layers=1",
-             "--gin.ModelConfig.d_ff=64", "--gin.ModelConfig.num_heads=2",
-             "--gin.ModelConfig.num_kv_heads=1", "--workdir", str(path)])
+  gin_file = os.path.join(os.path.dirname(attnlab.__file__), "configs", gin_name)
+  common = ("TrainConfig.steps=2", "TrainConfig.checkpoint_every=2", "TrainConfig.log_every=0",
+            "DataConfig.batch_size=2", "ModelConfig.num_layers=1", "ModelConfig.num_heads=2")
+  rc = main(["train", "--gin_file", gin_file, *(f"--gin.{b}" for b in common + bindings),
+             "--workdir", str(path)])
   assert rc == 0
   return str(path)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  """A tiny decoder-only model (GQA, one KV head) on the stdlib corpus."""
+  return _trained(tmp_path_factory, "lm_stdlib_tiny.gin", "DataConfig.max_files=2",
+                  "DataConfig.seq_len=32", "ModelConfig.d_model=32", "ModelConfig.d_ff=64",
+                  "ModelConfig.num_kv_heads=1")
 
 
 def test_decode_from_a_checkpoint(workdir, capsys, tmp_path):
@@ -494,17 +499,10 @@ def test_decode_hands_every_flag_to_generate(workdir, monkeypatch, capsys, tmp_p
 
 @pytest.fixture(scope="module")
 def encdec_workdir(tmp_path_factory):
-  """A real (2-step) training run of a tiny encoder-decoder (the reverse task)."""
-  path = tmp_path_factory.mktemp("run") / "ed"
-  gin_file = os.path.join(os.path.dirname(attnlab.__file__), "configs", "seq2seq_reverse.gin")
-  rc = main(["train", "--gin_file", gin_file, "--gin.TrainConfig.steps=2",
-             "--gin.TrainConfig.checkpoint_every=2", "--gin.TrainConfig.log_every=0",
-             "--gin.TrainConfig.eval_every=0", "--gin.DataConfig.batch_size=2",
-             "--gin.ModelConfig.d_model=16", "--gin.ModelConfig.num_layers=1",
-             "--gin.ModelConfig.num_encoder_layers=1", "--gin.ModelConfig.d_ff=32",
-             "--gin.ModelConfig.num_heads=2", "--workdir", str(path)])
-  assert rc == 0
-  return str(path)
+  """A tiny encoder-decoder on the reverse task."""
+  return _trained(tmp_path_factory, "seq2seq_reverse.gin", "TrainConfig.eval_every=0",
+                  "ModelConfig.d_model=16", "ModelConfig.num_encoder_layers=1",
+                  "ModelConfig.d_ff=32")
 
 
 def test_decode_an_encoder_decoder_with_beam_search(encdec_workdir, monkeypatch, capsys):

@@ -214,12 +214,17 @@ CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-def test_encoder_decoder_equals_the_numpy_transformer(name):
-  cfg = attnlab.ModelConfig(
+def encoder_decoder_config(name):
+  """GQA, sinusoidal positions, biases, 2 + 2 layers, in the layout ``CONFIGS[name]``."""
+  return attnlab.ModelConfig(
       arch="encoder_decoder", vocab_size=19, d_model=16, num_heads=4, num_kv_heads=2, d_ff=24,
       num_layers=2, num_encoder_layers=2, pos="sinusoidal", use_bias=True, norm_eps=1e-5,
       pad_id=PAD, attention_impl="reference", **CONFIGS[name])
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_encoder_decoder_equals_the_numpy_transformer(name):
+  cfg = encoder_decoder_config(name)
   model, params = randomized(cfg)
   rng = np.random.default_rng(2)
   src = rng.integers(1, cfg.vocab_size, (B, S))
@@ -235,10 +240,7 @@ def test_packed_encoder_decoder_equals_the_numpy_transformer(name):
   """Row 0 packs two source / target pairs (segments 1 and 2, positions restarting per
   document): each target document sees its own earlier tokens and its own source. Row 1 is
   one pair, its source padded (explicit segment 0) and its target at gapped positions."""
-  cfg = attnlab.ModelConfig(
-      arch="encoder_decoder", vocab_size=19, d_model=16, num_heads=4, num_kv_heads=2, d_ff=24,
-      num_layers=2, num_encoder_layers=2, pos="sinusoidal", use_bias=True, norm_eps=1e-5,
-      pad_id=PAD, attention_impl="reference", **CONFIGS[name])
+  cfg = encoder_decoder_config(name)
   model, params = randomized(cfg)
   rng = np.random.default_rng(4)
   src = rng.integers(1, cfg.vocab_size, (B, S))

@@ -78,6 +78,9 @@ def main(argv: list[str]) -> int:
 def trainer_run_check(mcfg, tcfg, dcfg) -> None:
   """Fail fast (before writing anything) on a mesh, data or package the run cannot use."""
   extras.check_data_config(dcfg)
+  # A moved or unreadable tokenizer model file: one line, not a traceback from inside Run.
+  pipeline.make_tokenizer(dcfg.tokenizer, dcfg.tokenizer_model, bos_id=dcfg.bos_id,
+                          eos_id=dcfg.eos_id)
   mesh = sharding.make_mesh(tcfg.mesh_shape, jax.devices())
   trainer.check_batch_layout(tcfg, dcfg, mesh)
   if dcfg.task == "tsv":

@@ -43,7 +43,11 @@ class SentencePieceTokenizer:
 
   def __init__(self, model_path: str):
     spm = _import_sentencepiece()
-    self._sp = spm.SentencePieceProcessor(model_file=model_path)
+    try:
+      self._sp = spm.SentencePieceProcessor(model_file=model_path)
+    except (OSError, RuntimeError) as e:  # a missing or unreadable file: RuntimeError NOT_FOUND
+      raise ValueError(f"tokenizer_model={model_path!r} is not a readable sentencepiece model: "
+                       f"{e}") from e
     self.vocab_size = self._sp.get_piece_size()
     self.pad_id, self.bos_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
 

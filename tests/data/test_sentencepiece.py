@@ -4,6 +4,8 @@ exactly (indentation, blank lines, non-ASCII via byte fallback), and feeds
 the LM pipeline. Skipped when sentencepiece is not installed (the test extra
 installs it, so CI runs these)."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -61,3 +63,17 @@ def test_lm_pipeline_with_sentencepiece(corpus):
   assert batch["tokens_BT"].max() < VOCAB
   np.testing.assert_array_equal(batch["tokens_BT"][:, 1:], batch["targets_BT"][:, :-1])
   assert "def function_" in tok.decode(batch["tokens_BT"][0])
+
+
+def test_an_unreadable_model_file_is_a_value_error_naming_it(tmp_path):
+  """A workdir whose sentencepiece model was moved or overwritten: a ValueError naming the
+  file (one line from the commands), not sentencepiece's RuntimeError."""
+  missing = str(tmp_path / "gone.model")
+  with pytest.raises(ValueError, match="^" + re.escape(
+      f"tokenizer_model={missing!r} is not a readable sentencepiece model: NOT_FOUND")):
+    pipeline.make_tokenizer("sentencepiece", missing)
+  garbage = tmp_path / "bad.model"
+  garbage.write_text("not a model")
+  with pytest.raises(ValueError, match="^" + re.escape(
+      f"tokenizer_model={str(garbage)!r} is not a readable sentencepiece model: ")):
+    pipeline.make_tokenizer("sentencepiece", str(garbage))

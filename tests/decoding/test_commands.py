@@ -568,3 +568,23 @@ def test_decode_prompt_sources_and_their_errors(workdir, capsys, tmp_path):
   assert rc == 2 and "the following arguments are required: --workdir" in err
   rc, _, err = _run(base + ["--prompt", "x", "--step", "two"], capsys)
   assert rc == 2 and "--step: invalid int value: 'two'" in err
+
+
+def test_decode_a_workdir_whose_tokenizer_cannot_load_exits_2(workdir, capsys, tmp_path):
+  """config.gin names a sentencepiece model that is not there (moved with the run): one line
+  naming it, exit 2."""
+  import shutil
+
+  pytest.importorskip("sentencepiece")
+  copy = tmp_path / "w"
+  shutil.copytree(workdir, copy)
+  gin = (copy / "config.gin").read_text()
+  missing = str(tmp_path / "gone.model")
+  gin = gin.replace("DataConfig.tokenizer = 'byte'", "DataConfig.tokenizer = 'sentencepiece'")
+  gin = gin.replace("DataConfig.tokenizer_model = ''", f"DataConfig.tokenizer_model = '{missing}'")
+  (copy / "config.gin").write_text(gin)
+  rc, _, err = _run(["decode", "--workdir", str(copy), "--prompt", "x"], capsys)
+  assert rc == 2
+  assert err.strip().startswith(f"attnlab decode: error: tokenizer_model={missing!r} is not a "
+                                "readable sentencepiece model: NOT_FOUND"), err
+  assert len(err.strip().splitlines()) == 1

@@ -2,6 +2,7 @@
 checkpoint of its step, a missing optional package stops before step 1."""
 
 import os
+import re
 import sys
 
 import pytest
@@ -80,5 +81,31 @@ def test_a_missing_optional_package_stops_before_step_1(tmp_path, monkeypatch, c
   # The library stops as early: in Run, before the workdir or a step.
   mcfg, dcfg, tcfg = gin_config.parse([CONFIG], TINY + bindings)
   with pytest.raises(MissingDependencyError, match=missing):
+    trainer.train(mcfg, tcfg, dcfg, str(workdir))
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize("kind, name, needle", [
+    ("sentencepiece", "gone.model", "is not a readable sentencepiece model: NOT_FOUND"),
+    ("hf_json", "gone.json", "is not a readable tokenizer.json: "),
+])
+def test_an_unreadable_tokenizer_model_stops_before_step_1(tmp_path, capsys, kind, name,
+                                                           needle):
+  """A tokenizer model file that is not there: one line naming it, exit 2, nothing written;
+  the library raises the same ValueError before the workdir exists."""
+  pytest.importorskip("sentencepiece" if kind == "sentencepiece" else "tokenizers")
+  path = str(tmp_path / name)
+  bindings = [f"DataConfig.tokenizer = '{kind}'", f"DataConfig.tokenizer_model = '{path}'"]
+  if kind == "hf_json":  # its special ids come from the model's config
+    bindings += ["DataConfig.bos_id = 1", "DataConfig.eos_id = 2"]
+  workdir = tmp_path / "w"
+  argv = ["train", "--gin_file", CONFIG, *[f"--gin.{b}" for b in TINY + bindings],
+          "--workdir", str(workdir)]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith(f"attnlab train: error: tokenizer_model={path!r} {needle}"), err
+  assert len(err.splitlines()) == 1 and not workdir.exists()
+  mcfg, dcfg, tcfg = gin_config.parse([CONFIG], TINY + bindings)
+  with pytest.raises(ValueError, match=re.escape(f"tokenizer_model={path!r} {needle}")):
     trainer.train(mcfg, tcfg, dcfg, str(workdir))
   assert not workdir.exists()

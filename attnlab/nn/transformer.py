@@ -141,6 +141,10 @@ class Stack(nnx.Module):
     """[B, T, D]; with ``cache`` (one ``BlockCache`` per layer), ([B, T, D], cache)."""
     x_BTD = self.add_positions(x_BTD, positions_BT)
     if cache is not None:
+      if len(cache) != len(self.layers):
+        raise ValueError(f"the cache holds {len(cache)} layer caches and the stack has "
+                         f"{len(self.layers)} layers: make it for this model "
+                         "(attnlab.nn.kv_cache.init_cache(model.cfg, ...))")
       new_cache = []
       for block, block_cache in zip(self.layers, cache, strict=True):
         x_BTD, block_cache = block(x_BTD, positions_BT, segment_ids_BT, cache=block_cache)

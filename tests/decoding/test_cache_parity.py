@@ -479,5 +479,9 @@ def test_a_cross_attention_block_without_its_cross_cache_says_what_to_do():
 def test_a_cache_of_another_number_of_layers_is_refused():
   model = decoder_model("mha_rope")  # 2 layers
   cache = cache_lib.init_cache(model.cfg, "contiguous", 2, 4)
-  with pytest.raises(ValueError, match=re.escape("zip() argument 2 is shorter than argument 1")):
+  with pytest.raises(ValueError, match="^" + re.escape(
+      "the cache holds 1 layer caches and the stack has 2 layers: make it for this model "
+      "(attnlab.nn.kv_cache.init_cache(model.cfg, ...))") + "$"):
     model(jnp.asarray(TOKENS[:, :2]), cache=cache[:1])
+  with pytest.raises(ValueError, match="the cache holds 3 layer caches"):
+    model(jnp.asarray(TOKENS[:, :2]), cache=cache + cache[:1])

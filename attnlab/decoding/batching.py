@@ -437,10 +437,8 @@ def _draw(logits_BV, key_B, remaining_B, sampling):
   return sample_rows(logits_BV, keys_B, sampling)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("sampling", "page_size"),
-                   donate_argnames=("kv_cache",))
-def _prefill(graphdef, state, kv_cache, alloc, slot_state, prompt_1T, length, slot, budget, rng,
-             request, eos, *, sampling, page_size):
+def _prefill_impl(graphdef, state, kv_cache, alloc, slot_state, prompt_1T, length, slot, budget,
+                  rng, request, eos, *, sampling, page_size):
   """Prefill request ``request`` into ``slot``; returns (cache, alloc, slot_state, first token)."""
   model = _eval_model(graphdef.graphdef, state)
   T = prompt_1T.shape[1]
@@ -487,11 +485,8 @@ def _finish(kv_cache, alloc, finished_B):
   return _release(kv_cache, alloc, finished_B)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("steps", "sampling",
-                                                                  "page_size"),
-                   donate_argnames=("kv_cache",))
-def _decode(graphdef, state, kv_cache, alloc, slot_state, eos, stop_on_finish, *, steps,
-            sampling, page_size):
+def _decode_impl(graphdef, state, kv_cache, alloc, slot_state, eos, stop_on_finish, *, steps,
+                 sampling, page_size):
   """Up to ``steps`` decode steps of every live slot.
 
   Stops early when no slot is live, or (``stop_on_finish``) after a step in
@@ -527,6 +522,14 @@ def _decode(graphdef, state, kv_cache, alloc, slot_state, eos, stop_on_finish, *
   carry = (jnp.int32(0), slot_state, out_BK, kv_cache, alloc, jnp.int32(0), jnp.bool_(False))
   i, slot_state, out_BK, kv_cache, alloc, live_steps, _ = jax.lax.while_loop(cond, body, carry)
   return kv_cache, alloc, slot_state, out_BK, i, live_steps
+
+
+# The two programs. Jitted here rather than decorated so that tools/mutation.sh reaches their
+# bodies (mutmut leaves decorated functions alone).
+_prefill = jax.jit(_prefill_impl, static_argnums=(0,), static_argnames=("sampling", "page_size"),
+                   donate_argnames=("kv_cache",))
+_decode = jax.jit(_decode_impl, static_argnums=(0,),
+                  static_argnames=("steps", "sampling", "page_size"), donate_argnames=("kv_cache",))
 
 
 def num_programs() -> dict[str, int]:

@@ -21,8 +21,6 @@ beam search (``beam_search``).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -300,10 +298,8 @@ def _new_cache(cfg, kind, batch, cache_len, page_size, num_pages, cache_dtype=No
   return cache, alloc
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "max_new_tokens", "kind", "page_size", "sampling", "cache_len", "num_pages", "cache_dtype"))
-def _sample_decoder_only(model, prompt_BT, lengths_B, rng, eos_id, *, max_new_tokens,
-                         kind, page_size, sampling, cache_len, num_pages, cache_dtype):
+def _sample_decoder_only_impl(model, prompt_BT, lengths_B, rng, eos_id, *, max_new_tokens,
+                              kind, page_size, sampling, cache_len, num_pages, cache_dtype):
   model = _in_eval_mode(model)
   cfg = model.cfg
   B, T = prompt_BT.shape
@@ -329,10 +325,8 @@ def _decoder_forward(model):
   return forward
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "max_new_tokens", "kind", "page_size", "sampling", "cache_len", "num_pages", "cache_dtype"))
-def _sample_encoder_decoder(model, src_BS, rng, eos_id, bos_id, *, max_new_tokens, kind,
-                            page_size, sampling, cache_len, num_pages, cache_dtype):
+def _sample_encoder_decoder_impl(model, src_BS, rng, eos_id, bos_id, *, max_new_tokens, kind,
+                                 page_size, sampling, cache_len, num_pages, cache_dtype):
   model = _in_eval_mode(model)
   cfg = model.cfg
   B = src_BS.shape[0]
@@ -348,11 +342,8 @@ def _sample_encoder_decoder(model, src_BS, rng, eos_id, bos_id, *, max_new_token
                         page_size=page_size, pad_id=cfg.pad_id)
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "max_new_tokens", "kind", "page_size", "beam_size", "length_penalty",
-    "cache_len", "cache_dtype"))
-def _beam_encoder_decoder(model, src_BS, eos_id, bos_id, *, max_new_tokens, kind,
-                          page_size, beam_size, length_penalty, cache_len, cache_dtype):
+def _beam_encoder_decoder_impl(model, src_BS, eos_id, bos_id, *, max_new_tokens, kind,
+                               page_size, beam_size, length_penalty, cache_len, cache_dtype):
   model = _in_eval_mode(model)
   cfg = model.cfg
   B = src_BS.shape[0]
@@ -371,3 +362,14 @@ def _beam_encoder_decoder(model, src_BS, eos_id, bos_id, *, max_new_tokens, kind
   return beam_search(step_fn, cache, batch=B, beam_size=beam_size, max_len=max_new_tokens,
                      bos_id=bos_id, eos_id=eos_id, length_penalty=length_penalty,
                      pad_id=cfg.pad_id)
+
+
+# The compiled programs. Jitted here rather than decorated so that tools/mutation.sh reaches
+# their bodies (mutmut leaves decorated functions alone).
+_CACHE_ARGS = ("max_new_tokens", "kind", "page_size", "cache_len", "cache_dtype")
+_sample_decoder_only = jax.jit(_sample_decoder_only_impl,
+                               static_argnames=_CACHE_ARGS + ("sampling", "num_pages"))
+_sample_encoder_decoder = jax.jit(_sample_encoder_decoder_impl,
+                                  static_argnames=_CACHE_ARGS + ("sampling", "num_pages"))
+_beam_encoder_decoder = jax.jit(_beam_encoder_decoder_impl,
+                                static_argnames=_CACHE_ARGS + ("beam_size", "length_penalty"))

@@ -314,7 +314,13 @@ def test_when_no_request_fits_every_one_is_named():
   assert err.value.results == [None, None] and sorted(err.value.errors) == [0, 1]
 
 
-def test_the_first_request_finishing_last_is_waited_for():
+# The prefill decides on the device whether a request is already done (its first token is
+# eos, or its budget is one token); it does so in each cache's own branch.
+SLOT_CACHES = pytest.mark.parametrize("cache", ["paged", "contiguous"])
+
+
+@SLOT_CACHES
+def test_the_first_request_finishing_last_is_waited_for(cache):
   """Request 0 (in slot 0) runs longest: the host loop must not take it for a free slot, nor
   stop looking for free slots at it. Continuous batching starts request 2 in slot 1 when
   request 1 ends (11 decode steps in all: request 0's); static batching waits for request 0
@@ -323,21 +329,22 @@ def test_the_first_request_finishing_last_is_waited_for():
   prompts = [random_tokens(12 + i, (4,)).tolist() for i in range(3)]
   budgets = [12, 2, 3]
   for policy, steps in (("continuous", 11), ("static", 13)):
-    got, stats = batching.serve_requests(model, prompts, budgets, slots=2, page_size=C,
-                                         eos_id=None, policy=policy, decode_chunk=4)
+    got, stats = batching.serve_requests(model, prompts, budgets, slots=2, cache=cache,
+                                         page_size=C, eos_id=None, policy=policy, decode_chunk=4)
     assert [r.tolist() for r in got] == _alone(model, prompts, budgets, None)
     assert stats.decode_steps == steps, policy
 
 
-def test_a_request_whose_first_token_is_eos_never_decodes(case):
+@SLOT_CACHES
+def test_a_request_whose_first_token_is_eos_never_decodes(case, cache):
   """The prefill's token ends the request on the device too: each live slot-step of the
   decode program makes one of the tokens after the first."""
   model, prompts, _, _, no_eos = case
   eos = no_eos[2][0]
   want = _alone(model, prompts, BUDGETS, eos)
   assert want[2] == [eos] and any(len(w) > 1 for w in want)
-  results, stats = batching.serve_requests(model, prompts, BUDGETS, slots=3, page_size=C,
-                                           eos_id=eos, decode_chunk=4)
+  results, stats = batching.serve_requests(model, prompts, BUDGETS, slots=3, cache=cache,
+                                           page_size=C, eos_id=eos, decode_chunk=4)
   assert [r.tolist() for r in results] == want
   assert stats.live_slot_steps == stats.generated - stats.prefills
 
@@ -371,13 +378,15 @@ def test_serve_requests_has_the_defaults_of_generate_requests():
   assert defaults(attnlab.generate_requests)["eos_id"] == 2  # as the README says
 
 
-def test_requests_that_end_at_their_prefill_leave_no_slot_busy():
+@SLOT_CACHES
+def test_requests_that_end_at_their_prefill_leave_no_slot_busy(cache):
   """A budget of one token ends at the prefill: with more such requests than slots, every
   one is served and no decode step runs."""
   model = decoder_model(NAME, varied=True)
   prompts = _prompts()[:5]
-  results, stats = batching.serve_requests(model, prompts, 1, slots=2, page_size=C,
-                                           eos_id=None)
+  results, stats = batching.serve_requests(model, prompts, 1, slots=2, cache=cache,
+                                           page_size=C, eos_id=None)
   assert [r.tolist() for r in results] == _alone(model, prompts, [1] * 5, None)
   assert stats.decode_steps == 0 and stats.prefills == 5
-  _check_pages_returned(stats, 2 * -(-max(len(p) for p in prompts) // C))
+  if cache == "paged":
+    _check_pages_returned(stats, 2 * -(-max(len(p) for p in prompts) // C))

@@ -12,7 +12,12 @@ from attnlab.cli import main
 from attnlab.decoding import batching
 from attnlab.nn import kv_cache as cache_lib
 from tests.decoding.test_cache_parity import TOKENS, decoder_cached
-from tests.decoding.tiny_models import decoder_forward, decoder_model, random_tokens
+from tests.decoding.tiny_models import (
+  decoder_forward,
+  decoder_model,
+  encdec_model,
+  random_tokens,
+)
 
 NAME = "gqa_rope_window10"  # GQA with a window: all three cache kinds apply
 # int8 keeps ~8 bits like bfloat16: the bfloat16 tolerance of DESIGN.md (2e-2),
@@ -72,6 +77,33 @@ def test_generate_and_generate_requests_with_an_int8_cache_agree(kind):
            for dtype in ("int8", None)}
   assert model.cfg.head_dim == 8
   assert 0.37 < stats["int8"].cache_bytes / stats[None].cache_bytes < 0.40
+
+
+@pytest.mark.parametrize("program", ["decoder_only", "encoder_decoder", "beam"])
+def test_every_generate_program_caches_in_the_dtype_asked_for(program):
+  """Each of ``generate``'s three compiled programs (decoder-only sampling, encoder-decoder
+  sampling, beam search) builds its K/V cache as int8 when asked, and only then: int8
+  arrays appear in the traced program with ``cache_dtype="int8"`` and in none without.
+  (Its tokens would hardly tell: int8 error rarely flips a greedy choice.)"""
+  from attnlab.decoding import generate as gen
+
+  def traced(cache_dtype):
+    static = dict(max_new_tokens=4, kind="contiguous", page_size=4, cache_len=8,
+                  cache_dtype=cache_dtype)
+    key, eos, bos = jax.random.key(0), jnp.int32(-1), jnp.int32(1)
+    if program == "decoder_only":
+      model, prompt = decoder_model(NAME), jnp.asarray(random_tokens(3, (2, 5)))
+      return gen._sample_decoder_only.trace(model, prompt, jnp.array([5, 3]), key, eos,
+                                            sampling=gen.GREEDY, num_pages=None, **static)
+    model, src = encdec_model("paper_gqa"), jnp.asarray(random_tokens(3, (2, 5)))
+    if program == "encoder_decoder":
+      return gen._sample_encoder_decoder.trace(model, src, key, eos, bos, sampling=gen.GREEDY,
+                                               num_pages=None, **static)
+    return gen._beam_encoder_decoder.trace(model, src, eos, bos, beam_size=2,
+                                           length_penalty=0.6, **static)
+
+  assert "i8[" in str(traced("int8").jaxpr)
+  assert "i8[" not in str(traced(None).jaxpr)
 
 
 def test_bytes_per_token_count_the_scales(capsys):

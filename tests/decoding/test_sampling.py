@@ -207,6 +207,52 @@ def test_beam_search_on_a_model_scores_at_least_greedy():
   assert (_logp(src, beam) >= _logp(src, greedy) - 1e-5).all()
 
 
+def test_beam_search_through_the_cache_equals_the_search_over_full_forward_passes():
+  """``generate(beam_size=3)`` = ``beam_search`` driven by a step that runs the whole
+  teacher-forced forward pass over each hypothesis so far (no cache): the cross K/V repeated
+  for every beam, the self-attention rows reordered with their beams, a log-softmax per row,
+  and eos, pad and the length penalty passed through. The model (MQA, RoPE, a window of 4
+  target keys) pads with id 5, not 0; the eos is a token of the search without eos, and it
+  changes the answer (with per-row log-softmax, a length penalty of 1 and not 0.6 or 0)."""
+  from flax import nnx
+
+  from tests.decoding.tiny_models import ENCDEC_CONFIGS, PARAM_SCALE, make_cfg
+
+  cfg = make_cfg("encoder_decoder", ENCDEC_CONFIGS["mqa_rope_window4"]).replace(pad_id=5)
+  model = attnlab.build_model(cfg, rngs=nnx.Rngs(1))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  model = nnx.merge(graphdef, jax.tree.map(lambda x: x * PARAM_SCALE, params), rest)
+  graphdef, state = nnx.split(model)
+  src = random_tokens(34, SRC_SHAPE)
+  B, Z, J, alpha = SRC_SHAPE[0], 3, 8, 1.0
+
+  def full_forward_step(tokens_X, carry):
+    tgt_XL, pos_X = carry  # every hypothesis so far, bos first
+    tgt_XL = tgt_XL.at[jnp.arange(B * Z), pos_X].set(tokens_X)
+    logits_XLV = nnx.merge(graphdef, state)(jnp.repeat(src, Z, axis=0), tgt_XL)
+    logits_XV = jnp.take_along_axis(logits_XLV, pos_X[:, None, None], axis=1)[:, 0]
+    return jax.nn.log_softmax(logits_XV, axis=-1), (tgt_XL, pos_X + 1)
+
+  def reference(eos_id):
+    start = (jnp.full((B * Z, J), cfg.pad_id, jnp.int32), jnp.zeros((B * Z,), jnp.int32))
+    search = jax.jit(lambda: beam_search(full_forward_step, start, batch=B, beam_size=Z,
+                                         max_len=J, bos_id=1, eos_id=eos_id,
+                                         length_penalty=alpha, pad_id=cfg.pad_id))
+    return np.asarray(search())
+
+  run = lambda eos_id: np.asarray(attnlab.generate(model, src, max_new_tokens=J, eos_id=eos_id,
+                                                   beam_size=Z, length_penalty=alpha))
+  free = run(None)
+  np.testing.assert_array_equal(free, reference(None))
+  eos = int(free[0, 2])
+  ended = run(eos)
+  np.testing.assert_array_equal(ended, reference(eos))
+  # The eos ends a row early, and the padding after it is the model's pad id.
+  assert not np.array_equal(ended, free)
+  row = ended[0].tolist()
+  assert eos in row[:-1] and set(row[row.index(eos) + 1:]) == {cfg.pad_id}, row
+
+
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
 def test_generate_decodes_without_dropout_and_leaves_a_training_model_training(arch):
   """``generate`` hands the model itself to ``jax.jit`` and sets eval mode on the traced

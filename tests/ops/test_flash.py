@@ -127,6 +127,26 @@ def test_per_batch_offset_and_default_blocks():
     _assert_close(a, b, F32, name)
 
 
+@pytest.mark.parametrize("causal,window,segments", [(True, 24, "packed"), (False, None, "pad")])
+def test_kernel_blocks_stay_in_bounds(monkeypatch, causal, window, segments):
+  """Every block the three kernels' index maps select (forward, dQ, dK / dV: queries, keys,
+  values, offsets, segment ids, lse, delta, outputs) lies inside its array, and so does
+  every read inside a block. Interpret mode clamps an out-of-bounds block index, so a kernel
+  that asked for one would match the reference here and read past the array on a GPU; TPU
+  interpret mode raises on such a read. Forward and gradients under it, GQA, per-row query
+  offsets, several blocks on each axis, against the reference."""
+  pltpu = pytest.importorskip("jax.experimental.pallas.tpu")
+  monkeypatch.setattr(common, "resolve_interpret", lambda interpret: pltpu.InterpretParams())
+  B, T, S, N, K, H = 2, 40, 72, 4, 2, 32
+  q, k, v, do, seg = flash_inputs(4, B, T, S, N, K, H, F32, segments)
+  kw = dict(causal=causal, window=window, q_offset=jnp.array([32, 5], jnp.int32), **seg)
+  ref = value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v, do)
+  got = value_and_grads(lambda q, k, v: flash.flash_attention(q, k, v, block_q=16, block_k=32,
+                                                              **kw))(q, k, v, do)
+  for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
+    _assert_close(a, b, F32, name)
+
+
 def test_dispatcher_reaches_pallas():
   q, k, v, _, _ = flash_inputs(2, 1, 33, 33, 4, 2, 32, F32, None)
   fn = jax.jit(lambda q, k, v: attnlab.attention(q, k, v, causal=True, window=9,

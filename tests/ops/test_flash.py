@@ -147,6 +147,56 @@ def test_kernel_blocks_stay_in_bounds(monkeypatch, causal, window, segments):
     _assert_close(a, b, F32, name)
 
 
+def test_rows_of_one_tile_keep_their_own_softmax_scale():
+  """The online softmax keeps a running max per query row: rows of one tile whose scores
+  lie ~150 apart (every other query scaled by 60) each keep their probabilities. With one
+  max for the whole tile the low rows' exp(s - max) would all underflow to 0."""
+  B, T, S, N, K, H = 1, 32, 64, 2, 1, 32
+  q, k, v, do, _ = flash_inputs(5, B, T, S, N, K, H, F32, None)
+  q = q * jnp.where(jnp.arange(T) % 2 == 0, 60.0, 1.0)[None, :, None, None]
+  kw = dict(causal=False, window=None)
+  ref = value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v, do)
+  got = value_and_grads(lambda q, k, v: flash.flash_attention(q, k, v, block_q=16, block_k=32,
+                                                              **kw))(q, k, v, do)
+  for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
+    _assert_close(a, b, F32, name)
+
+
+def test_plan_of_the_tiles():
+  """Interpret mode: 128 x 128 tiles, capped at the next power of two of T and S, the head
+  dim as it is. Triton: the per-head-dim settings of ``gpu_tiles``, every tile dim (the head
+  dim zero-padded) a power of two and at least 16 (``tl.dot``), warps a power of two."""
+  from attnlab.ops.pallas import flash_gpu
+  from attnlab.ops.pallas.common import BlockSizes
+
+  assert flash_gpu.plan(1000, 700, 80, block_q=None, block_k=None, interpret=True) == (
+      BlockSizes(128, 128), 80)
+  assert flash_gpu.plan(5, 40, 8, block_q=None, block_k=None, interpret=True) == (
+      BlockSizes(8, 64), 8)
+  assert flash_gpu.plan(1, 1, 8, block_q=None, block_k=None, interpret=True) == (
+      BlockSizes(1, 1), 8)
+  assert flash_gpu.plan(100, 100, 8, block_q=16, block_k=32, interpret=True) == (
+      BlockSizes(16, 32), 8)
+  pow2 = lambda n: n > 0 and n & (n - 1) == 0
+  for H in (1, 8, 16, 17, 32, 63, 64, 65, 80, 128, 129, 256):
+    for T, S in ((1, 1), (5, 40), (100, 3000), (4096, 4096)):
+      blocks, Hp = flash_gpu.plan(T, S, H, block_q=None, block_k=None, interpret=False)
+      tiles = flash_gpu.gpu_tiles(H)
+      assert Hp == max(16, 1 << (H - 1).bit_length()), (H, Hp)
+      assert (blocks.num_warps, blocks.num_stages) == (tiles.num_warps, tiles.num_stages)
+      assert blocks.block_q == max(16, min(tiles.block_q, 1 << max(0, (T - 1).bit_length())))
+      assert blocks.block_k == max(16, min(tiles.block_k, 1 << max(0, (S - 1).bit_length())))
+      assert all(pow2(n) and n >= 16 for n in (blocks.block_q, blocks.block_k, Hp))
+      assert pow2(blocks.num_warps) and blocks.num_stages >= 1
+  # Three settings, by head dim: up to 64, up to 128, larger (their values are tuning,
+  # for a GPU benchmark to judge); larger head dims never get larger tiles.
+  groups = [{flash_gpu.gpu_tiles(h) for h in hs} for hs in ((1, 32, 64), (65, 128), (129, 256))]
+  assert [len(g) for g in groups] == [1, 1, 1] and len(set.union(*groups)) == 3
+  sizes = [next(iter(g)) for g in groups]
+  assert all(a.block_q >= b.block_q and a.block_k >= b.block_k
+             for a, b in zip(sizes, sizes[1:]))
+
+
 def test_dispatcher_reaches_pallas():
   q, k, v, _, _ = flash_inputs(2, 1, 33, 33, 4, 2, 32, F32, None)
   fn = jax.jit(lambda q, k, v: attnlab.attention(q, k, v, causal=True, window=9,

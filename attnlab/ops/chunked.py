@@ -45,6 +45,8 @@ def chunked_attention(
   scale = 1.0 / math.sqrt(H) if scale is None else scale
   if block_k < 1:
     raise ValueError(f"block_k={block_k} must be positive")
+  if S == 0:  # no key: every query sees none
+    return jnp.zeros(q_BTNH.shape, q_BTNH.dtype)
   block_k = min(block_k, S)
   if q_positions is None:
     offset_B = jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), (B,))

@@ -66,7 +66,7 @@ def reference_attention(
   mask_B11TS = mask_BTS[:, None, None]
   logits_BKGTS = jnp.where(mask_B11TS, logits_BKGTS, -jnp.inf)
   # The max is only for range; the result does not depend on it.
-  m_BKGT = jax.lax.stop_gradient(jnp.max(logits_BKGTS, axis=-1))
+  m_BKGT = jax.lax.stop_gradient(jnp.max(logits_BKGTS, axis=-1, initial=-jnp.inf))
   m_BKGT = jnp.where(jnp.isfinite(m_BKGT), m_BKGT, 0.0)
   p_BKGTS = jnp.exp(logits_BKGTS - m_BKGT[..., None])
   l_BKGT = jnp.sum(p_BKGTS, axis=-1)
@@ -137,4 +137,6 @@ def blocked_attention(
     outs.append(reference_attention(
         q_BTNH[:, q_lo:q_hi], k_BSKH[:, k_lo:k_hi], v_BSKH[:, k_lo:k_hi], causal=causal,
         window=window, q_offset=q_offset + q_lo - k_lo, scale=scale, **segments))
+  if not outs:  # no query
+    return jnp.zeros(q_BTNH.shape, q_BTNH.dtype)
   return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)

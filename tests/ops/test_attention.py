@@ -104,6 +104,24 @@ def test_the_output_has_the_dtype_of_the_queries(impl):
   np.testing.assert_allclose(got.astype(jnp.float32), want, atol=3e-2, rtol=3e-2)
 
 
+@pytest.mark.parametrize("impl", ["reference", "blocked", "chunked", "xla", "pallas", "auto"])
+@pytest.mark.parametrize("T,S", [(0, 9), (9, 0), (0, 0)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_no_queries_or_no_keys_give_zeros_everywhere(impl, T, S, causal):
+  """An empty query or key axis: every implementation returns the queries' shape and
+  dtype, zeros (a query that sees no key), and zero gradients. (`blocked`
+  and so `auto` failed on T = 0, `chunked` and the reference on S = 0.)"""
+  q = jnp.ones((2, T, 4, 8), jnp.bfloat16)
+  k = v = jnp.ones((2, S, 2, 8), jnp.bfloat16)
+  fn = lambda q, k, v: attention(q, k, v, causal=causal, implementation=impl)
+  out = jax.jit(fn)(q, k, v)
+  grads = jax.jit(jax.grad(lambda *a: fn(*a).astype(jnp.float32).sum(), (0, 1, 2)))(q, k, v)
+  assert out.shape == q.shape and out.dtype == q.dtype
+  assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+  assert not np.asarray(out, np.float32).any()
+  assert not any(np.asarray(g, np.float32).any() for g in grads)
+
+
 @pytest.mark.parametrize("impl", ["blocked", "xla", "pallas"])
 @pytest.mark.parametrize("given", ["q_positions", "kv_positions", "both"])
 def test_explicit_positions_are_refused_by_name_where_unsupported(impl, given):

@@ -4,6 +4,7 @@ kernel tests."""
 import functools
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 
 from attnlab.ops.reference import reference_attention
@@ -60,3 +61,20 @@ def decode_reference(q_BTNH, k_BSKH, v_BSKH, lengths_B, window=None, scale=None)
   kv_positions = jnp.where(pos_BS < lengths_B[:, None], pos_BS, -1)
   return reference_attention(q_BTNH, k_BSKH, v_BSKH, causal=True, window=window,
                              q_offset=lengths_B - T, kv_positions=kv_positions, scale=scale)
+
+
+def kernel_blocks(jaxpr):
+  """{kernel name: [(kernel block shape, dtype), ...]} of every pallas_call in a jaxpr."""
+  found = {}
+
+  def walk(jx):
+    for eqn in jx.eqns:
+      if eqn.primitive.name == "pallas_call":
+        gm = eqn.params["grid_mapping"]
+        found[str(eqn.params["name"])] = [
+            (tuple(bm.block_aval.shape), bm.array_aval.dtype) for bm in gm.block_mappings]
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        walk(sub)
+
+  walk(jaxpr.jaxpr)
+  return found

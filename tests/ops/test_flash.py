@@ -27,7 +27,7 @@ import attnlab
 from attnlab.ops import masks
 from attnlab.ops.pallas import common, flash
 from attnlab.ops.reference import reference_attention
-from tests.ops.flash_inputs import flash_inputs, value_and_grads
+from tests.ops.flash_inputs import flash_inputs, kernel_blocks, value_and_grads
 from tests.ops.tolerances import assert_bf16_close
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
@@ -209,6 +209,28 @@ def test_no_queries_or_no_keys(T, S, dtype):
     assert a.shape == b.shape and a.dtype == b.dtype, name
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
   assert got[0].shape == (2, T, 4, 32) and got[0].dtype == dtype
+
+
+@pytest.mark.parametrize("segments", [False, True])
+def test_the_three_kernels_and_their_blocks(segments):
+  """Forward and backward are three named kernels reading these blocks (squeezed axes
+  dropped): the per-row query offset one int; queries, dO and outputs a query tile of every
+  head; K and V a whole (padded) row of one KV head in the query-tile kernels, a key tile
+  in dK / dV, whose program holds the G query heads of its group over the whole row."""
+  B, T, S, N, K, H, bq, bk = 2, 40, 72, 4, 2, 32, 16, 32
+  q, k, v, do, seg = flash_inputs(0, B, T, S, N, K, H, F32, "packed" if segments else None)
+  fn = lambda q, k, v: flash.flash_attention(q, k, v, causal=True, block_q=bq, block_k=bk,
+                                             **seg)
+  blocks = kernel_blocks(value_and_grads(fn).trace(q, k, v, do).jaxpr)
+  Tp, Sp, G = 48, 96, N // K  # padded to whole tiles
+  f32, i32 = jnp.float32, jnp.int32
+  off, Q, ROW_KV, ROW = ((1,), i32), ((bq, H), f32), ((Sp, H), f32), ((bq,), f32)
+  segs = [((bq,), i32), ((Sp,), i32)] if segments else []
+  assert blocks["attnlab_flash_forward"] == [off, Q, ROW_KV, ROW_KV, *segs, Q, ROW]
+  assert blocks["attnlab_flash_dq"] == [off, Q, ROW_KV, ROW_KV, Q, ROW, ROW, *segs, Q]
+  GQ, GROW, KV = ((Tp, G, H), f32), ((G, Tp), f32), ((bk, H), f32)
+  segs = [((Tp,), i32), ((bk,), i32)] if segments else []
+  assert blocks["attnlab_flash_dkv"] == [off, GQ, KV, KV, GQ, GROW, GROW, *segs, KV, KV]
 
 
 def test_dispatcher_reaches_pallas():

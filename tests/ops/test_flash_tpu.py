@@ -17,7 +17,6 @@ own error.
 import dataclasses
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -34,7 +33,7 @@ import attnlab
 from attnlab.ops.pallas import flash, flash_tpu
 from attnlab.ops.pallas.common import BlockSizes
 from attnlab.ops.reference import reference_attention
-from tests.ops.flash_inputs import flash_inputs, value_and_grads
+from tests.ops.flash_inputs import flash_inputs, kernel_blocks, value_and_grads
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 BF16_MULTIPLE = 3.0  # kernel error <= this x the bf16 reference's error (+ a float32 floor)
@@ -215,23 +214,6 @@ LOWERING = [  # (H, dtype, block_q, block_k, segments)
 ]
 
 
-def _kernel_blocks(jaxpr):
-  """{kernel name: [(kernel block shape, dtype), ...]} of every pallas_call in a jaxpr."""
-  found = {}
-
-  def walk(jx):
-    for eqn in jx.eqns:
-      if eqn.primitive.name == "pallas_call":
-        gm = eqn.params["grid_mapping"]
-        found[str(eqn.params["name"])] = [
-            (tuple(bm.block_aval.shape), bm.array_aval.dtype) for bm in gm.block_mappings]
-      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-        walk(sub)
-
-  walk(jaxpr.jaxpr)
-  return found
-
-
 @pytest.mark.parametrize("H,dtype,bq,bk,segments", LOWERING)
 def test_tpu_lowering(H, dtype, bq, bk, segments):
   """Forward and backward lower to Mosaic (tpu_custom_call) with the listed blocks.
@@ -249,7 +231,7 @@ def test_tpu_lowering(H, dtype, bq, bk, segments):
   assert fwd.count("tpu_custom_call") == 1
   both = value_and_grads(fn).trace(q, k, v, do)
   assert both.lower(lowering_platforms=("tpu",)).as_text().count("tpu_custom_call") == 3
-  blocks = _kernel_blocks(both.jaxpr)
+  blocks = kernel_blocks(both.jaxpr)
   Q, KV, ROW = ((bq, H), dtype), ((bk, H), dtype), ((1, bq), jnp.float32)
   segs = [((1, bq), jnp.int32), ((1, bk), jnp.int32)] if segments else []
   # The forward's residual call saves the lane-replicated log-sum-exp.
@@ -277,7 +259,7 @@ def test_one_call_lowers_to_mosaic_for_tpu_and_triton_for_cuda():
   q, k, v, _, _ = flash_inputs(0, 1, 300, 300, 4, 2, 64, BF16, None)
   with flash.cross_platform():  # a fresh function: jit caches traces per function
     traced = jax.jit(lambda q, k, v: _pallas_attention(q, k, v)).trace(q, k, v)
-  names = set(_kernel_blocks(traced.jaxpr))  # platform_dependent traces every branch
+  names = set(kernel_blocks(traced.jaxpr))  # platform_dependent traces every branch
   assert {"attnlab_flash_tpu_forward", "attnlab_flash_forward"} <= names
   tpu_text = traced.lower(lowering_platforms=("tpu",)).as_text()
   assert "tpu_custom_call" in tpu_text and "triton" not in tpu_text
@@ -308,11 +290,11 @@ def test_cpu_default_is_the_interpreted_triton_kernel():
     pytest.skip("checks the CPU resolution of backend=None")
   q, k, v, _, _ = flash_inputs(1, 1, 40, 40, 4, 2, 64, F32, None)
   fn = jax.jit(_pallas_attention)
-  assert set(_kernel_blocks(fn.trace(q, k, v).jaxpr)) == {"attnlab_flash_forward"}
+  assert set(kernel_blocks(fn.trace(q, k, v).jaxpr)) == {"attnlab_flash_forward"}
   ref = reference_attention(q, k, v, causal=True, window=100)
   np.testing.assert_allclose(fn(q, k, v), ref, rtol=1e-5, atol=1e-5)
   with flash.cross_platform():
-    names = set(_kernel_blocks(jax.jit(lambda *a: _pallas_attention(*a)).trace(q, k, v).jaxpr))
+    names = set(kernel_blocks(jax.jit(lambda *a: _pallas_attention(*a)).trace(q, k, v).jaxpr))
   assert names == {"attnlab_flash_forward", "attnlab_flash_tpu_forward"}
 
 

@@ -233,6 +233,22 @@ def test_the_three_kernels_and_their_blocks(segments):
   assert blocks["attnlab_flash_dkv"] == [off, GQ, KV, KV, GQ, GROW, GROW, *segs, KV, KV]
 
 
+def test_defaults_and_an_explicit_scale():
+  """Called with no mask arguments the kernel attends to every key (not causal) with scores
+  scaled by 1 / sqrt(H); ``scale=`` replaces that factor, in the forward and the gradients."""
+  q, k, v, do, _ = flash_inputs(7, 1, 24, 40, 4, 2, 32, F32, None)
+  for kw in (dict(), dict(scale=0.3)):
+    ref = value_and_grads(lambda q, k, v, kw=kw: reference_attention(q, k, v, **kw))(q, k, v, do)
+    got = value_and_grads(lambda q, k, v, kw=kw: flash.flash_attention(
+        q, k, v, block_q=16, block_k=16, **kw))(q, k, v, do)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
+      _assert_close(a, b, F32, f"{name} {kw}")
+  causal = reference_attention(q, k, v, causal=True)
+  assert not np.allclose(flash.flash_attention(q, k, v), causal, atol=1e-3)
+  assert not np.allclose(flash.flash_attention(q, k, v, scale=0.3), flash.flash_attention(q, k, v),
+                         atol=1e-3)
+
+
 def test_dispatcher_reaches_pallas():
   q, k, v, _, _ = flash_inputs(2, 1, 33, 33, 4, 2, 32, F32, None)
   fn = jax.jit(lambda q, k, v: attnlab.attention(q, k, v, causal=True, window=9,

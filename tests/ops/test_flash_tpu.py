@@ -298,6 +298,36 @@ def test_cpu_default_is_the_interpreted_triton_kernel():
   assert names == {"attnlab_flash_forward", "attnlab_flash_tpu_forward"}
 
 
+def test_interpret_set_picks_the_kernel_of_the_running_platform():
+  """backend=None with ``interpret`` set: the running platform's kernel (on a CPU host the
+  Triton-style one, interpreted), not platform_dependent; interpret=False with the
+  Triton-style kernels needs a GPU and says so."""
+  if jax.default_backend() != "cpu":
+    pytest.skip("checks the CPU host's choice")
+  q, k, v, _, _ = flash_inputs(2, 1, 40, 40, 4, 2, 64, F32, None)
+  fn = jax.jit(lambda q, k, v: flash.flash_attention(q, k, v, causal=True, interpret=True))
+  assert set(kernel_blocks(fn.trace(q, k, v).jaxpr)) == {"attnlab_flash_forward"}
+  np.testing.assert_allclose(fn(q, k, v), reference_attention(q, k, v, causal=True),
+                             rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="interpret=False needs a GPU"):
+    flash.flash_attention(q, k, v, backend="gpu", interpret=False)
+
+
+def test_a_cross_platform_call_runs_interpreted_on_the_cpu():
+  """A call traced inside cross_platform() holds every platform's kernel; run on the CPU it
+  takes the default branch, the Triton-style kernels in interpret mode, forward and
+  backward, with every argument passed through."""
+  if jax.default_backend() != "cpu":
+    pytest.skip("runs the CPU branch")
+  q, k, v, do, seg = flash_inputs(3, 2, 40, 40, 4, 2, 64, F32, "packed")
+  kw = dict(causal=True, window=9, q_offset=3, scale=0.2, **seg)
+  with flash.cross_platform():
+    got = value_and_grads(lambda q, k, v: flash.flash_attention(q, k, v, **kw))(q, k, v, do)
+  want = value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v, do)
+  for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
 def _bad(**over):
   args = dict(q=jnp.zeros((1, 8, 4, 64)), k=jnp.zeros((1, 8, 2, 64)), v=jnp.zeros((1, 8, 2, 64)))
   kw = {k: over.pop(k) for k in list(over) if k not in args}

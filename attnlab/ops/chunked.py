@@ -45,9 +45,7 @@ def chunked_attention(
   scale = 1.0 / math.sqrt(H) if scale is None else scale
   if block_k < 1:
     raise ValueError(f"block_k={block_k} must be positive")
-  if S == 0:  # no key: every query sees none
-    return jnp.zeros(q_BTNH.shape, q_BTNH.dtype)
-  block_k = min(block_k, S)
+  block_k = max(1, min(block_k, S))  # S = 0: a scan over no key block (every query sees none)
   if q_positions is None:
     offset_B = jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), (B,))
     q_positions = offset_B[:, None] + jnp.arange(T, dtype=jnp.int32)

@@ -58,6 +58,7 @@ cat >> pyproject.toml <<EOT
 [tool.mutmut]
 source_paths = ["attnlab/"]
 only_mutate = ["$module"]
+also_copy = ["configs"]  # the gin files that tests name by the repo-root path
 pytest_add_cli_args_test_selection = $tests
 pytest_add_cli_args = ["-x", "-p", "no:cacheprovider", "-p", "no:randomly"]
 process_isolation = "forkserver"

@@ -16,7 +16,6 @@ import sys
 import time
 
 import jax
-import numpy as np
 from tqdm import tqdm
 
 from attnlab import config_gin as gin_config
@@ -179,7 +178,7 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   step_fn = steps_lib.make_train_step(run.setup, tcfg)
   writer = MetricsWriter(workdir, enabled=main_process)
   meta = {"seed": tcfg.seed, "rng": "fold_in(key(seed), step)"}
-  sleep_s = float(os.environ.get(STEP_SLEEP_ENV, "0") or 0)
+  sleep_s = float(os.environ.get(STEP_SLEEP_ENV) or 0)
   bar = None
   # A bar on a terminal; in a log file (no TTY) one plain line per logged step,
   # not a bar rewriting itself with carriage returns.
@@ -268,4 +267,4 @@ def evaluate_workdir(workdir: str, step: int | None = None) -> dict:
     ckpt.close()
   out = run.evaluate(predictions_path(workdir, step))
   out["step"] = step
-  return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in out.items()}
+  return out

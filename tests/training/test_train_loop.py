@@ -1,0 +1,192 @@
+"""The training loop's bookkeeping, in process and in seconds: where the eval
+predictions go, how many checkpoints stay, what a checkpoint's meta records, the
+metrics of an LM run's eval, a mesh passed in, the signal flag (on and off the
+main thread), and ``evaluate_workdir``'s errors. ``test_train.py`` runs the
+kills and resumes end to end."""
+
+import json
+import os
+import signal
+import threading
+
+import jax
+import numpy as np
+import pytest
+
+from attnlab import config_gin as gin_config
+from attnlab.training import trainer
+from attnlab.training.checkpoint import Checkpointer
+from attnlab.training.metrics import read_metrics
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SEQ2SEQ = os.path.join(REPO, "configs", "seq2seq_reverse.gin")
+LM = os.path.join(REPO, "configs", "lm_stdlib_tiny.gin")
+TINY = ["ModelConfig.d_model = 32", "ModelConfig.d_ff = 64", "ModelConfig.num_layers = 1",
+        "DataConfig.batch_size = 4", "TrainConfig.steps = 4", "TrainConfig.log_every = 2",
+        "TrainConfig.eval_every = 0", "TrainConfig.eval_batches = 1",
+        "TrainConfig.checkpoint_every = 0", "TrainConfig.progress = False"]
+SEQ2SEQ_TINY = TINY + ["ModelConfig.num_encoder_layers = 1", "DataConfig.max_len = 6",
+                       "DataConfig.seq_len = 8"]
+LM_TINY = TINY + ["DataConfig.seq_len = 16", "DataConfig.max_files = 4"]
+
+
+def _train(workdir, config, bindings, **kw):
+  configs = gin_config.parse([config], bindings)
+  mcfg, dcfg, tcfg = configs
+  return trainer.train(mcfg, tcfg, dcfg, str(workdir),
+                       config_text=gin_config.operative_config(*configs), **kw)
+
+
+def _steps(workdir):
+  ckpt = Checkpointer(str(workdir), read_only=True)
+  try:
+    return ckpt.steps()
+  finally:
+    ckpt.close()
+
+
+def test_seq2seq_eval_writes_its_predictions_to_workdir_eval(tmp_path):
+  """README: the decoded examples go to WORKDIR/eval/predictions_STEP.jsonl, one per
+  evaluation; the metrics of each eval sit in metrics.jsonl under its step."""
+  _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.eval_every = 2"])
+  assert sorted(os.listdir(tmp_path / "eval")) == ["predictions_2.jsonl", "predictions_4.jsonl"]
+  for step in (2, 4):
+    assert trainer.predictions_path(str(tmp_path), step) == str(
+        tmp_path / "eval" / f"predictions_{step}.jsonl")
+    text = (tmp_path / "eval" / f"predictions_{step}.jsonl").read_text()
+    rows = [json.loads(line) for line in text.splitlines()]
+    assert rows and all(set(r) == {"source", "reference", "prediction"} for r in rows)
+  evals = [r for r in read_metrics(str(tmp_path)) if r["split"] == "eval"]
+  assert [r["step"] for r in evals] == [2, 4]
+  assert all({"loss", "perplexity", "tokens", "exact_match"} <= set(r) for r in evals)
+
+
+def test_an_lm_run_evaluates_loss_and_perplexity_only(tmp_path):
+  """An LM task has nothing to decode: its evals report the validation loss, perplexity and
+  token count, write no predictions, and ``evaluate_workdir`` of the last checkpoint gives
+  the last in-training eval again (same parameters, same validation batches)."""
+  _train(tmp_path, LM, LM_TINY + ["TrainConfig.eval_every = 2"])
+  evals = [r for r in read_metrics(str(tmp_path)) if r["split"] == "eval"]
+  assert [r["step"] for r in evals] == [2, 4]
+  assert all(set(r) == {"step", "split", "loss", "perplexity", "tokens"} for r in evals)
+  assert not os.path.exists(tmp_path / "eval")
+  final = trainer.evaluate_workdir(str(tmp_path))
+  assert set(final) == {"step", "loss", "perplexity", "tokens"} and final["step"] == 4
+  assert final["loss"] == pytest.approx(evals[-1]["loss"], rel=1e-6)
+  assert final["perplexity"] == pytest.approx(np.exp(final["loss"]), rel=1e-6)
+  assert final["tokens"] == evals[-1]["tokens"] > 0
+  assert all(type(v) in (int, float) for v in final.values())  # JSON as is (`attnlab eval`)
+
+
+def test_checkpoints_kept_and_their_meta(tmp_path):
+  """keep_checkpoints=2 of checkpoints every step: the last two stay. Each records its step,
+  the seed and how the step's randomness derives from it."""
+  _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.checkpoint_every = 1",
+                                           "TrainConfig.keep_checkpoints = 2",
+                                           "TrainConfig.seed = 7"])
+  assert _steps(tmp_path) == [3, 4]
+  with open(tmp_path / "checkpoints" / "4" / "meta" / "metadata") as f:
+    assert json.load(f) == {"step": 4, "seed": 7, "rng": "fold_in(key(seed), step)"}
+
+
+def test_train_runs_on_the_mesh_it_is_given(tmp_path, monkeypatch):
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1),
+                           ("data", "fsdp", "tensor"))
+
+  def no_mesh(*args, **kw):
+    raise AssertionError("train built a mesh of its own")
+
+  monkeypatch.setattr(trainer.shd, "make_mesh", no_mesh)
+  assert _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY, mesh=mesh)["step"] == 4
+
+
+def test_the_stop_flag_catches_sigterm_and_sigint_and_restores_the_handlers():
+  before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+  for sig in (signal.SIGTERM, signal.SIGINT):
+    with trainer._StopFlag() as stop:
+      assert stop.signum is None
+      os.kill(os.getpid(), sig)  # handled between bytecodes, in this (the main) thread
+      assert stop.signum == sig
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_the_stop_flag_off_the_main_thread_leaves_signals_alone():
+  """Python lets only the main thread set handlers: elsewhere (a sweep's worker thread, a
+  notebook's executor) the flag installs none and the loop runs without it."""
+  before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+  seen, errors = [], []
+
+  def body():
+    try:
+      with trainer._StopFlag() as stop:
+        seen.append({s: signal.getsignal(s) for s in before})
+        seen.append(stop.signum)
+    except Exception as e:  # noqa: BLE001  (reported below)
+      errors.append(e)
+
+  thread = threading.Thread(target=body)
+  thread.start()
+  thread.join()
+  assert errors == [] and seen == [before, None]
+
+
+def test_evaluate_workdir_names_what_is_missing(tmp_path):
+  with pytest.raises(FileNotFoundError, match="config.gin does not exist: not a training"):
+    trainer.evaluate_workdir(str(tmp_path))
+  _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.checkpoint_every = 2"])
+  with pytest.raises(ValueError, match=r"step=3 has no checkpoint in .*checkpoints; "
+                                       r"saved steps: \[2, 4\]"):
+    trainer.evaluate_workdir(str(tmp_path), step=3)
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  (empty / "config.gin").write_text((tmp_path / "config.gin").read_text())
+  with pytest.raises(FileNotFoundError, match=r"empty/checkpoints holds no checkpoint"):
+    trainer.evaluate_workdir(str(empty))
+
+
+def test_progress_off_prints_nothing_and_the_step_sleep_hook_sleeps_each_step(
+    tmp_path, monkeypatch, capsys):
+  """progress=False: no bar and no plain lines (stderr here is no TTY). The fault-injection
+  hook (ATTNLAB_TEST_STEP_SLEEP, read by the kill tests) sleeps that long after every step."""
+  naps = []
+  monkeypatch.setattr(trainer.time, "sleep", naps.append)
+  monkeypatch.setenv(trainer.STEP_SLEEP_ENV, "0.25")
+  _train(tmp_path / "a", SEQ2SEQ, SEQ2SEQ_TINY)
+  assert naps == [0.25] * 4
+  assert "train step" not in capsys.readouterr().err
+  naps.clear()
+  monkeypatch.setenv(trainer.STEP_SLEEP_ENV, "")
+  _train(tmp_path / "b", SEQ2SEQ, SEQ2SEQ_TINY)
+  assert naps == []
+
+
+class _Terminal:
+  """A stderr that says it is a terminal and keeps what is written to it."""
+
+  def __init__(self):
+    self.text = ""
+
+  def write(self, s):
+    self.text += s
+    return len(s)
+
+  def flush(self):
+    pass
+
+  def isatty(self):
+    return True
+
+
+def test_on_a_terminal_the_progress_is_a_bar_from_the_resumed_step(tmp_path, monkeypatch):
+  term = _Terminal()
+  monkeypatch.setattr(trainer.sys, "stderr", term)
+  _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.progress = True",
+                                           "TrainConfig.checkpoint_every = 2"])
+  frames = term.text.split("\r")
+  assert "train step" not in term.text  # no plain lines
+  assert frames[-1].startswith("train: 100%") and " 4/4 " in frames[-1]
+  assert "loss=" in frames[-1]
+  term.text = ""
+  _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.progress = True",
+                                           "TrainConfig.steps = 6"])
+  assert " 4/6 " in term.text.split("\r")[1] and " 6/6 " in term.text.split("\r")[-1]

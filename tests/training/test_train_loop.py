@@ -8,6 +8,8 @@ import json
 import os
 import signal
 import threading
+import time
+import types
 
 import jax
 import numpy as np
@@ -149,7 +151,9 @@ def test_progress_off_prints_nothing_and_the_step_sleep_hook_sleeps_each_step(
   """progress=False: no bar and no plain lines (stderr here is no TTY). The fault-injection
   hook (ATTNLAB_TEST_STEP_SLEEP, read by the kill tests) sleeps that long after every step."""
   naps = []
-  monkeypatch.setattr(trainer.time, "sleep", naps.append)
+  # trainer's own view of the time module: orbax's threads keep the real sleep
+  monkeypatch.setattr(trainer, "time", types.SimpleNamespace(sleep=naps.append,
+                                                             perf_counter=time.perf_counter))
   monkeypatch.setenv(trainer.STEP_SLEEP_ENV, "0.25")
   _train(tmp_path / "a", SEQ2SEQ, SEQ2SEQ_TINY)
   assert naps == [0.25] * 4
@@ -190,3 +194,32 @@ def test_on_a_terminal_the_progress_is_a_bar_from_the_resumed_step(tmp_path, mon
   _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.progress = True",
                                            "TrainConfig.steps = 6"])
   assert " 4/6 " in term.text.split("\r")[1] and " 6/6 " in term.text.split("\r")[-1]
+
+
+def test_logged_throughput_is_the_window_tokens_over_its_time(tmp_path, monkeypatch):
+  """A logged step's tokens_per_s: the target tokens of the steps since the last log over
+  the time since then; step_time_s: the logged step's own time. A clock that moves only
+  inside the train step (1 s a step) makes both exact."""
+  clock, tokens = [0.0], []
+  make_train_step = trainer.steps_lib.make_train_step
+
+  def make(setup, tcfg):
+    step_fn = make_train_step(setup, tcfg)
+
+    def timed(state, batch):
+      state, m = step_fn(state, batch)
+      clock[0] += 1.0
+      tokens.append(float(m["tokens"]))
+      return state, m
+
+    return timed
+
+  monkeypatch.setattr(trainer.steps_lib, "make_train_step", make)
+  monkeypatch.setattr(trainer, "time", types.SimpleNamespace(sleep=time.sleep,
+                                                             perf_counter=lambda: clock[0]))
+  _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 5"])  # logs 2, 4 and 5
+  logged = [r for r in read_metrics(str(tmp_path)) if r["split"] == "train"]
+  assert [r["step"] for r in logged] == [2, 4, 5] and len(tokens) == 5
+  assert [r["tokens_per_s"] for r in logged] == pytest.approx(
+      [(tokens[0] + tokens[1]) / 2, (tokens[2] + tokens[3]) / 2, tokens[4]], rel=1e-6)
+  assert [r["step_time_s"] for r in logged] == [1.0, 1.0, 1.0]

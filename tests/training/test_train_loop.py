@@ -189,7 +189,7 @@ def test_on_a_terminal_the_progress_is_a_bar_from_the_resumed_step(tmp_path, mon
   frames = term.text.split("\r")
   assert "train step" not in term.text  # no plain lines
   assert frames[-1].startswith("train: 100%") and " 4/4 " in frames[-1]
-  assert "loss=" in frames[-1]
+  assert "loss=" in frames[-1] and "step/s" in frames[-1]
   term.text = ""
   _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.progress = True",
                                            "TrainConfig.steps = 6"])
@@ -223,3 +223,43 @@ def test_logged_throughput_is_the_window_tokens_over_its_time(tmp_path, monkeypa
   assert [r["tokens_per_s"] for r in logged] == pytest.approx(
       [(tokens[0] + tokens[1]) / 2, (tokens[2] + tokens[3]) / 2, tokens[4]], rel=1e-6)
   assert [r["step_time_s"] for r in logged] == [1.0, 1.0, 1.0]
+  assert [r["skipped_steps"] for r in logged] == [0, 0, 0]
+
+
+def test_skipped_non_finite_steps_are_counted(tmp_path):
+  """on_nonfinite='skip': a learning rate of 1e30 makes the parameters huge after step 1, so
+  steps 2 on are non-finite and skipped; each log reports the count so far."""
+  _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + [
+      "TrainConfig.learning_rate = 1e30", "TrainConfig.schedule = 'constant'",
+      "TrainConfig.warmup_steps = 0", "TrainConfig.grad_clip = 0.0",
+      "TrainConfig.on_nonfinite = 'skip'", "TrainConfig.log_every = 1"])
+  logged = [r for r in read_metrics(str(tmp_path)) if r["split"] == "train"]
+  assert [r["skipped_steps"] for r in logged] == [0, 1, 2, 3]
+
+
+def test_a_non_finite_step_stops_the_run_naming_the_last_good_checkpoint(tmp_path):
+  with pytest.raises(trainer.NonFiniteError,
+                     match=r"non-finite loss \(.*\) or gradient norm \(.*\) at step 2; stopped\. "
+                           r"Last good checkpoint: 1 in .*checkpoints"):
+    _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + [
+        "TrainConfig.learning_rate = 1e30", "TrainConfig.schedule = 'constant'",
+        "TrainConfig.warmup_steps = 0", "TrainConfig.grad_clip = 0.0",
+        "TrainConfig.checkpoint_every = 1"])
+  assert _steps(tmp_path) == [1]
+
+
+@pytest.mark.parametrize("batch, accum, data, fsdp, ok", [
+    (16, 2, 2, 4, True), (8, 2, 2, 4, False), (8, 1, 2, 4, True), (12, 1, 2, 4, False),
+    (6, 3, 1, 1, True), (6, 4, 1, 1, False)])
+def test_the_batch_must_split_into_accumulation_steps_over_the_data_shards(batch, accum, data,
+                                                                            fsdp, ok):
+  """Rows split over the data x fsdp shards of the mesh, then into grad_accum micro-batches."""
+  from attnlab.config import DataConfig, TrainConfig
+  mesh = types.SimpleNamespace(shape={"data": data, "fsdp": fsdp, "tensor": 2})
+  tcfg, dcfg = TrainConfig(grad_accum=accum), DataConfig(batch_size=batch)
+  if ok:
+    trainer.check_batch_layout(tcfg, dcfg, mesh)
+  else:
+    with pytest.raises(ValueError, match=rf"batch_size={batch} must be a multiple of "
+                                         rf"grad_accum={accum} x data\*fsdp={data * fsdp}"):
+      trainer.check_batch_layout(tcfg, dcfg, mesh)

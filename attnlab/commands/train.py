@@ -83,10 +83,8 @@ def trainer_run_check(mcfg, tcfg, dcfg) -> None:
                           eos_id=dcfg.eos_id)
   mesh = sharding.make_mesh(tcfg.mesh_shape, jax.devices())
   trainer.check_batch_layout(tcfg, dcfg, mesh)
-  if dcfg.task == "tsv":
-    pipeline.build_sources(dcfg, mcfg)
-  elif dcfg.task == "lm":
+  if dcfg.task == "lm":  # the corpus files exist (Run reads them)
     text.lm_files(dcfg.paths, validation_percent=dcfg.validation_percent,
                   max_files=dcfg.max_files)
-  else:
+  else:  # a TSV's pairs, or a synthetic task's split
     pipeline.build_sources(dcfg, mcfg)

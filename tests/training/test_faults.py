@@ -1,6 +1,7 @@
 """The edges of a run: plain log lines without a TTY, a crash in eval keeps a
 checkpoint of its step, a missing optional package stops before step 1."""
 
+import json
 import os
 import re
 import sys
@@ -43,7 +44,7 @@ def test_without_a_tty_the_progress_is_one_plain_line_per_logged_step(tmp_path, 
   assert all(f"loss {r['loss']:.4f}" in line for r, line in zip(logged, lines, strict=True))
 
 
-def test_an_exception_in_eval_leaves_a_checkpoint_of_its_step(tmp_path, monkeypatch):
+def test_an_exception_in_eval_leaves_a_checkpoint_of_its_step(tmp_path, monkeypatch, capsys):
   def broken_eval(self, predictions_path=None):
     raise RuntimeError("eval broke")
 
@@ -52,6 +53,11 @@ def test_an_exception_in_eval_leaves_a_checkpoint_of_its_step(tmp_path, monkeypa
   with pytest.raises(RuntimeError, match="eval broke"):
     _train(workdir, ["TrainConfig.eval_every = 4", "TrainConfig.progress = False"])
   assert Checkpointer(str(workdir)).steps() == [4]  # saved at the failing eval's step
+  assert capsys.readouterr().err.splitlines()[-1] == (
+      f"attnlab train: checkpoint saved at step 4 in {workdir / 'checkpoints'} "
+      "before the error below")
+  with open(workdir / "checkpoints" / "4" / "meta" / "metadata") as f:
+    assert json.load(f) == {"step": 4, "seed": 0, "rng": "fold_in(key(seed), step)"}
   # and a rerun resumes from it (then finishes: the eval works again)
   monkeypatch.undo()
   assert _train(workdir, ["TrainConfig.progress = False"])["step"] == 6

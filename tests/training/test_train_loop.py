@@ -251,6 +251,12 @@ def test_a_non_finite_step_stops_the_run_naming_the_last_good_checkpoint(tmp_pat
         "TrainConfig.warmup_steps = 0", "TrainConfig.grad_clip = 0.0",
         "TrainConfig.checkpoint_every = 1"])
   assert _steps(tmp_path) == [1]
+  with pytest.raises(trainer.NonFiniteError, match=r"at step 2; stopped\. Last good checkpoint: "
+                                                   r"none in .*none/checkpoints$"):
+    _train(tmp_path / "none", SEQ2SEQ, SEQ2SEQ_TINY + [
+        "TrainConfig.learning_rate = 1e30", "TrainConfig.schedule = 'constant'",
+        "TrainConfig.warmup_steps = 0", "TrainConfig.grad_clip = 0.0"])
+  assert _steps(tmp_path / "none") == []
 
 
 @pytest.mark.parametrize("batch, accum, data, fsdp, ok", [

@@ -274,3 +274,33 @@ def test_the_batch_must_split_into_accumulation_steps_over_the_data_shards(batch
     with pytest.raises(ValueError, match=rf"batch_size={batch} must be a multiple of "
                                          rf"grad_accum={accum} x data\*fsdp={data * fsdp}"):
       trainer.check_batch_layout(tcfg, dcfg, mesh)
+
+
+def test_a_weights_only_checkpoint_starts_the_run_from_its_weights(tmp_path):
+  """A converted workdir (`attnlab convert`, `convert-heads`) holds weights only, at step 0:
+  training starts from those weights with a fresh optimizer and the data from the start.
+  With a learning rate of 1e-9 the first step leaves them where they were (a run that
+  ignored them would start from a fresh init, 2 steps of lr 1e-2 away)."""
+  from flax import nnx
+
+  import attnlab
+
+  constant = ["TrainConfig.schedule = 'constant'", "TrainConfig.warmup_steps = 0"]
+  _train(tmp_path / "a", SEQ2SEQ, SEQ2SEQ_TINY + constant + [
+      "TrainConfig.steps = 2", "TrainConfig.learning_rate = 1e-2"])
+  model, _ = attnlab.load_checkpoint(str(tmp_path / "a"))
+  saved = [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
+  (tmp_path / "b").mkdir()
+  ckpt = Checkpointer(str(tmp_path / "b"))
+  try:
+    ckpt.save_params(0, nnx.state(model, nnx.Param))
+  finally:
+    ckpt.close()
+  last = _train(tmp_path / "b", SEQ2SEQ, SEQ2SEQ_TINY + constant + [
+      "TrainConfig.steps = 1", "TrainConfig.learning_rate = 1e-9"])
+  assert last["step"] == 1 and _steps(tmp_path / "b") == [0, 1]
+  got, _ = attnlab.load_checkpoint(str(tmp_path / "b"))
+  got = [np.asarray(x) for x in jax.tree.leaves(nnx.state(got, nnx.Param))]
+  assert len(got) == len(saved) > 0
+  for a, b in zip(got, saved):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)

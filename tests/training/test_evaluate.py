@@ -27,7 +27,7 @@ LINES = [("the cat sat down", "le chat est assis"),
 STEPS = 150
 
 
-def _train(tmp_path, arch):
+def _train(tmp_path, arch, tokenizer=()):
   tsv = tmp_path / "pairs.tsv"
   tsv.write_text("".join(f"{s}\t{t}\n" for s, t in LINES))
   model = "encdec_tiny.gin" if arch == "encoder_decoder" else "decoder_tiny.gin"
@@ -42,7 +42,7 @@ def _train(tmp_path, arch):
       "TrainConfig.schedule = 'constant'", "TrainConfig.warmup_steps = 10",
       "TrainConfig.weight_decay = 0.0", "TrainConfig.eval_every = 0",
       "TrainConfig.checkpoint_every = 30", "TrainConfig.keep_checkpoints = 10",
-      "TrainConfig.log_every = 50", "TrainConfig.progress = False"]
+      "TrainConfig.log_every = 50", "TrainConfig.progress = False", *tokenizer]
   if arch == "encoder_decoder":
     bindings.append("ModelConfig.num_encoder_layers = 1")
   configs = gin_config.parse([str(gin)], bindings)
@@ -50,6 +50,25 @@ def _train(tmp_path, arch):
   workdir = tmp_path / "run"
   trainer.train(mcfg, tcfg, dcfg, str(workdir), config_text=gin_config.operative_config(*configs))
   return str(workdir)
+
+
+def test_eval_with_a_word_level_tokenizer_stops_at_its_eos(tmp_path):
+  """A transformers tokenizer.json (word level, bos 1 and eos 2 from the config, as after
+  `attnlab convert`): the eval starts the decoder at the config's bos and cuts the decoded
+  rows at its eos, so the memorized lines come back word for word, specials dropped."""
+  from tests.data.hf_tokenizer import word_level_tokenizer_json
+
+  words = sorted({w for pair in LINES for line in pair for w in line.split()})
+  path = word_level_tokenizer_json(tmp_path / "tokenizer.json", ["<unk>", "<s>", "</s>", *words],
+                                   specials=("<s>", "</s>"))
+  workdir = _train(tmp_path, "encoder_decoder", [
+      "DataConfig.tokenizer = 'hf_json'", f"DataConfig.tokenizer_model = '{path}'",
+      "DataConfig.bos_id = 1", "DataConfig.eos_id = 2", "DataConfig.seq_len = 16"])
+  final = trainer.evaluate_workdir(workdir)
+  rows = _predictions(workdir, STEPS)
+  assert [(r["source"], r["reference"], r["prediction"]) for r in rows] == [
+      (s, t, t) for s, t in LINES]
+  assert final["exact_match"] == 1.0 and final["bleu"] == pytest.approx(100.0)
 
 
 def _predictions(workdir, step):

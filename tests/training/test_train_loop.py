@@ -304,3 +304,5 @@ def test_a_weights_only_checkpoint_starts_the_run_from_its_weights(tmp_path):
   assert len(got) == len(saved) > 0
   for a, b in zip(got, saved):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+  # and the weights-only checkpoint itself evaluates (its optimizer state: a fresh one)
+  assert trainer.evaluate_workdir(str(tmp_path / "b"), step=0)["step"] == 0

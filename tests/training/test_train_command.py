@@ -1,0 +1,162 @@
+"""``attnlab train`` / ``attnlab eval`` / ``attnlab kv-size`` in process: what each flag
+reaches (a recording stand-in where the effect is global: the distributed init, the XLA
+cache option), the JSON line a run prints, a workdir that trains from its own config.gin,
+the exits (2: bad input before anything is written; 1: a non-finite stop), the gin flag
+forms and the byte units."""
+
+import json
+import os
+
+import jax
+import pytest
+
+from attnlab import cli
+from attnlab.commands import _common, kv_size
+from attnlab.commands import train as train_command
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = os.path.join(REPO, "configs", "seq2seq_reverse.gin")
+LM = os.path.join(REPO, "configs", "lm_stdlib_tiny.gin")
+TINY = ["--gin.ModelConfig.d_model=32", "--gin.ModelConfig.d_ff=64",
+        "--gin.ModelConfig.num_layers=1", "--gin.DataConfig.batch_size=4",
+        "--gin.TrainConfig.steps=2", "--gin.TrainConfig.log_every=1",
+        "--gin.TrainConfig.eval_every=0", "--gin.TrainConfig.progress=False"]
+SEQ2SEQ = TINY + ["--gin.ModelConfig.num_encoder_layers=1", "--gin.DataConfig.max_len=6",
+                  "--gin.DataConfig.seq_len=8"]
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+  """The distributed init and the compilation-cache option, recorded instead of set."""
+  calls = {"distributed": [], "config": []}
+  monkeypatch.setattr(train_command.sharding, "initialize_distributed",
+                      lambda *a: calls["distributed"].append(a) or False)
+  update = jax.config.update
+
+  def record(name, value):
+    if name == "jax_compilation_cache_dir":
+      calls["config"].append((name, value))
+    else:  # jax sets options of its own while it compiles
+      update(name, value)
+
+  monkeypatch.setattr(jax.config, "update", record)
+  return calls
+
+
+def test_train_prints_its_last_metrics_and_a_workdir_retrains_from_its_config(
+    tmp_path, capsys, recorded):
+  workdir, cache = tmp_path / "run", tmp_path / "xla"
+  rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(workdir),
+                 "--compilation_cache", str(cache), "--coordinator_address", "host:9",
+                 "--num_processes", "2", "--process_id", "1"])
+  assert rc == 0
+  out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert out["workdir"] == str(workdir) and out["step"] == 2
+  assert {"loss", "perplexity", "learning_rate", "grad_norm", "tokens_per_s"} <= set(out)
+  assert recorded["distributed"] == [("host:9", 2, 1)]
+  assert recorded["config"] == [("jax_compilation_cache_dir", str(cache))] and cache.is_dir()
+  text = (workdir / "config.gin").read_text()
+  assert "ModelConfig.d_model = 32" in text and "TrainConfig.steps = 2" in text
+  # No --gin_file: the workdir's config.gin, and --gin. flags still win over it.
+  rc = cli.main(["train", "--workdir", str(workdir), "--gin.TrainConfig.steps", "3"])
+  assert rc == 0
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["step"] == 3
+  assert recorded["distributed"][-1] == (None, None, None)
+
+
+def test_train_without_a_config_anywhere_exits_2(tmp_path, capsys):
+  assert cli.main(["train", "--workdir", str(tmp_path / "w")]) == 2
+  assert capsys.readouterr().err.strip() == (
+      "attnlab train: error: at least one --gin_file is needed (or a --workdir with a "
+      "config.gin)")
+  assert not (tmp_path / "w").exists()
+
+
+def test_train_exits_1_on_a_non_finite_stop(tmp_path, capsys):
+  rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(tmp_path / "w"),
+                 "--gin.TrainConfig.learning_rate=1e30", "--gin.TrainConfig.schedule='constant'",
+                 "--gin.TrainConfig.warmup_steps=0", "--gin.TrainConfig.grad_clip=0.0"])
+  assert rc == 1
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert err.startswith("attnlab train: non-finite loss") and "at step 2; stopped" in err
+
+
+def test_an_lm_run_checks_its_corpus_before_writing(tmp_path, capsys):
+  """An LM task's files are listed before the workdir exists: none is one error line."""
+  empty = tmp_path / "nothing"
+  empty.mkdir()
+  argv = ["train", "--gin_file", LM, *TINY, "--gin.DataConfig.seq_len=16"]
+  rc = cli.main([*argv, f"--gin.DataConfig.paths=('{empty}/*.py',)", "--workdir",
+                 str(tmp_path / "w")])
+  assert rc == 2 and not (tmp_path / "w").exists()
+  assert capsys.readouterr().err.strip() == f"attnlab train: error: no files match '{empty}/*.py'"
+  (empty / "a.py").write_text("print('hello')\n" * 200)
+  (empty / "b.py").write_text("x = [i * i for i in range(10)]\n" * 200)
+  rc = cli.main([*argv, f"--gin.DataConfig.paths=('{empty}/*.py',)",
+                 "--gin.DataConfig.validation_percent=50", "--workdir", str(tmp_path / "w")])
+  assert rc == 0 and json.loads(capsys.readouterr().out.splitlines()[-1])["step"] == 2
+
+
+def test_the_run_check_reads_each_kind_of_source(tmp_path, monkeypatch):
+  """LM: the file list only (reading a corpus is the run's job); TSV and synthetic tasks:
+  their sources."""
+  from attnlab import config_gin
+
+  seen = []
+  monkeypatch.setattr(train_command.text, "lm_files", lambda *a, **kw: seen.append("lm_files"))
+  monkeypatch.setattr(train_command.pipeline, "build_sources",
+                      lambda dcfg, mcfg: seen.append(("build_sources", dcfg.task)))
+  for config in (LM, CONFIG):
+    mcfg, dcfg, tcfg = config_gin.parse([config], [])
+    train_command.trainer_run_check(mcfg, tcfg, dcfg)
+  assert seen == ["lm_files", ("build_sources", "reverse")]
+
+
+def test_eval_reads_the_step_and_cache_flags(tmp_path, capsys, monkeypatch, recorded):
+  calls = []
+  monkeypatch.setattr(train_command.trainer, "evaluate_workdir",
+                      lambda workdir, step: calls.append((workdir, step)) or {"step": step})
+  assert cli.main(["eval", "--workdir", "w", "--step", "4", "--compilation_cache",
+                   str(tmp_path / "c")]) == 0
+  assert calls == [("w", 4)] and json.loads(capsys.readouterr().out) == {"step": 4}
+  assert recorded["config"] == [("jax_compilation_cache_dir", str(tmp_path / "c"))]
+  assert cli.main(["eval", "--workdir", "w"]) == 0 and calls[-1] == ("w", None)
+  assert cli.main(["eval"]) == 2
+  assert "the following arguments are required: --workdir" in capsys.readouterr().err
+
+
+def test_gin_flags_take_both_forms_and_keep_equals_signs_in_values():
+  bindings, rest = _common.split_gin_flags(
+      ["--workdir", "w", "--gin.A.x=1", "--gin.B.y", "'a=b'", "--gin.C.z=f(k=2)", "-v"])
+  assert bindings == ["A.x = 1", "B.y = 'a=b'", "C.z = f(k=2)"]
+  assert rest == ["--workdir", "w", "-v"]
+  with pytest.raises(_common.CommandError, match=r"^--gin.A.x needs a value: --gin.NAME=VALUE$"):
+    _common.split_gin_flags(["--gin.A.x"])
+  with pytest.raises(_common.CommandError, match=r"^at least one --gin_file is needed$"):
+    _common.parse_gin([], [])
+
+
+def test_the_compilation_cache_directory_may_exist_already(tmp_path, recorded):
+  (tmp_path / "c").mkdir()
+  _common.use_compilation_cache(str(tmp_path / "c"))
+  _common.use_compilation_cache(str(tmp_path / "c"))
+  assert recorded["config"] == [("jax_compilation_cache_dir", str(tmp_path / "c"))] * 2
+
+
+@pytest.mark.parametrize("n, text", [
+    (0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (1536, "1.50 KiB"),
+    (1024 ** 2 * 3, "3.00 MiB"), (1024 ** 3, "1.00 GiB"), (1024 ** 4 * 2.5, "2.50 TiB"),
+    (1024 ** 5, "1024.00 TiB")])
+def test_byte_units(n, text):
+  assert kv_size.format_bytes(n) == text
+
+
+def test_kv_size_defaults_to_bfloat16_and_counts_bytes_per_token(capsys):
+  assert cli.main(["kv-size", "--layers", "2", "--seq", "6", "--kv_heads", "3",
+                   "--head_dim", "8", "--batch", "5"]) == 0
+  # 2 (K and V) x 2 layers x 3 heads x 8 dims x 2 bytes = 192 bytes a token; x 30 tokens
+  assert capsys.readouterr().out.strip() == (
+      "5.62 KiB (5760 bytes; 192 bytes per token; batch 5 x 6 tokens)")
+  assert cli.main(["kv-size", "--layers", "2", "--seq", "6", "--kv_heads", "3",
+                   "--head_dim", "8", "--dtype", "bf16"]) == 2
+  assert "invalid choice: 'bf16'" in capsys.readouterr().err

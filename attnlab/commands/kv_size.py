@@ -13,11 +13,13 @@ from attnlab.config import DTYPE_BYTES, kv_cache_bytes
 
 def format_bytes(n: float) -> str:
   """Binary units with two decimals: 1073741824 -> "1.00 GiB"."""
-  for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-    if n < 1024 or unit == "TiB":
-      return f"{n:.0f} B" if unit == "B" else f"{n:.2f} {unit}"
+  if n < 1024:
+    return f"{n:.0f} B"
+  for unit in ("KiB", "MiB", "GiB"):
     n /= 1024
-  raise AssertionError("unreachable")
+    if n < 1024:
+      return f"{n:.2f} {unit}"
+  return f"{n / 1024:.2f} TiB"
 
 
 def main(argv: list[str]) -> int:

@@ -21,6 +21,7 @@ from attnlab import config_gin as gin_config
 from attnlab.training import trainer
 from attnlab.training.checkpoint import Checkpointer
 from attnlab.training.metrics import read_metrics
+from tests.training.test_train import _steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SEQ2SEQ = os.path.join(REPO, "configs", "seq2seq_reverse.gin")
@@ -39,14 +40,6 @@ def _train(workdir, config, bindings, **kw):
   mcfg, dcfg, tcfg = configs
   return trainer.train(mcfg, tcfg, dcfg, str(workdir),
                        config_text=gin_config.operative_config(*configs), **kw)
-
-
-def _steps(workdir):
-  ckpt = Checkpointer(str(workdir), read_only=True)
-  try:
-    return ckpt.steps()
-  finally:
-    ckpt.close()
 
 
 def test_seq2seq_eval_writes_its_predictions_to_workdir_eval(tmp_path):

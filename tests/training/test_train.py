@@ -284,17 +284,6 @@ def test_eval_command_and_load_checkpoint_errors(reference_run, tmp_path, capsys
   assert any(not np.array_equal(a, b) for a, b in zip(got, jax.tree.leaves(init), strict=True))
 
 
-def test_compilation_cache_flag_sets_the_jax_option(tmp_path, monkeypatch):
-  from attnlab.commands import _common as commands
-  calls = []
-  monkeypatch.setattr(jax.config, "update", lambda name, value: calls.append((name, value)))
-  commands.use_compilation_cache(None)
-  assert calls == []
-  commands.use_compilation_cache(str(tmp_path / "xla_cache"))
-  assert calls == [("jax_compilation_cache_dir", str(tmp_path / "xla_cache"))]
-  assert os.path.isdir(tmp_path / "xla_cache")
-
-
 def test_metrics_writer_does_not_import_torch(tmp_path):
   """tensorboardX imports torch when it can (~1.7 s a run); MetricsWriter keeps it out,
   and torch still imports afterwards."""

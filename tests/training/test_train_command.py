@@ -136,10 +136,14 @@ def test_gin_flags_take_both_forms_and_keep_equals_signs_in_values():
     _common.parse_gin([], [])
 
 
-def test_the_compilation_cache_directory_may_exist_already(tmp_path, recorded):
-  (tmp_path / "c").mkdir()
-  _common.use_compilation_cache(str(tmp_path / "c"))
-  _common.use_compilation_cache(str(tmp_path / "c"))
+def test_the_compilation_cache_flag_sets_the_jax_option(tmp_path, monkeypatch, recorded):
+  """None leaves the option alone; a path is made (or may exist already) and set, absolute."""
+  _common.use_compilation_cache(None)
+  assert recorded["config"] == []
+  monkeypatch.chdir(tmp_path)
+  _common.use_compilation_cache("c")
+  _common.use_compilation_cache("c")
+  assert (tmp_path / "c").is_dir()
   assert recorded["config"] == [("jax_compilation_cache_dir", str(tmp_path / "c"))] * 2
 
 

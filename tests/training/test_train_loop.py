@@ -1,8 +1,10 @@
 """The training loop's bookkeeping, in process and in seconds: where the eval
-predictions go, how many checkpoints stay, what a checkpoint's meta records, the
-metrics of an LM run's eval, a mesh passed in, the signal flag (on and off the
-main thread), and ``evaluate_workdir``'s errors. ``test_train.py`` runs the
-kills and resumes end to end."""
+predictions go, an LM run's eval, how many checkpoints stay and what each records,
+a mesh passed in, the signal flag (on and off the main thread), the progress
+output, the logged throughput, skipped and stopping non-finite steps, the batch
+layout check, a weights-only checkpoint as the start of a run, and
+``evaluate_workdir``'s errors. ``test_train.py`` runs the kills and resumes end
+to end."""
 
 import json
 import logging
@@ -33,6 +35,10 @@ TINY = ["ModelConfig.d_model = 32", "ModelConfig.d_ff = 64", "ModelConfig.num_la
 SEQ2SEQ_TINY = TINY + ["ModelConfig.num_encoder_layers = 1", "DataConfig.max_len = 6",
                        "DataConfig.seq_len = 8"]
 LM_TINY = TINY + ["DataConfig.seq_len = 16", "DataConfig.max_files = 4"]
+# A learning rate of 1e30, unclipped: the parameters are huge after step 1, so every step
+# from step 2 on is non-finite.
+DIVERGE = ["TrainConfig.learning_rate = 1e30", "TrainConfig.schedule = 'constant'",
+           "TrainConfig.warmup_steps = 0", "TrainConfig.grad_clip = 0.0"]
 
 
 def _train(workdir, config, bindings, **kw):
@@ -222,12 +228,10 @@ def test_logged_throughput_is_the_window_tokens_over_its_time(tmp_path, monkeypa
 
 
 def test_skipped_non_finite_steps_are_counted(tmp_path, caplog):
-  """on_nonfinite='skip': a learning rate of 1e30 makes the parameters huge after step 1, so
-  steps 2 on are non-finite and skipped, each with a warning; each log reports the count."""
+  """on_nonfinite='skip': steps 2 on diverge (DIVERGE) and are skipped, each with a warning;
+  each log reports the count so far."""
   with caplog.at_level(logging.WARNING, logger=trainer.__name__):
-    _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + [
-      "TrainConfig.learning_rate = 1e30", "TrainConfig.schedule = 'constant'",
-      "TrainConfig.warmup_steps = 0", "TrainConfig.grad_clip = 0.0",
+    _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + DIVERGE + [
         "TrainConfig.on_nonfinite = 'skip'", "TrainConfig.log_every = 1"])
   assert [r.getMessage() for r in caplog.records if r.name == trainer.__name__] == [
       f"step {n}: non-finite loss or gradient, update skipped" for n in (2, 3, 4)]
@@ -239,16 +243,11 @@ def test_a_non_finite_step_stops_the_run_naming_the_last_good_checkpoint(tmp_pat
   with pytest.raises(trainer.NonFiniteError,
                      match=r"non-finite loss \(.*\) or gradient norm \(.*\) at step 2; stopped\. "
                            r"Last good checkpoint: 1 in .*checkpoints"):
-    _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + [
-        "TrainConfig.learning_rate = 1e30", "TrainConfig.schedule = 'constant'",
-        "TrainConfig.warmup_steps = 0", "TrainConfig.grad_clip = 0.0",
-        "TrainConfig.checkpoint_every = 1"])
+    _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + DIVERGE + ["TrainConfig.checkpoint_every = 1"])
   assert _steps(tmp_path) == [1]
   with pytest.raises(trainer.NonFiniteError, match=r"at step 2; stopped\. Last good checkpoint: "
                                                    r"none in .*none/checkpoints$"):
-    _train(tmp_path / "none", SEQ2SEQ, SEQ2SEQ_TINY + [
-        "TrainConfig.learning_rate = 1e30", "TrainConfig.schedule = 'constant'",
-        "TrainConfig.warmup_steps = 0", "TrainConfig.grad_clip = 0.0"])
+    _train(tmp_path / "none", SEQ2SEQ, SEQ2SEQ_TINY + DIVERGE)
   assert _steps(tmp_path / "none") == []
 
 

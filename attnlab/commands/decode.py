@@ -23,6 +23,7 @@ from attnlab.decoding import batching
 from attnlab.decoding.generate import GenerateInputError, generate
 from attnlab.decoding.sampling import Sampling
 from attnlab.extras import MissingDependencyError
+from attnlab.training import sharding
 from attnlab.training.checkpoint import load_checkpoint
 
 
@@ -52,7 +53,29 @@ def _decode_parser():
                  "complete")
   p.add_argument("--page_size", type=int, default=d.page_size, help="page size of the paged cache")
   p.add_argument("--num_pages", type=int, default=d.num_pages, help="pages of the paged cache")
+  p.add_argument("--mesh_shape", default=None,
+                 help="decode on a (data, fsdp, tensor) device mesh, e.g. 1,1,2: the parameters "
+                 "restored in the training layout, the cache's KV heads over tensor (one -1 "
+                 "takes the remaining devices); default one device. CPU: more devices with "
+                 "XLA_FLAGS=--xla_force_host_platform_device_count=N")
   return p
+
+
+def _mesh(text: str | None):
+  """``--mesh_shape``'s Mesh, None without the flag."""
+  if text is None:
+    return None
+  try:
+    shape = tuple(int(x) for x in text.split(","))
+    if len(shape) != 3 or any(x == 0 or x < -1 for x in shape) or shape.count(-1) > 1:
+      raise ValueError
+  except ValueError:
+    raise CommandError(f"--mesh_shape={text}: give 3 comma-separated positive ints (data, fsdp, "
+                       "tensor), at most one -1") from None
+  try:
+    return sharding.make_mesh(shape)
+  except ValueError as e:
+    raise CommandError(f"--mesh_shape: {e}") from None
 
 
 def _serve(args, dcfg, model, prompts, ids, tokenizer) -> int:
@@ -105,9 +128,10 @@ def main(argv: list[str]) -> int:
   except ValueError as e:
     raise CommandError(str(e)) from None
   prompts = _read_prompts(args)
+  mesh = _mesh(args.mesh_shape)
 
   try:
-    model, cfg = load_checkpoint(args.workdir, step=args.step)
+    model, cfg = load_checkpoint(args.workdir, step=args.step, mesh=mesh)
   except (FileNotFoundError, ValueError) as e:
     raise CommandError(str(e)) from None
   try:

@@ -34,6 +34,7 @@ import jax
 
 from attnlab import config_gin as gin_config
 from attnlab.nn.transformer import build_model
+from attnlab.training.sharding import param_shardings
 
 CHECKPOINT_DIR = "checkpoints"
 CONFIG_FILE = "config.gin"
@@ -263,12 +264,17 @@ class Checkpointer:
     self.manager.close()
 
 
-def load_checkpoint(workdir: str, step: int | None = None):
+def load_checkpoint(workdir: str, step: int | None = None, *, mesh=None):
   """The model of a training run, with the parameters of a checkpoint.
 
   Args:
     workdir: a training workdir (holds ``config.gin`` and ``checkpoints/``).
     step: the checkpoint step; None = the latest.
+    mesh: a (data, fsdp, tensor) ``Mesh`` (``training.sharding.make_mesh``): the
+      parameters are restored straight into the training layout on it (heads,
+      KV heads, MLP and vocabulary over ``tensor``, ``embed`` over ``fsdp``), and
+      ``generate`` / ``generate_requests`` then decode on that mesh. None = the
+      first device.
 
   Returns:
     (model, cfg): an ``nnx.Module`` rebuilt from ``workdir/config.gin`` and
@@ -298,10 +304,13 @@ def load_checkpoint(workdir: str, step: int | None = None):
     # streams) is built for real, in one jitted call.
     graphdef, params, _ = nnx.split(nnx.eval_shape(make), nnx.Param, ...)
     rest = jax.jit(lambda: nnx.split(make(), nnx.Param, ...)[2])()
-    # Host (single-device) placement: decoding and eval need no mesh.
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                            params)
+    if mesh is None:  # one device: decoding and eval need no mesh
+      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      shardings = jax.tree.map(lambda _: device, params)
+    else:
+      shardings = param_shardings(params, mesh)
+    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            params, shardings)
     params = ckpt.restore_params(step, abstract)
   finally:
     ckpt.close()

@@ -173,6 +173,11 @@ def test_decode_slots_pass_every_flag_to_generate_requests(workdir, monkeypatch,
     (["--beam_size", "2"], "encoder-decoder"),
     (["--cache", "ring"], "window"),
     (["--max_new_tokens", "5000"], "max_len"),
+    (["--mesh_shape", "1,2"], "--mesh_shape=1,2: give 3 comma-separated positive ints"),
+    (["--mesh_shape", "1,x,1"], "--mesh_shape=1,x,1: give 3"),
+    (["--mesh_shape=-1,-1,1"], "at most one -1"),
+    (["--mesh_shape", "1,0,1"], "--mesh_shape=1,0,1"),
+    (["--mesh_shape", "1,1,8"], "needs 8 devices, only 1 exist"),
 ])
 def test_decode_bad_input_exits_2(workdir, capsys, extra, needle):
   argv = ["decode", "--workdir", workdir] + extra

@@ -36,3 +36,24 @@ def naive_attention(q, k, v, *, causal=False, window=None, q_seg=None, kv_seg=No
       w = np.exp(np.array(scores) - max(scores))
       out[b, t, n] = (w / w.sum()) @ np.array(values)
   return out
+
+
+def naive_attention_grads(q, k, v, do, scale=None):
+  """Unmasked attention and its gradients in NumPy float64, by the textbook formulas:
+  (out, dq, dk, dv) for the output cotangent ``do`` (GQA: dk / dv summed over each KV
+  head's query heads)."""
+  q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
+  G = q.shape[2] // k.shape[2]
+  scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+  kq, vq = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)  # a KV head per query head
+  s = np.einsum("btnh,bsnh->bnts", q, kq) * scale
+  p = np.exp(s - s.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  out = np.einsum("bnts,bsnh->btnh", p, vq)
+  dp = np.einsum("btnh,bsnh->bnts", do, vq)
+  ds = p * (dp - np.einsum("btnh,btnh->bnt", do, out)[..., None])  # softmax's pullback
+  dq = np.einsum("bnts,bsnh->btnh", ds, kq) * scale
+  per_kv_head = lambda x: x.reshape(*x.shape[:2], k.shape[2], G, x.shape[-1]).sum(3)
+  dk = per_kv_head(np.einsum("bnts,btnh->bsnh", ds, q) * scale)
+  dv = per_kv_head(np.einsum("bnts,btnh->bsnh", p, do))
+  return out, dq, dk, dv

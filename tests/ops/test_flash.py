@@ -28,6 +28,7 @@ from attnlab.ops import masks
 from attnlab.ops.pallas import common, flash
 from attnlab.ops.reference import reference_attention
 from tests.ops.flash_inputs import flash_inputs, kernel_blocks, value_and_grads
+from tests.ops.naive import naive_attention, naive_attention_grads
 from tests.ops.tolerances import assert_bf16_close
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
@@ -150,7 +151,14 @@ def test_kernel_blocks_stay_in_bounds(monkeypatch, causal, window, segments):
 def test_rows_of_one_tile_keep_their_own_softmax_scale():
   """The online softmax keeps a running max per query row: rows of one tile whose scores
   lie ~150 apart (every other query scaled by 60) each keep their probabilities. With one
-  max for the whole tile the low rows' exp(s - max) would all underflow to 0."""
+  max for the whole tile the low rows' exp(s - max) would all underflow to 0.
+
+  Scores that large make float32 itself inexact here (a score of ~150 carries an absolute
+  rounding error of ~1e-5, which the softmax turns into relative error of its
+  probabilities): the reference op is off the float64 definition by ~1e-5 of the
+  tensor's scale too, by an amount that moves with the CPU's instruction set. So the
+  kernel is held to a few times the reference op's own float32 error (measured: up to
+  3.2x, on dV), against the float64 definition."""
   B, T, S, N, K, H = 1, 32, 64, 2, 1, 32
   q, k, v, do, _ = flash_inputs(5, B, T, S, N, K, H, F32, None)
   q = q * jnp.where(jnp.arange(T) % 2 == 0, 60.0, 1.0)[None, :, None, None]
@@ -158,8 +166,15 @@ def test_rows_of_one_tile_keep_their_own_softmax_scale():
   ref = value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v, do)
   got = value_and_grads(lambda q, k, v: flash.flash_attention(q, k, v, block_q=16, block_k=32,
                                                               **kw))(q, k, v, do)
-  for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
-    _assert_close(a, b, F32, name)
+  exact = naive_attention_grads(q, k, v, do)
+  np.testing.assert_allclose(exact[0], naive_attention(q, k, v), rtol=1e-12, atol=1e-12)
+  for name, a, r, e in zip(("out", "dq", "dk", "dv"), got, ref, exact, strict=True):
+    a, r = np.asarray(a, np.float64), np.asarray(r, np.float64)
+    assert np.all(np.isfinite(a)), name
+    err, ref_err = np.max(np.abs(a - e)), np.max(np.abs(r - e))
+    # The float64 gradients are right: the float32 reference op agrees with them.
+    assert ref_err <= 1e-4 * max(1.0, np.max(np.abs(e))), (name, ref_err)
+    assert err <= 4 * ref_err, f"{name}: error {err:.3g} > 4 x the reference op's {ref_err:.3g}"
 
 
 def test_plan_of_the_tiles():

@@ -177,6 +177,7 @@ def test_decode_slots_pass_every_flag_to_generate_requests(workdir, monkeypatch,
     (["--mesh_shape", "1,x,1"], "--mesh_shape=1,x,1: give 3"),
     (["--mesh_shape=-1,-1,1"], "at most one -1"),
     (["--mesh_shape", "1,0,1"], "--mesh_shape=1,0,1"),
+    (["--mesh_shape=1,-2,1"], "--mesh_shape=1,-2,1: give 3"),
     (["--mesh_shape", "1,1,8"], "needs 8 devices, only 1 exist"),
 ])
 def test_decode_bad_input_exits_2(workdir, capsys, extra, needle):

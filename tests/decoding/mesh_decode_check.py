@@ -122,7 +122,7 @@ def main(workdir):
   m = on_mesh(model, (1, 1, 2))  # the 2 KV heads split in two
   out["(1, 1, 2)"] = dict(generate=generated(m), beam=beam(on_mesh(encdec, (1, 1, 2))),
                           serve={c: served(m, c) for c in ("paged", "contiguous", "ring")})
-  # Batch rows over data, heads over tensor: the cache made inside generate's program.
+  # Two replicas over data, heads over tensor: the cache made inside generate's program.
   out["(2, 1, 2)"] = dict(generate=generated(on_mesh(model, (2, 1, 2)), KINDS[:1]))
   # 4 does not divide 2 KV heads: the projections and the cache stay whole on every device.
   out["(1, 1, 4)"] = dict(serve={"paged": served(on_mesh(model, (1, 1, 4)), "paged")})

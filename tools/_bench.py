@@ -33,6 +33,25 @@ if _REPO not in sys.path:
 MODEL = dict(layers=4, d_model=256, heads=8, kv_heads=2, head_dim=32, d_ff=688, vocab=259)
 
 
+def cpu_name() -> str:
+  """The CPU as ``lscpu`` describes it: model name, family / model, and whether it has
+  AVX-512 ("AMD EPYC (family 23 model 1, avx2, no avx512)"). The model name alone is not
+  enough: two boxes both called "AMD EPYC" ran these benchmarks 4-6x apart."""
+  import platform
+
+  try:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+  except (OSError, subprocess.CalledProcessError):
+    return platform.processor() or "unknown"
+  fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+  fields = {k.strip(): v.strip() for k, v in fields.items()}
+  flags = set(fields.get("Flags", "").split())
+  simd = ", ".join(["avx2" if "avx2" in flags else "no avx2",
+                    "avx512" if "avx512f" in flags else "no avx512"])
+  return (f"{fields.get('Model name', 'unknown')} (family {fields.get('CPU family', '?')} "
+          f"model {fields.get('Model', '?')}, {simd})")
+
+
 def attnlab_config(**overrides):
   """``MODEL`` as an ``attnlab.ModelConfig`` (float32, SwiGLU)."""
   from attnlab.config import ModelConfig

@@ -76,7 +76,6 @@ def main():
   if args.worker is not None:
     return worker(args.worker, args.iters)
   import numpy as np
-  from bench_serve import cpu_name
 
   def measure(devices):
     env = dict(os.environ)
@@ -89,7 +88,7 @@ def main():
     return json.loads(res.stdout.strip().splitlines()[-1])
 
   print(f"model {_bench.MODEL}, float32, B=1, prompt {PROMPT}, contiguous cache; "
-        f"1 device against (1, 1, {args.tensor}); {cpu_name()}, {os.cpu_count()} cores",
+        f"1 device against (1, 1, {args.tensor}); {_bench.cpu_name()}, {os.cpu_count()} cores",
         flush=True)
   ratios = []
   for r in range(args.rounds):
@@ -102,7 +101,7 @@ def main():
     print(f"round {r}: step {got[1]['step_us']:.1f} us on 1 device, "
           f"{got[args.tensor]['step_us']:.1f} us on {args.tensor} ({ratios[-1]:.2f}x; "
           f"{1e6 / got[args.tensor]['step_us']:.0f} tok/s; load average {load:.2f})", flush=True)
-  print(json.dumps(dict(cpu=cpu_name(), tensor=args.tensor, rounds=args.rounds,
+  print(json.dumps(dict(cpu=_bench.cpu_name(), tensor=args.tensor, rounds=args.rounds,
                         speedup_median=round(float(np.median(ratios)), 2),
                         speedup_per_round=[round(x, 2) for x in ratios])))
 

@@ -23,7 +23,6 @@ import json
 import time
 
 import _bench
-from bench_serve import cpu_name
 
 SHAPES = ((8, 1), (1, 8), (1, 16), (1, 32), (1, 64), (1, 128))
 
@@ -58,7 +57,7 @@ def main():
       t0 = time.perf_counter()
       jax.block_until_ready(forwards(state, inputs[shape]))
       best[shape] = min(best[shape], (time.perf_counter() - t0) / args.iters)
-  report = dict(cpu=cpu_name(), rounds=args.rounds, iters=args.iters)
+  report = dict(cpu=_bench.cpu_name(), rounds=args.rounds, iters=args.iters)
   for (B, T), seconds in best.items():
     report[f"[{B}, {T}]"] = dict(us_per_forward=round(seconds * 1e6, 1),
                                  us_per_token=round(seconds * 1e6 / (B * T), 2))

@@ -17,7 +17,6 @@ import argparse
 import json
 
 import _bench
-from bench_serve import cpu_name
 
 
 def power_of_two_bucket(n: int, max_len: int) -> int:
@@ -39,7 +38,7 @@ def main():
   model, prompts, _ = _bench.serve_workload(args.requests)
   schemes = {"library": batching.bucket_length, "power_of_two": power_of_two_bucket}
   max_len = model.cfg.max_len
-  report = dict(cpu=cpu_name(), requests=args.requests, prompt_tokens=sum(map(len, prompts)))
+  report = dict(cpu=_bench.cpu_name(), requests=args.requests, prompt_tokens=sum(map(len, prompts)))
   for name, fn in schemes.items():
     report[f"{name}_padded_tokens"] = sum(fn(len(x), max_len) for x in prompts)
 

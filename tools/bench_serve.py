@@ -41,21 +41,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 
 import _bench
-
-
-def cpu_name() -> str:
-  try:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    for line in out.splitlines():
-      if line.startswith("Model name:"):
-        return line.split(":", 1)[1].strip()
-  except (OSError, subprocess.CalledProcessError):
-    pass
-  return platform.processor() or "unknown"
 
 
 def main():
@@ -104,7 +91,7 @@ def main():
       if setting not in best or stats.seconds < best[setting][0].seconds:
         best[setting] = (stats, load)
     runs.append(round_stats)
-  report = dict(cpu=cpu_name(), requests=args.requests, slots=args.slots,
+  report = dict(cpu=_bench.cpu_name(), requests=args.requests, slots=args.slots,
                 decode_chunk=args.decode_chunk,
                 tokens=int(sum(budgets)), rounds=args.rounds)
   for (cache, policy), (stats, load) in best.items():

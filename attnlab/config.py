@@ -36,6 +36,19 @@ CACHE_KINDS = ("contiguous", "ring", "paged")
 CONVERT_METHODS = ("mean", "first", "random")
 
 
+def check_mesh_shape(shape) -> tuple[int, int, int]:
+  """``shape`` as a (data, fsdp, tensor) tuple of positive ints, at most one -1 (the
+  devices the others leave); ValueError naming it otherwise."""
+  shape = tuple(shape)
+  if len(shape) != 3 or any(
+      isinstance(s, bool) or not isinstance(s, int) or (s < 1 and s != -1) for s in shape
+  ) or shape.count(-1) > 1:
+    raise ValueError(
+        f"mesh_shape={shape!r} must be 3 positive ints (data, fsdp, tensor), at most one -1"
+    )
+  return shape
+
+
 def _choice(name: str, value, allowed: tuple) -> None:
   if value not in allowed:
     raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, allowed))}")
@@ -396,14 +409,7 @@ class TrainConfig:
         raise ValueError(f"{name}={getattr(self, name)!r} must be non-negative")
     _fraction("label_smoothing", self.label_smoothing)
     _positive("grad_accum", self.grad_accum)
-    shape = tuple(self.mesh_shape)
-    object.__setattr__(self, "mesh_shape", shape)
-    if len(shape) != 3 or any(
-        isinstance(s, bool) or not isinstance(s, int) or (s < 1 and s != -1) for s in shape
-    ) or shape.count(-1) > 1:
-      raise ValueError(
-          f"mesh_shape={shape!r} must be 3 positive ints (data, fsdp, tensor), at most one -1"
-      )
+    object.__setattr__(self, "mesh_shape", check_mesh_shape(self.mesh_shape))
     for name in ("log_every", "eval_every", "checkpoint_every"):
       _nonnegative(name, getattr(self, name))
     _positive("eval_batches", self.eval_batches)

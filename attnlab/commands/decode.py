@@ -17,7 +17,7 @@ import numpy as np
 
 from attnlab import config_gin
 from attnlab.commands._common import CommandError, CommandParser
-from attnlab.config import CACHE_DTYPES, CACHE_KINDS, DecodeConfig
+from attnlab.config import CACHE_DTYPES, CACHE_KINDS, DecodeConfig, check_mesh_shape
 from attnlab.data.tokenizer import make_tokenizer
 from attnlab.decoding import batching
 from attnlab.decoding.generate import GenerateInputError, generate
@@ -66,9 +66,7 @@ def _mesh(text: str | None):
   if text is None:
     return None
   try:
-    shape = tuple(int(x) for x in text.split(","))
-    if len(shape) != 3 or any(x == 0 or x < -1 for x in shape) or shape.count(-1) > 1:
-      raise ValueError
+    shape = check_mesh_shape(int(x) for x in text.split(","))
   except ValueError:
     raise CommandError(f"--mesh_shape={text}: give 3 comma-separated positive ints (data, fsdp, "
                        "tensor), at most one -1") from None

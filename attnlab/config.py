@@ -12,6 +12,7 @@ only; the rest of the package imports them.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 ARCHS = ("decoder_only", "encoder_decoder")
@@ -494,6 +495,9 @@ class Sweep:
     uptrain_methods: conversion methods of the uptraining arms.
     uptrain_fraction: uptraining steps as a fraction of the base steps (the
       paper's alpha = 0.05); the warmup is scaled by it too.
+    uptrain_learning_rate: ``TrainConfig.learning_rate`` of the uptraining
+      runs (same meaning: the peak, or the inverse_sqrt multiplier); None =
+      the base run's. The optimizer state starts fresh either way.
     curve_points: validation evaluations per run for the loss curves, used
       when the base's ``TrainConfig.eval_every`` is 0.
     decode_prompt_len: tokens of each benchmark prompt (cut from the
@@ -509,6 +513,7 @@ class Sweep:
   uptrain_num_kv_heads: tuple[int, ...] = ()
   uptrain_methods: tuple[str, ...] = CONVERT_METHODS
   uptrain_fraction: float = 0.05
+  uptrain_learning_rate: float | None = None
   curve_points: int = 10
   decode_prompt_len: int = 32
   decode_new_tokens: int = 64
@@ -552,5 +557,10 @@ class Sweep:
                          f"{', '.join(map(repr, CONVERT_METHODS))}")
     if not 0.0 < self.uptrain_fraction <= 1.0:
       raise ValueError(f"uptrain_fraction={self.uptrain_fraction!r} must be in (0, 1]")
+    lr = self.uptrain_learning_rate
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, int | float)
+                           or not 0.0 < lr < math.inf):
+      raise ValueError(f"uptrain_learning_rate={lr!r} must be a positive number (or None: the "
+                       "base run's learning_rate)")
     for name in ("curve_points", "decode_prompt_len", "decode_new_tokens", "decode_repeats"):
       _positive(name, getattr(self, name))

@@ -166,12 +166,17 @@ def run_configs(sweep: Sweep, arm: Arm, seed: int, mcfg: ModelConfig, dcfg: Data
       warmup = max(1, warmup)
   eval_every = tcfg.eval_every or max(1, steps // sweep.curve_points)
   log_every = tcfg.log_every
-  if arm.kind == "uptrain" and log_every:
-    log_every = min(log_every, max(1, steps // 4))  # a few windows for the throughput
+  lr = tcfg.learning_rate
+  if arm.kind == "uptrain":
+    if log_every:
+      log_every = min(log_every, max(1, steps // 4))  # a few windows for the throughput
+    if sweep.uptrain_learning_rate is not None:
+      lr = float(sweep.uptrain_learning_rate)
   return (mcfg.replace(num_kv_heads=arm.num_kv_heads, d_ff=arm.d_ff),
           dataclasses.replace(dcfg, seed=seed),
           tcfg.replace(seed=seed, steps=steps, warmup_steps=max(0, warmup),
-                       eval_every=eval_every, log_every=log_every, progress=False))
+                       eval_every=eval_every, log_every=log_every, learning_rate=lr,
+                       progress=False))
 
 
 def run_dir(out: str, arm: Arm | str, seed: int) -> str:

@@ -431,6 +431,7 @@ def test_convert_heads_missing_source_run(tmp_path, capsys):
     ("--gin.Sweep.bogus=1", "bogus"),
     ("--gin.Sweep.num_kv_heads=[3]", "num_kv_heads=3 must divide num_heads=4"),
     ("--gin.Sweep.uptrain_methods=['avg']", "'avg' is not one of"),
+    ("--gin.Sweep.uptrain_learning_rate=0.0", "uptrain_learning_rate=0.0 must be a positive"),
 ])
 def test_ablate_bad_input(sweep_file, tmp_path, capsys, binding, message):
   out = str(tmp_path / "out")
@@ -459,6 +460,10 @@ def test_sweep_validates_its_fields():
     sweep_lib.Sweep(seeds=())
   with pytest.raises(ValueError, match="uptrain_fraction=0"):
     sweep_lib.Sweep(uptrain_fraction=0.0)
+  for lr in (0, -1e-3, float("nan"), float("inf"), "1e-3", True):
+    with pytest.raises(ValueError, match="uptrain_learning_rate=.* must be a positive number"):
+      sweep_lib.Sweep(uptrain_learning_rate=lr)
+  assert sweep_lib.Sweep(uptrain_learning_rate=2).uptrain_learning_rate == 2
   with pytest.raises(ValueError, match="needs the MHA arm"):
     sweep_lib.plan(sweep_lib.Sweep(num_kv_heads=(2, 1), uptrain_num_kv_heads=(1,)),
                    attnlab.ModelConfig(num_heads=4, d_model=16))

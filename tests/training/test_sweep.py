@@ -137,6 +137,19 @@ def test_an_uptrain_run_is_a_fraction_of_the_steps_and_warmup():
   assert sweep_lib.uptrain_steps(Sweep(uptrain_fraction=0.001), train(steps=100)) == 1
 
 
+def test_uptrain_learning_rate_is_the_uptrain_runs_alone():
+  base_lr = train(learning_rate=3e-3)
+  up = Arm("uptrain-mean-mqa", 1, "uptrain", "mean", 64)
+  scratch = Arm("mqa", 1, d_ff=64)
+  sweep = Sweep(uptrain_learning_rate=1e-4)
+  assert sweep_lib.run_configs(sweep, up, 0, base(), DataConfig(), base_lr)[2].learning_rate == 1e-4
+  assert sweep_lib.run_configs(sweep, scratch, 0, base(), DataConfig(),
+                               base_lr)[2].learning_rate == 3e-3
+  # None (the default): the base run's rate.
+  assert sweep_lib.run_configs(Sweep(), up, 0, base(), DataConfig(),
+                               base_lr)[2].learning_rate == 3e-3
+
+
 def test_results_live_under_arms_name_seed(tmp_path):
   out = str(tmp_path)
   assert sweep_lib.run_dir(out, Arm("mqa", 1), 2) == os.path.join(out, "arms", "mqa", "seed_2")

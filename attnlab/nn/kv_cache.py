@@ -122,7 +122,8 @@ def _scales(shape, dtype):
   return jnp.zeros(shape[:-1], SCALE_DTYPE) if jnp.dtype(dtype) == jnp.int8 else None
 
 
-def _positions_BT(lengths_B, T):
+def positions_after(lengths_B, T):
+  """Positions [B, T] that continue each sequence of ``lengths_B`` tokens: lengths + 0..T-1."""
   return lengths_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
 
 
@@ -316,7 +317,7 @@ class KVCache(_SelfAttentionCache):
     B, T = k_BTKH.shape[:2]
     S = self.capacity
     # Padding and tokens past the end go to slot S, which mode="drop" skips.
-    slot_BT = jnp.where(_is_new_BT(num_new_B, T), _positions_BT(self.lengths_B, T), S)
+    slot_BT = jnp.where(_is_new_BT(num_new_B, T), positions_after(self.lengths_B, T), S)
     b_BT = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
     int8 = self.k_scale_BKS is not None
     (k_new, ks_new), (v_new, vs_new) = (_encode(x, self.k_BKSH.dtype, int8)
@@ -423,7 +424,7 @@ class RingKVCache(_SelfAttentionCache):
     W real tokens of the chunk are then kept (no two writes hit one slot).
     """
     T = k_BTKH.shape[1]
-    pos_BT = _positions_BT(self.lengths_B, T)
+    pos_BT = positions_after(self.lengths_B, T)
     new_BT = _is_new_BT(num_new_B, T)
     (k_new, ks_new), (v_new, vs_new) = self._encode(k_BTKH, v_BTKH)
     # The chunk's own keys are read as stored (quantized), like the ring's.
@@ -441,7 +442,7 @@ class RingKVCache(_SelfAttentionCache):
     (k_new, ks_new), (v_new, vs_new) = k_enc, v_enc
     B, T = k_new.shape[:2]
     W = self.window
-    pos_BT = _positions_BT(self.lengths_B, T)
+    pos_BT = positions_after(self.lengths_B, T)
     new_BT = _is_new_BT(num_new_B, T)
     t_BT = jnp.arange(T, dtype=jnp.int32)[None, :]
     kept_BT = new_BT & (t_BT >= num_new_B[:, None] - W)
@@ -538,7 +539,7 @@ class PagedKVCache(_SelfAttentionCache):
     B, T = k_BTKH.shape[:2]
     P, C = self.k_pages_PCKH.shape[:2]
     M = self.page_table_BM.shape[1]
-    pos_BT = _positions_BT(self.lengths_B, T)
+    pos_BT = positions_after(self.lengths_B, T)
     m_BT = jnp.minimum(pos_BT // C, M - 1)
     page_BT = jnp.take_along_axis(self.page_table_BM, m_BT, axis=1)
     # A token without a page (padding, or an allocator that ran out) is dropped.

@@ -14,7 +14,7 @@ from flax import nnx
 
 from attnlab.config import ModelConfig
 from attnlab.nn.attention import Attention
-from attnlab.nn.kv_cache import with_cross
+from attnlab.nn.kv_cache import positions_after, with_cross
 from attnlab.nn.layers import Embedder, as_dtype, make_norm
 from attnlab.nn.mlp import MLP
 from attnlab.nn.partitioning import logical_constraint
@@ -294,9 +294,8 @@ class EncoderDecoder(nnx.Module):
 
 
 def _cached_positions(tokens_BT, cache):
-  """Positions [B, T] that continue each cached sequence: lengths + 0..T-1."""
-  lengths_B = cache[0].self_attn.lengths_B
-  return lengths_B[:, None] + jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)[None, :]
+  """Positions [B, T] that continue each cached sequence."""
+  return positions_after(cache[0].self_attn.lengths_B, tokens_BT.shape[1])
 
 
 def build_model(cfg: ModelConfig, *, rngs: nnx.Rngs) -> DecoderOnly | EncoderDecoder:

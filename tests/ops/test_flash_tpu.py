@@ -205,6 +205,44 @@ def test_window_grid_is_the_band():
   assert (full.k_steps, full.q_steps) == (32, 32)
 
 
+def test_span_blocks_is_the_most_blocks_a_span_touches():
+  """k_steps / q_steps size the grid by ``_span_blocks``: one block too few drops keys of
+  the band at some alignment; compared with counting the blocks at every alignment."""
+  for block in range(1, 9):
+    for span in range(1, 5 * block + 3):
+      touched = max((o + span - 1) // block - o // block + 1 for o in range(block))
+      for n_blocks in (1, touched - 1, touched, touched + 2):
+        if n_blocks >= 1:
+          assert flash_tpu._span_blocks(span, block, n_blocks) == min(n_blocks, touched), (
+              span, block, n_blocks)
+
+
+def test_step_block_clamps_skipped_steps_to_the_last_visible_block():
+  """Steps past the visible range [first, last) map to block last - 1 (the pipeline sees an
+  unchanged index and fetches nothing); an empty range maps every step to ``first``; no
+  step maps past the array."""
+  st = flash_tpu.TpuStatic(backend="tpu", causal=True, window=8, scale=1.0, q_len=64,
+                           kv_len=64, blocks=BlockSizes(8, 8), groups=1, segments=False,
+                           interpret=False)
+  blocks = lambda first, last, n: [int(flash_tpu._step_block(st, first, last, s, n))
+                                   for s in range(5)]
+  assert blocks(2, 4, 8) == [2, 3, 3, 3, 3]
+  assert blocks(6, 8, 8) == [6, 7, 7, 7, 7]
+  assert blocks(3, 3, 8) == [3, 3, 3, 3, 3]  # empty range: fetched once, never used
+  assert blocks(6, 9, 8) == [6, 7, 7, 7, 7]  # never past n_blocks - 1
+  # Without the clamp (the block-skipping test's control) a step runs on past the range.
+  free = dataclasses.replace(st, clamp_dma=False)
+  assert [int(flash_tpu._step_block(free, 2, 4, s, 8)) for s in range(5)] == [2, 3, 4, 5, 6]
+
+
+def test_lanes_widens_lane_replicated_statistics_to_any_width():
+  x = jnp.arange(3 * flash_tpu.LANES, dtype=F32).reshape(3, flash_tpu.LANES)
+  for width in (8, flash_tpu.LANES, 200, 2 * flash_tpu.LANES, 300):
+    got = np.asarray(flash_tpu._lanes(x, width))
+    assert got.shape == (3, width), width
+    np.testing.assert_array_equal(got, np.asarray(x)[:, np.arange(width) % flash_tpu.LANES])
+
+
 # ----------------------------------------------------------------------------
 # Lowering for TPU (Mosaic) and the platform dispatch.
 # ----------------------------------------------------------------------------

@@ -235,6 +235,28 @@ def test_step_block_clamps_skipped_steps_to_the_last_visible_block():
   assert [int(flash_tpu._step_block(free, 2, 4, s, 8)) for s in range(5)] == [2, 3, 4, 5, 6]
 
 
+def test_plan_defaults_caps_and_refuses_tiles():
+  """Tiles: 128 by default in interpret mode, 512 compiled, capped at the padded lengths;
+  a size that is not a positive int multiple of 8 (interpret) / 128 (compiled) is refused,
+  naming the mode."""
+  plan = flash_tpu.plan
+  assert plan(1000, 2000, block_q=None, block_k=None, interpret=True) == BlockSizes(128, 128)
+  assert plan(1000, 2000, block_q=None, block_k=None, interpret=False) == BlockSizes(512, 512)
+  assert plan(20, 5, block_q=None, block_k=None, interpret=True) == BlockSizes(24, 8)
+  assert plan(20, 5, block_q=None, block_k=None, interpret=False) == BlockSizes(128, 128)
+  assert plan(300, 300, block_q=16, block_k=40, interpret=True) == BlockSizes(16, 40)
+  for kw, interpret, message in [
+      (dict(block_q=16.0), True,
+       r"block_q=16.0 must be a positive multiple of 8 \(interpret mode\)"),
+      (dict(block_k=True), True, r"block_k=True must be a positive multiple of 8 \(interpret"),
+      (dict(block_k=12), True, r"block_k=12 must be a positive multiple of 8"),
+      (dict(block_q=0), True, r"block_q=0 must be a positive multiple of 8"),
+      (dict(block_q=64), False, r"block_q=64 must be a positive multiple of 128 \(compiled\)"),
+  ]:
+    with pytest.raises(ValueError, match=message):
+      plan(64, 64, **{"block_q": None, "block_k": None, **kw}, interpret=interpret)
+
+
 def test_lanes_widens_lane_replicated_statistics_to_any_width():
   x = jnp.arange(3 * flash_tpu.LANES, dtype=F32).reshape(3, flash_tpu.LANES)
   for width in (8, flash_tpu.LANES, 200, 2 * flash_tpu.LANES, 300):

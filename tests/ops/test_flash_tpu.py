@@ -150,9 +150,21 @@ if given is not None:
 
 def test_empty_lengths_give_zeros():
   for T, S in ((0, 5), (3, 0)):
-    out = flash.flash_attention(jnp.ones((1, T, 2, 64)), jnp.ones((1, S, 1, 64)),
-                                jnp.ones((1, S, 1, 64)), backend="tpu")
-    assert out.shape == (1, T, 2, 64) and not np.any(np.asarray(out))
+    for dtype in (F32, BF16):
+      out = flash.flash_attention(jnp.ones((1, T, 2, 64), dtype), jnp.ones((1, S, 1, 64), dtype),
+                                  jnp.ones((1, S, 1, 64), dtype), backend="tpu")
+      assert out.shape == (1, T, 2, 64) and out.dtype == dtype and not np.any(np.asarray(out))
+
+
+def test_scale_reaches_the_kernel():
+  """A given ``scale`` replaces 1/sqrt(H), forward and backward (one tile each way)."""
+  q, k, v, do, _ = flash_inputs(5, 1, 16, 16, 2, 1, 64, F32, None)
+  kw = dict(causal=True, scale=0.3)
+  got = value_and_grads(lambda q, k, v: flash.flash_attention(
+      q, k, v, backend="tpu", interpret=True, **kw))(q, k, v, do)
+  want = value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v, do)
+  for name, a, b in zip(NAMES, got, want, strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 # ----------------------------------------------------------------------------
@@ -403,7 +415,8 @@ def _bad(**over):
     (_bad(block_q=12, block_k=8), "block_q=12 must be a positive multiple of 8"),
     (_bad(block_q=8, block_k=0), "block_k=0"),
     (_bad(window=0), "window=0"),
-    (_bad(q_offset=jnp.zeros((3,), jnp.int32)), "q_offset shape"),
+    (_bad(q_offset=jnp.zeros((3,), jnp.int32)), r"q_offset shape \(3,\) must be \(\) or \[B\]"),
+    (_bad(q_offset=jnp.zeros((1, 1), jnp.int32)), r"q_offset shape \(1, 1\) must be"),
     (_bad(interpret="yes"), "interpret='yes'"),
     (_bad(q_segment_ids=jnp.zeros((1, 7), jnp.int32),
           kv_segment_ids=jnp.zeros((1, 8), jnp.int32)), "q_segment_ids shape"),

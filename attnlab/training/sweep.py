@@ -487,6 +487,55 @@ def _fmt_s(s: float) -> str:
   return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def stale_runs(out: str, sweep: Sweep, arms: list[Arm], base, *,
+               only: str | None = None) -> list[str]:
+  """Runs in ``out`` that a rerun would reuse but that were trained with another
+  config than this sweep gives them (e.g. ``Sweep.match_params``,
+  ``uptrain_fraction`` or ``uptrain_learning_rate`` changed since): one line
+  each, naming the run and the first line of its ``config.gin`` that differs.
+
+  A run counts once it trained a step: finished, or a checkpoint past step 0
+  (an uptraining run's step-0 checkpoint is its conversion, whose config.gin
+  the trainer replaces when it starts).
+  """
+  stale = []
+  for seed in sweep.seeds:
+    for arm in arms:
+      if only is not None and arm.name != only:
+        continue
+      workdir = run_dir(out, arm, seed)
+      path = os.path.join(workdir, CONFIG_FILE)
+      if not os.path.isfile(path):
+        continue
+      result = read_result(out, arm, seed)
+      trained = result is not None and result.get("status") == "ok"
+      if not trained and os.path.isdir(os.path.join(workdir, CHECKPOINT_DIR)):
+        c = Checkpointer(workdir, read_only=True)
+        trained = max(c.steps() or [0]) > 0
+        c.close()
+      if not trained:
+        continue
+      with open(path) as f:
+        have = f.read().splitlines()
+      want = config_gin.operative_config(*run_configs(sweep, arm, seed, *base)).splitlines()
+      if have != want:
+        diff = next(((h, w) for h, w in zip(have, want, strict=False) if h != w),
+                    (f"{len(have)} lines", f"{len(want)} lines"))
+        stale.append(f"{os.path.relpath(workdir, out)} has {diff[0]!r} where this sweep "
+                     f"gives {diff[1]!r}")
+  return stale
+
+
+def check_not_stale(out: str, sweep: Sweep, arms: list[Arm], base, *,
+                    only: str | None = None) -> None:
+  """Raises ValueError naming the runs of ``stale_runs``, if any."""
+  stale = stale_runs(out, sweep, arms, base, only=only)
+  if stale:
+    raise ValueError(f"{out} holds {len(stale)} run(s) trained with another config than this "
+                     f"sweep's ({'; '.join(stale)}); use a new --out, or delete those runs to "
+                     "train them again")
+
+
 def run_sweep(out: str, sweep: Sweep, arms: list[Arm], base, *, only: str | None = None,
               stream=None) -> dict[str, int]:
   """Run every unfinished (arm, seed) of ``arms`` (or of arm ``only``).
@@ -497,8 +546,11 @@ def run_sweep(out: str, sweep: Sweep, arms: list[Arm], base, *, only: str | None
     {"ok": n, "failed": n, "skipped": n} of this invocation.
 
   Raises:
+    ValueError: a run that would be skipped or resumed was trained with
+      another config than this sweep gives it (``stale_runs``); nothing runs.
     SweepInterrupted: a run was stopped by a signal (rerun to resume).
   """
+  check_not_stale(out, sweep, arms, base, only=only)
   stream = stream or sys.stderr
   _, _, tcfg = base
   todo, counts = [], {"ok": 0, "failed": 0, "skipped": 0}

@@ -455,6 +455,37 @@ def test_ablate_unknown_arm(sweep_file, tmp_path, capsys):
   assert "mha, mqa" in err
 
 
+@pytest.mark.parametrize("binding, differs", [
+    ("--gin.Sweep.match_params=True", "ModelConfig.d_ff = 32"),  # the mqa arm widens
+    ("--gin.Sweep.curve_points=2", "TrainConfig.eval_every = 2"),  # both arms
+])
+def test_a_rerun_with_other_run_settings_reuses_no_run(micro, sweep_file, tmp_path, capsys,
+                                                       binding, differs):
+  """A finished run is skipped only if this sweep would train it alike: changed settings
+  name the runs (exit 2) before anything is written or trained."""
+  out = str(tmp_path / "out")
+  shutil.copytree(micro, out)
+  before = {name: _read(out, name) for name in ("results.csv", "sweep.gin")}
+  capsys.readouterr()
+  assert _ablate("--gin_file", sweep_file, "--out", out, binding) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1, err
+  assert "trained with another config than this sweep's" in err and "use a new --out" in err
+  assert os.path.join("arms", "mqa", "seed_0") in err and repr(differs) in err, err
+  assert {name: _read(out, name) for name in before} == before
+  # The library call refuses too; the same sweep skips every finished run.
+  sweep, mcfg, dcfg, tcfg = gin_config.parse_sweep(sweep_file, [binding[len("--gin."):]])
+  arms = sweep_lib.plan(sweep, mcfg)
+  with pytest.raises(ValueError, match="arms/mqa/seed_0"):
+    sweep_lib.run_sweep(out, sweep, arms, (mcfg, dcfg, tcfg))
+  # A run cut short (checkpoints past step 0, no result) would be resumed: named too.
+  os.remove(os.path.join(sweep_lib.run_dir(out, "mqa", 0), sweep_lib.RESULT_FILE))
+  assert any(line.startswith(os.path.join("arms", "mqa", "seed_0"))
+             for line in sweep_lib.stale_runs(out, sweep, arms, (mcfg, dcfg, tcfg)))
+  sweep, mcfg, dcfg, tcfg = gin_config.parse_sweep(sweep_file, [])
+  assert sweep_lib.stale_runs(out, sweep, sweep_lib.plan(sweep, mcfg), (mcfg, dcfg, tcfg)) == []
+
+
 def test_sweep_validates_its_fields():
   with pytest.raises(ValueError, match="seeds=()"):
     sweep_lib.Sweep(seeds=())

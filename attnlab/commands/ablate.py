@@ -92,11 +92,11 @@ def main(argv: list[str]) -> int:
       if _base_part(f.read()) != _base_part(text):
         raise CommandError(f"{args.out} holds a sweep with a different base config "
                            f"({sweep_path}); use a new --out")
-  if not args.report:
-    try:  # before anything is written: a run trained under other settings is not reused
-      sweep_lib.check_not_stale(args.out, sweep, arms, base, only=args.arm)
-    except ValueError as e:
-      raise CommandError(str(e)) from None
+  try:  # before anything is written: a run trained under other settings is neither
+    # reused nor reported under these
+    sweep_lib.check_not_stale(args.out, sweep, arms, base, only=args.arm)
+  except ValueError as e:
+    raise CommandError(str(e)) from None
   if args.report:
     if not os.path.isdir(os.path.join(args.out, sweep_lib.ARMS_DIR)):
       raise CommandError(f"{args.out} holds no runs yet (no {sweep_lib.ARMS_DIR}/ folder)")

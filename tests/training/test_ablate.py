@@ -473,6 +473,10 @@ def test_a_rerun_with_other_run_settings_reuses_no_run(micro, sweep_file, tmp_pa
   assert "trained with another config than this sweep's" in err and "use a new --out" in err
   assert os.path.join("arms", "mqa", "seed_0") in err and repr(differs) in err, err
   assert {name: _read(out, name) for name in before} == before
+  # Nor are they reported under the new settings.
+  assert _ablate("--gin_file", sweep_file, "--out", out, "--report", binding) == 2
+  assert "trained with another config" in capsys.readouterr().err
+  assert {name: _read(out, name) for name in before} == before
   # The library call refuses too; the same sweep skips every finished run.
   sweep, mcfg, dcfg, tcfg = gin_config.parse_sweep(sweep_file, [binding[len("--gin."):]])
   arms = sweep_lib.plan(sweep, mcfg)

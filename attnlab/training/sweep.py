@@ -487,6 +487,23 @@ def _fmt_s(s: float) -> str:
   return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def _selected(sweep: Sweep, arms: list[Arm], only: str | None):
+  """(arm, seed) of every run of the sweep, or of arm ``only``, seed by seed."""
+  return [(arm, seed) for seed in sweep.seeds for arm in arms
+          if only is None or arm.name == only]
+
+
+def _latest_step(workdir: str) -> int:
+  """The run's latest checkpoint step; 0 without one."""
+  if not os.path.isdir(os.path.join(workdir, CHECKPOINT_DIR)):
+    return 0
+  c = Checkpointer(workdir, read_only=True)
+  try:
+    return max(c.steps() or [0])
+  finally:
+    c.close()
+
+
 def stale_runs(out: str, sweep: Sweep, arms: list[Arm], base, *,
                only: str | None = None) -> list[str]:
   """Runs in ``out`` that a rerun would reuse but that were trained with another
@@ -499,30 +516,23 @@ def stale_runs(out: str, sweep: Sweep, arms: list[Arm], base, *,
   the trainer replaces when it starts).
   """
   stale = []
-  for seed in sweep.seeds:
-    for arm in arms:
-      if only is not None and arm.name != only:
-        continue
-      workdir = run_dir(out, arm, seed)
-      path = os.path.join(workdir, CONFIG_FILE)
-      if not os.path.isfile(path):
-        continue
-      result = read_result(out, arm, seed)
-      trained = result is not None and result.get("status") == "ok"
-      if not trained and os.path.isdir(os.path.join(workdir, CHECKPOINT_DIR)):
-        c = Checkpointer(workdir, read_only=True)
-        trained = max(c.steps() or [0]) > 0
-        c.close()
-      if not trained:
-        continue
-      with open(path) as f:
-        have = f.read().splitlines()
-      want = config_gin.operative_config(*run_configs(sweep, arm, seed, *base)).splitlines()
-      if have != want:
-        diff = next(((h, w) for h, w in zip(have, want, strict=False) if h != w),
-                    (f"{len(have)} lines", f"{len(want)} lines"))
-        stale.append(f"{os.path.relpath(workdir, out)} has {diff[0]!r} where this sweep "
-                     f"gives {diff[1]!r}")
+  for arm, seed in _selected(sweep, arms, only):
+    workdir = run_dir(out, arm, seed)
+    path = os.path.join(workdir, CONFIG_FILE)
+    if not os.path.isfile(path):
+      continue
+    result = read_result(out, arm, seed)
+    finished = result is not None and result.get("status") == "ok"
+    if not (finished or _latest_step(workdir) > 0):
+      continue
+    with open(path) as f:
+      have = f.read().splitlines()
+    want = config_gin.operative_config(*run_configs(sweep, arm, seed, *base)).splitlines()
+    if have != want:
+      diff = next(((h, w) for h, w in zip(have, want, strict=False) if h != w),
+                  (f"{len(have)} lines", f"{len(want)} lines"))
+      stale.append(f"{os.path.relpath(workdir, out)} has {diff[0]!r} where this sweep "
+                   f"gives {diff[1]!r}")
   return stale
 
 
@@ -554,15 +564,12 @@ def run_sweep(out: str, sweep: Sweep, arms: list[Arm], base, *, only: str | None
   stream = stream or sys.stderr
   _, _, tcfg = base
   todo, counts = [], {"ok": 0, "failed": 0, "skipped": 0}
-  for seed in sweep.seeds:
-    for arm in arms:
-      if only is not None and arm.name != only:
-        continue
-      r = read_result(out, arm, seed)
-      if r is not None and r.get("status") == "ok":
-        counts["skipped"] += 1
-        continue
-      todo.append((arm, seed))
+  for arm, seed in _selected(sweep, arms, only):
+    r = read_result(out, arm, seed)
+    if r is not None and r.get("status") == "ok":
+      counts["skipped"] += 1
+      continue
+    todo.append((arm, seed))
   prompts_path = os.path.join(out, PROMPTS_FILE)
   if todo and not os.path.isfile(prompts_path):
     _write_json(prompts_path, prompt_set(sweep, base[0], base[1]))
@@ -574,12 +581,7 @@ def run_sweep(out: str, sweep: Sweep, arms: list[Arm], base, *, only: str | None
   remaining = sum(steps_of(a) for a, _ in todo)
   done_steps, t_start = 0, time.perf_counter()
   for i, (arm, seed) in enumerate(todo):
-    workdir = run_dir(out, arm, seed)
-    start = 0
-    if os.path.isdir(os.path.join(workdir, "checkpoints")):
-      c = Checkpointer(workdir, read_only=True)
-      start = (c.steps() or [0])[-1]
-      c.close()
+    start = _latest_step(run_dir(out, arm, seed))
     elapsed = time.perf_counter() - t_start
     eta = f"ETA {_fmt_s(elapsed / done_steps * remaining)}" if done_steps else "ETA ?"
     print(f"ablate [{i + 1}/{len(todo)}] arm={arm.name} seed={seed} step={start}/"

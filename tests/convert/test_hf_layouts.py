@@ -1,0 +1,673 @@
+"""``attnlab.convert.hf`` without torch: the four transformers layouts against a NumPy
+(float64) forward written from transformers' definitions, and the config mapping.
+
+The checkpoints here are made by hand: random tensors under transformers' names and
+shapes (listed below from the transformers model definitions, not from
+``hf.weight_rules``) saved with ``safetensors.numpy``, next to a config.json. Checked:
+
+  * the logits of the imported model against the NumPy forward (Llama with biases and a
+    head_dim that is not d_model / num_heads, GQA / MQA, Mistral's window, Qwen2's q/k/v
+    biases, GPT-2's fused c_attn Conv1D; tied and untied heads);
+  * the export (``write_params`` of ``weight_rules``) gives back every tensor bitwise,
+    in one file or in shards with an index, float32 and bfloat16, and ``to_hf_config``
+    maps back to the same ModelConfig;
+  * every refusal names its field or tensor.
+
+tests/convert/test_hf.py runs the same layouts through ``attnlab convert`` against
+transformers itself (torch); this file is the fast one, and the one
+``tools/mutation.sh`` runs on ``attnlab/convert/hf.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import attnlab
+from attnlab.config import ModelConfig
+from attnlab.convert import hf
+
+pytest.importorskip("safetensors")
+from safetensors.numpy import save_file  # noqa: E402
+
+V, D, F, L, N = 50, 48, 40, 2, 4
+T = 11  # tokens of the logits check: longer than Mistral's window below
+
+# config.json dicts as transformers writes them (the fields the mapping reads).
+LLAMA = dict(model_type="llama", vocab_size=V, hidden_size=D, intermediate_size=F,
+             num_hidden_layers=L, num_attention_heads=N, num_key_value_heads=2,
+             hidden_act="silu", max_position_embeddings=64, rms_norm_eps=1e-5,
+             rope_theta=700.0, tie_word_embeddings=False, attention_bias=False,
+             mlp_bias=False, bos_token_id=1, eos_token_id=2, pad_token_id=None,
+             torch_dtype="float32")
+FAMILY_CONFIGS = {
+    # biases everywhere; 4 heads of 16 = 64 != d_model 48 (an explicit head_dim)
+    "llama_bias_head_dim": dict(LLAMA, attention_bias=True, mlp_bias=True, head_dim=16),
+    "llama_mqa_tied": dict(LLAMA, num_key_value_heads=1, tie_word_embeddings=True,
+                           rope_parameters={"rope_type": "default", "rope_theta": 300.0}),
+    "mistral": dict(LLAMA, model_type="mistral", sliding_window=4, rope_theta=10000.0),
+    "qwen2": dict(LLAMA, model_type="qwen2", tie_word_embeddings=True,
+                  use_sliding_window=False, layer_types=["full_attention"] * L),
+    "gpt2": dict(model_type="gpt2", vocab_size=V, n_embd=D, n_layer=L, n_head=N, n_inner=F,
+                 n_positions=64, activation_function="gelu_new", layer_norm_epsilon=1e-5,
+                 bos_token_id=1, eos_token_id=2),
+    "gpt2_untied": dict(model_type="gpt2", vocab_size=V, n_embd=D, n_layer=L, n_head=N,
+                        n_positions=32, tie_word_embeddings=False),
+}
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def llama_shapes(c: dict, prefix: str = "model.") -> dict[str, tuple]:
+  """transformers' Llama / Mistral / Qwen2 tensor names and shapes (nn.Linear: [out, in])."""
+  H = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+  n, k = c["num_attention_heads"] * H, c.get("num_key_value_heads", c["num_attention_heads"]) * H
+  d, f = c["hidden_size"], c["intermediate_size"]
+  qkv_bias = c["model_type"] == "qwen2" or c.get("attention_bias", False)
+  o_bias = c["model_type"] == "llama" and c.get("attention_bias", False)
+  mlp_bias = c["model_type"] == "llama" and c.get("mlp_bias", False)
+  out = {f"{prefix}embed_tokens.weight": (c["vocab_size"], d), f"{prefix}norm.weight": (d,)}
+  if not c.get("tie_word_embeddings", False):
+    out["lm_head.weight"] = (c["vocab_size"], d)
+  for i in range(c["num_hidden_layers"]):
+    p = f"{prefix}layers.{i}."
+    out |= {p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
+            p + "self_attn.q_proj.weight": (n, d), p + "self_attn.k_proj.weight": (k, d),
+            p + "self_attn.v_proj.weight": (k, d), p + "self_attn.o_proj.weight": (d, n),
+            p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d),
+            p + "mlp.down_proj.weight": (d, f)}
+    if qkv_bias:
+      out |= {p + "self_attn.q_proj.bias": (n,), p + "self_attn.k_proj.bias": (k,),
+              p + "self_attn.v_proj.bias": (k,)}
+    if o_bias:
+      out[p + "self_attn.o_proj.bias"] = (d,)
+    if mlp_bias:
+      out |= {p + "mlp.gate_proj.bias": (f,), p + "mlp.up_proj.bias": (f,),
+              p + "mlp.down_proj.bias": (d,)}
+  return out
+
+
+def gpt2_shapes(c: dict, prefix: str = "transformer.") -> dict[str, tuple]:
+  """transformers' GPT-2 tensor names and shapes (Conv1D: [in, out])."""
+  d, f = c["n_embd"], c.get("n_inner") or 4 * c["n_embd"]
+  out = {f"{prefix}wte.weight": (c["vocab_size"], d), f"{prefix}wpe.weight": (c["n_positions"], d),
+         f"{prefix}ln_f.weight": (d,), f"{prefix}ln_f.bias": (d,)}
+  if not c.get("tie_word_embeddings", True):
+    out["lm_head.weight"] = (c["vocab_size"], d)
+  for i in range(c["n_layer"]):
+    p = f"{prefix}h.{i}."
+    out |= {p + "ln_1.weight": (d,), p + "ln_1.bias": (d,), p + "ln_2.weight": (d,),
+            p + "ln_2.bias": (d,), p + "attn.c_attn.weight": (d, 3 * d),
+            p + "attn.c_attn.bias": (3 * d,), p + "attn.c_proj.weight": (d, d),
+            p + "attn.c_proj.bias": (d,), p + "mlp.c_fc.weight": (d, f),
+            p + "mlp.c_fc.bias": (f,), p + "mlp.c_proj.weight": (f, d),
+            p + "mlp.c_proj.bias": (d,)}
+  return out
+
+
+def shapes_of(c: dict, prefix: str | None = None) -> dict[str, tuple]:
+  if c["model_type"] == "gpt2":
+    return gpt2_shapes(c) if prefix is None else gpt2_shapes(c, prefix)
+  return llama_shapes(c) if prefix is None else llama_shapes(c, prefix)
+
+
+def random_tensors(shapes: dict[str, tuple], seed: int = 0) -> dict[str, np.ndarray]:
+  """Random float32 tensors; norm weights near 1 so that the activations stay O(1)."""
+  rng = np.random.default_rng(seed)
+  out = {}
+  for name, shape in shapes.items():
+    x = 0.3 * rng.standard_normal(shape)
+    if "norm" in name or "ln_" in name:
+      x = (1.0 + x) if name.endswith("weight") else x
+    out[name] = x.astype(np.float32)
+  return out
+
+
+def write_checkpoint(path, config: dict, tensors: dict[str, np.ndarray]) -> str:
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(config, f)
+  save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+  return str(path)
+
+
+def import_checkpoint(src: str):
+  """(family, ModelConfig, model) through the library calls `convert --from-hf` makes."""
+  family, cfg = hf.from_hf_config(hf.read_hf_config(src))
+  files = hf.tensor_files(src)
+  params = hf.read_params(hf.check_tensors(family, cfg, files), files, np.float32)
+  return family, cfg, model_from_params(cfg, params)
+
+
+def model_from_params(cfg: ModelConfig, params: dict):
+  """The model whose parameters are exactly ``params`` ({path: array}); every
+  parameter must be filled."""
+  graphdef, state = nnx.split(nnx.eval_shape(lambda: attnlab.build_model(cfg, rngs=nnx.Rngs(0))))
+  params = dict(params)
+  for path, var in nnx.to_flat_state(state):
+    if isinstance(var, nnx.Param):
+      value = params.pop(tuple(path))
+      assert value.shape == var.shape, (path, value.shape, var.shape)
+      var.set_value(value)
+  assert not params, sorted(params)
+  return nnx.merge(graphdef, state)
+
+
+def flat_params(model) -> dict[tuple, np.ndarray]:
+  return {tuple(p): np.asarray(v.get_value()) for p, v in nnx.to_flat_state(
+      nnx.state(model, nnx.Param))}
+
+
+# --------------------------------------------------------------------------- NumPy forward
+
+
+def _rmsnorm(x, w, eps):
+  return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def _layernorm(x, w, b, eps):
+  mu = x.mean(-1, keepdims=True)
+  return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps) * w + b
+
+
+def _attend(q, k, v, window=None):
+  """Causal softmax attention, q [T, N, H], k / v [T, K, H] (query head n reads KV
+  head n // (N / K), as transformers' repeat_kv does); a window W keeps keys j with
+  i - j < W."""
+  Tq, n_heads, H = q.shape
+  group = n_heads // k.shape[1]
+  i, j = np.arange(Tq)[:, None], np.arange(Tq)[None, :]
+  seen = (j <= i) if window is None else (j <= i) & (i - j < window)
+  out = np.empty_like(q)
+  for n in range(n_heads):
+    s = q[:, n] @ k[:, n // group].T / np.sqrt(H)
+    s = np.where(seen, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    out[:, n] = (p / p.sum(-1, keepdims=True)) @ v[:, n // group]
+  return out
+
+
+def llama_forward(c: dict, w: dict, tokens) -> np.ndarray:
+  """transformers' LlamaForCausalLM (and Mistral, Qwen2) for one unpadded sequence."""
+  w = {k: v.astype(np.float64) for k, v in w.items()}
+  n_heads, n_kv = c["num_attention_heads"], c.get("num_key_value_heads")
+  H = c.get("head_dim") or c["hidden_size"] // n_heads
+  params = c.get("rope_parameters") or {}
+  theta = params.get("rope_theta", c.get("rope_theta", 10000.0))
+  eps = c["rms_norm_eps"]
+  window = c.get("sliding_window") if c["model_type"] == "mistral" else None
+  lin = lambda x, name: x @ w[name + ".weight"].T + w.get(name + ".bias", 0.0)
+  # rotate_half RoPE: frequencies theta^(-2i/H) for i < H/2, repeated for both halves.
+  inv_freq = theta ** (-np.arange(0, H, 2) / H)
+  angles = np.arange(len(tokens))[:, None] * np.concatenate([inv_freq, inv_freq])[None]
+  cos, sin = np.cos(angles)[:, None], np.sin(angles)[:, None]
+  rotate_half = lambda x: np.concatenate([-x[..., H // 2:], x[..., :H // 2]], -1)
+  rope = lambda x: x * cos + rotate_half(x) * sin
+  x = w["model.embed_tokens.weight"][tokens]
+  for i in range(c["num_hidden_layers"]):
+    p = f"model.layers.{i}."
+    h = _rmsnorm(x, w[p + "input_layernorm.weight"], eps)
+    q = rope(lin(h, p + "self_attn.q_proj").reshape(len(tokens), n_heads, H))
+    k = rope(lin(h, p + "self_attn.k_proj").reshape(len(tokens), n_kv, H))
+    v = lin(h, p + "self_attn.v_proj").reshape(len(tokens), n_kv, H)
+    x = x + lin(_attend(q, k, v, window).reshape(len(tokens), -1), p + "self_attn.o_proj")
+    h = _rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
+    gate = lin(h, p + "mlp.gate_proj")
+    x = x + lin(gate / (1 + np.exp(-gate)) * lin(h, p + "mlp.up_proj"), p + "mlp.down_proj")
+  x = _rmsnorm(x, w["model.norm.weight"], eps)
+  return x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T
+
+
+def gpt2_forward(c: dict, w: dict, tokens) -> np.ndarray:
+  """transformers' GPT2LMHeadModel for one sequence (Conv1D: x @ W + b)."""
+  w = {k: v.astype(np.float64) for k, v in w.items()}
+  d, n_heads, eps = c["n_embd"], c["n_head"], c.get("layer_norm_epsilon", 1e-5)
+  conv = lambda x, name: x @ w[name + ".weight"] + w[name + ".bias"]
+  gelu_new = lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+  x = w["transformer.wte.weight"][tokens] + w["transformer.wpe.weight"][:len(tokens)]
+  for i in range(c["n_layer"]):
+    p = f"transformer.h.{i}."
+    h = _layernorm(x, w[p + "ln_1.weight"], w[p + "ln_1.bias"], eps)
+    q, k, v = (a.reshape(len(tokens), n_heads, d // n_heads)
+               for a in np.split(conv(h, p + "attn.c_attn"), 3, axis=-1))
+    x = x + conv(_attend(q, k, v).reshape(len(tokens), d), p + "attn.c_proj")
+    h = _layernorm(x, w[p + "ln_2.weight"], w[p + "ln_2.bias"], eps)
+    x = x + conv(gelu_new(conv(h, p + "mlp.c_fc")), p + "mlp.c_proj")
+  x = _layernorm(x, w["transformer.ln_f.weight"], w["transformer.ln_f.bias"], eps)
+  return x @ w.get("lm_head.weight", w["transformer.wte.weight"]).T
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+@pytest.mark.parametrize("name", list(FAMILY_CONFIGS))
+def test_imported_logits_match_the_numpy_forward_of_the_transformers_layout(name, tmp_path):
+  c = FAMILY_CONFIGS[name]
+  tensors = random_tensors(shapes_of(c), seed=1)
+  family, cfg, model = import_checkpoint(write_checkpoint(tmp_path / "hf", c, tensors))
+  assert family == c["model_type"]
+  tokens = np.random.default_rng(2).integers(0, V, T)
+  forward = gpt2_forward if family == "gpt2" else llama_forward
+  want = forward(c, tensors, tokens)
+  got = np.asarray(jax.jit(lambda t: model(t))(tokens[None]))[0]
+  assert np.abs(want).max() > 1.0  # weights large enough for the check to mean something
+  np.testing.assert_allclose(got, want, atol=2e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", list(FAMILY_CONFIGS))
+def test_export_gives_back_every_tensor_and_the_config(name, tmp_path):
+  c = FAMILY_CONFIGS[name]
+  tensors = random_tensors(shapes_of(c), seed=3)
+  family, cfg, model = import_checkpoint(write_checkpoint(tmp_path / "hf", c, tensors))
+  assert hf.hf_family(cfg) == family
+  out = tmp_path / "back"
+  out.mkdir()
+  files = hf.write_params(hf.weight_rules(family, cfg), flat_params(model), str(out))
+  assert files == [str(out / "model.safetensors")]
+  from safetensors.numpy import load_file
+
+  back = load_file(files[0])
+  assert sorted(back) == sorted(tensors)
+  for key, value in tensors.items():
+    assert back[key].dtype == value.dtype, key
+    np.testing.assert_array_equal(back[key], value, err_msg=key)
+  again = hf.to_hf_config(cfg, bos_id=1, eos_id=2)
+  assert hf.from_hf_config(again) == (family, cfg)
+  assert again["architectures"] == [hf.ARCHITECTURES[family]]
+  assert (again["bos_token_id"], again["eos_token_id"]) == (1, 2)
+
+
+def test_a_base_model_checkpoint_without_the_model_prefix_is_read(tmp_path):
+  c = FAMILY_CONFIGS["llama_mqa_tied"]
+  tensors = random_tensors(shapes_of(c), seed=4)
+  bare = {k.removeprefix("model."): v for k, v in tensors.items()}
+  assert len(bare) == len(tensors) and "embed_tokens.weight" in bare
+  _, _, model = import_checkpoint(write_checkpoint(tmp_path / "bare", c, bare))
+  _, _, want = import_checkpoint(write_checkpoint(tmp_path / "full", c, tensors))
+  got, expected = flat_params(model), flat_params(want)
+  for path in expected:
+    np.testing.assert_array_equal(got[path], expected[path], err_msg=str(path))
+  g = FAMILY_CONFIGS["gpt2"]
+  tensors = random_tensors(shapes_of(g), seed=4)
+  bare = {k.removeprefix("transformer."): v for k, v in tensors.items()}
+  files = {name: "f" for name in bare}
+  assert hf._name_prefix("gpt2", files) == ""
+  assert hf._name_prefix("gpt2", dict.fromkeys(tensors, "f")) is None
+  assert hf._name_prefix("llama", dict.fromkeys(bare, "f")) is None  # no embed_tokens at all
+
+
+def test_sharded_export_writes_an_index_that_the_import_reads(tmp_path):
+  c = FAMILY_CONFIGS["llama_bias_head_dim"]
+  tensors = random_tensors(shapes_of(c), seed=5)
+  family, cfg, model = import_checkpoint(write_checkpoint(tmp_path / "hf", c, tensors))
+  out = tmp_path / "shards"
+  out.mkdir()
+  biggest = max(v.nbytes for v in tensors.values())
+  files = hf.write_params(hf.weight_rules(family, cfg), flat_params(model), str(out),
+                          max_shard_bytes=biggest + 1)
+  assert len(files) > 2
+  assert [os.path.basename(f) for f in files] == [f"model-{i:05d}.safetensors"
+                                                  for i in range(1, len(files) + 1)]
+  from safetensors.numpy import load_file
+
+  sizes = [sum(v.nbytes for v in load_file(f).values()) for f in files]
+  assert max(sizes) <= biggest + 1  # no shard past the limit
+  index = json.loads((out / "model.safetensors.index.json").read_text())
+  assert index["metadata"]["total_size"] == sum(v.nbytes for v in tensors.values())
+  assert sorted(index["weight_map"]) == sorted(tensors)
+  (out / "config.json").write_text(json.dumps(c))
+  found = hf.tensor_files(str(out))
+  assert {n: os.path.basename(p) for n, p in found.items()} == index["weight_map"]
+  _, _, again = import_checkpoint(str(out))
+  got, want = flat_params(again), flat_params(model)
+  for path in want:
+    np.testing.assert_array_equal(got[path], want[path], err_msg=str(path))
+
+
+def test_a_tensor_larger_than_a_shard_gets_a_shard_of_its_own(tmp_path):
+  c = FAMILY_CONFIGS["gpt2"]
+  family, cfg = hf.from_hf_config(c)
+  rules = hf.weight_rules(family, cfg)
+  params = {path: np.ones(shape, np.float32) for r in rules
+            for path, shape in zip(r.paths, [np.shape(a) for a in r.to_attnlab(
+                *[np.zeros(s, np.float32) for s in r.hf_shapes])], strict=True)}
+  files = hf.write_params(rules, params, str(tmp_path), max_shard_bytes=1)
+  assert len(files) == len(shapes_of(c))  # one tensor per shard, none dropped
+
+
+def test_bfloat16_parameters_export_as_bfloat16(tmp_path):
+  import jax.numpy as jnp
+  from safetensors import safe_open
+
+  c = FAMILY_CONFIGS["qwen2"]
+  tensors = random_tensors(shapes_of(c), seed=6)
+  family, cfg, model = import_checkpoint(write_checkpoint(tmp_path / "hf", c, tensors))
+  params = {p: jnp.asarray(v, jnp.bfloat16) for p, v in flat_params(model).items()}
+  (path,) = hf.write_params(hf.weight_rules(family, cfg), params, str(tmp_path))
+  with safe_open(path, framework="flax") as f:
+    assert f.metadata() == {"format": "pt"}
+    for name, value in tensors.items():
+      got = f.get_tensor(name)
+      assert got.dtype == jnp.bfloat16, name
+      np.testing.assert_array_equal(np.asarray(got, np.float32),
+                                    np.asarray(jnp.asarray(value, jnp.bfloat16), np.float32))
+  bf16 = dict(c, torch_dtype="bfloat16")
+  family, cfg16 = hf.from_hf_config(bf16)
+  assert (cfg16.dtype, cfg16.param_dtype) == ("bfloat16", "bfloat16")
+  assert hf.from_hf_config(bf16, dtype="float32")[1].param_dtype == "float32"
+  assert hf.to_hf_config(cfg16)["dtype"] == "bfloat16"
+
+
+# --------------------------------------------------------------------------- config mapping
+
+
+def test_config_fields_map_one_to_one():
+  family, cfg = hf.from_hf_config(FAMILY_CONFIGS["llama_bias_head_dim"])
+  assert family == "llama"
+  assert (cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+          cfg.d_ff, cfg.vocab_size, cfg.max_len) == (D, L, N, 2, 16, F, V, 64)
+  assert (cfg.rope_theta, cfg.norm_eps, cfg.rope_pairing, cfg.pos) == (700.0, 1e-5, "half",
+                                                                       "rope")
+  assert cfg.has_bias("qkv") and cfg.has_bias("o") and cfg.has_bias("mlp")
+  assert not cfg.tie_embeddings and cfg.window is None and cfg.pad_id == 0
+  # head_dim = d_model / num_heads is the default, stored as None
+  _, cfg = hf.from_hf_config(dict(LLAMA, head_dim=D // N))
+  assert cfg.head_dim == D // N and hf.from_hf_config(LLAMA)[1] == cfg
+  # defaults of fields transformers may leave out
+  minimal = {k: LLAMA[k] for k in ("model_type", "vocab_size", "hidden_size",
+                                   "intermediate_size", "num_hidden_layers",
+                                   "num_attention_heads")}
+  _, cfg = hf.from_hf_config(minimal)
+  assert (cfg.num_kv_heads, cfg.rope_theta, cfg.norm_eps, cfg.max_len, cfg.tie_embeddings,
+          cfg.dtype) == (N, 10000.0, 1e-6, 2048, False, "float32")
+  assert not (cfg.has_bias("qkv") or cfg.has_bias("o") or cfg.has_bias("mlp"))
+  _, cfg = hf.from_hf_config(FAMILY_CONFIGS["llama_mqa_tied"])
+  assert cfg.rope_theta == 300.0 and cfg.num_kv_heads == 1 and cfg.tie_embeddings
+  _, cfg = hf.from_hf_config(dict(LLAMA, rope_scaling={"type": "default"}, pad_token_id=7))
+  assert cfg.rope_theta == 700.0 and cfg.pad_id == 7
+  family, cfg = hf.from_hf_config(FAMILY_CONFIGS["mistral"])
+  assert family == "mistral" and cfg.window == 4 and not cfg.has_bias("qkv")
+  family, cfg = hf.from_hf_config(FAMILY_CONFIGS["qwen2"])
+  assert family == "qwen2" and cfg.has_bias("qkv") and not cfg.has_bias("o")
+  assert not cfg.has_bias("mlp") and cfg.tie_embeddings
+  family, cfg = hf.from_hf_config(FAMILY_CONFIGS["gpt2"])
+  assert family == "gpt2" and (cfg.pos, cfg.norm, cfg.mlp) == ("learned", "layernorm", "gelu")
+  assert (cfg.d_ff, cfg.max_len, cfg.norm_eps, cfg.num_kv_heads) == (F, 64, 1e-5, N)
+  assert cfg.has_bias("qkv") and cfg.has_bias("o") and cfg.has_bias("mlp")
+  assert cfg.tie_embeddings and cfg.arch == "decoder_only" and not cfg.scale_embeddings
+  _, cfg = hf.from_hf_config(FAMILY_CONFIGS["gpt2_untied"])
+  assert (cfg.d_ff, cfg.max_len, cfg.norm_eps, cfg.tie_embeddings) == (4 * D, 32, 1e-5, False)
+
+
+def test_to_hf_config_writes_each_family_own_fields():
+  llama = hf.to_hf_config(hf.from_hf_config(FAMILY_CONFIGS["llama_bias_head_dim"])[1])
+  assert (llama["attention_bias"], llama["mlp_bias"], llama["head_dim"]) == (True, True, 16)
+  assert llama["rope_parameters"] == {"rope_type": "default", "rope_theta": 700.0}
+  assert llama["rope_theta"] == 700.0 and llama["num_key_value_heads"] == 2
+  assert (llama["hidden_act"], llama["model_type"], llama["use_cache"]) == ("silu", "llama", True)
+  assert (llama["bos_token_id"], llama["eos_token_id"], llama["pad_token_id"]) == (None, None, 0)
+  mistral = hf.to_hf_config(hf.from_hf_config(FAMILY_CONFIGS["mistral"])[1])
+  assert mistral["sliding_window"] == 4 and "attention_bias" not in mistral
+  qwen = hf.to_hf_config(hf.from_hf_config(FAMILY_CONFIGS["qwen2"])[1])
+  assert qwen["use_sliding_window"] is False and qwen["sliding_window"] is None
+  assert qwen["layer_types"] == ["full_attention"] * L
+  gpt2 = hf.to_hf_config(hf.from_hf_config(FAMILY_CONFIGS["gpt2"])[1])
+  assert (gpt2["n_embd"], gpt2["n_layer"], gpt2["n_head"], gpt2["n_inner"],
+          gpt2["n_positions"]) == (D, L, N, F, 64)
+  assert gpt2["activation_function"] == "gelu_new" and gpt2["scale_attn_weights"] is True
+  assert gpt2["scale_attn_by_inverse_layer_idx"] is False and gpt2["tie_word_embeddings"]
+  assert "hidden_size" not in gpt2
+  cfg = ModelConfig(vocab_size=V, d_model=D, num_layers=L, num_heads=N, d_ff=F, pos="learned",
+                    norm="layernorm", mlp="gelu", use_bias=True, dropout_rate=0.1,
+                    attention_dropout_rate=0.2)
+  gpt2 = hf.to_hf_config(cfg)
+  assert (gpt2["resid_pdrop"], gpt2["embd_pdrop"], gpt2["attn_pdrop"]) == (0.1, 0.1, 0.2)
+
+
+def test_special_ids():
+  assert hf.special_ids(dict(vocab_size=10, bos_token_id=1, eos_token_id=[2, 3],
+                             pad_token_id=0)) == {"bos": 1, "eos": 2, "pad": 0}
+  # out of the vocabulary, an empty list, a string, or absent: None
+  assert hf.special_ids(dict(vocab_size=10, bos_token_id=10, eos_token_id=[],
+                             pad_token_id="0")) == {"bos": None, "eos": None, "pad": None}
+  assert hf.special_ids(dict(vocab_size=10, bos_token_id=-1, eos_token_id=9)) == {
+      "bos": None, "eos": 9, "pad": None}
+  assert hf.special_ids({"bos_token_id": 0}) == {"bos": None, "eos": None, "pad": None}
+
+
+# The refusals: (config.json changes, the message). Each would change the math if ignored.
+BAD_CONFIGS = {
+    "model_type": ({"model_type": "gpt_neox"}, "model_type='gpt_neox' is not supported "
+                   "(supported: 'llama', 'mistral', 'qwen2', 'gpt2')"),
+    "no_model_type": ({"model_type": None}, "model_type=None is not supported"),
+    "hidden_act": ({"hidden_act": "gelu"}, "config.json hidden_act='gelu' is not supported "
+                   "(supported: 'silu')"),
+    "attention_bias": ({"attention_bias": "yes"}, "attention_bias='yes' is not supported"),
+    "mlp_bias": ({"mlp_bias": 1.5}, "mlp_bias=1.5 is not supported"),
+    "rope_scaling": ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+                     "config.json rope_scaling.rope_type='linear' is not supported "
+                     "(only 'default' RoPE, no scaling)"),
+    "rope_scaling_type": ({"rope_scaling": {"type": "dynamic"}},
+                          "rope_scaling.rope_type='dynamic' is not supported"),
+    "rope_parameters": ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5.0}},
+                        "rope_parameters.rope_type='llama3' is not supported"),
+    "rope_not_a_dict": ({"rope_parameters": 3}, "rope_parameters=3 is not a JSON object"),
+    "partial_in_parameters": ({"rope_parameters": {"partial_rotary_factor": 0.5}},
+                              "rope_parameters.partial_rotary_factor=0.5 is not supported "
+                              "(only 1.0)"),
+    "partial": ({"partial_rotary_factor": 0.25}, "config.json partial_rotary_factor=0.25 is "
+                "not supported (only 1.0)"),
+    "dtype": ({"torch_dtype": "int8"}, "config.json dtype='int8' is not supported "
+              "(supported: bfloat16, float16, float32)"),
+    "required": ({"hidden_size": None}, "config.json has no hidden_size"),
+    "heads": ({"num_key_value_heads": 3}, "config.json gives an invalid attnlab config: "),
+    "qwen2_window": ({"model_type": "qwen2", "use_sliding_window": True},
+                     "use_sliding_window=True is not supported"),
+    "qwen2_layers": ({"model_type": "qwen2", "layer_types": ["full_attention",
+                                                             "sliding_attention"]},
+                     "layer_types=['full_attention', 'sliding_attention'] is not supported "
+                     "(only 'full_attention' layers)"),
+}
+GPT2_BAD = {
+    "activation": ({"activation_function": "relu"}, "activation_function='relu' is not "
+                   "supported (supported: 'gelu_new', 'gelu_pytorch_tanh', 'gelu_fast')"),
+    "scale": ({"scale_attn_weights": False}, "scale_attn_weights=False is not supported"),
+    "layer_idx": ({"scale_attn_by_inverse_layer_idx": True},
+                  "scale_attn_by_inverse_layer_idx=True is not supported"),
+    "cross": ({"add_cross_attention": True}, "add_cross_attention=True is not supported"),
+    "required": ({"n_layer": None}, "config.json has no n_layer"),
+    "heads": ({"n_head": 5}, "config.json gives an invalid attnlab config: "),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_llama_family_config_refusals_name_the_field(case):
+  change, message = BAD_CONFIGS[case]
+  with pytest.raises(hf.ConversionError) as e:
+    hf.from_hf_config(dict(LLAMA, **change))
+  assert message in str(e.value)
+
+
+@pytest.mark.parametrize("case", list(GPT2_BAD))
+def test_gpt2_config_refusals_name_the_field(case):
+  change, message = GPT2_BAD[case]
+  with pytest.raises(hf.ConversionError) as e:
+    hf.from_hf_config(dict(FAMILY_CONFIGS["gpt2"], **change))
+  assert message in str(e.value)
+
+
+def test_accepted_variants_of_refused_fields():
+  for act in hf.GPT2_GELUS:
+    assert hf.from_hf_config(dict(FAMILY_CONFIGS["gpt2"], activation_function=act))[1].mlp == "gelu"
+  for name, want in (("fp16", "float16"), ("bf16", "bfloat16"), ("float32", "float32")):
+    assert hf.from_hf_config(dict(LLAMA, torch_dtype=name))[1].param_dtype == want
+  assert hf.from_hf_config(dict(LLAMA, torch_dtype=None, dtype="fp32"))[1].dtype == "float32"
+  assert hf.from_hf_config(dict(LLAMA, rope_parameters={"partial_rotary_factor": 1.0}))[1]
+  assert hf.from_hf_config(dict(LLAMA, model_type="qwen2", layer_types=None))[0] == "qwen2"
+
+
+EXPORT_REFUSALS = {
+    "arch": (dict(arch="encoder_decoder"), "ModelConfig.arch='encoder_decoder' has no "
+             "transformers layout here (only 'decoder_only' exports)"),
+    "post_norm": (dict(norm_position="post"), "ModelConfig.norm_position='post'"),
+    "scaled": (dict(scale_embeddings=True), "ModelConfig.scale_embeddings=True"),
+    "sinusoidal": (dict(pos="sinusoidal"), "ModelConfig.pos='sinusoidal' has no transformers "
+                   "layout here (llama / mistral / qwen2 need 'rope', gpt2 'learned')"),
+    "pairing": (dict(rope_pairing="adjacent"), "ModelConfig.rope_pairing='adjacent'"),
+    "norm": (dict(norm="layernorm"), "ModelConfig.norm='layernorm' has no transformers layout "
+             "here (llama / mistral / qwen2 need 'rmsnorm')"),
+    "mlp": (dict(mlp="gelu"), "ModelConfig.mlp='gelu'"),
+    "window_bias": (dict(window=4, qkv_bias=True), "ModelConfig.window=4 has no transformers "
+                    "layout here (mistral, the sliding-window layout, has no biases)"),
+    "window_mlp_bias": (dict(window=4, mlp_bias=True), "ModelConfig.window=4"),
+    "window_o_bias": (dict(window=4, o_bias=True), "ModelConfig.window=4"),
+    "o_only": (dict(o_bias=True), "ModelConfig.o_bias=True has no transformers layout here "
+               "(llama's attention_bias covers q, k, v and o together"),
+    "qkv_mlp": (dict(qkv_bias=True, mlp_bias=True), "ModelConfig.o_bias="),
+    "gpt2_norm": (dict(pos="learned", mlp="gelu", use_bias=True),
+                  "ModelConfig.norm='rmsnorm' has no transformers layout here (gpt2 needs "
+                  "'layernorm')"),
+    "gpt2_mlp": (dict(pos="learned", norm="layernorm", use_bias=True), "ModelConfig.mlp="),
+    "gpt2_window": (dict(pos="learned", norm="layernorm", mlp="gelu", use_bias=True, window=3),
+                    "ModelConfig.window=3"),
+    "gpt2_gqa": (dict(pos="learned", norm="layernorm", mlp="gelu", use_bias=True,
+                      num_kv_heads=2), "ModelConfig.num_kv_heads=2 has no transformers layout "
+                 "here (gpt2 is multi-head: num_kv_heads = num_heads)"),
+    "gpt2_head_dim": (dict(pos="learned", norm="layernorm", mlp="gelu", use_bias=True,
+                           head_dim=8), "ModelConfig.head_dim=8"),
+    "gpt2_no_bias": (dict(pos="learned", norm="layernorm", mlp="gelu"),
+                     "ModelConfig.use_bias=False has no transformers layout here (gpt2 has "
+                     "biases on every projection)"),
+    "gpt2_mlp_bias": (dict(pos="learned", norm="layernorm", mlp="gelu", use_bias=True,
+                           mlp_bias=False), "ModelConfig.mlp_bias=False"),
+    "gpt2_o_bias": (dict(pos="learned", norm="layernorm", mlp="gelu", use_bias=True,
+                         o_bias=False), "ModelConfig.o_bias=False"),
+}
+
+
+@pytest.mark.parametrize("case", list(EXPORT_REFUSALS))
+def test_export_refusals_name_the_field(case):
+  change, message = EXPORT_REFUSALS[case]
+  base = dict(vocab_size=V, d_model=D, num_layers=L, num_heads=N, d_ff=F)
+  with pytest.raises(hf.ConversionError) as e:
+    hf.hf_family(ModelConfig(**base, **change))
+  assert message in str(e.value)
+
+
+def test_export_families():
+  base = dict(vocab_size=V, d_model=D, num_layers=L, num_heads=N, d_ff=F)
+  assert hf.hf_family(ModelConfig(**base)) == "llama"
+  assert hf.hf_family(ModelConfig(**base, use_bias=True)) == "llama"
+  assert hf.hf_family(ModelConfig(**base, qkv_bias=True, o_bias=True)) == "llama"
+  assert hf.hf_family(ModelConfig(**base, qkv_bias=True)) == "qwen2"
+  assert hf.hf_family(ModelConfig(**base, window=5)) == "mistral"
+  assert hf.hf_family(ModelConfig(**base, pos="learned", norm="layernorm", mlp="gelu",
+                                  use_bias=True)) == "gpt2"
+
+
+# --------------------------------------------------------------------------- files
+
+
+def test_unreadable_config_json(tmp_path):
+  with pytest.raises(hf.ConversionError, match="is not a directory"):
+    hf.read_hf_config(str(tmp_path / "nowhere"))
+  with pytest.raises(hf.ConversionError, match="config.json does not exist: not a "
+                     "transformers checkpoint directory"):
+    hf.read_hf_config(str(tmp_path))
+  (tmp_path / "config.json").write_text("{not json")
+  with pytest.raises(hf.ConversionError, match="config.json is not readable JSON"):
+    hf.read_hf_config(str(tmp_path))
+  (tmp_path / "config.json").write_text("[1, 2]")
+  with pytest.raises(hf.ConversionError, match="config.json holds list, not a JSON object"):
+    hf.read_hf_config(str(tmp_path))
+  (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+  assert hf.read_hf_config(str(tmp_path)) == {"model_type": "llama"}
+
+
+def test_tensor_files_errors(tmp_path):
+  with pytest.raises(hf.ConversionError, match="holds no \\*.safetensors file"):
+    hf.tensor_files(str(tmp_path))
+  index = tmp_path / "model.safetensors.index.json"
+  index.write_text('{"metadata": {}}')
+  with pytest.raises(hf.ConversionError, match="has no readable weight_map"):
+    hf.tensor_files(str(tmp_path))
+  index.write_text('{"weight_map": {"a.weight": "model-00001.safetensors"}}')
+  with pytest.raises(hf.ConversionError, match="names model-00001.safetensors for tensor "
+                     "a.weight, which does not exist"):
+    hf.tensor_files(str(tmp_path))
+  # without an index, every *.safetensors file's header is read (other files are not)
+  index.unlink()
+  save_file({"a": np.zeros(2, np.float32)}, str(tmp_path / "one.safetensors"))
+  save_file({"b": np.zeros(3, np.float32), "c": np.ones(1, np.float32)},
+            str(tmp_path / "two.safetensors"))
+  (tmp_path / "notes.txt").write_text("x")
+  assert hf.tensor_files(str(tmp_path)) == {"a": str(tmp_path / "one.safetensors"),
+                                            "b": str(tmp_path / "two.safetensors"),
+                                            "c": str(tmp_path / "two.safetensors")}
+
+
+def _bad_tensors(change):
+  tensors = random_tensors(shapes_of(LLAMA), seed=7)
+  change(tensors)
+  return tensors
+
+
+BAD_TENSORS = {
+    "missing": (lambda t: t.pop("model.layers.1.mlp.up_proj.weight"),
+                "tensor model.layers.1.mlp.up_proj.weight is missing from the checkpoint"),
+    "wrong_shape": (lambda t: t.update({"model.layers.0.self_attn.k_proj.weight":
+                                        np.zeros((D, D), np.float32)}),
+                    f"tensor model.layers.0.self_attn.k_proj.weight has shape [{D}, {D}], "
+                    f"expected [24, {D}] from config.json"),
+    "wrong_vector": (lambda t: t.update({"model.norm.weight": np.zeros(D + 1, np.float32)}),
+                     f"tensor model.norm.weight has shape [{D + 1}], expected [{D}]"),
+    "extra": (lambda t: t.update({"model.layers.0.self_attn.q_norm.weight":
+                                  np.ones(12, np.float32)}),
+              "tensor model.layers.0.self_attn.q_norm.weight has no place in a llama model "
+              "with this config.json (an unsupported feature?)"),
+    "bias_not_in_config": (lambda t: t.update({"model.layers.1.self_attn.q_proj.bias":
+                                               np.ones(4 * 12, np.float32)}),
+                           "tensor model.layers.1.self_attn.q_proj.bias has no place"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TENSORS))
+def test_tensor_refusals_name_the_tensor(case, tmp_path):
+  change, message = BAD_TENSORS[case]
+  src = write_checkpoint(tmp_path / "hf", LLAMA, _bad_tensors(change))
+  family, cfg = hf.from_hf_config(LLAMA)
+  with pytest.raises(hf.ConversionError) as e:
+    hf.check_tensors(family, cfg, hf.tensor_files(src))
+  assert message in str(e.value)
+
+
+def test_buffers_and_a_tied_head_are_not_refused(tmp_path):
+  """Old checkpoints carry rotary inv_freq / attention-mask buffers, and some tied ones
+  store lm_head.weight anyway (a copy of the embedding): none of it is a weight."""
+  c = FAMILY_CONFIGS["llama_mqa_tied"]
+  tensors = random_tensors(shapes_of(c), seed=8)
+  extra = {"model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(6, np.float32),
+           "lm_head.weight": np.full((V, D), 9.0, np.float32)}
+  src = write_checkpoint(tmp_path / "llama", c, tensors | extra)
+  _, _, model = import_checkpoint(src)
+  np.testing.assert_array_equal(
+      flat_params(model)[("embedder", "embed_tokens")], tensors["model.embed_tokens.weight"])
+  g = FAMILY_CONFIGS["gpt2"]
+  tensors = random_tensors(shapes_of(g), seed=8)
+  extra = {"transformer.h.0.attn.bias": np.ones((1, 1, 4, 4), np.float32),
+           "transformer.h.1.attn.masked_bias": np.ones(1, np.float32)}
+  family, cfg = hf.from_hf_config(g)
+  src = write_checkpoint(tmp_path / "gpt2", g, tensors | extra)
+  rules = hf.check_tensors(family, cfg, hf.tensor_files(src))
+  assert {n for r in rules for n in r.hf_names} == set(tensors)
+  # untied, lm_head.weight is a weight like any other: required
+  untied = dict(c, tie_word_embeddings=False)
+  with pytest.raises(hf.ConversionError, match="tensor lm_head.weight is missing"):
+    hf.check_tensors(*hf.from_hf_config(untied), hf.tensor_files(
+        write_checkpoint(tmp_path / "untied", untied, random_tensors(shapes_of(c)))))

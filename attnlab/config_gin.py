@@ -103,9 +103,10 @@ def relative_inside(path: str, folder: str) -> str | None:
   return os.path.relpath(path, root) if os.path.commonpath([root, path]) == root else None
 
 
-def _gin_value(value) -> str:
+def gin_value(value) -> str:
+  """``value`` as gin reads it back (a one-element tuple keeps its comma)."""
   if isinstance(value, tuple):
-    inner = ", ".join(_gin_value(v) for v in value)
+    inner = ", ".join(gin_value(v) for v in value)
     return f"({inner},)" if len(value) == 1 else f"({inner})"
   return repr(value)
 
@@ -124,7 +125,7 @@ def operative_config(*configs, workdir: str | None = None) -> str:
       if rel is not None:
         cfg = dataclasses.replace(cfg, tokenizer_model=rel)
     name = type(cfg).__name__
-    lines += [f"{name}.{f.name} = {_gin_value(getattr(cfg, f.name))}"
+    lines += [f"{name}.{f.name} = {gin_value(getattr(cfg, f.name))}"
               for f in dataclasses.fields(cfg)]
     lines.append("")
   return "\n".join(lines)

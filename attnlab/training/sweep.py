@@ -514,6 +514,10 @@ def stale_runs(out: str, sweep: Sweep, arms: list[Arm], base, *,
   A run counts once it trained a step: finished, or a checkpoint past step 0
   (an uptraining run's step-0 checkpoint is its conversion, whose config.gin
   the trainer replaces when it starts).
+
+  The configs are compared, not only their text: a config.gin written by an
+  older attnlab, without a field added since, is not stale if that field's
+  default is what this sweep gives (the run trained as this sweep would).
   """
   stale = []
   for arm, seed in _selected(sweep, arms, only):
@@ -525,15 +529,35 @@ def stale_runs(out: str, sweep: Sweep, arms: list[Arm], base, *,
     finished = result is not None and result.get("status") == "ok"
     if not (finished or _latest_step(workdir) > 0):
       continue
-    with open(path) as f:
-      have = f.read().splitlines()
-    want = config_gin.operative_config(*run_configs(sweep, arm, seed, *base)).splitlines()
-    if have != want:
-      diff = next(((h, w) for h, w in zip(have, want, strict=False) if h != w),
-                  (f"{len(have)} lines", f"{len(want)} lines"))
+    diff = _config_difference(path, run_configs(sweep, arm, seed, *base))
+    if diff is not None:
       stale.append(f"{os.path.relpath(workdir, out)} has {diff[0]!r} where this sweep "
                    f"gives {diff[1]!r}")
   return stale
+
+
+def _config_difference(path: str, want_configs) -> tuple[str, str] | None:
+  """None if the config.gin at ``path`` describes ``want_configs``, else its first
+  difference as (that file's line, the line ``want_configs`` give)."""
+  with open(path) as f:
+    have = f.read().splitlines()
+  want = config_gin.operative_config(*want_configs).splitlines()
+  if have == want:
+    return None
+  try:  # Another attnlab's text (fields added since take their defaults) or a moved file.
+    parsed = config_gin.read_workdir_config(path)
+  except config_gin.GinConfigError:
+    parsed = None  # a field this attnlab lacks: compare the text
+  if parsed is not None and [type(c) for c in parsed] == [type(c) for c in want_configs]:
+    for got, cfg in zip(parsed, want_configs, strict=True):
+      for field in dataclasses.fields(cfg):
+        a, b = getattr(got, field.name), getattr(cfg, field.name)
+        if a != b:
+          name = f"{type(cfg).__name__}.{field.name}"
+          return f"{name} = {config_gin.gin_value(a)}", f"{name} = {config_gin.gin_value(b)}"
+    return None
+  return next(((h, w) for h, w in zip(have, want, strict=False) if h != w),
+              (f"{len(have)} lines", f"{len(want)} lines"))
 
 
 def check_not_stale(out: str, sweep: Sweep, arms: list[Arm], base, *,

@@ -6,6 +6,7 @@ head conversion parity, and one-line errors on bad input."""
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -488,6 +489,49 @@ def test_a_rerun_with_other_run_settings_reuses_no_run(micro, sweep_file, tmp_pa
              for line in sweep_lib.stale_runs(out, sweep, arms, (mcfg, dcfg, tcfg)))
   sweep, mcfg, dcfg, tcfg = gin_config.parse_sweep(sweep_file, [])
   assert sweep_lib.stale_runs(out, sweep, sweep_lib.plan(sweep, mcfg), (mcfg, dcfg, tcfg)) == []
+
+
+def test_runs_written_by_another_attnlab_version_are_reused_when_their_config_is_the_same(
+    micro, sweep_file, tmp_path, capsys):
+  """config.gin written by an older attnlab (a field added since is missing, lines in
+  another order, other comments) still describes the same run: reused, not stale. A field
+  that does differ is named; a field this attnlab does not know makes the run stale."""
+  import dataclasses
+
+  sweep, mcfg, dcfg, tcfg = gin_config.parse_sweep(sweep_file, [])
+  arms = sweep_lib.plan(sweep, mcfg)
+  base = (mcfg, dcfg, tcfg)
+  out = str(tmp_path / "out")
+  shutil.copytree(micro, out)
+  paths = [os.path.join(sweep_lib.run_dir(out, a.name, s), sweep_lib.CONFIG_FILE)
+           for s in sweep.seeds for a in arms]
+  # An "older" file: a ModelConfig field at its default dropped, the rest reversed.
+  default = next(f for f in dataclasses.fields(attnlab.ModelConfig)
+                 if f.default is not dataclasses.MISSING and getattr(mcfg, f.name) == f.default)
+  for path in paths:
+    lines = [line for line in _read(path).splitlines()
+             if not line.startswith(f"ModelConfig.{default.name} =")]
+    assert len(lines) == len(_read(path).splitlines()) - 1
+    with open(path, "w") as f:
+      f.write("# written by attnlab 0.0\n" + "\n".join(reversed(lines)) + "\n")
+  assert sweep_lib.stale_runs(out, sweep, arms, base) == []
+  before = {name: _read(out, name) for name in ("results.csv", "sweep.gin")}
+  capsys.readouterr()
+  assert _ablate("--gin_file", sweep_file, "--out", out) == 0  # nothing to train
+  assert "skipped" in capsys.readouterr().out
+  assert _read(out, "results.csv") == before["results.csv"]
+  # One value changed: named by field, in gin's own spelling.
+  with open(paths[0]) as f:
+    text = f.read()
+  with open(paths[0], "w") as f:
+    f.write(re.sub(r"(?m)^TrainConfig\.seed = .*$", "TrainConfig.seed = 99", text))
+  (line,) = sweep_lib.stale_runs(out, sweep, arms, base)
+  assert "has 'TrainConfig.seed = 99' where this sweep gives 'TrainConfig.seed = " in line
+  # A field this attnlab does not know (a newer version's): stale, by its text.
+  with open(paths[1], "a") as f:
+    f.write("ModelConfig.bogus_field = 3\n")
+  stale = sweep_lib.stale_runs(out, sweep, arms, base)
+  assert len(stale) == 2 and stale[1].startswith(os.path.relpath(os.path.dirname(paths[1]), out))
 
 
 def test_sweep_validates_its_fields():

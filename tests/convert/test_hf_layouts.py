@@ -270,8 +270,11 @@ def test_export_gives_back_every_tensor_and_the_config(name, tmp_path):
   out.mkdir()
   files = hf.write_params(hf.weight_rules(family, cfg), flat_params(model), str(out))
   assert files == [str(out / "model.safetensors")]
+  from safetensors import safe_open
   from safetensors.numpy import load_file
 
+  with safe_open(files[0], framework="numpy") as f:
+    assert f.metadata() == {"format": "pt"}  # transformers refuses a file without it
   back = load_file(files[0])
   assert sorted(back) == sorted(tensors)
   for key, value in tensors.items():
@@ -296,10 +299,19 @@ def test_a_base_model_checkpoint_without_the_model_prefix_is_read(tmp_path):
   g = FAMILY_CONFIGS["gpt2"]
   tensors = random_tensors(shapes_of(g), seed=4)
   bare = {k.removeprefix("transformer."): v for k, v in tensors.items()}
-  files = {name: "f" for name in bare}
-  assert hf._name_prefix("gpt2", files) == ""
+  _, _, model = import_checkpoint(write_checkpoint(tmp_path / "gpt2_bare", g, bare))
+  _, _, want = import_checkpoint(write_checkpoint(tmp_path / "gpt2_full", g, tensors))
+  got, expected = flat_params(model), flat_params(want)
+  for path in expected:
+    np.testing.assert_array_equal(got[path], expected[path], err_msg=str(path))
+  assert hf._name_prefix("gpt2", dict.fromkeys(bare, "f")) == ""
   assert hf._name_prefix("gpt2", dict.fromkeys(tensors, "f")) is None
   assert hf._name_prefix("llama", dict.fromkeys(bare, "f")) is None  # no embed_tokens at all
+  # Both spellings present: the standard (prefixed) layout is the one read.
+  for family, full, short in (("gpt2", "transformer.wte.weight", "wte.weight"),
+                              ("llama", "model.embed_tokens.weight", "embed_tokens.weight")):
+    assert hf._name_prefix(family, {full: "f", short: "f"}) is None, family
+    assert hf._name_prefix(family, {short: "f"}) == "", family
 
 
 def test_sharded_export_writes_an_index_that_the_import_reads(tmp_path):
@@ -328,6 +340,29 @@ def test_sharded_export_writes_an_index_that_the_import_reads(tmp_path):
   got, want = flat_params(again), flat_params(model)
   for path in want:
     np.testing.assert_array_equal(got[path], want[path], err_msg=str(path))
+
+
+def test_a_shard_is_filled_up_to_its_limit_exactly(tmp_path):
+  family, cfg = hf.from_hf_config(FAMILY_CONFIGS["llama_mqa_tied"])
+  # The five norm vectors (final, two per layer): 4 * D bytes each.
+  rules = [r for r in hf.weight_rules(family, cfg) if r.hf_shapes == ((D,),)]
+  assert len(rules) == 5
+  params = {r.paths[0]: np.ones(D, np.float32) for r in rules}
+  files = hf.write_params(rules, params, str(tmp_path), max_shard_bytes=2 * 4 * D)
+  index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+  names = [os.path.basename(f) for f in files]
+  assert list(index["weight_map"].values()) == [names[0]] * 2 + [names[1]] * 2 + [names[2]]
+
+
+def test_read_params_casts_to_the_parameter_dtype(tmp_path):
+  import jax.numpy as jnp
+
+  c = FAMILY_CONFIGS["gpt2"]
+  src = write_checkpoint(tmp_path / "hf", c, random_tensors(shapes_of(c)))
+  family, cfg = hf.from_hf_config(c)
+  files = hf.tensor_files(src)
+  params = hf.read_params(hf.check_tensors(family, cfg, files), files, jnp.bfloat16)
+  assert {v.dtype for v in params.values()} == {jnp.dtype(jnp.bfloat16)}
 
 
 def test_a_tensor_larger_than_a_shard_gets_a_shard_of_its_own(tmp_path):
@@ -393,6 +428,11 @@ def test_config_fields_map_one_to_one():
   assert cfg.rope_theta == 700.0 and cfg.pad_id == 7
   family, cfg = hf.from_hf_config(FAMILY_CONFIGS["mistral"])
   assert family == "mistral" and cfg.window == 4 and not cfg.has_bias("qkv")
+  # No bias is pinned off, not left to use_bias: a later use_bias=True binding adds none.
+  for name in ("llama_mqa_tied", "mistral", "qwen2"):
+    cfg = hf.from_hf_config(FAMILY_CONFIGS[name])[1].replace(use_bias=True)
+    assert (cfg.has_bias("o"), cfg.has_bias("mlp")) == (False, False), name
+    assert cfg.has_bias("qkv") == (name == "qwen2"), name
   family, cfg = hf.from_hf_config(FAMILY_CONFIGS["qwen2"])
   assert family == "qwen2" and cfg.has_bias("qkv") and not cfg.has_bias("o")
   assert not cfg.has_bias("mlp") and cfg.tie_embeddings
@@ -403,6 +443,13 @@ def test_config_fields_map_one_to_one():
   assert cfg.tie_embeddings and cfg.arch == "decoder_only" and not cfg.scale_embeddings
   _, cfg = hf.from_hf_config(FAMILY_CONFIGS["gpt2_untied"])
   assert (cfg.d_ff, cfg.max_len, cfg.norm_eps, cfg.tie_embeddings) == (4 * D, 32, 1e-5, False)
+  gpt2 = {k: v for k, v in FAMILY_CONFIGS["gpt2"].items() if k != "n_positions"}
+  _, cfg = hf.from_hf_config(dict(gpt2, layer_norm_epsilon=3e-4))
+  assert (cfg.max_len, cfg.norm_eps) == (1024, 3e-4)
+  # transformers >= 4.56 writes "dtype", older versions "torch_dtype"; "dtype" wins.
+  assert hf.from_hf_config(dict(LLAMA, dtype="bfloat16"))[1].param_dtype == "bfloat16"
+  assert hf.from_hf_config(dict(LLAMA, dtype="float16", torch_dtype="bfloat16"))[1].dtype == (
+      "float16")
 
 
 def test_to_hf_config_writes_each_family_own_fields():
@@ -422,12 +469,16 @@ def test_to_hf_config_writes_each_family_own_fields():
           gpt2["n_positions"]) == (D, L, N, F, 64)
   assert gpt2["activation_function"] == "gelu_new" and gpt2["scale_attn_weights"] is True
   assert gpt2["scale_attn_by_inverse_layer_idx"] is False and gpt2["tie_word_embeddings"]
+  assert gpt2["reorder_and_upcast_attn"] is False and gpt2["layer_norm_epsilon"] == 1e-5
   assert "hidden_size" not in gpt2
   cfg = ModelConfig(vocab_size=V, d_model=D, num_layers=L, num_heads=N, d_ff=F, pos="learned",
                     norm="layernorm", mlp="gelu", use_bias=True, dropout_rate=0.1,
                     attention_dropout_rate=0.2)
-  gpt2 = hf.to_hf_config(cfg)
+  gpt2 = hf.to_hf_config(cfg.replace(norm_eps=3e-4))
   assert (gpt2["resid_pdrop"], gpt2["embd_pdrop"], gpt2["attn_pdrop"]) == (0.1, 0.1, 0.2)
+  assert gpt2["layer_norm_epsilon"] == 3e-4
+  llama = hf.to_hf_config(cfg.replace(pos="rope", norm="rmsnorm", mlp="swiglu", use_bias=False))
+  assert llama["attention_dropout"] == 0.2 and llama["model_type"] == "llama"
 
 
 def test_special_ids():
@@ -465,7 +516,9 @@ BAD_CONFIGS = {
                 "not supported (only 1.0)"),
     "dtype": ({"torch_dtype": "int8"}, "config.json dtype='int8' is not supported "
               "(supported: bfloat16, float16, float32)"),
-    "required": ({"hidden_size": None}, "config.json has no hidden_size"),
+    **{f"required_{key}": ({key: None}, f"config.json has no {key}") for key in (
+        "hidden_size", "vocab_size", "num_attention_heads", "num_hidden_layers",
+        "intermediate_size")},
     "heads": ({"num_key_value_heads": 3}, "config.json gives an invalid attnlab config: "),
     "qwen2_window": ({"model_type": "qwen2", "use_sliding_window": True},
                      "use_sliding_window=True is not supported"),
@@ -481,7 +534,8 @@ GPT2_BAD = {
     "layer_idx": ({"scale_attn_by_inverse_layer_idx": True},
                   "scale_attn_by_inverse_layer_idx=True is not supported"),
     "cross": ({"add_cross_attention": True}, "add_cross_attention=True is not supported"),
-    "required": ({"n_layer": None}, "config.json has no n_layer"),
+    **{f"required_{key}": ({key: None}, f"config.json has no {key}") for key in (
+        "n_layer", "n_embd", "n_head", "vocab_size")},
     "heads": ({"n_head": 5}, "config.json gives an invalid attnlab config: "),
 }
 
@@ -515,8 +569,10 @@ def test_accepted_variants_of_refused_fields():
 EXPORT_REFUSALS = {
     "arch": (dict(arch="encoder_decoder"), "ModelConfig.arch='encoder_decoder' has no "
              "transformers layout here (only 'decoder_only' exports)"),
-    "post_norm": (dict(norm_position="post"), "ModelConfig.norm_position='post'"),
-    "scaled": (dict(scale_embeddings=True), "ModelConfig.scale_embeddings=True"),
+    "post_norm": (dict(norm_position="post"), "ModelConfig.norm_position='post' has no "
+                  "transformers layout here (all four layouts are 'pre')"),
+    "scaled": (dict(scale_embeddings=True), "ModelConfig.scale_embeddings=True has no "
+               "transformers layout here (no layout scales embeddings)"),
     "sinusoidal": (dict(pos="sinusoidal"), "ModelConfig.pos='sinusoidal' has no transformers "
                    "layout here (llama / mistral / qwen2 need 'rope', gpt2 'learned')"),
     "pairing": (dict(rope_pairing="adjacent"), "ModelConfig.rope_pairing='adjacent'"),
@@ -540,7 +596,8 @@ EXPORT_REFUSALS = {
                       num_kv_heads=2), "ModelConfig.num_kv_heads=2 has no transformers layout "
                  "here (gpt2 is multi-head: num_kv_heads = num_heads)"),
     "gpt2_head_dim": (dict(pos="learned", norm="layernorm", mlp="gelu", use_bias=True,
-                           head_dim=8), "ModelConfig.head_dim=8"),
+                           head_dim=8), "ModelConfig.head_dim=8 has no transformers layout "
+                      "here (gpt2 needs head_dim = d_model / num_heads)"),
     "gpt2_no_bias": (dict(pos="learned", norm="layernorm", mlp="gelu"),
                      "ModelConfig.use_bias=False has no transformers layout here (gpt2 has "
                      "biases on every projection)"),
@@ -591,8 +648,10 @@ def test_unreadable_config_json(tmp_path):
 
 
 def test_tensor_files_errors(tmp_path):
-  with pytest.raises(hf.ConversionError, match="holds no \\*.safetensors file"):
+  with pytest.raises(hf.ConversionError) as e:
     hf.tensor_files(str(tmp_path))
+  assert str(e.value) == (f"{tmp_path} holds no *.safetensors file (a pytorch_model.bin is not "
+                          "read: re-save it with save_pretrained, which writes safetensors)")
   index = tmp_path / "model.safetensors.index.json"
   index.write_text('{"metadata": {}}')
   with pytest.raises(hf.ConversionError, match="has no readable weight_map"):
@@ -635,6 +694,16 @@ BAD_TENSORS = {
                                                np.ones(4 * 12, np.float32)}),
                            "tensor model.layers.1.self_attn.q_proj.bias has no place"),
 }
+
+
+def test_a_tied_model_refuses_unknown_tensors_too(tmp_path):
+  c = FAMILY_CONFIGS["llama_mqa_tied"]
+  tensors = random_tensors(shapes_of(c), seed=7)
+  tensors["model.layers.0.self_attn.k_norm.weight"] = np.ones(12, np.float32)
+  src = write_checkpoint(tmp_path / "hf", c, tensors)
+  with pytest.raises(hf.ConversionError, match="tensor model.layers.0.self_attn.k_norm.weight "
+                     "has no place in a llama model"):
+    hf.check_tensors(*hf.from_hf_config(c), hf.tensor_files(src))
 
 
 @pytest.mark.parametrize("case", list(BAD_TENSORS))

@@ -1,0 +1,309 @@
+"""``attnlab convert`` (attnlab/commands/convert.py) on hand-made checkpoints, without torch.
+
+The checkpoints come from tests/convert/hf_checkpoints.py (random tensors under
+transformers' names, a float64 NumPy forward of the layout). Checked: the imported
+workdir (its summary line, config.gin, the fine-tuning TrainConfig, the logits of
+``load_checkpoint`` against the NumPy forward, ``--dtype``), a tokenizer.json carried in
+and out with its ids, the export (every tensor back bitwise, config.json, ``--step``,
+``--max_shard_mb``), and every refused flag combination or path: exit 2, one line,
+nothing written, no temporary folder left. tests/convert/test_hf.py runs the command
+against transformers itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import attnlab
+from attnlab import config_gin as gin_config
+from attnlab.cli import main
+from attnlab.config import DataConfig
+from attnlab.convert import hf
+
+pytest.importorskip("safetensors")
+
+from tests.convert.hf_checkpoints import (  # noqa: E402
+  FAMILY_CONFIGS,
+  T,
+  V,
+  flat_params,
+  gpt2_forward,
+  llama_forward,
+  random_tensors,
+  shapes_of,
+  write_checkpoint,
+)
+
+
+def _convert(capsys, *argv):
+  capsys.readouterr()
+  rc = main(["convert", *argv])
+  out, err = capsys.readouterr()
+  return rc, out, err
+
+
+def _hf_dir(tmp_path, name="llama_bias_head_dim", seed=0, **changes):
+  c = dict(FAMILY_CONFIGS[name], **changes)
+  tensors = random_tensors(shapes_of(c), seed=seed)
+  return write_checkpoint(tmp_path / f"hf_{name}", c, tensors), c, tensors
+
+
+@pytest.mark.parametrize("name", ["llama_bias_head_dim", "gpt2"])
+def test_from_hf_writes_a_workdir_whose_model_computes_the_checkpoint(name, tmp_path, capsys):
+  src, c, tensors = _hf_dir(tmp_path, name)
+  work = tmp_path / "work"
+  rc, out, err = _convert(capsys, "--from-hf", src, "--workdir", str(work))
+  assert rc == 0, err
+  summary = json.loads(out)
+  n_params = sum(v.size for v in tensors.values())
+  assert summary == {"workdir": str(work), "family": c["model_type"], "params": n_params,
+                     "step": 0, "tokenizer": "byte"}
+  assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(src), "work"])  # no temp
+  model, cfg = attnlab.load_checkpoint(str(work))
+  tokens = np.random.default_rng(1).integers(0, V, T)
+  want = (gpt2_forward if name == "gpt2" else llama_forward)(c, tensors, tokens)
+  got = np.asarray(jax.jit(lambda t: model(t))(tokens[None]))[0]
+  np.testing.assert_allclose(got, want, atol=2e-4, rtol=0)
+  text = (work / "config.gin").read_text()
+  assert text.startswith(f"# Converted by `attnlab convert --from-hf {os.path.abspath(src)}`.\n"
+                         "# Fine-tune: attnlab train --gin_file THIS_FILE --workdir ")
+  mcfg, dcfg, tcfg = gin_config.read_workdir_config(str(work / "config.gin"))
+  assert mcfg == cfg == hf.from_hf_config(c)[1]
+  assert dcfg == DataConfig()  # no tokenizer.json: the byte tokenizer's defaults
+  assert (tcfg.steps, tcfg.learning_rate, tcfg.schedule, tcfg.warmup_steps, tcfg.weight_decay,
+          tcfg.checkpoint_every) == (100, 2e-5, "constant", 10, 0.0, 100)
+
+
+def test_from_hf_dtype_flag_sets_the_parameter_and_compute_dtype(tmp_path, capsys):
+  src, _, tensors = _hf_dir(tmp_path, "qwen2")
+  rc, _, err = _convert(capsys, "--from-hf", src, "--workdir", str(tmp_path / "w"),
+                        "--dtype", "bfloat16")
+  assert rc == 0, err
+  model, cfg = attnlab.load_checkpoint(str(tmp_path / "w"))
+  assert (cfg.dtype, cfg.param_dtype) == ("bfloat16", "bfloat16")
+  params = flat_params(model)
+  assert {v.dtype.name for v in params.values()} == {"bfloat16"}
+  np.testing.assert_array_equal(
+      params[("embedder", "embed_tokens")].astype(np.float32),
+      np.asarray(jax.numpy.asarray(tensors["model.embed_tokens.weight"], "bfloat16"),
+                 np.float32))
+
+
+def _tokenizer_json(path, vocab: int):
+  """A word-level tokenizer.json with ``vocab`` tokens, <s> = 1 and </s> = 2."""
+  tokenizers = pytest.importorskip("tokenizers")
+  words = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(vocab - 4)]
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+      {w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  tok.save(str(path))
+  return tok
+
+
+def test_a_tokenizer_json_comes_in_with_its_ids_and_goes_back_out(tmp_path, capsys):
+  src, c, _ = _hf_dir(tmp_path, "llama_mqa_tied")
+  _tokenizer_json(os.path.join(src, "tokenizer.json"), V)
+  with open(os.path.join(src, "tokenizer_config.json"), "w") as f:
+    json.dump({"model_max_length": 64}, f)
+  work = tmp_path / "work"
+  rc, out, err = _convert(capsys, "--from-hf", src, "--workdir", str(work))
+  assert rc == 0, err
+  assert json.loads(out)["tokenizer"] == "hf_json"
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    with open(os.path.join(src, name), "rb") as f:
+      assert (work / name).read_bytes() == f.read(), name
+  assert not (work / "special_tokens_map.json").exists()  # only the files that exist
+  assert "DataConfig.tokenizer_model = 'tokenizer.json'" in (work / "config.gin").read_text()
+  _, dcfg, _ = gin_config.read_workdir_config(str(work / "config.gin"))
+  assert (dcfg.tokenizer, dcfg.bos_id, dcfg.eos_id) == ("hf_json", 1, 2)
+  assert dcfg.tokenizer_model == str(work / "tokenizer.json")
+  back = tmp_path / "back"
+  rc, out, err = _convert(capsys, "--to-hf", "--workdir", str(work), "--out", str(back))
+  assert rc == 0, err
+  config = json.loads((back / "config.json").read_text())
+  assert (config["bos_token_id"], config["eos_token_id"]) == (1, 2)
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    assert (back / name).read_bytes() == (work / name).read_bytes(), name
+  assert not (back / "special_tokens_map.json").exists()
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, capsys):
+  src, _, _ = _hf_dir(tmp_path, "llama_mqa_tied")
+  _tokenizer_json(os.path.join(src, "tokenizer.json"), V + 1)
+  before = sorted(os.listdir(tmp_path))
+  rc, out, err = _convert(capsys, "--from-hf", src, "--workdir", str(tmp_path / "w"))
+  assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+  assert f"tokenizer.json has {V + 1} tokens, more than config.json vocab_size={V}" in err
+  assert sorted(os.listdir(tmp_path)) == before
+  with open(os.path.join(src, "tokenizer.json"), "w") as f:
+    f.write("{not json")
+  rc, _, err = _convert(capsys, "--from-hf", src, "--workdir", str(tmp_path / "w"))
+  assert rc == 2 and "tokenizer.json" in err and sorted(os.listdir(tmp_path)) == before
+
+
+@pytest.mark.parametrize("name", ["llama_bias_head_dim", "mistral", "gpt2_untied"])
+def test_to_hf_gives_back_every_tensor_and_a_config_that_maps_back(name, tmp_path, capsys):
+  src, c, tensors = _hf_dir(tmp_path, name)
+  work, back = tmp_path / "work", tmp_path / "back"
+  assert _convert(capsys, "--from-hf", src, "--workdir", str(work))[0] == 0
+  rc, out, err = _convert(capsys, "--to-hf", "--workdir", str(work), "--out", str(back))
+  assert rc == 0, err
+  assert json.loads(out) == {"out": str(back), "family": c["model_type"], "step": 0,
+                             "files": [str(back / "model.safetensors")]}
+  assert sorted(os.listdir(back)) == ["config.json", "model.safetensors"]
+  assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(src), "work", "back"])
+  from safetensors.numpy import load_file
+
+  got = load_file(str(back / "model.safetensors"))
+  assert sorted(got) == sorted(tensors)
+  for key, value in tensors.items():
+    np.testing.assert_array_equal(got[key], value, err_msg=key)
+  config = json.loads((back / "config.json").read_text())
+  assert hf.from_hf_config(config) == hf.from_hf_config(c)
+  # No tokenizer.json in the workdir: attnlab's byte tokenizer's ids.
+  from attnlab.data.tokenizer import BOS_ID, EOS_ID
+
+  assert (config["bos_token_id"], config["eos_token_id"]) == (BOS_ID, EOS_ID)
+
+
+def test_to_hf_step_and_shard_size(tmp_path, capsys):
+  from attnlab.training.checkpoint import Checkpointer
+
+  src, c, tensors = _hf_dir(tmp_path, "llama_bias_head_dim")
+  work = tmp_path / "work"
+  assert _convert(capsys, "--from-hf", src, "--workdir", str(work))[0] == 0
+  # A later step with other weights: the latest is exported unless --step says otherwise.
+  model, cfg = attnlab.load_checkpoint(str(work))
+  from flax import nnx
+
+  state = nnx.state(model, nnx.Param)
+  state = jax.tree.map(lambda x: x + 1.0, state)
+  ckpt = Checkpointer(str(work))
+  try:
+    ckpt.save_params(5, state)
+  finally:
+    ckpt.close()
+  from safetensors.numpy import load_file
+
+  name = "model.layers.0.self_attn.q_proj.weight"
+  for step, offset in ((None, 1.0), (0, 0.0), (5, 1.0)):
+    out = tmp_path / f"out_{step}"
+    rc, printed, err = _convert(capsys, "--to-hf", "--workdir", str(work), "--out", str(out),
+                                *([] if step is None else ["--step", str(step)]))
+    assert rc == 0, err
+    assert json.loads(printed)["step"] == (5 if step is None else step)
+    np.testing.assert_allclose(load_file(str(out / "model.safetensors"))[name],
+                               tensors[name] + offset, rtol=1e-6)
+  rc, _, err = _convert(capsys, "--to-hf", "--workdir", str(work), "--out",
+                        str(tmp_path / "o7"), "--step", "7")
+  assert rc == 2 and "--step=7 has no checkpoint" in err and "saved steps: [0, 5]" in err
+  # --max_shard_mb 1: this model's 0.2 MiB fits one shard; a bigger vocabulary does not.
+  big, bc, bt = _hf_dir(tmp_path, "llama_mqa_tied", vocab_size=8192)
+  assert _convert(capsys, "--from-hf", big, "--workdir", str(tmp_path / "bw"))[0] == 0
+  rc, printed, err = _convert(capsys, "--to-hf", "--workdir", str(tmp_path / "bw"), "--out",
+                              str(tmp_path / "bo"), "--max_shard_mb", "1")
+  assert rc == 0, err
+  files = json.loads(printed)["files"]
+  assert len(files) == 2  # the 1.5 MiB embedding alone, then the rest
+  assert sorted(load_file(files[0])) == ["model.embed_tokens.weight"]
+  index = json.loads((tmp_path / "bo" / "model.safetensors.index.json").read_text())
+  assert sorted(index["weight_map"]) == sorted(bt)
+  rc, printed, err = _convert(capsys, "--to-hf", "--workdir", str(tmp_path / "bw"), "--out",
+                              str(tmp_path / "bo2"), "--max_shard_mb", "2")
+  assert rc == 0 and len(json.loads(printed)["files"]) == 1, err
+
+
+BAD_FLAGS = {
+    "out_with_from": (["--from-hf", "SRC", "--workdir", "NEW", "--out", "X"],
+                      "--out is only for --to-hf"),
+    "step_with_from": (["--from-hf", "SRC", "--workdir", "NEW", "--step", "0"],
+                       "--step is only for --to-hf"),
+    "no_out": (["--to-hf", "--workdir", "WORK"], "--to-hf needs --out DIR"),
+    "dtype_with_to": (["--to-hf", "--workdir", "WORK", "--out", "NEW", "--dtype", "float32"],
+                      "--dtype is only for --from-hf (--to-hf keeps the checkpoint's)"),
+    "shard_size": (["--to-hf", "--workdir", "WORK", "--out", "NEW", "--max_shard_mb", "0"],
+                   "--max_shard_mb=0 must be a positive integer"),
+    "workdir_exists": (["--from-hf", "SRC", "--workdir", "WORK"],
+                       "--workdir WORK already exists; give a new directory"),
+    "out_exists": (["--to-hf", "--workdir", "WORK", "--out", "SRC"],
+                   "--out SRC already exists; give a new directory"),
+    "no_parent": (["--from-hf", "SRC", "--workdir", "NEW/deeper"],
+                  "--workdir NEW/deeper: its parent NEW does not exist"),
+    "not_a_workdir": (["--to-hf", "--workdir", "SRC", "--out", "NEW"],
+                      "SRC/config.gin does not exist: not a training workdir"),
+    "no_source": (["--from-hf", "NEW", "--workdir", "NEW2"], "--from-hf NEW is not a directory"),
+    "both_ways": (["--from-hf", "SRC", "--to-hf", "--workdir", "NEW"], "not allowed with"),
+}
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+  """(a transformers dir, the workdir converted from it)."""
+  root = tmp_path_factory.mktemp("converted")
+  c = FAMILY_CONFIGS["gpt2"]
+  src = write_checkpoint(root / "src", c, random_tensors(shapes_of(c)))
+  assert main(["convert", "--from-hf", src, "--workdir", str(root / "work")]) == 0
+  return src, str(root / "work")
+
+
+@pytest.mark.parametrize("case", list(BAD_FLAGS))
+def test_bad_flags_and_paths_exit_2_and_write_nothing(case, converted, tmp_path, capsys):
+  src, work = converted
+  argv, message = BAD_FLAGS[case]
+  subst = {"SRC": src, "WORK": work, "NEW": str(tmp_path / "new"),
+           "NEW2": str(tmp_path / "new2"), "NEW/deeper": str(tmp_path / "new" / "deeper")}
+  argv = [subst.get(a, a) for a in argv]
+  for key in sorted(subst, key=len, reverse=True):
+    message = message.replace(key, subst[key])
+  before = {d: sorted(os.listdir(d)) for d in (tmp_path, src, work)}
+  rc, out, err = _convert(capsys, *argv)
+  assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+  assert message in err, err
+  assert {d: sorted(os.listdir(d)) for d in before} == before
+
+
+def test_a_failure_while_writing_leaves_no_output_and_no_temporary_folder(tmp_path, capsys,
+                                                                            monkeypatch):
+  from attnlab.commands import convert
+
+  src, _, _ = _hf_dir(tmp_path, "mistral")
+  real = convert._write_config
+
+  def fail_after_writing(tmp, *args):
+    real(tmp, *args)
+    assert sorted(os.listdir(tmp)) == ["checkpoints", "config.gin"]  # half there
+    raise OSError("disk full")
+
+  monkeypatch.setattr(convert, "_write_config", fail_after_writing)
+  with pytest.raises(OSError, match="disk full"):
+    main(["convert", "--from-hf", src, "--workdir", str(tmp_path / "out")])
+  assert sorted(os.listdir(tmp_path)) == [os.path.basename(src)]
+  monkeypatch.undo()
+  work = tmp_path / "work"
+  assert main(["convert", "--from-hf", src, "--workdir", str(work)]) == 0
+  real_write = hf.write_params
+
+  def fail_writing(*args, **kwargs):
+    real_write(*args, **kwargs)
+    raise OSError("disk full")
+
+  monkeypatch.setattr(hf, "write_params", fail_writing)
+  with pytest.raises(OSError, match="disk full"):
+    main(["convert", "--to-hf", "--workdir", str(work), "--out", str(tmp_path / "back")])
+  assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(src), "work"])
+
+
+def test_a_missing_optional_package_is_named(tmp_path, capsys, monkeypatch):
+  import sys
+
+  src, _, _ = _hf_dir(tmp_path, "qwen2")
+  monkeypatch.setitem(sys.modules, "safetensors", None)  # import safetensors now fails
+  rc, out, err = _convert(capsys, "--from-hf", src, "--workdir", str(tmp_path / "w"))
+  assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+  assert "(attnlab convert needs the hf extra: safetensors, tokenizers)" in err
+  assert not (tmp_path / "w").exists()

@@ -370,6 +370,40 @@ def test_cpu_default_is_the_interpreted_triton_kernel():
   assert names == {"attnlab_flash_forward", "attnlab_flash_tpu_forward"}
 
 
+def test_cross_platform_is_per_thread_and_nests():
+  """A thread tracing inside cross_platform() leaves another thread's trace on the CPU
+  path; leaving a nested block keeps the outer one's setting."""
+  import threading
+
+  if jax.default_backend() != "cpu":
+    pytest.skip("checks the CPU resolution of backend=None")
+  q, k, v, _, _ = flash_inputs(1, 1, 40, 40, 4, 2, 64, F32, None)
+  names = lambda: set(kernel_blocks(
+      jax.jit(lambda *a: _pallas_attention(*a)).trace(q, k, v).jaxpr))
+  entered, traced, seen = threading.Event(), threading.Event(), {}
+
+  def inside():
+    with flash.cross_platform():
+      entered.set()
+      traced.wait(timeout=60)  # the other thread traces while this one is inside
+      with flash.cross_platform():
+        pass
+      seen["inside, after a nested block"] = names()
+    seen["after"] = names()
+
+  thread = threading.Thread(target=inside)
+  thread.start()
+  try:
+    assert entered.wait(timeout=60)
+    seen["other thread"] = names()
+  finally:
+    traced.set()
+    thread.join(timeout=120)
+  both = {"attnlab_flash_forward", "attnlab_flash_tpu_forward"}
+  assert seen == {"other thread": {"attnlab_flash_forward"},
+                  "inside, after a nested block": both, "after": {"attnlab_flash_forward"}}
+
+
 def test_interpret_set_picks_the_kernel_of_the_running_platform():
   """backend=None with ``interpret`` set: the running platform's kernel (on a CPU host the
   Triton-style one, interpreted), not platform_dependent; interpret=False with the

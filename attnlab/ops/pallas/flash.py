@@ -17,6 +17,7 @@ lowered for decide (``jax.lax.platform_dependent``); see ``flash_attention``.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import math
 
@@ -119,7 +120,7 @@ def flash_attention(
             block_k=block_k)
   if backend is None and interpret is not None:
     backend = "tpu" if jax.default_backend() == "tpu" else "gpu"
-  if backend is None and jax.default_backend() == "cpu" and not _CROSS_PLATFORM:
+  if backend is None and jax.default_backend() == "cpu" and not _CROSS_PLATFORM.get():
     backend = "gpu"
   if backend == "tpu":
     return flash_tpu.flash_attention_tpu(q_BTNH, k_BSKH, v_BSKH, interpret=interpret, **kw)
@@ -134,7 +135,9 @@ def flash_attention(
   )
 
 
-_CROSS_PLATFORM = False
+# Per thread (and asyncio task): a thread tracing inside cross_platform() does not change
+# what a call traced at the same time in another thread takes.
+_CROSS_PLATFORM = contextvars.ContextVar("attnlab_flash_cross_platform", default=False)
 
 
 @contextlib.contextmanager
@@ -145,12 +148,11 @@ def cross_platform():
   Read at trace time: a ``jax.jit`` function already traced outside keeps its
   cached trace, so trace a fresh one inside (``jax.jit(f).trace(...)``).
   """
-  global _CROSS_PLATFORM
-  previous, _CROSS_PLATFORM = _CROSS_PLATFORM, True
+  token = _CROSS_PLATFORM.set(True)
   try:
     yield
   finally:
-    _CROSS_PLATFORM = previous
+    _CROSS_PLATFORM.reset(token)
 
 
 def _flash_gpu(q_BTNH, k_BSKH, v_BSKH, *, causal, window, q_segment_ids, kv_segment_ids,

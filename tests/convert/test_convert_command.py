@@ -106,7 +106,8 @@ def _tokenizer_json(path, vocab: int):
 
 
 def test_a_tokenizer_json_comes_in_with_its_ids_and_goes_back_out(tmp_path, capsys):
-  src, c, _ = _hf_dir(tmp_path, "llama_mqa_tied")
+  # bos / eos ids other than the byte tokenizer's (1, 2): the export must take these.
+  src, c, _ = _hf_dir(tmp_path, "llama_mqa_tied", bos_token_id=3, eos_token_id=[4, 2])
   _tokenizer_json(os.path.join(src, "tokenizer.json"), V)
   with open(os.path.join(src, "tokenizer_config.json"), "w") as f:
     json.dump({"model_max_length": 64}, f)
@@ -120,13 +121,17 @@ def test_a_tokenizer_json_comes_in_with_its_ids_and_goes_back_out(tmp_path, caps
   assert not (work / "special_tokens_map.json").exists()  # only the files that exist
   assert "DataConfig.tokenizer_model = 'tokenizer.json'" in (work / "config.gin").read_text()
   _, dcfg, _ = gin_config.read_workdir_config(str(work / "config.gin"))
-  assert (dcfg.tokenizer, dcfg.bos_id, dcfg.eos_id) == ("hf_json", 1, 2)
+  assert (dcfg.tokenizer, dcfg.bos_id, dcfg.eos_id) == ("hf_json", 3, 4)
   assert dcfg.tokenizer_model == str(work / "tokenizer.json")
   back = tmp_path / "back"
+  files = lambda: {os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns
+                   for d, _, names in os.walk(work) for f in names}
+  before = files()
   rc, out, err = _convert(capsys, "--to-hf", "--workdir", str(work), "--out", str(back))
   assert rc == 0, err
+  assert files() == before  # the export reads the workdir, writes nothing there
   config = json.loads((back / "config.json").read_text())
-  assert (config["bos_token_id"], config["eos_token_id"]) == (1, 2)
+  assert (config["bos_token_id"], config["eos_token_id"]) == (3, 4)
   for name in ("tokenizer.json", "tokenizer_config.json"):
     assert (back / name).read_bytes() == (work / name).read_bytes(), name
   assert not (back / "special_tokens_map.json").exists()
@@ -238,6 +243,8 @@ BAD_FLAGS = {
                       "SRC/config.gin does not exist: not a training workdir"),
     "no_source": (["--from-hf", "NEW", "--workdir", "NEW2"], "--from-hf NEW is not a directory"),
     "both_ways": (["--from-hf", "SRC", "--to-hf", "--workdir", "NEW"], "not allowed with"),
+    "bad_config_gin": (["--to-hf", "--workdir", "BROKEN", "--out", "NEW"],
+                       "Configurable 'ModelConfig' doesn't have a parameter named 'no_such_field'"),
 }
 
 
@@ -255,7 +262,10 @@ def converted(tmp_path_factory):
 def test_bad_flags_and_paths_exit_2_and_write_nothing(case, converted, tmp_path, capsys):
   src, work = converted
   argv, message = BAD_FLAGS[case]
-  subst = {"SRC": src, "WORK": work, "NEW": str(tmp_path / "new"),
+  broken = tmp_path / "broken"
+  broken.mkdir()
+  (broken / "config.gin").write_text("ModelConfig.no_such_field = 1\n")
+  subst = {"SRC": src, "WORK": work, "NEW": str(tmp_path / "new"), "BROKEN": str(broken),
            "NEW2": str(tmp_path / "new2"), "NEW/deeper": str(tmp_path / "new" / "deeper")}
   argv = [subst.get(a, a) for a in argv]
   for key in sorted(subst, key=len, reverse=True):

@@ -4,6 +4,7 @@ columns, exact KV bytes, skip / resume / failure handling, --arm + --report,
 head conversion parity, and one-line errors on bad input."""
 
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -381,6 +382,44 @@ def test_convert_heads_command_then_train_and_decode(micro, tmp_path, capsys):
   assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["step"] == 1
 
 
+def test_convert_heads_command_bindings_seed_and_summary(micro, tmp_path, capsys):
+  """TrainConfig / DataConfig bindings reach the new run's config.gin (the rest is the
+  source's); a ModelConfig binding or a bad value is refused before anything is written;
+  --seed seeds the random method; the summary line names source, step and heads."""
+  src = sweep_lib.run_dir(micro, "mha", 0)
+  base = ["convert-heads", "--from", src, "--num_kv_heads", "2", "--method", "random"]
+  for binding, message in (("--gin.ModelConfig.d_model=8", "--gin.ModelConfig.d_model: only "
+                            "TrainConfig.* and DataConfig.* bindings apply (the model is the "
+                            "converted source)"),
+                           ("--gin.TrainConfig.steps=0", "steps=0"),
+                           ("--gin.DataConfig.bogus=1", "bogus")):
+    dst = str(tmp_path / "refused")
+    err = _one_line_exit_2(capsys, [*base, "--to", dst, binding], dst)
+    assert message in err, err
+  dst = str(tmp_path / "gqa")
+  capsys.readouterr()
+  assert cli.main([*base, "--to", dst, "--seed", "7", "--gin.DataConfig.batch_size=3",
+                   "--gin.TrainConfig.learning_rate=0.005"]) == 0
+  summary = json.loads(capsys.readouterr().out)
+  _, _, src_tcfg = gin_config.read_workdir_config(os.path.join(src, "config.gin"))
+  src_model, src_cfg = attnlab.load_checkpoint(src)
+  assert summary == {"workdir": os.path.abspath(dst), "source": os.path.abspath(src),
+                     "source_step": src_tcfg.steps, "method": "random", "num_kv_heads": 2,
+                     "source_num_kv_heads": src_cfg.num_kv_heads}
+  mcfg, dcfg, tcfg = gin_config.read_workdir_config(os.path.join(dst, "config.gin"))
+  _, src_dcfg, _ = gin_config.read_workdir_config(os.path.join(src, "config.gin"))
+  assert mcfg == src_cfg.replace(num_kv_heads=2)
+  assert dcfg == dataclasses.replace(src_dcfg, batch_size=3)
+  assert tcfg == src_tcfg.replace(learning_rate=0.005)
+  model, _ = attnlab.load_checkpoint(dst)
+  want = attnlab.convert_heads(src_model, 2, "random", rngs=nnx.Rngs(params=7, dropout=8))
+  other = attnlab.convert_heads(src_model, 2, "random", rngs=nnx.Rngs(params=0, dropout=1))
+  np.testing.assert_array_equal(np.asarray(_logits(model, TOKENS)),
+                                np.asarray(_logits(want, TOKENS)))
+  assert not np.array_equal(np.asarray(_logits(want, TOKENS)),
+                            np.asarray(_logits(other, TOKENS)))
+
+
 def test_match_params_arms_are_within_one_percent():
   mcfg = attnlab.ModelConfig(d_model=128, num_heads=8, num_layers=2, d_ff=352)
   arms = sweep_lib.plan(sweep_lib.Sweep(match_params=True), mcfg)
@@ -496,8 +535,6 @@ def test_runs_written_by_another_attnlab_version_are_reused_when_their_config_is
   """config.gin written by an older attnlab (a field added since is missing, lines in
   another order, other comments) still describes the same run: reused, not stale. A field
   that does differ is named; a field this attnlab does not know makes the run stale."""
-  import dataclasses
-
   sweep, mcfg, dcfg, tcfg = gin_config.parse_sweep(sweep_file, [])
   arms = sweep_lib.plan(sweep, mcfg)
   base = (mcfg, dcfg, tcfg)

@@ -459,11 +459,12 @@ def test_convert_heads_bad_input(micro, tmp_path, capsys, k, method, extra, mess
   assert message in err
 
 
-def test_convert_heads_missing_source_run(tmp_path, capsys):
+@pytest.mark.parametrize("extra", [[], ["--gin.TrainConfig.steps=3"]])
+def test_convert_heads_missing_source_run(tmp_path, capsys, extra):
   dst = str(tmp_path / "dst")
   err = _one_line_exit_2(capsys, ["convert-heads", "--from", str(tmp_path / "nope"), "--to",
-                                  dst, "--num_kv_heads", "1", "--method", "mean"], dst)
-  assert "not a training run" in err
+                                  dst, "--num_kv_heads", "1", "--method", "mean", *extra], dst)
+  assert "nope/config.gin does not exist: --from is not a training run" in err, err
 
 
 @pytest.mark.parametrize("binding, message", [

@@ -19,6 +19,7 @@ from flax import nnx
 import attnlab
 from attnlab.config import ModelConfig
 from attnlab.convert import hf
+from tests.ops.naive import naive_attention
 
 V, D, F, L, N = 50, 48, 40, 2, 4
 T = 11  # tokens of the logits check: longer than Mistral's window below
@@ -165,20 +166,10 @@ def _layernorm(x, w, b, eps):
 
 
 def _attend(q, k, v, window=None):
-  """Causal softmax attention, q [T, N, H], k / v [T, K, H] (query head n reads KV
-  head n // (N / K), as transformers' repeat_kv does); a window W keeps keys j with
-  i - j < W."""
-  Tq, n_heads, H = q.shape
-  group = n_heads // k.shape[1]
-  i, j = np.arange(Tq)[:, None], np.arange(Tq)[None, :]
-  seen = (j <= i) if window is None else (j <= i) & (i - j < window)
-  out = np.empty_like(q)
-  for n in range(n_heads):
-    s = q[:, n] @ k[:, n // group].T / np.sqrt(H)
-    s = np.where(seen, s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    out[:, n] = (p / p.sum(-1, keepdims=True)) @ v[:, n // group]
-  return out
+  """Causal softmax attention of one sequence, q [T, N, H], k / v [T, K, H]: query head n
+  reads KV head n // (N / K), as transformers' repeat_kv does; a window W keeps keys j
+  with i - j < W (Mistral's sliding window). The textbook loop of tests/ops/naive.py."""
+  return naive_attention(q[None], k[None], v[None], causal=True, window=window)[0]
 
 
 def llama_forward(c: dict, w: dict, tokens) -> np.ndarray:

@@ -481,6 +481,41 @@ def test_ablate_bad_input(sweep_file, tmp_path, capsys, binding, message):
   assert message in err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--gin.DecodeConfig.beam_size=2"], "--gin.DecodeConfig.beam_size: only Sweep., "
+     "ModelConfig., DataConfig., TrainConfig. bindings apply to a sweep"),
+    ([], None),  # no --gin_file: named below
+    (["--report"], "holds no runs yet (no arms/ folder)"),
+    (["--gin.TrainConfig.steps=0"], "steps=0"),
+    (["--gin.DataConfig.paths=('/no/such/corpus*.txt',)"], "/no/such/corpus"),
+])
+def test_ablate_refusals_before_anything_is_written(sweep_file, tmp_path, capsys, argv,
+                                                     message):
+  out = str(tmp_path / "out")
+  if message is None:  # without --gin_file only --report of an existing OUT can run
+    err = _one_line_exit_2(capsys, ["ablate", "--out", out], out)
+    assert "--gin_file is needed (only --report of an existing --out reads OUT/sweep.gin)" in err
+    return
+  err = _one_line_exit_2(capsys, ["ablate", "--gin_file", sweep_file, "--out", out, *argv],
+                         out)
+  assert message in err, err
+
+
+def test_an_out_of_another_base_config_is_refused(micro, sweep_file, tmp_path, capsys):
+  """A sweep's OUT holds one base config: a binding that changes the model (not a Sweep.*
+  setting) needs a new --out, and nothing in the old one changes."""
+  out = str(tmp_path / "out")
+  shutil.copytree(micro, out)
+  before = {name: _read(out, name) for name in ("results.csv", "sweep.gin")}
+  capsys.readouterr()
+  assert _ablate("--gin_file", sweep_file, "--out", out, "--gin.ModelConfig.d_ff=48") == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1
+  assert (f"{out} holds a sweep with a different base config "
+          f"({os.path.join(out, 'sweep.gin')}); use a new --out") in err, err
+  assert {name: _read(out, name) for name in before} == before
+
+
 def test_ablate_without_matplotlib_stops_before_training(sweep_file, tmp_path, capsys,
                                                          monkeypatch):
   monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails

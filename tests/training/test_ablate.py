@@ -516,12 +516,44 @@ def test_an_out_of_another_base_config_is_refused(micro, sweep_file, tmp_path, c
   assert {name: _read(out, name) for name in before} == before
 
 
+def test_an_existing_out_its_report_and_its_arms(micro, sweep_file, tmp_path, capsys):
+  """Only --report reads OUT/sweep.gin without --gin_file; --report prints where and what it
+  reported; an OUT without runs is not reported; --arm checks only its own runs' configs."""
+  out = str(tmp_path / "out")
+  shutil.copytree(micro, out)
+  before = {name: _read(out, name) for name in ("results.csv", "sweep.gin")}
+  capsys.readouterr()
+  assert _ablate("--out", out) == 2  # a rerun needs the sweep file, even with sweep.gin there
+  assert "--gin_file is needed" in capsys.readouterr().err
+  assert _ablate("--out", out, "--report") == 0
+  printed = json.loads(capsys.readouterr().out)
+  assert printed == {"out": os.path.abspath(out), "ok": 2, "failed": 0, "interrupted": 0,
+                     "pending": 0}
+  assert {name: _read(out, name) for name in before} == before
+  # The mqa run made stale by hand: --arm mha is not held up by it; --arm mqa is.
+  path = os.path.join(sweep_lib.run_dir(out, "mqa", 0), sweep_lib.CONFIG_FILE)
+  with open(path) as f:
+    text = f.read()
+  with open(path, "w") as f:
+    f.write(re.sub(r"(?m)^TrainConfig\.seed = .*$", "TrainConfig.seed = 99", text))
+  assert _ablate("--gin_file", sweep_file, "--out", out, "--arm", "mha") == 0
+  assert json.loads(capsys.readouterr().out)["this_invocation"]["skipped"] == 1
+  assert _ablate("--gin_file", sweep_file, "--out", out, "--arm", "mqa") == 2
+  assert "arms/mqa/seed_0" in capsys.readouterr().err
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  assert _ablate("--gin_file", sweep_file, "--out", str(empty), "--report") == 2
+  assert "holds no runs yet (no arms/ folder)" in capsys.readouterr().err
+  assert os.listdir(empty) == []
+
+
 def test_ablate_without_matplotlib_stops_before_training(sweep_file, tmp_path, capsys,
                                                          monkeypatch):
   monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
   out = str(tmp_path / "out")
   err = _one_line_exit_2(capsys, ["ablate", "--gin_file", sweep_file, "--out", out], out)
-  assert "needs the matplotlib package: pip install 'attnlab[bench]'" in err, err
+  assert "attnlab ablate (its plots) needs the matplotlib package: pip install " \
+         "'attnlab[bench]'" in err, err
 
 
 def test_ablate_unknown_arm(sweep_file, tmp_path, capsys):

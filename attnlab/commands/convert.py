@@ -154,8 +154,21 @@ def from_hf(src_dir: str, workdir: str, *, dtype: str | None = None) -> dict:
 
 def _save_weights(tmp: str, mcfg, params: dict, meta: dict) -> int:
   """Fill the abstract model's parameters with ``params`` (consumed) and save them."""
+  state, n = filled_params(mcfg, params)
+  ckpt = Checkpointer(tmp)
+  try:
+    ckpt.save_params(STEP, state, meta)
+  finally:
+    ckpt.close()
+  return n
 
 
+def filled_params(mcfg, params: dict):
+  """(the model's ``nnx.Param`` state holding ``params``, parameter count).
+
+  ``params`` ({parameter path: array}, consumed) must fill every parameter with its
+  shape and dtype, and hold nothing else; no model is initialized.
+  """
   abstract = nnx.eval_shape(lambda: build_model(mcfg, rngs=nnx.Rngs(0)))
   state = nnx.state(abstract, nnx.Param)
   n = 0
@@ -170,12 +183,7 @@ def _save_weights(tmp: str, mcfg, params: dict, meta: dict) -> int:
     n += value.size
   if params:
     raise AssertionError(f"rules fill parameters the model lacks: {sorted(params)[:3]}")
-  ckpt = Checkpointer(tmp)
-  try:
-    ckpt.save_params(STEP, state, meta)
-  finally:
-    ckpt.close()
-  return n
+  return state, n
 
 
 def _write_config(tmp: str, mcfg, dcfg, tcfg, src_dir: str, workdir: str) -> None:

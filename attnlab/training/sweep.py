@@ -548,7 +548,7 @@ def _config_difference(path: str, want_configs) -> tuple[str, str] | None:
     parsed = config_gin.read_workdir_config(path)
   except config_gin.GinConfigError:
     parsed = None  # a field this attnlab lacks: compare the text
-  if parsed is not None and [type(c) for c in parsed] == [type(c) for c in want_configs]:
+  if parsed is not None:
     for got, cfg in zip(parsed, want_configs, strict=True):
       for field in dataclasses.fields(cfg):
         a, b = getattr(got, field.name), getattr(cfg, field.name)

@@ -135,17 +135,14 @@ def import_checkpoint(src: str):
 
 
 def model_from_params(cfg: ModelConfig, params: dict):
-  """The model whose parameters are exactly ``params`` ({path: array}); every
-  parameter must be filled."""
-  graphdef, state = nnx.split(nnx.eval_shape(lambda: attnlab.build_model(cfg, rngs=nnx.Rngs(0))))
-  params = dict(params)
-  for path, var in nnx.to_flat_state(state):
-    if isinstance(var, nnx.Param):
-      value = params.pop(tuple(path))
-      assert value.shape == var.shape, (path, value.shape, var.shape)
-      var.set_value(value)
-  assert not params, sorted(params)
-  return nnx.merge(graphdef, state)
+  """The model whose parameters are exactly ``params`` ({path: array}), filled as
+  ``attnlab convert --from-hf`` fills them (``convert.filled_params``)."""
+  from attnlab.commands.convert import filled_params
+
+  graphdef, _, rest = nnx.split(
+      nnx.eval_shape(lambda: attnlab.build_model(cfg, rngs=nnx.Rngs(0))), nnx.Param, ...)
+  state, _ = filled_params(cfg, dict(params))
+  return nnx.merge(graphdef, state, rest)
 
 
 def flat_params(model) -> dict[tuple, np.ndarray]:

@@ -207,7 +207,7 @@ def test_to_hf_step_and_shard_size(tmp_path, capsys):
   rc, _, err = _convert(capsys, "--to-hf", "--workdir", str(work), "--out",
                         str(tmp_path / "o7"), "--step", "7")
   assert rc == 2 and "--step=7 has no checkpoint" in err and "saved steps: [0, 5]" in err
-  # --max_shard_mb 1: this model's 0.2 MiB fits one shard; a bigger vocabulary does not.
+  # --max_shard_mb 1 with a 8192-token vocabulary: the embedding alone is 1.5 MiB.
   big, bc, bt = _hf_dir(tmp_path, "llama_mqa_tied", vocab_size=8192)
   assert _convert(capsys, "--from-hf", big, "--workdir", str(tmp_path / "bw"))[0] == 0
   rc, printed, err = _convert(capsys, "--to-hf", "--workdir", str(tmp_path / "bw"), "--out",

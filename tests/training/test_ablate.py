@@ -623,7 +623,8 @@ def test_runs_written_by_another_attnlab_version_are_reused_when_their_config_is
   before = {name: _read(out, name) for name in ("results.csv", "sweep.gin")}
   capsys.readouterr()
   assert _ablate("--gin_file", sweep_file, "--out", out) == 0  # nothing to train
-  assert "skipped" in capsys.readouterr().out
+  printed = json.loads(capsys.readouterr().out)
+  assert printed["this_invocation"] == {"ok": 0, "failed": 0, "skipped": len(paths)}
   assert _read(out, "results.csv") == before["results.csv"]
   # One value changed: named by field, in gin's own spelling.
   with open(paths[0]) as f:

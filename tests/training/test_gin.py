@@ -100,7 +100,7 @@ def test_relative_inside_resolves_links_and_is_not_fooled_by_a_shared_prefix(tmp
 
 def test_gin_values_read_back_as_written():
   assert [gin_config.gin_value(v) for v in ((), (1,), ("a",), (1, (2,), "b"), None, True, 0.5,
-                                             "x", -1)] == [
+                                            "x", -1)] == [
       "()", "(1,)", "('a',)", "(1, (2,), 'b')", "None", "True", "0.5", "'x'", "-1"]
   # A one-element tuple stays a tuple through config.gin (not a parenthesized string).
   configs = (ModelConfig(d_model=32, num_heads=4, d_ff=64), DataConfig(paths=("a.txt",)),

@@ -1,8 +1,9 @@
 """Where a batch-1 decode step goes: step time against streaming and overhead.
 
 The model of tools/bench_decode.py (``_bench.MODEL``: 4 layers, d_model 256,
-8 / 2 heads, head dim 32, SwiGLU 688, vocab 259, float32), prompt 16, greedy,
-contiguous cache. Measured in one run, each the best of ``--iters`` calls:
+8 / 2 heads, head dim 32, SwiGLU 688, vocab 259; float32, or ``--param_dtype``
+/ ``--dtype bfloat16``), prompt 16, greedy, contiguous cache. Measured in one
+run, each the best of ``--iters`` calls:
 
   * step: one decode step of ``attnlab.generate`` at B=1, as
     (time of 240 new tokens - time of 16) / 224, so the prefill and the
@@ -17,6 +18,11 @@ contiguous cache. Measured in one run, each the best of ``--iters`` calls:
   * matvecs: the 29 matrix-vector products of a step alone (q, k, v, o,
     gate, up, down of 4 layers and the logits), chained through the loop:
     the time to stream the weights through XLA's matrix-vector kernels;
+  * cores busy: the process's CPU time over the wall time while a program
+    ran (XLA:CPU runs most ops of a step on one core); and one [m, n]
+    matrix-vector product in a loop for three sizes (the model's largest
+    weight, [512, 2048], [1024, 2048]): from what size XLA:CPU puts more
+    than one core on such a product;
   * tiny: the same generate on the same architecture shrunk to d_model 8,
     head dim 4, d_ff 8 (the same ops, almost no bytes): the per-step cost of
     the loop's ops themselves (dispatch, small fusions, cache update);
@@ -24,19 +30,29 @@ contiguous cache. Measured in one run, each the best of ``--iters`` calls:
   * ops: the instructions of each compiled decode loop's body (fusions,
     library calls, copies; "weight-sized": those that make an array of a
     weight's size, i.e. a weight copied into another layout in every step),
-    from XLA's optimized HLO.
+    from XLA's optimized HLO;
+  * with ``--torch_python`` (a venv with torch + transformers): transformers'
+    decode step the same way (its greedy ``generate``, 240 new tokens against 16),
+    and torch's matrix-vector product of one vector with every weight of the
+    model at once (one ``F.linear`` over 10.8 MiB, on 1 and on 2 threads): the
+    floor of any float32 step that reads the weights once, as another library
+    streams them, and the ratio to transformers a step at that floor would give;
+    timed in the same rounds as the steps.
 
-    python tools/profile_decode_step.py [--iters 7]
+    python tools/profile_decode_step.py [--iters 7] [--torch_python /work/venv/bin/python]
+                                        [--param_dtype bfloat16] [--dtype bfloat16]
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import time
 
 import _bench
 
 PROMPT, LONG, SHORT = 16, 240, 16
+MODEL_D = _bench.MODEL["d_model"]
 
 
 def _programs(cfg):
@@ -55,20 +71,43 @@ def _programs(cfg):
   return model, calls, first
 
 
-def step_seconds(cfgs, iters):
+def step_seconds(cfgs, iters, also=None):
   """Seconds per decode step at B=1 of each config, timed in alternating rounds.
 
   Per config: (best time of LONG new tokens - best of SHORT) / (LONG - SHORT),
-  so the prefill and the call's fixed costs cancel.
+  so the prefill and the call's fixed costs cancel. ``also``: more timings to
+  take in the same rounds, name -> a function returning seconds.
+
+  Returns ({config name: (seconds, model, first call seconds, cores busy)},
+  {``also`` name: best seconds}); cores busy: the process's CPU seconds over
+  the wall seconds of the config's timed calls.
   """
   progs = {name: _programs(cfg) for name, cfg in cfgs.items()}
   best = {(name, n): float("inf") for name in cfgs for n in (LONG, SHORT)}
+  spent = {name: [0.0, 0.0] for name in cfgs}  # CPU seconds, wall seconds
+  also_best = dict.fromkeys(also or (), float("inf"))
   for _ in range(iters):
     for name, (_, calls, _) in progs.items():
       for n, call in calls.items():
-        best[name, n] = min(best[name, n], _bench.wall(call))
-  return {name: ((best[name, LONG] - best[name, SHORT]) / (LONG - SHORT), model, first)
-          for name, (model, _, first) in progs.items()}
+        cpu0 = _cpu_seconds()
+        wall = _bench.wall(call)
+        spent[name][0] += _cpu_seconds() - cpu0
+        spent[name][1] += wall
+        best[name, n] = min(best[name, n], wall)
+    for name in also_best:
+      also_best[name] = min(also_best[name], also[name]())
+  steps = {name: ((best[name, LONG] - best[name, SHORT]) / (LONG - SHORT), model, first,
+                  spent[name][0] / spent[name][1])
+           for name, (model, _, first) in progs.items()}
+  return steps, also_best
+
+
+def _cpu_seconds():
+  """User + system CPU seconds of this process so far (all its threads)."""
+  import resource
+
+  r = resource.getrusage(resource.RUSAGE_SELF)
+  return r.ru_utime + r.ru_stime
 
 
 def _looped(fn, steps):
@@ -90,8 +129,35 @@ def stream_seconds(arrays, iters, steps=LONG):
   return _bench.best_of(lambda: run(jnp.float32(0)), iters) / steps
 
 
+def cores_busy(fn, iters):
+  """(best seconds of ``fn()``, process CPU seconds / wall seconds over the ``iters`` calls):
+  how many of the machine's cores the program kept busy while it ran."""
+  _bench.wall(fn)
+  cpu0, t0 = _cpu_seconds(), time.perf_counter()
+  best = min(_bench.wall(fn) for _ in range(iters))
+  return best, (_cpu_seconds() - cpu0) / (time.perf_counter() - t0)
+
+
+def one_matvec(shape, iters, bytes_per_call=64 << 20):
+  """(seconds, cores busy) of one [1, m] x [m, n] product, repeated in a loop that
+  streams ``bytes_per_call``: when XLA:CPU runs a matrix-vector product on more
+  than one core."""
+  import jax
+  import jax.numpy as jnp
+
+  m, n = shape
+  reps = max(1, bytes_per_call // (4 * m * n))
+  # The weight is an argument (a constant could be folded into the program).
+  w = jax.random.normal(jax.random.key(0), (m, n), jnp.float32)
+  run = jax.jit(lambda x, w: jax.lax.fori_loop(
+      0, reps, lambda i, x: x + 1e-9 * jnp.tile(x @ w, -(-m // n))[:m], x))
+  seconds, busy = cores_busy(lambda: run(jnp.ones((m,), jnp.float32), w), iters)
+  return seconds / reps, busy
+
+
 def matvec_seconds(cfg, model, iters, steps=LONG):
-  """Seconds of one step's matrix-vector products alone, chained through the loop."""
+  """(seconds, count, cores busy) of one step's matrix-vector products alone,
+  chained through the loop."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
@@ -106,12 +172,54 @@ def matvec_seconds(cfg, model, iters, steps=LONG):
   def one_pass(vecs):
     vecs = dict(vecs)
     for w in mats:
-      vecs[w.shape[1]] = vecs[w.shape[1]] + 1e-6 * (vecs[w.shape[0]] @ w)
+      product = vecs[w.shape[0]].astype(w.dtype) @ w  # in the weights' dtype, as the model
+      vecs[w.shape[1]] = vecs[w.shape[1]] + 1e-6 * product.astype(jnp.float32)
     return vecs
 
   vecs = {n: jnp.ones((n,), jnp.float32) for n in sizes}
   run = _looped(one_pass, steps)
-  return _bench.best_of(lambda: run(vecs), iters) / steps, len(mats)
+  seconds, busy = cores_busy(lambda: run(vecs), iters)
+  return seconds / steps, len(mats), busy
+
+
+# What the torch worker runs for a code on its stdin (``_bench.serve_torch``):
+# transformers' greedy generate at B=1 with LONG or SHORT new tokens (torch's
+# default threads, as tools/bench_decode.py runs it), or MATVEC_REPS products of
+# a vector with every weight of the model at once, on 1 or 2 threads.
+TORCH_LONG, TORCH_SHORT, TORCH_MATVEC_1, TORCH_MATVEC_2 = 0, 1, 2, 3
+MATVEC_REPS = 100
+
+
+def torch_worker():
+  """The transformers side: seconds of each code above, one per stdin line."""
+  import torch
+
+  threads = torch.get_num_threads()
+  model = _bench.llama_model(max_positions=PROMPT + LONG).eval()
+  # Every 2-D weight (the 28 projections and the tied embedding, 10.8 MiB) as
+  # rows of 256 in one matrix: one F.linear streams all of them through torch's
+  # matrix-vector kernel, with one call's overhead. The floor of a float32 step
+  # that reads every weight once, measured by another library.
+  rows = torch.cat([p.detach().reshape(-1, MODEL_D) for p in model.parameters() if p.ndim == 2])
+  x = torch.ones(1, MODEL_D)
+  prompt = torch.arange(3, 3 + PROMPT)[None] % _bench.MODEL["vocab"]
+
+  def run(code):
+    if code in (TORCH_LONG, TORCH_SHORT):
+      torch.set_num_threads(threads)
+      new = LONG if code == TORCH_LONG else SHORT
+      with torch.no_grad():
+        model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
+                       min_new_tokens=new, do_sample=False, pad_token_id=0)
+    else:
+      torch.set_num_threads(1 if code == TORCH_MATVEC_1 else 2)
+      with torch.no_grad():
+        for _ in range(MATVEC_REPS):
+          torch.nn.functional.linear(x, rows)
+
+  for code in (TORCH_LONG, TORCH_MATVEC_1, TORCH_MATVEC_2):
+    run(code)
+  _bench.serve_torch(run, {"threads": threads, "weight_bytes": rows.numel() * 4})
 
 
 def loop_body_ops(model, cfg):
@@ -170,7 +278,21 @@ def _while_bodies(text):
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--iters", type=int, default=7)
+  parser.add_argument("--torch_python", default=None,
+                      help="a Python with torch + transformers: time transformers' step and "
+                           "torch's matrix-vector floor in the same rounds")
+  parser.add_argument("--param_dtype", default="float32", choices=("float32", "bfloat16"),
+                      help="the parameters' storage dtype (ModelConfig.param_dtype)")
+  parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                      help="the compute dtype (ModelConfig.dtype)")
+  parser.add_argument("--torch_worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args()
+  if args.torch_worker:
+    return torch_worker()
+  worker = _bench.start_torch_worker(__file__, args.torch_python)
+  also = {} if worker is None else {code: (lambda code=code: worker.seconds(code))
+                                    for code in (TORCH_LONG, TORCH_SHORT, TORCH_MATVEC_1,
+                                                 TORCH_MATVEC_2)}
 
   import jax
   import jax.numpy as jnp
@@ -178,37 +300,56 @@ def main():
 
   from attnlab.nn import kv_cache as cache_lib
 
-  cfg = _bench.attnlab_config(max_len=512)
-  steps = step_seconds({impl: cfg.replace(attention_impl=impl) for impl in ("auto", "chunked")},
-                       args.iters)
-  step, model, _ = steps["auto"]
+  cfg = _bench.attnlab_config(max_len=512, param_dtype=args.param_dtype, dtype=args.dtype)
+  steps, torch_best = step_seconds(
+      {impl: cfg.replace(attention_impl=impl) for impl in ("auto", "chunked")}, args.iters, also)
+  if worker is not None:
+    worker.close()
+  step, model, _, _ = steps["auto"]
   params = jax.tree.leaves(nnx.state(model, nnx.Param))
   cache = jax.tree.leaves(cache_lib.init_cache(cfg, "contiguous", 1, PROMPT + LONG - 1))
   weight_bytes = sum(x.size * x.dtype.itemsize for x in params)
   cache_bytes = sum(x.size * x.dtype.itemsize for x in cache)
   stream = stream_seconds(params + [jnp.asarray(x) for x in cache], args.iters)
-  matvec, n_mats = matvec_seconds(cfg, model, args.iters)
+  matvec, n_mats, matvec_busy = matvec_seconds(cfg, model, args.iters)
+  probes = {shape: one_matvec(shape, args.iters)
+            for shape in ((cfg.d_model, cfg.d_ff), (512, 2048), (1024, 2048))}
   tiny_cfg = cfg.replace(d_model=8, head_dim=4, d_ff=8)
-  tiny, _, _ = step_seconds({"tiny": tiny_cfg}, args.iters)["tiny"]
+  tiny = step_seconds({"tiny": tiny_cfg}, args.iters)[0]["tiny"][0]
 
   us = lambda s: f"{s * 1e6:7.1f} us"
-  print(f"model: {_bench.MODEL}, float32; B=1, prompt {PROMPT}, contiguous cache of "
-        f"{PROMPT + LONG - 1}; best of {args.iters}")
+  print(f"model: {_bench.MODEL}, parameters {cfg.param_dtype}, compute {cfg.dtype}; B=1, "
+        f"prompt {PROMPT}, contiguous cache of {PROMPT + LONG - 1}; best of {args.iters}")
   print(f"weights {weight_bytes / 2**20:.1f} MiB, cache {cache_bytes / 2**20:.2f} MiB")
-  for impl, (seconds, m, first) in steps.items():
+  for impl, (seconds, m, first, busy) in steps.items():
     ops = loop_body_ops(m, cfg.replace(attention_impl=impl))
     total = sum(v for k, v in ops.items() if k != "weight-sized")
     print(f"decode step, {impl + ':':8s}      {us(seconds)}  ({1 / seconds:.0f} tok/s); first "
-          f"call {first:.2f} s (trace + compile + run); loop body {total} instructions: "
+          f"call {first:.2f} s (trace + compile + run); {busy:.2f} cores busy; loop body {total} "
+          "instructions: "
           + ", ".join(f"{k} {v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])))
   print(f"auto vs chunked: {steps['chunked'][0] / step:.2f}x faster")
   print(f"stream weights + cache once: {us(stream)}  "
         f"({(weight_bytes + cache_bytes) / stream / 1e9:.1f} GB/s)")
   print(f"the step's {n_mats} matvecs alone: {us(matvec)}  "
-        f"({weight_bytes / matvec / 1e9:.1f} GB/s of weights)")
+        f"({weight_bytes / matvec / 1e9:.1f} GB/s of weights; {matvec_busy:.2f} cores busy)")
+  for (m, n), (seconds, busy) in probes.items():
+    print(f"one [{m}, {n}] matvec in a loop: {us(seconds)}  ({4 * m * n / seconds / 1e9:.1f} "
+          f"GB/s; {busy:.2f} cores busy; {m * n // 1000}K multiply-adds)")
   print(f"same ops, tiny dims:         {us(tiny)}  (per-step cost of the ops themselves)")
   print(f"auto step / matvecs: {step / matvec:.2f}x; step / stream: {step / stream:.2f}x; "
         f"step - tiny: {us(step - tiny)}")
+  if worker is None:
+    return
+  hf = (torch_best[TORCH_LONG] - torch_best[TORCH_SHORT]) / (LONG - SHORT)
+  print(f"transformers' step ({worker.ready['threads']} torch threads): {us(hf)}  "
+        f"({1 / hf:.0f} tok/s); attnlab / transformers: {hf / step:.2f}x; "
+        f"10x would need a step of {us(hf / 10)}")
+  for code, n in ((TORCH_MATVEC_1, 1), (TORCH_MATVEC_2, 2)):
+    floor = torch_best[code] / MATVEC_REPS
+    print(f"torch, every weight in one matvec, {n} thread{'s' if n > 1 else ' '}: {us(floor)}  "
+          f"({worker.ready['weight_bytes'] / floor / 1e9:.1f} GB/s); a step at this floor: "
+          f"{hf / floor:.2f}x transformers")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,18 @@
 """attnlab: attention and transformers in JAX / Flax NNX.
 
-``import attnlab`` needs only the JAX stack; the checkpointing and decoding
-entry points are imported on first use (orbax is heavy and optional for
-model-only use).
+``import attnlab`` imports nothing but this file: every entry point below is
+imported from its module on first use (``attnlab.generate``, ``from attnlab
+import build_model``), so ``attnlab --help`` answers without loading JAX.
 """
 
-from attnlab.config import ModelConfig
-from attnlab.nn.transformer import DecoderOnly, EncoderDecoder, build_model, count_params
-from attnlab.ops.dispatch import attention
-
+# name -> the module that defines it
 _LAZY = {
+    "ModelConfig": "attnlab.config",
+    "DecoderOnly": "attnlab.nn.transformer",
+    "EncoderDecoder": "attnlab.nn.transformer",
+    "build_model": "attnlab.nn.transformer",
+    "count_params": "attnlab.nn.transformer",
+    "attention": "attnlab.ops.dispatch",
     "load_checkpoint": "attnlab.training.checkpoint",
     "generate": "attnlab.decoding.generate",
     "generate_requests": "attnlab.decoding.batching",
@@ -36,5 +39,11 @@ def __getattr__(name):
   if name in _LAZY:
     import importlib
 
-    return getattr(importlib.import_module(_LAZY[name]), name)
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
   raise AttributeError(f"module 'attnlab' has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(set(globals()) | set(__all__))

@@ -30,7 +30,8 @@ COMMANDS = {
 
 def usage() -> str:
   lines = ["usage: attnlab COMMAND [flags]   (attnlab COMMAND --help for its flags)", ""]
-  lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
+  width = max(map(len, COMMANDS))
+  lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
   return "\n".join(lines)
 
 

@@ -1,0 +1,142 @@
+"""The ``attnlab`` dispatcher (attnlab/cli.py): usage, unknown commands, exit codes,
+the one-line error of a ``CommandError``, and ``attnlab --help`` without JAX."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+import types
+
+import pytest
+
+from attnlab import cli
+from attnlab.commands import CommandError
+
+USAGE_HEAD = "usage: attnlab COMMAND [flags]   (attnlab COMMAND --help for its flags)"
+
+
+def _usage_lines(text):
+  lines = text.rstrip("\n").split("\n")
+  assert lines[:2] == [USAGE_HEAD, ""]
+  return lines[2:]
+
+
+@pytest.mark.parametrize("argv, code", [([], 2), (["--help"], 0), (["-h"], 0)])
+def test_usage_lists_every_command_with_its_help_in_one_column(argv, code, capsys):
+  assert cli.main(argv) == code
+  out = capsys.readouterr()
+  assert out.err == ""
+  rows = _usage_lines(out.out)
+  assert [row.split()[0] for row in rows] == list(cli.COMMANDS)
+  helps = [help_ for _, help_ in cli.COMMANDS.values()]
+  starts = {row.index(help_) for row, help_ in zip(rows, helps, strict=True)}
+  assert len(starts) == 1  # every help text starts in the same column
+  longest = max(map(len, cli.COMMANDS))
+  assert starts == {2 + longest + 2}
+
+
+def test_an_unknown_command_is_named_with_the_usage_exit_2(capsys):
+  assert cli.main(["trian", "--workdir", "w"]) == 2
+  out = capsys.readouterr()
+  assert out.out == ""
+  first, *rest = out.err.rstrip("\n").split("\n")
+  assert first == "attnlab: unknown command 'trian'"
+  assert [row.split()[0] for row in _usage_lines("\n".join(rest))] == list(cli.COMMANDS)
+
+
+@pytest.fixture
+def fake_command(monkeypatch):
+  """A command "fake" whose ``main`` does what the test sets in ``behave``."""
+  module = types.ModuleType("attnlab.commands.fake")
+  calls = []
+
+  def main(argv):
+    calls.append(argv)
+    return module.behave(argv)
+
+  module.main = main
+  monkeypatch.setitem(sys.modules, "attnlab.commands.fake", module)
+  monkeypatch.setitem(cli.COMMANDS, "fake", ("fake", "a test command"))
+  return module, calls
+
+
+@pytest.mark.parametrize("returned, code", [(None, 0), (0, 0), (3, 3), (True, 1)])
+def test_the_command_gets_the_rest_of_argv_and_its_return_is_the_exit_code(
+    fake_command, returned, code):
+  module, calls = fake_command
+  module.behave = lambda argv: returned
+  assert cli.main(["fake", "--x", "1", "fake"]) == code
+  assert calls == [["--x", "1", "fake"]]
+
+
+def test_a_command_error_is_one_line_on_stderr_exit_2(fake_command, capsys):
+  module, _ = fake_command
+
+  def fail(argv):
+    raise CommandError("--steps=-1 must be a positive integer")
+
+  module.behave = fail
+  assert cli.main(["fake"]) == 2
+  out = capsys.readouterr()
+  assert (out.out, out.err) == ("", "attnlab fake: error: --steps=-1 must be a positive integer\n")
+
+
+def test_other_exceptions_are_not_swallowed(fake_command):
+  module, _ = fake_command
+
+  def crash(argv):
+    raise RuntimeError("a bug, with its traceback")
+
+  module.behave = crash
+  with pytest.raises(RuntimeError, match="a bug"):
+    cli.main(["fake"])
+
+
+def test_a_real_command_error_goes_through_the_dispatcher(capsys):
+  assert cli.main(["kv-size", "--layers", "0", "--seq", "6", "--kv_heads", "3",
+                   "--head_dim", "8"]) == 2
+  assert capsys.readouterr().err == (
+      "attnlab kv-size: error: --layers=0 must be a positive integer\n")
+
+
+def test_every_command_module_has_a_main():
+  for name, (module, help_) in cli.COMMANDS.items():
+    assert callable(importlib.import_module(f"attnlab.commands.{module}").main), name
+    assert help_ and "\n" not in help_
+
+
+def test_the_console_script_is_the_dispatcher():
+  scripts = importlib.metadata.entry_points(group="console_scripts", name="attnlab")
+  assert [ep.value for ep in scripts] == ["attnlab.cli:main"]
+
+
+def test_help_and_an_unknown_command_do_not_load_jax():
+  """``attnlab --help`` imports only the package root, cli.py and CommandError: the
+  package root's entry points are lazy (importing it eagerly took ~2.5 s of JAX)."""
+  code = ("import sys\nfrom attnlab import cli\n"
+          "assert cli.main(['--help']) == 0 and cli.main(['nope']) == 2\n"
+          "heavy = sorted(m for m in ('jax', 'flax', 'gin', 'numpy', 'orbax')\n"
+          "               if m in sys.modules)\n"
+          "print('loaded:', heavy)\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=True).stdout
+  assert out.strip().splitlines()[-1] == "loaded: []"
+
+
+def test_the_package_root_loads_each_entry_point_on_first_use():
+  code = ("import sys, attnlab\n"
+          "assert 'jax' not in sys.modules\n"
+          "from attnlab import ModelConfig, build_model, generate, attention\n"
+          "from attnlab.config import ModelConfig as M\n"
+          "from attnlab.nn.transformer import build_model as b\n"
+          "assert ModelConfig is M and build_model is b\n"
+          "assert set(attnlab.__all__) <= set(dir(attnlab))\n"
+          "from attnlab.training.checkpoint import load_checkpoint\n"
+          "from attnlab.decoding.batching import generate_requests\n"
+          "assert attnlab.load_checkpoint is load_checkpoint\n"
+          "assert attnlab.generate_requests is generate_requests\n"
+          "try:\n  attnlab.nope\nexcept AttributeError as e:\n  print(e)\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=True).stdout
+  assert out.strip().splitlines()[-1] == "module 'attnlab' has no attribute 'nope'"

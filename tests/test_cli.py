@@ -70,6 +70,14 @@ def test_the_command_gets_the_rest_of_argv_and_its_return_is_the_exit_code(
   assert calls == [["--x", "1", "fake"]]
 
 
+def test_without_argv_it_reads_the_process_arguments(fake_command, monkeypatch):
+  module, calls = fake_command
+  module.behave = lambda argv: 5
+  monkeypatch.setattr(sys, "argv", ["/venv/bin/attnlab", "fake", "--steps", "3"])
+  assert cli.main() == 5
+  assert calls == [["--steps", "3"]]
+
+
 def test_a_command_error_is_one_line_on_stderr_exit_2(fake_command, capsys):
   module, _ = fake_command
 

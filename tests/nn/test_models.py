@@ -356,6 +356,17 @@ def test_activations_declare_their_logical_axes_inside_activation_sharding():
   assert declared == []
 
 
+def test_logical_constraint_refuses_axes_of_another_rank_inside_activation_sharding():
+  from attnlab.nn.partitioning import activation_sharding, logical_constraint
+
+  x = jnp.zeros((2, 3))
+  resolve = lambda axes, shape: jax.sharding.SingleDeviceSharding(jax.devices()[0])  # noqa: E731
+  assert logical_constraint(x, ("batch",)) is x  # outside: a no-op, nothing checked
+  with activation_sharding(resolve), pytest.raises(ValueError, match=re.escape(
+      "axes ('batch',) must name every dimension of shape (2, 3)")):
+    logical_constraint(x, ("batch",))
+
+
 def test_mlp_defaults_to_swiglu_without_biases_and_names_the_kinds():
   from attnlab.nn.mlp import MLP
 

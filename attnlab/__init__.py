@@ -5,6 +5,18 @@ imported from its module on first use (``attnlab.generate``, ``from attnlab
 import build_model``), so ``attnlab --help`` answers without loading JAX.
 """
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ below
+  from attnlab.config import ModelConfig
+  from attnlab.convert.heads import convert_heads
+  from attnlab.decoding.batching import generate_requests
+  from attnlab.decoding.generate import generate
+  from attnlab.decoding.sampling import Sampling
+  from attnlab.nn.transformer import DecoderOnly, EncoderDecoder, build_model, count_params
+  from attnlab.ops.dispatch import attention
+  from attnlab.training.checkpoint import load_checkpoint
+
 # name -> the module that defines it
 _LAZY = {
     "ModelConfig": "attnlab.config",

@@ -148,3 +148,19 @@ def test_the_package_root_loads_each_entry_point_on_first_use():
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        check=True).stdout
   assert out.strip().splitlines()[-1] == "module 'attnlab' has no attribute 'nope'"
+
+
+def test_the_package_roots_three_lists_of_names_agree():
+  """``__all__``, the lazy table and the TYPE_CHECKING imports name the same entry points,
+  each from the same module."""
+  import ast
+  import pathlib
+
+  import attnlab
+
+  tree = ast.parse(pathlib.Path(attnlab.__file__).read_text())
+  guarded = next(node for node in tree.body if isinstance(node, ast.If)
+                 and getattr(node.test, "id", None) == "TYPE_CHECKING")
+  seen = {alias.name: imp.module for imp in guarded.body for alias in imp.names}
+  assert seen == attnlab._LAZY
+  assert sorted(attnlab.__all__) == sorted(attnlab._LAZY)

@@ -32,6 +32,15 @@ _LAZY = {
     "convert_heads": "attnlab.convert.heads",
 }
 
+# The subpackages and modules, reachable as attributes after a bare ``import
+# attnlab``. The first access to one of the JAX layers also loads what ``import
+# attnlab`` loaded before its entry points were lazy, so chains such as
+# ``attnlab.ops.pallas.flash.flash_attention`` work as they did; the light
+# modules (``from attnlab import cli``) load alone.
+_LIGHT = ("cli", "commands", "config", "config_gin", "extras")
+_SUBMODULES = (*_LIGHT, "convert", "data", "decoding", "nn", "ops", "training")
+_LOADED_BEFORE = ("attnlab.config", "attnlab.nn.transformer", "attnlab.ops.dispatch")
+
 __all__ = [
     "DecoderOnly",
     "EncoderDecoder",
@@ -48,12 +57,16 @@ __all__ = [
 
 
 def __getattr__(name):
-  if name in _LAZY:
-    import importlib
+  import importlib
 
+  if name in _LAZY:
     value = getattr(importlib.import_module(_LAZY[name]), name)
     globals()[name] = value  # the next lookup is a plain attribute
     return value
+  if name in _SUBMODULES:
+    for module in () if name in _LIGHT else _LOADED_BEFORE:
+      importlib.import_module(module)
+    return importlib.import_module(f"attnlab.{name}")
   raise AttributeError(f"module 'attnlab' has no attribute {name!r}")
 
 

@@ -164,3 +164,23 @@ def test_the_package_roots_three_lists_of_names_agree():
   seen = {alias.name: imp.module for imp in guarded.body for alias in imp.names}
   assert seen == attnlab._LAZY
   assert sorted(attnlab.__all__) == sorted(attnlab._LAZY)
+
+
+def test_attribute_chains_into_the_subpackages_work_after_a_bare_import():
+  """``import attnlab`` then ``attnlab.ops.pallas.flash.flash_attention`` (DESIGN.md's
+  spelling), ``attnlab.config.DecodeConfig``, ``attnlab.nn.kv_cache.init_cache``: as when
+  the package root imported the models eagerly."""
+  code = ("import sys, attnlab\n"
+          "assert 'jax' not in sys.modules\n"
+          "chained = attnlab.ops.pallas.flash.flash_attention\n"
+          "assert callable(attnlab.nn.kv_cache.init_cache)\n"
+          "assert attnlab.config.DecodeConfig().max_new_tokens > 0\n"
+          "from attnlab.ops.pallas.flash import flash_attention\n"
+          "assert chained is flash_attention\n"
+          "assert sorted(attnlab._SUBMODULES) == sorted(\n"
+          "    p.stem for p in __import__('pathlib').Path(attnlab.__file__).parent.iterdir()\n"
+          "    if (p.suffix == '.py' and p.stem != '__init__') or (p / '__init__.py').exists())\n"
+          "print('ok')\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=True).stdout
+  assert out.strip().splitlines()[-1] == "ok"

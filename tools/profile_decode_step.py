@@ -31,7 +31,8 @@ run, each the best of ``--iters`` calls:
     library calls, copies; "weight-sized": those that make an array of a
     weight's size, i.e. a weight copied into another layout in every step),
     from XLA's optimized HLO;
-  * with ``--torch_python`` (a venv with torch + transformers): transformers'
+  * with ``--torch_python`` (a venv with torch + transformers; by default this
+    Python, when it has both): transformers'
     decode step the same way (its greedy ``generate``, 240 new tokens against 16),
     and torch's matrix-vector product of one vector with every weight of the
     model at once (one ``F.linear`` over 10.8 MiB, on 1 and on 2 threads): the

@@ -119,6 +119,13 @@ def test_the_console_script_is_the_dispatcher():
   assert [ep.value for ep in scripts] == ["attnlab.cli:main"]
 
 
+def _last_line_in_a_fresh_python(code: str) -> str:
+  """The last line ``code`` prints in a new interpreter (nothing of attnlab loaded yet)."""
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=True).stdout
+  return out.strip().splitlines()[-1]
+
+
 def test_help_and_an_unknown_command_do_not_load_jax():
   """``attnlab --help`` imports only the package root, cli.py and CommandError: the
   package root's entry points are lazy (importing it eagerly took ~2.5 s of JAX)."""
@@ -127,9 +134,7 @@ def test_help_and_an_unknown_command_do_not_load_jax():
           "heavy = sorted(m for m in ('jax', 'flax', 'gin', 'numpy', 'orbax')\n"
           "               if m in sys.modules)\n"
           "print('loaded:', heavy)\n")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       check=True).stdout
-  assert out.strip().splitlines()[-1] == "loaded: []"
+  assert _last_line_in_a_fresh_python(code) == "loaded: []"
 
 
 def test_the_package_root_loads_each_entry_point_on_first_use():
@@ -145,9 +150,7 @@ def test_the_package_root_loads_each_entry_point_on_first_use():
           "assert attnlab.load_checkpoint is load_checkpoint\n"
           "assert attnlab.generate_requests is generate_requests\n"
           "try:\n  attnlab.nope\nexcept AttributeError as e:\n  print(e)\n")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       check=True).stdout
-  assert out.strip().splitlines()[-1] == "module 'attnlab' has no attribute 'nope'"
+  assert _last_line_in_a_fresh_python(code) == "module 'attnlab' has no attribute 'nope'"
 
 
 def test_the_package_roots_three_lists_of_names_agree():
@@ -181,6 +184,4 @@ def test_attribute_chains_into_the_subpackages_work_after_a_bare_import():
           "    p.stem for p in __import__('pathlib').Path(attnlab.__file__).parent.iterdir()\n"
           "    if (p.suffix == '.py' and p.stem != '__init__') or (p / '__init__.py').exists())\n"
           "print('ok')\n")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       check=True).stdout
-  assert out.strip().splitlines()[-1] == "ok"
+  assert _last_line_in_a_fresh_python(code) == "ok"

@@ -114,6 +114,47 @@ def test_every_command_module_has_a_main():
     assert help_ and "\n" not in help_
 
 
+# What each command cannot run without: argparse names the missing required flags in order.
+REQUIRED = {
+    "train": "--workdir",
+    "eval": "--workdir",
+    "decode": "--workdir",  # then one of --prompt / --prompts_file
+    "kv-size": "--layers, --seq, --kv_heads, --head_dim",
+    "ablate": "--out",
+    "convert-heads": "--from, --to, --num_kv_heads, --method",
+    "convert": "--workdir",  # then one of --from-hf / --to-hf
+}
+# The one-of-two flags, given all else.
+ONE_OF = {
+    "decode": (["--workdir", "w"], "--prompt --prompts_file"),
+    "convert": (["--workdir", "w"], "--from-hf --to-hf"),
+}
+
+
+def test_each_commands_help_is_its_own_and_names_every_flag(capsys):
+  assert set(REQUIRED) == set(cli.COMMANDS)
+  for name in cli.COMMANDS:
+    with pytest.raises(SystemExit) as exit_:
+      cli.main([name, "--help"])
+    assert exit_.value.code == 0, name
+    text = capsys.readouterr().out
+    assert text.startswith(f"usage: attnlab {name} "), text[:80]
+    for flag in REQUIRED[name].split(", ") + list(ONE_OF.get(name, ([], ""))[1].split()):
+      assert f"  {flag} " in text, (name, flag)
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED))
+def test_a_command_without_its_required_flags_names_them_exit_2(name, capsys):
+  assert cli.main([name]) == 2
+  assert capsys.readouterr().err == (
+      f"attnlab {name}: error: the following arguments are required: {REQUIRED[name]}\n")
+  if name in ONE_OF:
+    argv, flags = ONE_OF[name]
+    assert cli.main([name, *argv]) == 2
+    assert capsys.readouterr().err == (
+        f"attnlab {name}: error: one of the arguments {flags} is required\n")
+
+
 def test_the_console_script_is_the_dispatcher():
   scripts = importlib.metadata.entry_points(group="console_scripts", name="attnlab")
   assert [ep.value for ep in scripts] == ["attnlab.cli:main"]

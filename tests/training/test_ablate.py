@@ -514,6 +514,10 @@ def test_an_out_of_another_base_config_is_refused(micro, sweep_file, tmp_path, c
   assert (f"{out} holds a sweep with a different base config "
           f"({os.path.join(out, 'sweep.gin')}); use a new --out") in err, err
   assert {name: _read(out, name) for name in before} == before
+  # A note or a blank line added to OUT/sweep.gin changes no setting: not refused.
+  with open(os.path.join(out, "sweep.gin"), "a") as f:
+    f.write("\n# rerun on the big box\n\n")
+  assert _ablate("--gin_file", sweep_file, "--out", out, "--report") == 0
 
 
 def test_an_existing_out_its_report_and_its_arms(micro, sweep_file, tmp_path, capsys):

@@ -135,9 +135,39 @@ def test_rerun_skips_finished_runs(micro, sweep_file, capsys):
   capsys.readouterr()
   assert _ablate("--gin_file", sweep_file, "--out", micro) == 0
   out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-  assert out["this_invocation"] == {"ok": 0, "failed": 0, "skipped": 2}
+  assert out == {"out": os.path.abspath(micro),
+                 "this_invocation": {"ok": 0, "failed": 0, "skipped": 2},
+                 "report": {"ok": 2, "failed": 0, "interrupted": 0, "pending": 0}}
   assert os.path.getmtime(result) == mtime
   assert _stable(micro) == before
+
+
+def test_a_stopped_sweep_says_how_to_resume_exit_0_and_uses_the_compilation_cache(
+    sweep_file, tmp_path, monkeypatch, capsys):
+  """A signal that stops a run (``SweepInterrupted``) is one line on stderr, exit 0 (rerun
+  to resume); ``--compilation_cache`` points JAX's cache at its folder before training."""
+  seen = {"cache": []}
+  update = jax.config.update
+
+  def record(name, value):  # recorded, not set: the test session keeps its own cache
+    seen["cache"].append(value) if name == "jax_compilation_cache_dir" else update(name, value)
+
+  def stopped(out, sweep, arms, base, only=None):
+    seen["set before the runs"] = list(seen["cache"])
+    raise sweep_lib.SweepInterrupted("mha seed 0 stopped by SIGTERM at step 1")
+
+  monkeypatch.setattr(sweep_lib, "run_sweep", stopped)
+  monkeypatch.setattr(jax.config, "update", record)
+  out, cache = tmp_path / "out", tmp_path / "xla"
+  capsys.readouterr()
+  assert _ablate("--gin_file", sweep_file, "--out", str(out), "--compilation_cache",
+                 str(cache)) == 0
+  captured = capsys.readouterr()
+  assert captured.err == ("attnlab ablate: mha seed 0 stopped by SIGTERM at step 1; checkpoint "
+                          "saved, rerun the same command to resume\n")
+  assert captured.out == ""
+  assert seen["set before the runs"] == seen["cache"] == [str(cache)] and cache.is_dir()
+  assert os.listdir(out) == ["sweep.gin"]
 
 
 def test_failing_arm_is_reported_then_arm_and_report_equal_all_in_one(

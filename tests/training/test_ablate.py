@@ -150,7 +150,10 @@ def test_a_stopped_sweep_says_how_to_resume_exit_0_and_uses_the_compilation_cach
   update = jax.config.update
 
   def record(name, value):  # recorded, not set: the test session keeps its own cache
-    seen["cache"].append(value) if name == "jax_compilation_cache_dir" else update(name, value)
+    if name == "jax_compilation_cache_dir":
+      seen["cache"].append(value)
+    else:  # jax sets options of its own while it compiles
+      update(name, value)
 
   def stopped(out, sweep, arms, base, only=None):
     seen["set before the runs"] = list(seen["cache"])

@@ -67,3 +67,21 @@ def pytest_sessionfinish(session):
   """The controller (or the only process) removes the session's cache."""
   if _OWN_CACHE and not hasattr(session.config, "workerinput"):
     shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+
+
+@pytest.fixture
+def cache_dir_updates(monkeypatch):
+  """The folders given to ``jax.config.update("jax_compilation_cache_dir", ...)``, recorded
+  instead of set (the session keeps its own cache); other options go through (jax sets
+  options of its own while it compiles)."""
+  dirs = []
+  update = jax.config.update
+
+  def record(name, value):
+    if name == "jax_compilation_cache_dir":
+      dirs.append(value)
+    else:
+      update(name, value)
+
+  monkeypatch.setattr(jax.config, "update", record)
+  return dirs

@@ -131,7 +131,7 @@ ONE_OF = {
 }
 
 
-def test_each_commands_help_is_its_own_and_names_every_flag(capsys):
+def test_each_commands_help_is_its_own_and_names_its_required_flags(capsys):
   assert set(REQUIRED) == set(cli.COMMANDS)
   for name in cli.COMMANDS:
     with pytest.raises(SystemExit) as exit_:

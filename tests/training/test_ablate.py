@@ -143,24 +143,16 @@ def test_rerun_skips_finished_runs(micro, sweep_file, capsys):
 
 
 def test_a_stopped_sweep_says_how_to_resume_exit_0_and_uses_the_compilation_cache(
-    sweep_file, tmp_path, monkeypatch, capsys):
+    sweep_file, tmp_path, monkeypatch, capsys, cache_dir_updates):
   """A signal that stops a run (``SweepInterrupted``) is one line on stderr, exit 0 (rerun
   to resume); ``--compilation_cache`` points JAX's cache at its folder before training."""
-  seen = {"cache": []}
-  update = jax.config.update
-
-  def record(name, value):  # recorded, not set: the test session keeps its own cache
-    if name == "jax_compilation_cache_dir":
-      seen["cache"].append(value)
-    else:  # jax sets options of its own while it compiles
-      update(name, value)
+  seen = {}
 
   def stopped(out, sweep, arms, base, only=None):
-    seen["set before the runs"] = list(seen["cache"])
+    seen["set before the runs"] = list(cache_dir_updates)
     raise sweep_lib.SweepInterrupted("mha seed 0 stopped by SIGTERM at step 1")
 
   monkeypatch.setattr(sweep_lib, "run_sweep", stopped)
-  monkeypatch.setattr(jax.config, "update", record)
   out, cache = tmp_path / "out", tmp_path / "xla"
   capsys.readouterr()
   assert _ablate("--gin_file", sweep_file, "--out", str(out), "--compilation_cache",
@@ -169,7 +161,7 @@ def test_a_stopped_sweep_says_how_to_resume_exit_0_and_uses_the_compilation_cach
   assert captured.err == ("attnlab ablate: mha seed 0 stopped by SIGTERM at step 1; checkpoint "
                           "saved, rerun the same command to resume\n")
   assert captured.out == ""
-  assert seen["set before the runs"] == seen["cache"] == [str(cache)] and cache.is_dir()
+  assert seen["set before the runs"] == cache_dir_updates == [str(cache)] and cache.is_dir()
   assert os.listdir(out) == ["sweep.gin"]
 
 

@@ -7,7 +7,6 @@ forms and the byte units."""
 import json
 import os
 
-import jax
 import pytest
 
 from attnlab import cli
@@ -26,20 +25,11 @@ SEQ2SEQ = TINY + ["--gin.ModelConfig.num_encoder_layers=1", "--gin.DataConfig.ma
 
 
 @pytest.fixture
-def recorded(monkeypatch):
-  """The distributed init and the compilation-cache option, recorded instead of set."""
-  calls = {"distributed": [], "config": []}
+def recorded(monkeypatch, cache_dir_updates):
+  """The distributed init and the compilation-cache folders, recorded instead of set."""
+  calls = {"distributed": [], "cache_dirs": cache_dir_updates}
   monkeypatch.setattr(train_command.sharding, "initialize_distributed",
                       lambda *a: calls["distributed"].append(a) or False)
-  update = jax.config.update
-
-  def record(name, value):
-    if name == "jax_compilation_cache_dir":
-      calls["config"].append((name, value))
-    else:  # jax sets options of its own while it compiles
-      update(name, value)
-
-  monkeypatch.setattr(jax.config, "update", record)
   return calls
 
 
@@ -54,7 +44,7 @@ def test_train_prints_its_last_metrics_and_a_workdir_retrains_from_its_config(
   assert out["workdir"] == str(workdir) and out["step"] == 2
   assert {"loss", "perplexity", "learning_rate", "grad_norm", "tokens_per_s"} <= set(out)
   assert recorded["distributed"] == [("host:9", 2, 1)]
-  assert recorded["config"] == [("jax_compilation_cache_dir", str(cache))] and cache.is_dir()
+  assert recorded["cache_dirs"] == [str(cache)] and cache.is_dir()
   text = (workdir / "config.gin").read_text()
   assert "ModelConfig.d_model = 32" in text and "TrainConfig.steps = 2" in text
   # No --gin_file: the workdir's config.gin, and --gin. flags still win over it.
@@ -119,7 +109,7 @@ def test_eval_reads_the_step_and_cache_flags(tmp_path, capsys, monkeypatch, reco
   assert cli.main(["eval", "--workdir", "w", "--step", "4", "--compilation_cache",
                    str(tmp_path / "c")]) == 0
   assert calls == [("w", 4)] and json.loads(capsys.readouterr().out) == {"step": 4}
-  assert recorded["config"] == [("jax_compilation_cache_dir", str(tmp_path / "c"))]
+  assert recorded["cache_dirs"] == [str(tmp_path / "c")]
   assert cli.main(["eval", "--workdir", "w"]) == 0 and calls[-1] == ("w", None)
   assert cli.main(["eval"]) == 2
   assert "the following arguments are required: --workdir" in capsys.readouterr().err
@@ -139,12 +129,12 @@ def test_gin_flags_take_both_forms_and_keep_equals_signs_in_values():
 def test_the_compilation_cache_flag_sets_the_jax_option(tmp_path, monkeypatch, recorded):
   """None leaves the option alone; a path is made (or may exist already) and set, absolute."""
   _common.use_compilation_cache(None)
-  assert recorded["config"] == []
+  assert recorded["cache_dirs"] == []
   monkeypatch.chdir(tmp_path)
   _common.use_compilation_cache("c")
   _common.use_compilation_cache("c")
   assert (tmp_path / "c").is_dir()
-  assert recorded["config"] == [("jax_compilation_cache_dir", str(tmp_path / "c"))] * 2
+  assert recorded["cache_dirs"] == [str(tmp_path / "c")] * 2
 
 
 @pytest.mark.parametrize("n, text", [

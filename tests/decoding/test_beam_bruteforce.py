@@ -28,7 +28,7 @@ PAD, BOS, EOS = 0, 1, 2
 HASH_MOD = 1009
 # Logits of every hashed state: wide enough that long and short hypotheses
 # trade places as alpha changes.
-TABLE_HV = np.asarray(jax.random.normal(jax.random.key(7), (HASH_MOD, V), jnp.float32)) * 2.0
+TABLE_HV = np.random.default_rng(7).standard_normal((HASH_MOD, V), np.float32) * 2.0
 
 
 def _hash(src, history):

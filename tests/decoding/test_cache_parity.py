@@ -16,6 +16,7 @@ from attnlab.decoding.generate import _reserve
 from attnlab.decoding.paging import PageAllocator
 from attnlab.nn import kv_cache as cache_lib
 from attnlab.ops.pallas import decode as decode_ops
+from tests import random_arrays
 from tests.decoding.tiny_models import (
   DECODER_CONFIGS,
   SRC_SHAPE,
@@ -309,9 +310,9 @@ def test_decode_step_equals_append_then_attend_at_the_edges(kind):
   past the capacity is neither stored nor seen), a padded row (num_new 0), a row
   mid-way, a ring that has wrapped; outputs and every cache field equal."""
   B, S, N, K, H = 3, 6, 4, 2, 8
-  keys = jax.random.split(jax.random.key(7), 5)
-  q = jax.random.normal(keys[0], (B, 1, N, H))
-  k_new, v_new = (jax.random.normal(kk, (B, 1, K, H)) for kk in keys[1:3])
+  rng = random_arrays.rng(7)
+  q = random_arrays.normal(rng, (B, 1, N, H))
+  k_new, v_new = (random_arrays.normal(rng, (B, 1, K, H)) for _ in range(2))
   lengths = jnp.array([S, 3, 2] if kind == "contiguous" else [S + 3, 3, 2], jnp.int32)
   num_new = jnp.array([1, 1, 0], jnp.int32)
   if kind == "contiguous":
@@ -323,7 +324,7 @@ def test_decode_step_equals_append_then_attend_at_the_edges(kind):
         positions_BW=jnp.where(last_BW >= 0, last_BW, -1))
   names = ("k_BKSH", "v_BKSH") if kind == "contiguous" else ("k_BKWH", "v_BKWH")
   cache = cache.replace(lengths_B=lengths, **{
-      name: jax.random.normal(kk, (B, K, S, H)) for name, kk in zip(names, keys[3:5])})
+      name: random_arrays.normal(rng, (B, K, S, H)) for name in names})
   window = 4 if kind == "ring" else None
   kwargs = dict(num_new_B=num_new, q_positions_BT=lengths[:, None], causal=True, window=window)
   got, got_cache = cache.attend(q, k_new, v_new, implementation="auto", **kwargs)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from attnlab.decoding.generate import _release, _reserve
 from attnlab.decoding.paging import PageAllocator
 from attnlab.nn import kv_cache as cache_lib
+from tests import random_arrays
 from tests.decoding.tiny_models import decoder_model, random_tokens
 
 P, B, M, C = 10, 3, 6, 2
@@ -77,15 +78,15 @@ def test_a_token_without_a_page_is_neither_stored_nor_seen(impl):
   come (the gather reads page 0 where the page is missing; that slot is masked; the
   Pallas paged kernel masks the missing page's tile)."""
   Bq, Mq, Cq, N, K, H = 2, 3, 4, 4, 2, 8
-  keys = jax.random.split(jax.random.key(3), 5)
+  rng = random_arrays.rng(3)
   cache = cache_lib.PagedKVCache.init(Bq, Mq * Cq, K, H, page_size=Cq, num_pages=6)
   cache = cache.replace(
       page_table_BM=jnp.array([[1, 2, -1], [3, 0, 5]], jnp.int32),  # page 0 is a real page too
       lengths_B=jnp.array([8, 8], jnp.int32),  # row 0 needs page 2 of its table: missing
-      k_pages_PCKH=jax.random.normal(keys[0], cache.k_pages_PCKH.shape),
-      v_pages_PCKH=jax.random.normal(keys[1], cache.v_pages_PCKH.shape))
-  q = jax.random.normal(keys[2], (Bq, 1, N, H))
-  k_new, v_new = (jax.random.normal(kk, (Bq, 1, K, H)) for kk in keys[3:5])
+      k_pages_PCKH=random_arrays.normal(rng, cache.k_pages_PCKH.shape),
+      v_pages_PCKH=random_arrays.normal(rng, cache.v_pages_PCKH.shape))
+  q = random_arrays.normal(rng, (Bq, 1, N, H))
+  k_new, v_new = (random_arrays.normal(rng, (Bq, 1, K, H)) for _ in range(2))
   kwargs = dict(q_positions_BT=jnp.array([[8], [8]]), causal=True, window=None,
                 implementation=impl)
   got, got_cache = cache.attend(q, k_new, v_new, num_new_B=jnp.array([1, 1]), **kwargs)

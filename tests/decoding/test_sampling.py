@@ -10,6 +10,7 @@ import pytest
 import attnlab
 from attnlab.decoding.beam import beam_search
 from attnlab.decoding.sampling import Sampling, filtered_logits, sample
+from tests import random_arrays
 from tests.decoding.tiny_models import (
   SRC_SHAPE,
   TGT_LEN,
@@ -28,7 +29,7 @@ def _draws(logits_V, sampling, seed=0):
 
 
 def test_top_k_never_emits_a_token_outside_the_k_most_likely():
-  logits = jax.random.normal(jax.random.key(1), (40,)) * 2.0
+  logits = random_arrays.normal(1, (40,)) * 2.0
   allowed = set(np.argsort(-np.asarray(logits))[:5].tolist())
   tokens = _draws(logits, Sampling(temperature=1.5, top_k=5))
   assert set(tokens.tolist()) <= allowed
@@ -185,7 +186,7 @@ def test_beam_size_one_with_eos_returns_an_early_end_that_beats_greedy():
   ends enters the finished set, which wins if its log P beats the alive beam's. So its
   answer follows greedy's path, then ends in eos where that was more likely than anything
   greedy goes on to."""
-  src = random_tokens(32, SRC_SHAPE)
+  src = random_tokens(36, SRC_SHAPE)  # beam 1 ends rows of this source early (asserted below)
   free, _ = _greedy_and_beam(src, 1)
   eos = int(free[1, 3])  # eos is traced: the same compiled program as eos_id=None
   greedy, beam = _greedy_and_beam(src, 1, eos)

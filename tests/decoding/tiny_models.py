@@ -71,7 +71,7 @@ def encdec_model(name, attention_impl="reference", varied=False):
 
 
 def random_tokens(seed, shape):
-  return np.array(jax.random.randint(jax.random.key(seed), shape, 3, VOCAB), np.int32)
+  return np.random.default_rng(seed).integers(3, VOCAB, shape, dtype=np.int32)
 
 
 @functools.cache

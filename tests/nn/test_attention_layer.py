@@ -11,6 +11,7 @@ from flax import nnx
 import attnlab
 from attnlab.nn.attention import Attention
 from attnlab.nn.kv_cache import KVCache
+from tests import random_arrays
 from tests.ops.naive import naive_attention
 
 D, N, K, H = 16, 4, 2, 8
@@ -22,7 +23,7 @@ def call(layer, x, **kw):
 
 
 def _x(B=2, T=6, seed=0):
-  return jax.random.normal(jax.random.key(seed), (B, T, D))
+  return random_arrays.normal(seed, (B, T, D))
 
 
 def _rope(x_BTNH, pos_T, theta):
@@ -67,7 +68,7 @@ def _by_hand(layer, x, *, causal=False, rope_theta=None, pairing="half", context
 def _set_biases(layer):
   for i, p in enumerate((layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj)):
     if p.b is not None:
-      p.b[...] = jax.random.normal(jax.random.key(100 + i), p.b.shape)
+      p.b[...] = random_arrays.normal(100 + i, p.b.shape)
 
 
 def test_defaults_bidirectional_no_rope_no_bias_no_dropout_auto():
@@ -146,7 +147,7 @@ def test_a_model_with_attention_dropout_drops_in_training_only():
   build = lambda rate: attnlab.build_model(attnlab.ModelConfig(**cfg, attention_dropout_rate=rate),
                                            rngs=nnx.Rngs(params=0, dropout=1))
   model, plain = build(0.3), build(0.0)
-  tokens = jax.random.randint(jax.random.key(5), (2, 8), 1, 32)
+  tokens = random_arrays.randint(5, (2, 8), 1, 32)
   want = np.asarray(call(plain, tokens))
   first, second = np.asarray(call(model, tokens)), np.asarray(call(model, tokens))
   assert not np.allclose(first, want, atol=1e-3) and not np.allclose(first, second, atol=1e-3)

@@ -10,6 +10,7 @@ import pytest
 
 from attnlab import ModelConfig
 from attnlab.nn import kv_cache as cache_lib
+from tests import random_arrays
 from tests.ops.naive import naive_attention
 
 B, N, K, H = 2, 4, 2, 8
@@ -80,12 +81,12 @@ def test_attend_equals_the_naive_loop_over_what_was_written(kind, window, dtype,
   step = jax.jit(lambda cache, q, k, v, n, qpos: cache.attend(
       q, k, v, num_new_B=n, q_positions_BT=qpos, causal=True, window=window,
       implementation=impl))
-  keys = iter(jax.random.split(jax.random.key(11), 3 * len(SCHEDULE)))
+  rng = random_arrays.rng(11)
   history = [{} for _ in range(B)]  # position -> (k, v) as stored
   lengths = np.zeros(B, np.int32)
   traced_T = set()
   for T, num_new in SCHEDULE:
-    q, k, v = (jax.random.normal(next(keys), (B, T, n, H)) for n in (N, K, K))
+    q, k, v = (random_arrays.normal(rng, (B, T, n, H)) for n in (N, K, K))
     qpos = lengths[:, None] + np.arange(T)[None, :]
     traced = len(paths)
     out, cache = step(cache, q, k, v, jnp.asarray(num_new, jnp.int32), jnp.asarray(qpos))
@@ -153,8 +154,8 @@ def test_attention_dropout_over_a_cache_is_the_reference_ops_with_its_key(kind, 
   from attnlab.ops.reference import reference_attention
 
   for T in (1, 3):
-    ks = jax.random.split(jax.random.key(T), 3)
-    q, k, v = (jax.random.normal(kk, (B, T, n, H)) for kk, n in zip(ks, (N, K, K)))
+    rng = random_arrays.rng(T)
+    q, k, v = (random_arrays.normal(rng, (B, T, n, H)) for n in (N, K, K))
     cache = new_cache(kind, "float32")
     n_B, qpos = jnp.array([T, T], jnp.int32), jnp.tile(jnp.arange(T), (B, 1))
     rng = jax.random.key(7)
@@ -174,7 +175,8 @@ def test_attention_dropout_over_a_cache_is_the_reference_ops_with_its_key(kind, 
 def test_store_writes_what_attend_writes_over_buffers_of_nan(kind):
   """``store`` (the prefill into an empty cache) leaves the cache ``attend`` leaves, starting
   from buffers full of NaN: every stored value comes from the new tokens."""
-  k, v = (jax.random.normal(kk, (B, 6, K, H)) for kk in jax.random.split(jax.random.key(2)))
+  rng = random_arrays.rng(2)
+  k, v = (random_arrays.normal(rng, (B, 6, K, H)) for _ in range(2))
   q = jnp.zeros((B, 6, N, H))
   num_new = jnp.array([6, 3], jnp.int32)
   cache = new_cache(kind, "float32")
@@ -353,9 +355,9 @@ def test_set_page_table_and_with_cross_reach_every_layer():
 
 
 def cross_case(T):
-  ks = jax.random.split(jax.random.key(5), 3)
-  k, v = (jax.random.normal(kk, (2, 5, K, H)) for kk in ks[:2])
-  q = jax.random.normal(ks[2], (2, T, N, H))
+  rng = random_arrays.rng(5)
+  k, v = (random_arrays.normal(rng, (2, 5, K, H)) for _ in range(2))
+  q = random_arrays.normal(rng, (2, T, N, H))
   seg = jnp.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], jnp.int32)
   return q, cache_lib.CrossKVCache(k, v, seg)
 

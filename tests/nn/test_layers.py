@@ -14,6 +14,7 @@ from flax import nnx
 
 from attnlab.config import DTYPES
 from attnlab.nn.layers import Einsum, as_dtype, fan_in_init, param, weight_einsum
+from tests import random_arrays
 
 CASES = [
     ("BTNH,NHD->BTD", (2, 3, 4, 8), (4, 8, 16)),  # two contracted dims
@@ -113,7 +114,7 @@ def test_einsum_layer_projects_with_its_weight_init_dtypes_and_bias(init_scale, 
   std = math.sqrt((init_scale or 1.0) / 64)
   assert abs(w.std() / std - 1) < 0.05, (w.std(), std)
   layer.b[...] = jnp.arange(64, dtype=jnp.float32).reshape(4, 16).astype(param_dtype)
-  x = jax.random.normal(jax.random.key(1), (2, 3, 64))
+  x = random_arrays.normal(1, (2, 3, 64))
   got = layer(x)
   assert got.dtype == dtype  # computed in dtype, whatever the parameters are stored in
   want = np.einsum("btd,dnh->btnh", np.asarray(x, np.float64), w) + np.asarray(

@@ -11,13 +11,14 @@ from flax import nnx
 
 import attnlab
 from attnlab import ModelConfig
+from tests import random_arrays
 
 TINY = dict(vocab_size=32, d_model=32, num_layers=2, num_heads=4, head_dim=8, d_ff=64,
             max_len=64)
 
 
 def tokens(B, T, seed=0, low=1, high=32):
-  return jax.random.randint(jax.random.key(seed), (B, T), low, high)
+  return random_arrays.randint(seed, (B, T), low, high)
 
 
 def build(**kw):
@@ -143,7 +144,7 @@ def test_post_ln_block_output_is_layer_normalized():
   """The paper's post-LN: each sublayer's output is LayerNorm(x + f(x)), so with
   the norm at its initial scale 1 / bias 0 every position has mean 0, var 1."""
   model = build(norm="layernorm", norm_position="post", pos="sinusoidal")
-  x_BTD = jax.random.normal(jax.random.key(0), (2, 5, 32))
+  x_BTD = random_arrays.normal(0, (2, 5, 32))
   pos = jnp.broadcast_to(jnp.arange(5), (2, 5))
   y = model.decoder.layers[0](x_BTD, pos, None)
   np.testing.assert_allclose(y.mean(-1), 0.0, atol=1e-5)

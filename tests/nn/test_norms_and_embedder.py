@@ -14,18 +14,20 @@ from flax import nnx
 import attnlab
 from attnlab.nn.layers import Embedder, LayerNorm, RMSNorm, make_norm
 from attnlab.nn.partitioning import activation_sharding
+from tests import random_arrays
 
 D = 16
 
 
 def _inputs(dtype=jnp.float32):
-  x = np.array(jax.random.normal(jax.random.key(0), (2, 3, D)))
+  x = np.random.default_rng(0).standard_normal((2, 3, D), np.float32)
   x[0, 0] *= 1e-4  # variance 1e-8: eps (1e-6) dominates, its sign matters
   return jnp.asarray(x, dtype)
 
 
 def _set(p, seed, shift):
-  p[...] = (shift + 0.5 * jax.random.normal(jax.random.key(seed), p.shape)).astype(p.dtype)
+  p[...] = jax.device_put((shift + 0.5 * np.random.default_rng(seed).standard_normal(
+      p.shape, np.float32)).astype(p.dtype))
 
 
 @pytest.mark.parametrize("dtype,param_dtype", [(jnp.float32, jnp.float32),
@@ -82,7 +84,7 @@ def test_embedder_encodes_rows_scaled_and_decodes_with_the_tied_or_own_head(scal
   assert x.dtype == jnp.bfloat16
   want = table[np.asarray(tokens)] * (math.sqrt(D) if scale_embeddings else 1.0)
   np.testing.assert_allclose(np.asarray(x.astype(jnp.float32)), want, rtol=1e-2, atol=1e-2)
-  h = jax.random.normal(jax.random.key(5), (2, 3, D)).astype(jnp.bfloat16)
+  h = random_arrays.normal(5, (2, 3, D), jnp.bfloat16)
   logits = jax.jit(emb.decode)(h)
   assert logits.dtype == jnp.float32 and logits.shape == (2, 3, V)
   head = table.T if tied else np.asarray(emb.lm_head[...], np.float64)

@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 import attnlab
+from tests import random_arrays
 
 B, S, T = 2, 7, 6
 PAD = 0
@@ -195,10 +196,11 @@ def randomized(cfg):
   """The model of ``cfg`` with every parameter drawn at random, and its float64 params."""
   model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
   leaves, treedef = jax.tree.flatten(nnx.state(model, nnx.Param))
-  keys = jax.random.split(jax.random.key(1), len(leaves))
+  rng = random_arrays.rng(1)
   # The initialization has zero biases and unit norm scales: draw them all.
   nnx.update(model, jax.tree.unflatten(treedef, [
-      0.4 * jax.random.normal(kk, x.shape, x.dtype) for kk, x in zip(keys, leaves)]))
+      jax.device_put(0.4 * rng.standard_normal(x.shape, np.float32).astype(x.dtype))
+      for x in leaves]))
   params = jax.tree.map(lambda x: np.asarray(x, np.float64),
                         nnx.to_pure_dict(nnx.state(model, nnx.Param)))
   return model, params

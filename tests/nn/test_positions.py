@@ -3,13 +3,13 @@ the learned table."""
 
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from attnlab.nn.positions import LearnedPositions, apply_rope, sinusoidal_positions
+from tests import random_arrays
 
 
 @pytest.mark.parametrize("pos,i", [(0, 0), (1, 0), (7, 3), (50, 10), (123, 31)])
@@ -23,9 +23,9 @@ def test_sinusoidal_table_equals_paper_formula(pos, i):
 
 @pytest.mark.parametrize("pairing", ["half", "adjacent"])
 def test_rope_score_depends_only_on_relative_position(pairing):
-  kq, kk = jax.random.split(jax.random.key(0))
-  q = jax.random.normal(kq, (1, 1, 2, 32))
-  k = jax.random.normal(kk, (1, 1, 2, 32))
+  rng = random_arrays.rng(0)
+  q = random_arrays.normal(rng, (1, 1, 2, 32))
+  k = random_arrays.normal(rng, (1, 1, 2, 32))
 
   def score(m, n):
     qm = apply_rope(q, jnp.array([[m]]), pairing=pairing)
@@ -40,7 +40,7 @@ def test_rope_score_depends_only_on_relative_position(pairing):
 
 @pytest.mark.parametrize("pairing", ["half", "adjacent"])
 def test_rope_preserves_norms_and_is_identity_at_zero(pairing):
-  x = jax.random.normal(jax.random.key(1), (2, 6, 3, 16))
+  x = random_arrays.normal(1, (2, 6, 3, 16))
   pos = jnp.broadcast_to(jnp.arange(6) * 37, (2, 6))
   y = apply_rope(x, pos, pairing=pairing)
   np.testing.assert_allclose(jnp.linalg.norm(y, axis=-1), jnp.linalg.norm(x, axis=-1),
@@ -51,7 +51,7 @@ def test_rope_preserves_norms_and_is_identity_at_zero(pairing):
 def test_rope_pairings_are_a_permutation_of_each_other():
   """Half-split RoPE is adjacent-pair RoPE on features reordered (0,H/2,1,H/2+1,...)."""
   H = 8
-  x = jax.random.normal(jax.random.key(2), (1, 4, 1, H))
+  x = random_arrays.normal(2, (1, 4, 1, H))
   pos = jnp.arange(4)[None]
   interleave = np.stack([np.arange(H // 2), np.arange(H // 2) + H // 2], axis=1).reshape(-1)
   half = apply_rope(x, pos, pairing="half")
@@ -73,7 +73,7 @@ def test_rope_rotates_pair_i_by_position_times_theta_to_the_minus_2i_over_h(pair
   "half", (2i, 2i + 1) with "adjacent") turns by pos * theta^(-2i/H); theta
   defaults to 10000."""
   H, pos = 16, np.array([[0, 3, 41, 1000]])
-  x = np.asarray(jax.random.normal(jax.random.key(3), (1, 4, 2, H)))
+  x = np.random.default_rng(3).standard_normal((1, 4, 2, H), np.float32)
   kw = {} if theta is None else {"theta": theta}
   got = np.asarray(apply_rope(jnp.asarray(x), jnp.asarray(pos), pairing=pairing, **kw))
   i = np.arange(H // 2)
@@ -86,7 +86,7 @@ def test_rope_rotates_pair_i_by_position_times_theta_to_the_minus_2i_over_h(pair
 
 
 def test_rope_pairs_halves_by_default_and_keeps_the_input_dtype():
-  x = jax.random.normal(jax.random.key(4), (1, 3, 2, 8))
+  x = random_arrays.normal(4, (1, 3, 2, 8))
   pos = jnp.array([[1, 2, 70]])
   np.testing.assert_array_equal(apply_rope(x, pos), apply_rope(x, pos, pairing="half"))
   # bfloat16 in, bfloat16 out: computed in float32, rounded once at the end.

@@ -6,8 +6,10 @@ import functools
 import jax
 import jax.extend
 import jax.numpy as jnp
+import numpy as np
 
 from attnlab.ops.reference import reference_attention
+from tests import random_arrays
 
 
 def flash_inputs(seed, B, T, S, N, K, H, dtype, segments):
@@ -17,23 +19,21 @@ def flash_inputs(seed, B, T, S, N, K, H, dtype, segments):
   "pad" (real tokens then padding at the tail; B <= 2, the second row keeps
   half its queries and a third of its keys).
   """
-  ks = jax.random.split(jax.random.key(seed), 6)
-  q = jax.random.normal(ks[0], (B, T, N, H), jnp.float32).astype(dtype)
-  k = jax.random.normal(ks[1], (B, S, K, H), jnp.float32).astype(dtype)
-  v = jax.random.normal(ks[2], (B, S, K, H), jnp.float32).astype(dtype)
-  do = jax.random.normal(ks[3], (B, T, N, H), jnp.float32).astype(dtype)
+  rng = random_arrays.rng(seed)
+  q = random_arrays.normal(rng, (B, T, N, H), dtype)
+  k = random_arrays.normal(rng, (B, S, K, H), dtype)
+  v = random_arrays.normal(rng, (B, S, K, H), dtype)
+  do = random_arrays.normal(rng, (B, T, N, H), dtype)
   seg = {}
   if segments == "packed":
-    seg = dict(
-        q_segment_ids=jnp.sort(jax.random.randint(ks[4], (B, T), 1, 4), axis=1),
-        kv_segment_ids=jnp.sort(jax.random.randint(ks[5], (B, S), 1, 4), axis=1),
-    )
+    seg = dict(q_segment_ids=jax.device_put(np.sort(rng.integers(1, 4, (B, T), np.int32), axis=1)),
+               kv_segment_ids=jax.device_put(np.sort(rng.integers(1, 4, (B, S), np.int32), axis=1)))
   elif segments == "pad":
     seg = dict(
-        q_segment_ids=(jnp.arange(T)[None] < jnp.array([T, max(1, T // 2)])[:B, None]
-                       ).astype(jnp.int32),
-        kv_segment_ids=(jnp.arange(S)[None] < jnp.array([S, max(1, S // 3)])[:B, None]
-                        ).astype(jnp.int32),
+        q_segment_ids=jax.device_put(
+            (np.arange(T)[None] < np.array([T, max(1, T // 2)])[:B, None]).astype(np.int32)),
+        kv_segment_ids=jax.device_put(
+            (np.arange(S)[None] < np.array([S, max(1, S // 3)])[:B, None]).astype(np.int32)),
     )
   elif segments is not None:
     raise ValueError(f"segments={segments!r} is not one of None, 'packed', 'pad'")

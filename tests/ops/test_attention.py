@@ -12,6 +12,7 @@ from attnlab.ops import masks
 from attnlab.ops.chunked import chunked_attention
 from attnlab.ops.dispatch import attention, auto_implementation
 from attnlab.ops.reference import blocked_attention, reference_attention
+from tests import random_arrays
 from tests.ops.naive import naive_attention
 
 
@@ -22,10 +23,10 @@ def jit_call(fn, q, k, v, **kw):
 
 
 def make_qkv(B, T, S, N, K, H, seed=0, dtype=jnp.float32):
-  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  q = jax.random.normal(kq, (B, T, N, H), jnp.float32).astype(dtype)
-  k = jax.random.normal(kk, (B, S, K, H), jnp.float32).astype(dtype)
-  v = jax.random.normal(kv, (B, S, K, H), jnp.float32).astype(dtype)
+  rng = random_arrays.rng(seed)
+  q = random_arrays.normal(rng, (B, T, N, H), dtype)
+  k = random_arrays.normal(rng, (B, S, K, H), dtype)
+  v = random_arrays.normal(rng, (B, S, K, H), dtype)
   return q, k, v
 
 
@@ -158,7 +159,7 @@ def _loss(impl, kw):
   def f(q, k, v):
     out = attention(q, k, v, implementation=impl, **kw)
     # A fixed random projection so every output element has its own weight.
-    w = jax.random.normal(jax.random.key(9), out.shape)
+    w = random_arrays.normal(9, out.shape)
     return jnp.sum(out.astype(jnp.float32) * w)
 
   return f
@@ -194,7 +195,7 @@ def test_chunked_equals_reference_forward_and_gradients(B, T, S, N, K, H, block,
   got = jax.jit(chunked)(q, k, v)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
   g_ref = jax.jit(jax.grad(_loss("reference", kw), argnums=(0, 1, 2)))(q, k, v)
-  w = jax.random.normal(jax.random.key(9), want.shape)
+  w = random_arrays.normal(9, want.shape)
   g_chk = jax.jit(jax.grad(lambda q, k, v: jnp.sum(chunked(q, k, v) * w), argnums=(0, 1, 2)))(
       q, k, v)
   for name, a, b in zip("qkv", g_chk, g_ref):
@@ -221,7 +222,7 @@ def test_large_scores_and_rows_far_apart_stay_exact(impl):
   q = jnp.asarray(np.array([100.0, -100.0]).reshape(1, 2, 1, 1) * np.ones((1, 2, 2, 1)),
                   jnp.float32)
   k = jnp.asarray(x.reshape(1, 6, 1, 1), jnp.float32)
-  v = jax.random.normal(jax.random.key(13), (1, 6, 1, 4))
+  v = random_arrays.normal(13, (1, 6, 1, 4))
   v1 = v[..., :1]
   want = naive_attention(q, k, v1)
   got = jit_call(impl, q, k, v1)
@@ -332,7 +333,7 @@ def test_chunked_in_bfloat16_is_as_accurate_as_the_reference_forward_and_backwar
   blocks; 0.97-1.04 as written)."""
   B, T, N, K, H = 1, 512, 4, 1, 64
   q, k, v = make_qkv(B, T, T, N, K, H, seed=3, dtype=jnp.bfloat16)
-  w = jax.random.normal(jax.random.key(9), (B, T, N, H))
+  w = random_arrays.normal(9, (B, T, N, H))
 
   def run(fn, *args):
     f = lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * w)
@@ -406,8 +407,8 @@ def test_fully_masked_rows_are_zero_with_finite_gradients(impl):
 
 def test_self_attention_is_permutation_equivariant():
   """Without positions or masks, attention(PX) = P attention(X)."""
-  x_BTD = jax.random.normal(jax.random.key(5), (1, 9, 16))
-  w = jax.random.normal(jax.random.key(6), (3, 16, 4, 8))
+  x_BTD = random_arrays.normal(5, (1, 9, 16))
+  w = random_arrays.normal(6, (3, 16, 4, 8))
 
   def self_attention(x_BTD):
     q, k, v = (jnp.einsum("BTD,DNH->BTNH", x_BTD, w_i) for w_i in w)
@@ -559,7 +560,7 @@ def test_blocked_equals_reference_forward_and_gradients(T, S, N, K, block_q, kw)
   if kw.pop("segments", False):
     seg = jnp.stack([jnp.array([1] * 12 + [2] * 15 + [0] * 3), jnp.array([1] * 30)])
     kw.update(q_segment_ids=seg, kv_segment_ids=seg)
-  w = jax.random.normal(jax.random.key(9), q.shape)
+  w = random_arrays.normal(9, q.shape)
 
   def loss(fn):
     def f(q, k, v):
@@ -720,7 +721,7 @@ def test_cudnn_matches_reference_forward_and_gradients(kw):
   from tests.ops.tolerances import assert_bf16_close
 
   q, k, v = make_qkv(2, 256, 256, 8, 2, 64, seed=21, dtype=jnp.bfloat16)
-  w = jax.random.normal(jax.random.key(22), q.shape, jnp.float32).astype(jnp.bfloat16)
+  w = random_arrays.normal(22, q.shape, jnp.bfloat16)
 
   def value_and_grads(impl):
     def loss(q, k, v):

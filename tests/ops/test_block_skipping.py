@@ -28,6 +28,7 @@ import pytest
 
 from attnlab.ops.pallas import common, decode, flash, flash_gpu
 from attnlab.ops.reference import reference_attention
+from tests import random_arrays
 from tests.ops.flash_inputs import decode_reference
 
 # The contiguous decode kernel picks its tile (at most 128 keys in interpret
@@ -36,7 +37,7 @@ DECODE_TILE_ALIGN = 128
 
 
 def _normal(seed, shape):
-  return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+  return random_arrays.normal(seed, shape)
 
 
 def _value_and_grads(fn):

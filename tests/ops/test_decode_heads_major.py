@@ -15,6 +15,7 @@ import pytest
 
 from attnlab.nn.kv_cache import dequantize, quantize
 from attnlab.ops.pallas import decode
+from tests import random_arrays
 from tests.ops.flash_inputs import decode_reference
 
 
@@ -38,10 +39,10 @@ CASES = [
 @pytest.mark.parametrize("B,T,S,N,K,H,lengths,window,num_splits,int8", CASES)
 def test_heads_major_decode_matches_reference(B, T, S, N, K, H, lengths, window, num_splits,
                                               int8):
-  kq, kk, kv = jax.random.split(jax.random.key(S + T), 3)
-  q = jax.random.normal(kq, (B, T, N, H))
-  k = jax.random.normal(kk, (B, K, S, H))
-  v = jax.random.normal(kv, (B, K, S, H))
+  rng = random_arrays.rng(S + T)
+  q = random_arrays.normal(rng, (B, T, N, H))
+  k = random_arrays.normal(rng, (B, K, S, H))
+  v = random_arrays.normal(rng, (B, K, S, H))
   lengths = jnp.array(lengths, jnp.int32)
   ks = vs = None
   if int8:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from attnlab.ops.pallas import common, decode
+from tests import random_arrays
 from tests.ops.flash_inputs import decode_reference
 from tests.ops.tolerances import assert_bf16_close
 
@@ -20,10 +21,10 @@ TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
 
 
 def _inputs(seed, B, T, S, N, K, H, dtype):
-  ks = jax.random.split(jax.random.key(seed), 3)
-  q = jax.random.normal(ks[0], (B, T, N, H), jnp.float32).astype(dtype)
-  k = jax.random.normal(ks[1], (B, S, K, H), jnp.float32).astype(dtype)
-  v = jax.random.normal(ks[2], (B, S, K, H), jnp.float32).astype(dtype)
+  rng = random_arrays.rng(seed)
+  q = random_arrays.normal(rng, (B, T, N, H), dtype)
+  k = random_arrays.normal(rng, (B, S, K, H), dtype)
+  v = random_arrays.normal(rng, (B, S, K, H), dtype)
   return q, k, v
 
 
@@ -52,7 +53,8 @@ def _paginate(k_BSKH, v_BSKH, page_size, seed, spare_pages=3):
   B, S, K, H = k_BSKH.shape
   M = -(-S // page_size)
   P = B * M + spare_pages
-  table_BM = jax.random.permutation(jax.random.key(seed), P)[: B * M].reshape(B, M)
+  table_BM = jax.device_put(
+      np.random.default_rng(seed).permutation(P)[: B * M].reshape(B, M).astype(np.int32))
 
   def pool(x_BSKH):
     x_BMCKH = jnp.pad(x_BSKH, ((0, 0), (0, M * page_size - S), (0, 0), (0, 0))).reshape(

@@ -15,6 +15,7 @@ import pytest
 from attnlab.nn.kv_cache import dequantize, quantize
 from attnlab.ops.decode import decode_step_attention
 from attnlab.ops.reference import reference_attention
+from tests import random_arrays
 from tests.ops.tolerances import assert_bf16_close
 
 
@@ -44,10 +45,10 @@ def _assert_matches_reference(q, k_new, v_new, k, v, q_pos, new_pos, kv_pos, *, 
 
 
 def _inputs(B, S, N, K, H, seed):
-  keys = jax.random.split(jax.random.key(seed), 6)
-  q = jax.random.normal(keys[0], (B, N, H))
-  k_new, v_new = (jax.random.normal(kk, (B, K, H)) for kk in keys[1:3])
-  k, v = (3 * jax.random.normal(kk, (B, K, S, H)) for kk in keys[3:5])
+  rng = random_arrays.rng(seed)
+  q = random_arrays.normal(rng, (B, N, H))
+  k_new, v_new = (random_arrays.normal(rng, (B, K, H)) for _ in range(2))
+  k, v = (jax.device_put(3 * rng.standard_normal((B, K, S, H), np.float32)) for _ in range(2))
   return q, k_new, v_new, k, v
 
 

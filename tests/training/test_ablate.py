@@ -25,6 +25,7 @@ from attnlab import config_gin as gin_config
 from attnlab.training import report as report_lib
 from attnlab.training import sweep as sweep_lib
 from attnlab.training import trainer
+from tests import random_arrays
 
 MICRO = """
 Sweep.base = ["lm_stdlib_tiny.gin"]
@@ -227,8 +228,7 @@ def _model(num_kv_heads=4, **kw):
   # Nonzero biases so that their conversion is checked too.
   for i, attn in enumerate(_attentions(model)):
     for j, proj in enumerate((attn.k_proj, attn.v_proj)):
-      proj.b[...] = jax.random.normal(jax.random.key(10 * i + j), proj.b.shape,
-                                      proj.b.dtype)
+      proj.b[...] = random_arrays.normal(10 * i + j, proj.b.shape, proj.b.dtype)
   return model
 
 

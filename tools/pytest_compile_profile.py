@@ -1,0 +1,81 @@
+"""A pytest plugin: where the suite's time goes, per test file -- the test's wall time and,
+of it, JAX tracing + lowering and XLA compiling (from ``jax.monitoring``'s duration
+events), and how many programs were compiled. Works with xdist (each worker writes its
+rows; the controller adds them up).
+
+    PYTHONPATH=tools pytest -p pytest_compile_profile -n 2 --dist worksteal tests
+
+Subprocesses a test starts (``attnlab train`` and the like) are not seen: their time counts
+as the test's wall time only.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import json
+import os
+import shutil
+import tempfile
+import time
+
+import pytest
+
+EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
+          "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+          "/jax/core/compile/backend_compile_duration": "compile"}
+_current = collections.Counter()
+_rows = []
+
+
+def _listen(event, seconds, **_):
+  if event in EVENTS:
+    _current[EVENTS[event]] += seconds
+    if EVENTS[event] == "compile":
+      _current["programs"] += 1
+
+
+def pytest_configure(config):
+  import jax
+
+  jax.monitoring.register_event_duration_secs_listener(_listen)
+  if not hasattr(config, "workerinput"):  # the controller (or the only process)
+    config._compile_profile_dir = tempfile.mkdtemp(prefix="attnlab-compile-profile-")
+    os.environ["ATTNLAB_COMPILE_PROFILE_DIR"] = config._compile_profile_dir
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  _current.clear()
+  start = time.perf_counter()
+  yield
+  _rows.append(dict(file=item.nodeid.split("::")[0], wall=time.perf_counter() - start,
+                    **_current))
+
+
+def pytest_sessionfinish(session):
+  folder = os.environ.get("ATTNLAB_COMPILE_PROFILE_DIR")
+  if folder:
+    with open(os.path.join(folder, f"rows.{os.getpid()}.json"), "w") as f:
+      json.dump(_rows, f)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+  folder = getattr(config, "_compile_profile_dir", None)
+  if folder is None:
+    return
+  per_file = collections.defaultdict(collections.Counter)
+  for path in glob.glob(os.path.join(folder, "rows.*.json")):
+    with open(path) as f:
+      for row in json.load(f):
+        per_file[row.pop("file")].update(row)
+  shutil.rmtree(folder, ignore_errors=True)
+  total = sum(per_file.values(), collections.Counter())
+  write = terminalreporter.write_line
+  write(f"\ncompile profile (seconds summed over workers): test time {total['wall']:.0f}, "
+        f"trace {total['trace']:.0f}, lower {total['lower']:.0f}, XLA compile "
+        f"{total['compile']:.0f}, {total['programs']} programs compiled")
+  write(f"{'wall':>7} {'trace':>6} {'lower':>6} {'compile':>7} {'programs':>8}  file")
+  for name, c in sorted(per_file.items(), key=lambda item: -item[1]["wall"]):
+    write(f"{c['wall']:7.1f} {c['trace']:6.1f} {c['lower']:6.1f} {c['compile']:7.1f} "
+          f"{c['programs']:8d}  {name}")

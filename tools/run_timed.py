@@ -1,0 +1,67 @@
+"""Run a command and say what its wall time was made of: the CPU time of the command and
+its children, and the share of the machine's CPU time that was busy, idle, or stolen by
+the hypervisor (Linux /proc/stat) while it ran.
+
+On a shared VM the same suite took 7.5 min one evening and 15 min the next night on the
+same box; the steal share is what tells a slow machine from slower code.
+
+    python tools/run_timed.py -- make test VENV=.venv-ci
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import time
+
+# /proc/stat's "cpu" line: user nice system idle iowait irq softirq steal guest guest_nice
+FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_ticks() -> dict[str, int] | None:
+  try:
+    with open("/proc/stat") as f:
+      values = [int(x) for x in f.readline().split()[1:len(FIELDS) + 1]]
+  except (OSError, ValueError):
+    return None
+  return dict(zip(FIELDS, values, strict=False))
+
+
+def shares(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+  """busy / idle / steal as fractions of all CPU ticks between two readings."""
+  delta = {k: after[k] - before[k] for k in FIELDS}
+  total = sum(delta.values()) or 1
+  idle = delta["idle"] + delta["iowait"]
+  return dict(busy=(total - idle - delta["steal"]) / total, idle=idle / total,
+              steal=delta["steal"] / total)
+
+
+def minutes(seconds: float) -> str:
+  return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+
+
+def main(argv=None):
+  argv = sys.argv[1:] if argv is None else argv
+  if argv[:1] == ["--"]:
+    argv = argv[1:]
+  if not argv:
+    sys.exit("usage: python tools/run_timed.py -- COMMAND [ARGS...]")
+  before, start = cpu_ticks(), time.perf_counter()
+  rc = subprocess.call(argv)
+  wall = time.perf_counter() - start
+  after = cpu_ticks()
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  line = (f"[run_timed] exit {rc}; wall {minutes(wall)}; CPU of the command "
+          f"{minutes(usage.ru_utime + usage.ru_stime)} on {os.cpu_count()} CPUs")
+  if before and after:
+    s = shares(before, after)
+    line += (f"; machine: busy {s['busy']:.0%}, idle {s['idle']:.0%}, "
+             f"stolen by the hypervisor {s['steal']:.0%}")
+  print(line, file=sys.stderr)
+  sys.exit(rc)
+
+
+if __name__ == "__main__":
+  main()

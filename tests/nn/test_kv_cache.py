@@ -154,8 +154,8 @@ def test_attention_dropout_over_a_cache_is_the_reference_ops_with_its_key(kind, 
   from attnlab.ops.reference import reference_attention
 
   for T in (1, 3):
-    rng = random_arrays.rng(T)
-    q, k, v = (random_arrays.normal(rng, (B, T, n, H)) for n in (N, K, K))
+    gen = random_arrays.rng(T)
+    q, k, v = (random_arrays.normal(gen, (B, T, n, H)) for n in (N, K, K))
     cache = new_cache(kind, "float32")
     n_B, qpos = jnp.array([T, T], jnp.int32), jnp.tile(jnp.arange(T), (B, 1))
     rng = jax.random.key(7)

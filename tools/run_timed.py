@@ -39,7 +39,8 @@ def shares(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
 
 
 def minutes(seconds: float) -> str:
-  return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+  whole = round(seconds)  # 59.6 s is "1 min 0 s", not "0 min 60 s"
+  return f"{whole // 60} min {whole % 60} s"
 
 
 def main(argv=None):

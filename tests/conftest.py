@@ -17,11 +17,16 @@ optimization level 0, and fusions through XLA's older loop emitters instead of
 the MLIR fusion emitters (``--xla_cpu_use_fusion_emitters=false``, about half
 the compile time of a flash-attention forward + backward):
 tests/ops/test_attention.py takes 3 min 24 s with XLA's defaults, 1 min 20 s at
-level 0, 49 s with both. Neither changes what a program computes (XLA's CPU
-fast-math is off either way). Flags the caller put in $XLA_FLAGS come first
-and are kept; a caller who sets ``--xla_backend_optimization_level`` there
-gets XLA's defaults for both, and so does a machine with a GPU or TPU plugin
-installed (the flags are for XLA:CPU, and a newer XLA may not know one).
+level 0, 49 s with both. And one LLVM module per program
+(``--xla_cpu_parallel_codegen_split_count=1``): XLA splits a module to compile
+the parts on idle cores, but the suite's two workers leave none idle, so the
+split is overhead (3-4% less CPU time over test_attention + test_kv_cache +
+test_batching with ``-n 2``, two rounds each, 2026-12-03, Intel box). None of
+these changes what a program computes (XLA's CPU fast-math is off either way).
+Flags the caller put in $XLA_FLAGS come first and are kept; a caller who sets
+``--xla_backend_optimization_level`` there gets XLA's defaults for all, and so
+does a machine with a GPU or TPU plugin installed (the flags are for XLA:CPU,
+and a newer XLA may not know one).
 Subprocesses inherit the flags; the scripts that force a device count append
 to them.
 """
@@ -41,7 +46,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
 TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
-                  "--xla_cpu_use_fusion_emitters=false")
+                  "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1")
 _ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm7_plugin", "libtpu")
 if ("xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")
     and not any(importlib.util.find_spec(name) for name in _ACCELERATOR_PLUGINS)):

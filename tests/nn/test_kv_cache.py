@@ -153,21 +153,25 @@ def test_attention_dropout_over_a_cache_is_the_reference_ops_with_its_key(kind, 
   the keys the cache returns, for one query and for several, whatever the implementation."""
   from attnlab.ops.reference import reference_attention
 
-  for T in (1, 3):
-    gen = random_arrays.rng(T)
-    q, k, v = (random_arrays.normal(gen, (B, T, n, H)) for n in (N, K, K))
-    cache = new_cache(kind, "float32")
-    n_B, qpos = jnp.array([T, T], jnp.int32), jnp.tile(jnp.arange(T), (B, 1))
-    rng = jax.random.key(7)
+  @jax.jit  # one program, not one per op
+  def outputs(cache, q, k, v, n_B, qpos, rng):
     got, _ = cache.attend(q, k, v, num_new_B=n_B, q_positions_BT=qpos, causal=True,
                           window=window, implementation="auto", dropout_rate=0.5,
                           dropout_rng=rng)
     _, k_all, v_all, kv_pos = cache.append(k, v, n_B)
     want = reference_attention(q, k_all, v_all, causal=True, window=window, q_positions=qpos,
                                kv_positions=kv_pos, dropout_rate=0.5, dropout_rng=rng)
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     plain, _ = cache.attend(q, k, v, num_new_B=n_B, q_positions_BT=qpos, causal=True,
                             window=window, implementation="auto")
+    return got, want, plain
+
+  for T in (1, 3):
+    gen = random_arrays.rng(T)
+    q, k, v = (random_arrays.normal(gen, (B, T, n, H)) for n in (N, K, K))
+    n_B, qpos = np.array([T, T], np.int32), np.tile(np.arange(T, dtype=np.int32), (B, 1))
+    got, want, plain = outputs(new_cache(kind, "float32"), q, k, v, n_B, qpos,
+                               jax.random.key(7))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert not np.allclose(np.asarray(got), np.asarray(plain))
 
 

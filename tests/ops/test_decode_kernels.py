@@ -53,16 +53,18 @@ def _paginate(k_BSKH, v_BSKH, page_size, seed, spare_pages=3):
   B, S, K, H = k_BSKH.shape
   M = -(-S // page_size)
   P = B * M + spare_pages
-  table_BM = jax.device_put(
-      np.random.default_rng(seed).permutation(P)[: B * M].reshape(B, M).astype(np.int32))
+  table_BM = np.random.default_rng(seed).permutation(P)[: B * M].reshape(B, M).astype(np.int32)
 
-  def pool(x_BSKH):
-    x_BMCKH = jnp.pad(x_BSKH, ((0, 0), (0, M * page_size - S), (0, 0), (0, 0))).reshape(
+  def pool(x_BSKH):  # in NumPy: no program compiled per shape
+    x_BSKH = np.asarray(x_BSKH)
+    x_BMCKH = np.pad(x_BSKH, ((0, 0), (0, M * page_size - S), (0, 0), (0, 0))).reshape(
         B, M, page_size, K, H)
     # Unused pages hold garbage: a kernel that read them would not match.
-    return jnp.full((P, page_size, K, H), 1e4, x_BSKH.dtype).at[table_BM].set(x_BMCKH)
+    pool_PCKH = np.full((P, page_size, K, H), 1e4, x_BSKH.dtype)
+    pool_PCKH[table_BM] = x_BMCKH
+    return jax.device_put(pool_PCKH)
 
-  return pool(k_BSKH), pool(v_BSKH), table_BM.astype(jnp.int32)
+  return pool(k_BSKH), pool(v_BSKH), jax.device_put(table_BM)
 
 
 

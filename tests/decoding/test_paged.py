@@ -81,7 +81,8 @@ def test_a_token_without_a_page_is_neither_stored_nor_seen(impl):
   rng = random_arrays.rng(3)
   cache = cache_lib.PagedKVCache.init(Bq, Mq * Cq, K, H, page_size=Cq, num_pages=6)
   cache = cache.replace(
-      page_table_BM=jnp.array([[1, 2, -1], [3, 0, 5]], jnp.int32),  # page 0 is a real page too
+      # Page 0 is a real page too; page 5, the pool's last, is nobody's.
+      page_table_BM=jnp.array([[1, 2, -1], [3, 0, 4]], jnp.int32),
       lengths_B=jnp.array([8, 8], jnp.int32),  # row 0 needs page 2 of its table: missing
       k_pages_PCKH=random_arrays.normal(rng, cache.k_pages_PCKH.shape),
       v_pages_PCKH=random_arrays.normal(rng, cache.v_pages_PCKH.shape))
@@ -103,8 +104,13 @@ def test_a_token_without_a_page_is_neither_stored_nor_seen(impl):
 
   got, got_cache, want = outputs(cache, q, k_new, v_new)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
-  np.testing.assert_array_equal(np.asarray(got_cache.k_pages_PCKH[0]),
-                                np.asarray(cache.k_pages_PCKH[0]))  # page 0 untouched
+  # Row 0's token is written nowhere (not to page 0, not to the pool's last page, which a
+  # -1 index would wrap to); row 1's goes to its third page (4), slot 8 % 4 = 0.
+  for got_PCKH, old_PCKH, new_BTKH in ((got_cache.k_pages_PCKH, cache.k_pages_PCKH, k_new),
+                                       (got_cache.v_pages_PCKH, cache.v_pages_PCKH, v_new)):
+    want_PCKH = np.array(old_PCKH)
+    want_PCKH[4, 0] = np.asarray(new_BTKH)[1, 0]
+    np.testing.assert_array_equal(np.asarray(got_PCKH), want_PCKH)
 
 
 def test_interleaved_paged_sequences_equal_each_alone_in_contiguous_cache():

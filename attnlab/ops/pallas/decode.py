@@ -54,6 +54,11 @@ def _check_queries(q_BTNH, *, head_dim, num_kv_heads, kv_name, lengths_B, window
   checks.check_query_heads(q_BTNH, num_kv_heads=num_kv_heads, head_dim=head_dim,
                            kv_name=kv_name)
   checks.check_window(window)
+  _check_decode_queries(q_BTNH, lengths_B)
+
+
+def _check_decode_queries(q_BTNH, lengths_B):
+  """What only the decode kernels ask of q (already checked against the cache) and lengths."""
   B, T = q_BTNH.shape[:2]
   if not 1 <= T <= MAX_QUERIES:
     raise ValueError(
@@ -236,8 +241,7 @@ def decode_attention(q_BTNH, k_BSKH, v_BSKH, lengths_B, *, window: int | None = 
     [B, T, N, H] in the dtype of ``q_BTNH``.
   """
   checks.check_qkv(q_BTNH, k_BSKH, v_BSKH, window=window)
-  _check_queries(q_BTNH, head_dim=k_BSKH.shape[3], num_kv_heads=k_BSKH.shape[2],
-                 kv_name="k_BSKH", lengths_B=lengths_B, window=window)
+  _check_decode_queries(q_BTNH, lengths_B)
   _check_positive("num_splits", num_splits)
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]

@@ -63,11 +63,12 @@ def main(argv: list[str]) -> int:
   config_text = config_gin.operative_config(mcfg, dcfg, tcfg, workdir=args.workdir)
   try:
     # Data and mesh are checked before the workdir is created.
-    trainer_run_check(mcfg, tcfg, dcfg)
+    sources, tokenizer = trainer_run_check(mcfg, tcfg, dcfg)
   except (ValueError, FileNotFoundError, ImportError) as e:
     raise CommandError(str(e)) from None
   try:
-    last = trainer.train(mcfg, tcfg, dcfg, args.workdir, config_text=config_text)
+    last = trainer.train(mcfg, tcfg, dcfg, args.workdir, config_text=config_text,
+                         sources=sources, tokenizer=tokenizer)
   except trainer.NonFiniteError as e:
     print(f"attnlab train: {e}", file=sys.stderr)
     return 1
@@ -75,16 +76,23 @@ def main(argv: list[str]) -> int:
   return 0
 
 
-def trainer_run_check(mcfg, tcfg, dcfg) -> None:
-  """Fail fast (before writing anything) on a mesh, data or package the run cannot use."""
+def trainer_run_check(mcfg, tcfg, dcfg):
+  """Fail fast (before writing anything) on a mesh, data or package the run cannot use.
+
+  Returns ``(sources, tokenizer)`` for ``trainer.train`` to reuse, so nothing is
+  built twice: the sources of a TSV or synthetic task (None for an LM corpus,
+  which only the run reads) and the tokenizer.
+  """
   extras.check_data_config(dcfg)
   # A moved or unreadable tokenizer model file: one line, not a traceback from inside Run.
-  pipeline.make_tokenizer(dcfg.tokenizer, dcfg.tokenizer_model, bos_id=dcfg.bos_id,
-                          eos_id=dcfg.eos_id)
+  tokenizer = pipeline.make_tokenizer(dcfg.tokenizer, dcfg.tokenizer_model,
+                                      bos_id=dcfg.bos_id, eos_id=dcfg.eos_id)
   mesh = sharding.make_mesh(tcfg.mesh_shape, jax.devices())
   trainer.check_batch_layout(tcfg, dcfg, mesh)
   if dcfg.task == "lm":  # the corpus files exist (Run reads them)
     text.lm_files(dcfg.paths, validation_percent=dcfg.validation_percent,
                   max_files=dcfg.max_files)
-  else:  # a TSV's pairs, or a synthetic task's split
-    pipeline.build_sources(dcfg, mcfg)
+    return None, tokenizer
+  # a TSV's pairs, or a synthetic task's split
+  sources, _ = pipeline.build_sources(dcfg, mcfg, tokenizer)
+  return sources, tokenizer

@@ -140,10 +140,16 @@ def _split_seed(dcfg: DataConfig, split: str) -> int:
   return dcfg.seed if split == "train" else 0
 
 
-def build_sources(dcfg: DataConfig, mcfg: ModelConfig):
-  """Train and validation sources and the tokenizer for a data config."""
-  tok = make_tokenizer(dcfg.tokenizer, dcfg.tokenizer_model, bos_id=dcfg.bos_id,
-                       eos_id=dcfg.eos_id)
+def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
+  """Train and validation sources and the tokenizer for a data config.
+
+  ``tokenizer``: the data config's tokenizer when the caller has made it
+  already (a tokenizer model file is then read once); made here otherwise.
+  """
+  tok = tokenizer
+  if tok is None:
+    tok = make_tokenizer(dcfg.tokenizer, dcfg.tokenizer_model, bos_id=dcfg.bos_id,
+                         eos_id=dcfg.eos_id)
   if tok.vocab_size > mcfg.vocab_size:
     raise ValueError(f"vocab_size={mcfg.vocab_size} is smaller than the tokenizer's "
                      f"{tok.vocab_size}")

@@ -85,16 +85,21 @@ class Run:
   """A model, its data and its train state on a mesh (shared by train and eval)."""
 
   def __init__(self, mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, mesh=None,
-               sources=None):
+               sources=None, tokenizer=None):
+    """``sources`` / ``tokenizer``: what ``pipeline.build_sources(dcfg, mcfg)`` and
+    ``pipeline.make_tokenizer`` give for ``dcfg``, when the caller has them already
+    (``attnlab train`` builds them in its checks); built here otherwise."""
     self.mcfg, self.tcfg, self.dcfg = mcfg, tcfg, dcfg
     extras.check_data_config(dcfg)  # a missing package stops the run here, not at an eval
     self.mesh = mesh if mesh is not None else shd.make_mesh(tcfg.mesh_shape)
     check_batch_layout(tcfg, dcfg, self.mesh)
+    if tokenizer is None:
+      tokenizer = pipeline.make_tokenizer(dcfg.tokenizer, dcfg.tokenizer_model,
+                                          bos_id=dcfg.bos_id, eos_id=dcfg.eos_id)
     if sources is None:
-      sources, _ = pipeline.build_sources(dcfg, mcfg)
+      sources, _ = pipeline.build_sources(dcfg, mcfg, tokenizer)
     self.sources = sources
-    self.tokenizer = pipeline.make_tokenizer(dcfg.tokenizer, dcfg.tokenizer_model,
-                                             bos_id=dcfg.bos_id, eos_id=dcfg.eos_id)
+    self.tokenizer = tokenizer
     self.setup, self.state = steps_lib.init_train(mcfg, tcfg, self.mesh)
     self.data = pipeline.train_iterator(sources, dcfg)
     self.eval_step = steps_lib.make_eval_step(self.setup)
@@ -158,15 +163,17 @@ class Run:
 
 
 def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, *,
-          mesh=None, config_text: str | None = None) -> dict:
+          mesh=None, config_text: str | None = None, sources=None, tokenizer=None) -> dict:
   """Train (or resume) in ``workdir``; returns the last logged metrics.
+
+  ``sources`` / ``tokenizer``: the data already built for ``dcfg`` (see ``Run``).
 
   Raises:
     NonFiniteError: a NaN / Inf loss or gradient with on_nonfinite='stop';
       the last good checkpoint stays the newest in the workdir.
   """
   main_process = jax.process_index() == 0
-  run = Run(mcfg, tcfg, dcfg, mesh)
+  run = Run(mcfg, tcfg, dcfg, mesh, sources=sources, tokenizer=tokenizer)
   os.makedirs(workdir, exist_ok=True)
   if config_text is not None and main_process:
     with open(os.path.join(workdir, "config.gin"), "w") as f:

@@ -25,6 +25,19 @@ SEQ2SEQ = TINY + ["--gin.ModelConfig.num_encoder_layers=1", "--gin.DataConfig.ma
 
 
 @pytest.fixture
+def data_builds(monkeypatch):
+  """The names of the tokenizer and source builds a run makes, in order (the real ones run)."""
+  from attnlab.data import pipeline
+
+  calls = []
+  for name in ("make_tokenizer", "build_sources"):
+    real = getattr(pipeline, name)
+    monkeypatch.setattr(pipeline, name, lambda *a, _real=real, _name=name, **kw:
+                        calls.append(_name) or _real(*a, **kw))
+  return calls
+
+
+@pytest.fixture
 def recorded(monkeypatch, cache_dir_updates):
   """The distributed init and the compilation-cache folders, recorded instead of set."""
   calls = {"distributed": [], "cache_dirs": cache_dir_updates}
@@ -34,7 +47,7 @@ def recorded(monkeypatch, cache_dir_updates):
 
 
 def test_train_prints_its_last_metrics_and_a_workdir_retrains_from_its_config(
-    tmp_path, capsys, recorded):
+    tmp_path, capsys, recorded, data_builds):
   workdir, cache = tmp_path / "run", tmp_path / "xla"
   rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(workdir),
                  "--compilation_cache", str(cache), "--coordinator_address", "host:9",
@@ -45,6 +58,8 @@ def test_train_prints_its_last_metrics_and_a_workdir_retrains_from_its_config(
   assert {"loss", "perplexity", "learning_rate", "grad_norm", "tokens_per_s"} <= set(out)
   assert recorded["distributed"] == [("host:9", 2, 1)]
   assert recorded["cache_dirs"] == [str(cache)] and cache.is_dir()
+  # The checks build the tokenizer and the task's pairs; the run reuses both.
+  assert data_builds == ["make_tokenizer", "build_sources"]
   text = (workdir / "config.gin").read_text()
   assert "ModelConfig.d_model = 32" in text and "TrainConfig.steps = 2" in text
   # No --gin_file: the workdir's config.gin, and --gin. flags still win over it.
@@ -71,8 +86,9 @@ def test_train_exits_1_on_a_non_finite_stop(tmp_path, capsys):
   assert err.startswith("attnlab train: non-finite loss") and "at step 2; stopped" in err
 
 
-def test_an_lm_run_checks_its_corpus_before_writing(tmp_path, capsys):
-  """An LM task's files are listed before the workdir exists: none is one error line."""
+def test_an_lm_run_checks_its_corpus_before_writing(tmp_path, capsys, data_builds):
+  """An LM task's files are listed before the workdir exists: none is one error line.
+  A run reads its tokenizer once (the checks' is reused) and its corpus once."""
   empty = tmp_path / "nothing"
   empty.mkdir()
   argv = ["train", "--gin_file", LM, *TINY, "--gin.DataConfig.seq_len=16"]
@@ -80,26 +96,32 @@ def test_an_lm_run_checks_its_corpus_before_writing(tmp_path, capsys):
                  str(tmp_path / "w")])
   assert rc == 2 and not (tmp_path / "w").exists()
   assert capsys.readouterr().err.strip() == f"attnlab train: error: no files match '{empty}/*.py'"
+  data_builds.clear()
   (empty / "a.py").write_text("print('hello')\n" * 200)
   (empty / "b.py").write_text("x = [i * i for i in range(10)]\n" * 200)
   rc = cli.main([*argv, f"--gin.DataConfig.paths=('{empty}/*.py',)",
                  "--gin.DataConfig.validation_percent=50", "--workdir", str(tmp_path / "w")])
   assert rc == 0 and json.loads(capsys.readouterr().out.splitlines()[-1])["step"] == 2
+  assert data_builds == ["make_tokenizer", "build_sources"]
 
 
 def test_the_run_check_reads_each_kind_of_source(tmp_path, monkeypatch):
   """LM: the file list only (reading a corpus is the run's job); TSV and synthetic tasks:
-  their sources."""
+  their sources, built with the check's tokenizer and handed on with it to the run."""
   from attnlab import config_gin
 
   seen = []
   monkeypatch.setattr(train_command.text, "lm_files", lambda *a, **kw: seen.append("lm_files"))
   monkeypatch.setattr(train_command.pipeline, "build_sources",
-                      lambda dcfg, mcfg: seen.append(("build_sources", dcfg.task)))
+                      lambda dcfg, mcfg, tok: seen.append(("build_sources", dcfg.task, tok))
+                      or (f"{dcfg.task} sources", tok))
+  returned = []
   for config in (LM, CONFIG):
     mcfg, dcfg, tcfg = config_gin.parse([config], [])
-    train_command.trainer_run_check(mcfg, tcfg, dcfg)
-  assert seen == ["lm_files", ("build_sources", "reverse")]
+    returned.append(train_command.trainer_run_check(mcfg, tcfg, dcfg))
+  (lm_sources, lm_tok), (sources, tok) = returned
+  assert lm_sources is None and lm_tok.vocab_size == 259
+  assert seen == ["lm_files", ("build_sources", "reverse", tok)] and sources == "reverse sources"
 
 
 def test_eval_reads_the_step_and_cache_flags(tmp_path, capsys, monkeypatch, recorded):

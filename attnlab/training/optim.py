@@ -54,6 +54,16 @@ def make_optimizer(tcfg: TrainConfig, d_model: int):
   return optax.chain(*parts, opt), schedule
 
 
+def schedule_count(opt_state):
+  """The update count the optimizer's schedule reads next (``ScaleByScheduleState.count``):
+  the number of updates applied, which a skipped (non-finite) step does not advance."""
+  counts = optax.tree_utils.tree_get_all_with_path(opt_state, "count")
+  for path, count in counts:
+    if getattr(path[-1], "tuple_name", None) == "ScaleByScheduleState":
+      return count
+  raise ValueError(f"the optimizer state has no schedule count (found {len(counts)} counts)")
+
+
 def cross_entropy(logits_BTV, targets_BT, loss_mask_BT, label_smoothing: float = 0.0):
   """Masked token cross-entropy, as sums (so micro-batches add up exactly).
 

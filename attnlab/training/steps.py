@@ -19,7 +19,7 @@ from attnlab.config import ModelConfig, TrainConfig
 from attnlab.nn.partitioning import activation_sharding
 from attnlab.nn.transformer import build_model
 from attnlab.training import sharding as shd
-from attnlab.training.optim import cross_entropy, make_optimizer
+from attnlab.training.optim import cross_entropy, make_optimizer, schedule_count
 
 
 def model_logits(model, batch):
@@ -143,8 +143,11 @@ def make_train_step(setup: TrainSetup, tcfg: TrainConfig):
     new_state = {"params": keep(new_params, params),
                  "opt_state": keep(opt_state, state["opt_state"]),
                  "step": state["step"] + 1}
+    # The rate of this update: the schedule at the optimizer's own count, which
+    # skipped (non-finite) steps do not advance; state["step"] counts those too.
+    lr = setup.schedule(schedule_count(state["opt_state"]))
     metrics = {"loss": loss, "nll": nll_sum / denom, "tokens": weight,
-               "grad_norm": grad_norm, "learning_rate": setup.schedule(state["step"]),
+               "grad_norm": grad_norm, "learning_rate": lr,
                "finite": finite}
     return new_state, metrics
 

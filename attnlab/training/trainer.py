@@ -9,6 +9,7 @@ normally, so the process exits 0).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -40,6 +41,13 @@ def predictions_path(workdir: str, step: int) -> str:
   return os.path.join(workdir, "eval", f"predictions_{step}.jsonl")
 
 
+def _write_atomically(path: str, text: str) -> None:
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
 def _log_line(step: int, total: int, m: dict) -> str:
   """The plain progress line (stderr without a TTY): step, loss, throughput."""
   return (f"train step {step}/{total}: loss {m['loss']:.4f}, perplexity {m['perplexity']:.2f}, "
@@ -48,6 +56,21 @@ def _log_line(step: int, total: int, m: dict) -> str:
 
 class NonFiniteError(RuntimeError):
   """The loss or gradient became NaN / Inf and on_nonfinite='stop'."""
+
+
+class ResumeError(ValueError):
+  """The workdir's checkpoints do not fit the model of the run resuming in it."""
+
+
+def _model_changes(workdir: str, mcfg: ModelConfig) -> str:
+  """' (ModelConfig.x: a -> b, ...)' against the workdir's config.gin, or ''."""
+  try:
+    saved, _, _ = gin_config.read_workdir_config(os.path.join(workdir, "config.gin"))
+  except Exception:  # no or unreadable config.gin: nothing to compare with
+    return ""
+  changed = [f"ModelConfig.{f.name}: {getattr(saved, f.name)!r} -> {getattr(mcfg, f.name)!r}"
+             for f in dataclasses.fields(mcfg) if getattr(saved, f.name) != getattr(mcfg, f.name)]
+  return f" ({', '.join(changed)})" if changed else ""
 
 
 class _StopFlag:
@@ -113,13 +136,14 @@ class Run:
       batch = {k: v[lo:lo + n] for k, v in batch.items()}
     return steps_lib.put_batch(batch, self.setup)
 
-  def restore(self, ckpt: Checkpointer, step: int | None = None) -> int:
-    """Restore the newest readable (or the given) checkpoint; its step, or 0."""
+  def restore(self, ckpt: Checkpointer, step: int | None = None) -> int | None:
+    """Restore the newest readable (or the given) checkpoint; its step, or None
+    when there is none (or none of them could be read)."""
     abstract = self.setup.abstract_state(self.state)
     if step is None:
       found = ckpt.restore_latest(abstract, init_state=self.state)
       if found is None:
-        return 0
+        return None
       step, state, data_state = found
     else:
       state, data_state = ckpt.restore(step, abstract, init_state=self.state)
@@ -175,13 +199,23 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   main_process = jax.process_index() == 0
   run = Run(mcfg, tcfg, dcfg, mesh, sources=sources, tokenizer=tokenizer)
   os.makedirs(workdir, exist_ok=True)
-  if config_text is not None and main_process:
-    with open(os.path.join(workdir, "config.gin"), "w") as f:
-      f.write(config_text)
   ckpt = Checkpointer(workdir, tcfg.keep_checkpoints)
-  start = run.restore(ckpt)
+  try:
+    start = run.restore(ckpt) or 0
+  except Exception as e:
+    ckpt.close()
+    first = str(e).strip().splitlines()[0][:300].rstrip(".") if str(e).strip() else type(e).__name__
+    raise ResumeError(
+        f"the checkpoints in {ckpt.directory} do not fit this run's model"
+        f"{_model_changes(workdir, mcfg)}: {first}. Nothing was changed in {workdir}; "
+        "resume with the workdir's own config.gin, or train in a new workdir") from e
   if start:
     log.info("resumed from step %d", start)
+  # Written once the checkpoints are known to fit this config: a resume under a
+  # model the checkpoints do not fit stops above and leaves the workdir's config.gin
+  # describing them.
+  if config_text is not None and main_process:
+    _write_atomically(os.path.join(workdir, "config.gin"), config_text)
   step_fn = steps_lib.make_train_step(run.setup, tcfg)
   writer = MetricsWriter(workdir, enabled=main_process)
   meta = {"seed": tcfg.seed, "rng": "fold_in(key(seed), step)"}
@@ -269,9 +303,13 @@ def evaluate_workdir(workdir: str, step: int | None = None) -> dict:
     if step is not None and step not in ckpt.steps():
       raise ValueError(f"step={step} has no checkpoint in {ckpt.directory}; "
                        f"saved steps: {ckpt.steps()}")
-    step = run.restore(ckpt, step)
+    restored = run.restore(ckpt, step)
+    if restored is None:  # every checkpoint was unreadable (each one warned about)
+      raise FileNotFoundError(f"no checkpoint in {ckpt.directory} could be read (saved "
+                              f"steps: {ckpt.steps()}); an untrained model is not evaluated")
   finally:
     ckpt.close()
+  step = restored
   out = run.evaluate(predictions_path(workdir, step))
   out["step"] = step
   return out

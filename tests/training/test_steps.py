@@ -105,6 +105,27 @@ def test_nonfinite_step_leaves_params_and_optimizer_state_bitwise_unchanged(batc
                                                       jax.tree.leaves(good["params"])))
 
 
+def test_the_logged_learning_rate_is_the_one_applied_after_a_skipped_step(batch):
+  """A skipped step does not advance the optimizer's schedule; the logged rate is the rate
+  the update used (SGD: the parameters move by exactly -rate x gradient), not the schedule
+  at the loop's step."""
+  tcfg = TrainConfig(**dict(SGD, warmup_steps=4, on_nonfinite="skip"))
+  setup, state = steps.init_train(MCFG, tcfg, sharding.make_mesh((1, 1, 1)))
+  step = steps.make_train_step(setup, tcfg)
+  grad_fn = jax.jit(jax.grad(lambda p: hand_loss(setup.graphdef, setup.rest, p, batch, 0.0)))
+  bad_batch = dict(batch, loss_mask_BT=batch["loss_mask_BT"] * np.nan)
+  logged = []
+  for b in (batch, bad_batch, batch, batch):
+    before = _host(state["params"])
+    state, m = step(state, steps.put_batch(b, setup))
+    logged.append(float(m["learning_rate"]))
+  # warmup 0 -> 1 over 4 updates; the skipped second step leaves the third at update 1
+  np.testing.assert_allclose(logged, [0.0, 0.25, 0.25, 0.5], rtol=1e-6)
+  want = jax.tree.map(lambda p, g: p - logged[-1] * np.asarray(g), before, grad_fn(before))
+  for a, w in zip(jax.tree.leaves(_host(state["params"])), jax.tree.leaves(want), strict=True):
+    np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-6)
+
+
 @jax.custom_vjp
 def _infinite_gradient(x):
   return x

@@ -77,6 +77,17 @@ def test_train_without_a_config_anywhere_exits_2(tmp_path, capsys):
   assert not (tmp_path / "w").exists()
 
 
+def test_a_resume_that_does_not_fit_is_one_error_line(tmp_path, capsys, monkeypatch):
+  def refuse(*args, **kw):
+    raise train_command.trainer.ResumeError("the checkpoints in w do not fit this run's model")
+
+  monkeypatch.setattr(train_command.trainer, "train", refuse)
+  rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(tmp_path / "w")])
+  assert rc == 2
+  assert capsys.readouterr().err.strip() == (
+      "attnlab train: error: the checkpoints in w do not fit this run's model")
+
+
 def test_train_exits_1_on_a_non_finite_stop(tmp_path, capsys):
   rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(tmp_path / "w"),
                  "--gin.TrainConfig.learning_rate=1e30", "--gin.TrainConfig.schedule='constant'",

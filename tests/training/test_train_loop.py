@@ -145,6 +145,36 @@ def test_evaluate_workdir_names_what_is_missing(tmp_path):
   (empty / "config.gin").write_text((tmp_path / "config.gin").read_text())
   with pytest.raises(FileNotFoundError, match=r"empty/checkpoints holds no checkpoint"):
     trainer.evaluate_workdir(str(empty))
+  # Every checkpoint unreadable (its data state garbled): an error, not the metrics of an
+  # untrained model at "step 0".
+  for step in (2, 4):
+    data = tmp_path / "checkpoints" / str(step) / "data"
+    for path in [p for p in data.rglob("*") if p.is_file()]:
+      path.write_bytes(b"{not json")
+  with pytest.warns(UserWarning, match="could not be restored"), pytest.raises(
+      FileNotFoundError, match=r"no checkpoint in .*checkpoints could be read \(saved steps: "
+                               r"\[2, 4\]\); an untrained model is not evaluated"):
+    trainer.evaluate_workdir(str(tmp_path))
+  assert not (tmp_path / "eval").exists()
+
+
+def test_a_resume_under_a_model_the_checkpoints_do_not_fit_changes_nothing(tmp_path):
+  """The restore fails with the changed fields named, and the workdir keeps its config.gin
+  (which still describes its checkpoints: eval reads them) and its checkpoints."""
+  _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.checkpoint_every = 2"])
+  config = (tmp_path / "config.gin").read_text()
+  with pytest.raises(trainer.ResumeError, match=re.escape(
+      f"the checkpoints in {tmp_path}/checkpoints do not fit this run's model "
+      "(ModelConfig.d_model: 32 -> 48, ModelConfig.head_dim: 8 -> 12): ")) as e:
+    _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["ModelConfig.d_model = 48",
+                                              "TrainConfig.steps = 6"])
+  assert str(e.value).endswith(f"Nothing was changed in {tmp_path}; resume with the "
+                               "workdir's own config.gin, or train in a new workdir")
+  assert (tmp_path / "config.gin").read_text() == config and _steps(tmp_path) == [2, 4]
+  assert trainer.evaluate_workdir(str(tmp_path))["step"] == 4
+  # A resume that fits (more steps) writes its own config.gin.
+  assert _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 6"])["step"] == 6
+  assert "TrainConfig.steps = 6" in (tmp_path / "config.gin").read_text()
 
 
 def test_progress_off_prints_nothing_and_the_step_sleep_hook_sleeps_each_step(

@@ -189,6 +189,9 @@ def _read_prompts(args) -> list[str]:
         prompts = [line.rstrip("\n") for line in f if line.strip()]
     except OSError as e:
       raise CommandError(f"cannot read --prompts_file: {e}") from None
+    except UnicodeDecodeError as e:
+      raise CommandError(f"--prompts_file {args.prompts_file} is not UTF-8 text ({e.reason} at "
+                         f"byte {e.start})") from None
     if not prompts:
       raise CommandError(f"--prompts_file {args.prompts_file} holds no prompt")
   if any(p == "" for p in prompts):

@@ -64,6 +64,7 @@ from attnlab.decoding.generate import (
   _release,
   _reserve,
   as_key,
+  positive_int,
 )
 from attnlab.decoding.paging import PageAllocator
 from attnlab.decoding.sampling import Sampling, sample_rows
@@ -203,11 +204,6 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
   return results
 
 
-def _positive_int(name, value):
-  if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-    raise GenerateInputError(f"{name}={value!r} must be a positive integer")
-
-
 def _check_requests(cfg, prompts, max_new_tokens):
   if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence) or not prompts:
     raise GenerateInputError(
@@ -221,6 +217,8 @@ def _check_requests(cfg, prompts, max_new_tokens):
     if bad.any():
       raise GenerateInputError(f"prompts[{i}] holds token id {int(p[np.argmax(bad)])}, outside the "
                        f"vocabulary [0, {cfg.vocab_size})")
+  if isinstance(max_new_tokens, np.ndarray) and max_new_tokens.ndim == 1:
+    max_new_tokens = max_new_tokens.tolist()  # one budget per request, as Python ints
   if isinstance(max_new_tokens, Sequence):
     budgets = list(max_new_tokens)
     if len(budgets) != len(prompts):
@@ -229,7 +227,7 @@ def _check_requests(cfg, prompts, max_new_tokens):
   else:
     budgets = [max_new_tokens] * len(prompts)
   for i, n in enumerate(budgets):
-    _positive_int(f"max_new_tokens[{i}]", n)
+    positive_int(f"max_new_tokens[{i}]", n)
   return [p.astype(np.int32) for p in prompts], [int(n) for n in budgets]
 
 
@@ -256,9 +254,9 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
   if cfg.arch != "decoder_only":
     raise GenerateInputError(f"generate_requests needs a decoder-only model, got arch={cfg.arch!r}")
   prompts, budgets = _check_requests(cfg, prompts, max_new_tokens)
-  _positive_int("slots", slots)
-  _positive_int("page_size", page_size)
-  _positive_int("decode_chunk", decode_chunk)
+  positive_int("slots", slots)
+  positive_int("page_size", page_size)
+  positive_int("decode_chunk", decode_chunk)
   if cache not in CACHE_KINDS:
     raise GenerateInputError(f"cache={cache!r} is not one of {', '.join(map(repr, CACHE_KINDS))}")
   if cache == "ring" and cfg.window is None:
@@ -272,7 +270,7 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
   if num_pages is not None:
     if not paged:
       raise GenerateInputError(f"num_pages={num_pages} is for cache='paged', got cache={cache!r}")
-    _positive_int("num_pages", num_pages)
+    positive_int("num_pages", num_pages)
   cache_dtype = cache_lib.check_cache_dtype(cache_dtype)
   n = len(prompts)
   # Positions a request needs: the last generated token is never fed back.

@@ -83,7 +83,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
   """
   cfg = model.cfg
   prompt_BT = np.asarray(prompt_BT)
-  _check_prompt(cfg, prompt_BT, max_new_tokens)
+  max_new_tokens = _check_prompt(cfg, prompt_BT, max_new_tokens)
   rng = as_key(rng)
   if cache not in CACHE_KINDS:
     raise GenerateInputError(
@@ -93,6 +93,13 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
                              "window=None; use cache='contiguous' or 'paged'")
   if beam_size is not None and (not isinstance(beam_size, int) or beam_size < 1):
     raise GenerateInputError(f"beam_size={beam_size!r} must be a positive integer")
+  if not isinstance(sampling, Sampling):
+    raise GenerateInputError(f"sampling must be a Sampling, got {type(sampling).__name__}")
+  positive_int("page_size", page_size)
+  if num_pages is not None:
+    if cache != "paged":
+      raise GenerateInputError(f"num_pages={num_pages} is for cache='paged', got cache={cache!r}")
+    positive_int("num_pages", num_pages)
   B, T = prompt_BT.shape
   if sampling.greedy:
     sampling = GREEDY  # the filters do nothing at temperature 0: one compiled program for all
@@ -106,6 +113,9 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
                 cache_dtype=None if cache_dtype is None else str(cache_dtype))
 
   if cfg.arch == "encoder_decoder":
+    if prompt_BT.shape[1] > cfg.max_len:
+      raise GenerateInputError(f"the source has {T} positions, more than the model's "
+                               f"max_len={cfg.max_len}")
     needed = max_new_tokens
     cache_len = _check_cache_len(cfg, cache_len, needed, "the generated target")
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
@@ -142,9 +152,16 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
 # ----------------------------------------------------------------------------
 
 
-def _check_prompt(cfg, prompt_BT, max_new_tokens):
-  if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-    raise GenerateInputError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
+def positive_int(name, value) -> int:
+  """``value`` as an int; a GenerateInputError unless it is a positive integer (not a bool)."""
+  if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+    raise GenerateInputError(f"{name}={value!r} must be a positive integer")
+  return int(value)
+
+
+def _check_prompt(cfg, prompt_BT, max_new_tokens) -> int:
+  """Checks the prompt; returns max_new_tokens as an int."""
+  max_new_tokens = positive_int("max_new_tokens", max_new_tokens)
   if prompt_BT.ndim != 2 or not np.issubdtype(prompt_BT.dtype, np.integer):
     raise GenerateInputError(f"prompt must be an int array [B, T], got dtype {prompt_BT.dtype} and "
                              f"shape {prompt_BT.shape}")
@@ -156,6 +173,7 @@ def _check_prompt(cfg, prompt_BT, max_new_tokens):
     b, t = np.argwhere(bad)[0]
     raise GenerateInputError(f"token id {int(prompt_BT[b, t])} at [{b}, {t}] is outside the "
                              f"vocabulary [0, {cfg.vocab_size})")
+  return max_new_tokens
 
 
 def _prompt_lengths(cfg, prompt_BT, prompt_lengths_B):
@@ -165,8 +183,9 @@ def _prompt_lengths(cfg, prompt_BT, prompt_lengths_B):
     lengths_B = np.where(real_BT.any(1), T - np.argmax(real_BT[:, ::-1], axis=1), 0)
   else:
     lengths_B = np.asarray(prompt_lengths_B)
-    if lengths_B.shape != (B,):
-      raise GenerateInputError(f"prompt_lengths_B shape {lengths_B.shape} must be [B] = ({B},)")
+    if lengths_B.shape != (B,) or not np.issubdtype(lengths_B.dtype, np.integer):
+      raise GenerateInputError(f"prompt_lengths_B (shape {lengths_B.shape}, dtype "
+                               f"{lengths_B.dtype}) must be integers [B] = ({B},)")
     if (lengths_B > T).any():
       raise GenerateInputError(
           f"prompt_lengths_B={lengths_B.tolist()} exceeds the prompt width T={T}")

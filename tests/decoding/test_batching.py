@@ -248,6 +248,8 @@ def test_prefill_buckets_hold_the_prompt_with_less_than_half_of_it_as_padding():
     (dict(prompts=[[1, 61]]), r"token id 61, outside the vocabulary \[0, 61\)"),
     (dict(prompts=[[1, -1]]), "token id -1, outside"),
     (dict(max_new_tokens=[3]), "one per request"),
+    (dict(max_new_tokens=np.array([3])), "max_new_tokens has 1 entries; give one per request"),
+    (dict(max_new_tokens=np.array([3, 0])), r"max_new_tokens\[1\]=0 must be a positive integer"),
     (dict(max_new_tokens=0), r"max_new_tokens\[0\]=0"),
     (dict(slots=0), "slots=0"),
     (dict(page_size=0), "page_size=0 must be a positive integer"),
@@ -277,6 +279,10 @@ def test_prompt_token_ids_at_the_vocabulary_edges_are_served():
   prompts = [[0, 5, 7], [VOCAB - 1, 4]]
   got = attnlab.generate_requests(model, prompts, 3, slots=2, page_size=C, eos_id=None)
   assert [r.tolist() for r in got] == _alone(model, prompts, [3, 3], None)
+  # Budgets as a NumPy array, one per request (NumPy ints), are served as a list would be.
+  got = attnlab.generate_requests(model, prompts, np.array([3, 2]), slots=2, page_size=C,
+                                  eos_id=None)
+  assert [r.tolist() for r in got] == _alone(model, prompts, [3, 2], None)
 
 
 def test_requests_at_the_exact_limits_are_served():

@@ -254,8 +254,20 @@ def test_generate_rejects_bad_prompts():
   with pytest.raises(ValueError, match=re.escape(
       "prompt 1 is empty (all padding, pad_id=0): give at least one token")):
     attnlab.generate(model, np.array([[5, 6], [5, 6]]), prompt_lengths_B=[2, 0])
-  with pytest.raises(ValueError, match=re.escape("prompt_lengths_B shape (3,) must be [B] = (2,)")):
-    attnlab.generate(model, np.array([[5, 6], [5, 6]]), prompt_lengths_B=[2, 2, 2])
+  for bad in ([2, 2, 2], [2.0, 1.7]):  # a float length is not cut to an int
+    with pytest.raises(ValueError, match=re.escape(
+        f"prompt_lengths_B (shape {np.shape(bad)}, dtype {np.asarray(bad).dtype}) must be "
+        "integers [B] = (2,)")):
+      attnlab.generate(model, np.array([[5, 6], [5, 6]]), prompt_lengths_B=bad)
+  # The paged cache's sizes and the sampling are checked before anything is traced.
+  for name, bad in (("page_size", 0), ("page_size", -4), ("num_pages", 0), ("num_pages", 2.5)):
+    with pytest.raises(ValueError, match=re.escape(f"{name}={bad!r} must be a positive integer")):
+      attnlab.generate(model, np.array([[5, 6]]), cache="paged", **{name: bad})
+  with pytest.raises(ValueError, match=re.escape(
+      "num_pages=4 is for cache='paged', got cache='contiguous'")):
+    attnlab.generate(model, np.array([[5, 6]]), cache="contiguous", num_pages=4)
+  with pytest.raises(ValueError, match="sampling must be a Sampling, got NoneType"):
+    attnlab.generate(model, np.array([[5, 6]]), sampling=None)
   with pytest.raises(ValueError, match=re.escape(
       "prompt_lengths_B=[2, 3] exceeds the prompt width T=2")):
     attnlab.generate(model, np.array([[5, 6], [5, 6]]), prompt_lengths_B=[2, 3])
@@ -266,6 +278,14 @@ def test_generate_rejects_bad_prompts():
   with pytest.raises(ValueError, match=re.escape(
       "the generated target plus max_new_tokens needs 8 cache slots, more than cache_len=5")):
     attnlab.generate(encdec, np.array([[5, 6]]), max_new_tokens=8, cache_len=5)
+  # A source longer than the model's positions: the input error, not one from the trace.
+  from attnlab.decoding.generate import GenerateInputError
+
+  too_long = np.full((1, encdec.cfg.max_len + 1), 5)
+  with pytest.raises(GenerateInputError, match=re.escape(
+      f"the source has {encdec.cfg.max_len + 1} positions, more than the model's "
+      f"max_len={encdec.cfg.max_len}")):
+    attnlab.generate(encdec, too_long, max_new_tokens=2)
 
 
 def test_generate_checks_max_new_tokens_and_the_prompt_array():
@@ -280,8 +300,8 @@ def test_generate_checks_max_new_tokens_and_the_prompt_array():
       attnlab.generate(model, bad)
   with pytest.raises(ValueError, match=re.escape("the prompt is empty (shape (0, 3))")):
     attnlab.generate(model, np.zeros((0, 3), np.int32))
-  # The smallest request there is: one token of prompt, one new token.
-  assert attnlab.generate(model, np.array([[5]]), max_new_tokens=1).shape == (1, 1)
+  # The smallest request there is: one token of prompt, one new token (a NumPy int budget).
+  assert attnlab.generate(model, np.array([[5]]), max_new_tokens=np.int64(1)).shape == (1, 1)
 
 
 def test_generate_rng_none_is_key_zero_and_raw_key_data_is_a_key():
@@ -563,6 +583,11 @@ def test_decode_prompt_sources_and_their_errors(workdir, capsys, tmp_path):
   rc, _, err = _run(base + ["--prompts_file", str(missing)], capsys)
   assert rc == 2 and err.strip() == (f"attnlab decode: error: cannot read --prompts_file: "
                                      f"[Errno 2] No such file or directory: '{missing}'"), err
+  (tmp_path / "latin1.txt").write_bytes("caf\u00e9\n".encode("latin-1"))
+  rc, _, err = _run(base + ["--prompts_file", str(tmp_path / "latin1.txt")], capsys)
+  assert rc == 2 and err.strip() == (f"attnlab decode: error: --prompts_file "
+                                     f"{tmp_path / 'latin1.txt'} is not UTF-8 text (invalid "
+                                     "continuation byte at byte 3)"), err
   (tmp_path / "blank.txt").write_text("\n  \n")
   rc, _, err = _run(base + ["--prompts_file", str(tmp_path / "blank.txt")], capsys)
   assert rc == 2 and err.strip() == (f"attnlab decode: error: --prompts_file "

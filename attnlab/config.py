@@ -50,6 +50,39 @@ def check_mesh_shape(shape) -> tuple[int, int, int]:
   return shape
 
 
+_WANTED = {"bool": "True or False", "float": "a number", "str": "a string"}
+
+
+def _check_types(config) -> None:
+  """Every scalar field against its annotation, before any check compares it: a gin binding
+  of the wrong type (``'false'``, ``'1e-3'``) is an error naming the field, never a truthy
+  string or a TypeError from inside a comparison. An int where a float is expected is a
+  number; a float where an int is expected is left to the field's own check (which names
+  the range too). ``paths``-like ``tuple[str, ...]`` fields must be lists of strings (a
+  lone string would be iterated character by character)."""
+  for field in dataclasses.fields(config):
+    value = getattr(config, field.name)
+    kinds = {k.strip() for k in str(field.type).split("|")}
+    if value is None and "None" in kinds:
+      continue
+    if kinds - {"None"} == {"tuple[str, ...]"}:
+      if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(
+          isinstance(v, str) for v in value):
+        raise ValueError(f"{field.name}={value!r} must be a list of strings, e.g. "
+                         f"('{value if isinstance(value, str) else 'a'}',)")
+      continue
+    [kind] = kinds - {"None"} if len(kinds - {"None"}) == 1 else [None]
+    if kind not in _WANTED:
+      continue
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = {"bool": isinstance(value, bool), "float": number, "str": isinstance(value, str),
+          # int: every int field has its own check, which names the range it allows
+          "int": isinstance(value, int)}[kind]
+    if not ok:
+      wanted = _WANTED[kind] + (" or None" if "None" in kinds else "")
+      raise ValueError(f"{field.name}={value!r} must be {wanted}")
+
+
 def _choice(name: str, value, allowed: tuple) -> None:
   if value not in allowed:
     raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, allowed))}")
@@ -147,6 +180,12 @@ class ModelConfig:
   remat: bool = False
 
   def __post_init__(self):
+    for name in ("use_bias", "qkv_bias", "o_bias", "mlp_bias"):
+      value = getattr(self, name)
+      if not (isinstance(value, bool) or (value is None and name != "use_bias")):
+        allowed = "True or False" if name == "use_bias" else "True, False or None (= use_bias)"
+        raise ValueError(f"{name}={value!r} must be {allowed}")
+    _check_types(self)
     _choice("arch", self.arch, ARCHS)
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len"):
       _positive(name, getattr(self, name))
@@ -191,11 +230,6 @@ class ModelConfig:
     if self.norm_eps <= 0:
       raise ValueError(f"norm_eps={self.norm_eps!r} must be positive")
     _choice("mlp", self.mlp, MLPS)
-    for name in ("use_bias", "qkv_bias", "o_bias", "mlp_bias"):
-      value = getattr(self, name)
-      if not (isinstance(value, bool) or (value is None and name != "use_bias")):
-        allowed = "True or False" if name == "use_bias" else "True, False or None (= use_bias)"
-        raise ValueError(f"{name}={value!r} must be {allowed}")
     _fraction("dropout_rate", self.dropout_rate)
     _fraction("attention_dropout_rate", self.attention_dropout_rate)
     _choice("dtype", self.dtype, DTYPES)
@@ -206,8 +240,9 @@ class ModelConfig:
           f"attention_dropout_rate={self.attention_dropout_rate} needs "
           f"attention_impl='reference', got attention_impl={self.attention_impl!r}"
       )
-    if not 0 <= self.pad_id < self.vocab_size:
-      raise ValueError(f"pad_id={self.pad_id} must be in [0, vocab_size={self.vocab_size})")
+    if (isinstance(self.pad_id, bool) or not isinstance(self.pad_id, int)
+        or not 0 <= self.pad_id < self.vocab_size):
+      raise ValueError(f"pad_id={self.pad_id!r} must be in [0, vocab_size={self.vocab_size})")
 
   def has_bias(self, projections: str) -> bool:
     """Whether the "qkv", "o" or "mlp" projections carry biases."""
@@ -309,14 +344,17 @@ class DataConfig:
   seed: int = 0
 
   def __post_init__(self):
+    _check_types(self)
     _choice("task", self.task, TASKS)
     object.__setattr__(self, "paths", tuple(self.paths))
     for name in ("seq_len", "batch_size", "min_len", "max_len", "vocab_chars"):
       _positive(name, getattr(self, name))
     _nonnegative("max_files", self.max_files)
     _nonnegative("seed", self.seed)
-    if not 0 <= self.validation_percent < 100:
-      raise ValueError(f"validation_percent={self.validation_percent!r} must be in [0, 100)")
+    if (isinstance(self.validation_percent, bool) or not isinstance(self.validation_percent, int)
+        or not 0 <= self.validation_percent < 100):
+      raise ValueError(f"validation_percent={self.validation_percent!r} must be an integer in "
+                       "[0, 100)")
     if self.min_len > self.max_len:
       raise ValueError(f"min_len={self.min_len} must be <= max_len={self.max_len}")
     if self.vocab_chars > 26:
@@ -392,6 +430,7 @@ class TrainConfig:
   progress: bool = True
 
   def __post_init__(self):
+    _check_types(self)
     _positive("steps", self.steps)
     _nonnegative("seed", self.seed)
     _choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -458,6 +497,7 @@ class DecodeConfig:
   num_pages: int | None = None
 
   def __post_init__(self):
+    _check_types(self)
     _positive("max_new_tokens", self.max_new_tokens)
     _choice("cache", self.cache, CACHE_KINDS)
     if not self.temperature >= 0.0:
@@ -525,6 +565,7 @@ class Sweep:
       if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise ValueError(f"{name}={value!r} must be a list")
       object.__setattr__(self, name, tuple(value))
+    _check_types(self)
     if self.num_kv_heads is not None:
       if isinstance(self.num_kv_heads, (int, str)):
         raise ValueError(f"num_kv_heads={self.num_kv_heads!r} must be a list (or None)")

@@ -182,6 +182,13 @@ def test_parse_leaves_no_binding_and_no_log_level_behind(tmp_path):
     (["nope.gin"], [], "gin file 'nope.gin' does not exist"),
     ([], ["ModelConfig.d_model = 'big'"],
      "d_model='big' must be a positive integer"),
+    # Quoted: gin passes strings, which would be truthy / compared with numbers.
+    ([], ["ModelConfig.scale_embeddings = 'false'"],
+     "scale_embeddings='false' must be True or False"),
+    ([], ["TrainConfig.learning_rate = '1e-3'"], "learning_rate='1e-3' must be a number"),
+    ([], ["DataConfig.paths = ('/data/train.tsv')"],  # no trailing comma: a string
+     "paths='/data/train.tsv' must be a list of strings, e.g. ('/data/train.tsv',)"),
+    ([], ["DataConfig.tokenizer_model = 5"], "tokenizer_model=5 must be a string"),
     ([], ["ModelConfig.d_modle = 1"], None),
 ])
 def test_parse_errors_are_one_line_gin_config_errors(files, bindings, message):

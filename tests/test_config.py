@@ -121,6 +121,9 @@ DATA_INVALID = [
      'vocab_chars=0 must be a positive integer'),
     (dict(vocab_chars=27),
      'vocab_chars=27 must be at most 26'),
+    (dict(task='add', max_len=38),
+     "max_len=38 is too long for task='add': its operands have up to max_len // 2 digits, at "
+     "most 18; use max_len <= 37"),
     (dict(max_files=-1),
      'max_files=-1 must be a non-negative integer'),
     (dict(seed=-1),

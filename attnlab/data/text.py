@@ -85,9 +85,10 @@ def lm_files(patterns, *, validation_percent: int, max_files: int = 0) -> dict[s
 
 
 def read_tsv(path: str) -> list[tuple[str, str]]:
-  """Pairs of a "source<TAB>target" file; blank lines are skipped."""
+  """Pairs of a "source<TAB>target" file; blank lines are skipped, a UTF-8 byte order
+  mark is not part of the first source."""
   pairs = []
-  with open(path, encoding="utf-8") as f:
+  with open(path, encoding="utf-8-sig") as f:
     for lineno, line in enumerate(f, 1):
       line = line.rstrip("\n")
       if not line.strip():

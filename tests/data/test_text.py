@@ -118,6 +118,10 @@ def test_read_tsv_keeps_fields_as_written_and_names_bad_lines(tmp_path):
   good.write_text("hello\tbonjour  \nx\t\n\n  \ny\toui\textra\nX\tboX\n", encoding="utf-8")
   assert text.read_tsv(str(good)) == [("hello", "bonjour  "), ("x", ""), ("y", "oui"),
                                       ("X", "boX")]
+  # A byte order mark (Windows editors write one) and CRLF line ends are not text.
+  bom = tmp_path / "bom.tsv"
+  bom.write_bytes("\ufeffhello\tbonjour\r\nx\ty\r\n".encode())
+  assert text.read_tsv(str(bom)) == [("hello", "bonjour"), ("x", "y")]
   bad = tmp_path / "b.tsv"
   bad.write_text("ok\tok\n" + "z" * 70 + "\n")
   with pytest.raises(ValueError, match=re.escape(

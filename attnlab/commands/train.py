@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
   except trainer.NonFiniteError as e:
     print(f"attnlab train: {e}", file=sys.stderr)
     return 1
-  except trainer.ResumeError as e:
+  except (trainer.ResumeError, trainer.SetupError) as e:
     raise CommandError(str(e)) from None
   print(json.dumps({"workdir": os.path.abspath(args.workdir), **last}))
   return 0

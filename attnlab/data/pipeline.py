@@ -153,6 +153,9 @@ def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
   if tok.vocab_size > mcfg.vocab_size:
     raise ValueError(f"vocab_size={mcfg.vocab_size} is smaller than the tokenizer's "
                      f"{tok.vocab_size}")
+  if dcfg.seq_len > mcfg.max_len:
+    raise ValueError(f"seq_len={dcfg.seq_len} is longer than ModelConfig.max_len="
+                     f"{mcfg.max_len}, the positions the model has")
   if tok.bos_id is None or tok.eos_id is None:
     raise ValueError(f"training data is laid out with bos and eos: set DataConfig.bos_id "
                      f"(={dcfg.bos_id}) and eos_id (={dcfg.eos_id}) of the hf_json tokenizer")
@@ -184,11 +187,19 @@ def train_iterator(sources, dcfg: DataConfig) -> BatchIterator:
   return BatchIterator(sources["train"], dcfg.batch_size, dcfg.seed)
 
 
-def validation_batches(sources, dcfg: DataConfig, num_batches: int) -> list[dict]:
+def validation_batches(sources, dcfg: DataConfig, num_batches: int,
+                       multiple_of: int = 1) -> list[dict]:
   """The first ``num_batches`` validation batches, in a fixed order (fewer if
-  the validation data is smaller)."""
+  the validation data is smaller; a smaller batch then, whose rows are a
+  multiple of ``multiple_of``: the data shards a batch is split over)."""
   src = sources["validation"]
-  bs = dcfg.batch_size if src.size is None else min(dcfg.batch_size, src.size)
+  bs = dcfg.batch_size
+  if src.size is not None and src.size < bs:
+    bs = src.size // multiple_of * multiple_of
+    if not bs:
+      raise ValueError(f"the validation data ({src.size} rows) is smaller than the "
+                       f"{multiple_of} data shards a batch is split over: give more "
+                       "validation data (DataConfig.validation_percent, a second TSV file)")
   n = num_batches if src.size is None else max(1, min(num_batches, src.size // bs))
   it = BatchIterator(src, bs, seed=None)
   return [next(it) for _ in range(n)]

@@ -62,6 +62,10 @@ class ResumeError(ValueError):
   """The workdir's checkpoints do not fit the model of the run resuming in it."""
 
 
+class SetupError(ValueError):
+  """The run cannot start with its config and data (found before anything is written)."""
+
+
 def _model_changes(workdir: str, mcfg: ModelConfig) -> str:
   """' (ModelConfig.x: a -> b, ...)' against the workdir's config.gin, or ''."""
   try:
@@ -123,10 +127,13 @@ class Run:
       sources, _ = pipeline.build_sources(dcfg, mcfg, tokenizer)
     self.sources = sources
     self.tokenizer = tokenizer
-    self.setup, self.state = steps_lib.init_train(mcfg, tcfg, self.mesh)
     self.data = pipeline.train_iterator(sources, dcfg)
-    self.eval_step = steps_lib.make_eval_step(self.setup)
     self._val_batches = None
+    if tcfg.eval_every:  # a validation set the mesh cannot split stops the run here
+      self.validation_batches()
+    # The data is checked before the model is built (and compiled).
+    self.setup, self.state = steps_lib.init_train(mcfg, tcfg, self.mesh)
+    self.eval_step = steps_lib.make_eval_step(self.setup)
 
   def put(self, batch):
     if jax.process_count() > 1:
@@ -154,8 +161,9 @@ class Run:
 
   def validation_batches(self):
     if self._val_batches is None:
+      shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
       self._val_batches = pipeline.validation_batches(self.sources, self.dcfg,
-                                                      self.tcfg.eval_batches)
+                                                      self.tcfg.eval_batches, shards)
     return self._val_batches
 
   def evaluate(self, predictions_path: str | None = None) -> dict:
@@ -197,7 +205,10 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
       the last good checkpoint stays the newest in the workdir.
   """
   main_process = jax.process_index() == 0
-  run = Run(mcfg, tcfg, dcfg, mesh, sources=sources, tokenizer=tokenizer)
+  try:
+    run = Run(mcfg, tcfg, dcfg, mesh, sources=sources, tokenizer=tokenizer)
+  except ValueError as e:  # data, mesh and model checks: nothing is written yet
+    raise SetupError(str(e)) from e
   os.makedirs(workdir, exist_ok=True)
   ckpt = Checkpointer(workdir, tcfg.keep_checkpoints)
   try:

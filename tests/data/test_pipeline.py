@@ -126,9 +126,17 @@ def test_train_iterator_shuffles_with_the_data_seed_and_validation_reads_in_orde
   assert [b.tolist() for b in got] == [[0, 1, 2, 3], [4, 5, 6, 7]]
   got = pipeline.validation_batches(sources, dcfg, num_batches=1)
   assert [b.tolist() for b in got] == [[0, 1, 2, 3]]
-  # Fewer rows than a batch: one batch of all of them.
+  # Fewer rows than a batch: one batch of all of them, or of as many as split evenly over
+  # the data shards of the mesh; fewer rows than shards is an error.
   got = pipeline.validation_batches({"validation": Rows(3)}, dcfg, num_batches=5)
   assert [b.tolist() for b in got] == [[0, 1, 2]]
+  got = pipeline.validation_batches({"validation": Rows(3)}, dcfg, num_batches=5, multiple_of=2)
+  assert [b.tolist() for b in got] == [[0, 1]]
+  got = pipeline.validation_batches(sources, dcfg, num_batches=5, multiple_of=4)
+  assert [b.tolist() for b in got] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # whole batches: as before
+  with pytest.raises(ValueError, match=re.escape(
+      "the validation data (3 rows) is smaller than the 4 data shards a batch is split over")):
+    pipeline.validation_batches({"validation": Rows(3)}, dcfg, num_batches=5, multiple_of=4)
   # An endless source: num_batches of batch_size.
   got = pipeline.validation_batches({"validation": Rows(None)}, dcfg, num_batches=2)
   assert [b.tolist() for b in got] == [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -156,6 +164,13 @@ def test_synthetic_tasks_need_seq_len_for_their_longest_example(arch, task, max_
       f"needs {need}")):
     pipeline.build_sources(DataConfig(task=task, seq_len=need - 1, max_len=max_len, min_len=1),
                            mcfg)
+
+
+def test_rows_longer_than_the_model_positions_are_refused():
+  with pytest.raises(ValueError, match=re.escape(
+      "seq_len=32 is longer than ModelConfig.max_len=31, the positions the model has")):
+    pipeline.build_sources(DataConfig(task="copy", seq_len=32), ModelConfig(max_len=31))
+  assert pipeline.build_sources(DataConfig(task="copy", seq_len=32), ModelConfig(max_len=32))
 
 
 def test_build_sources_passes_loss_on_prompt():

@@ -107,6 +107,13 @@ def test_an_lm_run_checks_its_corpus_before_writing(tmp_path, capsys, data_build
                  str(tmp_path / "w")])
   assert rc == 2 and not (tmp_path / "w").exists()
   assert capsys.readouterr().err.strip() == f"attnlab train: error: no files match '{empty}/*.py'"
+  # A corpus shorter than one row: found by the run (which reads it), before it writes.
+  (empty / "a.py").write_text("x = 1\n")
+  rc = cli.main([*argv, f"--gin.DataConfig.paths=('{empty}/*.py',)",
+                 "--gin.DataConfig.validation_percent=0", "--workdir", str(tmp_path / "w")])
+  assert rc == 2 and not (tmp_path / "w").exists()
+  assert capsys.readouterr().err.strip() == (
+      "attnlab train: error: the corpus (8 tokens) is shorter than one row of seq_len=16")
   data_builds.clear()
   (empty / "a.py").write_text("print('hello')\n" * 200)
   (empty / "b.py").write_text("x = [i * i for i in range(10)]\n" * 200)

@@ -238,12 +238,14 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
   new_mcfg = mcfg.replace(num_kv_heads=num_kv_heads)
   dcfg = dataclasses.replace(dcfg, **bindings.get("DataConfig", {}))
   tcfg = tcfg.replace(**bindings.get("TrainConfig", {}))
-  if os.path.exists(dst) and os.listdir(dst):
-    raise ValueError(f"--to {dst} already exists and is not empty: give a new directory")
+  if os.path.exists(dst) and (not os.path.isdir(dst) or os.listdir(dst)):
+    what = "is not empty" if os.path.isdir(dst) else "is a file"
+    raise ValueError(f"--to {dst} already exists and {what}: give a new directory")
   src_ckpt = Checkpointer(src, read_only=True)
   try:
     step = src_ckpt.resolve_step(step)
     if check_only:
+      shd.make_mesh(tcfg.mesh_shape)  # the mesh the new run's state is laid out on
       return {}
     # A weights-only source (attnlab convert --from-hf) read no data yet: batch 0.
     data_state = src_ckpt.restore_data(step) or {"index": 0}

@@ -475,6 +475,8 @@ def _one_line_exit_2(capsys, argv, must_not_exist):
     ("8", "mean", [], "num_kv_heads=8 is larger"),
     ("2", "avg", [], "method='avg' is not one of"),
     ("2", "mean", ["--step", "99"], "step=99 has no checkpoint"),
+    ("2", "mean", ["--gin.TrainConfig.mesh_shape=(64,1,1)"],
+     "mesh_shape=(64, 1, 1) needs 64 devices, only"),
 ])
 def test_convert_heads_bad_input(micro, tmp_path, capsys, k, method, extra, message):
   src = sweep_lib.run_dir(micro, "mha", 0)
@@ -482,6 +484,18 @@ def test_convert_heads_bad_input(micro, tmp_path, capsys, k, method, extra, mess
   err = _one_line_exit_2(capsys, ["convert-heads", "--from", src, "--to", dst,
                                   "--num_kv_heads", k, "--method", method, *extra], dst)
   assert message in err
+
+
+def test_convert_heads_to_a_file_is_refused(micro, tmp_path, capsys):
+  dst = tmp_path / "dst"
+  dst.write_text("notes\n")
+  capsys.readouterr()
+  assert cli.main(["convert-heads", "--from", sweep_lib.run_dir(micro, "mha", 0), "--to",
+                   str(dst), "--num_kv_heads", "2", "--method", "mean"]) == 2
+  assert capsys.readouterr().err.strip() == (
+      f"attnlab convert-heads: error: --to {dst} already exists and is a file: give a new "
+      "directory")
+  assert dst.read_text() == "notes\n"
 
 
 @pytest.mark.parametrize("extra", [[], ["--gin.TrainConfig.steps=3"]])

@@ -33,6 +33,16 @@ ATTENTION_IMPLS = ("auto", *IMPLEMENTATIONS)
 # The self-attention KV caches of decoding (attnlab.nn.kv_cache).
 CACHE_KINDS = ("contiguous", "ring", "paged")
 
+# The smallest sampling temperature above 0 (greedy): logits / temperature must stay finite
+# in float32 (a logit of 1e3 over 1e-36 is inf, and a draw from inf logits is token 0).
+MIN_TEMPERATURE = 1e-6
+
+
+def check_temperature(temperature) -> None:
+  if not (temperature == 0.0 or temperature >= MIN_TEMPERATURE):
+    raise ValueError(f"temperature={temperature!r} must be 0 (greedy) or >= {MIN_TEMPERATURE}")
+
+
 # Methods of multi-head -> grouped / multi-query conversion (attnlab.convert.heads).
 CONVERT_METHODS = ("mean", "first", "random")
 
@@ -56,10 +66,10 @@ _WANTED = {"bool": "True or False", "float": "a number", "str": "a string"}
 def _check_types(config) -> None:
   """Every scalar field against its annotation, before any check compares it: a gin binding
   of the wrong type (``'false'``, ``'1e-3'``) is an error naming the field, never a truthy
-  string or a TypeError from inside a comparison. An int where a float is expected is a
-  number; a float where an int is expected is left to the field's own check (which names
-  the range too). ``paths``-like ``tuple[str, ...]`` fields must be lists of strings (a
-  lone string would be iterated character by character)."""
+  string or a TypeError from inside a comparison; a float must be finite. An int where a
+  float is expected is a number; a float where an int is expected is left to the field's
+  own check (which names the range too). ``paths``-like ``tuple[str, ...]`` fields must
+  be lists of strings (a lone string would be iterated character by character)."""
   for field in dataclasses.fields(config):
     value = getattr(config, field.name)
     kinds = {k.strip() for k in str(field.type).split("|")}
@@ -75,6 +85,10 @@ def _check_types(config) -> None:
     if kind not in _WANTED:
       continue
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "float" and number and not math.isfinite(value):
+      # nan passes no comparison and would pass "not x < 0"; inf is written to config.gin
+      # as a value gin cannot read back
+      raise ValueError(f"{field.name}={value!r} must be a finite number")
     ok = {"bool": isinstance(value, bool), "float": number, "str": isinstance(value, str),
           # int: every int field has its own check, which names the range it allows
           "int": isinstance(value, int)}[kind]
@@ -504,8 +518,7 @@ class DecodeConfig:
     _check_types(self)
     _positive("max_new_tokens", self.max_new_tokens)
     _choice("cache", self.cache, CACHE_KINDS)
-    if not self.temperature >= 0.0:
-      raise ValueError(f"temperature={self.temperature!r} must be >= 0 (0 = greedy)")
+    check_temperature(self.temperature)
     if self.top_k is not None:
       _positive("top_k", self.top_k)
     if self.top_p is not None and not 0.0 < self.top_p <= 1.0:

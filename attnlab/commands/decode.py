@@ -20,7 +20,7 @@ from attnlab.commands._common import CommandError, CommandParser
 from attnlab.config import CACHE_DTYPES, CACHE_KINDS, DecodeConfig, check_mesh_shape
 from attnlab.data.tokenizer import make_tokenizer
 from attnlab.decoding import batching
-from attnlab.decoding.generate import GenerateInputError, generate
+from attnlab.decoding.generate import GenerateInputError, PagesExhaustedError, generate
 from attnlab.decoding.sampling import Sampling
 from attnlab.extras import MissingDependencyError
 from attnlab.training import sharding
@@ -168,8 +168,8 @@ def main(argv: list[str]) -> int:
     kwargs.update(prompt_lengths_B=lengths_B)
   try:
     out_BL = np.asarray(generate(model, prompt_BT, **kwargs))
-  except GenerateInputError as e:  # only input errors: a bug keeps its traceback
-    raise CommandError(str(e)) from None
+  except (GenerateInputError, PagesExhaustedError) as e:  # input errors (--num_pages too
+    raise CommandError(str(e)) from None                  # small); a bug keeps its traceback
   for prompt, row in zip(prompts, out_BL):
     if tokenizer.eos_id is not None and tokenizer.eos_id in row:
       # After eos the row is pad_id, which may be a real token of the tokenizer.

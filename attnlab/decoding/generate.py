@@ -33,6 +33,10 @@ from attnlab.decoding.sampling import Sampling, sample
 from attnlab.nn import kv_cache as cache_lib
 
 
+class PagesExhaustedError(RuntimeError):
+  """The paged cache ran out of pages: ``num_pages`` is too small for these sequences."""
+
+
 class GenerateInputError(ValueError):
   """Bad arguments to ``generate`` (the prompt, the cache, the lengths, the beam).
 
@@ -116,10 +120,23 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     if prompt_BT.shape[1] > cfg.max_len:
       raise GenerateInputError(f"the source has {T} positions, more than the model's "
                                f"max_len={cfg.max_len}")
+    if prompt_lengths_B is not None:
+      raise GenerateInputError("prompt_lengths_B is for decoder-only prompts; an "
+                               "encoder-decoder's source padding is its pad_id tokens")
+    empty = (prompt_BT == cfg.pad_id).all(axis=1)
+    if empty.any():
+      raise GenerateInputError(f"source {int(np.argmax(empty))} is empty (all padding, "
+                               f"pad_id={cfg.pad_id}): give at least one token")
+    if isinstance(bos_id, bool) or not isinstance(bos_id, int | np.integer) or not (
+        0 <= bos_id < cfg.vocab_size):
+      raise GenerateInputError(f"bos_id={bos_id!r} is outside the vocabulary "
+                               f"[0, {cfg.vocab_size})")
     needed = max_new_tokens
     cache_len = _check_cache_len(cfg, cache_len, needed, "the generated target")
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
     if beam_size is not None:
+      if not length_penalty >= 0:
+        raise GenerateInputError(f"length_penalty={length_penalty!r} must be >= 0")
       if cache == "paged":
         raise GenerateInputError("beam search reorders whole cache rows: use cache='contiguous' or "
                                  "'ring' with beam_size")
@@ -141,7 +158,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
         model, jnp.asarray(prompt_BT), jnp.asarray(lengths_B), rng, eos,
         sampling=sampling, cache_len=cache_len, num_pages=num_pages, **static)
   if bool(exhausted):
-    raise RuntimeError(
+    raise PagesExhaustedError(
         f"the paged cache ran out of pages (num_pages={num_pages}, page_size={page_size}); "
         "pass a larger num_pages or fewer / shorter sequences")
   return tokens_BT

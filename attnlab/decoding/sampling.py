@@ -14,6 +14,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from attnlab.config import check_temperature
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Sampling:
@@ -31,8 +33,7 @@ class Sampling:
   top_p: float | None = None
 
   def __post_init__(self):
-    if not self.temperature >= 0.0:
-      raise ValueError(f"temperature={self.temperature!r} must be >= 0 (0 = greedy)")
+    check_temperature(self.temperature)
     if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
                                    or self.top_k < 1):
       raise ValueError(f"top_k={self.top_k!r} must be a positive integer or None")

@@ -286,6 +286,21 @@ def test_generate_rejects_bad_prompts():
       f"the source has {encdec.cfg.max_len + 1} positions, more than the model's "
       f"max_len={encdec.cfg.max_len}")):
     attnlab.generate(encdec, too_long, max_new_tokens=2)
+  # What the decoder-only path refuses, the encoder-decoder one refuses too.
+  with pytest.raises(GenerateInputError, match=re.escape(
+      "source 1 is empty (all padding, pad_id=0): give at least one token")):
+    attnlab.generate(encdec, np.array([[5, 6], [0, 0]]), max_new_tokens=2)
+  for bad in (encdec.cfg.vocab_size, -5):
+    with pytest.raises(GenerateInputError, match=re.escape(
+        f"bos_id={bad} is outside the vocabulary [0, {encdec.cfg.vocab_size})")):
+      attnlab.generate(encdec, np.array([[5, 6]]), max_new_tokens=2, bos_id=bad)
+  with pytest.raises(GenerateInputError, match=re.escape(
+      "prompt_lengths_B is for decoder-only prompts; an encoder-decoder's source padding is "
+      "its pad_id tokens")):
+    attnlab.generate(encdec, np.array([[5, 6]]), max_new_tokens=2, prompt_lengths_B=[1])
+  with pytest.raises(GenerateInputError, match=re.escape("length_penalty=-1.0 must be >= 0")):
+    attnlab.generate(encdec, np.array([[5, 6]]), max_new_tokens=2, beam_size=2,
+                     length_penalty=-1.0)
 
 
 def test_generate_checks_max_new_tokens_and_the_prompt_array():
@@ -577,12 +592,18 @@ def test_decode_prompt_sources_and_their_errors(workdir, capsys, tmp_path):
   assert rc == 0, err
   assert [line.split("\t")[0] for line in out.splitlines()] == ["ab  ", "XcX"]
   rc, _, err = _run(base + ["--prompt", "x", "--temperature", "-1"], capsys)
-  assert rc == 2 and err.strip() == ("attnlab decode: error: temperature=-1.0 must be >= 0 "
-                                     "(0 = greedy)"), err
+  assert rc == 2 and err.strip() == ("attnlab decode: error: temperature=-1.0 must be 0 "
+                                     "(greedy) or >= 1e-06"), err
   missing = tmp_path / "nope.txt"
   rc, _, err = _run(base + ["--prompts_file", str(missing)], capsys)
   assert rc == 2 and err.strip() == (f"attnlab decode: error: cannot read --prompts_file: "
                                      f"[Errno 2] No such file or directory: '{missing}'"), err
+  # Too few pages for the one sequence: bad input (--num_pages), not a crash.
+  rc, _, err = _run(base + ["--prompt", "a longer prompt", "--cache", "paged", "--page_size",
+                            "4", "--num_pages", "1"], capsys)
+  assert rc == 2 and err.strip() == (
+      "attnlab decode: error: the paged cache ran out of pages (num_pages=1, page_size=4); "
+      "pass a larger num_pages or fewer / shorter sequences"), err
   (tmp_path / "latin1.txt").write_bytes("caf\u00e9\n".encode("latin-1"))
   rc, _, err = _run(base + ["--prompts_file", str(tmp_path / "latin1.txt")], capsys)
   assert rc == 2 and err.strip() == (f"attnlab decode: error: --prompts_file "

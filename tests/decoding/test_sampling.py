@@ -86,7 +86,8 @@ def test_eos_stops_each_sequence_and_pads_after_it():
     assert (row[end:] == model.cfg.pad_id).all()
 
 
-@pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(top_k=0), dict(top_k=2.5),
+@pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(temperature=1e-40), dict(top_k=0),
+                                 dict(top_k=2.5),
                                  dict(top_k=True), dict(top_p=0.0), dict(top_p=1.5)])
 def test_sampling_rejects_bad_values(bad):
   with pytest.raises(ValueError, match=next(iter(bad))):
@@ -95,6 +96,9 @@ def test_sampling_rejects_bad_values(bad):
 
 def test_the_edges_of_the_allowed_values_are_accepted():
   assert Sampling(temperature=1.0, top_k=1, top_p=1.0).top_k == 1
+  # The coldest temperature allowed keeps large logits finite: it draws the argmax.
+  cold = filtered_logits(jnp.array([[-3e3, 1e3, 999.0]]), Sampling(temperature=1e-6, top_p=0.9))
+  assert np.asarray(cold).tolist() == [[-np.inf, 1e9, -np.inf]]
   # top_k=1 keeps the most likely token alone; top_p=1.0 keeps every token.
   logits = jnp.log(jnp.array([[0.1, 0.6, 0.3]]))
   kept = np.isfinite(np.asarray(filtered_logits(logits, Sampling(temperature=1.0, top_k=1))))

@@ -688,8 +688,11 @@ def test_sweep_validates_its_fields():
     sweep_lib.Sweep(seeds=())
   with pytest.raises(ValueError, match="uptrain_fraction=0"):
     sweep_lib.Sweep(uptrain_fraction=0.0)
-  for lr in (0, -1e-3, float("nan"), float("inf"), "1e-3", True):
-    with pytest.raises(ValueError, match="uptrain_learning_rate=.* must be a positive number"):
+  for lr, message in ((0, "must be a positive number"), (-1e-3, "must be a positive number"),
+                      (float("nan"), "must be a finite number"),
+                      (float("inf"), "must be a finite number"),
+                      ("1e-3", "must be a number or None"), (True, "must be a number or None")):
+    with pytest.raises(ValueError, match=f"uptrain_learning_rate=.* {message}"):
       sweep_lib.Sweep(uptrain_learning_rate=lr)
   assert sweep_lib.Sweep(uptrain_learning_rate=2).uptrain_learning_rate == 2
   with pytest.raises(ValueError, match="needs the MHA arm"):

@@ -82,16 +82,14 @@ def _check_types(config) -> None:
                          f"('{value if isinstance(value, str) else 'a'}',)")
       continue
     [kind] = kinds - {"None"} if len(kinds - {"None"}) == 1 else [None]
-    if kind not in _WANTED:
+    if kind not in _WANTED:  # int fields: each has its own check, naming the range it allows
       continue
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind == "float" and number and not math.isfinite(value):
       # nan passes no comparison and would pass "not x < 0"; inf is written to config.gin
       # as a value gin cannot read back
       raise ValueError(f"{field.name}={value!r} must be a finite number")
-    ok = {"bool": isinstance(value, bool), "float": number, "str": isinstance(value, str),
-          # int: every int field has its own check, which names the range it allows
-          "int": isinstance(value, int)}[kind]
+    ok = {"bool": isinstance(value, bool), "float": number, "str": isinstance(value, str)}[kind]
     if not ok:
       wanted = _WANTED[kind] + (" or None" if "None" in kinds else "")
       raise ValueError(f"{field.name}={value!r} must be {wanted}")

@@ -203,6 +203,9 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   Raises:
     NonFiniteError: a NaN / Inf loss or gradient with on_nonfinite='stop';
       the last good checkpoint stays the newest in the workdir.
+    SetupError: the data, mesh or model checks failed (nothing was written).
+    ResumeError: the workdir's checkpoints do not fit the model (its config.gin
+      and checkpoints are left as they were).
   """
   main_process = jax.process_index() == 0
   try:
@@ -213,9 +216,12 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   ckpt = Checkpointer(workdir, tcfg.keep_checkpoints)
   try:
     start = run.restore(ckpt) or 0
-  except Exception as e:
+  except BaseException as e:
     ckpt.close()
-    first = str(e).strip().splitlines()[0][:300].rstrip(".") if str(e).strip() else type(e).__name__
+    if not isinstance(e, (ValueError, KeyError, TypeError)):  # orbax: shapes or tree differ
+      raise
+    text = str(e).strip()
+    first = text.splitlines()[0][:300].rstrip(".: ") if text else type(e).__name__
     raise ResumeError(
         f"the checkpoints in {ckpt.directory} do not fit this run's model"
         f"{_model_changes(workdir, mcfg)}: {first}. Nothing was changed in {workdir}; "

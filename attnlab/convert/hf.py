@@ -25,6 +25,7 @@ functions that need them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -184,6 +185,8 @@ def from_hf_config(hf: dict, *, dtype: str | None = None) -> tuple[str, ModelCon
         norm_eps=float(_get(hf, "rms_norm_eps", 1e-6)), mlp="swiglu", use_bias=False, **bias,
         tie_embeddings=bool(_get(hf, "tie_word_embeddings", False)),
         max_len=_get(hf, "max_position_embeddings", 2048))
+  except ConversionError:  # a field of config.json named by its own message
+    raise
   except ValueError as e:
     raise ConversionError(f"config.json gives an invalid attnlab config: {e}") from None
   return family, cfg
@@ -203,6 +206,8 @@ def _gpt2_config(hf: dict, common: dict) -> ModelConfig:
         norm_eps=float(_get(hf, "layer_norm_epsilon", 1e-5)), mlp="gelu", use_bias=True,
         tie_embeddings=bool(_get(hf, "tie_word_embeddings", True)),
         max_len=_get(hf, "n_positions", 1024))
+  except ConversionError:  # a field of config.json named by its own message
+    raise
   except ValueError as e:
     raise ConversionError(f"config.json gives an invalid attnlab config: {e}") from None
 
@@ -457,14 +462,25 @@ def tensor_files(src_dir: str) -> dict[str, str]:
   if not files:
     raise ConversionError(f"{src_dir} holds no *.safetensors file (a pytorch_model.bin is not "
                           "read: re-save it with save_pretrained, which writes safetensors)")
-  from safetensors import safe_open
-
   out = {}
   for file in files:
-    with safe_open(os.path.join(src_dir, file), framework="flax") as f:
+    with _safetensors(os.path.join(src_dir, file)) as f:
       for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
         out[name] = os.path.join(src_dir, file)
   return out
+
+
+@contextlib.contextmanager
+def _safetensors(path: str):
+  """``safe_open(path)``; a damaged or mislabelled file (a truncated header, a tensor an
+  index places in the wrong shard) is a ConversionError naming the file."""
+  from safetensors import SafetensorError, safe_open
+
+  try:
+    with safe_open(path, framework="flax") as f:
+      yield f
+  except SafetensorError as e:
+    raise ConversionError(f"{path} is not a readable safetensors file: {e}") from None
 
 
 def _name_prefix(family: str, names) -> str | None:
@@ -483,8 +499,6 @@ def check_tensors(family: str, cfg: ModelConfig, files: dict[str, str]) -> list[
       that no rule reads (a feature attnlab would silently drop); the
       message names the tensor.
   """
-  from safetensors import safe_open
-
   rules = weight_rules(family, cfg, _name_prefix(family, files))
   expected = {name: shape for r in rules for name, shape in zip(r.hf_names, r.hf_shapes)}
   for name in expected:
@@ -499,7 +513,7 @@ def check_tensors(family: str, cfg: ModelConfig, files: dict[str, str]) -> list[
   for name in expected:
     by_file.setdefault(files[name], []).append(name)
   for path, names in by_file.items():
-    with safe_open(path, framework="flax") as f:
+    with _safetensors(path) as f:
       for name in names:
         shape = tuple(f.get_slice(name).get_shape())
         if shape != expected[name]:
@@ -515,13 +529,11 @@ def read_params(rules: list[Rule], files: dict[str, str], param_dtype) -> dict:
   mapped pages of what was already converted do not stay resident.
   """
   import jax.numpy as jnp
-  from safetensors import safe_open
-
   out = {}
   for rule in rules:
     arrays = []
     for name in rule.hf_names:
-      with safe_open(files[name], framework="flax") as f:
+      with _safetensors(files[name]) as f:
         arrays.append(np.asarray(f.get_tensor(name)))
     for path, value in zip(rule.paths, rule.to_attnlab(*arrays), strict=True):
       out[path] = jnp.asarray(value, dtype=param_dtype)

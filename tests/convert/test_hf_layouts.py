@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -354,6 +355,8 @@ def test_llama_family_config_refusals_name_the_field(case):
   with pytest.raises(hf.ConversionError) as e:
     hf.from_hf_config(dict(LLAMA, **change))
   assert message in str(e.value)
+  if case != "heads":  # its own message, not wrapped as an invalid ModelConfig
+    assert "gives an invalid attnlab config" not in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("case", list(GPT2_BAD))
@@ -477,6 +480,12 @@ def test_tensor_files_errors(tmp_path):
   assert hf.tensor_files(str(tmp_path)) == {"a": str(tmp_path / "one.safetensors"),
                                             "b": str(tmp_path / "two.safetensors"),
                                             "c": str(tmp_path / "two.safetensors")}
+  # A damaged file (cut short: its header no longer covers it) is named, not a traceback.
+  whole = (tmp_path / "two.safetensors").read_bytes()
+  (tmp_path / "two.safetensors").write_bytes(whole[:len(whole) // 2])
+  with pytest.raises(hf.ConversionError, match=re.escape(
+      f"{tmp_path / 'two.safetensors'} is not a readable safetensors file: ")):
+    hf.tensor_files(str(tmp_path))
 
 
 def _bad_tensors(change):
@@ -522,6 +531,17 @@ def test_tensor_refusals_name_the_tensor(case, tmp_path):
   with pytest.raises(hf.ConversionError) as e:
     hf.check_tensors(family, cfg, hf.tensor_files(src))
   assert message in str(e.value)
+
+
+def test_an_index_that_places_a_tensor_in_the_wrong_file_is_named(tmp_path):
+  src = write_checkpoint(tmp_path / "hf", LLAMA, random_tensors(shapes_of(LLAMA), seed=7))
+  files = hf.tensor_files(src)
+  other = tmp_path / "other.safetensors"
+  save_file({"x": np.zeros(2, np.float32)}, str(other))
+  files["model.norm.weight"] = str(other)  # what a wrong weight_map entry gives
+  with pytest.raises(hf.ConversionError, match=re.escape(
+      f"{other} is not a readable safetensors file: ")):
+    hf.check_tensors(*hf.from_hf_config(LLAMA), files)
 
 
 def test_buffers_and_a_tied_head_are_not_refused(tmp_path):

@@ -101,12 +101,20 @@ def _write_csv(path: str, columns: list[str], rows: list[dict]) -> None:
   os.replace(tmp, path)
 
 
+def _stdev(values) -> float:
+  """The sample standard deviation; nan when a value is not finite (``statistics.stdev``
+  raises on nan / inf, and one diverged seed must not stop the report)."""
+  if not all(math.isfinite(v) for v in values):
+    return math.nan
+  return statistics.stdev(values)
+
+
 def _mean_std(values):
   values = [float(v) for v in values if v is not None and v != ""]
   if not values:
     return None, None
   mean = statistics.fmean(values)
-  return mean, (statistics.stdev(values) if len(values) > 1 else None)
+  return mean, (_stdev(values) if len(values) > 1 else None)
 
 
 def noise_test(a: dict[int, float], b: dict[int, float]
@@ -120,7 +128,9 @@ def noise_test(a: dict[int, float], b: dict[int, float]
   diff = statistics.fmean(d)
   if len(d) < 2:
     return diff, None, "n/a"
-  se = statistics.stdev(d) / math.sqrt(len(d))
+  se = _stdev(d) / math.sqrt(len(d))
+  if not (math.isfinite(diff) and math.isfinite(se)):  # a diverged seed: no verdict
+    return diff, se, "n/a"
   return diff, se, "yes" if abs(diff) > NOISE_FACTOR * se else "no"
 
 
@@ -273,7 +283,7 @@ def plot(out: str, summary, curves, arms, base) -> list[str]:
     vals = [[dict((p[0], p[1]) for p in c)[s] for c in seeds] for s in steps]
     x = [offset + s * tokens_per_step for s in steps]
     mean = [statistics.fmean(v) for v in vals]
-    std = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in vals]
+    std = [_stdev(v) if len(v) > 1 else 0.0 for v in vals]
     line, = ax.plot(x, mean, label=f"{arm.name} ({len(seeds)} seeds)", **kw)
     ax.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                     color=line.get_color(), alpha=0.2)

@@ -223,6 +223,25 @@ def test_a_sweep_without_mha_with_an_unfinished_arm_and_translation_scores(tmp_p
       assert f.read(8) == b"\x89PNG\r\n\x1a\n", png
 
 
+def test_a_seed_with_a_non_finite_loss_gives_nan_cells_not_a_crash(tmp_path):
+  """A finished run whose loss diverged (nan, inf) is reported as nan: the arm's spread and
+  its noise verdict ("n/a") say nothing, the other arms are as usual, and the plots draw."""
+  pytest.importorskip("matplotlib")
+  sweep = Sweep(num_kv_heads=(4, 2), seeds=(0, 1, 2))
+  arms = sweep_lib.plan(sweep, MCFG)
+  losses = {"mha": [2.0, 2.1, 1.9], "gqa2": [2.05, float("nan"), float("inf")]}
+  for arm in arms:
+    for seed, loss in enumerate(losses[arm.name]):
+      write_result(str(tmp_path), arm, seed, result(arm, seed, loss))
+  assert report_lib.write_report(str(tmp_path), sweep, arms, BASE)["ok"] == 6
+  summary = {s["arm"]: s for s in read_csv(str(tmp_path), "summary.csv")}
+  assert summary["gqa2"]["val_loss_mean"] == summary["gqa2"]["val_loss_std"] == "nan"
+  assert summary["gqa2"]["exceeds_seed_noise"] == "n/a"
+  assert summary["mha"]["val_loss_std"] == report_lib._fmt(0.1)
+  assert "| gqa2 | 2 | " in read_report(str(tmp_path))
+  assert report_lib.noise_test({0: 1.0, 1: float("inf")}, {0: 1.0, 1: 1.0})[2] == "n/a"
+
+
 def test_csv_cells_keep_six_significant_digits_and_name_nan():
   assert [report_lib._fmt(v) for v in (None, "", float("nan"), 0.123456789, 1234567.0, 3, "a")
           ] == ["", "", "nan", "0.123457", "1.23457e+06", "3", "a"]

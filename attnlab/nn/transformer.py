@@ -236,7 +236,7 @@ class EncoderDecoder(nnx.Module):
     x_BSD = self.embedder.encode(src_BS)
     return self.encoder(x_BSD, src_positions_BS, src_segment_ids_BS)
 
-  def cross_cache(self, src_BS, *, src_segment_ids_BS=None):
+  def cross_cache(self, src_BS, *, src_segment_ids_BS=None, src_positions_BS=None):
     """Encode the source once; the cross-attention K/V of every decoder layer.
 
     Returns:
@@ -244,7 +244,8 @@ class EncoderDecoder(nnx.Module):
     """
     if src_segment_ids_BS is None:
       src_segment_ids_BS = self.source_segment_ids(src_BS)
-    encoded_BSD = self.encode(src_BS, src_segment_ids_BS=src_segment_ids_BS)
+    encoded_BSD = self.encode(src_BS, src_segment_ids_BS=src_segment_ids_BS,
+                              src_positions_BS=src_positions_BS)
     return tuple(block.cross_attn.cross_kv(encoded_BSD, src_segment_ids_BS)
                  for block in self.decoder.layers)
 
@@ -281,7 +282,8 @@ class EncoderDecoder(nnx.Module):
     """
     if cache is not None:
       if any(block_cache.cross_attn is None for block_cache in cache):
-        cache = with_cross(cache, self.cross_cache(src_BS, src_segment_ids_BS=src_segment_ids_BS))
+        cache = with_cross(cache, self.cross_cache(src_BS, src_segment_ids_BS=src_segment_ids_BS,
+                                                   src_positions_BS=src_positions_BS))
       return self.decode(tgt_in_BT, None, src_segment_ids_BS=None,
                          tgt_positions_BT=tgt_positions_BT, tgt_segment_ids_BT=tgt_segment_ids_BT,
                          cache=cache)

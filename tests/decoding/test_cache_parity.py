@@ -469,6 +469,23 @@ def test_explicit_source_segment_ids_reach_the_encoder_and_the_cross_cache():
       np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def test_explicit_source_positions_reach_the_encoder_of_a_cached_call():
+  """``src_positions_BS`` given to a cached call place the source as in the uncached forward
+  (before 2026-12-03 the cached call encoded at the default positions, silently)."""
+  name = "paper_gqa"
+  model = encdec_model(name)
+  assert model.cfg.pos == "sinusoidal"  # positions change what the encoder computes
+  src_j = jnp.asarray(SRC)
+  pos_j = jnp.broadcast_to(jnp.arange(SRC.shape[1]) + 7, SRC.shape)
+  forward = lambda m, t, s, c: m(src_j, t, src_positions_BS=pos_j, tgt_segment_ids_BT=s,
+                                 cache=c)
+  got, _ = cached_logits(model, "contiguous", TGT, LENGTHS, forward=forward)
+  want = np.asarray(nnx.jit(lambda m, s, t, p: m(s, t, src_positions_BS=p))(
+      model, src_j, jnp.asarray(TGT), pos_j))
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  assert np.abs(want - encdec_forward(name)(SRC, TGT)).max() > 1e-2  # the positions matter
+
+
 def test_a_cross_attention_block_without_its_cross_cache_says_what_to_do():
   model = encdec_model("paper_gqa")
   cache = cache_lib.init_cache(model.cfg, "contiguous", 2, 4)

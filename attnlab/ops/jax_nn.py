@@ -21,6 +21,13 @@ def jax_nn_attention(
   """
   B, T, _, _ = q_BTNH.shape
   S = k_BSKH.shape[1]
+  dtypes = (q_BTNH.dtype, k_BSKH.dtype, v_BSKH.dtype)
+  if len(set(dtypes)) > 1:  # jax.nn's own message names neither argument nor the way out
+    raise ValueError(
+        f"implementation={implementation!r} (jax.nn.dot_product_attention) needs q_BTNH, "
+        f"k_BSKH and v_BSKH of one dtype, got {', '.join(str(d) for d in dtypes)}: cast them, "
+        "or use 'reference', 'chunked' or 'pallas', which take mixed dtypes"
+    )
   if implementation == "cudnn":
     if jax.default_backend() != "gpu":
       raise ValueError(

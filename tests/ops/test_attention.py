@@ -2,6 +2,7 @@
 every other implementation against the reference, forward and gradients."""
 
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -712,6 +713,19 @@ def test_xla_asks_jax_nn_for_xla_with_a_mask_only_where_one_is_needed(monkeypatc
     (got,) = calls
     assert got["implementation"] == "xla" and got["scale"] == kw.get("scale", 0.25)
     assert ("mask" in got) == masked, kw
+
+
+def test_xla_with_mixed_dtypes_names_the_arguments_and_the_ways_out():
+  """jax.nn refuses q, k, v of different dtypes with a message naming neither; the
+  implementations that take them ("reference" here) are named instead."""
+  q, k, v = make_qkv(1, 4, 4, 2, 2, 16)
+  k, v = k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)
+  with pytest.raises(ValueError, match=re.escape(
+      "implementation='xla' (jax.nn.dot_product_attention) needs q_BTNH, k_BSKH and v_BSKH of "
+      "one dtype, got float32, bfloat16, bfloat16: cast them, or use 'reference', 'chunked' "
+      "or 'pallas', which take mixed dtypes")):
+    attention(q, k, v, implementation="xla")
+  assert attention(q, k, v, implementation="reference").dtype == jnp.float32
 
 
 @pytest.mark.gpu

@@ -8,6 +8,8 @@ dispatch.py because the kernels, which dispatch.py imports, call it too.
 
 from __future__ import annotations
 
+import math
+
 
 def check_query_heads(q_BTNH, *, num_kv_heads: int, head_dim: int, kv_name: str = "k_BSKH"):
   """q is rank 4 and fits keys with ``num_kv_heads`` heads of ``head_dim`` (GQA / MQA)."""
@@ -59,3 +61,22 @@ def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, window=None, q_segment_ids=None, kv_seg
       raise ValueError(f"q_segment_ids shape {q_segment_ids.shape} must be [B, T] = {(B, T)}")
     if tuple(kv_segment_ids.shape) != (B, S):
       raise ValueError(f"kv_segment_ids shape {kv_segment_ids.shape} must be [B, S] = {(B, S)}")
+
+
+def scale_value(scale, head_dim: int) -> float:
+  """The scores' multiplier as a Python float: ``scale``, or 1 / sqrt(head_dim) by default.
+
+  The Pallas kernels, the chunked op and the decode step take it as a constant of the
+  compiled program; a traced scale (a learned temperature under ``jax.jit``) is refused
+  by name rather than failing inside ``float``.
+  """
+  if scale is None:
+    return 1.0 / math.sqrt(head_dim)
+  try:
+    return float(scale)
+  except TypeError:  # jax's ConcretizationTypeError (a traced value) is a TypeError
+    raise ValueError(
+        f"scale must be a Python number for this implementation (a constant of its compiled "
+        f"program), got {type(scale).__name__}: use implementation='reference', 'blocked' "
+        "or 'xla' for a traced scale, or multiply q by it"
+    ) from None

@@ -11,12 +11,11 @@ requests over KV caches whose slots are not in position order.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 
-from attnlab.ops import masks
+from attnlab.ops import checks, masks
 from attnlab.ops.reference import group_queries
 
 
@@ -42,7 +41,7 @@ def chunked_attention(
   """
   B, T, N, H = q_BTNH.shape
   S = k_BSKH.shape[1]
-  scale = 1.0 / math.sqrt(H) if scale is None else scale
+  scale = checks.scale_value(scale, H)
   if block_k < 1:
     raise ValueError(f"block_k={block_k} must be positive")
   block_k = max(1, min(block_k, S))  # S = 0: a scan over no key block (every query sees none)
@@ -64,7 +63,7 @@ def chunked_attention(
   return _chunked(
       q_BTNH, k_BSKH, v_BSKH, q_positions.astype(jnp.int32), kv_positions.astype(jnp.int32),
       q_segment_ids.astype(jnp.int32), kv_segment_ids.astype(jnp.int32),
-      causal, window, float(scale), block_k,
+      causal, window, scale, block_k,
   )
 
 

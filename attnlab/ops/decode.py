@@ -28,11 +28,9 @@ probability, which is the same sum: ``q . (k_s c_s) = (q . k_s) c_s``.
 
 from __future__ import annotations
 
-import math
-
 import jax.numpy as jnp
 
-from attnlab.ops import masks
+from attnlab.ops import checks, masks
 
 
 def decode_step_attention(q_BNH, k_new_BKH, v_new_BKH, k_BKSH, v_BKSH, *, q_positions_B,
@@ -67,7 +65,7 @@ def decode_step_attention(q_BNH, k_new_BKH, v_new_BKH, k_BKSH, v_BKSH, *, q_posi
     raise ValueError("k_scale_BKS and v_scale_BKS must be given together (int8 cache) or not")
   if N % K:
     raise ValueError(f"num_heads={N} must be a multiple of the cache's num_kv_heads={K}")
-  scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
+  scale = checks.scale_value(scale, H)
   q_BKGH = (q_BNH.astype(jnp.float32) * scale).reshape(B, K, N // K, H)
   k_BKSH = k_BKSH.astype(jnp.float32) if k_scale_BKS is not None else k_BKSH
   s_BKGS = jnp.einsum("BKGH,BKSH->BKGS", q_BKGH, k_BKSH, preferred_element_type=jnp.float32)

@@ -715,6 +715,24 @@ def test_xla_asks_jax_nn_for_xla_with_a_mask_only_where_one_is_needed(monkeypatc
     assert ("mask" in got) == masked, kw
 
 
+@pytest.mark.parametrize("impl", ["chunked", "pallas"])
+def test_a_traced_scale_is_refused_by_the_implementations_that_compile_it_in(impl):
+  """A learned temperature under jit: "reference" takes it (checked against a Python-number
+  scale); "chunked" and the kernels make it a constant of their program and say so."""
+  q, k, v = make_qkv(1, 4, 4, 2, 2, 16)
+  run = jax.jit(lambda s, impl: attention(q, k, v, implementation=impl, scale=s),
+                static_argnums=1)
+  np.testing.assert_allclose(run(0.5, "reference"), attention(q, k, v, scale=0.5,
+                                                               implementation="reference"),
+                             rtol=1e-6, atol=1e-6)
+  with pytest.raises(ValueError, match=re.escape(
+      "scale must be a Python number for this implementation (a constant of its compiled "
+      "program), got ") + r"\w*Tracer: " + re.escape(
+      "use implementation='reference', 'blocked' or 'xla' for a traced scale, or multiply q "
+      "by it")):
+    run(0.5, impl)
+
+
 def test_xla_with_mixed_dtypes_names_the_arguments_and_the_ways_out():
   """jax.nn refuses q, k, v of different dtypes with a message naming neither; the
   implementations that take them ("reference" here) are named instead."""

@@ -36,7 +36,6 @@ Forward only: decoding does not differentiate through the cache.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -245,7 +244,7 @@ def decode_attention(q_BTNH, k_BSKH, v_BSKH, lengths_B, *, window: int | None = 
   _check_positive("num_splits", num_splits)
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
-  scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
+  scale = checks.scale_value(scale, H)
   interpret = common.resolve_interpret(interpret)
   rows, Hp = _rows_and_head_dim(q_BTNH, K, interpret)
   tile = min(128 if interpret else 64, max(1 if interpret else 16, common.next_pow2(S)))
@@ -328,7 +327,7 @@ def paged_decode_attention(q_BTNH, k_pages_PCKH, v_pages_PCKH, page_table_BM, le
   if page_table_BM.ndim != 2 or page_table_BM.shape[0] != B:
     raise ValueError(f"page_table_BM shape {page_table_BM.shape} must be [B, M] with B={B}")
   _check_positive("pages_per_split", pages_per_split)
-  scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
+  scale = checks.scale_value(scale, H)
   interpret = common.resolve_interpret(interpret)
   if not interpret and (C < 16 or C & (C - 1)):
     raise ValueError(f"page size C={C} of k_pages_PCKH must be a power of two >= 16 on GPU")
@@ -432,7 +431,7 @@ def decode_attention_heads_major(q_BTNH, k_BKSH, v_BKSH, lengths_B, *, k_scale_B
                  window=window)
   _check_positive("num_splits", num_splits)
   T, N = q_BTNH.shape[1:3]
-  scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
+  scale = checks.scale_value(scale, H)
   interpret = common.resolve_interpret(interpret)
   rows, Hp = _rows_and_head_dim(q_BTNH, K, interpret)
   tile = min(128 if interpret else 64, max(1 if interpret else 16, common.next_pow2(S)))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -165,7 +164,7 @@ def _flash_gpu(q_BTNH, k_BSKH, v_BSKH, *, causal, window, q_segment_ids, kv_segm
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   if T == 0 or S == 0:
     return jnp.zeros(q_BTNH.shape, q_BTNH.dtype)
-  scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
+  scale = checks.scale_value(scale, H)
   blocks, Hp = flash_gpu.plan(T, S, H, block_q=block_q, block_k=block_k, interpret=interpret)
   bq, bk = blocks.block_q, blocks.block_k
 

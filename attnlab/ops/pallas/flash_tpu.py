@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -519,7 +518,7 @@ def flash_attention_tpu(q_BTNH, k_BSKH, v_BSKH, *, causal: bool = False,
   off_B = jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), (B,))
   st = TpuStatic(
       backend="tpu", causal=bool(causal), window=window,
-      scale=1.0 / math.sqrt(H) if scale is None else float(scale), q_len=T, kv_len=S,
+      scale=checks.scale_value(scale, H), q_len=T, kv_len=S,
       blocks=blocks, groups=N // K, segments=segments, interpret=interpret, **(_debug or {}))
   out_BNTH = _flash_jit(st, q, k, v, off_B, q_seg, kv_seg)
   return jnp.swapaxes(out_BNTH[:, :, :T], 1, 2)

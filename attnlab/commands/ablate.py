@@ -35,6 +35,7 @@ from attnlab.commands.train import trainer_run_check
 from attnlab.extras import MissingDependencyError, require
 from attnlab.training import report as report_lib
 from attnlab.training import sweep as sweep_lib
+from attnlab.training import trainer
 
 PREFIXES = ("Sweep.", "ModelConfig.", "DataConfig.", "TrainConfig.")
 
@@ -111,10 +112,7 @@ def main(argv: list[str]) -> int:
   use_compilation_cache(args.compilation_cache)
   logging.basicConfig(level=logging.WARNING, format="%(message)s")
   os.makedirs(args.out, exist_ok=True)
-  tmp = sweep_path + f".tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, sweep_path)
+  trainer.write_text_atomically(sweep_path, text)
   try:
     counts = sweep_lib.run_sweep(args.out, sweep, arms, base, only=args.arm)
   except sweep_lib.SweepInterrupted as e:

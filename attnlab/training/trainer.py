@@ -41,7 +41,9 @@ def predictions_path(workdir: str, step: int) -> str:
   return os.path.join(workdir, "eval", f"predictions_{step}.jsonl")
 
 
-def _write_atomically(path: str, text: str) -> None:
+def write_text_atomically(path: str, text: str) -> None:
+  """``text`` into ``path`` through a temporary file and a rename: a reader sees the old
+  file or the new one, never half of it."""
   tmp = f"{path}.tmp{os.getpid()}"
   with open(tmp, "w") as f:
     f.write(text)
@@ -232,7 +234,7 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   # model the checkpoints do not fit stops above and leaves the workdir's config.gin
   # describing them.
   if config_text is not None and main_process:
-    _write_atomically(os.path.join(workdir, "config.gin"), config_text)
+    write_text_atomically(os.path.join(workdir, "config.gin"), config_text)
   step_fn = steps_lib.make_train_step(run.setup, tcfg)
   writer = MetricsWriter(workdir, enabled=main_process)
   meta = {"seed": tcfg.seed, "rng": "fold_in(key(seed), step)"}

@@ -443,6 +443,18 @@ def test_explicit_target_positions_reach_a_cached_encoder_decoder():
   assert np.abs(want - encdec_forward(name)(SRC, TGT)).max() > 1e-2
 
 
+def _cached_equals_uncached_with_source(model, **source_kw):
+  """The logits of cached decoding and of the uncached forward, both given ``source_kw``
+  (``src_segment_ids_BS`` / ``src_positions_BS``): asserted equal; the uncached ones."""
+  src_j = jnp.asarray(SRC)
+  forward = lambda m, t, s, c: m(src_j, t, tgt_segment_ids_BT=s, cache=c, **source_kw)
+  got, _ = cached_logits(model, "contiguous", TGT, LENGTHS, forward=forward)
+  want = np.asarray(nnx.jit(lambda m, s, t, kw: m(s, t, **kw))(
+      model, src_j, jnp.asarray(TGT), source_kw))
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  return want
+
+
 def test_explicit_source_segment_ids_reach_the_encoder_and_the_cross_cache():
   """``src_segment_ids_BS`` given to a cached call (which encodes the source into the
   cross-attention K/V) masks what it says, as in the uncached forward: here the last
@@ -452,12 +464,7 @@ def test_explicit_source_segment_ids_reach_the_encoder_and_the_cross_cache():
   seg = (SRC != 0).astype(np.int32)
   seg[0, -3:] = 0
   src_j, seg_j = jnp.asarray(SRC), jnp.asarray(seg)
-  forward = lambda m, t, s, c: m(src_j, t, src_segment_ids_BS=seg_j, tgt_segment_ids_BT=s,
-                                 cache=c)
-  got, _ = cached_logits(model, "contiguous", TGT, LENGTHS, forward=forward)
-  want = np.asarray(nnx.jit(lambda m, s, t, g: m(s, t, src_segment_ids_BS=g))(
-      model, src_j, jnp.asarray(TGT), seg_j))
-  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  want = _cached_equals_uncached_with_source(model, src_segment_ids_BS=seg_j)
   default = encdec_forward(name)(SRC, TGT)
   assert np.abs(want[0] - default[0]).max() > 1e-2
   np.testing.assert_allclose(want[1], default[1], atol=1e-5, rtol=1e-5)
@@ -475,14 +482,8 @@ def test_explicit_source_positions_reach_the_encoder_of_a_cached_call():
   name = "paper_gqa"
   model = encdec_model(name)
   assert model.cfg.pos == "sinusoidal"  # positions change what the encoder computes
-  src_j = jnp.asarray(SRC)
   pos_j = jnp.broadcast_to(jnp.arange(SRC.shape[1]) + 7, SRC.shape)
-  forward = lambda m, t, s, c: m(src_j, t, src_positions_BS=pos_j, tgt_segment_ids_BT=s,
-                                 cache=c)
-  got, _ = cached_logits(model, "contiguous", TGT, LENGTHS, forward=forward)
-  want = np.asarray(nnx.jit(lambda m, s, t, p: m(s, t, src_positions_BS=p))(
-      model, src_j, jnp.asarray(TGT), pos_j))
-  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  want = _cached_equals_uncached_with_source(model, src_positions_BS=pos_j)
   assert np.abs(want - encdec_forward(name)(SRC, TGT)).max() > 1e-2  # the positions matter
 
 

@@ -1,9 +1,12 @@
 """Batches for training and evaluation, from a ``DataConfig``.
 
-Every batch is a pure function of (config, batch index): the iterator's whole
-state is the index of the next batch, saved in checkpoints, so a resumed run
-reads exactly the batches an uninterrupted one would have. Finite sources are
-reshuffled every epoch by a permutation seeded with (seed, epoch).
+Every batch is a pure function of (config, position): the iterator's state is
+the position of the next example in the training stream (and the batch count),
+saved in checkpoints with the fields of the config that decide which example
+is the i-th, so a resumed run reads exactly the examples an uninterrupted one
+would have, and a resume under another stream is refused (``DataStateError``).
+Finite sources are reshuffled every epoch by a permutation seeded with (seed,
+epoch).
 
 Batch layouts (numpy, int32 unless noted):
   decoder-only: tokens_BT, targets_BT, segment_ids_BT, positions_BT,
@@ -86,23 +89,58 @@ class PairBatches:
                 loss_mask_BT=mask)
 
 
+class DataStateError(ValueError):
+  """A saved iterator state belongs to another training stream than this config's."""
+
+
+# The DataConfig fields that decide which example is the i-th of the training
+# stream, per task. The others (batch_size, loss_on_prompt; for pairs seq_len and
+# the tokenizer) change how examples are cut into batches or laid out, not which
+# ones come next, so a resume may change them. The tokenizer model's path is left
+# out: a moved workdir names its own tokenizer.json by another path.
+_STREAM_FIELDS = {
+  "lm": ("paths", "validation_percent", "max_files", "seq_len", "tokenizer", "bos_id",
+         "eos_id"),
+  "tsv": ("paths", "validation_percent"),
+}
+_SYNTHETIC_STREAM_FIELDS = ("min_len", "max_len", "vocab_chars")
+
+
+def stream_fields(dcfg: DataConfig) -> dict:
+  """The fields of ``dcfg`` that decide which example is the i-th of its training
+  stream, JSON-ready (saved with the iterator's state)."""
+  names = ("task", "seed") + _STREAM_FIELDS.get(dcfg.task, _SYNTHETIC_STREAM_FIELDS)
+  return {n: list(v) if isinstance(v := getattr(dcfg, n), tuple) else v for n in names}
+
+
 class BatchIterator:
   """Deterministic, checkpointable batches of a source.
+
+  Batch n of a run that never changed its batch size holds examples
+  [n * B, (n + 1) * B) of the stream (each epoch of a finite source is a new
+  permutation); the state is the next example's position, so a resume with
+  another batch size continues at the same example.
 
   Args:
     source: has ``size`` (None = endless) and ``batch(indices)``.
     batch_size: B.
     seed: the per-epoch shuffle; None = source order (validation).
+    index: start at batch ``index`` (example ``index * batch_size``).
+    stream: what ``stream_fields`` gives for the config; saved with the state
+      and compared on ``set_state`` (None: not checked).
   """
 
-  def __init__(self, source, batch_size: int, seed: int | None, index: int = 0):
+  def __init__(self, source, batch_size: int, seed: int | None, index: int = 0,
+               stream: dict | None = None):
     self.source, self.batch_size, self.seed, self.index = source, batch_size, seed, index
+    self.example = index * batch_size
+    self.stream = stream
     if source.size is not None and source.size < batch_size:
       raise ValueError(f"batch_size={batch_size} is larger than the data ({source.size} rows)")
     self._perm_epoch, self._perm = None, None
 
-  def _example_ids(self, n: int) -> np.ndarray:
-    ids = np.arange(n * self.batch_size, (n + 1) * self.batch_size)
+  def _example_ids(self, first: int) -> np.ndarray:
+    ids = np.arange(first, first + self.batch_size)
     size = self.source.size
     if size is None:
       return ids
@@ -122,15 +160,52 @@ class BatchIterator:
     return self
 
   def __next__(self) -> dict[str, np.ndarray]:
-    batch = self.source.batch(self._example_ids(self.index))
+    batch = self.source.batch(self._example_ids(self.example))
     self.index += 1
+    self.example += self.batch_size
     return batch
 
   def get_state(self) -> dict:
-    return {"index": int(self.index)}
+    state = {"index": int(self.index), "example": int(self.example),
+             "batch_size": int(self.batch_size)}
+    if self.stream is not None:
+      state["stream"] = self.stream
+    return state
 
   def set_state(self, state: dict) -> None:
+    """Continue where ``state`` (a ``get_state``) stopped.
+
+    A state without ``example`` (checkpoints before 2026-12-03, weights-only
+    conversions) is a batch index under this batch size.
+
+    Raises:
+      DataStateError: ``state`` was saved under another training stream (its
+        ``stream`` differs from this iterator's); names the fields that differ.
+    """
+    saved = state.get("stream")
+    if saved is not None and self.stream is not None and saved != self.stream:
+      changed = [f"DataConfig.{k}: {_show(saved.get(k))} -> {_show(self.stream.get(k))}"
+                 for k in sorted(set(saved) | set(self.stream))
+                 if saved.get(k) != self.stream.get(k)]
+      raise DataStateError(
+          f"the saved data position belongs to another training stream ({', '.join(changed)})")
     self.index = int(state["index"])
+    self.example = int(state["example"]) if "example" in state else self.index * self.batch_size
+
+
+def _show(v):
+  return repr(tuple(v)) if isinstance(v, list) else repr(v)
+
+
+def continue_state(state: dict, dcfg: DataConfig) -> dict:
+  """``state`` (saved under some config) as the start of a new run under ``dcfg``
+  (``attnlab convert-heads``): the same position when the training stream is the
+  same, its first example otherwise. The batch count starts again at 0."""
+  stream = stream_fields(dcfg)
+  same = state.get("stream", stream) == stream
+  example = int(state.get("example", int(state["index"]) * dcfg.batch_size)) if same else 0
+  # The run starts at batch 0 on this example (get_state's layout).
+  return {"index": 0, "example": example, "batch_size": dcfg.batch_size, "stream": stream}
 
 
 def _split_seed(dcfg: DataConfig, split: str) -> int:
@@ -184,7 +259,7 @@ def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
 
 
 def train_iterator(sources, dcfg: DataConfig) -> BatchIterator:
-  return BatchIterator(sources["train"], dcfg.batch_size, dcfg.seed)
+  return BatchIterator(sources["train"], dcfg.batch_size, dcfg.seed, stream=stream_fields(dcfg))
 
 
 def validation_batches(sources, dcfg: DataConfig, num_batches: int,

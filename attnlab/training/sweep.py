@@ -249,6 +249,9 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
       return {}
     # A weights-only source (attnlab convert --from-hf) read no data yet: batch 0.
     data_state = src_ckpt.restore_data(step) or {"index": 0}
+    # The new run continues the source's training stream when its DataConfig reads
+    # the same one (the bindings may change the batch size), else starts its own.
+    data_state = pipeline.continue_state(data_state, dcfg)
   finally:
     src_ckpt.close()
 

@@ -145,9 +145,15 @@ class Run:
       batch = {k: v[lo:lo + n] for k, v in batch.items()}
     return steps_lib.put_batch(batch, self.setup)
 
-  def restore(self, ckpt: Checkpointer, step: int | None = None) -> int | None:
+  def restore(self, ckpt: Checkpointer, step: int | None = None, *,
+              data: bool = True) -> int | None:
     """Restore the newest readable (or the given) checkpoint; its step, or None
-    when there is none (or none of them could be read)."""
+    when there is none (or none of them could be read).
+
+    ``data``: also continue the training data where the checkpoint stopped
+    (``pipeline.DataStateError`` when it was saved under another training stream);
+    False for an evaluation, which reads no training data.
+    """
     abstract = self.setup.abstract_state(self.state)
     if step is None:
       found = ckpt.restore_latest(abstract, init_state=self.state)
@@ -156,9 +162,13 @@ class Run:
       step, state, data_state = found
     else:
       state, data_state = ckpt.restore(step, abstract, init_state=self.state)
-    self.state = state
-    if data_state is not None:  # None: a converted (weights-only) checkpoint
+    if data and data_state is not None:  # None: a converted (weights-only) checkpoint
       self.data.set_state(data_state)
+      saved_bs = data_state.get("batch_size", self.dcfg.batch_size)
+      if saved_bs != self.dcfg.batch_size:
+        log.info("batch_size %d -> %d: the data continues at example %d", saved_bs,
+                 self.dcfg.batch_size, self.data.example)
+    self.state = state
     return step
 
   def validation_batches(self):
@@ -218,6 +228,12 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   ckpt = Checkpointer(workdir, tcfg.keep_checkpoints)
   try:
     start = run.restore(ckpt) or 0
+  except pipeline.DataStateError as e:
+    ckpt.close()
+    raise ResumeError(
+        f"the checkpoints in {ckpt.directory} were saved by a run reading other training data: "
+        f"{e}. Nothing was changed in {workdir}; resume with the workdir's own DataConfig, "
+        "or train in a new workdir") from e
   except BaseException as e:
     ckpt.close()
     if not isinstance(e, (ValueError, KeyError, TypeError)):  # orbax: shapes or tree differ
@@ -322,7 +338,7 @@ def evaluate_workdir(workdir: str, step: int | None = None) -> dict:
     if step is not None and step not in ckpt.steps():
       raise ValueError(f"step={step} has no checkpoint in {ckpt.directory}; "
                        f"saved steps: {ckpt.steps()}")
-    restored = run.restore(ckpt, step)
+    restored = run.restore(ckpt, step, data=False)
     if restored is None:  # every checkpoint was unreadable (each one warned about)
       raise FileNotFoundError(f"no checkpoint in {ckpt.directory} could be read (saved "
                               f"steps: {ckpt.steps()}); an untrained model is not evaluated")

@@ -492,7 +492,8 @@ def test_convert_heads_of_a_weights_only_checkpoint_starts_its_data_at_batch_0(t
                "--method", "mean"]) == 0
   ckpt = Checkpointer(dst)
   try:
-    assert ckpt.steps() == [0] and ckpt.restore_data(0) == {"index": 0}
+    state = ckpt.restore_data(0)
+    assert ckpt.steps() == [0] and (state["index"], state["example"]) == (0, 0)
   finally:
     ckpt.close()
   model, cfg = attnlab.load_checkpoint(src)

@@ -1,6 +1,9 @@
 """Data: tokenizer, synthetic tasks, packing (no attention across documents),
 corpus splits, TSV, and checkpointable iterator state."""
 
+import dataclasses
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -89,6 +92,69 @@ def test_iterator_state_resumes_the_same_batches(tmp_path):
     got = next(it2)
     for k in want:
       np.testing.assert_array_equal(got[k], want[k])
+
+
+def _lm_corpus(tmp_path):
+  for i in range(4):
+    (tmp_path / f"f{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 3)
+  return DataConfig(task="lm", paths=(str(tmp_path / "*.py"),), seq_len=16, batch_size=4,
+                    validation_percent=25)
+
+
+def test_a_resume_with_another_batch_size_continues_at_the_next_example(tmp_path):
+  """The state is the next example's position: batches of 4, then (resumed) of 6, read
+  the stream's examples in order, across epochs, none skipped or repeated."""
+  dcfg = _lm_corpus(tmp_path)
+  sources, _ = pipeline.build_sources(dcfg, ModelConfig())
+  one = pipeline.train_iterator(sources, dataclasses.replace(dcfg, batch_size=1))
+  stream = np.concatenate([next(one)["tokens_BT"] for _ in range(80)])
+  assert sources["train"].size < 30  # 80 examples span several epochs
+  it = pipeline.train_iterator(sources, dcfg)
+  got = [next(it)["tokens_BT"] for _ in range(5)]
+  it6 = pipeline.train_iterator(sources, dataclasses.replace(dcfg, batch_size=6))
+  it6.set_state(it.get_state())
+  got += [next(it6)["tokens_BT"] for _ in range(10)]
+  np.testing.assert_array_equal(np.concatenate(got), stream)
+  assert it6.get_state() == {"index": 15, "example": 80, "batch_size": 6,
+                             "stream": pipeline.stream_fields(dcfg)}
+  # A state saved before the position was (a batch index) counts batches of this size.
+  old = pipeline.train_iterator(sources, dcfg)
+  old.set_state({"index": 3})
+  np.testing.assert_array_equal(next(old)["tokens_BT"], stream[12:16])
+
+
+def test_a_resume_under_another_training_stream_is_refused(tmp_path):
+  """Only the fields that decide which example is the i-th (per task) are compared."""
+  dcfg = _lm_corpus(tmp_path)
+  sources, _ = pipeline.build_sources(dcfg, ModelConfig())
+  state = pipeline.train_iterator(sources, dcfg).get_state()
+  for change, named in (({"seed": 1}, "DataConfig.seed: 0 -> 1"),
+                        ({"seq_len": 8}, "DataConfig.seq_len: 16 -> 8"),
+                        ({"paths": ("a.py", "b.py")}, f"DataConfig.paths: ('{tmp_path}/*.py',) "
+                                                      "-> ('a.py', 'b.py')"),
+                        ({"max_files": 2, "validation_percent": 10},
+                         "DataConfig.max_files: 0 -> 2, DataConfig.validation_percent: 25 -> 10")):
+    it = pipeline.train_iterator(sources, dataclasses.replace(dcfg, **change))
+    with pytest.raises(pipeline.DataStateError, match=re.escape(
+        f"the saved data position belongs to another training stream ({named})")):
+      it.set_state(state)
+  # The layout of an example, the batch size, another task's fields: not the stream.
+  same = dataclasses.replace(dcfg, batch_size=2, loss_on_prompt=True, max_len=5,
+                             vocab_chars=4, tokenizer_model="elsewhere.json")
+  pipeline.train_iterator(sources, same).set_state(state)
+  pairs = DataConfig(task="reverse", seq_len=32, batch_size=4)
+  assert pipeline.stream_fields(pairs) == {"task": "reverse", "seed": 0, "min_len": 3,
+                                           "max_len": 12, "vocab_chars": 10}
+  tsv = DataConfig(task="tsv", paths=("t.tsv",))
+  assert pipeline.stream_fields(tsv) == {"task": "tsv", "seed": 0, "paths": ["t.tsv"],
+                                         "validation_percent": 5}
+  # A new run (convert-heads) goes on at the same example only on the same stream.
+  cont = pipeline.continue_state({**state, "example": 40}, dataclasses.replace(dcfg,
+                                                                               batch_size=8))
+  assert cont == {"index": 0, "example": 40, "batch_size": 8, "stream": state["stream"]}
+  other = pipeline.continue_state({**state, "example": 40}, dataclasses.replace(dcfg, seed=3))
+  assert other["example"] == 0 and other["stream"]["seed"] == 3
+  assert pipeline.continue_state({"index": 5}, dcfg)["example"] == 20
 
 
 def test_seq2seq_layouts():

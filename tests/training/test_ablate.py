@@ -3,6 +3,7 @@
 columns, exact KV bytes, skip / resume / failure handling, --arm + --report,
 head conversion parity, and one-line errors on bad input."""
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -25,6 +26,7 @@ from attnlab import config_gin as gin_config
 from attnlab.training import report as report_lib
 from attnlab.training import sweep as sweep_lib
 from attnlab.training import trainer
+from attnlab.training.checkpoint import Checkpointer
 from tests import random_arrays
 
 MICRO = """
@@ -389,6 +391,15 @@ def test_random_draws_the_new_kv_from_rngs_and_defaults_to_params_0_dropout_1():
       np.testing.assert_array_equal(a, b)
 
 
+@contextlib.contextmanager
+def _checkpointer(workdir):
+  ckpt = Checkpointer(workdir, read_only=True)
+  try:
+    yield ckpt
+  finally:
+    ckpt.close()
+
+
 def test_convert_heads_command_then_train_and_decode(micro, tmp_path, capsys):
   src = sweep_lib.run_dir(micro, "mha", 0)
   dst = str(tmp_path / "mqa_up")
@@ -405,6 +416,14 @@ def test_convert_heads_command_then_train_and_decode(micro, tmp_path, capsys):
   assert capsys.readouterr().out.endswith("\n")  # the completion line
   assert cli.main(["train", "--workdir", dst]) == 0  # uptrains from config.gin
   assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["step"] == 1
+  # The uptraining reads on from the source's data position (data it had not seen).
+  with _checkpointer(src) as s, _checkpointer(dst) as d:
+    src_state, (start, after) = s.restore_data(s.steps()[-1]), (d.restore_data(0),
+                                                                d.restore_data(1))
+  _, dcfg, _ = gin_config.read_workdir_config(os.path.join(dst, "config.gin"))
+  assert src_state["example"] > 0 and start["example"] == src_state["example"]
+  assert start["stream"] == src_state["stream"] and start["index"] == 0
+  assert after["example"] == src_state["example"] + dcfg.batch_size and after["index"] == 1
 
 
 def test_convert_heads_command_bindings_seed_and_summary(micro, tmp_path, capsys):
@@ -436,6 +455,16 @@ def test_convert_heads_command_bindings_seed_and_summary(micro, tmp_path, capsys
   assert mcfg == src_cfg.replace(num_kv_heads=2)
   assert dcfg == dataclasses.replace(src_dcfg, batch_size=3)
   assert tcfg == src_tcfg.replace(learning_rate=0.005)
+  # Another batch size reads on from the source's data position; another data seed is
+  # another stream, which the new run starts at its first example.
+  with _checkpointer(src) as s, _checkpointer(dst) as d:
+    src_example, state = s.restore_data(s.steps()[-1])["example"], d.restore_data(0)
+  assert (state["example"], state["batch_size"]) == (src_example, 3) and src_example > 0
+  reseeded = str(tmp_path / "reseeded")
+  assert cli.main([*base, "--to", reseeded, "--gin.DataConfig.seed=5"]) == 0
+  with _checkpointer(reseeded) as d:
+    state = d.restore_data(0)
+  assert state["example"] == 0 and state["stream"]["seed"] == 5
   model, _ = attnlab.load_checkpoint(dst)
   want = attnlab.convert_heads(src_model, 2, "random", rngs=nnx.Rngs(params=7, dropout=8))
   other = attnlab.convert_heads(src_model, 2, "random", rngs=nnx.Rngs(params=0, dropout=1))

@@ -172,9 +172,33 @@ def test_a_resume_under_a_model_the_checkpoints_do_not_fit_changes_nothing(tmp_p
                                "workdir's own config.gin, or train in a new workdir")
   assert (tmp_path / "config.gin").read_text() == config and _steps(tmp_path) == [2, 4]
   assert trainer.evaluate_workdir(str(tmp_path))["step"] == 4
-  # A resume that fits (more steps) writes its own config.gin.
-  assert _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 6"])["step"] == 6
+  # Another training stream (the data seed, the synthetic lengths): refused the same way,
+  # before anything is written.
+  with pytest.raises(trainer.ResumeError, match=re.escape(
+      f"the checkpoints in {tmp_path}/checkpoints were saved by a run reading other training "
+      "data: the saved data position belongs to another training stream (DataConfig.max_len: "
+      "6 -> 5, DataConfig.seed: 0 -> 1). Nothing was changed in ")):
+    _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["DataConfig.seed = 1", "DataConfig.max_len = 5",
+                                              "TrainConfig.steps = 6"])
+  assert (tmp_path / "config.gin").read_text() == config and _steps(tmp_path) == [2, 4]
+  # A resume that fits (more steps, another batch size, the loss on the prompt: none
+  # changes which example comes next) writes its own config.gin, and the data goes on
+  # from the example the checkpoint stopped at: 4 steps x 4 rows, then 2 x 8.
+  assert _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + [
+      "TrainConfig.steps = 6", "DataConfig.batch_size = 8",
+      "DataConfig.loss_on_prompt = True"])["step"] == 6
   assert "TrainConfig.steps = 6" in (tmp_path / "config.gin").read_text()
+  ckpt = Checkpointer(str(tmp_path), read_only=True)
+  state = ckpt.restore_data(6)
+  ckpt.close()
+  assert (state["index"], state["example"], state["batch_size"]) == (6, 4 * 4 + 2 * 8, 8)
+  assert state["stream"] == {"task": "reverse", "seed": 0, "min_len": 3, "max_len": 6,
+                             "vocab_chars": 10}
+  # An evaluation reads no training data: a config.gin naming another stream still
+  # evaluates the checkpoint.
+  path = tmp_path / "config.gin"
+  path.write_text(path.read_text().replace("DataConfig.seed = 0", "DataConfig.seed = 4"))
+  assert trainer.evaluate_workdir(str(tmp_path))["step"] == 6
 
 
 def test_progress_off_prints_nothing_and_the_step_sleep_hook_sleeps_each_step(

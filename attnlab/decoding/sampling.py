@@ -52,7 +52,9 @@ def filtered_logits(logits_BV, sampling: Sampling):
   k = V if sampling.top_k is None else min(sampling.top_k, V)
   # Sorted descending; lax.top_k breaks ties by the lower index, so exactly k survive.
   vals_BV, idx_BV = jax.lax.top_k(logits_BV, k)
-  if sampling.top_p is not None:
+  # top_p = 1 keeps every token (each one's more likely mass is short of 1); the float32
+  # cumulative sum can round to 1 before the least likely tokens, so it is not computed.
+  if sampling.top_p is not None and sampling.top_p < 1.0:
     probs_BV = jax.nn.softmax(vals_BV, axis=-1)
     mass_before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
     # Keep a token while the mass of the more likely ones is still short of p:

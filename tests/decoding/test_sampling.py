@@ -48,6 +48,18 @@ def test_top_p_draws_only_from_the_smallest_set_reaching_p():
   assert set(_draws(jnp.log(probs), Sampling(temperature=1.0, top_p=0.3)).tolist()) == {1}
 
 
+def test_top_p_one_keeps_every_token_even_where_float32_mass_rounds_to_one():
+  # Tokens 1 and 2 have probability ~2e-9: the mass before them, 1 - 4e-9, is 1.0 in
+  # float32; top_p = 1 keeps them anyway (an exact cumulative sum stays short of 1).
+  logits = jnp.array([[0.0, -20.0, -20.0]])
+  probs = jax.nn.softmax(logits)
+  assert float(jnp.cumsum(probs)[0]) == 1.0  # the rounding the filter must not act on
+  np.testing.assert_array_equal(filtered_logits(logits, Sampling(temperature=1.0, top_p=1.0)),
+                                logits)
+  np.testing.assert_array_equal(
+      np.isfinite(filtered_logits(logits, Sampling(temperature=1.0, top_p=0.5))), [[1, 0, 0]])
+
+
 def test_top_k_and_top_p_combine():
   probs = np.array([0.05, 0.4, 0.1, 0.3, 0.15])
   kept = filtered_logits(jnp.log(probs)[None], Sampling(temperature=1.0, top_k=2, top_p=0.99))

@@ -101,7 +101,10 @@ def main(argv: list[str]) -> int:
   if args.report:
     if not os.path.isdir(os.path.join(args.out, sweep_lib.ARMS_DIR)):
       raise CommandError(f"{args.out} holds no runs yet (no {sweep_lib.ARMS_DIR}/ folder)")
-    counts = report_lib.write_report(args.out, sweep, arms, base)
+    try:
+      counts = report_lib.write_report(args.out, sweep, arms, base)
+    except ValueError as e:  # a run's result.json that attnlab did not write
+      raise CommandError(str(e)) from None
     print(json.dumps({"out": os.path.abspath(args.out), **counts}))
     return 0
   try:

@@ -185,11 +185,34 @@ def run_dir(out: str, arm: Arm | str, seed: int) -> str:
 
 
 def read_result(out: str, arm, seed: int) -> dict | None:
+  """The run's result.json, or None when it has none (not finished).
+
+  Raises:
+    ValueError: the file is not JSON, or lacks what the report reads (``status``; for
+      a finished run ``val_loss`` and ``curve``, a list of [step, val_loss]); names
+      the file (attnlab writes it atomically: a damaged one was edited or copied).
+  """
   path = os.path.join(run_dir(out, arm, seed), RESULT_FILE)
   if not os.path.isfile(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  fix = "delete it to run that arm and seed again"
+  try:
+    with open(path, encoding="utf-8") as f:
+      r = json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"{path} is not a JSON run result ({e}); {fix}") from None
+  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+  problem = None
+  if not isinstance(r, dict) or not isinstance(r.get("status"), str):
+    problem = "no status"
+  elif r["status"] == "ok" and not number(r.get("val_loss")):
+    problem = f"val_loss={r.get('val_loss')!r}, not a number"
+  elif r["status"] == "ok" and not (isinstance(r.get("curve"), list) and all(
+      isinstance(p, list) and len(p) == 2 and all(map(number, p)) for p in r["curve"])):
+    problem = "no curve of [step, val_loss] pairs"
+  if problem:
+    raise ValueError(f"{path} is not a run result attnlab wrote ({problem}); {fix}")
+  return r
 
 
 def _write_json(path: str, obj) -> None:

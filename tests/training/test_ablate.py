@@ -710,6 +710,18 @@ def test_runs_written_by_another_attnlab_version_are_reused_when_their_config_is
     f.write("ModelConfig.bogus_field = 3\n")
   stale = sweep_lib.stale_runs(out, sweep, arms, base)
   assert len(stale) == 2 and stale[1].startswith(os.path.relpath(os.path.dirname(paths[1]), out))
+  # A damaged result.json: one line naming it, exit 2, from the staleness check (a run
+  # with its config.gin) and from the report itself (without one).
+  result = os.path.join(os.path.dirname(paths[0]), sweep_lib.RESULT_FILE)
+  with open(result, "w") as f:
+    f.write('{"status": "ok"')
+  for _ in range(2):
+    assert _ablate("--gin_file", sweep_file, "--out", out, "--report") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{result} is not a JSON run result" in err, err
+    for path in paths:
+      if os.path.exists(path):
+        os.remove(path)
 
 
 def test_sweep_validates_its_fields():

@@ -242,6 +242,38 @@ def test_a_seed_with_a_non_finite_loss_gives_nan_cells_not_a_crash(tmp_path):
   assert report_lib.noise_test({0: 1.0, 1: float("inf")}, {0: 1.0, 1: 1.0})[2] == "n/a"
 
 
+@pytest.mark.parametrize("text, problem", [
+    ("{not json", "is not a JSON run result (Expecting property name"),
+    (b"\xff\xfe", "is not a JSON run result ('utf-8' codec can't decode"),
+    ("[1, 2]", "is not a run result attnlab wrote (no status)"),
+    ('{"val_loss": 2.0}', "(no status)"),
+    ('{"status": "ok", "curve": [[0, 2.0]]}', "(val_loss=None, not a number)"),
+    ('{"status": "ok", "val_loss": "2.0", "curve": []}', "(val_loss='2.0', not a number)"),
+    ('{"status": "ok", "val_loss": 2.0}', "(no curve of [step, val_loss] pairs)"),
+    ('{"status": "ok", "val_loss": 2.0, "curve": [[0, 2.0], [5]]}', "(no curve of"),
+])
+def test_a_result_file_attnlab_did_not_write_is_named_with_what_it_lacks(tmp_path, text,
+                                                                         problem):
+  """A hand-edited or damaged result.json: a ValueError naming the file and its fault
+  (`attnlab ablate --report` prints it as one line), not a KeyError from inside the report."""
+  sweep = Sweep(num_kv_heads=(4, 2), seeds=(0,))
+  arms = sweep_lib.plan(sweep, MCFG)
+  write_result(str(tmp_path), arms[0], 0, result(arms[0], 0, 2.0))
+  path = os.path.join(sweep_lib.run_dir(str(tmp_path), arms[1], 0), sweep_lib.RESULT_FILE)
+  os.makedirs(os.path.dirname(path))
+  with open(path, "wb") as f:
+    f.write(text if isinstance(text, bytes) else text.encode())
+  with pytest.raises(ValueError) as e:
+    report_lib.write_report(str(tmp_path), sweep, arms, BASE, plots=False)
+  assert str(e.value).startswith(path + " ") and problem in str(e.value), str(e.value)
+  assert str(e.value).endswith("; delete it to run that arm and seed again")
+  # A failed run's result needs no loss; a finished run's loss may be nan (it diverged).
+  with open(path, "w") as f:
+    json.dump({"status": "failed", "error": "RuntimeError: boom"}, f)
+  assert report_lib.write_report(str(tmp_path), sweep, arms, BASE, plots=False) == {
+      "ok": 1, "failed": 1, "interrupted": 0, "pending": 0}
+
+
 def test_csv_cells_keep_six_significant_digits_and_name_nan():
   assert [report_lib._fmt(v) for v in (None, "", float("nan"), 0.123456789, 1234567.0, 3, "a")
           ] == ["", "", "nan", "0.123457", "1.23457e+06", "3", "a"]

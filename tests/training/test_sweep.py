@@ -157,11 +157,12 @@ def test_results_live_under_arms_name_seed(tmp_path):
   assert sweep_lib.read_result(out, "mqa", 2) is None
   os.makedirs(sweep_lib.run_dir(out, "mqa", 2))
   path = os.path.join(sweep_lib.run_dir(out, "mqa", 2), "result.json")
-  sweep_lib._write_json(path, {"b": 1, "a": [2]})
-  assert sweep_lib.read_result(out, "mqa", 2) == {"a": [2], "b": 1}
+  sweep_lib._write_json(path, {"status": "failed", "b": 1, "a": [2]})
+  assert sweep_lib.read_result(out, "mqa", 2) == {"a": [2], "b": 1, "status": "failed"}
   assert not os.path.exists(path + ".tmp")
   with open(path) as f:
-    assert f.read() == json.dumps({"a": [2], "b": 1}, indent=1, sort_keys=True)
+    assert f.read() == json.dumps({"a": [2], "b": 1, "status": "failed"}, indent=1,
+                                  sort_keys=True)
 
 
 def test_wall_time_adds_up_over_resumed_invocations(tmp_path):

@@ -108,7 +108,25 @@ def test_a_resume_with_another_batch_size_continues_at_the_next_example(tmp_path
   sources, _ = pipeline.build_sources(dcfg, ModelConfig())
   one = pipeline.train_iterator(sources, dataclasses.replace(dcfg, batch_size=1))
   stream = np.concatenate([next(one)["tokens_BT"] for _ in range(80)])
-  assert sources["train"].size < 30  # 80 examples span several epochs
+  size = sources["train"].size
+  assert stream.shape == (80, 16) and size < 30  # 80 examples span several epochs
+  # The stream: every epoch a permutation of the rows, seeded by (seed, epoch).
+  for epoch in range(2):
+    perm = np.random.default_rng([dcfg.seed, epoch]).permutation(size)
+    np.testing.assert_array_equal(stream[epoch * size:(epoch + 1) * size],
+                                  sources["train"].batch(perm)["tokens_BT"])
+  assert not np.array_equal(stream[:size], stream[size:2 * size])
+  # A batch may hold every row, not more.
+  assert next(pipeline.BatchIterator(sources["train"], size, 0))["tokens_BT"].shape == (size, 16)
+  with pytest.raises(ValueError, match=re.escape(
+      f"batch_size={size + 1} is larger than the data ({size} rows)")):
+    pipeline.BatchIterator(sources["train"], size + 1, 0)
+  # Validation batches: the rows in source order, whole batches from the first row on.
+  val = pipeline.validation_batches(sources, dcfg, num_batches=2)
+  rows = len(val) * 4
+  assert rows == 4 * min(2, sources["validation"].size // 4) > 0
+  np.testing.assert_array_equal(np.concatenate([b["tokens_BT"] for b in val]),
+                                sources["validation"].batch(np.arange(rows))["tokens_BT"])
   it = pipeline.train_iterator(sources, dcfg)
   got = [next(it)["tokens_BT"] for _ in range(5)]
   it6 = pipeline.train_iterator(sources, dataclasses.replace(dcfg, batch_size=6))
@@ -133,7 +151,15 @@ def test_a_resume_under_another_training_stream_is_refused(tmp_path):
                         ({"paths": ("a.py", "b.py")}, f"DataConfig.paths: ('{tmp_path}/*.py',) "
                                                       "-> ('a.py', 'b.py')"),
                         ({"max_files": 2, "validation_percent": 10},
-                         "DataConfig.max_files: 0 -> 2, DataConfig.validation_percent: 25 -> 10")):
+                         "DataConfig.max_files: 0 -> 2, DataConfig.validation_percent: 25 -> 10"),
+                        # another task: the fields of both tasks, None where one has none
+                        ({"task": "copy"}, (
+                            "DataConfig.max_files: 0 -> None, DataConfig.max_len: None -> 12, "
+                            "DataConfig.min_len: None -> 3, DataConfig.paths: "
+                            f"('{tmp_path}/*.py',) -> None, DataConfig.seq_len: 16 -> None, "
+                            "DataConfig.task: 'lm' -> 'copy', DataConfig.tokenizer: 'byte' -> "
+                            "None, DataConfig.validation_percent: 25 -> None, "
+                            "DataConfig.vocab_chars: None -> 10"))):
     it = pipeline.train_iterator(sources, dataclasses.replace(dcfg, **change))
     with pytest.raises(pipeline.DataStateError, match=re.escape(
         f"the saved data position belongs to another training stream ({named})")):

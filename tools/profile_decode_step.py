@@ -18,6 +18,11 @@ run, each the best of ``--iters`` calls:
   * matvecs: the 29 matrix-vector products of a step alone (q, k, v, o,
     gate, up, down of 4 layers and the logits), chained through the loop:
     the time to stream the weights through XLA's matrix-vector kernels;
+  * split matvecs: the same products with every weight cut into 4, 8, 9 and 16
+    column blocks (separate arrays, independent products, concatenated): XLA:CPU's
+    thunk executor can run ops that are ready together on another core, so this
+    shows what cutting every projection into independent pieces would give a step
+    (the pieces cost overhead of their own);
   * cores busy: the process's CPU time over the wall time while a program
     ran (XLA:CPU runs most ops of a step on one core); and one [m, n]
     matrix-vector product in a loop for three sizes (the model's largest
@@ -53,6 +58,7 @@ import time
 import _bench
 
 PROMPT, LONG, SHORT = 16, 240, 16
+SPLITS = (4, 8, 9, 16)  # column blocks per weight in the split matvec probes
 MODEL_D = _bench.MODEL["d_model"]
 
 
@@ -156,9 +162,14 @@ def one_matvec(shape, iters, bytes_per_call=64 << 20):
   return seconds / reps, busy
 
 
-def matvec_seconds(cfg, model, iters, steps=LONG):
+def matvec_seconds(cfg, model, iters, steps=LONG, split=1):
   """(seconds, count, cores busy) of one step's matrix-vector products alone,
-  chained through the loop."""
+  chained through the loop.
+
+  ``split``: each weight cut into that many column blocks (separate arrays), whose
+  products are independent of each other and concatenated: whether XLA:CPU's thunk
+  executor, which can hand ops that are ready together to another core, makes the
+  products faster that way."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
@@ -170,16 +181,23 @@ def matvec_seconds(cfg, model, iters, steps=LONG):
           if w.ndim >= 2]
   sizes = sorted({n for w in mats for n in w.shape})
 
-  def one_pass(vecs):
+  # Pre-split (outside the program), so that no step slices a weight.
+  blocks = [[jnp.asarray(b) for b in jnp.array_split(w, split, axis=1)] for w in mats]
+
+  def one_pass(carry):
+    vecs, blocks = carry
     vecs = dict(vecs)
-    for w in mats:
-      product = vecs[w.shape[0]].astype(w.dtype) @ w  # in the weights' dtype, as the model
-      vecs[w.shape[1]] = vecs[w.shape[1]] + 1e-6 * product.astype(jnp.float32)
-    return vecs
+    for parts in blocks:
+      m, n = parts[0].shape[0], sum(b.shape[1] for b in parts)
+      x = vecs[m]
+      # in the weights' dtype, as the model
+      product = jnp.concatenate([x.astype(b.dtype) @ b for b in parts])
+      vecs[n] = vecs[n] + 1e-6 * product.astype(jnp.float32)
+    return vecs, blocks
 
   vecs = {n: jnp.ones((n,), jnp.float32) for n in sizes}
   run = _looped(one_pass, steps)
-  seconds, busy = cores_busy(lambda: run(vecs), iters)
+  seconds, busy = cores_busy(lambda: run((vecs, blocks)), iters)
   return seconds / steps, len(mats), busy
 
 
@@ -313,6 +331,7 @@ def main():
   cache_bytes = sum(x.size * x.dtype.itemsize for x in cache)
   stream = stream_seconds(params + [jnp.asarray(x) for x in cache], args.iters)
   matvec, n_mats, matvec_busy = matvec_seconds(cfg, model, args.iters)
+  split = {g: matvec_seconds(cfg, model, args.iters, split=g) for g in SPLITS}
   probes = {shape: one_matvec(shape, args.iters)
             for shape in ((cfg.d_model, cfg.d_ff), (512, 2048), (1024, 2048))}
   tiny_cfg = cfg.replace(d_model=8, head_dim=4, d_ff=8)
@@ -334,6 +353,10 @@ def main():
         f"({(weight_bytes + cache_bytes) / stream / 1e9:.1f} GB/s)")
   print(f"the step's {n_mats} matvecs alone: {us(matvec)}  "
         f"({weight_bytes / matvec / 1e9:.1f} GB/s of weights; {matvec_busy:.2f} cores busy)")
+  for g, (seconds, _, busy) in split.items():
+    print(f"  each cut into {g:2d} independent column blocks: {us(seconds)}  "
+          f"({weight_bytes / seconds / 1e9:.1f} GB/s; {busy:.2f} cores busy; "
+          f"{matvec / seconds:.2f}x the uncut matvecs)")
   for (m, n), (seconds, busy) in probes.items():
     print(f"one [{m}, {n}] matvec in a loop: {us(seconds)}  ({4 * m * n / seconds / 1e9:.1f} "
           f"GB/s; {busy:.2f} cores busy; {m * n // 1000}K multiply-adds)")

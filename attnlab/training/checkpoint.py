@@ -93,6 +93,40 @@ def _leaf_name(i: int, path) -> str:
   return f"{i:04d}_" + re.sub(r"[^A-Za-z0-9_]", "_", "_".join(parts))
 
 
+class CheckpointMismatchError(ValueError):
+  """A checkpoint holds arrays of other shapes, or other arrays, than the state it is
+  restored into (another model or optimizer)."""
+
+
+def _shown(name: str) -> str:
+  """A flat leaf name as a path: '0003_decoder_layers_0_mlp_w_value' -> 'decoder_layers_0_mlp_w'."""
+  return re.sub(r"_value$", "", name.split("_", 1)[-1])
+
+
+def check_fits(stored: dict, wanted: dict, what: str) -> None:
+  """Raise ``CheckpointMismatchError`` unless the flat ``{name: shape}`` dicts agree.
+
+  ``stored``: the checkpoint's; ``wanted``: the state's it is restored into (both
+  keyed by ``flatten``'s names, whose leading index is ignored here: a layer added
+  shifts it for every leaf after). Dtypes are not compared: orbax casts.
+  """
+  stored = {_shown(k): tuple(v) for k, v in stored.items()}
+  wanted = {_shown(k): tuple(v) for k, v in wanted.items()}
+  missing = [k for k in wanted if k not in stored]
+  extra = [k for k in stored if k not in wanted]
+  if missing or extra:
+    sides = [f"{len(extra)} not in this run (first: {extra[0]})" if extra else "",
+             f"{len(missing)} of this run not in it (first: {missing[0]})" if missing else ""]
+    raise CheckpointMismatchError(
+        f"{what} holds other arrays than this run: {'; '.join(x for x in sides if x)}")
+  differ = [k for k in wanted if stored[k] != wanted[k]]
+  if differ:
+    more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
+    raise CheckpointMismatchError(
+        f"{what} holds arrays of other shapes: {differ[0]} is {stored[differ[0]]} there, "
+        f"{wanted[differ[0]]} in this run{more}")
+
+
 def flatten(tree) -> dict:
   """A flat ``{name: leaf}`` dict of a pytree (names keep the order)."""
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
@@ -194,6 +228,23 @@ class Checkpointer:
     ), force=True)
     self.manager.wait_until_finished()
 
+  def _check_item(self, step: int, item: str, flat: dict) -> None:
+    """Compare the shapes saved in ``step``'s ``item`` with ``flat`` (``flatten`` of the
+    abstract state) before orbax reads any array (``CheckpointMismatchError``). An item
+    whose metadata cannot be read is left to the restore, which tells unreadable from
+    mismatched (``is_unreadable``)."""
+    try:
+      from etils import epath
+
+      meta = self._ocp.StandardCheckpointHandler().metadata(
+          epath.Path(self.directory) / str(step) / item)
+      stored = {path[-1].key: tuple(m.shape)
+                for path, m in jax.tree_util.tree_leaves_with_path(meta)}
+    except Exception:  # noqa: BLE001 - unreadable: the restore reports it
+      return
+    check_fits(stored, {k: tuple(v.shape) for k, v in flat.items()},
+               f"checkpoint {os.path.join(self.directory, str(step))}'s {item}")
+
   def has_train_state(self, step: int) -> bool:
     """False for a weights-only checkpoint (``save_params``)."""
     return os.path.isdir(os.path.join(self.directory, str(step), "opt_state"))
@@ -214,9 +265,12 @@ class Checkpointer:
       return {"params": params, "opt_state": init_state["opt_state"],
               "step": init_state["step"]}, None
     rest = {"opt_state": abstract_state["opt_state"], "step": abstract_state["step"]}
+    flat_params, flat_rest = flatten(abstract_state["params"]), flatten(rest)
+    self._check_item(step, "params", flat_params)
+    self._check_item(step, "opt_state", flat_rest)
     out = self.manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(flatten(abstract_state["params"])),
-        opt_state=ocp.args.StandardRestore(flatten(rest)),
+        params=ocp.args.StandardRestore(flat_params),
+        opt_state=ocp.args.StandardRestore(flat_rest),
         data=ocp.args.JsonRestore(),
     ))
     rest = unflatten(rest, out["opt_state"])
@@ -226,8 +280,10 @@ class Checkpointer:
 
   def restore_params(self, step: int, abstract_params):
     ocp = self._ocp
+    flat = flatten(abstract_params)
+    self._check_item(step, "params", flat)
     out = self.manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(flatten(abstract_params))))
+        params=ocp.args.StandardRestore(flat)))
     return unflatten(abstract_params, out["params"])
 
   def restore_data(self, step: int) -> dict | None:

@@ -68,14 +68,17 @@ class SetupError(ValueError):
   """The run cannot start with its config and data (found before anything is written)."""
 
 
-def _model_changes(workdir: str, mcfg: ModelConfig) -> str:
-  """' (ModelConfig.x: a -> b, ...)' against the workdir's config.gin, or ''."""
+def _model_changes(workdir: str, mcfg: ModelConfig, tcfg: TrainConfig) -> str:
+  """' (ModelConfig.x: a -> b, ..., TrainConfig.optimizer: a -> b)' against the
+  workdir's config.gin: the fields that shape the saved state; or ''."""
   try:
-    saved, _, _ = gin_config.read_workdir_config(os.path.join(workdir, "config.gin"))
+    saved, _, saved_t = gin_config.read_workdir_config(os.path.join(workdir, "config.gin"))
   except Exception:  # no or unreadable config.gin: nothing to compare with
     return ""
   changed = [f"ModelConfig.{f.name}: {getattr(saved, f.name)!r} -> {getattr(mcfg, f.name)!r}"
              for f in dataclasses.fields(mcfg) if getattr(saved, f.name) != getattr(mcfg, f.name)]
+  if saved_t.optimizer != tcfg.optimizer:
+    changed.append(f"TrainConfig.optimizer: {saved_t.optimizer!r} -> {tcfg.optimizer!r}")
   return f" ({', '.join(changed)})" if changed else ""
 
 
@@ -239,10 +242,10 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
     if not isinstance(e, (ValueError, KeyError, TypeError)):  # orbax: shapes or tree differ
       raise
     text = str(e).strip()
-    first = text.splitlines()[0][:300].rstrip(".: ") if text else type(e).__name__
+    first = text.splitlines()[0][:500].rstrip(".: ") if text else type(e).__name__
     raise ResumeError(
-        f"the checkpoints in {ckpt.directory} do not fit this run's model"
-        f"{_model_changes(workdir, mcfg)}: {first}. Nothing was changed in {workdir}; "
+        f"the checkpoints in {ckpt.directory} do not fit this run's model and optimizer"
+        f"{_model_changes(workdir, mcfg, tcfg)}: {first}. Nothing was changed in {workdir}; "
         "resume with the workdir's own config.gin, or train in a new workdir") from e
   if start:
     log.info("resumed from step %d", start)

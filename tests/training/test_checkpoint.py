@@ -173,7 +173,7 @@ def test_other_errors_are_raised_not_taken_for_a_damaged_checkpoint(saved, monke
     # A checkpoint of another model (a shape mismatch) is not "unreadable".
     other = _state(0)
     other["params"]["w"] = jnp.zeros((4, 9))
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(checkpoint.CheckpointMismatchError, match="shape"):
       ckpt.restore_latest(_abstract(other))
 
     def broken(self, step, abstract_state, init_state=None):
@@ -184,6 +184,48 @@ def test_other_errors_are_raised_not_taken_for_a_damaged_checkpoint(saved, monke
       ckpt.restore_latest(_abstract(_state(0)))
   finally:
     ckpt.close()
+
+
+def test_a_state_of_other_shapes_or_arrays_is_refused_before_any_array_is_read(saved,
+                                                                               monkeypatch):
+  """The shapes saved in the checkpoint's metadata are compared first: the error names the
+  first array that differs (and how many more), or what only one side holds; orbax's own
+  restore, which would fail with its message and noise from its threads, is not called."""
+  ckpt = Checkpointer(str(saved))
+  read, real = [], ckpt.manager.restore
+  monkeypatch.setattr(ckpt.manager, "restore", lambda *a, **k: read.append(a) or real(*a, **k))
+  where = os.path.join(str(saved), "checkpoints", "2")
+  try:
+    for change, message in (
+        ({"w": jnp.zeros((4, 9)), "b": jnp.zeros(2)},
+         f"checkpoint {where}'s params holds arrays of other shapes: b is (3,) there, (2,) in "
+         "this run (and 1 more)"),
+        ({"w": jnp.zeros((4, 9)), "b": jnp.zeros(3)},
+         "params holds arrays of other shapes: w is (4, 8) there, (4, 9) in this run"),
+        ({"w": jnp.zeros((4, 8)), "b": jnp.zeros(3), "c": jnp.zeros(1)},
+         "params holds other arrays than this run: 1 of this run not in it (first: c)"),
+        ({"w": jnp.zeros((4, 8))},
+         "params holds other arrays than this run: 1 not in this run (first: b)")):
+      state = {**_state(0), "params": change}
+      with pytest.raises(checkpoint.CheckpointMismatchError, match=re.escape(message)):
+        ckpt.restore(2, _abstract(state))
+      with pytest.raises(checkpoint.CheckpointMismatchError, match=re.escape(message)):
+        ckpt.restore_params(2, _abstract(change))
+    state = _state(0)
+    state["opt_state"] = {"mu": jnp.zeros((4, 8)), "nu": jnp.zeros((4, 8))}
+    with pytest.raises(checkpoint.CheckpointMismatchError, match=re.escape(
+        "opt_state holds other arrays than this run: 1 of this run not in it (first: "
+        "opt_state_nu)")):
+      ckpt.restore(2, _abstract(state))
+    assert read == []
+    # Another dtype is not a mismatch (orbax casts).
+    ckpt.restore(2, _abstract(jax.tree.map(lambda x: x.astype(jnp.bfloat16)
+                                           if x.dtype == jnp.float32 else x, _state(0))))
+    assert len(read) == 1
+  finally:
+    ckpt.close()
+  checkpoint.check_fits({"0000_a_value": (2,), "0001_b": (3,)},
+                        {"0001_a_value": (2,), "0000_b": (3,)}, "x")  # indices ignored
 
 
 @pytest.mark.parametrize("error,unreadable", [

@@ -164,14 +164,20 @@ def test_a_resume_under_a_model_the_checkpoints_do_not_fit_changes_nothing(tmp_p
   _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.checkpoint_every = 2"])
   config = (tmp_path / "config.gin").read_text()
   with pytest.raises(trainer.ResumeError, match=re.escape(
-      f"the checkpoints in {tmp_path}/checkpoints do not fit this run's model "
-      "(ModelConfig.d_model: 32 -> 48, ModelConfig.head_dim: 8 -> 12): ")) as e:
+      f"the checkpoints in {tmp_path}/checkpoints do not fit this run's model and optimizer "
+      "(ModelConfig.d_model: 32 -> 48, ModelConfig.head_dim: 8 -> 12): checkpoint "
+      f"{tmp_path}/checkpoints/4's params holds arrays of other shapes: ")) as e:
     _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["ModelConfig.d_model = 48",
                                               "TrainConfig.steps = 6"])
   assert str(e.value).endswith(f"Nothing was changed in {tmp_path}; resume with the "
                                "workdir's own config.gin, or train in a new workdir")
   assert (tmp_path / "config.gin").read_text() == config and _steps(tmp_path) == [2, 4]
   assert trainer.evaluate_workdir(str(tmp_path))["step"] == 4
+  # Another optimizer: its state does not fit either.
+  with pytest.raises(trainer.ResumeError, match=re.escape(
+      "(TrainConfig.optimizer: 'adamw' -> 'sgd'): checkpoint ")):
+    _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.optimizer = 'sgd'",
+                                              "TrainConfig.steps = 6"])
   # Another training stream (the data seed, the synthetic lengths): refused the same way,
   # before anything is written.
   with pytest.raises(trainer.ResumeError, match=re.escape(

@@ -436,14 +436,34 @@ def _add_wall(workdir: str, seconds: float) -> float:
   return before + seconds
 
 
+def _read_conversion(path: str) -> dict:
+  """An uptraining run's conversion.json (``_prepare_uptrain`` writes it atomically).
+
+  Raises:
+    ValueError: not JSON, or without a numeric ``val_loss_converted`` and an integer
+      ``source_step``; names the file (the run is then recorded as failed with it).
+  """
+  fix = f"delete {os.path.dirname(path)} to convert and uptrain that run again"
+  try:
+    with open(path, encoding="utf-8") as f:
+      info = json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"{path} is not JSON ({e}); {fix}") from None
+  number = lambda v, kinds: isinstance(v, kinds) and not isinstance(v, bool)
+  if not (isinstance(info, dict) and number(info.get("val_loss_converted"), (int, float))
+          and number(info.get("source_step"), int)):
+    raise ValueError(f"{path} is not a conversion record attnlab wrote (it needs a numeric "
+                     f"val_loss_converted and an integer source_step); {fix}")
+  return info
+
+
 def _prepare_uptrain(out, arm, seed, source, configs) -> dict:
   """Convert the MHA run of ``seed`` into the uptraining run (once) and record
   the validation loss right after conversion."""
   workdir = run_dir(out, arm, seed)
   conv_path = os.path.join(workdir, CONVERSION_FILE)
   if os.path.isfile(conv_path):
-    with open(conv_path) as f:
-      return json.load(f)
+    return _read_conversion(conv_path)
   src_result = read_result(out, source, seed)
   if src_result is None or src_result.get("status") != "ok":
     raise RuntimeError(f"arm {arm.name!r} converts the finished {source.name!r} run of seed "

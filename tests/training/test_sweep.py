@@ -189,3 +189,30 @@ def test_eval_records_keep_the_last_record_of_each_step(tmp_path):
   got = sweep_lib._eval_records(str(tmp_path))
   assert sorted(got) == [10, 20]
   assert (got[10]["loss"], got[20]["loss"]) == (2.5, 2.0)
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("{", "is not JSON (Expecting property name"),
+    ('{"source_step": 2}', "is not a conversion record attnlab wrote"),
+    ('{"val_loss_converted": "3.1", "source_step": 2}', "is not a conversion record"),
+    ('{"val_loss_converted": 3.1, "source_step": 2.5}', "is not a conversion record"),
+    ('[3.1, 2]', "is not a conversion record"),
+])
+def test_an_uptraining_runs_damaged_conversion_record_is_named(tmp_path, text, problem):
+  """An uptraining run whose conversion.json attnlab did not write fails with the file named
+  (the sweep records the run as failed with that line), not a KeyError; a good record is
+  what the run goes on from, without converting again."""
+  out, up = str(tmp_path), Arm("uptrain-mean-mqa", 1, "uptrain", "mean", 64)
+  workdir = sweep_lib.run_dir(out, up, 0)
+  os.makedirs(workdir)
+  path = os.path.join(workdir, sweep_lib.CONVERSION_FILE)
+  with open(path, "w") as f:
+    f.write(text)
+  with pytest.raises(ValueError) as e:
+    sweep_lib._prepare_uptrain(out, up, 0, Arm("mha", 4), configs=None)
+  assert str(e.value).startswith(f"{path} {problem}"), str(e.value)
+  assert str(e.value).endswith(f"; delete {workdir} to convert and uptrain that run again")
+  good = {"val_loss_converted": 3.25, "source_step": 2, "method": "mean"}
+  with open(path, "w") as f:
+    json.dump(good, f)
+  assert sweep_lib._prepare_uptrain(out, up, 0, Arm("mha", 4), configs=None) == good

@@ -197,13 +197,16 @@ def _show(v):
   return repr(tuple(v)) if isinstance(v, list) else repr(v)
 
 
-def continue_state(state: dict, dcfg: DataConfig) -> dict:
+def continue_state(state: dict, dcfg: DataConfig, saved_batch_size: int) -> dict:
   """``state`` (saved under some config) as the start of a new run under ``dcfg``
   (``attnlab convert-heads``): the same position when the training stream is the
-  same, its first example otherwise. The batch count starts again at 0."""
+  same, its first example otherwise. The batch count starts again at 0.
+
+  ``saved_batch_size``: the batch size ``state`` was saved under (a state without
+  ``example`` counts batches of it)."""
   stream = stream_fields(dcfg)
   same = state.get("stream", stream) == stream
-  example = int(state.get("example", int(state["index"]) * dcfg.batch_size)) if same else 0
+  example = int(state.get("example", int(state["index"]) * saved_batch_size)) if same else 0
   # The run starts at batch 0 on this example (get_state's layout).
   return {"index": 0, "example": example, "batch_size": dcfg.batch_size, "stream": stream}
 

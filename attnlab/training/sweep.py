@@ -184,6 +184,11 @@ def run_dir(out: str, arm: Arm | str, seed: int) -> str:
   return os.path.join(out, ARMS_DIR, name, f"seed_{seed}")
 
 
+def _is_number(v, kinds=(int, float)) -> bool:
+  """A JSON number of ``kinds`` (not a bool, which Python counts as an int)."""
+  return isinstance(v, kinds) and not isinstance(v, bool)
+
+
 def read_result(out: str, arm, seed: int) -> dict | None:
   """The run's result.json, or None when it has none (not finished).
 
@@ -201,14 +206,13 @@ def read_result(out: str, arm, seed: int) -> dict | None:
       r = json.load(f)
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
     raise ValueError(f"{path} is not a JSON run result ({e}); {fix}") from None
-  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
   problem = None
   if not isinstance(r, dict) or not isinstance(r.get("status"), str):
     problem = "no status"
-  elif r["status"] == "ok" and not number(r.get("val_loss")):
+  elif r["status"] == "ok" and not _is_number(r.get("val_loss")):
     problem = f"val_loss={r.get('val_loss')!r}, not a number"
   elif r["status"] == "ok" and not (isinstance(r.get("curve"), list) and all(
-      isinstance(p, list) and len(p) == 2 and all(map(number, p)) for p in r["curve"])):
+      isinstance(p, list) and len(p) == 2 and all(map(_is_number, p)) for p in r["curve"])):
     problem = "no curve of [step, val_loss] pairs"
   if problem:
     raise ValueError(f"{path} is not a run result attnlab wrote ({problem}); {fix}")
@@ -259,6 +263,7 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
     raise FileNotFoundError(f"{ckpt_dir} does not exist: the source run saved no checkpoint")
   bindings = bindings or {}
   new_mcfg = mcfg.replace(num_kv_heads=num_kv_heads)
+  source_batch = dcfg.batch_size
   dcfg = dataclasses.replace(dcfg, **bindings.get("DataConfig", {}))
   tcfg = tcfg.replace(**bindings.get("TrainConfig", {}))
   if os.path.exists(dst) and (not os.path.isdir(dst) or os.listdir(dst)):
@@ -274,7 +279,7 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
     data_state = src_ckpt.restore_data(step) or {"index": 0}
     # The new run continues the source's training stream when its DataConfig reads
     # the same one (the bindings may change the batch size), else starts its own.
-    data_state = pipeline.continue_state(data_state, dcfg)
+    data_state = pipeline.continue_state(data_state, dcfg, source_batch)
   finally:
     src_ckpt.close()
 
@@ -449,9 +454,8 @@ def _read_conversion(path: str) -> dict:
       info = json.load(f)
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
     raise ValueError(f"{path} is not JSON ({e}); {fix}") from None
-  number = lambda v, kinds: isinstance(v, kinds) and not isinstance(v, bool)
-  if not (isinstance(info, dict) and number(info.get("val_loss_converted"), (int, float))
-          and number(info.get("source_step"), int)):
+  if not (isinstance(info, dict) and _is_number(info.get("val_loss_converted"))
+          and _is_number(info.get("source_step"), int)):
     raise ValueError(f"{path} is not a conversion record attnlab wrote (it needs a numeric "
                      f"val_loss_converted and an integer source_step); {fix}")
   return info

@@ -176,11 +176,13 @@ def test_a_resume_under_another_training_stream_is_refused(tmp_path):
                                          "validation_percent": 5}
   # A new run (convert-heads) goes on at the same example only on the same stream.
   cont = pipeline.continue_state({**state, "example": 40}, dataclasses.replace(dcfg,
-                                                                               batch_size=8))
+                                                                               batch_size=8), 4)
   assert cont == {"index": 0, "example": 40, "batch_size": 8, "stream": state["stream"]}
-  other = pipeline.continue_state({**state, "example": 40}, dataclasses.replace(dcfg, seed=3))
+  other = pipeline.continue_state({**state, "example": 40}, dataclasses.replace(dcfg, seed=3), 4)
   assert other["example"] == 0 and other["stream"]["seed"] == 3
-  assert pipeline.continue_state({"index": 5}, dcfg)["example"] == 20
+  # A state saved before the position (a batch index) counts the source's batches.
+  old = pipeline.continue_state({"index": 5}, dataclasses.replace(dcfg, batch_size=8), 4)
+  assert old["example"] == 20 and old["batch_size"] == 8
 
 
 def test_seq2seq_layouts():

@@ -101,13 +101,16 @@ def _lm_corpus(tmp_path):
                     validation_percent=25)
 
 
-def test_a_resume_with_another_batch_size_continues_at_the_next_example(tmp_path):
-  """The state is the next example's position: batches of 4, then (resumed) of 6, read
-  the stream's examples in order, across epochs, none skipped or repeated."""
+def _stream(sources, dcfg, n):
+  """The first ``n`` examples of the training stream, one batch of 1 at a time."""
+  one = pipeline.train_iterator(sources, dataclasses.replace(dcfg, batch_size=1))
+  return np.concatenate([next(one)["tokens_BT"] for _ in range(n)])
+
+
+def test_the_training_stream_is_a_permutation_per_epoch_and_validation_in_order(tmp_path):
   dcfg = _lm_corpus(tmp_path)
   sources, _ = pipeline.build_sources(dcfg, ModelConfig())
-  one = pipeline.train_iterator(sources, dataclasses.replace(dcfg, batch_size=1))
-  stream = np.concatenate([next(one)["tokens_BT"] for _ in range(80)])
+  stream = _stream(sources, dcfg, 80)
   size = sources["train"].size
   assert stream.shape == (80, 16) and size < 30  # 80 examples span several epochs
   # The stream: every epoch a permutation of the rows, seeded by (seed, epoch).
@@ -127,6 +130,15 @@ def test_a_resume_with_another_batch_size_continues_at_the_next_example(tmp_path
   assert rows == 4 * min(2, sources["validation"].size // 4) > 0
   np.testing.assert_array_equal(np.concatenate([b["tokens_BT"] for b in val]),
                                 sources["validation"].batch(np.arange(rows))["tokens_BT"])
+
+
+def test_a_resume_with_another_batch_size_continues_at_the_next_example(tmp_path):
+  """The state is the next example's position: batches of 4, then (resumed) of 6, read
+  the stream's examples in order, across epochs, none skipped or repeated."""
+  dcfg = _lm_corpus(tmp_path)
+  sources, _ = pipeline.build_sources(dcfg, ModelConfig())
+  stream = _stream(sources, dcfg, 80)
+  assert stream.shape == (80, 16) and sources["train"].size < 30
   it = pipeline.train_iterator(sources, dcfg)
   got = [next(it)["tokens_BT"] for _ in range(5)]
   it6 = pipeline.train_iterator(sources, dataclasses.replace(dcfg, batch_size=6))

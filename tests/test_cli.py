@@ -178,6 +178,16 @@ def test_help_and_an_unknown_command_do_not_load_jax():
   assert _last_line_in_a_fresh_python(code) == "loaded: []"
 
 
+def test_kv_size_runs_without_loading_jax():
+  """``attnlab kv-size`` is arithmetic: it answers without starting JAX (the shared command
+  helpers import it only where a command points its compilation cache)."""
+  code = ("import sys\nfrom attnlab import cli\n"
+          "assert cli.main(['kv-size', '--layers', '2', '--seq', '8', '--kv_heads', '1',\n"
+          "                 '--head_dim', '4']) == 0\n"
+          "print('jax loaded:', 'jax' in sys.modules)\n")
+  assert _last_line_in_a_fresh_python(code) == "jax loaded: False"
+
+
 def test_the_package_root_loads_each_entry_point_on_first_use():
   code = ("import sys, attnlab\n"
           "assert 'jax' not in sys.modules\n"

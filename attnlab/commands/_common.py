@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 
-import jax
-
 from attnlab import config_gin
 from attnlab.commands import CommandError
 from attnlab.config import DataConfig, ModelConfig, TrainConfig
@@ -69,4 +67,6 @@ def use_compilation_cache(path: str | None) -> None:
   if not path:
     return
   os.makedirs(path, exist_ok=True)
+  import jax  # here, not at the top: `attnlab kv-size` and --help do not start JAX
+
   jax.config.update("jax_compilation_cache_dir", os.path.abspath(path))

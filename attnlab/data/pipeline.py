@@ -110,7 +110,14 @@ def stream_fields(dcfg: DataConfig) -> dict:
   """The fields of ``dcfg`` that decide which example is the i-th of its training
   stream, JSON-ready (saved with the iterator's state)."""
   names = ("task", "seed") + _STREAM_FIELDS.get(dcfg.task, _SYNTHETIC_STREAM_FIELDS)
-  return {n: list(v) if isinstance(v := getattr(dcfg, n), tuple) else v for n in names}
+  out = {n: list(v) if isinstance(v := getattr(dcfg, n), tuple) else v for n in names}
+  if dcfg.task == "tsv" and len(dcfg.paths) > 1:
+    # A second file is the validation set: the first is the whole training data, and
+    # neither the validation file nor validation_percent decides the stream.
+    out["paths"] = out["paths"][:1]
+    out["validation_file"] = True
+    del out["validation_percent"]
+  return out
 
 
 class BatchIterator:
@@ -176,7 +183,8 @@ class BatchIterator:
     """Continue where ``state`` (a ``get_state``) stopped.
 
     A state without ``example`` (checkpoints before 2026-12-03, weights-only
-    conversions) is a batch index under this batch size.
+    conversions) is a batch index under its ``batch_size`` (``complete_state``), or
+    under this batch size when it names none.
 
     Raises:
       DataStateError: ``state`` was saved under another training stream (its
@@ -190,7 +198,21 @@ class BatchIterator:
       raise DataStateError(
           f"the saved data position belongs to another training stream ({', '.join(changed)})")
     self.index = int(state["index"])
-    self.example = int(state["example"]) if "example" in state else self.index * self.batch_size
+    if "example" in state:
+      self.example = int(state["example"])
+    else:  # a batch index (see ``complete_state``)
+      self.example = self.index * int(state.get("batch_size", self.batch_size))
+
+
+def complete_state(state: dict, saved: DataConfig) -> dict:
+  """A state saved before the position was kept (``{"index": n}``, checkpoints before
+  2026-12-03) completed with the batch size and stream of ``saved``, the DataConfig
+  of the run that wrote it (the workdir's config.gin, written before this resume):
+  its index counts batches of that size, and a resume under another stream is refused
+  as for a new state. A new state is returned as it is."""
+  if "example" in state:
+    return state
+  return {"batch_size": saved.batch_size, "stream": stream_fields(saved), **state}
 
 
 def _show(v):

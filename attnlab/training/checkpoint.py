@@ -52,20 +52,42 @@ def is_unreadable(e: BaseException) -> bool:
 
   Found by damaging saved checkpoints (orbax 0.12): a missing file raises
   ``FileNotFoundError``; a garbled or truncated JSON file (an item's
-  metadata, the data state) ``json.JSONDecodeError``; a missing item
+  metadata, the data state) ``json.JSONDecodeError``, or ``UnicodeDecodeError``
+  for bytes that are not UTF-8; a missing item
   directory ``KeyError("Item ... was not found in the checkpoint")``; a
   missing, truncated or garbled array file a tensorstore ``ValueError``
-  (NOT_FOUND / OUT_OF_RANGE / DATA_LOSS). A shape or tree mismatch (another
-  model) is a plain ValueError and is *not* unreadable.
+  (NOT_FOUND / OUT_OF_RANGE / DATA_LOSS, or FAILED_PRECONDITION "Error reading ..."
+  for a data file removed from under the index), which orbax may raise as the cause of
+  its own plain ``Exception`` (a truncated data file: the chain of causes is
+  followed). A shape or tree mismatch (another model) is a plain ValueError and
+  is *not* unreadable.
   """
-  if isinstance(e, (OSError, json.JSONDecodeError)):
+  return unreadable_cause(e) is not None
+
+
+def unreadable_cause(e: BaseException) -> BaseException | None:
+  """The error in ``e``'s chain of causes (``e`` first) that ``is_unreadable`` takes
+  for a damaged checkpoint, or None."""
+  seen = set()
+  while e is not None and id(e) not in seen:  # orbax wraps tensorstore's error in its own
+    seen.add(id(e))
+    if _unreadable_itself(e):
+      return e
+    e = e.__cause__ or e.__context__
+  return None
+
+
+def _unreadable_itself(e: BaseException) -> bool:
+  if isinstance(e, (OSError, json.JSONDecodeError, UnicodeDecodeError)):
     return True
   if isinstance(e, KeyError):
     return "not found in the checkpoint" in str(e)
   if isinstance(e, ValueError):
     msg = str(e)
-    return msg.startswith(_TENSORSTORE_READ_ERRORS) or msg.startswith(
-        "Found incomplete checkpoint")
+    # A data file whose chunk is gone reads as a truncated stream: FAILED_PRECONDITION.
+    return (msg.startswith(_TENSORSTORE_READ_ERRORS) or msg.startswith(
+        "Found incomplete checkpoint") or (msg.startswith("FAILED_PRECONDITION:")
+                                          and "Error reading" in msg))
   return False
 
 
@@ -307,11 +329,12 @@ class Checkpointer:
       try:
         state, data_state = self.restore(step, abstract_state, init_state)
       except Exception as e:
-        if not is_unreadable(e):
+        cause = unreadable_cause(e)
+        if cause is None:
           raise
+        text = str(cause).splitlines()[0][:200] if str(cause) else ""
         msg = (f"checkpoint {os.path.join(self.directory, str(step))} could not be restored "
-               f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
-               "falling back to the previous one")
+               f"({type(cause).__name__}: {text}); falling back to the previous one")
         warnings.warn(msg, stacklevel=2)
         log.warning(msg)
         continue

@@ -79,7 +79,18 @@ def _model_changes(workdir: str, mcfg: ModelConfig, tcfg: TrainConfig) -> str:
              for f in dataclasses.fields(mcfg) if getattr(saved, f.name) != getattr(mcfg, f.name)]
   if saved_t.optimizer != tcfg.optimizer:
     changed.append(f"TrainConfig.optimizer: {saved_t.optimizer!r} -> {tcfg.optimizer!r}")
+  if (saved_t.grad_clip > 0) != (tcfg.grad_clip > 0):  # clipping is a step of the chain
+    changed.append(f"TrainConfig.grad_clip: {saved_t.grad_clip!r} -> {tcfg.grad_clip!r}")
   return f" ({', '.join(changed)})" if changed else ""
+
+
+def _saved_data_config(workdir: str) -> DataConfig | None:
+  """The DataConfig of the workdir's config.gin (the run that wrote its checkpoints),
+  or None when there is none to read."""
+  try:
+    return gin_config.read_workdir_config(os.path.join(workdir, "config.gin"))[1]
+  except Exception:  # no or unreadable config.gin: old data states stay unchecked
+    return None
 
 
 class _StopFlag:
@@ -149,13 +160,16 @@ class Run:
     return steps_lib.put_batch(batch, self.setup)
 
   def restore(self, ckpt: Checkpointer, step: int | None = None, *,
-              data: bool = True) -> int | None:
+              data: bool = True, saved_data: DataConfig | None = None) -> int | None:
     """Restore the newest readable (or the given) checkpoint; its step, or None
     when there is none (or none of them could be read).
 
     ``data``: also continue the training data where the checkpoint stopped
     (``pipeline.DataStateError`` when it was saved under another training stream);
-    False for an evaluation, which reads no training data.
+    False for an evaluation, which reads no training data. ``saved_data``: the
+    DataConfig the checkpoints were written under (the workdir's config.gin), which
+    completes a data state saved before the position was kept
+    (``pipeline.complete_state``).
     """
     abstract = self.setup.abstract_state(self.state)
     if step is None:
@@ -166,6 +180,8 @@ class Run:
     else:
       state, data_state = ckpt.restore(step, abstract, init_state=self.state)
     if data and data_state is not None:  # None: a converted (weights-only) checkpoint
+      if saved_data is not None:
+        data_state = pipeline.complete_state(data_state, saved_data)
       self.data.set_state(data_state)
       saved_bs = data_state.get("batch_size", self.dcfg.batch_size)
       if saved_bs != self.dcfg.batch_size:
@@ -230,7 +246,7 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   os.makedirs(workdir, exist_ok=True)
   ckpt = Checkpointer(workdir, tcfg.keep_checkpoints)
   try:
-    start = run.restore(ckpt) or 0
+    start = run.restore(ckpt, saved_data=_saved_data_config(workdir)) or 0
   except pipeline.DataStateError as e:
     ckpt.close()
     raise ResumeError(

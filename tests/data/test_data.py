@@ -186,6 +186,24 @@ def test_a_resume_under_another_training_stream_is_refused(tmp_path):
   tsv = DataConfig(task="tsv", paths=("t.tsv",))
   assert pipeline.stream_fields(tsv) == {"task": "tsv", "seed": 0, "paths": ["t.tsv"],
                                          "validation_percent": 5}
+  # TSV with a validation file: the first file is the whole training data.
+  two = DataConfig(task="tsv", paths=("t.tsv", "v.tsv"), validation_percent=10)
+  assert pipeline.stream_fields(two) == {"task": "tsv", "seed": 0, "paths": ["t.tsv"],
+                                         "validation_file": True}
+  assert pipeline.stream_fields(dataclasses.replace(two, paths=("t.tsv", "v2.tsv"),
+                                                    validation_percent=5)) == \
+      pipeline.stream_fields(two)
+  # A state saved before the position was kept is completed from the config it was saved
+  # under (the workdir's config.gin): its index counts that config's batches, its stream
+  # is that config's.
+  old = pipeline.complete_state({"index": 3}, dataclasses.replace(dcfg, batch_size=2))
+  assert old == {"index": 3, "batch_size": 2, "stream": state["stream"]}
+  it = pipeline.train_iterator(sources, dataclasses.replace(dcfg, batch_size=8))
+  it.set_state(old)
+  assert it.example == 6 and it.index == 3
+  with pytest.raises(pipeline.DataStateError, match=re.escape("(DataConfig.seed: 7 -> 0)")):
+    it.set_state(pipeline.complete_state({"index": 3}, dataclasses.replace(dcfg, seed=7)))
+  assert pipeline.complete_state(state, dataclasses.replace(dcfg, seed=7)) == state
   # A new run (convert-heads) goes on at the same example only on the same stream.
   cont = pipeline.continue_state({**state, "example": 40}, dataclasses.replace(dcfg,
                                                                                batch_size=8), 4)

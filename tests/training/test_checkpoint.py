@@ -18,8 +18,12 @@ from attnlab.training.checkpoint import Checkpointer
 
 
 def _state(k):
-  return {"params": {"w": jnp.full((4, 8), float(k)), "b": jnp.arange(3.0) + k},
-          "opt_state": {"mu": jnp.full((4, 8), k / 10)}, "step": jnp.asarray(k, jnp.int32)}
+  # "big": 4 KiB of random values (no compression shrinks them), more than orbax inlines
+  # in its manifest: the largest data file of its item.
+  big = jnp.asarray(np.random.default_rng(k).standard_normal((32, 32)), jnp.float32)
+  return {"params": {"w": jnp.full((4, 8), float(k)), "b": jnp.arange(3.0) + k, "big": big},
+          "opt_state": {"mu": jnp.full((4, 8), k / 10), "big": big / 10},
+          "step": jnp.asarray(k, jnp.int32)}
 
 
 def _abstract(state):
@@ -82,7 +86,18 @@ DAMAGE = {
     "missing data state": lambda d: [os.remove(p) for p in _files(
         d, lambda r: r.startswith("data") and r.endswith("metadata"))],
     "missing item": lambda d: shutil.rmtree(os.path.join(d, "params")),
+    # One file of several (orbax raises a plain Exception whose cause is tensorstore's).
+    "one truncated array file": lambda d: _truncate(_largest(d, "params")),
+    "one missing array file": lambda d: os.remove(_largest(d, "opt_state")),
+    "non-UTF-8 metadata": lambda d: [_write(p, b"\xff\xfe{") for p in _files(
+        d, lambda r: r.startswith("params") and r.endswith("_METADATA"))],
+    "non-UTF-8 data state": lambda d: [_write(p, b"\xff") for p in _files(
+        d, lambda r: r.startswith("data"))],
 }
+
+
+def _largest(step_dir, item):
+  return max(_files(step_dir, lambda r: r.startswith(item) and "/d/" in r), key=os.path.getsize)
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
@@ -186,6 +201,9 @@ def test_other_errors_are_raised_not_taken_for_a_damaged_checkpoint(saved, monke
     ckpt.close()
 
 
+BIG = jnp.zeros((32, 32))
+
+
 def test_a_state_of_other_shapes_or_arrays_is_refused_before_any_array_is_read(saved,
                                                                                monkeypatch):
   """The shapes saved in the checkpoint's metadata are compared first: the error names the
@@ -197,14 +215,14 @@ def test_a_state_of_other_shapes_or_arrays_is_refused_before_any_array_is_read(s
   where = os.path.join(str(saved), "checkpoints", "2")
   try:
     for change, message in (
-        ({"w": jnp.zeros((4, 9)), "b": jnp.zeros(2)},
+        ({"w": jnp.zeros((4, 9)), "b": jnp.zeros(2), "big": BIG},
          f"checkpoint {where}'s params holds arrays of other shapes: b is (3,) there, (2,) in "
          "this run (and 1 more)"),
-        ({"w": jnp.zeros((4, 9)), "b": jnp.zeros(3)},
+        ({"w": jnp.zeros((4, 9)), "b": jnp.zeros(3), "big": BIG},
          "params holds arrays of other shapes: w is (4, 8) there, (4, 9) in this run"),
-        ({"w": jnp.zeros((4, 8)), "b": jnp.zeros(3), "c": jnp.zeros(1)},
+        ({"w": jnp.zeros((4, 8)), "b": jnp.zeros(3), "big": BIG, "c": jnp.zeros(1)},
          "params holds other arrays than this run: 1 of this run not in it (first: c)"),
-        ({"w": jnp.zeros((4, 8))},
+        ({"w": jnp.zeros((4, 8)), "big": BIG},
          "params holds other arrays than this run: 1 not in this run (first: b)")):
       state = {**_state(0), "params": change}
       with pytest.raises(checkpoint.CheckpointMismatchError, match=re.escape(message)):
@@ -212,7 +230,7 @@ def test_a_state_of_other_shapes_or_arrays_is_refused_before_any_array_is_read(s
       with pytest.raises(checkpoint.CheckpointMismatchError, match=re.escape(message)):
         ckpt.restore_params(2, _abstract(change))
     state = _state(0)
-    state["opt_state"] = {"mu": jnp.zeros((4, 8)), "nu": jnp.zeros((4, 8))}
+    state["opt_state"] = {"mu": jnp.zeros((4, 8)), "big": BIG, "nu": jnp.zeros((4, 8))}
     with pytest.raises(checkpoint.CheckpointMismatchError, match=re.escape(
         "opt_state holds other arrays than this run: 1 of this run not in it (first: "
         "opt_state_nu)")):
@@ -228,6 +246,11 @@ def test_a_state_of_other_shapes_or_arrays_is_refused_before_any_array_is_read(s
                         {"0001_a_value": (2,), "0000_b": (3,)}, "x")  # indices ignored
 
 
+def _chained(outer, cause):
+  outer.__cause__ = cause
+  return outer
+
+
 @pytest.mark.parametrize("error,unreadable", [
     (FileNotFoundError("x"), True), (ValueError("DATA_LOSS: Error reading x"), True),
     (ValueError("OUT_OF_RANGE: x"), True), (ValueError("NOT_FOUND: x"), True),
@@ -235,6 +258,12 @@ def test_a_state_of_other_shapes_or_arrays_is_refused_before_any_array_is_read(s
     (ValueError("Found incomplete checkpoint at /w/checkpoints/2."), True),
     (ValueError("Requested shape: (3,) is not compatible with the stored shape"), False),
     (KeyError("0001_w"), False), (RuntimeError("x"), False), (TypeError("x"), False),
+    (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), True),
+    (_chained(Exception("Encountered error while reading array index"),
+              ValueError("OUT_OF_RANGE: x")), True),
+    (_chained(Exception("x"), ValueError("Requested shape: (3,) is not compatible")), False),
+    (ValueError('FAILED_PRECONDITION: Error reading "0000_w/0.0" in OCDBT database'), True),
+    (ValueError("FAILED_PRECONDITION: something else"), False),
 ])
 def test_is_unreadable_classifies_errors(error, unreadable):
   assert checkpoint.is_unreadable(error) is unreadable

@@ -189,7 +189,12 @@ def test_a_resume_under_a_model_the_checkpoints_do_not_fit_changes_nothing(tmp_p
   assert (tmp_path / "config.gin").read_text() == config and _steps(tmp_path) == [2, 4]
   # A resume that fits (more steps, another batch size, the loss on the prompt: none
   # changes which example comes next) writes its own config.gin, and the data goes on
-  # from the example the checkpoint stopped at: 4 steps x 4 rows, then 2 x 8.
+  # from the example the checkpoint stopped at: 4 steps x 4 rows, then 2 x 8. The data
+  # state of step 4 is rewritten as attnlab saved it before 2026-12-03 (a batch index):
+  # its batches are those of the workdir's config.gin (4 rows), not of this run.
+  (data_file,) = [p for p in (tmp_path / "checkpoints" / "4" / "data").iterdir()
+                  if p.name == "metadata"]
+  data_file.write_text('{"index": 4}')
   assert _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + [
       "TrainConfig.steps = 6", "DataConfig.batch_size = 8",
       "DataConfig.loss_on_prompt = True"])["step"] == 6
@@ -360,3 +365,19 @@ def test_a_weights_only_checkpoint_starts_the_run_from_its_weights(tmp_path):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
   # and the weights-only checkpoint itself evaluates (its optimizer state: a fresh one)
   assert trainer.evaluate_workdir(str(tmp_path / "b"), step=0)["step"] == 0
+
+
+def test_a_refused_resume_names_the_train_config_fields_that_shape_the_optimizer_state(
+    tmp_path):
+  """The optimizer and whether gradients are clipped (a step of the optax chain) change
+  the saved optimizer state's tree: a resume that changes them names them."""
+  configs = gin_config.parse([SEQ2SEQ], SEQ2SEQ_TINY)
+  (tmp_path / "config.gin").write_text(gin_config.operative_config(*configs))
+  mcfg, _, tcfg = configs
+  assert trainer._model_changes(str(tmp_path), mcfg, tcfg) == ""
+  assert trainer._model_changes(str(tmp_path), mcfg, tcfg.replace(grad_clip=0.5)) == ""
+  assert trainer._model_changes(str(tmp_path), mcfg.replace(d_ff=32), tcfg.replace(
+      grad_clip=0.0, optimizer="sgd")) == (
+      " (ModelConfig.d_ff: 64 -> 32, TrainConfig.optimizer: 'adamw' -> 'sgd', "
+      "TrainConfig.grad_clip: 1.0 -> 0.0)")
+  assert trainer._model_changes(str(tmp_path / "none"), mcfg, tcfg) == ""

@@ -118,12 +118,14 @@ def main(argv: list[str]) -> int:
   trainer.write_text_atomically(sweep_path, text)
   try:
     counts = sweep_lib.run_sweep(args.out, sweep, arms, base, only=args.arm)
+    out = {"out": os.path.abspath(args.out), "this_invocation": counts}
+    if args.arm is None:
+      out["report"] = report_lib.write_report(args.out, sweep, arms, base)
   except sweep_lib.SweepInterrupted as e:
     print(f"attnlab ablate: {e}; checkpoint saved, rerun the same command to resume",
           file=sys.stderr)
     return 0
-  out = {"out": os.path.abspath(args.out), "this_invocation": counts}
-  if args.arm is None:
-    out["report"] = report_lib.write_report(args.out, sweep, arms, base)
+  except ValueError as e:  # a run's result.json that attnlab did not write (a failing run
+    raise CommandError(str(e)) from None  # is recorded in its result, not raised)
   print(json.dumps(out))
   return 1 if counts["failed"] else 0

@@ -715,8 +715,8 @@ def test_runs_written_by_another_attnlab_version_are_reused_when_their_config_is
   result = os.path.join(os.path.dirname(paths[0]), sweep_lib.RESULT_FILE)
   with open(result, "w") as f:
     f.write('{"status": "ok"')
-  for _ in range(2):
-    assert _ablate("--gin_file", sweep_file, "--out", out, "--report") == 2
+  for report in (["--report"], ["--report"], []):  # the last: a run, not only the report
+    assert _ablate("--gin_file", sweep_file, "--out", out, *report) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{result} is not a JSON run result" in err, err
     for path in paths:

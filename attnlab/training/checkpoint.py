@@ -66,14 +66,16 @@ def is_unreadable(e: BaseException) -> bool:
 
 
 def unreadable_cause(e: BaseException) -> BaseException | None:
-  """The error in ``e``'s chain of causes (``e`` first) that ``is_unreadable`` takes
-  for a damaged checkpoint, or None."""
+  """The error in ``e``'s chain of explicit causes (``raise ... from``; ``e`` first)
+  that ``is_unreadable`` takes for a damaged checkpoint, or None. An error merely
+  raised while another was handled (``__context__``) is not followed: a mismatch
+  raised in an ``except`` block stays a mismatch."""
   seen = set()
   while e is not None and id(e) not in seen:  # orbax wraps tensorstore's error in its own
     seen.add(id(e))
     if _unreadable_itself(e):
       return e
-    e = e.__cause__ or e.__context__
+    e = e.__cause__
   return None
 
 

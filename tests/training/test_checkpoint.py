@@ -251,6 +251,12 @@ def _chained(outer, cause):
   return outer
 
 
+def _in_handler(error, handled):
+  """``error`` as raised inside ``except`` for ``handled`` (its context, not its cause)."""
+  error.__context__ = handled
+  return error
+
+
 @pytest.mark.parametrize("error,unreadable", [
     (FileNotFoundError("x"), True), (ValueError("DATA_LOSS: Error reading x"), True),
     (ValueError("OUT_OF_RANGE: x"), True), (ValueError("NOT_FOUND: x"), True),
@@ -263,6 +269,7 @@ def _chained(outer, cause):
               ValueError("OUT_OF_RANGE: x")), True),
     (_chained(Exception("x"), ValueError("Requested shape: (3,) is not compatible")), False),
     (ValueError('FAILED_PRECONDITION: Error reading "0000_w/0.0" in OCDBT database'), True),
+    (_in_handler(ValueError("Requested shape: (3,)"), FileNotFoundError("x")), False),
     (ValueError("FAILED_PRECONDITION: something else"), False),
 ])
 def test_is_unreadable_classifies_errors(error, unreadable):

@@ -182,9 +182,8 @@ class BatchIterator:
   def set_state(self, state: dict) -> None:
     """Continue where ``state`` (a ``get_state``) stopped.
 
-    A state without ``example`` (checkpoints before 2026-12-03, weights-only
-    conversions) is a batch index under its ``batch_size`` (``complete_state``), or
-    under this batch size when it names none.
+    A state without ``example`` (saved before 2026-12-03; ``complete_state`` fills it
+    in from the config it was saved under) is a batch index under this batch size.
 
     Raises:
       DataStateError: ``state`` was saved under another training stream (its
@@ -198,38 +197,32 @@ class BatchIterator:
       raise DataStateError(
           f"the saved data position belongs to another training stream ({', '.join(changed)})")
     self.index = int(state["index"])
-    if "example" in state:
-      self.example = int(state["example"])
-    else:  # a batch index (see ``complete_state``)
-      self.example = self.index * int(state.get("batch_size", self.batch_size))
+    self.example = int(state["example"]) if "example" in state else self.index * self.batch_size
 
 
 def complete_state(state: dict, saved: DataConfig) -> dict:
-  """A state saved before the position was kept (``{"index": n}``, checkpoints before
-  2026-12-03) completed with the batch size and stream of ``saved``, the DataConfig
-  of the run that wrote it (the workdir's config.gin, written before this resume):
-  its index counts batches of that size, and a resume under another stream is refused
-  as for a new state. A new state is returned as it is."""
+  """A state saved before the position was kept (``{"index": n}``: checkpoints before
+  2026-12-03, weights-only conversions) in today's layout, from ``saved``, the DataConfig
+  of the run that wrote it (the workdir's config.gin, written before this resume): its
+  index counts batches of that size, and a resume under another stream is refused as
+  for a new state. A new state is returned as it is."""
   if "example" in state:
     return state
-  return {"batch_size": saved.batch_size, "stream": stream_fields(saved), **state}
+  return {**state, "example": int(state["index"]) * saved.batch_size,
+          "batch_size": saved.batch_size, "stream": stream_fields(saved)}
 
 
 def _show(v):
   return repr(tuple(v)) if isinstance(v, list) else repr(v)
 
 
-def continue_state(state: dict, dcfg: DataConfig, saved_batch_size: int) -> dict:
-  """``state`` (saved under some config) as the start of a new run under ``dcfg``
-  (``attnlab convert-heads``): the same position when the training stream is the
-  same, its first example otherwise. The batch count starts again at 0.
-
-  ``saved_batch_size``: the batch size ``state`` was saved under (a state without
-  ``example`` counts batches of it)."""
+def continue_state(state: dict, dcfg: DataConfig) -> dict:
+  """``state`` (``complete_state``'s layout, saved under some config) as the start of a
+  new run under ``dcfg`` (``attnlab convert-heads``): the same position when the
+  training stream is the same, its first example otherwise. The batch count starts
+  again at 0."""
   stream = stream_fields(dcfg)
-  same = state.get("stream", stream) == stream
-  example = int(state.get("example", int(state["index"]) * saved_batch_size)) if same else 0
-  # The run starts at batch 0 on this example (get_state's layout).
+  example = int(state["example"]) if state["stream"] == stream else 0
   return {"index": 0, "example": example, "batch_size": dcfg.batch_size, "stream": stream}
 
 

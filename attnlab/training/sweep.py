@@ -263,7 +263,7 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
     raise FileNotFoundError(f"{ckpt_dir} does not exist: the source run saved no checkpoint")
   bindings = bindings or {}
   new_mcfg = mcfg.replace(num_kv_heads=num_kv_heads)
-  source_batch = dcfg.batch_size
+  source_dcfg = dcfg
   dcfg = dataclasses.replace(dcfg, **bindings.get("DataConfig", {}))
   tcfg = tcfg.replace(**bindings.get("TrainConfig", {}))
   if os.path.exists(dst) and (not os.path.isdir(dst) or os.listdir(dst)):
@@ -279,7 +279,8 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
     data_state = src_ckpt.restore_data(step) or {"index": 0}
     # The new run continues the source's training stream when its DataConfig reads
     # the same one (the bindings may change the batch size), else starts its own.
-    data_state = pipeline.continue_state(data_state, dcfg, source_batch)
+    data_state = pipeline.continue_state(pipeline.complete_state(data_state, source_dcfg),
+                                         dcfg)
   finally:
     src_ckpt.close()
 

@@ -197,7 +197,7 @@ def test_a_resume_under_another_training_stream_is_refused(tmp_path):
   # under (the workdir's config.gin): its index counts that config's batches, its stream
   # is that config's.
   old = pipeline.complete_state({"index": 3}, dataclasses.replace(dcfg, batch_size=2))
-  assert old == {"index": 3, "batch_size": 2, "stream": state["stream"]}
+  assert old == {"index": 3, "example": 6, "batch_size": 2, "stream": state["stream"]}
   it = pipeline.train_iterator(sources, dataclasses.replace(dcfg, batch_size=8))
   it.set_state(old)
   assert it.example == 6 and it.index == 3
@@ -206,12 +206,14 @@ def test_a_resume_under_another_training_stream_is_refused(tmp_path):
   assert pipeline.complete_state(state, dataclasses.replace(dcfg, seed=7)) == state
   # A new run (convert-heads) goes on at the same example only on the same stream.
   cont = pipeline.continue_state({**state, "example": 40}, dataclasses.replace(dcfg,
-                                                                               batch_size=8), 4)
+                                                                               batch_size=8))
   assert cont == {"index": 0, "example": 40, "batch_size": 8, "stream": state["stream"]}
-  other = pipeline.continue_state({**state, "example": 40}, dataclasses.replace(dcfg, seed=3), 4)
+  other = pipeline.continue_state({**state, "example": 40}, dataclasses.replace(dcfg, seed=3))
   assert other["example"] == 0 and other["stream"]["seed"] == 3
-  # A state saved before the position (a batch index) counts the source's batches.
-  old = pipeline.continue_state({"index": 5}, dataclasses.replace(dcfg, batch_size=8), 4)
+  # A state saved before the position (a batch index), completed from the source's config,
+  # counts the source's batches.
+  old = pipeline.continue_state(pipeline.complete_state({"index": 5}, dcfg),
+                                dataclasses.replace(dcfg, batch_size=8))
   assert old["example"] == 20 and old["batch_size"] == 8
 
 

@@ -17,6 +17,8 @@ Batch layouts (numpy, int32 unless noted):
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from attnlab.config import DataConfig, ModelConfig
@@ -190,10 +192,10 @@ class BatchIterator:
         ``stream`` differs from this iterator's); names the fields that differ.
     """
     saved = state.get("stream")
-    if saved is not None and self.stream is not None and saved != self.stream:
+    if saved is not None and self.stream is not None and not same_stream(saved, self.stream):
+      a, b = _comparable(saved), _comparable(self.stream)
       changed = [f"DataConfig.{k}: {_show(saved.get(k))} -> {_show(self.stream.get(k))}"
-                 for k in sorted(set(saved) | set(self.stream))
-                 if saved.get(k) != self.stream.get(k)]
+                 for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
       raise DataStateError(
           f"the saved data position belongs to another training stream ({', '.join(changed)})")
     self.index = int(state["index"])
@@ -212,6 +214,22 @@ def complete_state(state: dict, saved: DataConfig) -> dict:
           "batch_size": saved.batch_size, "stream": stream_fields(saved)}
 
 
+def _comparable(stream: dict) -> dict:
+  """``stream`` with its ``paths`` as absolute, normalized paths (relative ones taken
+  from the working directory, ``~`` expanded), so that two spellings of the same files
+  ("data/a.txt", "./data/a.txt", "/home/me/run/data/a.txt") are one stream."""
+  paths = stream.get("paths")
+  if paths is None:
+    return stream
+  return {**stream, "paths": [os.path.normpath(os.path.abspath(os.path.expanduser(p)))
+                              for p in paths]}
+
+
+def same_stream(a: dict, b: dict) -> bool:
+  """Whether two ``stream_fields`` name the same training stream."""
+  return _comparable(a) == _comparable(b)
+
+
 def _show(v):
   return repr(tuple(v)) if isinstance(v, list) else repr(v)
 
@@ -222,7 +240,7 @@ def continue_state(state: dict, dcfg: DataConfig) -> dict:
   training stream is the same, its first example otherwise. The batch count starts
   again at 0."""
   stream = stream_fields(dcfg)
-  example = int(state["example"]) if state["stream"] == stream else 0
+  example = int(state["example"]) if same_stream(state["stream"], stream) else 0
   return {"index": 0, "example": example, "batch_size": dcfg.batch_size, "stream": stream}
 
 

@@ -153,8 +153,9 @@ def test_a_resume_with_another_batch_size_continues_at_the_next_example(tmp_path
   np.testing.assert_array_equal(next(old)["tokens_BT"], stream[12:16])
 
 
-def test_a_resume_under_another_training_stream_is_refused(tmp_path):
-  """Only the fields that decide which example is the i-th (per task) are compared."""
+def test_a_resume_under_another_training_stream_is_refused(tmp_path, monkeypatch):
+  """Only the fields that decide which example is the i-th (per task) are compared; paths
+  as the files they name (another spelling of the same files is the same stream)."""
   dcfg = _lm_corpus(tmp_path)
   sources, _ = pipeline.build_sources(dcfg, ModelConfig())
   state = pipeline.train_iterator(sources, dcfg).get_state()
@@ -176,6 +177,22 @@ def test_a_resume_under_another_training_stream_is_refused(tmp_path):
     with pytest.raises(pipeline.DataStateError, match=re.escape(
         f"the saved data position belongs to another training stream ({named})")):
       it.set_state(state)
+  # The same files spelled otherwise: relative to the working directory, with "./" or "..".
+  monkeypatch.chdir(tmp_path)
+  for spelling in ("*.py", "./*.py", f"../{tmp_path.name}/*.py", f"{tmp_path}//*.py"):
+    it = pipeline.train_iterator(sources, dataclasses.replace(dcfg, paths=(spelling,)))
+    it.set_state({**state, "example": 5})
+    assert it.example == 5, spelling
+    assert pipeline.continue_state({**state, "example": 5}, it_cfg := dataclasses.replace(
+        dcfg, paths=(spelling,)))["example"] == 5, spelling
+    assert pipeline.continue_state({**state, "example": 5}, dataclasses.replace(
+        it_cfg, seed=1))["example"] == 0
+  # Relative paths name the files under the working directory: elsewhere, other files.
+  (tmp_path / "sub").mkdir()
+  monkeypatch.chdir(tmp_path / "sub")
+  with pytest.raises(pipeline.DataStateError, match=re.escape(
+      f"(DataConfig.paths: ('{tmp_path}/*.py',) -> ('*.py',))")):
+    pipeline.train_iterator(sources, dataclasses.replace(dcfg, paths=("*.py",))).set_state(state)
   # The layout of an example, the batch size, another task's fields: not the stream.
   same = dataclasses.replace(dcfg, batch_size=2, loss_on_prompt=True, max_len=5,
                              vocab_chars=4, tokenizer_model="elsewhere.json")

@@ -134,8 +134,7 @@ def check_fits(stored: dict, wanted: dict, what: str) -> None:
   keyed by ``flatten``'s names, whose leading index is ignored here: a layer added
   shifts it for every leaf after). Dtypes are not compared: orbax casts.
   """
-  stored = {_shown(k): tuple(v) for k, v in stored.items()}
-  wanted = {_shown(k): tuple(v) for k, v in wanted.items()}
+  stored, wanted = _by_shown_name(stored), _by_shown_name(wanted)
   missing = [k for k in wanted if k not in stored]
   extra = [k for k in stored if k not in wanted]
   if missing or extra:
@@ -149,6 +148,18 @@ def check_fits(stored: dict, wanted: dict, what: str) -> None:
     raise CheckpointMismatchError(
         f"{what} holds arrays of other shapes: {differ[0]} is {stored[differ[0]]} there, "
         f"{wanted[differ[0]]} in this run{more}")
+
+
+def _by_shown_name(flat: dict) -> dict:
+  """``{_shown(name): shape}`` in leaf order; leaves whose paths read alike (keys "a.b"
+  and "a_b" both become "a_b") keep apart as "a_b", "a_b (2)", ... instead of one
+  replacing the other."""
+  out, seen = {}, {}
+  for k, v in sorted(flat.items()):
+    name = _shown(k)
+    seen[name] = seen.get(name, 0) + 1
+    out[name if seen[name] == 1 else f"{name} ({seen[name]})"] = tuple(v)
+  return out
 
 
 def flatten(tree) -> dict:

@@ -244,6 +244,15 @@ def test_a_state_of_other_shapes_or_arrays_is_refused_before_any_array_is_read(s
     ckpt.close()
   checkpoint.check_fits({"0000_a_value": (2,), "0001_b": (3,)},
                         {"0001_a_value": (2,), "0000_b": (3,)}, "x")  # indices ignored
+  # Leaves whose paths read alike (keys "a.b" and "a_b") are still two arrays.
+  alike = {"0000_a_b": (2,), "0001_a_b": (3,)}
+  checkpoint.check_fits(alike, alike, "x")
+  with pytest.raises(checkpoint.CheckpointMismatchError, match=re.escape(
+      "x holds arrays of other shapes: a_b (2) is (3,) there, (4,) in this run")):
+    checkpoint.check_fits(alike, {"0000_a_b": (2,), "0001_a_b": (4,)}, "x")
+  with pytest.raises(checkpoint.CheckpointMismatchError, match=re.escape(
+      "x holds other arrays than this run: 1 not in this run (first: a_b (2))")):
+    checkpoint.check_fits(alike, {"0000_a_b": (2,)}, "x")
 
 
 def _chained(outer, cause):

@@ -57,7 +57,12 @@ import pytest  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
-  """Tests marked ``gpu`` / ``tpu`` are skipped unless JAX's default backend is one."""
+  """Modules with a test marked ``slow`` run first, so that with ``-n 2`` no worker starts
+  a minute-long test while the other has nothing left (pytest-xdist hands out tests in
+  this order); a module stays in one piece, so its module-scoped fixtures are built once.
+  Tests marked ``gpu`` / ``tpu`` are skipped unless JAX's default backend is one."""
+  slow = {item.path for item in items if "slow" in item.keywords}
+  items.sort(key=lambda item: item.path not in slow)  # stable: file order otherwise
   backend = jax.default_backend()
   for marker in ("gpu", "tpu"):
     if backend == marker:

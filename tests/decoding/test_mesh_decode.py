@@ -8,9 +8,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.decoding.test_commands import _trained
 
 
+@pytest.mark.slow
 def test_decoding_on_a_mesh_gives_the_tokens_of_one_device(tmp_path_factory):
   """``generate`` (every cache kind, int8, beam search on (1, 1, 2); the contiguous cache
   on (2, 1, 2)) and ``generate_requests`` (every cache kind on (1, 1, 2), paged on

@@ -64,12 +64,35 @@ def collect(out: str, sweep, arms, base) -> tuple[list[dict], dict]:
       r = sweep_lib.read_result(out, arm, seed) or _unfinished(out, arm, seed, atcfg.steps)
       row = {**planned, "seed": seed, "status": r["status"]}
       if r["status"] == "ok":
-        row.update({k: r[k] for k in RESULT_COLUMNS if k in r and k not in planned})
+        # The plan names the run (arm, seed): a file's own fields cannot move it.
+        row.update({k: r[k] for k in RESULT_COLUMNS if k in r and k not in row})
         curves[(arm.name, seed)] = r["curve"]
       else:
         row["error"] = r.get("error", "")
       rows.append(row)
   return rows, curves
+
+
+def outside_plan(out: str, arms, seeds) -> list[tuple[str, int, str]]:
+  """(arm, seed, status) of the runs under ``OUT/arms`` that have a result.json but are
+  not in this plan (another ``Sweep.seeds`` or ``num_kv_heads`` than the sweep that ran
+  them): left out of the tables, and listed so that a report does not pass for all of
+  what OUT holds."""
+  planned = {(a.name, s) for a in arms for s in seeds}
+  root = os.path.join(out, sweep_lib.ARMS_DIR)
+  found = []
+  for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+    for d in sorted(os.listdir(os.path.join(root, name))):
+      seed = d[len("seed_"):]
+      if not (d.startswith("seed_") and seed.isdigit()) or (name, int(seed)) in planned:
+        continue
+      try:
+        r = sweep_lib.read_result(out, name, int(seed))
+      except ValueError:  # not this report's to refuse: it reads none of it
+        r = {"status": "unreadable result.json"}
+      if r is not None:
+        found.append((name, int(seed), r["status"]))
+  return sorted(found, key=lambda x: (x[0], x[1]))
 
 
 def _unfinished(out: str, arm, seed: int, steps: int) -> dict:
@@ -93,7 +116,7 @@ def _fmt(v) -> str:
 
 def _write_csv(path: str, columns: list[str], rows: list[dict]) -> None:
   tmp = path + ".tmp"
-  with open(tmp, "w", newline="") as f:
+  with open(tmp, "w", newline="", encoding="utf-8") as f:
     w = csv.writer(f)
     w.writerow(columns)
     for r in rows:
@@ -153,7 +176,9 @@ def summarize(rows: list[dict], arms, mcfg) -> list[dict]:
                                  "attention_params", "d_ff", "kv_bytes_per_token", "steps")}
     s.update(runs_ok=len(good), runs_planned=len(mine))
     for m in MEASURES:
-      s[f"{m}_mean"], s[f"{m}_std"] = _mean_std([r.get(m) for r in good])
+      values = [r.get(m) for r in good]
+      s[f"{m}_mean"], s[f"{m}_std"] = _mean_std(values)
+      s[f"{m}_n"] = sum(v is not None and v != "" for v in values)  # report.md, not the CSV
     if mha is not None and arm.name != mha.name:
       diff, se, verdict = noise_test(_losses(rows, arm.name), mha_losses)
       s.update(val_loss_diff_vs_mha=diff, val_loss_diff_se=se, exceeds_seed_noise=verdict)
@@ -174,7 +199,17 @@ def _rate(mean, std) -> str:
   return f"{mean:,.0f}" + (f" ± {std:,.0f}" if std is not None else "")
 
 
-def report_markdown(summary, rows, arms, sweep, base) -> str:
+def _cell(s: dict, measure: str, fmt=_pm, *args) -> str:
+  """``measure``'s mean ± std of summary row ``s``, with the number of runs behind it
+  when some finished runs lack it ("(2 runs)" in a row of 3 finished)."""
+  text = fmt(s.get(f"{measure}_mean"), s.get(f"{measure}_std"), *args)
+  n = s.get(f"{measure}_n")
+  if n is not None and 0 < n < s["runs_ok"]:
+    text += f" ({n} run{'s' if n > 1 else ''})"
+  return text
+
+
+def report_markdown(summary, rows, arms, sweep, base, outside=()) -> str:
   mcfg, dcfg, tcfg = base
   by = {s["arm"]: s for s in summary}
   n_ok = sum(r["status"] == "ok" for r in rows)
@@ -198,19 +233,16 @@ def report_markdown(summary, rows, arms, sweep, base) -> str:
     d = "-" if diff is None else f"{diff:+.4f}"
     lines.append(
         f"| {s['arm']} | {s['num_kv_heads']} | {s['params']:,} | {s['attention_params']:,} | "
-        f"{s['kv_bytes_per_token']:,} | {_pm(s['val_loss_mean'], s['val_loss_std'])} | "
-        f"{_pm(s['val_ppl_mean'], s['val_ppl_std'], 3)} | "
-        f"{_pm(s['best_val_loss_mean'], s['best_val_loss_std'])} | {d} | "
-        f"{s.get('exceeds_seed_noise', '-')} | "
-        f"{_rate(s['train_tokens_per_s_mean'], s['train_tokens_per_s_std'])} | "
-        f"{_rate(s['decode_tokens_per_s_b1_mean'], s['decode_tokens_per_s_b1_std'])} | "
-        f"{_rate(s['decode_tokens_per_s_b8_mean'], s['decode_tokens_per_s_b8_std'])} | "
-        f"{_pm(s['wall_time_s_mean'], s['wall_time_s_std'], 0)} | "
+        f"{s['kv_bytes_per_token']:,} | {_cell(s, 'val_loss')} | "
+        f"{_cell(s, 'val_ppl', _pm, 3)} | {_cell(s, 'best_val_loss')} | {d} | "
+        f"{s.get('exceeds_seed_noise', '-')} | {_cell(s, 'train_tokens_per_s', _rate)} | "
+        f"{_cell(s, 'decode_tokens_per_s_b1', _rate)} | "
+        f"{_cell(s, 'decode_tokens_per_s_b8', _rate)} | {_cell(s, 'wall_time_s', _pm, 0)} | "
         f"{s['runs_ok']}/{s['runs_planned']} |")
   if any(s.get("exact_match_mean") is not None for s in summary):
     lines += ["", "| arm | exact match | BLEU |", "|---|---:|---:|"]
-    lines += [f"| {s['arm']} | {_pm(s['exact_match_mean'], s['exact_match_std'])} | "
-              f"{_pm(s['bleu_mean'], s['bleu_std'], 2)} |" for s in summary]
+    lines += [f"| {s['arm']} | {_cell(s, 'exact_match')} | {_cell(s, 'bleu', _pm, 2)} |"
+              for s in summary]
   lines += [
       "", "Δ: the mean over seeds of the per-seed difference arm - MHA (arms of a seed share "
       "the init seed, the data order and the validation rows). Beyond seed noise: |Δ| > 2 x "
@@ -219,7 +251,9 @@ def report_markdown(summary, rows, arms, sweep, base) -> str:
       "Δ > 0 means the arm's loss is higher (worse) than MHA's. Throughputs are tokens/s "
       "(training: median over logged windows after the first; decode: cached greedy, "
       f"{sweep.decode_new_tokens} new tokens after {sweep.decode_prompt_len}-token prompts, "
-      f"best of {sweep.decode_repeats}).",
+      f"best of {sweep.decode_repeats}; a run that logged one training window has none). "
+      "Wall s: a run's seconds over all its attempts (a resume after an interruption or a "
+      "failure adds to it).",
   ]
   uptrain = [a for a in arms if a.kind == "uptrain"]
   if uptrain:
@@ -240,8 +274,7 @@ def report_markdown(summary, rows, arms, sweep, base) -> str:
       m = by[mha.name]
       lines.append(
           f"| {a.num_kv_heads} | {a.method} | "
-          f"{_pm(s['val_loss_converted_mean'], s['val_loss_converted_std'])} | "
-          f"{_pm(s['val_loss_mean'], s['val_loss_std'])} | "
+          f"{_cell(s, 'val_loss_converted')} | {_cell(s, 'val_loss')} | "
           f"{_pm(ref.get('val_loss_mean'), ref.get('val_loss_std'))} | "
           f"{'-' if diff is None else f'{diff:+.4f}'} | {verdict} | "
           f"{_pm(m['val_loss_mean'], m['val_loss_std'])} |")
@@ -250,9 +283,27 @@ def report_markdown(summary, rows, arms, sweep, base) -> str:
     lines += ["", "## Runs not finished", ""]
     lines += [f"- {r['arm']} seed {r['seed']}: {r['status']}"
               + (f" ({r['error']})" if r.get("error") else "") for r in bad]
+  if outside:
+    lines += ["", "## Runs under arms/ outside this plan", "",
+              f"{len(outside)} run(s) with a result.json that this sweep's arms and seeds "
+              f"({', '.join(map(str, sweep.seeds))}) do not include; they are in none of the "
+              "tables and plots above (rerun with the Sweep.seeds / Sweep.num_kv_heads that "
+              "ran them to include them):", ""]
+    lines += [f"- {name} seed {seed}: {status}" for name, seed, status in outside]
   lines += ["", "## Plots", ""]
   lines += [f"![{p[:-4]}]({p})" for p in PLOTS]
   return "\n".join(lines) + "\n"
+
+
+def curve_band(curves: list[list]) -> tuple[list, list, list]:
+  """(steps, mean, std) of the seeds' curves ([[step, val_loss], ...] each): at every
+  step logged by any seed, over the seeds that logged it (a run whose eval failed once
+  and that resumed lacks that step; the others' points stay); std 0 where one did."""
+  by_step = [dict((p[0], p[1]) for p in c) for c in curves]
+  steps = sorted(set().union(*by_step))
+  vals = [[c[s] for c in by_step if s in c] for s in steps]
+  return (steps, [statistics.fmean(v) for v in vals],
+          [_stdev(v) if len(v) > 1 else 0.0 for v in vals])
 
 
 def _legend(ax, **kw):
@@ -277,13 +328,10 @@ def plot(out: str, summary, curves, arms, base) -> list[str]:
 
   def band(ax, arm, offset, **kw):
     seeds = [c for (name, _), c in curves.items() if name == arm.name]
-    if not seeds:
+    steps, mean, std = curve_band(seeds)
+    if not steps:
       return
-    steps = sorted(set.intersection(*[{p[0] for p in c} for c in seeds]))
-    vals = [[dict((p[0], p[1]) for p in c)[s] for c in seeds] for s in steps]
     x = [offset + s * tokens_per_step for s in steps]
-    mean = [statistics.fmean(v) for v in vals]
-    std = [_stdev(v) if len(v) > 1 else 0.0 for v in vals]
     line, = ax.plot(x, mean, label=f"{arm.name} ({len(seeds)} seeds)", **kw)
     ax.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                     color=line.get_color(), alpha=0.2)
@@ -336,9 +384,12 @@ def plot(out: str, summary, curves, arms, base) -> list[str]:
   done = [by[a.name] for a in scratch if by[a.name]["runs_ok"]]
   ks = [s["num_kv_heads"] for s in done]
   for b in sweep_lib.DECODE_BATCHES:
-    ax.errorbar(ks, [s[f"decode_tokens_per_s_b{b}_mean"] for s in done],
-                yerr=[s[f"decode_tokens_per_s_b{b}_std"] or 0 for s in done], marker="o",
-                capsize=3, label=f"batch {b}")
+    have = [s for s in done if s[f"decode_tokens_per_s_b{b}_mean"] is not None]
+    if have:
+      ax.errorbar([s["num_kv_heads"] for s in have],
+                  [s[f"decode_tokens_per_s_b{b}_mean"] for s in have],
+                  yerr=[s[f"decode_tokens_per_s_b{b}_std"] or 0 for s in have], marker="o",
+                  capsize=3, label=f"batch {b}")
   ax.set_xscale("log", base=2)
   ax.set_xticks(ks or [1], [str(k) for k in ks] or ["1"])
   ax.set(xlabel="num_kv_heads (K)", ylabel="decode tokens/s",
@@ -354,12 +405,16 @@ def plot(out: str, summary, curves, arms, base) -> list[str]:
 def write_report(out: str, sweep, arms, base, *, plots: bool = True) -> dict:
   """results.csv, summary.csv, report.md and the PNGs of ``out``; counts."""
   rows, curves = collect(out, sweep, arms, base)
+  outside = outside_plan(out, arms, sweep.seeds)
   summary = summarize(rows, arms, base[0])
   _write_csv(os.path.join(out, "results.csv"), RESULT_COLUMNS, rows)
   _write_csv(os.path.join(out, "summary.csv"), SUMMARY_COLUMNS, summary)
-  with open(os.path.join(out, "report.md"), "w") as f:
-    f.write(report_markdown(summary, rows, arms, sweep, base))
+  path = os.path.join(out, "report.md")
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    f.write(report_markdown(summary, rows, arms, sweep, base, outside))
+  os.replace(path + ".tmp", path)
   if plots:
     plot(out, summary, curves, arms, base)
-  return {s: sum(r["status"] == s for r in rows)
-          for s in ("ok", "failed", "interrupted", "pending")}
+  counts = {s: sum(r["status"] == s for r in rows)
+            for s in ("ok", "failed", "interrupted", "pending")}
+  return {**counts, "outside_plan": len(outside)}

@@ -71,7 +71,7 @@ def read_csv(out, name):
 
 def test_results_csv_has_every_planned_run_with_its_status(report):
   out, arms, counts = report
-  assert counts == {"ok": 9, "failed": 1, "interrupted": 1, "pending": 1}
+  assert counts == {"ok": 9, "failed": 1, "interrupted": 1, "pending": 1, "outside_plan": 0}
   rows = read_csv(out, "results.csv")
   assert list(rows[0]) == report_lib.RESULT_COLUMNS
   assert [(r["arm"], r["seed"], r["status"]) for r in rows] == [
@@ -156,7 +156,9 @@ def test_report_markdown_prints_the_summary(report):
           "with fewer than 2): the mean difference exceeds twice its standard error (a paired "
           "test). Δ > 0 means the arm's loss is higher (worse) than MHA's. Throughputs are "
           "tokens/s (training: median over logged windows after the first; decode: cached "
-          "greedy, 64 new tokens after 32-token prompts, best of 3).\n\n"
+          "greedy, 64 new tokens after 32-token prompts, best of 3; a run that logged one "
+          "training window has none). Wall s: a run's seconds over all its attempts (a resume "
+          "after an interruption or a failure adds to it).\n\n"
           "## Uptraining (MHA checkpoint converted, then 5 steps = 0.25 of 20)\n\n"
           "| K | method | val loss after conversion | after uptraining | same K from scratch | "
           "Δ uptrained - scratch | beyond seed noise | MHA |\n"
@@ -204,7 +206,7 @@ def test_a_sweep_without_mha_with_an_unfinished_arm_and_translation_scores(tmp_p
                result(arms[0], 0, 2.0) | dict(exact_match=0.5, bleu=12.345))
   base = (mcfg, BASE[1], BASE[2])
   counts = report_lib.write_report(str(tmp_path), sweep, arms, base)
-  assert counts == {"ok": 1, "failed": 0, "interrupted": 0, "pending": 1}
+  assert counts == {"ok": 1, "failed": 0, "interrupted": 0, "pending": 1, "outside_plan": 0}
   summary = {s["arm"]: s for s in read_csv(str(tmp_path), "summary.csv")}
   for name in ("gqa2", "mqa"):
     assert summary[name]["val_loss_diff_vs_mha"] == summary[name]["exceeds_seed_noise"] == ""
@@ -271,7 +273,7 @@ def test_a_result_file_attnlab_did_not_write_is_named_with_what_it_lacks(tmp_pat
   with open(path, "w") as f:
     json.dump({"status": "failed", "error": "RuntimeError: boom"}, f)
   assert report_lib.write_report(str(tmp_path), sweep, arms, BASE, plots=False) == {
-      "ok": 1, "failed": 1, "interrupted": 0, "pending": 0}
+      "ok": 1, "failed": 1, "interrupted": 0, "pending": 0, "outside_plan": 0}
 
 
 def test_csv_cells_keep_six_significant_digits_and_name_nan():
@@ -475,3 +477,94 @@ def test_plots_of_a_sweep_without_uptraining_and_with_unfinished_arms(tmp_path, 
   assert [t.get_text() for t in throughput.axes[0].get_xticklabels()] == ["1"]
   assert curves.axes[0].get_legend() is None and points.axes[0].get_legend() is None
   assert not [str(w.message) for w in recwarn], [str(w.message) for w in recwarn]
+
+
+def test_runs_outside_the_plan_are_listed_not_averaged_and_the_folder_names_the_seed(tmp_path):
+  """A report under fewer seeds or arms than OUT holds leaves the other runs out of its
+  tables and says so (report.md, the ``outside_plan`` count; a damaged result.json there
+  does not stop it); a result.json whose own seed disagrees with its folder is that
+  folder's seed (it cannot be counted twice)."""
+  out = str(tmp_path)
+  sweep = Sweep(num_kv_heads=(4, 2), seeds=(0, 1))
+  arms = sweep_lib.plan(sweep, MCFG)
+  for arm in arms:
+    for seed in (0, 1):
+      write_result(out, arm, seed, result(arm, seed, 2.0 + 0.1 * seed) | {"seed": 0})
+  write_result(out, arms[1], 2, result(arms[1], 2, 3.5))  # seed 2: not in this plan
+  write_result(out, "mqa", 0, result(sweep_lib.plan(Sweep(num_kv_heads=(1,)), MCFG)[0], 0,
+                                     9.0))
+  os.makedirs(sweep_lib.run_dir(out, "mqa", 1))
+  with open(os.path.join(sweep_lib.run_dir(out, "mqa", 1), sweep_lib.RESULT_FILE), "w") as f:
+    f.write("{")
+  os.makedirs(sweep_lib.run_dir(out, "gqa2", 7))  # no result.json: not a run's result
+  counts = report_lib.write_report(out, sweep, arms, BASE, plots=False)
+  assert counts == {"ok": 4, "failed": 0, "interrupted": 0, "pending": 0, "outside_plan": 3}
+  assert [(r["arm"], r["seed"]) for r in read_csv(out, "results.csv")] == [
+      ("mha", "0"), ("mha", "1"), ("gqa2", "0"), ("gqa2", "1")]
+  summary = {s["arm"]: s for s in read_csv(out, "summary.csv")}
+  assert float(summary["gqa2"]["val_loss_mean"]) == pytest.approx(2.05)  # not 3.5, not 2.0
+  assert summary["gqa2"]["val_loss_diff_vs_mha"] == report_lib._fmt(0.0)
+  text = read_report(out)
+  assert ("## Runs under arms/ outside this plan\n\n3 run(s) with a result.json that this "
+          "sweep's arms and seeds (0, 1) do not include") in text
+  assert "\n- gqa2 seed 2: ok\n- mqa seed 0: ok\n- mqa seed 1: unreadable result.json\n" \
+      in text
+  assert "| 2/2 |" in text and "Finished runs: 4 of 4." in text
+
+
+def test_a_measure_some_finished_runs_lack_names_how_many_runs_it_averages(tmp_path):
+  """A throughput a run could not measure (one logged window: None) is averaged over the
+  runs that have it, and report.md says over how many; the decode plot skips an arm
+  without a decode throughput instead of failing."""
+  out = str(tmp_path)
+  sweep = Sweep(num_kv_heads=(4, 2), seeds=(0, 1, 2))
+  arms = sweep_lib.plan(sweep, MCFG)
+  for arm in arms:
+    for seed in (0, 1, 2):
+      r = result(arm, seed, 2.0)
+      if arm.name == "gqa2":
+        r["train_tokens_per_s"] = None if seed == 2 else r["train_tokens_per_s"]
+        del r["decode_tokens_per_s_b1"]
+      write_result(out, arm, seed, r)
+  report_lib.write_report(out, sweep, arms, BASE, plots=False)
+  text = read_report(out)
+  assert "| 1,500 ± 707 (2 runs) | - | 2,999 ± 1 | 11 ± 1 | 3/3 |" in text  # gqa2
+  assert "| 2,000 ± 1,000 | 501 ± 1 | 2,999 ± 1 | 11 ± 1 | 3/3 |" in text  # mha: every run
+  pytest.importorskip("matplotlib")
+  report_lib.write_report(out, sweep, arms, BASE)
+  with open(os.path.join(out, "decode_tokens_per_s.png"), "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_curve_bands_average_each_step_over_the_seeds_that_logged_it():
+  """A seed missing a step (an eval lost to a failure and resume) or with no curve at all
+  leaves the other seeds' points in place."""
+  steps, mean, std = report_lib.curve_band([[[0, 5.0], [10, 3.0], [20, 2.0]],
+                                            [[0, 7.0], [20, 4.0]], []])
+  assert steps == [0, 10, 20]
+  assert mean == [6.0, 3.0, 3.0]
+  assert std == [pytest.approx(np.std([5.0, 7.0], ddof=1)), 0.0,
+                 pytest.approx(np.std([2.0, 4.0], ddof=1))]
+  assert report_lib.curve_band([]) == ([], [], [])
+
+
+def test_the_report_is_utf8_whatever_the_locale(report):
+  """report.md holds "±" and "Δ": written as UTF-8 also under a C / ASCII locale (it was
+  the locale's encoding: a UnicodeEncodeError and a truncated report.md)."""
+  import subprocess
+  import sys
+
+  out, _, _ = report
+  os.remove(os.path.join(out, "report.md"))
+  code = ("import sys; from tests.training.test_report import *; "
+          "report_lib.write_report(sys.argv[1], SWEEP, sweep_lib.plan(SWEEP, MCFG), BASE, "
+          "plots=False)")
+  env = dict(os.environ, LC_ALL="C", LANG="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0",
+             PYTHONIOENCODING="ascii")
+  res = subprocess.run([sys.executable, "-c", code, out], env=env, capture_output=True,
+                       text=True, timeout=300,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+  assert res.returncode == 0, res.stderr[-2000:]
+  with open(os.path.join(out, "report.md"), encoding="utf-8") as f:
+    text = f.read()
+  assert "± " in text and "Δ loss vs MHA" in text

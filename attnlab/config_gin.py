@@ -65,20 +65,27 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> 
   for path in gin_files:
     if not os.path.isfile(path):
       raise GinConfigError(f"gin file {path!r} does not exist")
-  for folder in [os.path.dirname(os.path.abspath(p)) for p in gin_files] + [CONFIGS_DIR]:
-    gin.add_config_file_search_path(folder)
+  # Where gin looks for an include, in order: this call's files' folders, the built-in
+  # configs, the working directory. gin keeps one global list (cwd first) that
+  # clear_config does not reset, so it is set for this call and put back after: a folder
+  # of an earlier call, or a same-named file in the working directory, must not win.
+  folders = [os.path.dirname(os.path.abspath(p)) for p in gin_files] + [CONFIGS_DIR, ""]
+  saved_prefixes = list(gin.config._LOCATION_PREFIXES)
+  gin.config._LOCATION_PREFIXES[:] = list(dict.fromkeys(folders))
   # gin logs an ERROR for every search-path miss before it finds an include.
   root = logging.getLogger()
   level = root.level
   root.setLevel(logging.CRITICAL)
   try:
     with gin.unlock_config():
-      gin.parse_config_files_and_bindings(gin_files, bindings, finalize_config=False)
+      gin.parse_config_files_and_bindings([os.path.abspath(p) for p in gin_files], bindings,
+                                          finalize_config=False)
     configs = tuple(wrapped[cls]() for cls in classes)
   except (ValueError, OSError, SyntaxError, TypeError, KeyError) as e:
     raise GinConfigError(_first_line(e)) from e
   finally:
     root.setLevel(level)
+    gin.config._LOCATION_PREFIXES[:] = saved_prefixes
     gin.clear_config()  # also after an error: no binding outlives the call
   return tuple(_find_tokenizer(c, gin_files) if isinstance(c, DataConfig) else c
                for c in configs)

@@ -140,7 +140,8 @@ def test_rerun_skips_finished_runs(micro, sweep_file, capsys):
   out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert out == {"out": os.path.abspath(micro),
                  "this_invocation": {"ok": 0, "failed": 0, "skipped": 2},
-                 "report": {"ok": 2, "failed": 0, "interrupted": 0, "pending": 0}}
+                 "report": {"ok": 2, "failed": 0, "interrupted": 0, "pending": 0,
+                            "outside_plan": 0}}
   assert os.path.getmtime(result) == mtime
   assert _stable(micro) == before
 
@@ -600,7 +601,7 @@ def test_an_existing_out_its_report_and_its_arms(micro, sweep_file, tmp_path, ca
   assert _ablate("--out", out, "--report") == 0
   printed = json.loads(capsys.readouterr().out)
   assert printed == {"out": os.path.abspath(out), "ok": 2, "failed": 0, "interrupted": 0,
-                     "pending": 0}
+                     "pending": 0, "outside_plan": 0}
   assert {name: _read(out, name) for name in before} == before
   # The mqa run made stale by hand: --arm mha is not held up by it; --arm mqa is.
   path = os.path.join(sweep_lib.run_dir(out, "mqa", 0), sweep_lib.CONFIG_FILE)

@@ -178,6 +178,34 @@ def test_parse_leaves_no_binding_and_no_log_level_behind(tmp_path):
     root.setLevel(level)
 
 
+def test_includes_resolve_beside_this_calls_files_before_the_working_directory(
+    tmp_path, monkeypatch):
+  """An include is looked up beside the files of this call, then in the built-in configs,
+  then in the working directory: not in a folder an earlier call added (gin's search list
+  is global and outlived every call), nor first in the working directory; the list is
+  left as it was."""
+  import gin
+
+  for name, d_model in (("a", 64), ("b", 512)):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "main.gin").write_text("include 'base.gin'\n")
+    (tmp_path / name / "base.gin").write_text(f"ModelConfig.d_model = {d_model}\n")
+  (tmp_path / "base.gin").write_text("ModelConfig.d_model = 96\n")
+  monkeypatch.chdir(tmp_path)
+  before = list(gin.config._LOCATION_PREFIXES)
+  assert gin_config.parse(["a/main.gin"], [])[0].d_model == 64
+  assert gin_config.parse([str(tmp_path / "b" / "main.gin")], [])[0].d_model == 512
+  assert gin_config.parse(["a/main.gin"], [])[0].d_model == 64
+  assert list(gin.config._LOCATION_PREFIXES) == before
+  # Only the working directory has it: found there (last).
+  (tmp_path / "a" / "base.gin").unlink()
+  assert gin_config.parse(["a/main.gin"], [])[0].d_model == 96
+  (tmp_path / "base.gin").unlink()
+  with pytest.raises(gin_config.GinConfigError, match="base.gin"):
+    gin_config.parse(["a/main.gin"], [])
+  assert list(gin.config._LOCATION_PREFIXES) == before
+
+
 @pytest.mark.parametrize("files,bindings,message", [
     (["nope.gin"], [], "gin file 'nope.gin' does not exist"),
     ([], ["ModelConfig.d_model = 'big'"],

@@ -50,6 +50,9 @@ CONVERT_METHODS = ("mean", "first", "random")
 def check_mesh_shape(shape) -> tuple[int, int, int]:
   """``shape`` as a (data, fsdp, tensor) tuple of positive ints, at most one -1 (the
   devices the others leave); ValueError naming it otherwise."""
+  if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+    raise ValueError(f"mesh_shape={shape!r} must be 3 positive ints (data, fsdp, tensor), at "
+                     "most one -1, e.g. (1, -1, 1)")
   shape = tuple(shape)
   if len(shape) != 3 or any(
       isinstance(s, bool) or not isinstance(s, int) or (s < 1 and s != -1) for s in shape
@@ -407,7 +410,10 @@ class TrainConfig:
     warmup_steps: linear warmup (the paper: 4000).
     min_lr_ratio: the cosine schedule decays to this fraction of the peak.
     b1, b2, eps, weight_decay: Adam(W) hyperparameters (the paper: 0.9, 0.98,
-      1e-9; no weight decay).
+      1e-9; no weight decay). eps must be positive for "adam" / "adamw" (a
+      parameter whose gradient is always 0 would be 0 / 0); weight_decay is
+      "adamw"'s (another optimizer refuses a nonzero one); "sgd" takes b1 as its
+      momentum and ignores b2 and eps.
     grad_clip: clip the global gradient norm to this; 0 = no clipping.
     label_smoothing: the paper's 0.1; 0 = plain cross-entropy.
     grad_accum: micro-batches per step (must divide the batch size).
@@ -463,6 +469,13 @@ class TrainConfig:
     for name in ("eps", "weight_decay", "grad_clip"):
       if not getattr(self, name) >= 0:
         raise ValueError(f"{name}={getattr(self, name)!r} must be non-negative")
+    if self.optimizer in ("adam", "adamw") and not self.eps > 0:
+      raise ValueError(f"eps={self.eps!r} must be positive with optimizer={self.optimizer!r}: "
+                       "Adam divides by sqrt(v) + eps, and a parameter whose gradient is "
+                       "always 0 (an unused embedding row) would become nan")
+    if self.weight_decay > 0 and self.optimizer != "adamw":
+      raise ValueError(f"weight_decay={self.weight_decay!r} is applied by optimizer='adamw' "
+                       f"only; got optimizer={self.optimizer!r}")
     _fraction("label_smoothing", self.label_smoothing)
     _positive("grad_accum", self.grad_accum)
     object.__setattr__(self, "mesh_shape", check_mesh_shape(self.mesh_shape))

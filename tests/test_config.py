@@ -209,6 +209,22 @@ TRAIN_INVALID = [
      'weight_decay=-0.1 must be non-negative'),
     (dict(grad_clip=-1.0),
      'grad_clip=-1.0 must be non-negative'),
+    (dict(eps=0.0),
+     "eps=0.0 must be positive with optimizer='adamw': Adam divides by sqrt(v) + eps, and a "
+     "parameter whose gradient is always 0 (an unused embedding row) would become nan"),
+    (dict(optimizer='adam', eps=0.0),
+     "eps=0.0 must be positive with optimizer='adam': Adam divides by sqrt(v) + eps, and a "
+     "parameter whose gradient is always 0 (an unused embedding row) would become nan"),
+    (dict(optimizer='adam', weight_decay=0.5),
+     "weight_decay=0.5 is applied by optimizer='adamw' only; got optimizer='adam'"),
+    (dict(optimizer='sgd', weight_decay=0.1),
+     "weight_decay=0.1 is applied by optimizer='adamw' only; got optimizer='sgd'"),
+    (dict(mesh_shape=5),
+     "mesh_shape=5 must be 3 positive ints (data, fsdp, tensor), at most one -1, e.g. "
+     "(1, -1, 1)"),
+    (dict(mesh_shape="1,1,1"),
+     "mesh_shape='1,1,1' must be 3 positive ints (data, fsdp, tensor), at most one -1, e.g. "
+     "(1, -1, 1)"),
     (dict(label_smoothing=1.0),
      'label_smoothing=1.0 must be in [0, 1)'),
     (dict(label_smoothing=-0.1),
@@ -351,6 +367,8 @@ def test_an_invalid_value_raises_a_value_error_naming_it(cls, kwargs, message):
 
 
 VALID_EDGES = [
+    (TrainConfig, dict(optimizer="sgd", eps=0.0)),  # sgd has no eps
+    (TrainConfig, dict(optimizer="adamw", weight_decay=0.1)),
     (ModelConfig, dict(pos="sinusoidal", d_model=32, num_heads=4)),
     (ModelConfig, dict(pos="rope", d_model=33, num_heads=1, head_dim=8)),  # head_dim given
     (ModelConfig, dict(rope_theta=0.5)),
@@ -370,7 +388,7 @@ VALID_EDGES = [
     (DataConfig, dict(tokenizer="sentencepiece", tokenizer_model="m.model")),
     (TrainConfig, dict(schedule="cosine", warmup_steps=0)),
     (TrainConfig, dict(schedule="constant", warmup_steps=0, min_lr_ratio=0.0)),
-    (TrainConfig, dict(min_lr_ratio=1.0, b1=0.0, b2=0.0, eps=0.0, weight_decay=0.0,
+    (TrainConfig, dict(min_lr_ratio=1.0, b1=0.0, b2=0.0, eps=1e-30, weight_decay=0.0,
                        grad_clip=0.0, label_smoothing=0.0)),
     (TrainConfig, dict(mesh_shape=(2, 2, -1), log_every=0, eval_every=0, checkpoint_every=0)),
     (DecodeConfig, dict(temperature=0.0, top_k=1, top_p=1.0, length_penalty=0.0, seed=0,

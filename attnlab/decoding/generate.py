@@ -95,8 +95,8 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
   if cache == "ring" and cfg.window is None:
     raise GenerateInputError("cache='ring' needs a sliding-window model (ModelConfig.window), got "
                              "window=None; use cache='contiguous' or 'paged'")
-  if beam_size is not None and (not isinstance(beam_size, int) or beam_size < 1):
-    raise GenerateInputError(f"beam_size={beam_size!r} must be a positive integer")
+  if beam_size is not None:
+    beam_size = positive_int("beam_size", beam_size)
   if not isinstance(sampling, Sampling):
     raise GenerateInputError(f"sampling must be a Sampling, got {type(sampling).__name__}")
   positive_int("page_size", page_size)

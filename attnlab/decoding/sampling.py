@@ -14,7 +14,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from attnlab.config import check_temperature
+from attnlab.config import _check_types, check_temperature
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -33,6 +33,7 @@ class Sampling:
   top_p: float | None = None
 
   def __post_init__(self):
+    _check_types(self)  # numbers, finite, not bools: before any comparison
     check_temperature(self.temperature)
     if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
                                    or self.top_k < 1):

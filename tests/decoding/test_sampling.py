@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 
 import attnlab
 from attnlab.decoding.beam import beam_search
+from attnlab.decoding.generate import GenerateInputError
 from attnlab.decoding.sampling import Sampling, filtered_logits, sample
 from tests import random_arrays
 from tests.decoding.tiny_models import (
@@ -100,10 +103,23 @@ def test_eos_stops_each_sequence_and_pads_after_it():
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(temperature=1e-40), dict(top_k=0),
                                  dict(top_k=2.5),
-                                 dict(top_k=True), dict(top_p=0.0), dict(top_p=1.5)])
+                                 dict(top_k=True), dict(top_p=0.0), dict(top_p=1.5),
+                                 # not a number, a bool, not finite: named, not a TypeError
+                                 # or an accepted value (inf made every logit 0)
+                                 dict(temperature="1.0"), dict(top_p="0.9"),
+                                 dict(temperature=True), dict(top_p=True),
+                                 dict(temperature=float("inf")), dict(top_p=float("nan"))])
 def test_sampling_rejects_bad_values(bad):
   with pytest.raises(ValueError, match=next(iter(bad))):
     Sampling(**bad)
+
+
+@pytest.mark.parametrize("beam_size", [0, True, 2.0, "2"])
+def test_generate_rejects_a_beam_size_that_is_not_a_positive_integer(beam_size):
+  model = decoder_model("mha_rope")
+  with pytest.raises(GenerateInputError, match=re.escape(
+      f"beam_size={beam_size!r} must be a positive integer")):
+    attnlab.generate(model, np.ones((1, 3), np.int32), max_new_tokens=2, beam_size=beam_size)
 
 
 def test_the_edges_of_the_allowed_values_are_accepted():

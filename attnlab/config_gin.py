@@ -14,6 +14,7 @@ import dataclasses
 import importlib.util  # noqa: F401 - gin 0.5 needs it loaded to report a missing include
 import logging
 import os
+import re
 
 import gin
 
@@ -82,6 +83,13 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> 
                                           finalize_config=False)
     configs = tuple(wrapped[cls]() for cls in classes)
   except (ValueError, OSError, SyntaxError, TypeError, KeyError) as e:
+    unbound = _unbound_macros(gin_files, bindings) if "macro()" in str(e) else []
+    if unbound:
+      names, many = ", ".join("%" + m for m in unbound), len(unbound) > 1
+      raise GinConfigError(
+          f"gin macro{'s' if many else ''} {names} {'are' if many else 'is'} used but never "
+          f"bound: bind {'each' if many else 'it'} in a gin file ({unbound[0]} = ...) or with "
+          f"--gin.{unbound[0]}=...") from e
     raise GinConfigError(_first_line(e)) from e
   finally:
     root.setLevel(level)
@@ -89,6 +97,23 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> 
     gin.clear_config()  # also after an error: no binding outlives the call
   return tuple(_find_tokenizer(c, gin_files) if isinstance(c, DataConfig) else c
                for c in configs)
+
+
+def _unbound_macros(gin_files: list[str], bindings: list[str]) -> list[str]:
+  """The ``%NAME`` macros referenced by the files (not their includes) and bindings that
+  the gin config being parsed leaves unbound (gin's own error names neither)."""
+  texts = list(bindings)
+  for path in gin_files:
+    with open(path, encoding="utf-8", errors="replace") as f:
+      texts.append(f.read())
+  names = dict.fromkeys(re.findall(r"%([A-Za-z_][\w.]*)", "\n".join(texts)))
+  unbound = []
+  for name in names:
+    try:
+      gin.query_parameter(f"%{name}")
+    except ValueError:
+      unbound.append(name)
+  return unbound
 
 
 def _find_tokenizer(dcfg: DataConfig, gin_files: list[str]) -> DataConfig:

@@ -5,6 +5,7 @@ written config.gin reproduces the run's configs."""
 import dataclasses
 import glob
 import os
+import re
 
 import pytest
 from flax import nnx
@@ -218,6 +219,15 @@ def test_includes_resolve_beside_this_calls_files_before_the_working_directory(
      "paths='/data/train.tsv' must be a list of strings, e.g. ('/data/train.tsv',)"),
     ([], ["DataConfig.tokenizer_model = 5"], "tokenizer_model=5 must be a string"),
     ([], ["ModelConfig.d_modle = 1"], None),
+    # gin's own text named neither the macro nor the binding ("macro() missing 1 required
+    # positional argument: 'value'").
+    ([], ["TrainConfig.learning_rate = %LR"],
+     "gin macro %LR is used but never bound: bind it in a gin file (LR = ...) or with "
+     "--gin.LR=..."),
+    ([], ["LR = 0.1", "TrainConfig.learning_rate = %LR", "ModelConfig.d_model = %D_MODEL",
+          "TrainConfig.seed = %SEED"],
+     "gin macros %D_MODEL, %SEED are used but never bound: bind each in a gin file "
+     "(D_MODEL = ...) or with --gin.D_MODEL=..."),
 ])
 def test_parse_errors_are_one_line_gin_config_errors(files, bindings, message):
   with pytest.raises(gin_config.GinConfigError) as e:
@@ -227,6 +237,13 @@ def test_parse_errors_are_one_line_gin_config_errors(files, bindings, message):
     assert str(e.value).startswith(message), str(e.value)
   else:
     assert "d_modle" in str(e.value)
+
+
+def test_an_unbound_macro_in_a_gin_file_is_named(tmp_path):
+  (tmp_path / "x.gin").write_text("TrainConfig.warmup_steps = %WARMUP\n")
+  with pytest.raises(gin_config.GinConfigError, match=re.escape("gin macro %WARMUP is used")):
+    gin_config.parse([str(tmp_path / "x.gin")], [])
+  assert gin_config.parse([str(tmp_path / "x.gin")], ["WARMUP = 7"])[2].warmup_steps == 7
 
 
 def test_first_line_keeps_at_most_two_lines_joined():

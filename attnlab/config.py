@@ -327,8 +327,9 @@ class DataConfig:
     validation_percent: files (lm) or lines (tsv) held out for validation, by
       a stable hash of their name / index.
     max_files: use at most this many files (0 = all); keeps CPU demos quick.
-    min_len, max_len: length range of synthetic sources.
-    vocab_chars: size of the synthetic alphabet (digits for "add").
+    min_len, max_len: length range of synthetic sources; for "add", operands
+      of 1 to max_len // 2 digits ("9999+9999" at max_len 8), min_len unused.
+    vocab_chars: size of the synthetic alphabet (unused by "add": digits).
     loss_on_prompt: decoder-only seq2seq: also train on the source tokens.
     tokenizer: "byte" (default), "sentencepiece" (needs the extra and
       ``tokenizer_model``) or "hf_json" (a transformers ``tokenizer.json``
@@ -370,7 +371,15 @@ class DataConfig:
         or not 0 <= self.validation_percent < 100):
       raise ValueError(f"validation_percent={self.validation_percent!r} must be an integer in "
                        "[0, 100)")
-    if self.min_len > self.max_len:
+    if self.task == "add":
+      # Operands of 1 .. max_len // 2 decimal digits: the other two do not apply, and a value
+      # set for them would be silently ignored.
+      for name, default in (("min_len", 3), ("vocab_chars", 10)):
+        if getattr(self, name) != default:
+          raise ValueError(f"{name}={getattr(self, name)} does not apply to task='add' (its "
+                           f"operands are decimal numbers of 1 to max_len // 2 digits); leave "
+                           f"it at {default}")
+    elif self.min_len > self.max_len:
       raise ValueError(f"min_len={self.min_len} must be <= max_len={self.max_len}")
     if self.task == "add" and self.max_len > 37:
       # operands of up to max_len // 2 digits, drawn as int64 (at most 18 digits)

@@ -178,6 +178,15 @@ DATA_INVALID = [
      "bos=1, eos=2)"),
 ]
 
+DATA_INVALID += [
+    (dict(task="add", min_len=1),
+     "min_len=1 does not apply to task='add' (its operands are decimal numbers of 1 to "
+     "max_len // 2 digits); leave it at 3"),
+    (dict(task="add", vocab_chars=3),
+     "vocab_chars=3 does not apply to task='add' (its operands are decimal numbers of 1 to "
+     "max_len // 2 digits); leave it at 10"),
+]
+
 TRAIN_INVALID = [
     (dict(steps=0),
      'steps=0 must be a positive integer'),
@@ -367,6 +376,7 @@ def test_an_invalid_value_raises_a_value_error_naming_it(cls, kwargs, message):
 
 
 VALID_EDGES = [
+    (DataConfig, dict(task="add", max_len=2)),  # 1-digit operands; min_len does not apply
     (TrainConfig, dict(optimizer="sgd", eps=0.0)),  # sgd has no eps
     (TrainConfig, dict(optimizer="adamw", weight_decay=0.1)),
     (ModelConfig, dict(pos="sinusoidal", d_model=32, num_heads=4)),

@@ -156,14 +156,13 @@ def test_synthetic_sources_are_endless():
 ])
 def test_synthetic_tasks_need_seq_len_for_their_longest_example(arch, task, max_len, need):
   mcfg = ModelConfig(arch=arch)
-  sources, _ = pipeline.build_sources(
-      DataConfig(task=task, seq_len=need, max_len=max_len, min_len=1), mcfg)
+  lengths = dict(max_len=max_len) | ({} if task == "add" else dict(min_len=1))
+  sources, _ = pipeline.build_sources(DataConfig(task=task, seq_len=need, **lengths), mcfg)
   assert sources["train"].arch == arch
   with pytest.raises(ValueError, match=re.escape(
       f"seq_len={need - 1} is too short for task={task!r} with max_len={max_len}: "
       f"needs {need}")):
-    pipeline.build_sources(DataConfig(task=task, seq_len=need - 1, max_len=max_len, min_len=1),
-                           mcfg)
+    pipeline.build_sources(DataConfig(task=task, seq_len=need - 1, **lengths), mcfg)
 
 
 def test_rows_longer_than_the_model_positions_are_refused():

@@ -317,7 +317,9 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
               print(_log_line(step, tcfg.steps, last), file=sys.stderr, flush=True)
             window_tokens, window_t0 = 0.0, time.perf_counter()
           if tcfg.eval_every and step % tcfg.eval_every == 0:
+            t_eval = time.perf_counter()
             writer.write(step, "eval", run.evaluate(predictions_path(workdir, step)))
+            window_t0 += time.perf_counter() - t_eval  # tokens/s counts training steps only
           if sleep_s:
             time.sleep(sleep_s)
         except Exception:
@@ -329,7 +331,9 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
           raise
         if stop.signum is not None or step == tcfg.steps or (
             tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0):
+          t_save = time.perf_counter()
           ckpt.save(step, run.state, run.data.get_state(), meta)
+          window_t0 += time.perf_counter() - t_save
         if stop.signum is not None:
           print(f"attnlab train: received signal {stop.signum}; checkpoint saved at step "
                 f"{step} in {ckpt.directory}", file=sys.stderr)

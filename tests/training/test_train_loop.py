@@ -48,10 +48,31 @@ def _train(workdir, config, bindings, **kw):
                        config_text=gin_config.operative_config(*configs), **kw)
 
 
-def test_seq2seq_eval_writes_its_predictions_to_workdir_eval(tmp_path):
+def test_seq2seq_eval_writes_its_predictions_to_workdir_eval(tmp_path, monkeypatch):
   """README: the decoded examples go to WORKDIR/eval/predictions_STEP.jsonl, one per
-  evaluation; the metrics of each eval sit in metrics.jsonl under its step."""
-  _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.eval_every = 2"])
+  evaluation; the metrics of each eval sit in metrics.jsonl under its step. The logged
+  tokens/s counts the training steps only: an evaluation or a checkpoint save between two
+  logs is not in the window's time (each is made to take 1000 s of a clock here)."""
+  offset = [0.0]
+  clock = types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + offset[0],
+                                sleep=time.sleep)
+  monkeypatch.setattr(trainer, "time", clock)
+
+  def slow(method):
+    def run(*args, **kw):
+      out = method(*args, **kw)
+      offset[0] += 1000.0
+      return out
+    return run
+
+  monkeypatch.setattr(trainer.Run, "evaluate", slow(trainer.Run.evaluate))
+  monkeypatch.setattr(Checkpointer, "save", slow(Checkpointer.save))
+  _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.eval_every = 2",
+                                            "TrainConfig.checkpoint_every = 2"])
+  train = [r for r in read_metrics(str(tmp_path)) if r["split"] == "train"]
+  assert [r["step"] for r in train] == [2, 4] and offset[0] == 4000.0
+  # 2 steps of 4 x 8 target tokens (or fewer) in well under 1000 s
+  assert all(r["tokens_per_s"] > 64 / 1000 for r in train), train
   assert sorted(os.listdir(tmp_path / "eval")) == ["predictions_2.jsonl", "predictions_4.jsonl"]
   for step in (2, 4):
     assert trainer.predictions_path(str(tmp_path), step) == str(

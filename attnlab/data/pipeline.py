@@ -32,7 +32,7 @@ class PackedText:
 
   def __init__(self, docs: list[str], tokenizer, seq_len: int, seed: int):
     order = np.random.default_rng([seed, 7]).permutation(len(docs))
-    ids = [tokenizer.encode(docs[i]) for i in order]
+    ids = [tokenizer.encode(docs[i], add_special_tokens=False) for i in order]
     self.tokens_Y, self.doc_ids_Y = packing.concat_documents(ids, tokenizer.bos_id,
                                                               tokenizer.eos_id)
     self.seq_len = seq_len
@@ -60,32 +60,40 @@ class PairBatches:
 
   def _ids(self, i):
     src, tgt = self.pairs[int(i)]
-    return self.tok.encode(src), self.tok.encode(tgt)
+    # Without the tokenizer's own bos / eos: the layout below adds them.
+    return (self.tok.encode(src, add_special_tokens=False),
+            self.tok.encode(tgt, add_special_tokens=False))
 
   def batch(self, indices) -> dict[str, np.ndarray]:
     B, T = len(indices), self.seq_len
     pad, bos, eos = self.tok.pad_id, self.tok.bos_id, self.tok.eos_id
+    # Masks and segment ids come from the lengths, not from comparing tokens with pad: a
+    # tokenizer.json may give a real token the pad id (0 is "!" in GPT-2's).
     if self.arch == "encoder_decoder":
       out = {k: np.full((B, T), pad, np.int32) for k in ("src_BS", "tgt_in_BT", "targets_BT")}
+      out["src_segment_ids_BS"] = np.zeros((B, T), np.int32)
+      out["tgt_segment_ids_BT"] = np.zeros((B, T), np.int32)
       for b, i in enumerate(indices):
         # Too-long examples are cut: the test below checks synthetic ones fit.
         s, t = self._ids(i)
         s, t = np.append(s[:T - 1], eos), t[:T - 1]
         out["src_BS"][b, :len(s)] = s
+        out["src_segment_ids_BS"][b, :len(s)] = 1
         out["tgt_in_BT"][b, :len(t) + 1] = np.insert(t, 0, bos)
         out["targets_BT"][b, :len(t) + 1] = np.append(t, eos)
-      out["tgt_segment_ids_BT"] = (out["tgt_in_BT"] != pad).astype(np.int32)
-      out["loss_mask_BT"] = (out["targets_BT"] != pad).astype(np.float32)
+        out["tgt_segment_ids_BT"][b, :len(t) + 1] = 1
+      out["loss_mask_BT"] = out["tgt_segment_ids_BT"].astype(np.float32)
       return out
     tokens = np.full((B, T + 1), pad, np.int32)
     mask = np.zeros((B, T), np.float32)
+    seg = np.zeros((B, T), np.int32)
     for b, i in enumerate(indices):
       s, t = self._ids(i)
       seq = np.concatenate([[bos], s, [eos], t, [eos]])[:T + 1]
       tokens[b, :len(seq)] = seq
+      seg[b, :min(len(seq), T)] = 1  # inputs seq[:-1], and the last eos when it fits
       first = 0 if self.loss_on_prompt else len(s) + 1  # targets[j] = seq[j + 1]
       mask[b, first:len(seq) - 1] = 1.0
-    seg = (tokens[:, :-1] != pad).astype(np.int32)
     return dict(tokens_BT=tokens[:, :-1], targets_BT=tokens[:, 1:], segment_ids_BT=seg,
                 positions_BT=np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)).copy(),
                 loss_mask_BT=mask)

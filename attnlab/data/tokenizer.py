@@ -22,8 +22,8 @@ class ByteTokenizer:
   vocab_size = 256 + BYTE_OFFSET
   pad_id, bos_id, eos_id = PAD_ID, BOS_ID, EOS_ID
 
-  def encode(self, text: str | bytes) -> np.ndarray:
-    """int32 ids of the UTF-8 bytes of ``text`` (no bos / eos)."""
+  def encode(self, text: str | bytes, *, add_special_tokens: bool = True) -> np.ndarray:
+    """int32 ids of the UTF-8 bytes of ``text`` (no bos / eos either way)."""
     data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
     return np.frombuffer(data, np.uint8).astype(np.int32) + BYTE_OFFSET
 
@@ -64,11 +64,14 @@ class SentencePieceTokenizer:
     )
     return model_prefix + ".model"
 
-  def encode(self, text: str) -> np.ndarray:
+  def encode(self, text: str, *, add_special_tokens: bool = True) -> np.ndarray:
+    """int32 ids of ``text`` (sentencepiece adds no bos / eos either way)."""
     return np.asarray(self._sp.encode(text), np.int32)
 
   def decode(self, ids) -> str:
-    ids = [int(i) for i in np.asarray(ids).reshape(-1) if i > EOS_ID]
+    """Text of ``ids``; specials and ids outside the vocabulary (a model may have more rows
+    than the tokenizer has pieces) are dropped."""
+    ids = [int(i) for i in np.asarray(ids).reshape(-1) if EOS_ID < i < self.vocab_size]
     return self._sp.decode(ids)
 
 
@@ -104,13 +107,18 @@ class HFJsonTokenizer:
     self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
     self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
 
-  def encode(self, text: str) -> np.ndarray:
-    return np.asarray(self._tok.encode(text).ids, np.int32)
+  def encode(self, text: str, *, add_special_tokens: bool = True) -> np.ndarray:
+    """int32 ids of ``text``; with ``add_special_tokens`` the post-processor's bos / eos
+    too (as transformers encodes a prompt). The training data is encoded without them:
+    the pipeline lays out bos and eos itself."""
+    return np.asarray(self._tok.encode(text, add_special_tokens=add_special_tokens).ids,
+                      np.int32)
 
   def decode(self, ids) -> str:
-    """Text of ``ids``, special tokens (as tokenizer.json marks them) dropped."""
-    return self._tok.decode([int(i) for i in np.asarray(ids).reshape(-1)],
-                            skip_special_tokens=True)
+    """Text of ``ids``, special tokens (as tokenizer.json marks them) and ids outside the
+    vocabulary (a model may have more rows than the tokenizer has tokens) dropped."""
+    return self._tok.decode([int(i) for i in np.asarray(ids).reshape(-1)
+                             if 0 <= i < self.vocab_size], skip_special_tokens=True)
 
 
 def make_tokenizer(kind: str = "byte", model_path: str = "", *, bos_id: int | None = None,

@@ -28,6 +28,7 @@ def model_logits(model, batch):
     return model(batch["tokens_BT"], positions_BT=batch["positions_BT"],
                  segment_ids_BT=batch["segment_ids_BT"])
   return model(batch["src_BS"], batch["tgt_in_BT"],
+               src_segment_ids_BS=batch.get("src_segment_ids_BS"),
                tgt_segment_ids_BT=batch["tgt_segment_ids_BT"])
 
 

@@ -55,10 +55,11 @@ def test_encoder_decoder_pairs_row_by_row():
   a, b, c, d = ids("abcd")
   u, v, w, x, y, z = ids("uvwxyz")
   batch = src.batch([0, 1])
-  for k in ("src_BS", "tgt_in_BT", "targets_BT", "tgt_segment_ids_BT"):
+  for k in ("src_BS", "src_segment_ids_BS", "tgt_in_BT", "targets_BT", "tgt_segment_ids_BT"):
     assert batch[k].dtype == np.int32, k
-  assert batch["loss_mask_BT"].dtype == np.float32 and len(batch) == 5
+  assert batch["loss_mask_BT"].dtype == np.float32 and len(batch) == 6
   want = dict(src_BS=[[a, b, EOS, PAD, PAD], [a, b, c, d, EOS]],
+              src_segment_ids_BS=[[1, 1, 1, 0, 0], [1] * 5],
               tgt_in_BT=[[BOS, x, y, z, PAD], [BOS, u, v, w, x]],
               targets_BT=[[x, y, z, EOS, PAD], [u, v, w, x, EOS]],
               tgt_segment_ids_BT=[[1, 1, 1, 1, 0], [1] * 5],
@@ -209,6 +210,65 @@ def test_tsv_task_reads_its_files(tmp_path):
   sources, _ = pipeline.build_sources(dcfg, ModelConfig(arch="encoder_decoder"))
   assert sources["validation"].pairs == text.tsv_splits([str(train)], 30)["validation"]
   assert 15 < sources["validation"].size < 45
+
+
+def _llama_like_tokenizer(tmp_path):
+  """Word-level, with a real token at id 0 ("!", as GPT-2's tokenizer.json has) and a
+  post-processor that adds bos (as Llama's does): <s> = 3, </s> = 4."""
+  tokenizers = pytest.importorskip("tokenizers")
+  path = word_level_tokenizer_json(tmp_path / "tokenizer.json", ["!", "a", "b", "<s>", "</s>"],
+                                   specials=["<s>", "</s>"])
+  tok = tokenizers.Tokenizer.from_file(path)
+  tok.post_processor = tokenizers.processors.TemplateProcessing(
+      single="<s> $A", special_tokens=[("<s>", 3)])
+  tok.save(path)
+  return path
+
+
+def test_hf_json_data_gets_bos_once_and_keeps_a_real_token_with_the_pad_id(tmp_path):
+  """The training data is encoded without the tokenizer's own bos (the layout adds one:
+  it was [bos][bos] before 2026-12-03), while a prompt keeps it as transformers encodes
+  one; segment ids and loss masks come from the lengths, so a real token whose id is the
+  pad id (0) is attended to and trained on (it was masked as padding)."""
+  path = _llama_like_tokenizer(tmp_path)
+  (tmp_path / "doc.txt").write_text("a ! b")
+  kw = dict(task="lm", paths=(str(tmp_path / "doc.txt"),), seq_len=4, batch_size=1,
+            tokenizer="hf_json", tokenizer_model=path, bos_id=3, eos_id=4)
+  sources, tok = pipeline.build_sources(DataConfig(**kw), ModelConfig())
+  np.testing.assert_array_equal(sources["train"].tokens_Y, [3, 1, 0, 2, 4])
+  np.testing.assert_array_equal(tok.encode("a ! b"), [3, 1, 0, 2])  # a prompt: with bos
+  # Decoding drops the specials and ids outside the vocabulary (was an OverflowError).
+  assert tok.decode([3, 1, 0, 2, 4, 5, 10**6, -1]) == "a ! b"
+  check(sources["train"].batch([0]), dict(
+      tokens_BT=[[3, 1, 0, 2]], targets_BT=[[1, 0, 2, 4]], segment_ids_BT=[[1, 1, 1, 1]],
+      positions_BT=[[0, 1, 2, 3]], loss_mask_BT=[[1, 1, 1, 1]]))
+  dec = pipeline.PairBatches([("a !", "b")], tok, seq_len=8, arch="decoder_only",
+                             loss_on_prompt=False)
+  check(dec.batch([0]), dict(
+      tokens_BT=[[3, 1, 0, 4, 2, 4, 0, 0]], targets_BT=[[1, 0, 4, 2, 4, 0, 0, 0]],
+      segment_ids_BT=[[1, 1, 1, 1, 1, 1, 0, 0]], positions_BT=[list(range(8))],
+      loss_mask_BT=[[0, 0, 0, 1, 1, 0, 0, 0]]))
+  encdec = pipeline.PairBatches([("! a", "! b")], tok, seq_len=4, arch="encoder_decoder",
+                                loss_on_prompt=False)
+  check(encdec.batch([0]), dict(
+      src_BS=[[0, 1, 4, 0]], src_segment_ids_BS=[[1, 1, 1, 0]], tgt_in_BT=[[3, 0, 2, 0]],
+      tgt_segment_ids_BT=[[1, 1, 1, 0]], targets_BT=[[0, 2, 4, 0]],
+      loss_mask_BT=[[1, 1, 1, 0]]))
+  # The train step hands the source's segment ids to the model: its "!" is not padding.
+  from flax import nnx
+
+  from attnlab import build_model
+  from attnlab.training import steps
+
+  model = build_model(ModelConfig(arch="encoder_decoder", vocab_size=5, d_model=16,
+                                  num_heads=2, num_layers=1, d_ff=32), rngs=nnx.Rngs(0))
+  batch = encdec.batch([0])
+  got = steps.model_logits(model, batch)
+  np.testing.assert_array_equal(got, model(
+      batch["src_BS"], batch["tgt_in_BT"], src_segment_ids_BS=batch["src_segment_ids_BS"],
+      tgt_segment_ids_BT=batch["tgt_segment_ids_BT"]))
+  assert not np.allclose(got, model(batch["src_BS"], batch["tgt_in_BT"],
+                                    tgt_segment_ids_BT=batch["tgt_segment_ids_BT"]))
 
 
 def test_hf_json_sources_take_the_configs_bos_and_eos(tmp_path):

@@ -47,6 +47,8 @@ def test_special_ids_and_exact_round_trip(corpus):
   assert tok.decode(ids) == text
   # Specials and padding around the ids are dropped.
   assert tok.decode(np.concatenate([[1], ids, [2, 0, 0]])) == text
+  # Ids past the vocabulary (a model's extra rows can sample them) are dropped, not an error.
+  assert tok.decode(np.concatenate([ids, [tok.vocab_size, 10**6]])) == text
   # Subword pieces: fewer tokens than bytes on text like the corpus.
   assert len(tok.encode("def function_7(x, y):\n")) < len(b"def function_7(x, y):\n")
 

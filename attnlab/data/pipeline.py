@@ -30,7 +30,8 @@ from attnlab.data.tokenizer import make_tokenizer
 class PackedText:
   """A text corpus packed into rows of T tokens (see data/packing.py)."""
 
-  def __init__(self, docs: list[str], tokenizer, seq_len: int, seed: int):
+  def __init__(self, docs: list[str], tokenizer, seq_len: int, seed: int,
+               what: str = "the corpus"):
     order = np.random.default_rng([seed, 7]).permutation(len(docs))
     ids = [tokenizer.encode(docs[i], add_special_tokens=False) for i in order]
     self.tokens_Y, self.doc_ids_Y = packing.concat_documents(ids, tokenizer.bos_id,
@@ -38,8 +39,8 @@ class PackedText:
     self.seq_len = seq_len
     self.size = packing.num_rows(len(self.tokens_Y), seq_len)
     if self.size == 0:
-      raise ValueError(f"the corpus ({len(self.tokens_Y)} tokens) is shorter than one row "
-                       f"of seq_len={seq_len}")
+      raise ValueError(f"{what} has {len(self.tokens_Y)} tokens, fewer than one row of "
+                       f"seq_len={seq_len} needs ({seq_len + 1})")
 
   def batch(self, indices) -> dict[str, np.ndarray]:
     return packing.packed_rows(self.tokens_Y, self.doc_ids_Y, np.asarray(indices), self.seq_len)
@@ -259,6 +260,11 @@ def _split_seed(dcfg: DataConfig, split: str) -> int:
   return dcfg.seed if split == "train" else 0
 
 
+def _split_named(split: str, files: list[str], dcfg: DataConfig) -> str:
+  shown = ", ".join(files[:3]) + (f", ... ({len(files)} files)" if len(files) > 3 else "")
+  return f"the {split} split ({shown}; validation_percent={dcfg.validation_percent})"
+
+
 def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
   """Train and validation sources and the tokenizer for a data config.
 
@@ -284,7 +290,7 @@ def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
     files = text.lm_files(dcfg.paths, validation_percent=dcfg.validation_percent,
                           max_files=dcfg.max_files)
     return {split: PackedText([text.read_text(f) for f in fs], tok, dcfg.seq_len,
-                              _split_seed(dcfg, split))
+                              _split_seed(dcfg, split), what=_split_named(split, fs, dcfg))
             for split, fs in files.items()}, tok
   if dcfg.task == "tsv":
     pairs = text.tsv_splits(dcfg.paths, dcfg.validation_percent)

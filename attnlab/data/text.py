@@ -8,6 +8,7 @@ line's index, so they do not depend on the file system's listing order.
 from __future__ import annotations
 
 import glob
+import io
 import os
 import sysconfig
 import zlib
@@ -33,6 +34,9 @@ def expand_paths(patterns) -> list[str]:
   nothing is an error (a typo should not train on an empty corpus)."""
   out = []
   for pattern in patterns:
+    if os.path.isfile(os.path.expanduser(pattern)):  # a file's own name, "[" and "*" too
+      out.append(os.path.expanduser(pattern))
+      continue
     matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
     matches = [m for m in matches if os.path.isfile(m)]
     if not matches:
@@ -49,13 +53,15 @@ def split_files(files: list[str], percent: int) -> dict[str, list[str]]:
   """Deterministic file-level train / validation split.
 
   Keys are paths relative to the files' common folder, so the split is the
-  same wherever the corpus lives. At least one file goes to each side when
-  there are two or more.
+  same wherever the corpus lives (files named by relative and absolute paths
+  together are taken from the working directory). At least one file goes to
+  each side when there are two or more.
   """
   if not files:
     return {"train": [], "validation": []}
-  root = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
-  val = [f for f in files if in_validation(os.path.relpath(f, root), percent)]
+  absolute = [os.path.abspath(f) for f in files]
+  root = os.path.commonpath(absolute) if len(files) > 1 else os.path.dirname(absolute[0])
+  val = [f for f, a in zip(files, absolute) if in_validation(os.path.relpath(a, root), percent)]
   if percent and not val and len(files) > 1:
     val = [files[-1]]
   if len(val) == len(files) and len(files) > 1:
@@ -86,9 +92,19 @@ def lm_files(patterns, *, validation_percent: int, max_files: int = 0) -> dict[s
 
 def read_tsv(path: str) -> list[tuple[str, str]]:
   """Pairs of a "source<TAB>target" file; blank lines are skipped, a UTF-8 byte order
-  mark is not part of the first source."""
+  mark is not part of the first source, columns after the second are ignored (the
+  attribution column of the Tatoeba / manythings.org files); bytes that are not UTF-8
+  are an error naming the line."""
+  with open(path, "rb") as f:
+    data = f.read()
+  try:
+    content = data.decode("utf-8-sig")
+  except UnicodeDecodeError as e:
+    lineno = data.count(b"\n", 0, e.start) + 1
+    raise ValueError(f"{path}:{lineno}: not UTF-8 ({e.reason}: byte {data[e.start]:#04x})") \
+        from None
   pairs = []
-  with open(path, encoding="utf-8-sig") as f:
+  with io.StringIO(content, newline=None) as f:
     for lineno, line in enumerate(f, 1):
       line = line.rstrip("\n")
       if not line.strip():

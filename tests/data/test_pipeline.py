@@ -84,7 +84,7 @@ def test_packed_text_of_exactly_one_row_and_of_less():
   one = pipeline.PackedText(["abcdefg"], TOK, seq_len=8, seed=0)  # bos + 7 + eos = 9 = T + 1
   assert one.size == 1
   with pytest.raises(ValueError, match=re.escape(
-      "the corpus (9 tokens) is shorter than one row of seq_len=9")):
+      "the corpus has 9 tokens, fewer than one row of seq_len=9 needs (10)")):
     pipeline.PackedText(["abcdefg"], TOK, seq_len=9, seed=0)
 
 

@@ -68,6 +68,25 @@ def test_split_files_puts_a_file_on_each_side(tmp_path):
   assert text.split_files(train_only, 0) == {"train": train_only, "validation": train_only}
 
 
+def test_a_file_named_with_glob_characters_and_mixed_spellings(tmp_path, monkeypatch):
+  """A path naming an existing file is that file, "[" and "]" in its name too (as a glob
+  it matched nothing); relative and absolute paths together split as all absolute ones
+  (commonpath raised "Can't mix absolute and relative paths")."""
+  (tmp_path / "notes[v2].txt").write_text("x")
+  (tmp_path / "notes2.txt").write_text("y")  # what "notes[v2].txt" matches as a glob
+  assert text.expand_paths([str(tmp_path / "notes[v2].txt")]) == [
+      str(tmp_path / "notes[v2].txt")]
+  monkeypatch.chdir(tmp_path)
+  files = [f"m{i}.py" for i in range(20)]
+  mixed = [f if i % 2 else str(tmp_path / f) for i, f in enumerate(files)]
+  split = text.split_files(mixed, 30)
+  absolute = text.split_files([str(tmp_path / f) for f in files], 30)
+  for side in ("train", "validation"):
+    assert [os.path.basename(f) for f in split[side]] == [
+        os.path.basename(f) for f in absolute[side]]
+  assert split["validation"] and split["train"]
+
+
 def test_split_files_depends_on_paths_relative_to_the_corpus(tmp_path):
   files = sorted(names(True, 30, 3) + names(False, 30, 3))
   a, b = tmp_path / "a", tmp_path / "elsewhere" / "b"
@@ -127,6 +146,12 @@ def test_read_tsv_keeps_fields_as_written_and_names_bad_lines(tmp_path):
   with pytest.raises(ValueError, match=re.escape(
       f"{bad}:2: expected 'source<TAB>target', got '{'z' * 60}'") + "$"):
     text.read_tsv(str(bad))
+  # Bytes that are not UTF-8: the file and line (was a UnicodeDecodeError naming neither).
+  latin = tmp_path / "latin.tsv"
+  latin.write_bytes(b"ok\tok\r\nfine\tfine\nbad\tcaf\xe9\n")
+  with pytest.raises(ValueError, match=re.escape(
+      f"{latin}:3: not UTF-8 (invalid continuation byte: byte 0xe9)")):
+    text.read_tsv(str(latin))
   empty = tmp_path / "c.tsv"
   empty.write_text("\n\n")
   with pytest.raises(ValueError, match=re.escape(f"{empty}: no 'source<TAB>target' lines")):

@@ -113,7 +113,8 @@ def test_an_lm_run_checks_its_corpus_before_writing(tmp_path, capsys, data_build
                  "--gin.DataConfig.validation_percent=0", "--workdir", str(tmp_path / "w")])
   assert rc == 2 and not (tmp_path / "w").exists()
   assert capsys.readouterr().err.strip() == (
-      "attnlab train: error: the corpus (8 tokens) is shorter than one row of seq_len=16")
+      f"attnlab train: error: the train split ({empty}/a.py; validation_percent=0) has 8 "
+      "tokens, fewer than one row of seq_len=16 needs (17)")
   data_builds.clear()
   (empty / "a.py").write_text("print('hello')\n" * 200)
   (empty / "b.py").write_text("x = [i * i for i in range(10)]\n" * 200)

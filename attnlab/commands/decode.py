@@ -134,9 +134,10 @@ def main(argv: list[str]) -> int:
     raise CommandError(str(e)) from None
   try:
     tokenizer = _tokenizer(args.workdir)
+    task = _data_config(args.workdir).task
   except (MissingDependencyError, ValueError, ImportError) as e:
     raise CommandError(str(e)) from None
-  ids = [tokenizer.encode(p) for p in prompts]
+  ids = [prompt_ids(tokenizer, p, cfg.arch, task) for p in prompts]
   if args.slots is not None:
     if cfg.arch != "decoder_only" or dcfg.beam_size > 1:
       raise CommandError(f"--slots={args.slots} needs a decoder-only checkpoint and no beam "
@@ -199,8 +200,26 @@ def _read_prompts(args) -> list[str]:
   return prompts
 
 
+def _data_config(workdir: str):
+  return config_gin.read_workdir_config(os.path.join(workdir, "config.gin"))[1]
+
+
 def _tokenizer(workdir: str):
   """The tokenizer the run trained with (byte-level unless config.gin says otherwise)."""
-  _, data_cfg, _ = config_gin.read_workdir_config(os.path.join(workdir, "config.gin"))
+  data_cfg = _data_config(workdir)
   return make_tokenizer(data_cfg.tokenizer, data_cfg.tokenizer_model, bos_id=data_cfg.bos_id,
                         eos_id=data_cfg.eos_id)
+
+
+def prompt_ids(tokenizer, text: str, arch: str, task: str) -> np.ndarray:
+  """``text`` as the model read such input in training (data/pipeline.py): a decoder-only
+  LM ("lm") reads ``[bos] text``, a decoder-only pair task ("tsv", "copy", ...) ``[bos]
+  source [eos]`` and then writes the target, an encoder-decoder's source is ``source
+  [eos]``. The text is encoded without a tokenizer.json's post-processor (the bos added
+  here is the model's; a tokenizer without a bos starts with the text)."""
+  ids = list(tokenizer.encode(text, add_special_tokens=False))
+  if arch == "encoder_decoder":
+    return np.asarray(ids + [tokenizer.eos_id], np.int32)
+  head = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
+  tail = [] if task == "lm" else [tokenizer.eos_id]
+  return np.asarray(head + ids + tail, np.int32)

@@ -11,6 +11,7 @@ import pytest
 import attnlab
 from attnlab.cli import main
 from attnlab.commands import decode as decode_command
+from attnlab.data.tokenizer import ByteTokenizer, HFJsonTokenizer
 from tests.decoding.tiny_models import decoder_model, encdec_model
 
 
@@ -81,14 +82,15 @@ def test_decode_from_a_checkpoint(workdir, capsys, tmp_path):
 
 def _expected(workdir, prompts, **kw):
   """What ``attnlab decode`` should print for ``prompts``: ``attnlab.generate`` on the
-  checkpoint with the tokenizer's ids, the rows right-padded, cut at eos, detokenized."""
+  checkpoint (a decoder-only LM's) with ``[bos]`` and the tokenizer's ids, the rows
+  right-padded, cut at eos, detokenized."""
   import jax
 
   from attnlab.config import DecodeConfig
 
   model, cfg = attnlab.load_checkpoint(workdir)
   tok = decode_command._tokenizer(workdir)
-  ids = [tok.encode(p) for p in prompts]
+  ids = [[tok.bos_id, *tok.encode(p)] for p in prompts]
   prompt_BT = np.full((len(ids), max(map(len, ids))), cfg.pad_id, np.int32)
   for b, x in enumerate(ids):
     prompt_BT[b, :len(x)] = x
@@ -152,7 +154,8 @@ def test_decode_slots_pass_every_flag_to_generate_requests(workdir, monkeypatch,
                      "--top_p", "0.7", "--seed", "9"], capsys)
   assert rc == 0, err
   tok = decode_command._tokenizer(workdir)
-  assert [list(x) for x in seen.pop("ids")] == [list(tok.encode("ab")), list(tok.encode("cd"))]
+  assert [list(x) for x in seen.pop("ids")] == [[tok.bos_id, *tok.encode("ab")],
+                                                [tok.bos_id, *tok.encode("cd")]]
   sampling, rng = seen.pop("sampling"), seen.pop("rng")
   assert (sampling.temperature, sampling.top_k, sampling.top_p) == (0.5, 4, 0.7)
   import jax
@@ -432,7 +435,7 @@ def test_decode_slots_batches_continuously_and_matches_plain_decode(workdir, cap
 def test_decode_slots_serves_the_others_and_names_a_request_that_can_never_fit(
     workdir, capsys, tmp_path):
   """A prompt longer than the model's max_len cannot be served: the others print, then one
-  line names it, exit status 1."""
+  line names it (its tokens count the bos before the text), exit status 1."""
   _, cfg = attnlab.load_checkpoint(workdir)
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("ab\n" + "x" * cfg.max_len + "\ncd\n")
@@ -442,7 +445,7 @@ def test_decode_slots_serves_the_others_and_names_a_request_that_can_never_fit(
   assert sorted(int(line.split("\t")[0]) for line in out.splitlines()) == [0, 2]
   last = err.strip().splitlines()[-1]
   assert last.startswith("attnlab decode: 1 request(s) can never be served (request 1: prompt of "
-                         f"{cfg.max_len} tokens + max_new_tokens 3 needs {cfg.max_len + 2} "
+                         f"{cfg.max_len + 1} tokens + max_new_tokens 3 needs {cfg.max_len + 3} "
                          f"positions, more than the model's max_len={cfg.max_len})"), last
   assert last.endswith("the other 2 completed")
 
@@ -518,10 +521,10 @@ def test_decode_hands_every_flag_to_generate(workdir, monkeypatch, capsys, tmp_p
   (model, prompt, kw), = spy.calls
   tok = decode_command._tokenizer(workdir)
   assert model.cfg.arch == "decoder_only"
-  np.testing.assert_array_equal(prompt, [list(tok.encode("abc")),
-                                         list(tok.encode("d")) + [model.cfg.pad_id] * 2])
+  np.testing.assert_array_equal(prompt, [[tok.bos_id, *tok.encode("abc")],
+                                         [tok.bos_id, *tok.encode("d")] + [model.cfg.pad_id] * 2])
   assert prompt.dtype == np.int32
-  np.testing.assert_array_equal(kw.pop("prompt_lengths_B"), [3, 1])
+  np.testing.assert_array_equal(kw.pop("prompt_lengths_B"), [4, 2])
   sampling, rng = kw.pop("sampling"), kw.pop("rng")
   assert (sampling.temperature, sampling.top_k, sampling.top_p) == (0.5, 4, 0.7)
   np.testing.assert_array_equal(jax.random.key_data(rng), jax.random.key_data(jax.random.key(9)))
@@ -553,9 +556,10 @@ def test_decode_an_encoder_decoder_with_beam_search(encdec_workdir, monkeypatch,
   base = ["decode", "--workdir", encdec_workdir, "--prompt", "abc", "--max_new_tokens", "4"]
   rc, out, err = _run(base + ["--beam_size", "2", "--length_penalty", "0.8"], capsys)
   assert rc == 0, err
-  (model, _, kw), = spy.calls
+  (model, src, kw), = spy.calls
   tok = decode_command._tokenizer(encdec_workdir)
   assert model.cfg.arch == "encoder_decoder" and "prompt_lengths_B" not in kw
+  np.testing.assert_array_equal(src, [[*tok.encode("abc"), tok.eos_id]])  # as in training
   assert (kw["beam_size"], kw["length_penalty"], kw["bos_id"]) == (2, 0.8, tok.bos_id)
   spy.calls.clear()
   rc, _, err = _run(base, capsys)
@@ -640,3 +644,26 @@ def test_decode_a_workdir_whose_tokenizer_cannot_load_exits_2(workdir, capsys, t
   assert err.strip().startswith(f"attnlab decode: error: tokenizer_model={missing!r} is not a "
                                 "readable sentencepiece model: NOT_FOUND"), err
   assert len(err.strip().splitlines()) == 1
+
+
+def test_prompts_are_laid_out_as_the_training_data_was(tmp_path):
+  """A decoder-only LM reads [bos] text, a decoder-only pair task [bos] source [eos], an
+  encoder-decoder source [eos] (data/pipeline.py); a tokenizer.json's post-processor bos
+  is not added twice, and a tokenizer without bos starts with the text. Until 2026-12-03
+  the prompt was the text alone: a position-0 token the model had never seen there (the
+  demo's validation loss over the first 64 tokens: 1.655 against 1.604 with bos)."""
+  tok = ByteTokenizer()
+  text = list(tok.encode("ab"))
+  lay = lambda *a: list(decode_command.prompt_ids(*a))
+  assert lay(tok, "ab", "decoder_only", "lm") == [tok.bos_id, *text]
+  for task in ("tsv", "reverse"):
+    assert lay(tok, "ab", "decoder_only", task) == [tok.bos_id, *text, tok.eos_id]
+  assert lay(tok, "ab", "encoder_decoder", "reverse") == [*text, tok.eos_id]
+  pytest.importorskip("tokenizers")
+  from tests.data.test_pipeline import _llama_like_tokenizer
+
+  hf = HFJsonTokenizer(_llama_like_tokenizer(tmp_path), bos_id=3, eos_id=4)
+  assert list(hf.encode("a !")) == [3, 1, 0]  # its post-processor adds bos
+  assert lay(hf, "a !", "decoder_only", "lm") == [3, 1, 0]
+  nobos = HFJsonTokenizer(str(tmp_path / "tokenizer.json"), bos_id=None, eos_id=4)
+  assert lay(nobos, "a !", "decoder_only", "lm") == [1, 0]

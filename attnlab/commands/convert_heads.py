@@ -21,6 +21,7 @@ import sys
 from attnlab import config_gin
 from attnlab.commands import CommandError
 from attnlab.commands._common import CommandParser, split_gin_flags
+from attnlab.training.checkpoint import CheckpointMismatchError
 from attnlab.training.sweep import write_converted_run
 
 
@@ -57,7 +58,10 @@ def main(argv: list[str]) -> int:
                         **kwargs)
   except (FileNotFoundError, ValueError) as e:
     raise CommandError(str(e)) from None
-  info = write_converted_run(args.src, args.dst, args.num_kv_heads, args.method, **kwargs)
+  try:
+    info = write_converted_run(args.src, args.dst, args.num_kv_heads, args.method, **kwargs)
+  except CheckpointMismatchError as e:  # read before anything is written
+    raise CommandError(str(e)) from None
   print(json.dumps({"workdir": os.path.abspath(args.dst), **info}))
   sys.stdout.flush()
   return 0

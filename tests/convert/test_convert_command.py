@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 
 import jax
 import numpy as np
@@ -43,6 +45,12 @@ from tests.convert.hf_checkpoints import (  # noqa: E402
 def _convert(capsys, *argv):
   capsys.readouterr()
   rc = main(["convert", *argv])
+  out, err = capsys.readouterr()
+  return rc, out, err
+
+
+def _convert_heads(capsys, *argv):
+  rc = main(["convert-heads", *argv])
   out, err = capsys.readouterr()
   return rc, out, err
 
@@ -245,7 +253,22 @@ BAD_FLAGS = {
     "both_ways": (["--from-hf", "SRC", "--to-hf", "--workdir", "NEW"], "not allowed with"),
     "bad_config_gin": (["--to-hf", "--workdir", "BROKEN", "--out", "NEW"],
                        "Configurable 'ModelConfig' doesn't have a parameter named 'no_such_field'"),
+    # A config.gin that no longer describes the checkpoint (was a traceback, exit 1).
+    "edited_config_gin": (["--to-hf", "--workdir", "EDITED", "--out", "NEW"],
+                          "params holds arrays of other shapes: "),
 }
+
+
+def _edited_copy(work, dst) -> str:
+  """``work`` with its config.gin's d_ff doubled: the checkpoint no longer fits."""
+  shutil.copytree(work, dst)
+  path = os.path.join(dst, "config.gin")
+  with open(path) as f:
+    text = f.read()
+  d_ff = int(re.search(r"ModelConfig.d_ff = (\d+)", text).group(1))
+  with open(path, "w") as f:
+    f.write(text.replace(f"ModelConfig.d_ff = {d_ff}", f"ModelConfig.d_ff = {2 * d_ff}"))
+  return str(dst)
 
 
 @pytest.fixture(scope="module")
@@ -267,6 +290,8 @@ def test_bad_flags_and_paths_exit_2_and_write_nothing(case, converted, tmp_path,
   (broken / "config.gin").write_text("ModelConfig.no_such_field = 1\n")
   subst = {"SRC": src, "WORK": work, "NEW": str(tmp_path / "new"), "BROKEN": str(broken),
            "NEW2": str(tmp_path / "new2"), "NEW/deeper": str(tmp_path / "new" / "deeper")}
+  if "EDITED" in argv:
+    subst["EDITED"] = _edited_copy(work, tmp_path / "edited")
   argv = [subst.get(a, a) for a in argv]
   for key in sorted(subst, key=len, reverse=True):
     message = message.replace(key, subst[key])
@@ -317,3 +342,15 @@ def test_a_missing_optional_package_is_named(tmp_path, capsys, monkeypatch):
   assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
   assert "(attnlab convert needs the hf extra: safetensors, tokenizers)" in err
   assert not (tmp_path / "w").exists()
+
+
+def test_convert_heads_of_a_workdir_its_config_gin_no_longer_describes(converted, tmp_path,
+                                                                        capsys):
+  """One line naming the first array that does not fit, exit 2, nothing written (was a
+  CheckpointMismatchError traceback, exit 1)."""
+  edited = _edited_copy(converted[1], tmp_path / "edited")
+  rc, out, err = _convert_heads(capsys, "--from", edited, "--to", str(tmp_path / "mqa"),
+                                "--num_kv_heads", "1", "--method", "mean")
+  assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+  assert "params holds arrays of other shapes: " in err, err
+  assert not (tmp_path / "mqa").exists()

@@ -15,6 +15,9 @@ import os
 
 TENSORBOARD_DIR = "tensorboard"
 METRICS_FILE = "metrics.jsonl"
+# The flag of a train record whose window holds the compilation: the first logged window of
+# every process that trains (a new run or a resume).
+WINDOW_HOLDS_COMPILE = "window_holds_compile"
 
 
 def perplexity(nll: float) -> float:
@@ -54,11 +57,14 @@ class MetricsWriter:
     if enabled:
       self._tb = _summary_writer()(self.tb_dir, flush_secs=10)
 
-  def write(self, step: int, split: str, scalars: dict) -> None:
+  def write(self, step: int, split: str, scalars: dict, flags: dict | None = None) -> None:
+    """``scalars`` to both; ``flags`` (JSON values describing the record, not plotted) to
+    metrics.jsonl only."""
     if not self.enabled:
       return
     record = {"step": int(step), "split": split}
     record.update({k: float(v) for k, v in scalars.items()})
+    record.update(flags or {})
     with open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
     for k, v in scalars.items():

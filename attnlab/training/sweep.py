@@ -49,7 +49,7 @@ from attnlab.training.checkpoint import (
     Checkpointer,
     load_checkpoint,
 )
-from attnlab.training.metrics import perplexity, read_metrics
+from attnlab.training.metrics import WINDOW_HOLDS_COMPILE, perplexity, read_metrics
 
 ARMS_DIR = "arms"
 RESULT_FILE = "result.json"
@@ -385,6 +385,20 @@ def _eval_records(workdir: str) -> dict[int, dict]:
   return out
 
 
+def train_rate(records: list[dict]) -> float | None:
+  """The median tokens/s of a run's logged training windows, leaving out those that hold
+  a compilation (the first window of every process, flagged by the trainer: a resume
+  compiles again). The last record of a step counts (a resume logs again what it redoes).
+  Records written before the flag (2026-12-03) leave out the first window only. None when
+  no window is left."""
+  train = {r["step"]: r for r in records if r["split"] == "train"}
+  ordered = [train[s] for s in sorted(train)]
+  if not any(WINDOW_HOLDS_COMPILE in r for r in records):
+    ordered = ordered[1:]
+  rates = [r["tokens_per_s"] for r in ordered if not r.get(WINDOW_HOLDS_COMPILE)]
+  return statistics.median(rates) if rates else None
+
+
 def measure(workdir: str, mcfg: ModelConfig, dcfg: DataConfig, tcfg: TrainConfig,
             sweep: Sweep, prompts) -> dict:
   """The measurements of a finished run (see the module docstring of report)."""
@@ -394,14 +408,7 @@ def measure(workdir: str, mcfg: ModelConfig, dcfg: DataConfig, tcfg: TrainConfig
     evals[tcfg.steps] = {"step": tcfg.steps, **final}
   curve = [[s, float(evals[s]["loss"])] for s in sorted(evals)]
   best_step = min(evals, key=lambda s: evals[s]["loss"])
-  train = {}
-  for r in read_metrics(workdir):
-    if r["split"] == "train":
-      train[r["step"]] = r["tokens_per_s"]
-  rates = [train[s] for s in sorted(train)]
-  # The first logged window holds the compilation: leave it out (a run that
-  # logged only that window has no training throughput).
-  rate = statistics.median(rates[1:]) if len(rates) > 1 else None
+  rate = train_rate(read_metrics(workdir))
   total, attn = param_counts(mcfg)
   out = {
       "params": total, "attention_params": attn, "d_ff": mcfg.d_ff,

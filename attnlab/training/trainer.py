@@ -27,7 +27,7 @@ from attnlab.training import evaluate as eval_lib
 from attnlab.training import sharding as shd
 from attnlab.training import steps as steps_lib
 from attnlab.training.checkpoint import Checkpointer
-from attnlab.training.metrics import MetricsWriter, perplexity
+from attnlab.training.metrics import WINDOW_HOLDS_COMPILE, MetricsWriter, perplexity
 
 log = logging.getLogger(__name__)
 
@@ -282,6 +282,7 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
     bar = tqdm(total=tcfg.steps, initial=start, desc="train", unit="step", file=sys.stderr,
                dynamic_ncols=True)
   last, skipped, window_tokens, window_t0 = {}, 0, 0.0, time.perf_counter()
+  first_window = True
   step = start
   try:
     with _StopFlag() as stop:
@@ -312,7 +313,11 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
                     "grad_norm": float(m["grad_norm"]),
                     "tokens_per_s": window_tokens / max(elapsed, 1e-9),
                     "step_time_s": time.perf_counter() - t0, "skipped_steps": skipped}
-            writer.write(step, "train", last)
+            # The first window of a process holds the compilation (and a resume's restore):
+            # flagged, so a throughput summary can leave it out (sweep.train_rate).
+            writer.write(step, "train", last,
+                         {WINDOW_HOLDS_COMPILE: True} if first_window else None)
+            first_window = False
             if plain_log:
               print(_log_line(step, tcfg.steps, last), file=sys.stderr, flush=True)
             window_tokens, window_t0 = 0.0, time.perf_counter()

@@ -568,3 +568,19 @@ def test_the_report_is_utf8_whatever_the_locale(report):
   with open(os.path.join(out, "report.md"), encoding="utf-8") as f:
     text = f.read()
   assert "± " in text and "Δ loss vs MHA" in text
+
+
+def test_train_rate_leaves_out_every_window_that_holds_a_compilation():
+  """The first window of each process (a new run, a resume) is flagged by the trainer and
+  left out of the median; a resume's records of a step replace the killed run's; records
+  written before the flag leave out their first window only; none left: None."""
+  flag = {"window_holds_compile": True}
+  rec = lambda step, rate, **kw: {"step": step, "split": "train", "tokens_per_s": rate, **kw}
+  records = [rec(10, 1.0, **flag), rec(20, 100.0), rec(30, 110.0), rec(40, 5.0),
+             {"step": 20, "split": "eval", "loss": 2.0},
+             rec(40, 2.0, **flag), rec(50, 120.0)]  # killed after 40, resumed from 30
+  assert sweep_lib.train_rate(records) == 110.0  # median of 100, 110, 120
+  old = [rec(10, 1.0), rec(20, 100.0), rec(30, 300.0)]
+  assert sweep_lib.train_rate(old) == 200.0
+  assert sweep_lib.train_rate([rec(10, 1.0, **flag)]) is None
+  assert sweep_lib.train_rate([rec(10, 1.0)]) is None

@@ -73,6 +73,8 @@ def test_seq2seq_eval_writes_its_predictions_to_workdir_eval(tmp_path, monkeypat
   assert [r["step"] for r in train] == [2, 4] and offset[0] == 4000.0
   # 2 steps of 4 x 8 target tokens (or fewer) in well under 1000 s
   assert all(r["tokens_per_s"] > 64 / 1000 for r in train), train
+  # The first window (the compilation) is flagged in metrics.jsonl.
+  assert [r.get("window_holds_compile") for r in train] == [True, None]
   assert sorted(os.listdir(tmp_path / "eval")) == ["predictions_2.jsonl", "predictions_4.jsonl"]
   for step in (2, 4):
     assert trainer.predictions_path(str(tmp_path), step) == str(

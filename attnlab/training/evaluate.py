@@ -11,6 +11,7 @@ compiles once per evaluation setup, not once per batch.
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import jax
@@ -19,6 +20,8 @@ import numpy as np
 from attnlab import extras
 from attnlab.decoding.generate import generate
 from attnlab.training.metrics import perplexity
+
+log = logging.getLogger(__name__)
 
 
 def _until_eos(ids, eos_id: int) -> list[int]:
@@ -43,27 +46,36 @@ def host_params(params):
 
 
 def _split_rows(batch: dict, arch: str, eos_id: int, pad_id: int):
-  """(prompt_BT, prompt_lengths_B or None, [source ids], [reference ids]) of a batch.
+  """(prompt_BT, prompt_lengths_B or None, [source ids], [reference ids], fits_B) of a
+  batch.
 
   Encoder-decoder: the prompt is the source. Decoder-only rows are
   ``[bos] source [eos] target [eos]``: the prompt is the row up to and
-  including the first eos, right-padded with ``pad_id`` to the row width.
+  including the first eos after the bos (the bos may be the eos id: GPT-2's),
+  right-padded with ``pad_id`` to the longest prompt. ``fits_B``: the row holds
+  its source's eos and its target's (an example cut by ``seq_len`` is neither
+  a prompt nor a reference).
   """
   targets_BT = np.asarray(batch["targets_BT"])
   B, T = targets_BT.shape
-  if arch == "encoder_decoder":
+  if arch == "encoder_decoder":  # the layout keeps both eos when it cuts
     src_BS = np.asarray(batch["src_BS"])
     sources = [_until_eos(src_BS[b], eos_id) for b in range(B)]
     refs = [_until_eos(targets_BT[b], eos_id) for b in range(B)]
-    return src_BS, None, sources, refs
+    return src_BS, None, sources, refs, np.ones((B,), bool)
   tokens_BT = np.asarray(batch["tokens_BT"])
-  starts_B = np.argmax(tokens_BT == eos_id, axis=1)  # the eos that ends the source
-  lengths_B = starts_B + 1
-  prompt_BT = np.where(np.arange(T)[None, :] < lengths_B[:, None], tokens_BT, pad_id)
+  is_eos_BT = tokens_BT[:, 1:] == eos_id
+  starts_B = np.argmax(is_eos_BT, axis=1) + 1  # the eos that ends the source
+  fits_B = is_eos_BT.any(axis=1) & np.array(
+      [eos_id in targets_BT[b, starts_B[b]:] for b in range(B)])
+  lengths_B = np.where(fits_B, starts_B + 1, 1)
+  width = int(lengths_B.max())
+  prompt_BT = np.where(np.arange(width)[None, :] < lengths_B[:, None], tokens_BT[:, :width],
+                       pad_id)
   sources = [[int(t) for t in tokens_BT[b, 1:starts_B[b]]] for b in range(B)]
   # targets[j] = row[j + 1]: the target starts at the source's eos.
   refs = [_until_eos(targets_BT[b, starts_B[b]:], eos_id) for b in range(B)]
-  return prompt_BT.astype(np.int32), lengths_B.astype(np.int32), sources, refs
+  return prompt_BT.astype(np.int32), lengths_B.astype(np.int32), sources, refs, fits_B
 
 
 def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int) -> list[dict]:
@@ -80,20 +92,25 @@ def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int) -> l
     example (eos and everything after it removed).
   """
   cfg = model.cfg
-  out = []
+  out, cut = [], 0
   for batch in batches:
-    prompt_BT, lengths_B, sources, refs = _split_rows(batch, cfg.arch, eos_id, cfg.pad_id)
-    T = prompt_BT.shape[1]
+    prompt_BT, lengths_B, sources, refs, fits_B = _split_rows(batch, cfg.arch, eos_id,
+                                                              cfg.pad_id)
+    cut += int((~fits_B).sum())
+    T = np.shape(batch["targets_BT"])[1]
     # A reference fits in its row (with its eos): an encoder-decoder's target row,
-    # which need not be as wide as the source; a decoder-only prompt of width T
-    # leaves max_len - T + 1 positions to generate into.
-    max_new = (np.shape(batch["targets_BT"])[1] if cfg.arch == "encoder_decoder"
-               else min(T, cfg.max_len - T + 1))
+    # which need not be as wide as the source; a decoder-only prompt of width W (the
+    # longest of the batch) leaves max_len - W + 1 positions to generate into.
+    max_new = (T if cfg.arch == "encoder_decoder"
+               else min(T, cfg.max_len - prompt_BT.shape[1] + 1))
     tokens_BJ = np.asarray(generate(model, prompt_BT, max_new_tokens=max_new,
                                     prompt_lengths_B=lengths_B, eos_id=eos_id, bos_id=bos_id))
-    for b in range(len(refs)):
+    for b in np.flatnonzero(fits_B):
       out.append({"source": sources[b], "reference": refs[b],
                   "prediction": _until_eos(tokens_BJ[b], eos_id)})
+  if cut:
+    log.warning("%d validation example(s) do not fit seq_len with their eos (cut by the data "
+                "layout): not scored", cut)
   return out
 
 

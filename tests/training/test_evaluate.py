@@ -143,21 +143,34 @@ def test_split_rows_of_a_decoder_only_batch():
   tokens = np.array([[BOS, 5, 6, EOS, 7, 8, 9, EOS, PAD, PAD],
                      [BOS, 5, EOS, 9, EOS, PAD, PAD, PAD, PAD, PAD]])
   targets = np.concatenate([tokens[:, 1:], np.full((2, 1), PAD)], axis=1)
-  prompt, lengths, sources, refs = eval_lib._split_rows(
+  prompt, lengths, sources, refs, fits = eval_lib._split_rows(
       {"tokens_BT": tokens, "targets_BT": targets}, "decoder_only", EOS, PAD)
-  np.testing.assert_array_equal(prompt, [[BOS, 5, 6, EOS] + [PAD] * 6,
-                                         [BOS, 5, EOS] + [PAD] * 7])
+  np.testing.assert_array_equal(prompt, [[BOS, 5, 6, EOS], [BOS, 5, EOS, PAD]])  # widest
   assert prompt.dtype == lengths.dtype == np.int32
   np.testing.assert_array_equal(lengths, [4, 3])
   assert sources == [[5, 6], [5]]
-  assert refs == [[7, 8, 9], [9]]
+  assert refs == [[7, 8, 9], [9]] and fits.tolist() == [True, True]
+  # bos == eos (GPT-2's 50256): the source ends at the first eos after the bos (it was
+  # the bos itself: every example scored its source as the reference).
+  same = np.where(tokens == BOS, EOS, tokens)
+  _, lengths, sources, refs, _ = eval_lib._split_rows(
+      {"tokens_BT": same, "targets_BT": targets}, "decoder_only", EOS, PAD)
+  assert lengths.tolist() == [4, 3] and sources == [[5, 6], [5]] and refs == [[7, 8, 9], [9]]
+  # Rows cut by seq_len: no source eos, or no target eos, in the row: not scored.
+  cut = np.array([[BOS, 5, 6, 7, 8, 9], [BOS, 5, EOS, 7, 8, 9], [BOS, 5, EOS, 7, EOS, PAD]])
+  cut_targets = np.concatenate([cut[:, 1:], [[9], [9], [PAD]]], axis=1)
+  prompt, lengths, _, refs, fits = eval_lib._split_rows(
+      {"tokens_BT": cut, "targets_BT": cut_targets}, "decoder_only", EOS, PAD)
+  assert fits.tolist() == [False, False, True] and refs[2] == [7]
+  assert lengths.tolist() == [1, 1, 3] and prompt.shape == (3, 3)
 
 
 def test_split_rows_of_an_encoder_decoder_batch():
   src = np.array([[5, 6, EOS, PAD], [7, EOS, PAD, PAD]])
   targets = np.array([[8, 9, EOS, PAD], [EOS, PAD, PAD, PAD]])
-  prompt, lengths, sources, refs = eval_lib._split_rows(
+  prompt, lengths, sources, refs, fits = eval_lib._split_rows(
       {"src_BS": src, "targets_BT": targets}, "encoder_decoder", EOS, PAD)
+  assert fits.tolist() == [True, True]
   assert prompt is not None and lengths is None
   np.testing.assert_array_equal(prompt, src)
   assert sources == [[5, 6], [7]] and refs == [[8, 9], []]
@@ -179,9 +192,10 @@ def test_validation_loss_is_token_weighted_over_the_batches():
 
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
 def test_decode_batches_asks_generate_for_room_to_the_row_width(monkeypatch, arch):
-  """Every batch decodes the same shapes: a decoder-only prompt of width T gets
-  min(T, max_len - T + 1) new tokens (its prompt lengths say where each ends), an
-  encoder-decoder T; predictions stop before eos."""
+  """A decoder-only prompt is cut to its longest row, W, and gets min(T, max_len - W + 1)
+  new tokens (its prompt lengths say where each ends; with the row width T in place of W a
+  max_len of 2T - 1 or less left too little room to finish a target), an encoder-decoder T;
+  predictions stop before eos."""
   from types import SimpleNamespace
 
   calls = []
@@ -199,7 +213,7 @@ def test_decode_batches_asks_generate_for_room_to_the_row_width(monkeypatch, arc
   else:
     batch = {"src_BS": np.array([[5, EOS, PAD], [6, 7, EOS]]),
              "targets_BT": np.array([[9, EOS] + [PAD] * 4, [9, 9, EOS] + [PAD] * 3])}
-  for max_len, want_new in ((64, T), (9, 4)):
+  for max_len, want_new in ((64, T), (9, T), (7, 4)):
     model = SimpleNamespace(cfg=SimpleNamespace(arch=arch, pad_id=PAD, max_len=max_len))
     calls.clear()
     out = eval_lib.decode_batches(model, [batch, batch], eos_id=EOS, bos_id=BOS)
@@ -209,8 +223,7 @@ def test_decode_batches_asks_generate_for_room_to_the_row_width(monkeypatch, arc
     assert kw["max_new_tokens"] == new and kw["eos_id"] == EOS and kw["bos_id"] == BOS
     if arch == "decoder_only":
       np.testing.assert_array_equal(kw["prompt_lengths_B"], [3, 4])
-      np.testing.assert_array_equal(prompt, [[BOS, 5, EOS, PAD, PAD, PAD],
-                                             [BOS, 5, 6, EOS, PAD, PAD]])
+      np.testing.assert_array_equal(prompt, [[BOS, 5, EOS, PAD], [BOS, 5, 6, EOS]])
       assert [e["source"] for e in out[:2]] == [[5], [5, 6]]
       assert [e["reference"] for e in out[:2]] == [[7], [8]]
     else:
@@ -218,6 +231,11 @@ def test_decode_batches_asks_generate_for_room_to_the_row_width(monkeypatch, arc
       assert [e["source"] for e in out[:2]] == [[5], [6, 7]]
       assert [e["reference"] for e in out[:2]] == [[9], [9, 9]]
     assert [e["prediction"] for e in out] == [[9], []] * 2
+  if arch == "decoder_only":  # a row cut by seq_len is left out (and counted in the log)
+    cut = dict(batch, tokens_BT=np.array([[BOS, 5, 6, 7, 8, 9], tokens[1]]))
+    cut["targets_BT"] = np.roll(cut["tokens_BT"], -1, axis=1)
+    out = eval_lib.decode_batches(model, [cut], eos_id=EOS, bos_id=BOS)
+    assert [e["source"] for e in out] == [[5, 6]] and [e["prediction"] for e in out] == [[]]
 
 
 def test_seq2seq_metrics_without_bleu_writes_its_folder_and_counts_nothing_on_nothing(

@@ -490,7 +490,9 @@ def test_runs_outside_the_plan_are_listed_not_averaged_and_the_folder_names_the_
   for arm in arms:
     for seed in (0, 1):
       write_result(out, arm, seed, result(arm, seed, 2.0 + 0.1 * seed) | {"seed": 0})
-  write_result(out, arms[1], 2, result(arms[1], 2, 3.5))  # seed 2: not in this plan
+  write_result(out, arms[1], 10, result(arms[1], 10, 3.5))  # seeds 2, 10: not in this plan
+  write_result(out, arms[1], 2, result(arms[1], 2, 3.5))
+  os.makedirs(os.path.join(out, sweep_lib.ARMS_DIR, "gqa2", "seed_x"))  # not a run's folder
   write_result(out, "mqa", 0, result(sweep_lib.plan(Sweep(num_kv_heads=(1,)), MCFG)[0], 0,
                                      9.0))
   os.makedirs(sweep_lib.run_dir(out, "mqa", 1))
@@ -498,17 +500,17 @@ def test_runs_outside_the_plan_are_listed_not_averaged_and_the_folder_names_the_
     f.write("{")
   os.makedirs(sweep_lib.run_dir(out, "gqa2", 7))  # no result.json: not a run's result
   counts = report_lib.write_report(out, sweep, arms, BASE, plots=False)
-  assert counts == {"ok": 4, "failed": 0, "interrupted": 0, "pending": 0, "outside_plan": 3}
+  assert counts == {"ok": 4, "failed": 0, "interrupted": 0, "pending": 0, "outside_plan": 4}
   assert [(r["arm"], r["seed"]) for r in read_csv(out, "results.csv")] == [
       ("mha", "0"), ("mha", "1"), ("gqa2", "0"), ("gqa2", "1")]
   summary = {s["arm"]: s for s in read_csv(out, "summary.csv")}
   assert float(summary["gqa2"]["val_loss_mean"]) == pytest.approx(2.05)  # not 3.5, not 2.0
   assert summary["gqa2"]["val_loss_diff_vs_mha"] == report_lib._fmt(0.0)
   text = read_report(out)
-  assert ("## Runs under arms/ outside this plan\n\n3 run(s) with a result.json that this "
+  assert ("## Runs under arms/ outside this plan\n\n4 run(s) with a result.json that this "
           "sweep's arms and seeds (0, 1) do not include") in text
-  assert "\n- gqa2 seed 2: ok\n- mqa seed 0: ok\n- mqa seed 1: unreadable result.json\n" \
-      in text
+  assert ("\n- gqa2 seed 2: ok\n- gqa2 seed 10: ok\n- mqa seed 0: ok\n- mqa seed 1: "
+          "unreadable result.json\n") in text  # seeds in numeric order
   assert "| 2/2 |" in text and "Finished runs: 4 of 4." in text
 
 
@@ -525,10 +527,12 @@ def test_a_measure_some_finished_runs_lack_names_how_many_runs_it_averages(tmp_p
       if arm.name == "gqa2":
         r["train_tokens_per_s"] = None if seed == 2 else r["train_tokens_per_s"]
         del r["decode_tokens_per_s_b1"]
+        if seed:
+          del r["decode_tokens_per_s_b8"]  # one run of three has it
       write_result(out, arm, seed, r)
   report_lib.write_report(out, sweep, arms, BASE, plots=False)
   text = read_report(out)
-  assert "| 1,500 ± 707 (2 runs) | - | 2,999 ± 1 | 11 ± 1 | 3/3 |" in text  # gqa2
+  assert "| 1,500 ± 707 (2 runs) | - | 3,000 (1 run) | 11 ± 1 | 3/3 |" in text  # gqa2
   assert "| 2,000 ± 1,000 | 501 ± 1 | 2,999 ± 1 | 11 ± 1 | 3/3 |" in text  # mha: every run
   pytest.importorskip("matplotlib")
   report_lib.write_report(out, sweep, arms, BASE)

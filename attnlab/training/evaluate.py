@@ -93,16 +93,23 @@ def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int) -> l
   """
   cfg = model.cfg
   out, cut = [], 0
-  for batch in batches:
-    prompt_BT, lengths_B, sources, refs, fits_B = _split_rows(batch, cfg.arch, eos_id,
-                                                              cfg.pad_id)
+  splits = [_split_rows(batch, cfg.arch, eos_id, cfg.pad_id) for batch in batches]
+  # Decoder-only prompts are cut to the longest of the whole evaluation, W, and padded
+  # to it: one shape for every batch (one compiled program per run: the validation rows
+  # are the same at every evaluation).
+  W = max((s[0].shape[1] for s in splits), default=0)
+  for batch, (prompt_BT, lengths_B, sources, refs, fits_B) in zip(batches, splits):
     cut += int((~fits_B).sum())
     T = np.shape(batch["targets_BT"])[1]
     # A reference fits in its row (with its eos): an encoder-decoder's target row,
-    # which need not be as wide as the source; a decoder-only prompt of width W (the
-    # longest of the batch) leaves max_len - W + 1 positions to generate into.
-    max_new = (T if cfg.arch == "encoder_decoder"
-               else min(T, cfg.max_len - prompt_BT.shape[1] + 1))
+    # which need not be as wide as the source; a decoder-only prompt of width W
+    # leaves max_len - W + 1 positions to generate into.
+    if cfg.arch == "encoder_decoder":
+      max_new = T
+    else:
+      max_new = min(T, cfg.max_len - W + 1)
+      prompt_BT = np.pad(prompt_BT, ((0, 0), (0, W - prompt_BT.shape[1])),
+                         constant_values=cfg.pad_id)
     tokens_BJ = np.asarray(generate(model, prompt_BT, max_new_tokens=max_new,
                                     prompt_lengths_B=lengths_B, eos_id=eos_id, bos_id=bos_id))
     for b in np.flatnonzero(fits_B):

@@ -231,6 +231,13 @@ def test_decode_batches_asks_generate_for_room_to_the_row_width(monkeypatch, arc
       assert [e["source"] for e in out[:2]] == [[5], [6, 7]]
       assert [e["reference"] for e in out[:2]] == [[9], [9, 9]]
     assert [e["prediction"] for e in out] == [[9], []] * 2
+  if arch == "decoder_only":  # every batch gets the evaluation's widest prompt: one shape
+    short = dict(batch, tokens_BT=np.array([[BOS, EOS, 7, EOS, PAD, PAD]] * 2))
+    short["targets_BT"] = np.roll(short["tokens_BT"], -1, axis=1)
+    calls.clear()
+    eval_lib.decode_batches(model, [short, batch], eos_id=EOS, bos_id=BOS)
+    assert [(c[0].shape, c[1]["max_new_tokens"]) for c in calls] == [((2, 4), 4)] * 2
+    np.testing.assert_array_equal(calls[0][0], [[BOS, EOS, PAD, PAD]] * 2)
   if arch == "decoder_only":  # a row cut by seq_len is left out (and counted in the log)
     cut = dict(batch, tokens_BT=np.array([[BOS, 5, 6, 7, 8, 9], tokens[1]]))
     cut["targets_BT"] = np.roll(cut["tokens_BT"], -1, axis=1)

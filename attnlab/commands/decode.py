@@ -18,6 +18,7 @@ import numpy as np
 from attnlab import config_gin
 from attnlab.commands._common import CommandError, CommandParser
 from attnlab.config import CACHE_DTYPES, CACHE_KINDS, DecodeConfig, check_mesh_shape
+from attnlab.data import pipeline
 from attnlab.data.tokenizer import make_tokenizer
 from attnlab.decoding import batching
 from attnlab.decoding.generate import GenerateInputError, PagesExhaustedError, generate
@@ -133,11 +134,11 @@ def main(argv: list[str]) -> int:
   except (FileNotFoundError, ValueError) as e:
     raise CommandError(str(e)) from None
   try:
-    tokenizer = _tokenizer(args.workdir)
-    task = _data_config(args.workdir).task
+    data_cfg = _data_config(args.workdir)
+    tokenizer = _make_tokenizer(data_cfg)
   except (MissingDependencyError, ValueError, ImportError) as e:
     raise CommandError(str(e)) from None
-  ids = [prompt_ids(tokenizer, p, cfg.arch, task) for p in prompts]
+  ids = [pipeline.prompt_ids(tokenizer, p, cfg.arch, data_cfg.task) for p in prompts]
   if args.slots is not None:
     if cfg.arch != "decoder_only" or dcfg.beam_size > 1:
       raise CommandError(f"--slots={args.slots} needs a decoder-only checkpoint and no beam "
@@ -206,20 +207,9 @@ def _data_config(workdir: str):
 
 def _tokenizer(workdir: str):
   """The tokenizer the run trained with (byte-level unless config.gin says otherwise)."""
-  data_cfg = _data_config(workdir)
+  return _make_tokenizer(_data_config(workdir))
+
+
+def _make_tokenizer(data_cfg):
   return make_tokenizer(data_cfg.tokenizer, data_cfg.tokenizer_model, bos_id=data_cfg.bos_id,
                         eos_id=data_cfg.eos_id)
-
-
-def prompt_ids(tokenizer, text: str, arch: str, task: str) -> np.ndarray:
-  """``text`` as the model read such input in training (data/pipeline.py): a decoder-only
-  LM ("lm") reads ``[bos] text``, a decoder-only pair task ("tsv", "copy", ...) ``[bos]
-  source [eos]`` and then writes the target, an encoder-decoder's source is ``source
-  [eos]``. The text is encoded without a tokenizer.json's post-processor (the bos added
-  here is the model's; a tokenizer without a bos starts with the text)."""
-  ids = list(tokenizer.encode(text, add_special_tokens=False))
-  if arch == "encoder_decoder":
-    return np.asarray(ids + [tokenizer.eos_id], np.int32)
-  head = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
-  tail = [] if task == "lm" else [tokenizer.eos_id]
-  return np.asarray(head + ids + tail, np.int32)

@@ -652,13 +652,23 @@ def test_prompts_are_laid_out_as_the_training_data_was(tmp_path):
   is not added twice, and a tokenizer without bos starts with the text. Until 2026-12-03
   the prompt was the text alone: a position-0 token the model had never seen there (the
   demo's validation loss over the first 64 tokens: 1.655 against 1.604 with bos)."""
+  from attnlab.data import pipeline
+
   tok = ByteTokenizer()
   text = list(tok.encode("ab"))
-  lay = lambda *a: list(decode_command.prompt_ids(*a))
+  lay = lambda *a: list(pipeline.prompt_ids(*a))
   assert lay(tok, "ab", "decoder_only", "lm") == [tok.bos_id, *text]
   for task in ("tsv", "reverse"):
     assert lay(tok, "ab", "decoder_only", task) == [tok.bos_id, *text, tok.eos_id]
   assert lay(tok, "ab", "encoder_decoder", "reverse") == [*text, tok.eos_id]
+  # ... which is how the training layouts begin an example.
+  assert list(pipeline.PackedText(["ab"], tok, seq_len=3, seed=0).tokens_Y[:3]) == lay(
+      tok, "ab", "decoder_only", "lm")
+  for arch, key in (("decoder_only", "tokens_BT"), ("encoder_decoder", "src_BS")):
+    row = pipeline.PairBatches([("ab", "xy")], tok, seq_len=8, arch=arch,
+                               loss_on_prompt=False).batch([0])[key][0]
+    want = lay(tok, "ab", arch, "reverse")
+    assert list(row[:len(want)]) == want, arch
   pytest.importorskip("tokenizers")
   from tests.data.test_pipeline import _llama_like_tokenizer
 

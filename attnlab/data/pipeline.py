@@ -327,19 +327,41 @@ def train_iterator(sources, dcfg: DataConfig) -> BatchIterator:
   return BatchIterator(sources["train"], dcfg.batch_size, dcfg.seed, stream=stream_fields(dcfg))
 
 
+EXAMPLE_MASK = "example_mask_B"
+
+
 def validation_batches(sources, dcfg: DataConfig, num_batches: int,
                        multiple_of: int = 1) -> list[dict]:
-  """The first ``num_batches`` validation batches, in a fixed order (fewer if
-  the validation data is smaller; a smaller batch then, whose rows are a
-  multiple of ``multiple_of``: the data shards a batch is split over)."""
+  """The first ``num_batches`` validation batches, in a fixed order.
+
+  Every batch has one shape, ``batch_size`` rows (or, for validation data
+  smaller than a batch, its rows rounded up to a multiple of ``multiple_of``:
+  the data shards a batch is split over), and ``EXAMPLE_MASK`` (bool [B]):
+  which rows are examples. The rows of a finite validation set that the
+  batches reach are all read: the last batch, if the rows end inside it, is
+  filled up with repeats of the first rows, whose ``EXAMPLE_MASK`` is False and
+  whose loss mask is 0 (fewer batches than ``num_batches`` if the data ends).
+  """
   src = sources["validation"]
+  if src.size == 0:
+    raise ValueError("the validation data has no rows")
   bs = dcfg.batch_size
   if src.size is not None and src.size < bs:
-    bs = src.size // multiple_of * multiple_of
-    if not bs:
-      raise ValueError(f"the validation data ({src.size} rows) is smaller than the "
-                       f"{multiple_of} data shards a batch is split over: give more "
-                       "validation data (DataConfig.validation_percent, a second TSV file)")
-  n = num_batches if src.size is None else max(1, min(num_batches, src.size // bs))
-  it = BatchIterator(src, bs, seed=None)
-  return [next(it) for _ in range(n)]
+    bs = -(-src.size // multiple_of) * multiple_of
+  n = num_batches
+  if src.size is not None:
+    n = min(num_batches, -(-src.size // bs))
+  out = []
+  for i in range(n):
+    ids = np.arange(i * bs, (i + 1) * bs)
+    if src.size is None:
+      real_B = np.ones(bs, bool)
+    else:  # rows past the end: the first rows again
+      real_B, ids = ids < src.size, ids % src.size
+    batch = dict(src.batch(ids))
+    if not real_B.all():
+      batch["loss_mask_BT"] = batch["loss_mask_BT"] * real_B[:, None].astype(
+          batch["loss_mask_BT"].dtype)
+    batch[EXAMPLE_MASK] = real_B
+    out.append(batch)
+  return out

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from attnlab import extras
+from attnlab.data.pipeline import EXAMPLE_MASK
 from attnlab.decoding.generate import generate
 from attnlab.training.metrics import perplexity
 
@@ -99,7 +100,10 @@ def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int) -> l
   # are the same at every evaluation).
   W = max((s[0].shape[1] for s in splits), default=0)
   for batch, (prompt_BT, lengths_B, sources, refs, fits_B) in zip(batches, splits):
-    cut += int((~fits_B).sum())
+    # Rows that only fill up the last batch are neither scored nor counted as cut.
+    real_B = np.asarray(batch.get(EXAMPLE_MASK, np.ones(len(fits_B), bool)))
+    cut += int((real_B & ~fits_B).sum())
+    fits_B = fits_B & real_B
     T = np.shape(batch["targets_BT"])[1]
     # A reference fits in its row (with its eos): an encoder-decoder's target row,
     # which need not be as wide as the source; a decoder-only prompt of width W
@@ -130,14 +134,18 @@ def seq2seq_metrics(examples: list[dict], tokenizer, *, bleu: bool,
     examples: ``decode_batches`` output.
     tokenizer: decodes ids to text.
     bleu: add ``"bleu"`` (0..100; sacrebleu's default 13a tokenization).
-    predictions_path: if given, one JSON line per example (source,
-      reference, prediction as text) is written there, so every reported
+    predictions_path: if given, one JSON line per example is written there:
+      source, reference and prediction as text (what BLEU scores), and
+      ``reference_ids`` / ``prediction_ids`` (what exact match compares; the
+      text can hide a difference: ids the tokenizer drops), so every reported
       number can be recomputed from the file.
   """
   hits = sum(e["prediction"] == e["reference"] for e in examples)
   out = {"exact_match": hits / max(len(examples), 1)}
   text = [{k: tokenizer.decode(np.asarray(e[k], np.int32)) for k in
            ("source", "reference", "prediction")} for e in examples]
+  lines = [{**t, "reference_ids": [int(i) for i in e["reference"]],
+            "prediction_ids": [int(i) for i in e["prediction"]]} for t, e in zip(text, examples)]
   if bleu:
     sacrebleu = extras.require("sacrebleu", "task='tsv' (BLEU in eval)")
     out["bleu"] = float(sacrebleu.corpus_bleu([t["prediction"] for t in text],
@@ -145,8 +153,8 @@ def seq2seq_metrics(examples: list[dict], tokenizer, *, bleu: bool,
   if predictions_path:
     os.makedirs(os.path.dirname(os.path.abspath(predictions_path)), exist_ok=True)
     with open(predictions_path, "w", encoding="utf-8") as f:
-      for t in text:
-        f.write(json.dumps(t, ensure_ascii=False) + "\n")
+      for line in lines:
+        f.write(json.dumps(line, ensure_ascii=False) + "\n")
   return out
 
 

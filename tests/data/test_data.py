@@ -124,12 +124,20 @@ def test_the_training_stream_is_a_permutation_per_epoch_and_validation_in_order(
   with pytest.raises(ValueError, match=re.escape(
       f"batch_size={size + 1} is larger than the data ({size} rows)")):
     pipeline.BatchIterator(sources["train"], size + 1, 0)
-  # Validation batches: the rows in source order, whole batches from the first row on.
-  val = pipeline.validation_batches(sources, dcfg, num_batches=2)
-  rows = len(val) * 4
-  assert rows == 4 * min(2, sources["validation"].size // 4) > 0
+  # Validation batches: the rows in source order from the first row on, every row up to
+  # num_batches batches (a last batch is filled up with the first rows, not examples).
+  n = sources["validation"].size
+  val = pipeline.validation_batches(sources, dcfg, num_batches=(n + 3) // 4)
+  assert len(val) == (n + 3) // 4 and n % 4  # this corpus ends inside a batch
+  mask = np.concatenate([b[pipeline.EXAMPLE_MASK] for b in val])
+  assert mask.tolist() == [True] * n + [False] * (len(mask) - n)
+  ids = np.concatenate([np.arange(n), np.arange(len(mask) - n)])
   np.testing.assert_array_equal(np.concatenate([b["tokens_BT"] for b in val]),
-                                sources["validation"].batch(np.arange(rows))["tokens_BT"])
+                                sources["validation"].batch(ids)["tokens_BT"])
+  losses = np.concatenate([b["loss_mask_BT"] for b in val])
+  np.testing.assert_array_equal(losses[:n], sources["validation"].batch(np.arange(n))[
+      "loss_mask_BT"])
+  assert not losses[n:].any()
 
 
 def test_a_resume_with_another_batch_size_continues_at_the_next_example(tmp_path):

@@ -117,30 +117,58 @@ def test_iterator_with_a_seed_reads_each_epoch_as_its_own_permutation():
     pipeline.BatchIterator(Rows(6), 7, seed=0)
 
 
-def test_train_iterator_shuffles_with_the_data_seed_and_validation_reads_in_order():
+def test_train_iterator_shuffles_with_the_data_seed():
   sources = {"train": Rows(8), "validation": Rows(10)}
   dcfg = DataConfig(task="copy", batch_size=4, seed=3)
   it = pipeline.train_iterator(sources, dcfg)
   np.testing.assert_array_equal(next(it), np.random.default_rng([3, 0]).permutation(8)[:4])
-  # Whole batches of the validation rows, in order, at most as many as asked for.
-  got = pipeline.validation_batches(sources, dcfg, num_batches=5)
-  assert [b.tolist() for b in got] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-  got = pipeline.validation_batches(sources, dcfg, num_batches=1)
-  assert [b.tolist() for b in got] == [[0, 1, 2, 3]]
-  # Fewer rows than a batch: one batch of all of them, or of as many as split evenly over
-  # the data shards of the mesh; fewer rows than shards is an error.
-  got = pipeline.validation_batches({"validation": Rows(3)}, dcfg, num_batches=5)
-  assert [b.tolist() for b in got] == [[0, 1, 2]]
-  got = pipeline.validation_batches({"validation": Rows(3)}, dcfg, num_batches=5, multiple_of=2)
-  assert [b.tolist() for b in got] == [[0, 1]]
-  got = pipeline.validation_batches(sources, dcfg, num_batches=5, multiple_of=4)
-  assert [b.tolist() for b in got] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # whole batches: as before
-  with pytest.raises(ValueError, match=re.escape(
-      "the validation data (3 rows) is smaller than the 4 data shards a batch is split over")):
-    pipeline.validation_batches({"validation": Rows(3)}, dcfg, num_batches=5, multiple_of=4)
-  # An endless source: num_batches of batch_size.
-  got = pipeline.validation_batches({"validation": Rows(None)}, dcfg, num_batches=2)
-  assert [b.tolist() for b in got] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+class MaskedRows(Rows):
+  """Row i is the number i, with a loss mask of ones."""
+
+  def batch(self, indices):
+    return {"row": np.asarray(indices), "loss_mask_BT": np.ones((len(indices), 3), np.float32)}
+
+
+def _rows(batches):
+  """(rows, example mask, loss-mask row sums) of each validation batch."""
+  return [(b["row"].tolist(), b[pipeline.EXAMPLE_MASK].tolist(),
+           b["loss_mask_BT"].sum(axis=1).tolist()) for b in batches]
+
+
+def test_validation_reads_every_row_in_order_and_fills_up_the_last_batch():
+  """Batches of the validation rows in order, at most as many as asked for, all of one
+  shape: the last one, if the rows end inside it, is filled up with the first rows, which
+  are not examples (mask False) and carry no loss (before, those last rows were dropped)."""
+  dcfg = DataConfig(task="copy", batch_size=4, seed=3)
+  val = {"validation": MaskedRows(10)}
+  assert _rows(pipeline.validation_batches(val, dcfg, num_batches=5)) == [
+      ([0, 1, 2, 3], [True] * 4, [3.0] * 4), ([4, 5, 6, 7], [True] * 4, [3.0] * 4),
+      ([8, 9, 0, 1], [True, True, False, False], [3.0, 3.0, 0.0, 0.0])]
+  assert _rows(pipeline.validation_batches(val, dcfg, num_batches=2)) == [
+      ([0, 1, 2, 3], [True] * 4, [3.0] * 4), ([4, 5, 6, 7], [True] * 4, [3.0] * 4)]
+  whole = {"validation": MaskedRows(8)}
+  assert [r for r, _, _ in _rows(pipeline.validation_batches(whole, dcfg, num_batches=5))] == [
+      [0, 1, 2, 3], [4, 5, 6, 7]]
+  # Fewer rows than a batch: one batch of all of them, rounded up to a multiple of the
+  # data shards a batch is split over (filled up as above).
+  small = {"validation": MaskedRows(3)}
+  assert _rows(pipeline.validation_batches(small, dcfg, num_batches=5)) == [
+      ([0, 1, 2], [True] * 3, [3.0] * 3)]
+  assert _rows(pipeline.validation_batches(small, dcfg, num_batches=5, multiple_of=2)) == [
+      ([0, 1, 2, 0], [True, True, True, False], [3.0, 3.0, 3.0, 0.0])]
+  assert _rows(pipeline.validation_batches({"validation": MaskedRows(1)}, dcfg, 5,
+                                           multiple_of=4)) == [
+      ([0, 0, 0, 0], [True, False, False, False], [3.0, 0.0, 0.0, 0.0])]
+  assert [r for r, _, _ in _rows(pipeline.validation_batches(val, dcfg, num_batches=5,
+                                                             multiple_of=4))] == [
+      [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1]]
+  endless = pipeline.validation_batches({"validation": MaskedRows(None)}, dcfg, num_batches=2)
+  assert _rows(endless) == [([0, 1, 2, 3], [True] * 4, [3.0] * 4),
+                            ([4, 5, 6, 7], [True] * 4, [3.0] * 4)]
+  with pytest.raises(ValueError, match="^the validation data has no rows$"):
+    pipeline.validation_batches({"validation": MaskedRows(0)}, dcfg, num_batches=5)
 
 
 def test_synthetic_sources_are_endless():

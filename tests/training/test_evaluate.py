@@ -24,19 +24,24 @@ LINES = [("the cat sat down", "le chat est assis"),
          ("a red door here", "une porte rouge ici"),
          ("I see you now", "je te vois maintenant"),
          ("good night my friend", "bonne nuit mon ami")]
+# Validation: the same lines and the first again, 5 rows over batches of 4 (the last batch
+# is filled up with rows that must be neither scored nor counted in the loss).
+VALIDATION = LINES + LINES[:1]
 STEPS = 150
 
 
 def _train(tmp_path, arch, tokenizer=()):
   tsv = tmp_path / "pairs.tsv"
   tsv.write_text("".join(f"{s}\t{t}\n" for s, t in LINES))
+  val = tmp_path / "validation.tsv"
+  val.write_text("".join(f"{s}\t{t}\n" for s, t in VALIDATION))
   model = "encdec_tiny.gin" if arch == "encoder_decoder" else "decoder_tiny.gin"
   gin = tmp_path / "task.gin"
   gin.write_text(f"include 'models/{model}'\n")
   bindings = [
       "ModelConfig.d_model = 32", "ModelConfig.d_ff = 64", "ModelConfig.num_layers = 1",
       "ModelConfig.num_heads = 2",
-      "DataConfig.task = 'tsv'", f"DataConfig.paths = ('{tsv}', '{tsv}')",
+      "DataConfig.task = 'tsv'", f"DataConfig.paths = ('{tsv}', '{val}')",
       "DataConfig.seq_len = 48", "DataConfig.batch_size = 4",
       f"TrainConfig.steps = {STEPS}", "TrainConfig.learning_rate = 3e-3",
       "TrainConfig.schedule = 'constant'", "TrainConfig.warmup_steps = 10",
@@ -67,7 +72,7 @@ def test_eval_with_a_word_level_tokenizer_stops_at_its_eos(tmp_path):
   final = trainer.evaluate_workdir(workdir)
   rows = _predictions(workdir, STEPS)
   assert [(r["source"], r["reference"], r["prediction"]) for r in rows] == [
-      (s, t, t) for s, t in LINES]
+      (s, t, t) for s, t in VALIDATION]
   assert final["exact_match"] == 1.0 and final["bleu"] == pytest.approx(100.0)
 
 
@@ -82,17 +87,22 @@ def test_eval_decodes_memorized_tsv_and_bleu_matches_sacrebleu(tmp_path, arch):
   final = trainer.evaluate_workdir(workdir)
   assert final["step"] == STEPS
   rows = _predictions(workdir, STEPS)
-  assert [(r["source"], r["reference"]) for r in rows] == LINES
-  assert [r["prediction"] for r in rows] == [t for _, t in LINES]
+  assert [(r["source"], r["reference"]) for r in rows] == VALIDATION
+  assert [r["prediction"] for r in rows] == [t for _, t in VALIDATION]
   assert final["exact_match"] == 1.0
   assert final["bleu"] == pytest.approx(100.0)
+  # The loss counts the target bytes and eos of the 5 rows, none of the filling rows.
+  assert final["tokens"] == sum(len(t.encode()) + 1 for _, t in VALIDATION)
 
   # Early on the outputs are partly wrong: the reported numbers must still
   # be those of the written predictions.
   early = trainer.evaluate_workdir(workdir, step=30)
   rows = _predictions(workdir, 30)
   preds, refs = [r["prediction"] for r in rows], [r["reference"] for r in rows]
-  assert early["exact_match"] == np.mean([p == r for p, r in zip(preds, refs)])
+  assert early["exact_match"] == np.mean([r["prediction_ids"] == r["reference_ids"]
+                                          for r in rows])
+  tok = ByteTokenizer()
+  assert [tok.decode(r["prediction_ids"]) for r in rows] == preds
   assert early["exact_match"] < 1.0
   assert early["bleu"] == pytest.approx(sacrebleu.corpus_bleu(preds, [refs]).score, abs=1e-9)
   assert early["bleu"] < 100.0
@@ -245,19 +255,61 @@ def test_decode_batches_asks_generate_for_room_to_the_row_width(monkeypatch, arc
     assert [e["source"] for e in out] == [[5, 6]] and [e["prediction"] for e in out] == [[]]
 
 
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_decode_batches_skips_the_rows_that_fill_up_the_last_batch(monkeypatch, caplog, arch):
+  """Rows whose EXAMPLE_MASK is False (validation_batches' filling) are decoded with the
+  batch but neither scored nor counted as cut by seq_len."""
+  from types import SimpleNamespace
+
+  from attnlab.data.pipeline import EXAMPLE_MASK
+
+  monkeypatch.setattr(eval_lib, "generate",
+                      lambda model, prompt, **kw: np.array([[9, EOS]] * len(prompt)))
+  model = SimpleNamespace(cfg=SimpleNamespace(arch=arch, pad_id=PAD, max_len=64))
+  if arch == "decoder_only":  # the filling rows: one a whole example, one cut by seq_len
+    tokens = np.array([[BOS, 5, EOS, 7, EOS, PAD], [BOS, 6, EOS, 8, EOS, PAD],
+                       [BOS, 5, 6, 7, 8, 9]])
+    batch = {"tokens_BT": tokens, "targets_BT": np.roll(tokens, -1, axis=1)}
+  else:
+    batch = {"src_BS": np.array([[5, EOS], [6, EOS], [5, 6]]),
+             "targets_BT": np.array([[7, EOS], [8, EOS], [7, 8]])}
+  batch[EXAMPLE_MASK] = np.array([True, False, False])
+  with caplog.at_level("WARNING", logger=eval_lib.__name__):
+    out = eval_lib.decode_batches(model, [batch], eos_id=EOS, bos_id=BOS)
+  assert out == [{"source": [5], "reference": [7], "prediction": [9]}]
+  assert not caplog.records  # nothing counted as cut
+  batch[EXAMPLE_MASK] = np.array([True, True, True])
+  with caplog.at_level("WARNING", logger=eval_lib.__name__):
+    out = eval_lib.decode_batches(model, [batch], eos_id=EOS, bos_id=BOS)
+  assert [e["source"] for e in out] == [[5], [6]] + ([] if arch == "decoder_only" else [[5, 6]])
+  if arch == "decoder_only":
+    assert "1 validation example(s) do not fit" in caplog.text
+
+
 def test_seq2seq_metrics_without_bleu_writes_its_folder_and_counts_nothing_on_nothing(
     tmp_path):
+  """Exact match compares token ids; the file holds them beside the text, which can hide a
+  difference (a special id the tokenizer drops: the third example reads as a hit)."""
   tok = ByteTokenizer()
-  ex = [{"source": tok.encode("a"), "reference": list(tok.encode("bc")),
-         "prediction": list(tok.encode("bc"))},
+  bc = [int(i) for i in tok.encode("bc")]
+  ex = [{"source": tok.encode("a"), "reference": bc, "prediction": bc},
         {"source": tok.encode("d"), "reference": list(tok.encode("e")),
-         "prediction": list(tok.encode("f"))}]
+         "prediction": list(tok.encode("f"))},
+        {"source": tok.encode("g"), "reference": bc, "prediction": [bc[0], BOS, bc[1]]}]
   path = tmp_path / "new" / "deeper" / "p.jsonl"
   out = eval_lib.seq2seq_metrics(ex, tok, bleu=False, predictions_path=str(path))
-  assert out == {"exact_match": 0.5}
+  assert out == {"exact_match": pytest.approx(1 / 3)}
   rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
-  assert rows == [{"source": "a", "reference": "bc", "prediction": "bc"},
-                  {"source": "d", "reference": "e", "prediction": "f"}]
+  e, f = [int(i) for i in tok.encode("e")], [int(i) for i in tok.encode("f")]
+  assert rows == [
+      {"source": "a", "reference": "bc", "prediction": "bc", "reference_ids": bc,
+       "prediction_ids": bc},
+      {"source": "d", "reference": "e", "prediction": "f", "reference_ids": e,
+       "prediction_ids": f},
+      {"source": "g", "reference": "bc", "prediction": "bc", "reference_ids": bc,
+       "prediction_ids": [bc[0], BOS, bc[1]]}]
+  assert np.mean([r["prediction_ids"] == r["reference_ids"] for r in rows]) == (
+      out["exact_match"])
   assert eval_lib.seq2seq_metrics([], tok, bleu=False) == {"exact_match": 0.0}
   assert eval_lib.seq2seq_metrics(ex[:1], tok, bleu=False) == {"exact_match": 1.0}
 
@@ -273,8 +325,10 @@ def test_predictions_are_utf8_text_and_bleu_without_sacrebleu_says_what_to_insta
          "prediction": list(tok.encode("café"))}]
   path = tmp_path / "p.jsonl"
   eval_lib.seq2seq_metrics(ex, tok, bleu=False, predictions_path=str(path))
-  assert path.read_bytes().decode("utf-8") == (
-      '{"source": "thé", "reference": "café crème", "prediction": "café"}\n')
+  line = json.loads(path.read_bytes().decode("utf-8"))
+  assert path.read_bytes().decode("utf-8").startswith(
+      '{"source": "thé", "reference": "café crème", "prediction": "café", ')
+  assert line["prediction_ids"] == list(tok.encode("café"))
   monkeypatch.setitem(sys.modules, "sacrebleu", None)  # import sacrebleu raises ImportError
   with pytest.raises(MissingDependencyError, match="^" + re.escape(
       "task='tsv' (BLEU in eval) needs the sacrebleu package: pip install sacrebleu (a "

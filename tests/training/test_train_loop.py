@@ -81,7 +81,8 @@ def test_seq2seq_eval_writes_its_predictions_to_workdir_eval(tmp_path, monkeypat
         tmp_path / "eval" / f"predictions_{step}.jsonl")
     text = (tmp_path / "eval" / f"predictions_{step}.jsonl").read_text()
     rows = [json.loads(line) for line in text.splitlines()]
-    assert rows and all(set(r) == {"source", "reference", "prediction"} for r in rows)
+    assert rows and all(set(r) == {"source", "reference", "prediction", "reference_ids",
+                                   "prediction_ids"} for r in rows)
   evals = [r for r in read_metrics(str(tmp_path)) if r["split"] == "eval"]
   assert [r["step"] for r in evals] == [2, 4]
   assert all({"loss", "perplexity", "tokens", "exact_match"} <= set(r) for r in evals)

@@ -71,7 +71,9 @@ def split_files(files: list[str], percent: int) -> dict[str, list[str]]:
 
 
 def read_text(path: str) -> str:
-  with open(path, encoding="utf-8", errors="replace") as f:
+  """A corpus file's text: bytes that are not UTF-8 are replaced (U+FFFD), a UTF-8
+  byte order mark at the start is not text."""
+  with open(path, encoding="utf-8-sig", errors="replace") as f:
     return f.read()
 
 
@@ -91,10 +93,11 @@ def lm_files(patterns, *, validation_percent: int, max_files: int = 0) -> dict[s
 
 
 def read_tsv(path: str) -> list[tuple[str, str]]:
-  """Pairs of a "source<TAB>target" file; blank lines are skipped, a UTF-8 byte order
-  mark is not part of the first source, columns after the second are ignored (the
-  attribution column of the Tatoeba / manythings.org files); bytes that are not UTF-8
-  are an error naming the line."""
+  """Pairs of a "source<TAB>target" file; lines end at "\\n", "\\r\\n" or a lone "\\r"
+  (universal newlines, as Python's csv module reads them); blank lines are skipped, a
+  UTF-8 byte order mark is not part of the first source, columns after the second are
+  ignored (the attribution column of the Tatoeba / manythings.org files); bytes that are
+  not UTF-8 are an error naming the line."""
   with open(path, "rb") as f:
     data = f.read()
   try:

@@ -126,10 +126,14 @@ def test_lm_files_thins_each_side_evenly_to_max_files(tmp_path):
     text.lm_files([str(tmp_path / "*.none")], validation_percent=20)
 
 
-def test_read_text_replaces_bad_utf8(tmp_path):
+def test_read_text_replaces_bad_utf8_and_drops_a_byte_order_mark(tmp_path):
   path = tmp_path / "t.txt"
   path.write_bytes("é\n".encode() + b"\xff!")
   assert text.read_text(str(path)) == "é\n\ufffd!"
+  # A leading UTF-8 byte order mark is not text (it was 3 byte tokens in front of the
+  # document); one elsewhere is a character like any other.
+  path.write_bytes("\ufeffdef f():\n  x = '\ufeff'\n".encode())
+  assert text.read_text(str(path)) == "def f():\n  x = '\ufeff'\n"
 
 
 def test_read_tsv_keeps_fields_as_written_and_names_bad_lines(tmp_path):
@@ -141,6 +145,10 @@ def test_read_tsv_keeps_fields_as_written_and_names_bad_lines(tmp_path):
   bom = tmp_path / "bom.tsv"
   bom.write_bytes("\ufeffhello\tbonjour\r\nx\ty\r\n".encode())
   assert text.read_tsv(str(bom)) == [("hello", "bonjour"), ("x", "y")]
+  # A lone CR ends a line too (universal newlines, as the csv module reads a file).
+  cr = tmp_path / "cr.tsv"
+  cr.write_bytes(b"a\tb\rc\td\r")
+  assert text.read_tsv(str(cr)) == [("a", "b"), ("c", "d")]
   bad = tmp_path / "b.tsv"
   bad.write_text("ok\tok\n" + "z" * 70 + "\n")
   with pytest.raises(ValueError, match=re.escape(

@@ -1,6 +1,7 @@
 """Run by test_sharding.py in a subprocess with 8 forced host devices:
 trains the same tiny config (with gradient accumulation) on a 1-device mesh
-and on a (2, 2, 2) mesh, recording losses and gradient norms,
+and on a (2, 2, 2) mesh, recording losses and gradient norms and the validation loss of
+5 rows (a batch filled up to the data shards on the larger mesh),
 restores the (2, 2, 2) checkpoint onto a (1, 2, 4) mesh, and prints JSON."""
 
 import json
@@ -19,7 +20,18 @@ from attnlab.config import DataConfig, ModelConfig, TrainConfig  # noqa: E402
 from attnlab.data import pipeline  # noqa: E402
 from attnlab.training import sharding, steps  # noqa: E402
 from attnlab.training.checkpoint import Checkpointer  # noqa: E402
+from attnlab.training.evaluate import validation_loss  # noqa: E402
 from attnlab.training.trainer import Run  # noqa: E402
+
+
+class FirstRows:
+  """The first ``size`` rows of a source."""
+
+  def __init__(self, source, size):
+    self.source, self.size = source, size
+
+  def batch(self, indices):
+    return self.source.batch(indices)
 
 
 def main(workdir):
@@ -29,6 +41,9 @@ def main(workdir):
   tcfg = TrainConfig(steps=6, warmup_steps=2, learning_rate=3e-3, grad_accum=2, progress=False)
   out = {"devices": jax.device_count()}
   sources, _ = pipeline.build_sources(dcfg, mcfg)
+  # 5 validation rows: one batch of 5 on one device; on (2, 2, 2) (4 data shards) one of 8,
+  # 3 of them filling rows that must add nothing to the loss.
+  sources = dict(sources, validation=FirstRows(sources["validation"], 5))
   for shape in [(1, 1, 1), (2, 2, 2)]:
     mesh = sharding.make_mesh(shape)
     run = Run(mcfg, tcfg, dcfg, mesh, sources)
@@ -39,6 +54,10 @@ def main(workdir):
       losses.append(float(m["loss"]))
       grad_norms.append(float(m["grad_norm"]))
     out[str(shape)] = losses
+    batches = run.validation_batches()
+    out[f"validation rows {shape}"] = [len(b["targets_BT"]) for b in batches]
+    out[f"validation {shape}"] = validation_loss(run.eval_step, run.state["params"], batches,
+                                                 run.put)
     # AdamW (+ clipping) hides a constant gradient scale: compare gradients too.
     out[f"grad_norm {shape}"] = grad_norms
     if shape == (2, 2, 2):

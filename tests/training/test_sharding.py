@@ -143,6 +143,11 @@ def test_one_device_and_8_device_mesh_agree(tmp_path):
   assert out["devices"] == 8
   np.testing.assert_allclose(out["(1, 1, 1)"], out["(2, 2, 2)"], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(out["grad_norm (1, 1, 1)"], out["grad_norm (2, 2, 2)"], rtol=1e-4)
+  # Validation: 5 rows; on 4 data shards a batch of 8 (3 filling rows that carry no loss).
+  assert out["validation rows (1, 1, 1)"] == [5] and out["validation rows (2, 2, 2)"] == [8]
+  one, eight = out["validation (1, 1, 1)"], out["validation (2, 2, 2)"]
+  assert one["tokens"] == eight["tokens"] > 0
+  np.testing.assert_allclose(one["loss"], eight["loss"], rtol=1e-5)
   assert out["(1, 1, 1)"][-1] < out["(1, 1, 1)"][0]
   specs = out["specs"]
   assert "P('fsdp', 'tensor', None)" in specs  # q/k/v [embed, heads, head_dim]

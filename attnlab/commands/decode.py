@@ -161,13 +161,13 @@ def main(argv: list[str]) -> int:
   if cfg.arch == "encoder_decoder":
     if dcfg.beam_size > 1:
       kwargs.update(beam_size=dcfg.beam_size, length_penalty=dcfg.length_penalty)
-  else:
-    if dcfg.beam_size > 1:
-      raise CommandError(f"--beam_size={dcfg.beam_size} needs an encoder-decoder checkpoint; "
-                         f"{args.workdir} holds a decoder-only model")
-    if (lengths_B == 0).any():
-      raise CommandError(f"prompt {int(np.argmax(lengths_B == 0)) + 1} is empty")
-    kwargs.update(prompt_lengths_B=lengths_B)
+  elif dcfg.beam_size > 1:
+    raise CommandError(f"--beam_size={dcfg.beam_size} needs an encoder-decoder checkpoint; "
+                       f"{args.workdir} holds a decoder-only model")
+  if (lengths_B == 0).any():
+    raise CommandError(f"prompt {int(np.argmax(lengths_B == 0)) + 1} is empty")
+  # Prompt (or source) lengths: a token with the pad id inside a prompt is a token.
+  kwargs.update(prompt_lengths_B=lengths_B)
   try:
     out_BL = np.asarray(generate(model, prompt_BT, **kwargs))
   except (GenerateInputError, PagesExhaustedError) as e:  # input errors (--num_pages too

@@ -13,7 +13,8 @@ holds its ``prompt_lengths_B[b]`` tokens at positions 0.. and padding after
 them. Each sequence then continues at its own length, with exactly the
 positions it would have if decoded alone; the padding is never cached.
 
-An encoder-decoder takes the source (padded anywhere with ``cfg.pad_id``,
+An encoder-decoder takes the source (right-padded, with its lengths in
+``prompt_lengths_B``; or, without them, padded anywhere with ``cfg.pad_id``,
 which is masked); its source is encoded once, the cross-attention K/V are
 cached, and the target starts from ``bos_id``. With ``beam_size > 1`` it runs
 beam search (``beam_search``).
@@ -59,13 +60,18 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
   Args:
     model: a ``DecoderOnly`` or ``EncoderDecoder``.
     prompt_BT: int [B, T]. Decoder-only: right-padded prompts. Encoder-decoder:
-      the source, ``cfg.pad_id`` masked.
+      the source (see ``prompt_lengths_B``).
     max_new_tokens: tokens generated per sequence at most.
     cache: "contiguous" | "ring" (needs ``cfg.window``) | "paged".
     sampling: ``Sampling(temperature, top_k, top_p)``; temperature 0 = greedy.
     rng: a ``jax.random.key``; the same key gives the same tokens.
-    prompt_lengths_B: int [B] prompt lengths (decoder-only); default: up to
-      and including the last token that is not ``cfg.pad_id``.
+    prompt_lengths_B: int [B] prompt lengths (decoder-only) or source lengths
+      (encoder-decoder): the rows are right-padded and the first
+      ``prompt_lengths_B[b]`` tokens of row b are its own, ``cfg.pad_id`` among
+      them too (a tokenizer's real token may have that id). Default: a
+      decoder-only prompt up to and including the last token that is not
+      ``cfg.pad_id``; an encoder-decoder's source every token that is not
+      ``cfg.pad_id``.
     eos_id: a sequence stops after emitting it (the rest of its row is
       ``cfg.pad_id``); None = always ``max_new_tokens``.
     bos_id: first target token of an encoder-decoder.
@@ -120,13 +126,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     if prompt_BT.shape[1] > cfg.max_len:
       raise GenerateInputError(f"the source has {T} positions, more than the model's "
                                f"max_len={cfg.max_len}")
-    if prompt_lengths_B is not None:
-      raise GenerateInputError("prompt_lengths_B is for decoder-only prompts; an "
-                               "encoder-decoder's source padding is its pad_id tokens")
-    empty = (prompt_BT == cfg.pad_id).all(axis=1)
-    if empty.any():
-      raise GenerateInputError(f"source {int(np.argmax(empty))} is empty (all padding, "
-                               f"pad_id={cfg.pad_id}): give at least one token")
+    src_seg_BS = _source_segment_ids(cfg, prompt_BT, prompt_lengths_B)
     if isinstance(bos_id, bool) or not isinstance(bos_id, int | np.integer) or not (
         0 <= bos_id < cfg.vocab_size):
       raise GenerateInputError(f"bos_id={bos_id!r} is outside the vocabulary "
@@ -140,11 +140,13 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
       if cache == "paged":
         raise GenerateInputError("beam search reorders whole cache rows: use cache='contiguous' or "
                                  "'ring' with beam_size")
-      return _beam_encoder_decoder(model, jnp.asarray(prompt_BT), eos, jnp.int32(bos_id),
+      return _beam_encoder_decoder(model, jnp.asarray(prompt_BT), jnp.asarray(src_seg_BS), eos,
+                                   jnp.int32(bos_id),
                                    beam_size=beam_size, length_penalty=float(length_penalty),
                                    cache_len=cache_len, **static)
     tokens_BT, exhausted = _sample_encoder_decoder(
-        model, jnp.asarray(prompt_BT), rng, eos, jnp.int32(bos_id), sampling=sampling,
+        model, jnp.asarray(prompt_BT), jnp.asarray(src_seg_BS), rng, eos, jnp.int32(bos_id),
+        sampling=sampling,
         cache_len=cache_len, num_pages=num_pages, **static)
   else:
     if beam_size is not None:
@@ -193,7 +195,26 @@ def _check_prompt(cfg, prompt_BT, max_new_tokens) -> int:
   return max_new_tokens
 
 
-def _prompt_lengths(cfg, prompt_BT, prompt_lengths_B):
+def _source_segment_ids(cfg, src_BS, lengths_B):
+  """int32 [B, S]: 1 on an encoder-decoder's source tokens, 0 on its padding.
+
+  With ``lengths_B`` the source is right-padded and row b's first ``lengths_B[b]``
+  positions are its tokens (``cfg.pad_id`` among them too: a tokenizer's real token
+  may have that id, as the training batches allow); without, every token that is
+  not ``cfg.pad_id``.
+  """
+  if lengths_B is None:
+    real_BS = src_BS != cfg.pad_id
+    if not real_BS.any(axis=1).all():
+      raise GenerateInputError(f"source {int(np.argmin(real_BS.any(axis=1)))} is empty (all "
+                               f"padding, pad_id={cfg.pad_id}): give at least one token")
+  else:
+    lengths_B = _prompt_lengths(cfg, src_BS, lengths_B, what="source")
+    real_BS = np.arange(src_BS.shape[1])[None, :] < lengths_B[:, None]
+  return real_BS.astype(np.int32)
+
+
+def _prompt_lengths(cfg, prompt_BT, prompt_lengths_B, what="prompt"):
   B, T = prompt_BT.shape
   if prompt_lengths_B is None:
     real_BT = prompt_BT != cfg.pad_id
@@ -208,7 +229,7 @@ def _prompt_lengths(cfg, prompt_BT, prompt_lengths_B):
           f"prompt_lengths_B={lengths_B.tolist()} exceeds the prompt width T={T}")
   if (lengths_B < 1).any():
     b = int(np.argmax(lengths_B < 1))
-    raise GenerateInputError(f"prompt {b} is empty (all padding, pad_id={cfg.pad_id}): give at "
+    raise GenerateInputError(f"{what} {b} is empty (all padding, pad_id={cfg.pad_id}): give at "
                              "least one token")
   return lengths_B.astype(np.int32)
 
@@ -361,13 +382,15 @@ def _decoder_forward(model):
   return forward
 
 
-def _sample_encoder_decoder_impl(model, src_BS, rng, eos_id, bos_id, *, max_new_tokens, kind,
-                                 page_size, sampling, cache_len, num_pages, cache_dtype):
+def _sample_encoder_decoder_impl(model, src_BS, src_seg_BS, rng, eos_id, bos_id, *,
+                                 max_new_tokens, kind, page_size, sampling, cache_len, num_pages,
+                                 cache_dtype):
   model = _in_eval_mode(model)
   cfg = model.cfg
   B = src_BS.shape[0]
   cache, alloc = _new_cache(cfg, kind, B, cache_len, page_size, num_pages, cache_dtype)
-  cache = cache_lib.with_cross(cache, model.cross_cache(src_BS))  # encoded once
+  # The source is encoded once.
+  cache = cache_lib.with_cross(cache, model.cross_cache(src_BS, src_segment_ids_BS=src_seg_BS))
   forward = _decoder_forward(model)
   ones_B1 = jnp.ones((B, 1), jnp.int32)
   if alloc is not None:
@@ -378,13 +401,15 @@ def _sample_encoder_decoder_impl(model, src_BS, rng, eos_id, bos_id, *, max_new_
                         page_size=page_size, pad_id=cfg.pad_id)
 
 
-def _beam_encoder_decoder_impl(model, src_BS, eos_id, bos_id, *, max_new_tokens, kind,
-                               page_size, beam_size, length_penalty, cache_len, cache_dtype):
+def _beam_encoder_decoder_impl(model, src_BS, src_seg_BS, eos_id, bos_id, *, max_new_tokens,
+                               kind, page_size, beam_size, length_penalty, cache_len,
+                               cache_dtype):
   model = _in_eval_mode(model)
   cfg = model.cfg
   B = src_BS.shape[0]
   # Beams are rows X = b * Z + z; every beam of a source shares its cross K/V.
-  cross = jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0), model.cross_cache(src_BS))
+  cross = jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0),
+                       model.cross_cache(src_BS, src_segment_ids_BS=src_seg_BS))
   cache, _ = _new_cache(cfg, kind, B * beam_size, cache_len, page_size, None, cache_dtype)
   forward = _decoder_forward(model)
 

@@ -2,10 +2,10 @@
 outputs scored by exact match (and corpus BLEU for translation).
 
 Outputs come from ``attnlab.generate`` (KV cache, greedy): an
-encoder-decoder decodes from its source, a decoder-only model continues the
-prompt ``[bos] source [eos]``. Every batch is decoded with the same shapes
-(the full row width and a fixed number of new tokens), so generation
-compiles once per evaluation setup, not once per batch.
+encoder-decoder decodes from its source (its lengths as in training), a
+decoder-only model continues the prompt ``[bos] source [eos]``. Every batch
+is decoded with the same shapes (the full row width and a fixed number of new
+tokens), so generation compiles once per evaluation setup, not once per batch.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def _split_rows(batch: dict, arch: str, eos_id: int, pad_id: int):
   """(prompt_BT, prompt_lengths_B or None, [source ids], [reference ids], fits_B) of a
   batch.
 
-  Encoder-decoder: the prompt is the source. Decoder-only rows are
+  Encoder-decoder: the prompt is the source, its lengths those of the batch's
+  ``src_segment_ids_BS`` (None without them: pad-masked). Decoder-only rows are
   ``[bos] source [eos] target [eos]``: the prompt is the row up to and
   including the first eos after the bos (the bos may be the eos id: GPT-2's),
   right-padded with ``pad_id`` to the longest prompt. ``fits_B``: the row holds
@@ -63,7 +64,10 @@ def _split_rows(batch: dict, arch: str, eos_id: int, pad_id: int):
     src_BS = np.asarray(batch["src_BS"])
     sources = [_until_eos(src_BS[b], eos_id) for b in range(B)]
     refs = [_until_eos(targets_BT[b], eos_id) for b in range(B)]
-    return src_BS, None, sources, refs, np.ones((B,), bool)
+    # The source lengths the batch's segment ids give (a real token may have the pad id).
+    seg_BS = batch.get("src_segment_ids_BS")
+    lengths_B = None if seg_BS is None else (np.asarray(seg_BS) != 0).sum(axis=1).astype(np.int32)
+    return src_BS, lengths_B, sources, refs, np.ones((B,), bool)
   tokens_BT = np.asarray(batch["tokens_BT"])
   is_eos_BT = tokens_BT[:, 1:] == eos_id
   starts_B = np.argmax(is_eos_BT, axis=1) + 1  # the eos that ends the source

@@ -238,6 +238,31 @@ def test_encoder_decoder_greedy_equals_recompute_everything():
   assert_greedy(lambda t: encdec_forward("paper_gqa", varied=True)(SRC, t), tgt, [1, 1], got)
 
 
+@pytest.mark.parametrize("beam", [False, True])
+def test_encoder_decoder_source_lengths_keep_a_real_token_with_the_pad_id(beam):
+  """With ``prompt_lengths_B`` the source's first lengths[b] tokens are its own, a token
+  with the pad id among them (a tokenizer's real token, e.g. sentencepiece's <unk> 0),
+  as the training batches' source segment ids say: greedy decoding is the argmax of the
+  full forward given those segment ids, and differs from the pad-masking default."""
+  name, bos, pad = "paper_gqa", 1, 0
+  model = encdec_model(name, varied=True)
+  src = SRC.copy()
+  src[0, 2] = pad  # a real token with the pad id, inside row 0
+  lengths = np.array([SRC_SHAPE[1], 6])  # row 1 is padded after 6 tokens (SRC)
+  seg = (np.arange(SRC_SHAPE[1])[None, :] < lengths[:, None]).astype(np.int32)
+  kw = dict(max_new_tokens=8, eos_id=None, bos_id=bos)
+  if beam:
+    kw.update(beam_size=1, length_penalty=0.0)  # no eos: beam 1 is greedy
+  got = np.asarray(attnlab.generate(model, src, prompt_lengths_B=lengths, **kw))
+  graphdef, state = nnx.split(model)
+  forward = jax.jit(lambda s, g, t: nnx.merge(graphdef, state)(s, t, src_segment_ids_BS=g))
+  tgt = np.full((2, TGT_LEN), bos, np.int32)
+  assert_greedy(lambda t: np.asarray(forward(src, seg, t)), tgt, [1, 1], got)
+  default = np.asarray(attnlab.generate(model, src, **kw))  # masks src[0, 2]
+  np.testing.assert_array_equal(default[1], got[1])
+  assert not np.array_equal(default[0], got[0])
+
+
 def test_ring_cache_memory_does_not_grow_with_length():
   cfg = decoder_model("mqa_rope_window3").cfg
   short = cache_lib.init_cache(cfg, "ring", 2, 8)

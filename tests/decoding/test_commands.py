@@ -297,10 +297,14 @@ def test_generate_rejects_bad_prompts():
     with pytest.raises(GenerateInputError, match=re.escape(
         f"bos_id={bad} is outside the vocabulary [0, {encdec.cfg.vocab_size})")):
       attnlab.generate(encdec, np.array([[5, 6]]), max_new_tokens=2, bos_id=bad)
+  # Source lengths are checked like prompt lengths.
   with pytest.raises(GenerateInputError, match=re.escape(
-      "prompt_lengths_B is for decoder-only prompts; an encoder-decoder's source padding is "
-      "its pad_id tokens")):
-    attnlab.generate(encdec, np.array([[5, 6]]), max_new_tokens=2, prompt_lengths_B=[1])
+      "source 1 is empty (all padding, pad_id=0): give at least one token")):
+    attnlab.generate(encdec, np.array([[5, 6], [0, 0]]), max_new_tokens=2,
+                     prompt_lengths_B=[2, 0])
+  with pytest.raises(GenerateInputError, match=re.escape(
+      "prompt_lengths_B=[3] exceeds the prompt width T=2")):
+    attnlab.generate(encdec, np.array([[5, 6]]), max_new_tokens=2, prompt_lengths_B=[3])
   with pytest.raises(GenerateInputError, match=re.escape("length_penalty=-1.0 must be >= 0")):
     attnlab.generate(encdec, np.array([[5, 6]]), max_new_tokens=2, beam_size=2,
                      length_penalty=-1.0)
@@ -550,16 +554,18 @@ def encdec_workdir(tmp_path_factory):
 
 
 def test_decode_an_encoder_decoder_with_beam_search(encdec_workdir, monkeypatch, capsys):
-  """An encoder-decoder decodes from the source (no prompt lengths) with the tokenizer's
-  bos, and takes --beam_size / --length_penalty; --slots needs a decoder-only model."""
+  """An encoder-decoder decodes from the source (its length given: a token with the pad id
+  would be a token, as in training) with the tokenizer's bos, and takes --beam_size /
+  --length_penalty; --slots needs a decoder-only model."""
   spy = _GenerateSpy(monkeypatch)
   base = ["decode", "--workdir", encdec_workdir, "--prompt", "abc", "--max_new_tokens", "4"]
   rc, out, err = _run(base + ["--beam_size", "2", "--length_penalty", "0.8"], capsys)
   assert rc == 0, err
   (model, src, kw), = spy.calls
   tok = decode_command._tokenizer(encdec_workdir)
-  assert model.cfg.arch == "encoder_decoder" and "prompt_lengths_B" not in kw
+  assert model.cfg.arch == "encoder_decoder"
   np.testing.assert_array_equal(src, [[*tok.encode("abc"), tok.eos_id]])  # as in training
+  assert kw["prompt_lengths_B"].tolist() == [4]
   assert (kw["beam_size"], kw["length_penalty"], kw["bos_id"]) == (2, 0.8, tok.bos_id)
   spy.calls.clear()
   rc, _, err = _run(base, capsys)

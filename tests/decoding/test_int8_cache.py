@@ -97,10 +97,11 @@ def test_every_generate_program_caches_in_the_dtype_asked_for(program):
       return gen._sample_decoder_only.trace(model, prompt, jnp.array([5, 3]), key, eos,
                                             sampling=gen.GREEDY, num_pages=None, **static)
     model, src = encdec_model("paper_gqa"), jnp.asarray(random_tokens(3, (2, 5)))
+    seg = jnp.ones_like(src)
     if program == "encoder_decoder":
-      return gen._sample_encoder_decoder.trace(model, src, key, eos, bos, sampling=gen.GREEDY,
-                                               num_pages=None, **static)
-    return gen._beam_encoder_decoder.trace(model, src, eos, bos, beam_size=2,
+      return gen._sample_encoder_decoder.trace(model, src, seg, key, eos, bos,
+                                               sampling=gen.GREEDY, num_pages=None, **static)
+    return gen._beam_encoder_decoder.trace(model, src, seg, eos, bos, beam_size=2,
                                            length_penalty=0.6, **static)
 
   assert "i8[" in str(traced("int8").jaxpr)

@@ -176,14 +176,21 @@ def test_split_rows_of_a_decoder_only_batch():
 
 
 def test_split_rows_of_an_encoder_decoder_batch():
-  src = np.array([[5, 6, EOS, PAD], [7, EOS, PAD, PAD]])
+  """The source lengths come from the batch's source segment ids (a real token with the
+  pad id, row 0's PAD, stays in the source); without them generate masks pad ids."""
+  src = np.array([[5, PAD, EOS, PAD], [7, EOS, PAD, PAD]])
   targets = np.array([[8, 9, EOS, PAD], [EOS, PAD, PAD, PAD]])
+  seg = np.array([[1, 1, 1, 0], [1, 1, 0, 0]])
   prompt, lengths, sources, refs, fits = eval_lib._split_rows(
-      {"src_BS": src, "targets_BT": targets}, "encoder_decoder", EOS, PAD)
+      {"src_BS": src, "targets_BT": targets, "src_segment_ids_BS": seg}, "encoder_decoder",
+      EOS, PAD)
   assert fits.tolist() == [True, True]
-  assert prompt is not None and lengths is None
+  assert lengths.tolist() == [3, 2] and lengths.dtype == np.int32
   np.testing.assert_array_equal(prompt, src)
-  assert sources == [[5, 6], [7]] and refs == [[8, 9], []]
+  assert sources == [[5, PAD], [7]] and refs == [[8, 9], []]
+  _, lengths, *_ = eval_lib._split_rows({"src_BS": src, "targets_BT": targets},
+                                        "encoder_decoder", EOS, PAD)
+  assert lengths is None
 
 
 def test_validation_loss_is_token_weighted_over_the_batches():
@@ -222,6 +229,7 @@ def test_decode_batches_asks_generate_for_room_to_the_row_width(monkeypatch, arc
     batch = {"tokens_BT": tokens, "targets_BT": np.roll(tokens, -1, axis=1)}
   else:
     batch = {"src_BS": np.array([[5, EOS, PAD], [6, 7, EOS]]),
+             "src_segment_ids_BS": np.array([[1, 1, 0], [1, 1, 1]]),
              "targets_BT": np.array([[9, EOS] + [PAD] * 4, [9, 9, EOS] + [PAD] * 3])}
   for max_len, want_new in ((64, T), (9, T), (7, 4)):
     model = SimpleNamespace(cfg=SimpleNamespace(arch=arch, pad_id=PAD, max_len=max_len))
@@ -237,7 +245,7 @@ def test_decode_batches_asks_generate_for_room_to_the_row_width(monkeypatch, arc
       assert [e["source"] for e in out[:2]] == [[5], [5, 6]]
       assert [e["reference"] for e in out[:2]] == [[7], [8]]
     else:
-      assert kw["prompt_lengths_B"] is None
+      np.testing.assert_array_equal(kw["prompt_lengths_B"], [2, 3])
       assert [e["source"] for e in out[:2]] == [[5], [6, 7]]
       assert [e["reference"] for e in out[:2]] == [[9], [9, 9]]
     assert [e["prediction"] for e in out] == [[9], []] * 2

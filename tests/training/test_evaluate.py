@@ -294,6 +294,34 @@ def test_decode_batches_skips_the_rows_that_fill_up_the_last_batch(monkeypatch, 
     assert "1 validation example(s) do not fit" in caplog.text
 
 
+def test_decode_batches_counts_the_cut_rows_of_every_batch_and_pads_with_pad_id(
+    monkeypatch, caplog):
+  """The warning counts the rows cut by seq_len over the whole evaluation; prompts are
+  padded with the model's pad_id (here 7, not 0); no batches decode nothing."""
+  from types import SimpleNamespace
+
+  pad = 7
+  calls = []
+
+  def generate(model, prompt, **kw):
+    calls.append(prompt)
+    return np.array([[9, EOS]] * len(prompt))
+
+  monkeypatch.setattr(eval_lib, "generate", generate)
+  model = SimpleNamespace(cfg=SimpleNamespace(arch="decoder_only", pad_id=pad, max_len=64))
+  cut = np.array([[BOS, 5, 6, 8, 8, 9], [BOS, 5, EOS, 8, EOS, pad]])
+  short = np.array([[BOS, 5, 6, 8, 8, 9], [BOS, EOS, 8, EOS, pad, pad]])
+  batches = [{"tokens_BT": t, "targets_BT": np.roll(t, -1, axis=1)} for t in (cut, short)]
+  with caplog.at_level("WARNING", logger=eval_lib.__name__):
+    out = eval_lib.decode_batches(model, batches, eos_id=EOS, bos_id=BOS)
+  assert [e["source"] for e in out] == [[5], []]
+  assert [r.getMessage() for r in caplog.records] == [
+      "2 validation example(s) do not fit seq_len with their eos (cut by the data layout): "
+      "not scored"]
+  np.testing.assert_array_equal(calls[1], [[BOS, pad, pad], [BOS, EOS, pad]])
+  assert eval_lib.decode_batches(model, [], eos_id=EOS, bos_id=BOS) == []
+
+
 def test_seq2seq_metrics_without_bleu_writes_its_folder_and_counts_nothing_on_nothing(
     tmp_path):
   """Exact match compares token ids; the file holds them beside the text, which can hide a

@@ -37,8 +37,11 @@ class ByteTokenizer:
 class SentencePieceTokenizer:
   """A trained sentencepiece model (``pip install sentencepiece``).
 
-  Train one on a local corpus with ``train(...)``; the model must reserve
-  pad=0, bos=1, eos=2 (``train`` sets this) so masks and models agree.
+  Train one on a local corpus with ``train(...)``, which reserves pad=0, bos=1,
+  eos=2. Another model must have bos=1 and eos=2, and pad=0 or no pad (e.g.
+  sentencepiece's default layout, unk=0 bos=1 eos=2: its <unk> then shares
+  id 0 with the padding, which the batches' lengths keep apart); any other
+  layout (T5's: pad=0 eos=1 unk=2, no bos) is refused by name.
   """
 
   def __init__(self, model_path: str):
@@ -50,6 +53,14 @@ class SentencePieceTokenizer:
                        f"{e}") from e
     self.vocab_size = self._sp.get_piece_size()
     self.pad_id, self.bos_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
+    sp = self._sp
+    if sp.bos_id() != BOS_ID or sp.eos_id() != EOS_ID or sp.pad_id() not in (PAD_ID, -1):
+      raise ValueError(
+          f"tokenizer_model={model_path!r} has pad={sp.pad_id()}, bos={sp.bos_id()}, "
+          f"eos={sp.eos_id()}, unk={sp.unk_id()} (-1: none); attnlab's sentencepiece tokenizer "
+          f"needs bos={BOS_ID}, eos={EOS_ID} and pad={PAD_ID} or none "
+          "(SentencePieceTokenizer.train reserves them); for another layout use a "
+          "tokenizer.json (tokenizer='hf_json' with DataConfig.bos_id / eos_id)")
 
   @staticmethod
   def train(text_files: list[str], model_prefix: str, vocab_size: int = 4096) -> str:

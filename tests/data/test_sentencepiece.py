@@ -79,3 +79,37 @@ def test_an_unreadable_model_file_is_a_value_error_naming_it(tmp_path):
   with pytest.raises(ValueError, match="^" + re.escape(
       f"tokenizer_model={str(garbage)!r} is not a readable sentencepiece model: ")):
     pipeline.make_tokenizer("sentencepiece", str(garbage))
+
+
+def _train_spm(files, prefix, **ids):
+  spm.SentencePieceTrainer.train(input=",".join(files), model_prefix=prefix, vocab_size=VOCAB,
+                                 minloglevel=2, **ids)
+  return prefix + ".model"
+
+
+def test_a_model_of_another_layout_is_refused_by_name_the_default_layout_is_read(
+    corpus, tmp_path):
+  """A model whose bos / eos are not 1 / 2 (T5's layout: pad 0, eos 1, unk 2, no bos) would
+  have been read with the wrong eos: refused, naming its ids. sentencepiece's default layout
+  (unk 0, bos 1, eos 2, no pad) is read; its <unk> shares id 0 with padding, and a pair's
+  source holding one keeps it (segment ids from lengths)."""
+  files, _ = corpus
+  t5 = _train_spm(files, str(tmp_path / "t5"), pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
+  with pytest.raises(ValueError, match="^" + re.escape(
+      f"tokenizer_model={t5!r} has pad=0, bos=-1, eos=1, unk=2 (-1: none); attnlab's "
+      "sentencepiece tokenizer needs bos=1, eos=2 and pad=0 or none "
+      "(SentencePieceTokenizer.train reserves them); for another layout use a tokenizer.json "
+      "(tokenizer='hf_json' with DataConfig.bos_id / eos_id)") + "$"):
+    pipeline.make_tokenizer("sentencepiece", t5)
+  swapped = _train_spm(files, str(tmp_path / "swapped"), pad_id=3, unk_id=0)
+  with pytest.raises(ValueError, match=re.escape("has pad=3, bos=1, eos=2, unk=0")):
+    pipeline.make_tokenizer("sentencepiece", swapped)
+  default = _train_spm(files, str(tmp_path / "default"))
+  tok = pipeline.make_tokenizer("sentencepiece", default)
+  ids = tok.encode("def 漢(x):")  # a character the corpus never had: <unk>, id 0
+  assert 0 in ids.tolist()
+  batch = pipeline.PairBatches([("def 漢(x):", "x")], tok, seq_len=16, arch="encoder_decoder",
+                               loss_on_prompt=False).batch([0])
+  n = len(ids) + 1  # the source and its eos
+  np.testing.assert_array_equal(batch["src_BS"][0, :n], [*ids, tok.eos_id])
+  assert batch["src_segment_ids_BS"][0].tolist() == [1] * n + [0] * (16 - n)

@@ -167,6 +167,10 @@ def test_validation_reads_every_row_in_order_and_fills_up_the_last_batch():
   endless = pipeline.validation_batches({"validation": MaskedRows(None)}, dcfg, num_batches=2)
   assert _rows(endless) == [([0, 1, 2, 3], [True] * 4, [3.0] * 4),
                             ([4, 5, 6, 7], [True] * 4, [3.0] * 4)]
+  # One pytree of dtypes for every batch (a filled-up one too): eval compiles once.
+  for batches in (endless, pipeline.validation_batches(val, dcfg, num_batches=5)):
+    assert {(b[pipeline.EXAMPLE_MASK].dtype, b["loss_mask_BT"].dtype) for b in batches} == {
+        (np.dtype(bool), np.dtype(np.float32))}
   with pytest.raises(ValueError, match="^the validation data has no rows$"):
     pipeline.validation_batches({"validation": MaskedRows(0)}, dcfg, num_batches=5)
 

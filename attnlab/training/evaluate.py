@@ -83,20 +83,28 @@ def _split_rows(batch: dict, arch: str, eos_id: int, pad_id: int):
   return prompt_BT.astype(np.int32), lengths_B.astype(np.int32), sources, refs, fits_B
 
 
-def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int) -> list[dict]:
-  """Greedy outputs of every validation example, with its source and reference.
+def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int,
+                   beam_size: int | None = None, length_penalty: float = 0.6) -> list[dict]:
+  """Greedy (or beam search) outputs of every validation example, with its source
+  and reference.
 
   Args:
     model: a ``DecoderOnly`` or ``EncoderDecoder`` (dropout is turned off by
       ``generate``).
     batches: batch dicts of the seq2seq layout (data/pipeline.py).
     eos_id, bos_id: the tokenizer's ids.
+    beam_size, length_penalty: beam search of that width with that GNMT alpha
+      (an encoder-decoder's; ``generate``'s); None = greedy.
 
   Returns:
     one ``{"source", "reference", "prediction"}`` dict of token-id lists per
     example (eos and everything after it removed).
   """
   cfg = model.cfg
+  if beam_size is not None and cfg.arch != "encoder_decoder":
+    raise ValueError(f"beam_size={beam_size} needs an encoder-decoder model; this one is "
+                     f"{cfg.arch}")
+  beam = {} if beam_size is None else dict(beam_size=beam_size, length_penalty=length_penalty)
   out, cut = [], 0
   splits = [_split_rows(batch, cfg.arch, eos_id, cfg.pad_id) for batch in batches]
   # Decoder-only prompts are cut to the longest of the whole evaluation, W, and padded
@@ -119,7 +127,8 @@ def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int) -> l
       prompt_BT = np.pad(prompt_BT, ((0, 0), (0, W - prompt_BT.shape[1])),
                          constant_values=cfg.pad_id)
     tokens_BJ = np.asarray(generate(model, prompt_BT, max_new_tokens=max_new,
-                                    prompt_lengths_B=lengths_B, eos_id=eos_id, bos_id=bos_id))
+                                    prompt_lengths_B=lengths_B, eos_id=eos_id, bos_id=bos_id,
+                                    **beam))
     for b in np.flatnonzero(fits_B):
       out.append({"source": sources[b], "reference": refs[b],
                   "prediction": _until_eos(tokens_BJ[b], eos_id)})

@@ -36,9 +36,12 @@ log = logging.getLogger(__name__)
 STEP_SLEEP_ENV = "ATTNLAB_TEST_STEP_SLEEP"
 
 
-def predictions_path(workdir: str, step: int) -> str:
-  """Where the decoded validation examples of a seq2seq eval at ``step`` go."""
-  return os.path.join(workdir, "eval", f"predictions_{step}.jsonl")
+def predictions_path(workdir: str, step: int, beam_size: int | None = None,
+                     length_penalty: float = 0.6) -> str:
+  """Where the decoded validation examples of a seq2seq eval at ``step`` go (greedy, or
+  beam search of ``beam_size`` with that length penalty)."""
+  beam = "" if beam_size is None else f"_beam{beam_size}_lp{length_penalty:g}"
+  return os.path.join(workdir, "eval", f"predictions_{step}{beam}.jsonl")
 
 
 def write_text_atomically(path: str, text: str) -> None:
@@ -197,13 +200,16 @@ class Run:
                                                       self.tcfg.eval_batches, shards)
     return self._val_batches
 
-  def evaluate(self, predictions_path: str | None = None) -> dict:
+  def evaluate(self, predictions_path: str | None = None, *, beam_size: int | None = None,
+               length_penalty: float = 0.6) -> dict:
     """Validation loss / perplexity; for seq2seq tasks also exact match of the
     greedy outputs, and corpus BLEU for translation (task 'tsv').
 
     Args:
       predictions_path: seq2seq: where process 0 writes the decoded examples
         (JSON lines of source, reference, prediction text).
+      beam_size, length_penalty: decode by beam search of that width and GNMT
+        alpha instead (an encoder-decoder's seq2seq task); None = greedy.
     """
     out = eval_lib.validation_loss(self.eval_step, self.state["params"],
                                    self.validation_batches(), self.put)
@@ -216,7 +222,8 @@ class Run:
       model = nnx.merge(self.setup.graphdef, params, self.setup.rest)
       examples = eval_lib.decode_batches(model, self.validation_batches(),
                                          eos_id=self.tokenizer.eos_id,
-                                         bos_id=self.tokenizer.bos_id)
+                                         bos_id=self.tokenizer.bos_id, beam_size=beam_size,
+                                         length_penalty=length_penalty)
       if jax.process_index() != 0:
         predictions_path = None
       out.update(eval_lib.seq2seq_metrics(examples, self.tokenizer,
@@ -352,12 +359,27 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   return last
 
 
-def evaluate_workdir(workdir: str, step: int | None = None) -> dict:
-  """Validation metrics of a workdir's checkpoint (the config from config.gin)."""
+def evaluate_workdir(workdir: str, step: int | None = None, *, beam_size: int | None = None,
+                     length_penalty: float = 0.6) -> dict:
+  """Validation metrics of a workdir's checkpoint (the config from config.gin).
+
+  ``beam_size`` / ``length_penalty``: decode a seq2seq task's examples by beam
+  search (an encoder-decoder's) instead of greedily; the predictions go to their
+  own file, and the result names both.
+  """
   path = os.path.join(workdir, "config.gin")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} does not exist: not a training workdir")
   mcfg, dcfg, tcfg = gin_config.read_workdir_config(path)
+  if beam_size is not None:
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+      raise ValueError(f"beam_size={beam_size!r} must be a positive integer")
+    if not 0 <= length_penalty < float("inf"):
+      raise ValueError(f"length_penalty={length_penalty!r} must be a finite number >= 0")
+    if dcfg.task == "lm" or mcfg.arch != "encoder_decoder":
+      raise ValueError(f"beam search decodes the examples of a seq2seq task with an "
+                       f"encoder-decoder; {workdir} holds a {mcfg.arch} model on task="
+                       f"{dcfg.task!r}")
   run = Run(mcfg, tcfg, dcfg)
   ckpt = Checkpointer(workdir, read_only=True)
   try:
@@ -373,6 +395,8 @@ def evaluate_workdir(workdir: str, step: int | None = None) -> dict:
   finally:
     ckpt.close()
   step = restored
-  out = run.evaluate(predictions_path(workdir, step))
+  beam = {} if beam_size is None else dict(beam_size=beam_size, length_penalty=length_penalty)
+  out = run.evaluate(predictions_path(workdir, step, **beam), **beam)
   out["step"] = step
+  out.update(beam)
   return out

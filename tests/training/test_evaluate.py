@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 import sacrebleu
 
+import attnlab
 from attnlab import config_gin as gin_config
 from attnlab.data.tokenizer import ByteTokenizer
 from attnlab.training import evaluate as eval_lib
 from attnlab.training import trainer
+from attnlab.training.checkpoint import load_checkpoint
 
 # Four or more words per line: corpus BLEU needs 4-grams (with only 3-word
 # sentences it is 0 even for perfect output).
@@ -106,6 +108,41 @@ def test_eval_decodes_memorized_tsv_and_bleu_matches_sacrebleu(tmp_path, arch):
   assert early["exact_match"] < 1.0
   assert early["bleu"] == pytest.approx(sacrebleu.corpus_bleu(preds, [refs]).score, abs=1e-9)
   assert early["bleu"] < 100.0
+  if arch == "decoder_only":
+    with pytest.raises(ValueError, match="^" + re.escape(
+        f"beam search decodes the examples of a seq2seq task with an encoder-decoder; "
+        f"{workdir} holds a decoder_only model on task='tsv'") + "$"):
+      trainer.evaluate_workdir(workdir, step=30, beam_size=2)
+    return
+  for kw, message in ((dict(beam_size=0), "beam_size=0 must be a positive integer"),
+                      (dict(beam_size=True), "beam_size=True must be a positive integer"),
+                      (dict(beam_size=2, length_penalty=-1.0),
+                       "length_penalty=-1.0 must be a finite number >= 0"),
+                      (dict(beam_size=2, length_penalty=float("nan")),
+                       "length_penalty=nan must be a finite number >= 0")):
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+      trainer.evaluate_workdir(workdir, step=30, **kw)
+  # Beam search (the paper's width and alpha): its own predictions file, whose ids are what
+  # attnlab.generate's beam search gives each source alone.
+  beam = trainer.evaluate_workdir(workdir, step=30, beam_size=4, length_penalty=0.6)
+  assert (beam["beam_size"], beam["length_penalty"], beam["loss"]) == (4, 0.6, early["loss"])
+  path = trainer.predictions_path(workdir, 30, beam_size=4, length_penalty=0.6)
+  assert path.endswith("predictions_30_beam4_lp0.6.jsonl")
+  with open(path, encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f]
+  model, _ = load_checkpoint(workdir, step=30)
+  tok = ByteTokenizer()
+  for r, (src, _) in zip(rows, VALIDATION, strict=True):
+    ids = [*tok.encode(src), tok.eos_id]
+    row = np.zeros((1, 48), np.int32)  # the eval's source width, seq_len
+    row[0, :len(ids)] = ids
+    want = np.asarray(attnlab.generate(model, row, max_new_tokens=48, prompt_lengths_B=[len(ids)],
+                                       eos_id=tok.eos_id, bos_id=tok.bos_id, beam_size=4,
+                                       length_penalty=0.6))[0].tolist()
+    assert r["prediction_ids"] == eval_lib._until_eos(want, tok.eos_id)
+  assert beam["exact_match"] == np.mean([r["prediction_ids"] == r["reference_ids"] for r in rows])
+  greedy = _predictions(workdir, 30)  # the greedy file is its own, and decoded otherwise
+  assert [r["prediction_ids"] for r in rows] != [r["prediction_ids"] for r in greedy]
 
 
 def test_bleu_of_hand_made_partial_matches_is_the_hand_computed_value(tmp_path):
@@ -320,6 +357,25 @@ def test_decode_batches_counts_the_cut_rows_of_every_batch_and_pads_with_pad_id(
       "not scored"]
   np.testing.assert_array_equal(calls[1], [[BOS, pad, pad], [BOS, EOS, pad]])
   assert eval_lib.decode_batches(model, [], eos_id=EOS, bos_id=BOS) == []
+
+
+def test_decode_batches_hands_the_beam_to_generate_for_an_encoder_decoder_only(monkeypatch):
+  from types import SimpleNamespace
+
+  calls = []
+  monkeypatch.setattr(eval_lib, "generate",
+                      lambda model, prompt, **kw: calls.append(kw) or np.array([[9, EOS]]))
+  batch = {"src_BS": np.array([[5, EOS]]), "targets_BT": np.array([[9, EOS]])}
+  model = SimpleNamespace(cfg=SimpleNamespace(arch="encoder_decoder", pad_id=PAD, max_len=64))
+  eval_lib.decode_batches(model, [batch], eos_id=EOS, bos_id=BOS, beam_size=4,
+                          length_penalty=0.7)
+  eval_lib.decode_batches(model, [batch], eos_id=EOS, bos_id=BOS)
+  assert [(c.get("beam_size"), c.get("length_penalty")) for c in calls] == [(4, 0.7),
+                                                                           (None, None)]
+  model.cfg.arch = "decoder_only"
+  with pytest.raises(ValueError, match="^" + re.escape(
+      "beam_size=2 needs an encoder-decoder model; this one is decoder_only") + "$"):
+    eval_lib.decode_batches(model, [batch], eos_id=EOS, bos_id=BOS, beam_size=2)
 
 
 def test_seq2seq_metrics_without_bleu_writes_its_folder_and_counts_nothing_on_nothing(

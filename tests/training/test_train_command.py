@@ -146,7 +146,8 @@ def test_the_run_check_reads_each_kind_of_source(tmp_path, monkeypatch):
 def test_eval_reads_the_step_and_cache_flags(tmp_path, capsys, monkeypatch, recorded):
   calls = []
   monkeypatch.setattr(train_command.trainer, "evaluate_workdir",
-                      lambda workdir, step: calls.append((workdir, step)) or {"step": step})
+                      lambda workdir, step, **kw: calls.append((workdir, step, *kw.items()))
+                      or {"step": step})
   assert cli.main(["eval", "--workdir", "w", "--step", "4", "--compilation_cache",
                    str(tmp_path / "c")]) == 0
   assert calls == [("w", 4)] and json.loads(capsys.readouterr().out) == {"step": 4}
@@ -154,6 +155,16 @@ def test_eval_reads_the_step_and_cache_flags(tmp_path, capsys, monkeypatch, reco
   assert cli.main(["eval", "--workdir", "w"]) == 0 and calls[-1] == ("w", None)
   assert cli.main(["eval"]) == 2
   assert "the following arguments are required: --workdir" in capsys.readouterr().err
+  # Beam search: its width, and the paper's alpha unless given.
+  assert cli.main(["eval", "--workdir", "w", "--beam_size", "4"]) == 0
+  assert calls[-1] == ("w", None, ("beam_size", 4), ("length_penalty", 0.6))
+  assert cli.main(["eval", "--workdir", "w", "--beam_size", "2", "--length_penalty", "1"]) == 0
+  assert calls[-1] == ("w", None, ("beam_size", 2), ("length_penalty", 1.0))
+  capsys.readouterr()
+  assert cli.main(["eval", "--workdir", "w", "--length_penalty", "1"]) == 2
+  assert capsys.readouterr().err.strip() == (
+      "attnlab eval: error: --length_penalty is the beam search's: give --beam_size too")
+  assert len(calls) == 4
 
 
 def test_gin_flags_take_both_forms_and_keep_equals_signs_in_values():

@@ -11,8 +11,10 @@ epoch).
 Batch layouts (numpy, int32 unless noted):
   decoder-only: tokens_BT, targets_BT, segment_ids_BT, positions_BT,
     loss_mask_BT (float32).
-  encoder-decoder: src_BS, tgt_in_BT, targets_BT, tgt_segment_ids_BT,
-    loss_mask_BT (float32).
+  encoder-decoder: src_BS, src_segment_ids_BS, tgt_in_BT, targets_BT,
+    tgt_segment_ids_BT, loss_mask_BT (float32).
+  validation batches (``validation_batches``) add example_mask_B (bool): False
+    on the rows that only fill up the last batch.
 """
 
 from __future__ import annotations

@@ -343,7 +343,8 @@ def prompt_set(sweep: Sweep, mcfg: ModelConfig, dcfg: DataConfig) -> list[list[i
   key = "tokens_BT" if mcfg.arch == "decoder_only" else "src_BS"
   rows = []
   for batch in pipeline.validation_batches(sources, dcfg, max(DECODE_BATCHES)):
-    for row in np.asarray(batch[key]):
+    # The rows that only fill up the last batch are not examples.
+    for row in np.asarray(batch[key])[batch[pipeline.EXAMPLE_MASK]]:
       row = row[row != mcfg.pad_id] if mcfg.arch == "encoder_decoder" else row
       rows.append([int(t) for t in row[:sweep.decode_prompt_len]])
     if len(rows) >= max(DECODE_BATCHES):

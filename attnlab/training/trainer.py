@@ -207,7 +207,8 @@ class Run:
 
     Args:
       predictions_path: seq2seq: where process 0 writes the decoded examples
-        (JSON lines of source, reference, prediction text).
+        (JSON lines of source, reference, prediction text and the reference /
+        prediction token ids).
       beam_size, length_penalty: decode by beam search of that width and GNMT
         alpha instead (an encoder-decoder's seq2seq task); None = greedy.
     """

@@ -101,9 +101,11 @@ def test_a_model_of_another_layout_is_refused_by_name_the_default_layout_is_read
       "(SentencePieceTokenizer.train reserves them); for another layout use a tokenizer.json "
       "(tokenizer='hf_json' with DataConfig.bos_id / eos_id)") + "$"):
     pipeline.make_tokenizer("sentencepiece", t5)
-  swapped = _train_spm(files, str(tmp_path / "swapped"), pad_id=3, unk_id=0)
-  with pytest.raises(ValueError, match=re.escape("has pad=3, bos=1, eos=2, unk=0")):
-    pipeline.make_tokenizer("sentencepiece", swapped)
+  for prefix, ids, named in (("swapped", dict(pad_id=3, unk_id=0), "pad=3, bos=1, eos=2, unk=0"),
+                             ("eos3", dict(eos_id=3, unk_id=2), "pad=-1, bos=1, eos=3, unk=2"),
+                             ("bos0", dict(bos_id=0, unk_id=3), "pad=-1, bos=0, eos=2, unk=3")):
+    with pytest.raises(ValueError, match=re.escape(f"has {named} (-1: none)")):
+      pipeline.make_tokenizer("sentencepiece", _train_spm(files, str(tmp_path / prefix), **ids))
   default = _train_spm(files, str(tmp_path / "default"))
   tok = pipeline.make_tokenizer("sentencepiece", default)
   ids = tok.encode("def 漢(x):")  # a character the corpus never had: <unk>, id 0

@@ -261,6 +261,12 @@ def test_encoder_decoder_source_lengths_keep_a_real_token_with_the_pad_id(beam):
   default = np.asarray(attnlab.generate(model, src, **kw))  # masks src[0, 2]
   np.testing.assert_array_equal(default[1], got[1])
   assert not np.array_equal(default[0], got[0])
+  if beam:  # a wider beam: each source's hypotheses as if it were decoded alone
+    kw.update(beam_size=3)
+    batched = np.asarray(attnlab.generate(model, src, prompt_lengths_B=lengths, **kw))
+    for b in range(2):
+      alone = attnlab.generate(model, src[b:b + 1], prompt_lengths_B=lengths[b:b + 1], **kw)
+      np.testing.assert_array_equal(batched[b], np.asarray(alone)[0])
 
 
 def test_ring_cache_memory_does_not_grow_with_length():

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from attnlab.config import DataConfig, ModelConfig, Sweep, TrainConfig
+from attnlab.data.tokenizer import ByteTokenizer
 from attnlab.training import sweep as sweep_lib
 from attnlab.training.sweep import Arm
 
@@ -216,3 +217,21 @@ def test_an_uptraining_runs_damaged_conversion_record_is_named(tmp_path, text, p
   with open(path, "w") as f:
     json.dump(good, f)
   assert sweep_lib._prepare_uptrain(out, up, 0, Arm("mha", 4), configs=None) == good
+
+
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_prompt_set_is_the_first_validation_rows_cycled_to_8(tmp_path, arch):
+  """The decode benchmark's prompts: every validation example in order (none of the rows
+  that fill up the last batch), cut to decode_prompt_len tokens, cycled to 8 rows."""
+  val = tmp_path / "val.tsv"
+  val.write_text("".join(f"{c * 3}\tx\n" for c in "ABCD"))  # 4 rows, batches of 3
+  dcfg = DataConfig(task="tsv", paths=(str(val), str(val)), seq_len=16, batch_size=3)
+  mcfg = base(arch=arch, **({"num_encoder_layers": 1} if arch == "encoder_decoder" else {}))
+  mcfg = mcfg.replace(vocab_size=ByteTokenizer().vocab_size)
+  got = sweep_lib.prompt_set(Sweep(decode_prompt_len=3), mcfg, dcfg)
+  tok = ByteTokenizer()
+  if arch == "decoder_only":  # [bos] source [eos] x [eos], cut to 3 tokens
+    rows = [[tok.bos_id, *tok.encode(c * 2)] for c in "ABCD"]
+  else:  # the source, pad tokens dropped, cut to 3
+    rows = [list(tok.encode(c * 3)) for c in "ABCD"]
+  assert got == rows * 2

@@ -1,0 +1,46 @@
+"""The measurement tools under tools/ (README numbers come from them): every one imports
+against the current package and prints its usage, so an API it uses at import time that
+moved or a broken argument parser shows here, not when someone reruns a benchmark;
+run_timed.py passes its command's exit code through and prints its summary line.
+(What the benchmarks measure is not checked here: they need minutes and, some, torch.)"""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Not command-line tools with --help: the shared helpers of the benchmarks, a pytest
+# plugin, and run_timed.py (tested below).
+NOT_CLI = {"_bench.py", "pytest_compile_profile.py", "run_timed.py"}
+TOOLS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(REPO, "tools", "*.py"))
+               if os.path.basename(p) not in NOT_CLI)
+
+
+def _run(args, **kw):
+  env = dict(os.environ, PYTHONPATH=REPO)
+  return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=300, **kw)
+
+
+def test_the_tool_list_is_what_the_folder_holds():
+  assert len(TOOLS) >= 14 and "bench_decode.py" in TOOLS and "profile_decode_step.py" in TOOLS
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_every_tool_imports_and_prints_its_usage(tool):
+  res = _run([os.path.join("tools", tool), "--help"])
+  assert res.returncode == 0, res.stderr[-2000:]
+  assert res.stdout.startswith("usage: ") and tool in res.stdout.split("\n", 1)[0], res.stdout
+
+
+def test_run_timed_passes_the_exit_code_through_and_prints_a_summary():
+  res = _run(["tools/run_timed.py", "--", sys.executable, "-c", "import sys; sys.exit(3)"])
+  assert res.returncode == 3
+  assert re.match(r"\[run_timed\] exit 3; wall 0 min \d+ s; CPU of the command \d+ min \d+ s "
+                  r"on \d+ CPUs", res.stderr), res.stderr
+  res = _run(["tools/run_timed.py"])
+  assert res.returncode == 1 and "usage: python tools/run_timed.py -- COMMAND" in res.stderr

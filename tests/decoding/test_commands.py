@@ -297,11 +297,16 @@ def test_generate_rejects_bad_prompts():
     with pytest.raises(GenerateInputError, match=re.escape(
         f"bos_id={bad} is outside the vocabulary [0, {encdec.cfg.vocab_size})")):
       attnlab.generate(encdec, np.array([[5, 6]]), max_new_tokens=2, bos_id=bad)
-  # Source lengths are checked like prompt lengths.
+  # Source lengths are checked like prompt lengths (the first empty one named), and mark
+  # the first lengths[b] positions of each row, pad ids among them.
   with pytest.raises(GenerateInputError, match=re.escape(
       "source 1 is empty (all padding, pad_id=0): give at least one token")):
     attnlab.generate(encdec, np.array([[5, 6], [0, 0]]), max_new_tokens=2,
-                     prompt_lengths_B=[2, 0])
+                     prompt_lengths_B=[1, 0])
+  from attnlab.decoding.generate import _source_segment_ids
+
+  seg = _source_segment_ids(encdec.cfg, np.array([[5, 0, 6], [7, 0, 0]]), [3, 1])
+  assert seg.dtype == np.int32 and seg.tolist() == [[1, 1, 1], [1, 0, 0]]
   with pytest.raises(GenerateInputError, match=re.escape(
       "prompt_lengths_B=[3] exceeds the prompt width T=2")):
     attnlab.generate(encdec, np.array([[5, 6]]), max_new_tokens=2, prompt_lengths_B=[3])

@@ -515,7 +515,7 @@ class DecodeConfig:
     temperature: 0 = greedy; else logits are divided by it before sampling.
     top_k: sample only among the k most likely tokens; None = all.
     top_p: sample only from the smallest set whose probability reaches p.
-    beam_size: beam search width (encoder-decoder); 1 = no beam search.
+    beam_size: beam search width (either architecture); 1 = no beam search.
     length_penalty: alpha of the GNMT length penalty ((5 + len) / 6)^alpha
       that divides the log probability of a finished beam; 0 = none.
     seed: the sampling seed.

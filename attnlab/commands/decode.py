@@ -158,12 +158,8 @@ def main(argv: list[str]) -> int:
                 rng=jax.random.key(dcfg.seed),
                 sampling=Sampling(temperature=dcfg.temperature, top_k=dcfg.top_k,
                                   top_p=dcfg.top_p))
-  if cfg.arch == "encoder_decoder":
-    if dcfg.beam_size > 1:
-      kwargs.update(beam_size=dcfg.beam_size, length_penalty=dcfg.length_penalty)
-  elif dcfg.beam_size > 1:
-    raise CommandError(f"--beam_size={dcfg.beam_size} needs an encoder-decoder checkpoint; "
-                       f"{args.workdir} holds a decoder-only model")
+  if dcfg.beam_size > 1:
+    kwargs.update(beam_size=dcfg.beam_size, length_penalty=dcfg.length_penalty)
   if (lengths_B == 0).any():
     raise CommandError(f"prompt {int(np.argmax(lengths_B == 0)) + 1} is empty")
   # Prompt (or source) lengths: a token with the pad id inside a prompt is a token.

@@ -21,8 +21,8 @@ def main(argv: list[str]) -> int:
   p.add_argument("--workdir", required=True)
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
   p.add_argument("--beam_size", type=int, default=None,
-                 help="decode the examples by beam search of this width (an encoder-decoder's "
-                      "seq2seq task; the paper: 4); default greedy")
+                 help="decode a seq2seq task's examples by beam search of this width (the "
+                      "paper: 4); default greedy")
   p.add_argument("--length_penalty", type=float, default=None,
                  help="GNMT alpha of the beam search (default "
                       f"{DecodeConfig().length_penalty}, the paper's)")

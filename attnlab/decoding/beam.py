@@ -35,8 +35,9 @@ def beam_search(step_fn, cache, *, batch: int, beam_size: int, max_len: int, bos
       gathering rows.
     cache: the initial cache (all beams of a source identical).
     batch, beam_size, max_len: B, Z and J, the longest hypothesis.
-    bos_id: the first input token; eos_id: ends a hypothesis (None or -1 =
-      never). Either may be a traced int32 scalar.
+    bos_id: the first input token, one for all sources or int32 [batch], one
+      per source (a decoder-only prompt's last token); eos_id: ends a
+      hypothesis (None or -1 = never). Either may be traced.
     length_penalty: alpha; 0 ranks finished hypotheses by log P alone.
     pad_id: fills a hypothesis after its eos.
   """
@@ -45,7 +46,7 @@ def beam_search(step_fn, cache, *, batch: int, beam_size: int, max_len: int, bos
   # Only beam 0 is live at the start, so the first expansion has no duplicates.
   alive_logp_BZ = jnp.where(jnp.arange(Z) == 0, 0.0, neg_inf)[None].repeat(B, 0)
   alive_seq_BZJ = jnp.full((B, Z, J), pad_id, jnp.int32)
-  last_BZ = jnp.full((B, Z), bos_id, jnp.int32)
+  last_BZ = jnp.broadcast_to(jnp.asarray(bos_id, jnp.int32).reshape(-1, 1), (B, Z))
   fin_score_BZ = jnp.full((B, Z), neg_inf)
   fin_seq_BZJ = jnp.full((B, Z, J), pad_id, jnp.int32)
   best_possible = lambda alive_logp_BZ: alive_logp_BZ[:, 0] / length_penalty_factor(

@@ -16,8 +16,8 @@ positions it would have if decoded alone; the padding is never cached.
 An encoder-decoder takes the source (right-padded, with its lengths in
 ``prompt_lengths_B``; or, without them, padded anywhere with ``cfg.pad_id``,
 which is masked); its source is encoded once, the cross-attention K/V are
-cached, and the target starts from ``bos_id``. With ``beam_size > 1`` it runs
-beam search (``beam_search``).
+cached, and the target starts from ``bos_id``. With ``beam_size`` either model
+runs beam search (``beam_search``; each beam a row of the cache).
 """
 
 from __future__ import annotations
@@ -75,8 +75,9 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     eos_id: a sequence stops after emitting it (the rest of its row is
       ``cfg.pad_id``); None = always ``max_new_tokens``.
     bos_id: first target token of an encoder-decoder.
-    beam_size: runs beam search of that width (encoder-decoder only; 1 is
-      greedy); None samples with ``sampling``.
+    beam_size: runs beam search of that width (an encoder-decoder's from
+      ``bos_id``, a decoder-only model's from each prompt; without an eos a
+      beam of 1 is greedy); None samples with ``sampling``.
     length_penalty: GNMT alpha for beam search: a finished hypothesis scores
       log P / ((5 + length) / 6)^alpha.
     page_size, num_pages: C and P of the paged cache. P defaults to enough
@@ -135,11 +136,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     cache_len = _check_cache_len(cfg, cache_len, needed, "the generated target")
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
     if beam_size is not None:
-      if not length_penalty >= 0:
-        raise GenerateInputError(f"length_penalty={length_penalty!r} must be >= 0")
-      if cache == "paged":
-        raise GenerateInputError("beam search reorders whole cache rows: use cache='contiguous' or "
-                                 "'ring' with beam_size")
+      _check_beam(cache, length_penalty)
       return _beam_encoder_decoder(model, jnp.asarray(prompt_BT), jnp.asarray(src_seg_BS), eos,
                                    jnp.int32(bos_id),
                                    beam_size=beam_size, length_penalty=float(length_penalty),
@@ -149,13 +146,15 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
         sampling=sampling,
         cache_len=cache_len, num_pages=num_pages, **static)
   else:
-    if beam_size is not None:
-      raise GenerateInputError(f"beam_size={beam_size} needs an encoder-decoder model; sample "
-                               "or use greedy decoding (temperature=0) with a decoder-only model")
     lengths_B = _prompt_lengths(cfg, prompt_BT, prompt_lengths_B)
     # The last generated token is never fed back, so it needs no cache slot.
     cache_len = _check_cache_len(cfg, cache_len, T + max_new_tokens - 1, "the prompt")
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
+    if beam_size is not None:
+      _check_beam(cache, length_penalty)
+      return _beam_decoder_only(model, jnp.asarray(prompt_BT), jnp.asarray(lengths_B), eos,
+                                beam_size=beam_size, length_penalty=float(length_penalty),
+                                cache_len=cache_len, **static)
     tokens_BT, exhausted = _sample_decoder_only(
         model, jnp.asarray(prompt_BT), jnp.asarray(lengths_B), rng, eos,
         sampling=sampling, cache_len=cache_len, num_pages=num_pages, **static)
@@ -193,6 +192,14 @@ def _check_prompt(cfg, prompt_BT, max_new_tokens) -> int:
     raise GenerateInputError(f"token id {int(prompt_BT[b, t])} at [{b}, {t}] is outside the "
                              f"vocabulary [0, {cfg.vocab_size})")
   return max_new_tokens
+
+
+def _check_beam(cache, length_penalty):
+  if not length_penalty >= 0:
+    raise GenerateInputError(f"length_penalty={length_penalty!r} must be >= 0")
+  if cache == "paged":
+    raise GenerateInputError("beam search reorders whole cache rows: use cache='contiguous' or "
+                             "'ring' with beam_size")
 
 
 def _source_segment_ids(cfg, src_BS, lengths_B):
@@ -374,6 +381,30 @@ def _sample_decoder_only_impl(model, prompt_BT, lengths_B, rng, eos_id, *, max_n
                         eos_id=eos_id, sampling=sampling, page_size=page_size, pad_id=cfg.pad_id)
 
 
+def _beam_decoder_only_impl(model, prompt_BT, lengths_B, eos_id, *, max_new_tokens, kind,
+                            page_size, beam_size, length_penalty, cache_len, cache_dtype):
+  model = _in_eval_mode(model)
+  cfg = model.cfg
+  (B, T), Z = prompt_BT.shape, beam_size
+  # Beams are rows X = b * Z + z, each a copy of its prompt. The prefill caches all but
+  # the last prompt token; the search feeds that one first (its bos, one per row).
+  prompt_XT, lengths_X = jnp.repeat(prompt_BT, Z, axis=0), jnp.repeat(lengths_B, Z)
+  cache, _ = _new_cache(cfg, kind, B * Z, cache_len, page_size, None, cache_dtype)
+  cache = cache_lib.as_empty(cache)
+  segment_ids_XT = (jnp.arange(T)[None, :] < lengths_X[:, None] - 1).astype(jnp.int32)
+  _, cache = model(prompt_XT, segment_ids_BT=segment_ids_XT, cache=cache,
+                   logits_at_B=jnp.maximum(lengths_X - 2, 0))
+  last_B = jnp.take_along_axis(prompt_BT, (lengths_B - 1)[:, None], axis=1)[:, 0]
+
+  def step_fn(tokens_X, cache):
+    logits_X1V, cache = model(tokens_X[:, None], cache=cache)
+    return jax.nn.log_softmax(logits_X1V[:, 0].astype(jnp.float32), axis=-1), cache
+
+  return beam_search(step_fn, cache, batch=B, beam_size=Z, max_len=max_new_tokens,
+                     bos_id=last_B, eos_id=eos_id, length_penalty=length_penalty,
+                     pad_id=cfg.pad_id)
+
+
 def _decoder_forward(model):
   def forward(tokens_BT, seg_BT, cache):
     return model.decode(tokens_BT, None, src_segment_ids_BS=None, tgt_segment_ids_BT=seg_BT,
@@ -434,3 +465,5 @@ _sample_encoder_decoder = jax.jit(_sample_encoder_decoder_impl,
                                   static_argnames=_CACHE_ARGS + ("sampling", "num_pages"))
 _beam_encoder_decoder = jax.jit(_beam_encoder_decoder_impl,
                                 static_argnames=_CACHE_ARGS + ("beam_size", "length_penalty"))
+_beam_decoder_only = jax.jit(_beam_decoder_only_impl,
+                             static_argnames=_CACHE_ARGS + ("beam_size", "length_penalty"))

@@ -94,16 +94,13 @@ def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int,
     batches: batch dicts of the seq2seq layout (data/pipeline.py).
     eos_id, bos_id: the tokenizer's ids.
     beam_size, length_penalty: beam search of that width with that GNMT alpha
-      (an encoder-decoder's; ``generate``'s); None = greedy.
+      (``generate``'s); None = greedy.
 
   Returns:
     one ``{"source", "reference", "prediction"}`` dict of token-id lists per
     example (eos and everything after it removed).
   """
   cfg = model.cfg
-  if beam_size is not None and cfg.arch != "encoder_decoder":
-    raise ValueError(f"beam_size={beam_size} needs an encoder-decoder model; this one is "
-                     f"{cfg.arch}")
   beam = {} if beam_size is None else dict(beam_size=beam_size, length_penalty=length_penalty)
   out, cut = [], 0
   splits = [_split_rows(batch, cfg.arch, eos_id, cfg.pad_id) for batch in batches]

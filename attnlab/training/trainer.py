@@ -210,7 +210,7 @@ class Run:
         (JSON lines of source, reference, prediction text and the reference /
         prediction token ids).
       beam_size, length_penalty: decode by beam search of that width and GNMT
-        alpha instead (an encoder-decoder's seq2seq task); None = greedy.
+        alpha instead (a seq2seq task); None = greedy.
     """
     out = eval_lib.validation_loss(self.eval_step, self.state["params"],
                                    self.validation_batches(), self.put)
@@ -365,8 +365,8 @@ def evaluate_workdir(workdir: str, step: int | None = None, *, beam_size: int | 
   """Validation metrics of a workdir's checkpoint (the config from config.gin).
 
   ``beam_size`` / ``length_penalty``: decode a seq2seq task's examples by beam
-  search (an encoder-decoder's) instead of greedily; the predictions go to their
-  own file, and the result names both.
+  search instead of greedily; the predictions go to their own file, and the
+  result names both.
   """
   path = os.path.join(workdir, "config.gin")
   if not os.path.isfile(path):
@@ -377,10 +377,9 @@ def evaluate_workdir(workdir: str, step: int | None = None, *, beam_size: int | 
       raise ValueError(f"beam_size={beam_size!r} must be a positive integer")
     if not 0 <= length_penalty < float("inf"):
       raise ValueError(f"length_penalty={length_penalty!r} must be a finite number >= 0")
-    if dcfg.task == "lm" or mcfg.arch != "encoder_decoder":
-      raise ValueError(f"beam search decodes the examples of a seq2seq task with an "
-                       f"encoder-decoder; {workdir} holds a {mcfg.arch} model on task="
-                       f"{dcfg.task!r}")
+    if dcfg.task == "lm":
+      raise ValueError(f"beam search decodes the examples of a seq2seq task; {workdir} "
+                       "holds a language model (task='lm'), whose eval is its loss")
   run = Run(mcfg, tcfg, dcfg)
   ckpt = Checkpointer(workdir, read_only=True)
   try:

@@ -173,7 +173,7 @@ def test_decode_slots_pass_every_flag_to_generate_requests(workdir, monkeypatch,
     (["--prompt", ""], "empty"),
     (["--cache", "nope"], "cache='nope'"),
     (["--top_p", "2"], "top_p=2.0"),
-    (["--beam_size", "2"], "encoder-decoder"),
+    (["--beam_size", "2", "--cache", "paged"], "beam search reorders whole cache rows"),
     (["--cache", "ring"], "window"),
     (["--max_new_tokens", "5000"], "max_len"),
     (["--mesh_shape", "1,2"], "--mesh_shape=1,2: give 3 comma-separated positive ints"),
@@ -245,9 +245,8 @@ def test_generate_rejects_bad_prompts():
       "cache='contiguous' or 'paged'")):
     attnlab.generate(model, np.array([[5, 6]]), cache="ring")
   with pytest.raises(ValueError, match=re.escape(
-      "beam_size=2 needs an encoder-decoder model; sample or use greedy decoding "
-      "(temperature=0) with a decoder-only model")):
-    attnlab.generate(model, np.array([[5, 6]]), beam_size=2)
+      "beam search reorders whole cache rows: use cache='contiguous' or 'ring' with beam_size")):
+    attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=2, beam_size=2, cache="paged")
   for beam_size in (0, 2.5):
     with pytest.raises(ValueError, match=f"beam_size={beam_size} must be a positive integer"):
       attnlab.generate(model, np.array([[5, 6]]), beam_size=beam_size)
@@ -548,6 +547,22 @@ def test_decode_hands_every_flag_to_generate(workdir, monkeypatch, capsys, tmp_p
           kw["num_pages"]) == (d.cache, d.max_new_tokens, None, d.page_size, d.num_pages)
   assert (kw["sampling"].temperature, kw["sampling"].top_k, kw["sampling"].top_p) == (
       d.temperature, d.top_k, d.top_p)
+  assert "beam_size" not in kw
+  # Beam search of a decoder-only model: its width, alpha and the prompts' lengths; the
+  # printed completion is the search's.
+  spy.calls.clear()
+  rc, out, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts),
+                       "--max_new_tokens", "3", "--beam_size", "3", "--length_penalty", "1.0"],
+                      capsys)
+  assert rc == 0, err
+  (model, prompt, kw), = spy.calls
+  assert (kw["beam_size"], kw["length_penalty"]) == (3, 1.0)
+  np.testing.assert_array_equal(kw["prompt_lengths_B"], [4, 2])
+  want = np.asarray(attnlab.generate(model, prompt, **kw))
+  for line, row in zip(out.splitlines(), want, strict=True):
+    row = row.tolist()
+    row = row[:row.index(tok.eos_id)] if tok.eos_id in row else row
+    assert line.split("\t", 1)[1] == tok.decode(row)
 
 
 @pytest.fixture(scope="module")

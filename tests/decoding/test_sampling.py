@@ -286,6 +286,56 @@ def test_beam_search_through_the_cache_equals_the_search_over_full_forward_passe
   assert eos in row[:-1] and set(row[row.index(eos) + 1:]) == {cfg.pad_id}, row
 
 
+@pytest.mark.parametrize("name", ["gqa_sinusoidal", "mqa_rope_window3"])
+def test_decoder_only_beam_search_equals_the_search_over_full_forward_passes(name):
+  """A decoder-only model's ``generate(beam_size=3)`` = ``beam_search`` driven by the
+  teacher-forced forward pass over each row's prompt and hypothesis so far, started from
+  each prompt's last token: prompts of different lengths (one of a single token, whose
+  prefill caches nothing), with and without an eos that changes the answer, a length
+  penalty of 1; a sliding window (the ring cache's rows reordered with their beams too)."""
+  from flax import nnx
+
+  model = decoder_model(name, varied=True)
+  graphdef, state = nnx.split(model)
+  B, Z, J, alpha = 3, 3, 7, 1.0
+  lengths = np.array([5, 1, 3])
+  prompt = random_tokens(41, (B, 5))
+  prompt[np.arange(5)[None, :] >= lengths[:, None]] = model.cfg.pad_id
+  W = 5 + J
+
+  def full_forward_step(tokens_X, carry):
+    seq_XW, pos_X = carry  # each row's prompt and hypothesis so far; pos: the fed token's
+    seq_XW = seq_XW.at[jnp.arange(B * Z), pos_X].set(tokens_X)
+    logits_XWV = nnx.merge(graphdef, state)(seq_XW)
+    logits_XV = jnp.take_along_axis(logits_XWV, pos_X[:, None, None], axis=1)[:, 0]
+    return jax.nn.log_softmax(logits_XV, axis=-1), (seq_XW, pos_X + 1)
+
+  def reference(eos_id):
+    seq = np.full((B, W), model.cfg.pad_id, np.int32)
+    seq[:, :5] = prompt
+    start = (jnp.repeat(jnp.asarray(seq), Z, axis=0), jnp.repeat(jnp.asarray(lengths - 1), Z))
+    last = jnp.asarray(prompt[np.arange(B), lengths - 1])
+    search = jax.jit(lambda: beam_search(full_forward_step, start, batch=B, beam_size=Z,
+                                         max_len=J, bos_id=last, eos_id=eos_id,
+                                         length_penalty=alpha, pad_id=model.cfg.pad_id))
+    return np.asarray(search())
+
+  cache = "ring" if model.cfg.window else "contiguous"
+  run = lambda eos_id, z=Z: np.asarray(attnlab.generate(
+      model, prompt, max_new_tokens=J, prompt_lengths_B=lengths, eos_id=eos_id, beam_size=z,
+      length_penalty=alpha, cache=cache))
+  free = run(None)
+  np.testing.assert_array_equal(free, reference(None))
+  eos = int(free[0, 2])
+  ended = run(eos)
+  np.testing.assert_array_equal(ended, reference(eos))
+  assert not np.array_equal(ended, free)
+  # A beam of 1 without an eos is greedy decoding.
+  greedy = np.asarray(attnlab.generate(model, prompt, max_new_tokens=J, prompt_lengths_B=lengths,
+                                       eos_id=None, cache=cache))
+  np.testing.assert_array_equal(run(None, 1), greedy)
+
+
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
 def test_generate_decodes_without_dropout_and_leaves_a_training_model_training(arch):
   """``generate`` hands the model itself to ``jax.jit`` and sets eval mode on the traced

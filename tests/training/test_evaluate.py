@@ -108,12 +108,6 @@ def test_eval_decodes_memorized_tsv_and_bleu_matches_sacrebleu(tmp_path, arch):
   assert early["exact_match"] < 1.0
   assert early["bleu"] == pytest.approx(sacrebleu.corpus_bleu(preds, [refs]).score, abs=1e-9)
   assert early["bleu"] < 100.0
-  if arch == "decoder_only":
-    with pytest.raises(ValueError, match="^" + re.escape(
-        f"beam search decodes the examples of a seq2seq task with an encoder-decoder; "
-        f"{workdir} holds a decoder_only model on task='tsv'") + "$"):
-      trainer.evaluate_workdir(workdir, step=30, beam_size=2)
-    return
   for kw, message in ((dict(beam_size=0), "beam_size=0 must be a positive integer"),
                       (dict(beam_size=True), "beam_size=True must be a positive integer"),
                       (dict(beam_size=2, length_penalty=-1.0),
@@ -123,7 +117,8 @@ def test_eval_decodes_memorized_tsv_and_bleu_matches_sacrebleu(tmp_path, arch):
     with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
       trainer.evaluate_workdir(workdir, step=30, **kw)
   # Beam search (the paper's width and alpha): its own predictions file, whose ids are what
-  # attnlab.generate's beam search gives each source alone.
+  # attnlab.generate's beam search gives each source alone (an encoder-decoder's source
+  # [eos]; a decoder-only model's prompt [bos] source [eos]).
   beam = trainer.evaluate_workdir(workdir, step=30, beam_size=4, length_penalty=0.6)
   assert (beam["beam_size"], beam["length_penalty"], beam["loss"]) == (4, 0.6, early["loss"])
   path = trainer.predictions_path(workdir, 30, beam_size=4, length_penalty=0.6)
@@ -134,9 +129,16 @@ def test_eval_decodes_memorized_tsv_and_bleu_matches_sacrebleu(tmp_path, arch):
   tok = ByteTokenizer()
   for r, (src, _) in zip(rows, VALIDATION, strict=True):
     ids = [*tok.encode(src), tok.eos_id]
-    row = np.zeros((1, 48), np.int32)  # the eval's source width, seq_len
+    if arch == "decoder_only":
+      ids = [tok.bos_id, *ids]
+    # The eval's prompt width: an encoder-decoder's source row, seq_len; a decoder-only
+    # prompt, the evaluation's longest.
+    width = 48 if arch == "encoder_decoder" else 2 + max(len(s.encode()) for s, _ in VALIDATION)
+    row = np.zeros((1, width), np.int32)
     row[0, :len(ids)] = ids
-    want = np.asarray(attnlab.generate(model, row, max_new_tokens=48, prompt_lengths_B=[len(ids)],
+    new_tokens = 48 if arch == "encoder_decoder" else min(48, model.cfg.max_len - width + 1)
+    want = np.asarray(attnlab.generate(model, row, max_new_tokens=new_tokens,
+                                       prompt_lengths_B=[len(ids)],
                                        eos_id=tok.eos_id, bos_id=tok.bos_id, beam_size=4,
                                        length_penalty=0.6))[0].tolist()
     assert r["prediction_ids"] == eval_lib._until_eos(want, tok.eos_id)
@@ -359,23 +361,24 @@ def test_decode_batches_counts_the_cut_rows_of_every_batch_and_pads_with_pad_id(
   assert eval_lib.decode_batches(model, [], eos_id=EOS, bos_id=BOS) == []
 
 
-def test_decode_batches_hands_the_beam_to_generate_for_an_encoder_decoder_only(monkeypatch):
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_decode_batches_hands_the_beam_to_generate(monkeypatch, arch):
   from types import SimpleNamespace
 
   calls = []
   monkeypatch.setattr(eval_lib, "generate",
                       lambda model, prompt, **kw: calls.append(kw) or np.array([[9, EOS]]))
-  batch = {"src_BS": np.array([[5, EOS]]), "targets_BT": np.array([[9, EOS]])}
-  model = SimpleNamespace(cfg=SimpleNamespace(arch="encoder_decoder", pad_id=PAD, max_len=64))
+  if arch == "decoder_only":
+    tokens = np.array([[BOS, 5, EOS, 9, EOS]])
+    batch = {"tokens_BT": tokens, "targets_BT": np.roll(tokens, -1, axis=1)}
+  else:
+    batch = {"src_BS": np.array([[5, EOS]]), "targets_BT": np.array([[9, EOS]])}
+  model = SimpleNamespace(cfg=SimpleNamespace(arch=arch, pad_id=PAD, max_len=64))
   eval_lib.decode_batches(model, [batch], eos_id=EOS, bos_id=BOS, beam_size=4,
                           length_penalty=0.7)
   eval_lib.decode_batches(model, [batch], eos_id=EOS, bos_id=BOS)
   assert [(c.get("beam_size"), c.get("length_penalty")) for c in calls] == [(4, 0.7),
                                                                            (None, None)]
-  model.cfg.arch = "decoder_only"
-  with pytest.raises(ValueError, match="^" + re.escape(
-      "beam_size=2 needs an encoder-decoder model; this one is decoder_only") + "$"):
-    eval_lib.decode_batches(model, [batch], eos_id=EOS, bos_id=BOS, beam_size=2)
 
 
 def test_seq2seq_metrics_without_bleu_writes_its_folder_and_counts_nothing_on_nothing(

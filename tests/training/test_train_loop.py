@@ -103,6 +103,10 @@ def test_an_lm_run_evaluates_loss_and_perplexity_only(tmp_path):
   assert final["perplexity"] == pytest.approx(np.exp(final["loss"]), rel=1e-6)
   assert final["tokens"] == evals[-1]["tokens"] > 0
   assert all(type(v) in (int, float) for v in final.values())  # JSON as is (`attnlab eval`)
+  with pytest.raises(ValueError, match="^" + re.escape(
+      f"beam search decodes the examples of a seq2seq task; {tmp_path} holds a language model "
+      "(task='lm'), whose eval is its loss") + "$"):
+    trainer.evaluate_workdir(str(tmp_path), beam_size=2)
 
 
 def test_checkpoints_kept_and_their_meta(tmp_path):

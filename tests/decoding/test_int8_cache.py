@@ -80,10 +80,11 @@ def test_generate_and_generate_requests_with_an_int8_cache_agree(kind):
   assert 0.37 < stats["int8"].cache_bytes / stats[None].cache_bytes < 0.40
 
 
-@pytest.mark.parametrize("program", ["decoder_only", "encoder_decoder", "beam"])
+@pytest.mark.parametrize("program", ["decoder_only", "encoder_decoder", "beam",
+                                     "decoder_only_beam"])
 def test_every_generate_program_caches_in_the_dtype_asked_for(program):
-  """Each of ``generate``'s three compiled programs (decoder-only sampling, encoder-decoder
-  sampling, beam search) builds its K/V cache as int8 when asked, and only then: int8
+  """Each of ``generate``'s four compiled programs (sampling and beam search of either
+  architecture) builds its K/V cache as int8 when asked, and only then: int8
   arrays appear in the traced program with ``cache_dtype="int8"`` and in none without.
   (Its tokens would hardly tell: int8 error rarely flips a greedy choice.)"""
   from attnlab.decoding import generate as gen
@@ -96,6 +97,10 @@ def test_every_generate_program_caches_in_the_dtype_asked_for(program):
       model, prompt = decoder_model(NAME), jnp.asarray(random_tokens(3, (2, 5)))
       return gen._sample_decoder_only.trace(model, prompt, jnp.array([5, 3]), key, eos,
                                             sampling=gen.GREEDY, num_pages=None, **static)
+    if program == "decoder_only_beam":
+      model, prompt = decoder_model(NAME), jnp.asarray(random_tokens(3, (2, 5)))
+      return gen._beam_decoder_only.trace(model, prompt, jnp.array([5, 3]), eos, beam_size=2,
+                                          length_penalty=0.6, **static)
     model, src = encdec_model("paper_gqa"), jnp.asarray(random_tokens(3, (2, 5)))
     seg = jnp.ones_like(src)
     if program == "encoder_decoder":

@@ -292,12 +292,18 @@ def test_decoder_only_beam_search_equals_the_search_over_full_forward_passes(nam
   teacher-forced forward pass over each row's prompt and hypothesis so far, started from
   each prompt's last token: prompts of different lengths (one of a single token, whose
   prefill caches nothing), with and without an eos that changes the answer, a length
-  penalty of 1; a sliding window (the ring cache's rows reordered with their beams too)."""
+  penalty of 1 (and 0), a pad id of 5, not 0, and more new tokens than the default page
+  size; a sliding window (the ring cache's rows reordered with their beams too)."""
   from flax import nnx
 
-  model = decoder_model(name, varied=True)
+  from tests.decoding.tiny_models import DECODER_CONFIGS, PARAM_SCALE, make_cfg
+
+  cfg = make_cfg("decoder_only", DECODER_CONFIGS[name]).replace(pad_id=5)
+  model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  model = nnx.merge(graphdef, jax.tree.map(lambda x: x * PARAM_SCALE, params), rest)
   graphdef, state = nnx.split(model)
-  B, Z, J, alpha = 3, 3, 7, 1.0
+  B, Z, J, alpha = 3, 3, 14, 1.0
   lengths = np.array([5, 1, 3])
   prompt = random_tokens(41, (B, 5))
   prompt[np.arange(5)[None, :] >= lengths[:, None]] = model.cfg.pad_id
@@ -310,7 +316,7 @@ def test_decoder_only_beam_search_equals_the_search_over_full_forward_passes(nam
     logits_XV = jnp.take_along_axis(logits_XWV, pos_X[:, None, None], axis=1)[:, 0]
     return jax.nn.log_softmax(logits_XV, axis=-1), (seq_XW, pos_X + 1)
 
-  def reference(eos_id):
+  def reference(eos_id, alpha=alpha):
     seq = np.full((B, W), model.cfg.pad_id, np.int32)
     seq[:, :5] = prompt
     start = (jnp.repeat(jnp.asarray(seq), Z, axis=0), jnp.repeat(jnp.asarray(lengths - 1), Z))
@@ -321,7 +327,7 @@ def test_decoder_only_beam_search_equals_the_search_over_full_forward_passes(nam
     return np.asarray(search())
 
   cache = "ring" if model.cfg.window else "contiguous"
-  run = lambda eos_id, z=Z: np.asarray(attnlab.generate(
+  run = lambda eos_id, z=Z, alpha=alpha: np.asarray(attnlab.generate(
       model, prompt, max_new_tokens=J, prompt_lengths_B=lengths, eos_id=eos_id, beam_size=z,
       length_penalty=alpha, cache=cache))
   free = run(None)
@@ -330,6 +336,9 @@ def test_decoder_only_beam_search_equals_the_search_over_full_forward_passes(nam
   ended = run(eos)
   np.testing.assert_array_equal(ended, reference(eos))
   assert not np.array_equal(ended, free)
+  row = ended[0].tolist()  # the padding after an eos is the model's pad id
+  assert eos in row[:-1] and set(row[row.index(eos) + 1:]) == {5}, row
+  np.testing.assert_array_equal(run(eos, alpha=0.0), reference(eos, alpha=0.0))
   # A beam of 1 without an eos is greedy decoding.
   greedy = np.asarray(attnlab.generate(model, prompt, max_new_tokens=J, prompt_lengths_B=lengths,
                                        eos_id=None, cache=cache))

@@ -1,10 +1,12 @@
-"""The measurement tools under tools/ (README numbers come from them): every one imports
-against the current package and prints its usage, so an API it uses at import time that
-moved or a broken argument parser shows here, not when someone reruns a benchmark;
-run_timed.py passes its command's exit code through and prints its summary line.
+"""The measurement tools under tools/ (README numbers come from them): every one prints its
+usage, and every name it imports from attnlab, at the top or inside a function, exists, so
+an API that moved or a broken argument parser shows here, not when someone reruns a
+benchmark; run_timed.py passes its command's exit code through and prints its summary line.
 (What the benchmarks measure is not checked here: they need minutes and, some, torch.)"""
 
+import ast
 import glob
+import importlib
 import os
 import re
 import subprocess
@@ -35,6 +37,30 @@ def test_every_tool_imports_and_prints_its_usage(tool):
   res = _run([os.path.join("tools", tool), "--help"])
   assert res.returncode == 0, res.stderr[-2000:]
   assert res.stdout.startswith("usage: ") and tool in res.stdout.split("\n", 1)[0], res.stdout
+
+
+def _attnlab_imports(path):
+  """(module, name or None) of every attnlab import in a file, at any depth."""
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      yield from ((a.name, None) for a in node.names if a.name.split(".")[0] == "attnlab")
+    elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "attnlab":
+      yield from ((node.module, a.name) for a in node.names)
+
+
+def test_every_name_a_tool_imports_from_attnlab_exists():
+  """Most tools import attnlab inside ``main`` (after parsing their flags), which --help
+  never reaches: every such import is resolved here."""
+  seen = 0
+  for path in sorted(glob.glob(os.path.join(REPO, "tools", "*.py"))):
+    for module, name in _attnlab_imports(path):
+      mod = importlib.import_module(module)
+      if name is not None and not hasattr(mod, name):
+        importlib.import_module(f"{module}.{name}")  # a submodule: raises if it is not one
+      seen += 1
+  assert seen > 30  # the tools do import from attnlab
 
 
 def test_run_timed_passes_the_exit_code_through_and_prints_a_summary():

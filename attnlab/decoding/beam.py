@@ -24,8 +24,9 @@ def length_penalty_factor(length, alpha: float):
   return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
-def beam_search(step_fn, cache, *, batch: int, beam_size: int, max_len: int, bos_id: int,
-                eos_id: int | None, length_penalty: float = 0.6, pad_id: int = 0):
+def beam_search(step_fn, cache, *, batch: int, beam_size: int, max_len: int,
+                bos_id: int | None = None, eos_id: int | None, length_penalty: float = 0.6,
+                pad_id: int = 0, first_log_probs_XV=None):
   """The best hypothesis per source, int32 [batch, max_len] (eos included, pad after).
 
   Args:
@@ -35,18 +36,23 @@ def beam_search(step_fn, cache, *, batch: int, beam_size: int, max_len: int, bos
       gathering rows.
     cache: the initial cache (all beams of a source identical).
     batch, beam_size, max_len: B, Z and J, the longest hypothesis.
-    bos_id: the first input token, one for all sources or int32 [batch], one
-      per source (a decoder-only prompt's last token); eos_id: ends a
-      hypothesis (None or -1 = never). Either may be traced.
+    bos_id: the first input token, fed to ``step_fn`` first; eos_id: ends a
+      hypothesis (None or -1 = never). Either may be a traced int32 scalar.
     length_penalty: alpha; 0 ranks finished hypotheses by log P alone.
     pad_id: fills a hypothesis after its eos.
+    first_log_probs_XV: instead of ``bos_id``, the log probabilities of the
+      first token (a decoder-only prompt's, from its prefill; the rows of a
+      source alike): the first tokens are chosen from them, and ``step_fn``
+      first sees those.
   """
+  if (bos_id is None) == (first_log_probs_XV is None):
+    raise ValueError("give bos_id or first_log_probs_XV, not both or neither")
   B, Z, J = batch, beam_size, max_len
   neg_inf = jnp.float32(-jnp.inf)
   # Only beam 0 is live at the start, so the first expansion has no duplicates.
   alive_logp_BZ = jnp.where(jnp.arange(Z) == 0, 0.0, neg_inf)[None].repeat(B, 0)
   alive_seq_BZJ = jnp.full((B, Z, J), pad_id, jnp.int32)
-  last_BZ = jnp.broadcast_to(jnp.asarray(bos_id, jnp.int32).reshape(-1, 1), (B, Z))
+  last_BZ = jnp.full((B, Z), pad_id if bos_id is None else bos_id, jnp.int32)
   fin_score_BZ = jnp.full((B, Z), neg_inf)
   fin_seq_BZJ = jnp.full((B, Z, J), pad_id, jnp.int32)
   best_possible = lambda alive_logp_BZ: alive_logp_BZ[:, 0] / length_penalty_factor(
@@ -58,8 +64,13 @@ def beam_search(step_fn, cache, *, batch: int, beam_size: int, max_len: int, bos
     return (step < J) & jnp.any(undecided_B)
 
   def body(carry):
-    step, alive_logp_BZ, alive_seq_BZJ, last_BZ, fin_score_BZ, fin_seq_BZJ, cache = carry
+    last_BZ, cache = carry[3], carry[6]
     logp_XV, cache = step_fn(last_BZ.reshape(B * Z), cache)
+    return expand(carry[:6] + (cache,), logp_XV)
+
+  def expand(carry, logp_XV):
+    """One step of the search given the next token's log probabilities of every row."""
+    step, alive_logp_BZ, alive_seq_BZJ, last_BZ, fin_score_BZ, fin_seq_BZJ, cache = carry
     V = logp_XV.shape[-1]
     cand_BZV = alive_logp_BZ[:, :, None] + logp_XV.reshape(B, Z, V)
     top_logp_BU, top_idx_BU = jax.lax.top_k(cand_BZV.reshape(B, Z * V), 2 * Z)
@@ -86,6 +97,8 @@ def beam_search(step_fn, cache, *, batch: int, beam_size: int, max_len: int, bos
     return step + 1, alive_logp_BZ, alive_seq_BZJ, last_BZ, fin_score_BZ, fin_seq_BZJ, cache
 
   carry = (jnp.int32(0), alive_logp_BZ, alive_seq_BZJ, last_BZ, fin_score_BZ, fin_seq_BZJ, cache)
+  if first_log_probs_XV is not None:
+    carry = expand(carry, first_log_probs_XV)
   step, alive_logp_BZ, alive_seq_BZJ, _, fin_score_BZ, fin_seq_BZJ, _ = jax.lax.while_loop(
       cond, body, carry)
   # A source with no finished hypothesis (or a better unfinished one cut at

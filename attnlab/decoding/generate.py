@@ -386,23 +386,24 @@ def _beam_decoder_only_impl(model, prompt_BT, lengths_B, eos_id, *, max_new_toke
   model = _in_eval_mode(model)
   cfg = model.cfg
   (B, T), Z = prompt_BT.shape, beam_size
-  # Beams are rows X = b * Z + z, each a copy of its prompt. The prefill caches all but
-  # the last prompt token; the search feeds that one first (its bos, one per row).
+  # Beams are rows X = b * Z + z, each a copy of its prompt, prefilled as greedy decoding
+  # prefills it; the first tokens are chosen from the last prompt token's logits.
   prompt_XT, lengths_X = jnp.repeat(prompt_BT, Z, axis=0), jnp.repeat(lengths_B, Z)
   cache, _ = _new_cache(cfg, kind, B * Z, cache_len, page_size, None, cache_dtype)
   cache = cache_lib.as_empty(cache)
-  segment_ids_XT = (jnp.arange(T)[None, :] < lengths_X[:, None] - 1).astype(jnp.int32)
-  _, cache = model(prompt_XT, segment_ids_BT=segment_ids_XT, cache=cache,
-                   logits_at_B=jnp.maximum(lengths_X - 2, 0))
-  last_B = jnp.take_along_axis(prompt_BT, (lengths_B - 1)[:, None], axis=1)[:, 0]
+  segment_ids_XT = (jnp.arange(T)[None, :] < lengths_X[:, None]).astype(jnp.int32)
+  logits_X1V, cache = model(prompt_XT, segment_ids_BT=segment_ids_XT, cache=cache,
+                            logits_at_B=lengths_X - 1)
+  log_probs = lambda logits_X1V: jax.nn.log_softmax(logits_X1V[:, 0].astype(jnp.float32),
+                                                    axis=-1)
 
   def step_fn(tokens_X, cache):
     logits_X1V, cache = model(tokens_X[:, None], cache=cache)
-    return jax.nn.log_softmax(logits_X1V[:, 0].astype(jnp.float32), axis=-1), cache
+    return log_probs(logits_X1V), cache
 
   return beam_search(step_fn, cache, batch=B, beam_size=Z, max_len=max_new_tokens,
-                     bos_id=last_B, eos_id=eos_id, length_penalty=length_penalty,
-                     pad_id=cfg.pad_id)
+                     first_log_probs_XV=log_probs(logits_X1V), eos_id=eos_id,
+                     length_penalty=length_penalty, pad_id=cfg.pad_id)
 
 
 def _decoder_forward(model):

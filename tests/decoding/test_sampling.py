@@ -289,9 +289,9 @@ def test_beam_search_through_the_cache_equals_the_search_over_full_forward_passe
 @pytest.mark.parametrize("name", ["gqa_sinusoidal", "mqa_rope_window3"])
 def test_decoder_only_beam_search_equals_the_search_over_full_forward_passes(name):
   """A decoder-only model's ``generate(beam_size=3)`` = ``beam_search`` driven by the
-  teacher-forced forward pass over each row's prompt and hypothesis so far, started from
-  each prompt's last token: prompts of different lengths (one of a single token, whose
-  prefill caches nothing), with and without an eos that changes the answer, a length
+  teacher-forced forward pass over each row's prompt and hypothesis so far, its first tokens
+  chosen from the prompt's last logits: prompts of different lengths (one of a single
+  token), with and without an eos that changes the answer, a length
   penalty of 1 (and 0), a pad id of 5, not 0, and more new tokens than the default page
   size; a sliding window (the ring cache's rows reordered with their beams too)."""
   from flax import nnx
@@ -309,21 +309,24 @@ def test_decoder_only_beam_search_equals_the_search_over_full_forward_passes(nam
   prompt[np.arange(5)[None, :] >= lengths[:, None]] = model.cfg.pad_id
   W = 5 + J
 
+  def log_probs_at(seq_XW, pos_X):
+    logits_XWV = nnx.merge(graphdef, state)(seq_XW)
+    logits_XV = jnp.take_along_axis(logits_XWV, pos_X[:, None, None], axis=1)[:, 0]
+    return jax.nn.log_softmax(logits_XV, axis=-1)
+
   def full_forward_step(tokens_X, carry):
     seq_XW, pos_X = carry  # each row's prompt and hypothesis so far; pos: the fed token's
     seq_XW = seq_XW.at[jnp.arange(B * Z), pos_X].set(tokens_X)
-    logits_XWV = nnx.merge(graphdef, state)(seq_XW)
-    logits_XV = jnp.take_along_axis(logits_XWV, pos_X[:, None, None], axis=1)[:, 0]
-    return jax.nn.log_softmax(logits_XV, axis=-1), (seq_XW, pos_X + 1)
+    return log_probs_at(seq_XW, pos_X), (seq_XW, pos_X + 1)
 
   def reference(eos_id, alpha=alpha):
     seq = np.full((B, W), model.cfg.pad_id, np.int32)
     seq[:, :5] = prompt
-    start = (jnp.repeat(jnp.asarray(seq), Z, axis=0), jnp.repeat(jnp.asarray(lengths - 1), Z))
-    last = jnp.asarray(prompt[np.arange(B), lengths - 1])
-    search = jax.jit(lambda: beam_search(full_forward_step, start, batch=B, beam_size=Z,
-                                         max_len=J, bos_id=last, eos_id=eos_id,
-                                         length_penalty=alpha, pad_id=model.cfg.pad_id))
+    seq_XW, pos_X = jnp.repeat(jnp.asarray(seq), Z, axis=0), jnp.repeat(jnp.asarray(lengths), Z)
+    search = jax.jit(lambda: beam_search(
+        full_forward_step, (seq_XW, pos_X), batch=B, beam_size=Z, max_len=J,
+        first_log_probs_XV=log_probs_at(seq_XW, pos_X - 1), eos_id=eos_id,
+        length_penalty=alpha, pad_id=model.cfg.pad_id))
     return np.asarray(search())
 
   cache = "ring" if model.cfg.window else "contiguous"
@@ -343,6 +346,20 @@ def test_decoder_only_beam_search_equals_the_search_over_full_forward_passes(nam
   greedy = np.asarray(attnlab.generate(model, prompt, max_new_tokens=J, prompt_lengths_B=lengths,
                                        eos_id=None, cache=cache))
   np.testing.assert_array_equal(run(None, 1), greedy)
+
+
+@pytest.mark.parametrize("cache_dtype", ["int8", "bfloat16"])
+def test_a_decoder_only_beam_of_one_is_greedy_through_a_rounded_cache(cache_dtype):
+  """Beam search prefills the prompt as greedy decoding does and takes its first tokens from
+  the same logits: with an int8 / bfloat16 cache too, where a search that fed the last
+  prompt token through the cache read rounded K/V for it and could start otherwise."""
+  model = decoder_model("mqa_rope_window3", varied=True)
+  prompt = random_tokens(5, (32, 6))
+  lengths = np.random.default_rng(0).integers(1, 7, 32).astype(np.int32)
+  kw = dict(prompt_lengths_B=lengths, max_new_tokens=12, eos_id=None, cache_dtype=cache_dtype)
+  greedy = np.asarray(attnlab.generate(model, prompt, **kw))
+  np.testing.assert_array_equal(np.asarray(attnlab.generate(model, prompt, beam_size=1, **kw)),
+                                greedy)
 
 
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])

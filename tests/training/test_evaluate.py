@@ -116,13 +116,14 @@ def test_eval_decodes_memorized_tsv_and_bleu_matches_sacrebleu(tmp_path, arch):
                        "length_penalty=nan must be a finite number >= 0")):
     with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
       trainer.evaluate_workdir(workdir, step=30, **kw)
-  # Beam search (the paper's width and alpha): its own predictions file, whose ids are what
+  # Beam search (the paper's width; an alpha that is not the default 0.6, so that one
+  # dropped on the way would show): its own predictions file, whose ids are what
   # attnlab.generate's beam search gives each source alone (an encoder-decoder's source
   # [eos]; a decoder-only model's prompt [bos] source [eos]).
-  beam = trainer.evaluate_workdir(workdir, step=30, beam_size=4, length_penalty=0.6)
-  assert (beam["beam_size"], beam["length_penalty"], beam["loss"]) == (4, 0.6, early["loss"])
-  path = trainer.predictions_path(workdir, 30, beam_size=4, length_penalty=0.6)
-  assert path.endswith("predictions_30_beam4_lp0.6.jsonl")
+  beam = trainer.evaluate_workdir(workdir, step=30, beam_size=4, length_penalty=1.5)
+  assert (beam["beam_size"], beam["length_penalty"], beam["loss"]) == (4, 1.5, early["loss"])
+  path = trainer.predictions_path(workdir, 30, beam_size=4, length_penalty=1.5)
+  assert path.endswith("predictions_30_beam4_lp1.5.jsonl")
   with open(path, encoding="utf-8") as f:
     rows = [json.loads(line) for line in f]
   model, _ = load_checkpoint(workdir, step=30)
@@ -140,7 +141,7 @@ def test_eval_decodes_memorized_tsv_and_bleu_matches_sacrebleu(tmp_path, arch):
     want = np.asarray(attnlab.generate(model, row, max_new_tokens=new_tokens,
                                        prompt_lengths_B=[len(ids)],
                                        eos_id=tok.eos_id, bos_id=tok.bos_id, beam_size=4,
-                                       length_penalty=0.6))[0].tolist()
+                                       length_penalty=1.5))[0].tolist()
     assert r["prediction_ids"] == eval_lib._until_eos(want, tok.eos_id)
   assert beam["exact_match"] == np.mean([r["prediction_ids"] == r["reference_ids"] for r in rows])
   greedy = _predictions(workdir, 30)  # the greedy file is its own, and decoded otherwise

@@ -275,15 +275,22 @@ def test_beam_search_through_the_cache_equals_the_search_over_full_forward_passe
 
   run = lambda eos_id: np.asarray(attnlab.generate(model, src, max_new_tokens=J, eos_id=eos_id,
                                                    beam_size=Z, length_penalty=alpha))
+  _equal_with_and_without_eos(run, reference, cfg.pad_id)
+
+
+def _equal_with_and_without_eos(run, reference, pad_id) -> int:
+  """``run(eos_id)`` (generate's beam search) equals ``reference(eos_id)`` without an eos and
+  with one (a token of the search without) that ends a row early, the padding after it
+  ``pad_id``; returns that eos."""
   free = run(None)
   np.testing.assert_array_equal(free, reference(None))
   eos = int(free[0, 2])
   ended = run(eos)
   np.testing.assert_array_equal(ended, reference(eos))
-  # The eos ends a row early, and the padding after it is the model's pad id.
   assert not np.array_equal(ended, free)
   row = ended[0].tolist()
-  assert eos in row[:-1] and set(row[row.index(eos) + 1:]) == {cfg.pad_id}, row
+  assert eos in row[:-1] and set(row[row.index(eos) + 1:]) == {pad_id}, row
+  return eos
 
 
 @pytest.mark.parametrize("name", ["gqa_sinusoidal", "mqa_rope_window3"])
@@ -333,14 +340,7 @@ def test_decoder_only_beam_search_equals_the_search_over_full_forward_passes(nam
   run = lambda eos_id, z=Z, alpha=alpha: np.asarray(attnlab.generate(
       model, prompt, max_new_tokens=J, prompt_lengths_B=lengths, eos_id=eos_id, beam_size=z,
       length_penalty=alpha, cache=cache))
-  free = run(None)
-  np.testing.assert_array_equal(free, reference(None))
-  eos = int(free[0, 2])
-  ended = run(eos)
-  np.testing.assert_array_equal(ended, reference(eos))
-  assert not np.array_equal(ended, free)
-  row = ended[0].tolist()  # the padding after an eos is the model's pad id
-  assert eos in row[:-1] and set(row[row.index(eos) + 1:]) == {5}, row
+  eos = _equal_with_and_without_eos(run, reference, pad_id=5)
   np.testing.assert_array_equal(run(eos, alpha=0.0), reference(eos, alpha=0.0))
   # A beam of 1 without an eos is greedy decoding.
   greedy = np.asarray(attnlab.generate(model, prompt, max_new_tokens=J, prompt_lengths_B=lengths,

@@ -174,3 +174,58 @@ def test_no_hypothesis_longer_than_max_len():
                                       eos_id=EOS, length_penalty=0.0, pad_id=PAD))(
       jnp.zeros((2,), jnp.int32))
   assert np.asarray(out).tolist() == [[3, 3]]
+
+
+def test_the_first_token_comes_from_bos_or_from_given_log_probs_not_both():
+  """``first_log_probs_XV`` (a decoder-only prompt's last logits) takes bos's place: the
+  search started from the log probabilities that feeding bos would give equals the search
+  fed bos; asking for both, or neither, is an error."""
+  src_X = jnp.repeat(jnp.arange(BATCH, dtype=jnp.int32), WIDE)
+  cache = (src_X, 17 * (src_X + 1))
+  kw = dict(batch=BATCH, beam_size=WIDE, max_len=L, eos_id=EOS, length_penalty=0.6)
+  fed = beam_search(_step_fn, cache, bos_id=BOS, **kw)
+  first_XV, after_bos = _step_fn(jnp.full((BATCH * WIDE,), BOS, jnp.int32), cache)
+  given = beam_search(_step_fn, after_bos, first_log_probs_XV=first_XV, **kw)
+  np.testing.assert_array_equal(given, fed)
+  for both_or_neither in (dict(bos_id=BOS, first_log_probs_XV=first_XV), {}):
+    with pytest.raises(ValueError, match="^give bos_id or first_log_probs_XV, not both or "
+                                         "neither$"):
+      beam_search(_step_fn, cache, **both_or_neither, **kw)
+
+
+def _by_step(logits_SV):
+  """A step function whose next-token logits depend on the step alone (row s of
+  ``logits_SV`` after s fed tokens; cache = that count per row)."""
+  table = jnp.asarray(logits_SV, jnp.float32)
+
+  def step_fn(tokens_X, count_X):
+    return jax.nn.log_softmax(table[count_X], axis=-1), count_X + 1
+
+  return step_fn
+
+
+def test_the_length_penalty_divides_a_finished_hypothesis_and_bounds_the_early_stop():
+  """[EOS] (log P -0.669) against [3, EOS] (-0.819): alpha 0 takes the shorter, alpha 2 the
+  longer (-0.819 / (7/6)^2 = -0.602). A finished score multiplied by lp, or a search that
+  stops once the finished [EOS] beats the alive [3] times lp(max_len) instead of over it,
+  returns [EOS] at alpha 2."""
+  step_fn = _by_step([[-9, -9, 0.0, -0.05, -9],    # after bos: EOS or 3
+                      [-9, -9, 0.0, -2.25, -9]])   # after 3: EOS, log P -0.0999
+  run = lambda alpha, z: np.asarray(beam_search(
+      step_fn, jnp.zeros((BATCH * z,), jnp.int32), batch=BATCH, beam_size=z, max_len=2,
+      bos_id=BOS, eos_id=EOS, length_penalty=alpha))
+  for z in (1, 2):
+    assert run(0.0, z).tolist() == [[EOS, PAD]] * BATCH
+    assert run(2.0, z).tolist() == [[3, EOS]] * BATCH
+
+
+def test_each_step_weighs_the_best_two_beam_widths_of_candidates():
+  """U = 2Z candidates a step (tensor2tensor's rule): with one beam, an eos that is only the
+  third most likely first token never enters the finished set, so the search returns the
+  alive hypothesis cut at max_len, although [EOS] alone would have scored higher."""
+  step_fn = _by_step([[-9, -9, -0.02, 0.0, -0.01],  # EOS third, behind 3 and 4
+                      [-9, -9, -9, 0.0, 0.0]])      # then 3 or 4, never EOS
+  got = np.asarray(beam_search(step_fn, jnp.zeros((BATCH,), jnp.int32), batch=BATCH,
+                               beam_size=1, max_len=2, bos_id=BOS, eos_id=EOS,
+                               length_penalty=0.0))
+  assert got.tolist() == [[3, 3]] * BATCH  # log P -1.78; [EOS] alone would be -1.11

@@ -25,19 +25,17 @@ def main(argv: list[str]) -> int:
                       "paper: 4); default greedy")
   p.add_argument("--length_penalty", type=float, default=None,
                  help="GNMT alpha of the beam search (default "
-                      f"{DecodeConfig().length_penalty}, the paper's)")
+                      f"{DecodeConfig.length_penalty}, the paper's)")
   add_cache_flag(p)
   args = p.parse_args(argv)
   use_compilation_cache(args.compilation_cache)
-  beam = {}
-  if args.beam_size is not None:
-    penalty = args.length_penalty
-    beam = dict(beam_size=args.beam_size,
-                length_penalty=DecodeConfig().length_penalty if penalty is None else penalty)
-  elif args.length_penalty is not None:
+  if args.length_penalty is None:
+    args.length_penalty = DecodeConfig.length_penalty
+  elif args.beam_size is None:
     raise CommandError("--length_penalty is the beam search's: give --beam_size too")
   try:
-    out = trainer.evaluate_workdir(args.workdir, args.step, **beam)
+    out = trainer.evaluate_workdir(args.workdir, args.step, beam_size=args.beam_size,
+                                   length_penalty=args.length_penalty)
   except (FileNotFoundError, ValueError, MissingDependencyError) as e:
     raise CommandError(str(e)) from None
   print(json.dumps(out))

@@ -49,12 +49,11 @@ class PackedText:
 
 
 def prompt_ids(tokenizer, text: str, arch: str, task: str) -> np.ndarray:
-  """``text`` as the model read such input in training (``PackedText``, ``PairBatches``): a
-  decoder-only
-  LM ("lm") reads ``[bos] text``, a decoder-only pair task ("tsv", "copy", ...) ``[bos]
-  source [eos]`` and then writes the target, an encoder-decoder's source is ``source
-  [eos]``. The text is encoded without a tokenizer.json's post-processor (the bos added
-  here is the model's; a tokenizer without a bos starts with the text)."""
+  """``text`` as the model read such input in training (``PackedText``, ``PairBatches``):
+  a decoder-only LM ("lm") reads ``[bos] text``, a decoder-only pair task ("tsv", "copy",
+  ...) ``[bos] source [eos]`` and then writes the target, an encoder-decoder's source is
+  ``source [eos]``. The text is encoded without a tokenizer.json's post-processor (the bos
+  added here is the model's; a tokenizer without a bos starts with the text)."""
   ids = list(tokenizer.encode(text, add_special_tokens=False))
   if arch == "encoder_decoder":
     return np.asarray(ids + [tokenizer.eos_id], np.int32)

@@ -195,8 +195,8 @@ def _check_prompt(cfg, prompt_BT, max_new_tokens) -> int:
 
 
 def _check_beam(cache, length_penalty):
-  if not length_penalty >= 0:
-    raise GenerateInputError(f"length_penalty={length_penalty!r} must be >= 0")
+  if not 0 <= length_penalty < float("inf"):  # an alpha of inf or nan: scores 0 or nan
+    raise GenerateInputError(f"length_penalty={length_penalty!r} must be a finite number >= 0")
   if cache == "paged":
     raise GenerateInputError("beam search reorders whole cache rows: use cache='contiguous' or "
                              "'ring' with beam_size")
@@ -362,20 +362,26 @@ def _new_cache(cfg, kind, batch, cache_len, page_size, num_pages, cache_dtype=No
   return cache, alloc
 
 
+def _prefill(model, prompt_BT, lengths_B, cache):
+  """The whole prompt through a decoder-only model in one pass, its K/V into ``cache``
+  (padding, t >= length, is not cached): (the last prompt token's logits [B, V], cache)."""
+  cache = cache_lib.as_empty(cache)  # the prefill attends over the prompt alone
+  T = prompt_BT.shape[1]
+  segment_ids_BT = (jnp.arange(T)[None, :] < lengths_B[:, None]).astype(jnp.int32)
+  logits_B1V, cache = model(prompt_BT, segment_ids_BT=segment_ids_BT, cache=cache,
+                            logits_at_B=lengths_B - 1)  # the last prompt token's only
+  return logits_B1V[:, 0], cache
+
+
 def _sample_decoder_only_impl(model, prompt_BT, lengths_B, rng, eos_id, *, max_new_tokens,
                               kind, page_size, sampling, cache_len, num_pages, cache_dtype):
   model = _in_eval_mode(model)
   cfg = model.cfg
-  B, T = prompt_BT.shape
+  B = prompt_BT.shape[0]
   cache, alloc = _new_cache(cfg, kind, B, cache_len, page_size, num_pages, cache_dtype)
   if alloc is not None:
     cache, alloc = _reserve(cache, alloc, lengths_B, page_size)
-  cache = cache_lib.as_empty(cache)  # the prefill attends over the prompt alone
-  # Prefill: the whole prompt in one pass; padding (t >= length) is not cached.
-  segment_ids_BT = (jnp.arange(T)[None, :] < lengths_B[:, None]).astype(jnp.int32)
-  logits_B1V, cache = model(prompt_BT, segment_ids_BT=segment_ids_BT, cache=cache,
-                            logits_at_B=lengths_B - 1)  # the last prompt token's only
-  last_BV = logits_B1V[:, 0]
+  last_BV, cache = _prefill(model, prompt_BT, lengths_B, cache)
   forward = lambda tokens_BT, seg_BT, cache: model(tokens_BT, segment_ids_BT=seg_BT, cache=cache)
   return _sampling_loop(forward, cache, alloc, last_BV, rng, max_new_tokens=max_new_tokens,
                         eos_id=eos_id, sampling=sampling, page_size=page_size, pad_id=cfg.pad_id)
@@ -385,25 +391,22 @@ def _beam_decoder_only_impl(model, prompt_BT, lengths_B, eos_id, *, max_new_toke
                             page_size, beam_size, length_penalty, cache_len, cache_dtype):
   model = _in_eval_mode(model)
   cfg = model.cfg
-  (B, T), Z = prompt_BT.shape, beam_size
-  # Beams are rows X = b * Z + z, each a copy of its prompt, prefilled as greedy decoding
-  # prefills it; the first tokens are chosen from the last prompt token's logits.
-  prompt_XT, lengths_X = jnp.repeat(prompt_BT, Z, axis=0), jnp.repeat(lengths_B, Z)
-  cache, _ = _new_cache(cfg, kind, B * Z, cache_len, page_size, None, cache_dtype)
-  cache = cache_lib.as_empty(cache)
-  segment_ids_XT = (jnp.arange(T)[None, :] < lengths_X[:, None]).astype(jnp.int32)
-  logits_X1V, cache = model(prompt_XT, segment_ids_BT=segment_ids_XT, cache=cache,
-                            logits_at_B=lengths_X - 1)
-  log_probs = lambda logits_X1V: jax.nn.log_softmax(logits_X1V[:, 0].astype(jnp.float32),
-                                                    axis=-1)
+  B, Z = prompt_BT.shape[0], beam_size
+  # The prompts are prefilled once, as greedy decoding prefills them; then every row of
+  # the cache is copied for each beam (rows X = b * Z + z), and the first tokens are
+  # chosen from the last prompt token's logits.
+  cache, _ = _new_cache(cfg, kind, B, cache_len, page_size, None, cache_dtype)
+  last_BV, cache = _prefill(model, prompt_BT, lengths_B, cache)
+  cache = jax.tree.map(lambda x: jnp.repeat(x, Z, axis=0), cache)
+  log_probs = lambda logits_XV: jax.nn.log_softmax(logits_XV.astype(jnp.float32), axis=-1)
 
   def step_fn(tokens_X, cache):
     logits_X1V, cache = model(tokens_X[:, None], cache=cache)
-    return log_probs(logits_X1V), cache
+    return log_probs(logits_X1V[:, 0]), cache
 
   return beam_search(step_fn, cache, batch=B, beam_size=Z, max_len=max_new_tokens,
-                     first_log_probs_XV=log_probs(logits_X1V), eos_id=eos_id,
-                     length_penalty=length_penalty, pad_id=cfg.pad_id)
+                     first_log_probs_XV=log_probs(jnp.repeat(last_BV, Z, axis=0)),
+                     eos_id=eos_id, length_penalty=length_penalty, pad_id=cfg.pad_id)
 
 
 def _decoder_forward(model):

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from attnlab import extras
+from attnlab.config import DecodeConfig
 from attnlab.data.pipeline import EXAMPLE_MASK
 from attnlab.decoding.generate import generate
 from attnlab.training.metrics import perplexity
@@ -84,7 +85,8 @@ def _split_rows(batch: dict, arch: str, eos_id: int, pad_id: int):
 
 
 def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int,
-                   beam_size: int | None = None, length_penalty: float = 0.6) -> list[dict]:
+                   beam_size: int | None = None,
+                   length_penalty: float = DecodeConfig.length_penalty) -> list[dict]:
   """Greedy (or beam search) outputs of every validation example, with its source
   and reference.
 
@@ -101,7 +103,6 @@ def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int,
     example (eos and everything after it removed).
   """
   cfg = model.cfg
-  beam = {} if beam_size is None else dict(beam_size=beam_size, length_penalty=length_penalty)
   out, cut = [], 0
   splits = [_split_rows(batch, cfg.arch, eos_id, cfg.pad_id) for batch in batches]
   # Decoder-only prompts are cut to the longest of the whole evaluation, W, and padded
@@ -125,7 +126,7 @@ def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int,
                          constant_values=cfg.pad_id)
     tokens_BJ = np.asarray(generate(model, prompt_BT, max_new_tokens=max_new,
                                     prompt_lengths_B=lengths_B, eos_id=eos_id, bos_id=bos_id,
-                                    **beam))
+                                    beam_size=beam_size, length_penalty=length_penalty))
     for b in np.flatnonzero(fits_B):
       out.append({"source": sources[b], "reference": refs[b],
                   "prediction": _until_eos(tokens_BJ[b], eos_id)})

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from attnlab import config_gin as gin_config
 from attnlab import extras
-from attnlab.config import DataConfig, ModelConfig, TrainConfig
+from attnlab.config import DataConfig, DecodeConfig, ModelConfig, TrainConfig
 from attnlab.data import pipeline
 from attnlab.training import evaluate as eval_lib
 from attnlab.training import sharding as shd
@@ -37,7 +37,7 @@ STEP_SLEEP_ENV = "ATTNLAB_TEST_STEP_SLEEP"
 
 
 def predictions_path(workdir: str, step: int, beam_size: int | None = None,
-                     length_penalty: float = 0.6) -> str:
+                     length_penalty: float = DecodeConfig.length_penalty) -> str:
   """Where the decoded validation examples of a seq2seq eval at ``step`` go (greedy, or
   beam search of ``beam_size`` with that length penalty)."""
   beam = "" if beam_size is None else f"_beam{beam_size}_lp{length_penalty:g}"
@@ -201,7 +201,7 @@ class Run:
     return self._val_batches
 
   def evaluate(self, predictions_path: str | None = None, *, beam_size: int | None = None,
-               length_penalty: float = 0.6) -> dict:
+               length_penalty: float = DecodeConfig.length_penalty) -> dict:
     """Validation loss / perplexity; for seq2seq tasks also exact match of the
     greedy outputs, and corpus BLEU for translation (task 'tsv').
 
@@ -361,7 +361,7 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
 
 
 def evaluate_workdir(workdir: str, step: int | None = None, *, beam_size: int | None = None,
-                     length_penalty: float = 0.6) -> dict:
+                     length_penalty: float = DecodeConfig.length_penalty) -> dict:
   """Validation metrics of a workdir's checkpoint (the config from config.gin).
 
   ``beam_size`` / ``length_penalty``: decode a seq2seq task's examples by beam
@@ -372,11 +372,8 @@ def evaluate_workdir(workdir: str, step: int | None = None, *, beam_size: int | 
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} does not exist: not a training workdir")
   mcfg, dcfg, tcfg = gin_config.read_workdir_config(path)
-  if beam_size is not None:
-    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
-      raise ValueError(f"beam_size={beam_size!r} must be a positive integer")
-    if not 0 <= length_penalty < float("inf"):
-      raise ValueError(f"length_penalty={length_penalty!r} must be a finite number >= 0")
+  if beam_size is not None:  # checked as `attnlab decode` checks them, before any work
+    DecodeConfig(beam_size=beam_size, length_penalty=length_penalty)
     if dcfg.task == "lm":
       raise ValueError(f"beam search decodes the examples of a seq2seq task; {workdir} "
                        "holds a language model (task='lm'), whose eval is its loss")
@@ -395,8 +392,9 @@ def evaluate_workdir(workdir: str, step: int | None = None, *, beam_size: int | 
   finally:
     ckpt.close()
   step = restored
-  beam = {} if beam_size is None else dict(beam_size=beam_size, length_penalty=length_penalty)
-  out = run.evaluate(predictions_path(workdir, step, **beam), **beam)
+  out = run.evaluate(predictions_path(workdir, step, beam_size, length_penalty),
+                     beam_size=beam_size, length_penalty=length_penalty)
   out["step"] = step
-  out.update(beam)
+  if beam_size is not None:
+    out.update(beam_size=beam_size, length_penalty=length_penalty)
   return out

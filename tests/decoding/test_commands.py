@@ -309,9 +309,11 @@ def test_generate_rejects_bad_prompts():
   with pytest.raises(GenerateInputError, match=re.escape(
       "prompt_lengths_B=[3] exceeds the prompt width T=2")):
     attnlab.generate(encdec, np.array([[5, 6]]), max_new_tokens=2, prompt_lengths_B=[3])
-  with pytest.raises(GenerateInputError, match=re.escape("length_penalty=-1.0 must be >= 0")):
-    attnlab.generate(encdec, np.array([[5, 6]]), max_new_tokens=2, beam_size=2,
-                     length_penalty=-1.0)
+  for bad in (-1.0, float("inf"), float("nan")):  # inf and nan were accepted
+    with pytest.raises(GenerateInputError, match=re.escape(
+        f"length_penalty={bad!r} must be a finite number >= 0")):
+      attnlab.generate(encdec, np.array([[5, 6]]), max_new_tokens=2, beam_size=2,
+                       length_penalty=bad)
 
 
 def test_generate_checks_max_new_tokens_and_the_prompt_array():

@@ -150,9 +150,10 @@ def test_eval_reads_the_step_and_cache_flags(tmp_path, capsys, monkeypatch, reco
                       or {"step": step})
   assert cli.main(["eval", "--workdir", "w", "--step", "4", "--compilation_cache",
                    str(tmp_path / "c")]) == 0
-  assert calls == [("w", 4)] and json.loads(capsys.readouterr().out) == {"step": 4}
+  greedy = (("beam_size", None), ("length_penalty", 0.6))  # the penalty unused without a beam
+  assert calls == [("w", 4, *greedy)] and json.loads(capsys.readouterr().out) == {"step": 4}
   assert recorded["cache_dirs"] == [str(tmp_path / "c")]
-  assert cli.main(["eval", "--workdir", "w"]) == 0 and calls[-1] == ("w", None)
+  assert cli.main(["eval", "--workdir", "w"]) == 0 and calls[-1] == ("w", None, *greedy)
   assert cli.main(["eval"]) == 2
   assert "the following arguments are required: --workdir" in capsys.readouterr().err
   # Beam search: its width, and the paper's alpha unless given.

@@ -35,7 +35,11 @@ from attnlab.convert import hf
 from attnlab.data.tokenizer import BOS_ID, EOS_ID, TOKENIZER_FILES, HFJsonTokenizer
 from attnlab.nn.layers import as_dtype
 from attnlab.nn.transformer import build_model
-from attnlab.training.checkpoint import Checkpointer, CheckpointMismatchError
+from attnlab.training.checkpoint import (
+  Checkpointer,
+  CheckpointMismatchError,
+  CorruptCheckpointError,
+)
 
 STEP = 0
 
@@ -79,7 +83,8 @@ def main(argv: list[str]) -> int:
                       max_shard_bytes=args.max_shard_mb << 20)
   except (hf.ConversionError, FileNotFoundError) as e:
     raise CommandError(str(e)) from None
-  except CheckpointMismatchError as e:  # config.gin no longer describes the checkpoint
+  # config.gin no longer describes the checkpoint, or its bytes changed since the save
+  except (CheckpointMismatchError, CorruptCheckpointError) as e:
     raise CommandError(str(e)) from None
   except ImportError as e:
     raise CommandError(f"{e} (attnlab convert needs the hf extra: safetensors, tokenizers)"

@@ -8,6 +8,12 @@ into the abstract tree of a freshly built state whose shardings come from the
 *current* mesh, so a checkpoint written on one mesh shape restores onto
 another.
 
+Every checkpoint's ``meta`` keeps a checksum of each array it saved and of
+the data state (``CHECKSUMS``); a restore recomputes them and takes a
+checkpoint whose bytes changed on disk after the save for a damaged one
+(``CorruptCheckpointError``): orbax's array files carry no checksum of their
+own, so garbled bytes inside one restored as other weights.
+
 Saves are synchronous (a kill -9 can only lose the checkpoint being written,
 which orbax never publishes half-done); a corrupted latest checkpoint makes
 ``restore_latest`` fall back to the previous one with a warning. Only the
@@ -22,6 +28,7 @@ temporary directory and before it commits it (the rename that publishes it).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -31,6 +38,8 @@ import signal
 import warnings
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from attnlab import config_gin as gin_config
 from attnlab.nn.transformer import build_model
@@ -39,6 +48,9 @@ from attnlab.training.sharding import param_shardings
 CHECKPOINT_DIR = "checkpoints"
 CONFIG_FILE = "config.gin"
 KILL_MID_SAVE_ENV = "ATTNLAB_TEST_KILL_MID_SAVE"
+# meta's key for the checksums: {"params": {name: [dtype, checksum]}, "opt_state": {...},
+# "data": sha256 of the data state's JSON}.
+CHECKSUMS = "checksums"
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +91,45 @@ def unreadable_cause(e: BaseException) -> BaseException | None:
   return None
 
 
+class CorruptCheckpointError(ValueError):
+  """A checkpoint's arrays or data state read back other values than were saved (their
+  checksums in its meta item differ): its bytes changed on disk after the save."""
+
+
+@jax.jit
+def _leaf_checksum(x):
+  """sum_i word_i * (2i + 1) mod 2**32 over the uint32 words of ``x``'s bits (one word
+  per element of up to 4 bytes, two per 8-byte element). The factors are odd, so any
+  change of one word changes the sum; the sum is exact in any order (integers mod
+  2**32), so a sharded array gives the same number on any mesh."""
+  if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  if x.dtype == jnp.bool_:
+    words = x.astype(jnp.uint32)
+  else:
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[x.dtype.itemsize]
+    words = jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+  words = words.reshape(-1)
+  odd = jnp.arange(words.size, dtype=jnp.uint32) * jnp.uint32(2) + jnp.uint32(1)
+  return jnp.sum(words * odd, dtype=jnp.uint32)
+
+
+def checksums(flat: dict) -> dict:
+  """``{name: [dtype, checksum]}`` of a flat tree's arrays (jax or NumPy; one array on
+  the device at a time). Every process of a multi-host run calls it (a collective)."""
+  out = {}
+  for name, x in flat.items():
+    value = _leaf_checksum(x)
+    out[name] = [str(x.dtype), int(np.asarray(value.addressable_data(0)))]
+  return out
+
+
+def _data_digest(data_state: dict) -> str:
+  return hashlib.sha256(json.dumps(data_state, sort_keys=True).encode()).hexdigest()
+
+
 def _unreadable_itself(e: BaseException) -> bool:
-  if isinstance(e, (OSError, json.JSONDecodeError, UnicodeDecodeError)):
+  if isinstance(e, (OSError, json.JSONDecodeError, UnicodeDecodeError, CorruptCheckpointError)):
     return True
   if isinstance(e, KeyError):
     return "not found in the checkpoint" in str(e)
@@ -243,12 +292,15 @@ class Checkpointer:
     if step in self.manager.all_steps():
       # Only a resume past a corrupted checkpoint saves a step twice.
       self.manager.delete(step)
+    params = flatten(state["params"])
+    rest = flatten({"opt_state": state["opt_state"], "step": state["step"]})
+    sums = {"params": checksums(params), "opt_state": checksums(rest),
+            "data": _data_digest(data_state)}
     self.manager.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(flatten(state["params"])),
-        opt_state=ocp.args.StandardSave(flatten({"opt_state": state["opt_state"],
-                                                 "step": state["step"]})),
+        params=ocp.args.StandardSave(params),
+        opt_state=ocp.args.StandardSave(rest),
         data=ocp.args.JsonSave(data_state),
-        meta=ocp.args.JsonSave({"step": int(step), **(meta or {})}),
+        meta=ocp.args.JsonSave({"step": int(step), **(meta or {}), CHECKSUMS: sums}),
     ), force=True)
     self.manager.wait_until_finished()
 
@@ -257,9 +309,11 @@ class Checkpointer:
     state, so training from it starts a fresh optimizer at batch 0."""
     self._check_writable()
     ocp = self._ocp
+    flat = flatten(params)
+    sums = {"params": checksums(flat)}
     self.manager.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(flatten(params)),
-        meta=ocp.args.JsonSave({"step": int(step), **(meta or {})}),
+        params=ocp.args.StandardSave(flat),
+        meta=ocp.args.JsonSave({"step": int(step), **(meta or {}), CHECKSUMS: sums}),
     ), force=True)
     self.manager.wait_until_finished()
 
@@ -309,7 +363,10 @@ class Checkpointer:
         params=ocp.args.StandardRestore(flat_params),
         opt_state=ocp.args.StandardRestore(flat_rest),
         data=ocp.args.JsonRestore(),
+        meta=ocp.args.JsonRestore(),
     ))
+    self._verify(step, out["meta"], {"params": out["params"], "opt_state": out["opt_state"]},
+                 dict(out["data"]))
     rest = unflatten(rest, out["opt_state"])
     state = {"params": unflatten(abstract_state["params"], out["params"]),
              "opt_state": rest["opt_state"], "step": rest["step"]}
@@ -320,7 +377,8 @@ class Checkpointer:
     flat = flatten(abstract_params)
     self._check_item(step, "params", flat)
     out = self.manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(flat)))
+        params=ocp.args.StandardRestore(flat), meta=ocp.args.JsonRestore()))
+    self._verify(step, out["meta"], {"params": out["params"]})
     return unflatten(abstract_params, out["params"])
 
   def restore_data(self, step: int) -> dict | None:
@@ -328,8 +386,32 @@ class Checkpointer:
     if not self.has_train_state(step):
       return None
     ocp = self._ocp
-    return dict(self.manager.restore(step, args=ocp.args.Composite(
-        data=ocp.args.JsonRestore()))["data"])
+    out = self.manager.restore(step, args=ocp.args.Composite(
+        data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
+    self._verify(step, out["meta"], {}, dict(out["data"]))
+    return dict(out["data"])
+
+  def _verify(self, step: int, meta, items: dict, data_state: dict | None = None) -> None:
+    """Raise ``CorruptCheckpointError`` unless the restored ``items`` ({item: flat
+    arrays}) and ``data_state`` have the checksums ``save`` kept in ``meta``. A
+    checkpoint saved without them (before 2026-12-04) is taken as it is; an array that
+    orbax cast to another dtype than it was saved in is not compared."""
+    saved = dict(meta or {}).get(CHECKSUMS)
+    if not saved:
+      return
+    where = os.path.join(self.directory, str(step))
+    for item, flat in items.items():
+      want = saved.get(item, {})
+      now = checksums({k: v for k, v in flat.items()
+                       if k in want and str(v.dtype) == want[k][0]})
+      for name, (_, value) in now.items():
+        if value != want[name][1]:
+          raise CorruptCheckpointError(
+              f"checkpoint {where}'s {item} array {_shown(name)} reads other values than "
+              f"were saved (checksum {value:#010x}, saved {want[name][1]:#010x})")
+    if data_state is not None and "data" in saved and _data_digest(data_state) != saved["data"]:
+      raise CorruptCheckpointError(f"checkpoint {where}'s data state {data_state} is not the "
+                                   "one that was saved (its checksum differs)")
 
   def restore_latest(self, abstract_state: dict, init_state: dict | None = None):
     """(step, state, data_state) of the newest readable checkpoint, or None.

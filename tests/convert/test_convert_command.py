@@ -215,6 +215,18 @@ def test_to_hf_step_and_shard_size(tmp_path, capsys):
   rc, _, err = _convert(capsys, "--to-hf", "--workdir", str(work), "--out",
                         str(tmp_path / "o7"), "--step", "7")
   assert rc == 2 and "--step=7 has no checkpoint" in err and "saved steps: [0, 5]" in err
+  # Bytes changed inside step 5's largest array file: refused in one line, nothing written.
+  data = [os.path.join(r, f) for r, _, fs in os.walk(work / "checkpoints" / "5" / "params")
+          for f in fs if f"{os.sep}d{os.sep}" in os.path.join(r, f)]
+  biggest = max(data, key=os.path.getsize)
+  with open(biggest, "r+b") as f:
+    f.seek(os.path.getsize(biggest) // 2)
+    chunk = f.read(8)
+    f.seek(-len(chunk), os.SEEK_CUR)
+    f.write(bytes(b ^ 0xFF for b in chunk))
+  rc, _, err = _convert(capsys, "--to-hf", "--workdir", str(work), "--out", str(tmp_path / "o5"))
+  assert rc == 2 and "reads other values than were saved" in err and "Traceback" not in err
+  assert not (tmp_path / "o5").exists()
   # --max_shard_mb 1 with a 8192-token vocabulary: the embedding alone is 1.5 MiB.
   big, bc, bt = _hf_dir(tmp_path, "llama_mqa_tied", vocab_size=8192)
   assert _convert(capsys, "--from-hf", big, "--workdir", str(tmp_path / "bw"))[0] == 0

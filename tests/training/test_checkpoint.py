@@ -93,7 +93,30 @@ DAMAGE = {
         d, lambda r: r.startswith("params") and r.endswith("_METADATA"))],
     "non-UTF-8 data state": lambda d: [_write(p, b"\xff") for p in _files(
         d, lambda r: r.startswith("data"))],
+    # Bytes changed in place: the files keep their length and parse; only the checksums
+    # saved in meta tell (orbax restored other weights / another position before).
+    "bytes changed inside an array file": lambda d: _flip(_largest(d, "params"), 0.5),
+    "bytes changed inside an optimizer array file": lambda d: _flip(_largest(d, "opt_state"),
+                                                                    0.3),
+    "another position in the data state": lambda d: [_rewrite(p, b"20", b"30") for p in
+                                                     _files(d, lambda r: r == "data/metadata")],
 }
+
+
+def _flip(path, where):
+  """Invert 8 bytes of ``path`` at ``where`` (a fraction of its size); the length stays."""
+  with open(path, "r+b") as f:
+    f.seek(int(os.path.getsize(path) * where))
+    old = f.read(8)
+    f.seek(-len(old), os.SEEK_CUR)
+    f.write(bytes(b ^ 0xFF for b in old))
+
+
+def _rewrite(path, old, new):
+  with open(path, "rb") as f:
+    text = f.read()
+  assert old in text, (path, text)
+  _write(path, text.replace(old, new))
 
 
 def _largest(step_dir, item):
@@ -274,6 +297,7 @@ def _in_handler(error, handled):
     (ValueError("Requested shape: (3,) is not compatible with the stored shape"), False),
     (KeyError("0001_w"), False), (RuntimeError("x"), False), (TypeError("x"), False),
     (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), True),
+    (checkpoint.CorruptCheckpointError("x reads other values than were saved"), True),
     (_chained(Exception("Encountered error while reading array index"),
               ValueError("OUT_OF_RANGE: x")), True),
     (_chained(Exception("x"), ValueError("Requested shape: (3,) is not compatible")), False),
@@ -309,7 +333,8 @@ def test_weights_only_checkpoint_restores_its_params_and_the_rest_from_init_stat
     assert ckpt.steps() == [5, 6] and not ckpt.has_train_state(5)
     import orbax.checkpoint as ocp
     meta = ckpt.manager.restore(5, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    assert dict(meta) == {"step": 5, "source": "hf"}
+    sums = {"params": checkpoint.checksums(checkpoint.flatten(_state(5)["params"]))}
+    assert dict(meta) == {"step": 5, "source": "hf", "checksums": sums}
     init = _state(0)
     with pytest.raises(ValueError, match="checkpoint 5 in .* holds weights only"):
       ckpt.restore(5, _abstract(init))
@@ -338,7 +363,12 @@ def test_three_checkpoints_kept_by_default_and_a_step_saved_again_is_replaced(tm
     _assert_restored(state, _state(9))
     import orbax.checkpoint as ocp
     meta = ckpt.manager.restore(4, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    assert dict(meta) == {"step": 4, "seed": 7}
+    state4 = _state(4)
+    sums = {"params": checkpoint.checksums(checkpoint.flatten(state4["params"])),
+            "opt_state": checkpoint.checksums(checkpoint.flatten(
+                {"opt_state": state4["opt_state"], "step": state4["step"]})),
+            "data": checkpoint._data_digest({"next_batch": 4})}
+    assert dict(meta) == {"step": 4, "seed": 7, "checksums": sums}
   finally:
     ckpt.close()
 
@@ -351,3 +381,72 @@ def test_flat_leaf_names_follow_the_tree_paths():
   assert list(checkpoint.flatten(tree)) == [
       "0000_Wq_kernel", "0001_layers_0", "0002_layers_1", "0003_opt_mu", "0004_opt_nu"]
   assert checkpoint.unflatten(tree, checkpoint.flatten(tree)) == tree
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int32", "int8", "uint8",
+                                   "bool"])
+def test_a_checksum_changes_with_any_one_element_and_not_with_the_container(dtype):
+  """``checksums`` (kept in every checkpoint's meta): one element changed anywhere
+  changes the array's checksum; a NumPy array and the same values as a jax array, or as
+  a jax array sharded over devices, give the same one."""
+  rng = np.random.default_rng(0)
+  x = rng.integers(0, 2, (5, 7)).astype(bool) if dtype == "bool" else (
+      rng.standard_normal((5, 7)) * 50).astype(jnp.dtype(dtype))
+  (name, (kind, base)), = checkpoint.checksums({"x": x}).items()
+  assert name == "x" and kind == dtype
+  assert checkpoint.checksums({"x": jnp.asarray(x)})["x"] == [dtype, base]
+  seen = {base}
+  for i in range(x.size):
+    y = x.copy().reshape(-1)
+    y[i] = ~y[i] if dtype == "bool" else (y[i] + 1 if y[i] + 1 != y[i] else y[i] * 2)
+    seen.add(checkpoint.checksums({"x": y.reshape(x.shape)})["x"][1])
+  assert len(seen) == x.size + 1  # every change gave another checksum
+  # Sharded over every device (rows over the devices that divide them) gives the same.
+  n = max(d for d in range(1, len(jax.devices()) + 1) if 5 % d == 0 or d == 1)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:n]), ("a",))
+  sharded = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("a")))
+  assert checkpoint.checksums({"x": sharded})["x"] == [dtype, base]
+
+
+def test_a_checkpoint_restored_in_another_dtype_is_not_taken_for_a_damaged_one(saved):
+  """orbax casts an array saved in one dtype to the dtype it is restored into; the
+  checksum of the saved bits cannot be compared then, and is not."""
+  abstract = _abstract(_state(0))
+  abstract["params"]["big"] = jax.ShapeDtypeStruct((32, 32), jnp.bfloat16,
+                                                   sharding=abstract["params"]["big"].sharding)
+  ckpt = Checkpointer(str(saved), read_only=True)
+  try:
+    state, _ = ckpt.restore(2, abstract)
+  finally:
+    ckpt.close()
+  assert state["params"]["big"].dtype == jnp.bfloat16
+  np.testing.assert_array_equal(state["params"]["big"],
+                                _state(2)["params"]["big"].astype(jnp.bfloat16))
+
+
+def test_load_checkpoint_refuses_a_checkpoint_whose_bytes_changed(tmp_path):
+  """``load_checkpoint`` (``attnlab decode``, ``convert --to-hf``) of a named step whose
+  weights changed on disk raises, naming the array; it restored the other weights before."""
+  from flax import nnx
+
+  import attnlab
+  from attnlab import config_gin
+
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  configs = config_gin.parse([os.path.join(repo, "configs", "seq2seq_reverse.gin")], [
+      "ModelConfig.d_model=16", "ModelConfig.d_ff=32", "ModelConfig.num_layers=1",
+      "ModelConfig.num_encoder_layers=1"])
+  cfg = configs[0]
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  (workdir / "config.gin").write_text(config_gin.operative_config(*configs))
+  params = nnx.state(attnlab.build_model(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+  ckpt = Checkpointer(str(workdir))
+  ckpt.save_params(3, params)
+  ckpt.close()
+  model, _ = attnlab.load_checkpoint(str(workdir), 3)  # healthy: loads
+  _flip(_largest(str(workdir / "checkpoints" / "3"), "params"), 0.5)
+  with pytest.raises(checkpoint.CorruptCheckpointError,
+                     match=r"checkpoints/3's params array \w+ reads other values than were "
+                           r"saved \(checksum 0x[0-9a-f]{8}, saved 0x[0-9a-f]{8}\)"):
+    attnlab.load_checkpoint(str(workdir), 3)

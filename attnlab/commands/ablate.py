@@ -40,10 +40,15 @@ from attnlab.training import trainer
 PREFIXES = ("Sweep.", "ModelConfig.", "DataConfig.", "TrainConfig.")
 
 
-def _base_part(text: str) -> list[str]:
-  """The lines of an operative sweep config that fix what a run means."""
-  return [line for line in text.splitlines()
-          if line.strip() and not line.startswith(("#", "Sweep."))]
+def _base_difference(sweep_path: str, base) -> tuple[str, str] | None:
+  """None if the sweep file at ``sweep_path`` has the base configs ``base``, else their
+  first difference (its binding, this sweep's). The configs are compared, not their text:
+  a file an older attnlab wrote lacks the fields added since, which take their defaults."""
+  try:
+    _, *saved = config_gin.parse_sweep(sweep_path, [])
+  except config_gin.GinConfigError as e:  # e.g. a field this attnlab does not have
+    return str(e), "a sweep file this attnlab reads"
+  return sweep_lib.configs_difference(saved, base)
 
 
 def main(argv: list[str]) -> int:
@@ -89,10 +94,11 @@ def main(argv: list[str]) -> int:
     raise CommandError(str(e)) from None
   text = sweep_lib.operative_sweep_config(sweep, *base)
   if os.path.isfile(sweep_path):
-    with open(sweep_path) as f:
-      if _base_part(f.read()) != _base_part(text):
-        raise CommandError(f"{args.out} holds a sweep with a different base config "
-                           f"({sweep_path}); use a new --out")
+    diff = _base_difference(sweep_path, base)
+    if diff is not None:
+      raise CommandError(f"{args.out} holds a sweep with a different base config "
+                         f"({sweep_path} has {diff[0]!r} where this sweep gives {diff[1]!r}); "
+                         "use a new --out")
   try:  # before anything is written: a run trained under other settings is neither
     # reused nor reported under these
     sweep_lib.check_not_stale(args.out, sweep, arms, base, only=args.arm)

@@ -610,15 +610,21 @@ def _config_difference(path: str, want_configs) -> tuple[str, str] | None:
   except config_gin.GinConfigError:
     parsed = None  # a field this attnlab lacks: compare the text
   if parsed is not None:
-    for got, cfg in zip(parsed, want_configs, strict=True):
-      for field in dataclasses.fields(cfg):
-        a, b = getattr(got, field.name), getattr(cfg, field.name)
-        if a != b:
-          name = f"{type(cfg).__name__}.{field.name}"
-          return f"{name} = {config_gin.gin_value(a)}", f"{name} = {config_gin.gin_value(b)}"
-    return None
+    return configs_difference(parsed, want_configs)
   return next(((h, w) for h, w in zip(have, want, strict=False) if h != w),
               (f"{len(have)} lines", f"{len(want)} lines"))
+
+
+def configs_difference(have_configs, want_configs) -> tuple[str, str] | None:
+  """None if the configs are equal, else their first differing field as two gin lines
+  (``have_configs``' binding, ``want_configs``')."""
+  for got, cfg in zip(have_configs, want_configs, strict=True):
+    for field in dataclasses.fields(cfg):
+      a, b = getattr(got, field.name), getattr(cfg, field.name)
+      if a != b:
+        name = f"{type(cfg).__name__}.{field.name}"
+        return f"{name} = {config_gin.gin_value(a)}", f"{name} = {config_gin.gin_value(b)}"
+  return None
 
 
 def check_not_stale(out: str, sweep: Sweep, arms: list[Arm], base, *,

@@ -580,13 +580,32 @@ def test_an_out_of_another_base_config_is_refused(micro, sweep_file, tmp_path, c
   assert _ablate("--gin_file", sweep_file, "--out", out, "--gin.ModelConfig.d_ff=48") == 2
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1
+  (d_ff,) = [line for line in before["sweep.gin"].splitlines()
+             if line.startswith("ModelConfig.d_ff")]
   assert (f"{out} holds a sweep with a different base config "
-          f"({os.path.join(out, 'sweep.gin')}); use a new --out") in err, err
+          f"({os.path.join(out, 'sweep.gin')} has {d_ff!r} where this sweep gives "
+          "'ModelConfig.d_ff = 48'); use a new --out") in err, err
   assert {name: _read(out, name) for name in before} == before
   # A note or a blank line added to OUT/sweep.gin changes no setting: not refused.
   with open(os.path.join(out, "sweep.gin"), "a") as f:
     f.write("\n# rerun on the big box\n\n")
   assert _ablate("--gin_file", sweep_file, "--out", out, "--report") == 0
+  # A sweep.gin an older attnlab wrote lacks the fields added since (their defaults): the
+  # configs are compared, not the text, so its OUT is still reported, with or without the
+  # sweep file (before 2026-12-04 both were refused as "a different base config").
+  for field in ("ModelConfig.remat = False", "ModelConfig.o_bias = None"):
+    text = _read(out, "sweep.gin")
+    assert field in text
+    with open(os.path.join(out, "sweep.gin"), "w") as f:
+      f.write("\n".join(line for line in text.splitlines() if not line.startswith(field)))
+  assert _ablate("--out", out, "--report") == 0
+  assert _ablate("--gin_file", sweep_file, "--out", out, "--report") == 0
+  # A binding this attnlab does not know: refused, naming it.
+  with open(os.path.join(out, "sweep.gin"), "a") as f:
+    f.write("\nModelConfig.from_the_future = 3\n")
+  assert _ablate("--gin_file", sweep_file, "--out", out, "--report") == 2
+  err = capsys.readouterr().err
+  assert "holds a sweep with a different base config" in err and "from_the_future" in err, err
 
 
 def test_an_existing_out_its_report_and_its_arms(micro, sweep_file, tmp_path, capsys):

@@ -81,6 +81,17 @@ class PairBatches:
     return (self.tok.encode(src, add_special_tokens=False),
             self.tok.encode(tgt, add_special_tokens=False))
 
+  def fits(self, indices) -> np.ndarray:
+    """bool [B]: whether each example's layout holds all of its source and target (the
+    layout below cuts longer ones, keeping an encoder-decoder's eos, so the batch alone
+    cannot tell)."""
+    T, out = self.seq_len, []
+    for i in indices:
+      s, t = self._ids(i)
+      out.append(max(len(s), len(t)) <= T - 1 if self.arch == "encoder_decoder"
+                 else len(s) + len(t) + 3 <= T + 1)
+    return np.asarray(out, bool)
+
   def batch(self, indices) -> dict[str, np.ndarray]:
     B, T = len(indices), self.seq_len
     pad, bos, eos = self.tok.pad_id, self.tok.bos_id, self.tok.eos_id
@@ -329,6 +340,9 @@ def train_iterator(sources, dcfg: DataConfig) -> BatchIterator:
 
 
 EXAMPLE_MASK = "example_mask_B"
+# bool [B], in the validation batches of (source, target) pairs: the example is laid out
+# whole (``PairBatches.fits``); one that seq_len cut is not scored by eval.
+EXAMPLE_FITS = "example_fits_B"
 
 
 def validation_batches(sources, dcfg: DataConfig, num_batches: int,
@@ -338,7 +352,8 @@ def validation_batches(sources, dcfg: DataConfig, num_batches: int,
   Every batch has one shape, ``batch_size`` rows (or, for validation data
   smaller than a batch, its rows rounded up to a multiple of ``multiple_of``:
   the data shards a batch is split over), and ``EXAMPLE_MASK`` (bool [B]):
-  which rows are examples. The rows of a finite validation set that the
+  which rows are examples (and for (source, target) pairs ``EXAMPLE_FITS``).
+  The rows of a finite validation set that the
   batches reach are all read: the last batch, if the rows end inside it, is
   filled up with repeats of the first rows, whose ``EXAMPLE_MASK`` is False and
   whose loss mask is 0 (fewer batches than ``num_batches`` if the data ends).
@@ -364,5 +379,7 @@ def validation_batches(sources, dcfg: DataConfig, num_batches: int,
       batch["loss_mask_BT"] = batch["loss_mask_BT"] * real_B[:, None].astype(
           batch["loss_mask_BT"].dtype)
     batch[EXAMPLE_MASK] = real_B
+    if isinstance(src, PairBatches):
+      batch[EXAMPLE_FITS] = src.fits(ids)
     out.append(batch)
   return out

@@ -19,7 +19,7 @@ import numpy as np
 
 from attnlab import extras
 from attnlab.config import DecodeConfig
-from attnlab.data.pipeline import EXAMPLE_MASK
+from attnlab.data.pipeline import EXAMPLE_FITS, EXAMPLE_MASK
 from attnlab.decoding.generate import generate
 from attnlab.training.metrics import perplexity
 
@@ -57,7 +57,8 @@ def _split_rows(batch: dict, arch: str, eos_id: int, pad_id: int):
   including the first eos after the bos (the bos may be the eos id: GPT-2's),
   right-padded with ``pad_id`` to the longest prompt. ``fits_B``: the row holds
   its source's eos and its target's (an example cut by ``seq_len`` is neither
-  a prompt nor a reference).
+  a prompt nor a reference); always True for an encoder-decoder, whose layout
+  keeps the eos when it cuts (the batch's ``EXAMPLE_FITS`` tells those apart).
   """
   targets_BT = np.asarray(batch["targets_BT"])
   B, T = targets_BT.shape
@@ -112,6 +113,9 @@ def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int,
   for batch, (prompt_BT, lengths_B, sources, refs, fits_B) in zip(batches, splits):
     # Rows that only fill up the last batch are neither scored nor counted as cut.
     real_B = np.asarray(batch.get(EXAMPLE_MASK, np.ones(len(fits_B), bool)))
+    # The pipeline's own record of what seq_len cut: the only one for an encoder-decoder,
+    # whose cut source and target still end with eos.
+    fits_B = fits_B & np.asarray(batch.get(EXAMPLE_FITS, np.ones(len(fits_B), bool)))
     cut += int((real_B & ~fits_B).sum())
     fits_B = fits_B & real_B
     T = np.shape(batch["targets_BT"])[1]

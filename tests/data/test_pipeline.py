@@ -68,6 +68,29 @@ def test_encoder_decoder_pairs_row_by_row():
     np.testing.assert_array_equal(batch[k], v_, err_msg=k)
 
 
+@pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])
+def test_fits_tells_the_examples_the_layout_cuts(arch):
+  """``PairBatches.fits``: an encoder-decoder row holds T - 1 source and target tokens (then
+  eos), a decoder-only row [bos] s [eos] t [eos] in T + 1; one token more is cut. For a
+  decoder-only row this is what the batch shows too (its last eos is there or not); the
+  validation batches of pairs carry it as EXAMPLE_FITS (an LM's have none)."""
+  T = 6
+  pairs = [("abcde", "xyzuv"), ("abcdef", "x"), ("a", "xyzuvw"), ("ab", "xy")]
+  if arch == "decoder_only":
+    pairs = [("ab", "xy"), ("abc", "xy"), ("abcd", ""), ("", "xyzuv")]
+  src = pipeline.PairBatches(pairs, TOK, seq_len=T, arch=arch, loss_on_prompt=False)
+  want = [True, False, False, True] if arch == "encoder_decoder" else [True, False, True, False]
+  assert src.fits([0, 1, 2, 3]).tolist() == want and src.fits([3, 0]).tolist() == want[::-3]
+  if arch == "decoder_only":
+    batch = src.batch([0, 1, 2, 3])
+    ends = [EOS in row[row != PAD][-1:] for row in batch["targets_BT"]]
+    assert ends == want
+  dcfg = DataConfig(task="reverse", seq_len=T, max_len=3, batch_size=3)
+  (first, second) = pipeline.validation_batches({"validation": src}, dcfg, 2)
+  assert first[pipeline.EXAMPLE_FITS].tolist() == want[:3]
+  assert second[pipeline.EXAMPLE_FITS].tolist() == [want[3]] + want[:2]
+
+
 def test_packed_rows_dtypes_and_the_rows_a_stream_holds():
   tokens, doc_ids = packing.concat_documents([np.array([5, 6]), np.array([7])], 1, 2)
   assert tokens.dtype == doc_ids.dtype == np.int32

@@ -333,6 +333,34 @@ def test_decode_batches_skips_the_rows_that_fill_up_the_last_batch(monkeypatch, 
     assert "1 validation example(s) do not fit" in caplog.text
 
 
+@pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])
+def test_decode_batches_leaves_out_the_examples_the_pipeline_cut(monkeypatch, caplog, arch):
+  """An example whose EXAMPLE_FITS is False (``PairBatches.fits``: seq_len cut it) is not
+  scored and is counted in the warning, for either model. An encoder-decoder's cut source
+  and target still end with eos, so only the pipeline can tell; until 2026-12-04 eval
+  scored them, a cut reference against the prediction."""
+  from types import SimpleNamespace
+
+  from attnlab.data.pipeline import EXAMPLE_FITS
+
+  monkeypatch.setattr(eval_lib, "generate",
+                      lambda model, prompt, **kw: np.array([[9, EOS]] * len(prompt)))
+  model = SimpleNamespace(cfg=SimpleNamespace(arch=arch, pad_id=PAD, max_len=64))
+  if arch == "decoder_only":
+    tokens = np.array([[BOS, 5, EOS, 7, EOS, PAD], [BOS, 6, EOS, 8, EOS, PAD]])
+    batch = {"tokens_BT": tokens, "targets_BT": np.roll(tokens, -1, axis=1)}
+  else:
+    batch = {"src_BS": np.array([[5, EOS], [6, EOS]]),
+             "targets_BT": np.array([[7, EOS], [8, EOS]])}
+  batch[EXAMPLE_FITS] = np.array([True, False])
+  with caplog.at_level("WARNING", logger=eval_lib.__name__):
+    out = eval_lib.decode_batches(model, [batch, batch], eos_id=EOS, bos_id=BOS)
+  assert out == [{"source": [5], "reference": [7], "prediction": [9]}] * 2
+  assert [r.getMessage() for r in caplog.records] == [
+      "2 validation example(s) do not fit seq_len with their eos (cut by the data layout): "
+      "not scored"]
+
+
 def test_decode_batches_counts_the_cut_rows_of_every_batch_and_pads_with_pad_id(
     monkeypatch, caplog):
   """The warning counts the rows cut by seq_len over the whole evaluation; prompts are

@@ -77,9 +77,17 @@ def _mesh(text: str | None):
     raise CommandError(f"--mesh_shape: {e}") from None
 
 
+def tsv_field(text: str) -> str:
+  r"""``text`` as one field of a tab-separated line: backslash, tab, newline and carriage
+  return written as ``\\``, ``\t``, ``\n``, ``\r`` (a completion of source code holds them)."""
+  return (text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+          .replace("\r", "\\r"))
+
+
 def _serve(args, dcfg, model, prompts, ids, tokenizer) -> int:
-  """``--slots``: continuous batching; prints "index<TAB>prompt<TAB>completion" as each
-  request completes, a progress bar and tokens/s on stderr."""
+  """``--slots``: continuous batching; prints "index<TAB>prompt<TAB>completion" (the
+  prompt's index among the file's prompts, from 0; both texts ``tsv_field``-escaped) as
+  each request completes, a progress bar and tokens/s on stderr."""
   n = len(prompts)
   done = [0, 0]  # requests, tokens
   start = time.perf_counter()
@@ -87,7 +95,7 @@ def _serve(args, dcfg, model, prompts, ids, tokenizer) -> int:
   def on_result(i, tokens):
     done[0] += 1
     done[1] += len(tokens)
-    print(f"{i}\t{prompts[i]}\t{tokenizer.decode(tokens)}", flush=True)
+    print(f"{i}\t{tsv_field(prompts[i])}\t{tsv_field(tokenizer.decode(tokens))}", flush=True)
     rate = done[1] / max(time.perf_counter() - start, 1e-9)
     bar = "#" * (20 * done[0] // n)
     sys.stderr.write(f"\r[{bar:<20}] {done[0]}/{n} requests, {done[1]} tokens, {rate:.1f} tok/s")
@@ -173,7 +181,9 @@ def main(argv: list[str]) -> int:
       # After eos the row is pad_id, which may be a real token of the tokenizer.
       row = row[:list(row).index(tokenizer.eos_id)]
     text = tokenizer.decode(row)
-    print(text if len(prompts) == 1 else f"{prompt}\t{text}")
+    # One prompt (--prompt, or a file of one): the text as it is; a file's prompts:
+    # "prompt<TAB>completion", one line each.
+    print(text if args.prompt is not None else f"{tsv_field(prompt)}\t{tsv_field(text)}")
   sys.stdout.flush()
   return 0
 

@@ -168,6 +168,47 @@ def test_decode_slots_pass_every_flag_to_generate_requests(workdir, monkeypatch,
   assert "\r[" in err and "2/2 requests" in err and err.endswith("\n")
 
 
+def test_a_prompts_file_prints_one_escaped_line_per_prompt(workdir, monkeypatch, capsys,
+                                                          tmp_path):
+  """With a prompts file (one prompt or more; --slots or not) every result is one line of
+  tab-separated fields, the texts' backslashes, tabs, newlines and carriage returns
+  escaped (a completion of source code holds newlines: it split its line before
+  2026-12-04); --prompt prints the completion as it is."""
+  from attnlab.decoding import batching
+
+  tok = decode_command._tokenizer(workdir)
+  text = "x\ny\tz\\w\r"
+  ids = np.asarray([*tok.encode(text), tok.eos_id], np.int32)
+  monkeypatch.setattr(decode_command, "generate",
+                      lambda model, prompt_BT, **kw: np.stack([ids] * len(prompt_BT)))
+
+  def requests(model, prompts, max_new_tokens, *, on_result, **kw):
+    for i in reversed(range(len(prompts))):
+      on_result(i, ids)
+
+  monkeypatch.setattr(batching, "generate_requests", requests)
+  escaped = "x\\ny\\tz\\\\w\\r"
+  prompts = tmp_path / "p.txt"
+  for lines in (["a\tb"], ["a\tb", "c\\d"]):
+    prompts.write_text("\n".join(lines) + "\n")
+    shown = [line.replace("\\", "\\\\").replace("\t", "\\t") for line in lines]
+    base = ["decode", "--workdir", workdir, "--prompts_file", str(prompts)]
+    rc, out, err = _run(base, capsys)
+    assert rc == 0, err
+    assert out.splitlines() == [f"{p}\t{escaped}" for p in shown]
+    rc, out, err = _run(base + ["--slots", "2"], capsys)
+    assert rc == 0, err
+    assert out.splitlines() == [f"{i}\t{shown[i]}\t{escaped}"
+                                for i in reversed(range(len(lines)))]
+  rc, out, err = _run(["decode", "--workdir", workdir, "--prompt", "a\tb"], capsys)
+  assert rc == 0 and out == text + "\n", err
+  unescape = {"\\\\": "\\", "\\t": "\t", "\\n": "\n", "\\r": "\r"}
+  for s in ("", "plain", "\\t", "a\\\nb", "\t\r\n\\", "\\\\n"):
+    field = decode_command.tsv_field(s)
+    assert "\t" not in field and "\n" not in field and "\r" not in field
+    assert re.sub(r"\\[\\tnr]", lambda m: unescape[m.group()], field) == s
+
+
 @pytest.mark.parametrize("extra,needle", [
     (["--step", "7"], "step=7"),
     (["--prompt", ""], "empty"),

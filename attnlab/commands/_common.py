@@ -11,7 +11,7 @@ import os
 
 from attnlab import config_gin
 from attnlab.commands import CommandError
-from attnlab.config import DataConfig, ModelConfig, TrainConfig
+from attnlab.config import DataConfig, ModelConfig, TrainConfig, check_mesh_shape
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -49,6 +49,17 @@ def parse_gin(gin_files: list[str], bindings: list[str]) -> tuple[ModelConfig, D
     return config_gin.parse(gin_files, bindings)
   except config_gin.GinConfigError as e:
     raise CommandError(str(e)) from None
+
+
+def mesh_shape_flag(text: str | None) -> tuple[int, int, int] | None:
+  """``--mesh_shape D,F,T`` as a (data, fsdp, tensor) tuple; None without the flag."""
+  if text is None:
+    return None
+  try:
+    return check_mesh_shape(int(x) for x in text.split(","))
+  except ValueError:
+    raise CommandError(f"--mesh_shape={text}: give 3 comma-separated positive ints (data, fsdp, "
+                       "tensor), at most one -1") from None
 
 
 def add_cache_flag(p: argparse.ArgumentParser) -> None:

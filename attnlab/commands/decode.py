@@ -16,8 +16,8 @@ import jax
 import numpy as np
 
 from attnlab import config_gin
-from attnlab.commands._common import CommandError, CommandParser
-from attnlab.config import CACHE_DTYPES, CACHE_KINDS, DecodeConfig, check_mesh_shape
+from attnlab.commands._common import CommandError, CommandParser, mesh_shape_flag
+from attnlab.config import CACHE_DTYPES, CACHE_KINDS, DecodeConfig
 from attnlab.data import pipeline
 from attnlab.data.tokenizer import make_tokenizer
 from attnlab.decoding import batching
@@ -64,13 +64,9 @@ def _decode_parser():
 
 def _mesh(text: str | None):
   """``--mesh_shape``'s Mesh, None without the flag."""
-  if text is None:
+  shape = mesh_shape_flag(text)
+  if shape is None:
     return None
-  try:
-    shape = check_mesh_shape(int(x) for x in text.split(","))
-  except ValueError:
-    raise CommandError(f"--mesh_shape={text}: give 3 comma-separated positive ints (data, fsdp, "
-                       "tensor), at most one -1") from None
   try:
     return sharding.make_mesh(shape)
   except ValueError as e:

@@ -1,4 +1,5 @@
-"""``attnlab eval --workdir runs/x [--step N] [--beam_size 4 --length_penalty 0.6]``:
+"""``attnlab eval --workdir runs/x [--step N] [--beam_size 4 --length_penalty 0.6]
+[--mesh_shape D,F,T]``:
 validation metrics of a checkpoint (a seq2seq task's outputs greedy, or by beam search)."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from attnlab.commands._common import (
   CommandError,
   CommandParser,
   add_cache_flag,
+  mesh_shape_flag,
   use_compilation_cache,
 )
 from attnlab.config import DecodeConfig
@@ -26,8 +28,12 @@ def main(argv: list[str]) -> int:
   p.add_argument("--length_penalty", type=float, default=None,
                  help="GNMT alpha of the beam search (default "
                       f"{DecodeConfig.length_penalty}, the paper's)")
+  p.add_argument("--mesh_shape", default=None,
+                 help="evaluate on this (data, fsdp, tensor) device mesh, e.g. 1,1,1 (one -1 "
+                      "takes the remaining devices); default the run's TrainConfig.mesh_shape")
   add_cache_flag(p)
   args = p.parse_args(argv)
+  mesh_shape = mesh_shape_flag(args.mesh_shape)
   use_compilation_cache(args.compilation_cache)
   if args.length_penalty is None:
     args.length_penalty = DecodeConfig.length_penalty
@@ -35,8 +41,12 @@ def main(argv: list[str]) -> int:
     raise CommandError("--length_penalty is the beam search's: give --beam_size too")
   try:
     out = trainer.evaluate_workdir(args.workdir, args.step, beam_size=args.beam_size,
-                                   length_penalty=args.length_penalty)
+                                   length_penalty=args.length_penalty, mesh_shape=mesh_shape)
   except (FileNotFoundError, ValueError, MissingDependencyError) as e:
-    raise CommandError(str(e)) from None
+    hint = ""
+    if mesh_shape is None and str(e).startswith("mesh_shape="):  # the run's mesh
+      hint = (" (the run's TrainConfig.mesh_shape; evaluate on another mesh with --mesh_shape "
+              "D,F,T, e.g. 1,1,1)")
+    raise CommandError(f"{e}{hint}") from None
   print(json.dumps(out))
   return 0

@@ -361,17 +361,21 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
 
 
 def evaluate_workdir(workdir: str, step: int | None = None, *, beam_size: int | None = None,
-                     length_penalty: float = DecodeConfig.length_penalty) -> dict:
+                     length_penalty: float = DecodeConfig.length_penalty,
+                     mesh_shape: tuple[int, int, int] | None = None) -> dict:
   """Validation metrics of a workdir's checkpoint (the config from config.gin).
 
   ``beam_size`` / ``length_penalty``: decode a seq2seq task's examples by beam
   search instead of greedily; the predictions go to their own file, and the
-  result names both.
+  result names both. ``mesh_shape``: evaluate on this mesh instead of the run's
+  ``TrainConfig.mesh_shape`` (a checkpoint restores onto any mesh).
   """
   path = os.path.join(workdir, "config.gin")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} does not exist: not a training workdir")
   mcfg, dcfg, tcfg = gin_config.read_workdir_config(path)
+  if mesh_shape is not None:
+    tcfg = dataclasses.replace(tcfg, mesh_shape=mesh_shape)
   if beam_size is not None:  # checked as `attnlab decode` checks them, before any work
     DecodeConfig(beam_size=beam_size, length_penalty=length_penalty)
     if dcfg.task == "lm":

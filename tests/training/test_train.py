@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -253,6 +254,21 @@ def test_eval_command_and_load_checkpoint_errors(reference_run, tmp_path, capsys
   assert cli.main(["eval", "--workdir", str(ref_dir)]) == 0
   out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert out["step"] == 12 and out["perplexity"] > 1 and 0 <= out["exact_match"] <= 1
+  # A run whose mesh needs more devices than this process has: refused with the way out,
+  # then evaluated on one device with --mesh_shape (the same numbers).
+  moved = tmp_path / "moved"
+  shutil.copytree(ref_dir, moved)
+  text = (moved / "config.gin").read_text()
+  assert "TrainConfig.mesh_shape = (-1, 1, 1)" in text
+  (moved / "config.gin").write_text(text.replace("TrainConfig.mesh_shape = (-1, 1, 1)",
+                                                 "TrainConfig.mesh_shape = (64, 1, 1)"))
+  assert cli.main(["eval", "--workdir", str(moved)]) == 2
+  assert capsys.readouterr().err.strip() == (
+      f"attnlab eval: error: mesh_shape=(64, 1, 1) needs 64 devices, only "
+      f"{len(jax.devices())} exist (the run's TrainConfig.mesh_shape; evaluate on another "
+      "mesh with --mesh_shape D,F,T, e.g. 1,1,1)")
+  assert cli.main(["eval", "--workdir", str(moved), "--mesh_shape", "1,1,1"]) == 0
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
   assert cli.main(["eval", "--workdir", str(tmp_path)]) == 2
   assert "config.gin" in capsys.readouterr().err
   with pytest.raises(FileNotFoundError, match="config.gin"):

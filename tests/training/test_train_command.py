@@ -150,7 +150,8 @@ def test_eval_reads_the_step_and_cache_flags(tmp_path, capsys, monkeypatch, reco
                       or {"step": step})
   assert cli.main(["eval", "--workdir", "w", "--step", "4", "--compilation_cache",
                    str(tmp_path / "c")]) == 0
-  greedy = (("beam_size", None), ("length_penalty", 0.6))  # the penalty unused without a beam
+  # the penalty unused without a beam; the run's own mesh
+  greedy = (("beam_size", None), ("length_penalty", 0.6), ("mesh_shape", None))
   assert calls == [("w", 4, *greedy)] and json.loads(capsys.readouterr().out) == {"step": 4}
   assert recorded["cache_dirs"] == [str(tmp_path / "c")]
   assert cli.main(["eval", "--workdir", "w"]) == 0 and calls[-1] == ("w", None, *greedy)
@@ -158,14 +159,22 @@ def test_eval_reads_the_step_and_cache_flags(tmp_path, capsys, monkeypatch, reco
   assert "the following arguments are required: --workdir" in capsys.readouterr().err
   # Beam search: its width, and the paper's alpha unless given.
   assert cli.main(["eval", "--workdir", "w", "--beam_size", "4"]) == 0
-  assert calls[-1] == ("w", None, ("beam_size", 4), ("length_penalty", 0.6))
+  assert calls[-1] == ("w", None, ("beam_size", 4), ("length_penalty", 0.6), ("mesh_shape", None))
   assert cli.main(["eval", "--workdir", "w", "--beam_size", "2", "--length_penalty", "1"]) == 0
-  assert calls[-1] == ("w", None, ("beam_size", 2), ("length_penalty", 1.0))
+  assert calls[-1] == ("w", None, ("beam_size", 2), ("length_penalty", 1.0), ("mesh_shape", None))
   capsys.readouterr()
   assert cli.main(["eval", "--workdir", "w", "--length_penalty", "1"]) == 2
   assert capsys.readouterr().err.strip() == (
       "attnlab eval: error: --length_penalty is the beam search's: give --beam_size too")
-  assert len(calls) == 4
+  # Another mesh than the run's (a run trained on 8 devices, evaluated on one).
+  assert cli.main(["eval", "--workdir", "w", "--mesh_shape", "1,-1,1"]) == 0
+  assert calls[-1] == ("w", None, *greedy[:2], ("mesh_shape", (1, -1, 1)))
+  for bad in ("1,1", "1,x,1", "0,1,1"):
+    assert cli.main(["eval", "--workdir", "w", "--mesh_shape", bad]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"attnlab eval: error: --mesh_shape={bad}: give 3 comma-separated positive ints (data, "
+        "fsdp, tensor), at most one -1")
+  assert len(calls) == 5
 
 
 def test_gin_flags_take_both_forms_and_keep_equals_signs_in_values():

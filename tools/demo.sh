@@ -5,16 +5,34 @@
 #
 #   bash tools/demo.sh VENV          (make demo calls it after installing attnlab)
 #   ATTNLAB_DEMO_STEPS=20 bash tools/demo.sh .venv     (a quick smoke run)
-#   ATTNLAB_DEMO_WORKDIR=runs/mine ...                 (default: runs/demo)
+#   ATTNLAB_DEMO_WORKDIR=runs/mine ...                 (default: runs/demo in the repo)
+#
+# VENV and ATTNLAB_DEMO_WORKDIR are relative to the directory it is called from. The
+# demo starts afresh: it deletes its workdir first, but only a workdir an earlier demo
+# made (it holds the file .attnlab_demo; or the default runs/demo with its config.gin,
+# made before that file was written); any other existing directory stops it.
 set -euo pipefail
-VENV="${1:-.venv}"
-WORKDIR="${ATTNLAB_DEMO_WORKDIR:-runs/demo}"
+absolute() { [[ "$1" = /* ]] && echo "$1" || echo "$PWD/$1"; }
+VENV="$(absolute "${1:-.venv}")"
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+WORKDIR="$(absolute "${ATTNLAB_DEMO_WORKDIR:-$REPO/runs/demo}")"
 STEPS_FLAG=()
 if [[ -n "${ATTNLAB_DEMO_STEPS:-}" ]]; then
   STEPS_FLAG=("--gin.TrainConfig.steps=${ATTNLAB_DEMO_STEPS}")
 fi
-cd "$(dirname "$0")/.."
-rm -rf "$WORKDIR"
+cd "$REPO"
+if [[ -e "$WORKDIR" ]]; then
+  if [[ -f "$WORKDIR/.attnlab_demo" ]] ||
+     [[ "$WORKDIR" = "$REPO/runs/demo" && -f "$WORKDIR/config.gin" ]]; then
+    rm -rf "$WORKDIR"
+  else
+    echo "tools/demo.sh: $WORKDIR exists and is not a workdir of an earlier demo (no" \
+      ".attnlab_demo in it): not deleting it; set ATTNLAB_DEMO_WORKDIR to a new path" >&2
+    exit 2
+  fi
+fi
+mkdir -p "$WORKDIR"
+touch "$WORKDIR/.attnlab_demo"
 
 echo "== training configs/lm_stdlib_tiny.gin in $WORKDIR"
 "$VENV/bin/attnlab" train --gin_file configs/lm_stdlib_tiny.gin "${STEPS_FLAG[@]}" \

@@ -19,6 +19,7 @@ Batch layouts (numpy, int32 unless noted):
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
@@ -27,6 +28,8 @@ from attnlab.config import DataConfig, ModelConfig
 from attnlab.data import packing, text
 from attnlab.data.synthetic import SyntheticPairs
 from attnlab.data.tokenizer import make_tokenizer
+
+log = logging.getLogger(__name__)
 
 
 class PackedText:
@@ -292,6 +295,12 @@ def _split_named(split: str, files: list[str], dcfg: DataConfig) -> str:
   return f"the {split} split ({shown}; validation_percent={dcfg.validation_percent})"
 
 
+def _warn_overlap(dcfg: DataConfig) -> None:
+  log.warning("the validation split of DataConfig.paths=%r (validation_percent=%d) is "
+              "training data: nothing could be held out, so the validation loss and scores "
+              "measure the training set", dcfg.paths, dcfg.validation_percent)
+
+
 def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
   """Train and validation sources and the tokenizer for a data config.
 
@@ -316,11 +325,25 @@ def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
       raise ValueError("task='lm' needs arch='decoder_only'")
     files = text.lm_files(dcfg.paths, validation_percent=dcfg.validation_percent,
                           max_files=dcfg.max_files)
-    return {split: PackedText([text.read_text(f) for f in fs], tok, dcfg.seq_len,
-                              _split_seed(dcfg, split), what=_split_named(split, fs, dcfg))
-            for split, fs in files.items()}, tok
+    docs = {split: [text.read_text(f) for f in fs] for split, fs in files.items()}
+    names = {split: fs for split, fs in files.items()}
+    if len(files["train"]) == 1 and files["train"] == files["validation"]:
+      # One file: its last lines are the validation text (it was all of it, the training
+      # text too).
+      docs["train"][0], docs["validation"][0] = text.split_lines(docs["train"][0],
+                                                                 dcfg.validation_percent)
+      if docs["train"] != docs["validation"]:
+        names = {"train": [f"the first lines of {files['train'][0]}"],
+                 "validation": [f"the last lines of {files['train'][0]}"]}
+    if set(files["train"]) & set(files["validation"]) and docs["train"] == docs["validation"]:
+      _warn_overlap(dcfg)
+    return {split: PackedText(docs[split], tok, dcfg.seq_len, _split_seed(dcfg, split),
+                              what=_split_named(split, names[split], dcfg))
+            for split in files}, tok
   if dcfg.task == "tsv":
     pairs = text.tsv_splits(dcfg.paths, dcfg.validation_percent)
+    if pairs["validation"][0] is pairs["train"][0]:  # nothing held out: a training pair
+      _warn_overlap(dcfg)
   else:
     pairs = {split: SyntheticPairs(dcfg.task, seed=_split_seed(dcfg, split), split=split,
                                    min_len=dcfg.min_len,

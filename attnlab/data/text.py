@@ -70,6 +70,17 @@ def split_files(files: list[str], percent: int) -> dict[str, list[str]]:
   return {"train": train, "validation": val or list(files)}
 
 
+def split_lines(doc: str, percent: int) -> tuple[str, str]:
+  """(train, validation) of a corpus of one file: its last ``percent`` of lines (at least
+  one line) held out, the lines before for training. A text of one line, or a percent of
+  0, holds nothing out: (doc, doc)."""
+  lines = doc.splitlines(keepends=True)
+  if not percent or len(lines) < 2:
+    return doc, doc
+  n = min(max(1, round(len(lines) * percent / 100)), len(lines) - 1)
+  return "".join(lines[:-n]), "".join(lines[-n:])
+
+
 def read_text(path: str) -> str:
   """A corpus file's text: bytes that are not UTF-8 are replaced (U+FFFD), a UTF-8
   byte order mark at the start is not text."""
@@ -123,13 +134,21 @@ def read_tsv(path: str) -> list[tuple[str, str]]:
 
 def tsv_splits(paths, validation_percent: int) -> dict[str, list[tuple[str, str]]]:
   """Train / validation pairs: a second file is the validation set, else a
-  hash of the line index holds ``validation_percent`` out."""
+  hash of the line index holds ``validation_percent`` out (the last pair when the
+  hash picks none of two or more; a file of one pair, or a percent of 0, holds
+  nothing out: its first pair is the validation set, a training pair)."""
+  if len(paths) > 2:
+    raise ValueError(f"DataConfig.paths has {len(paths)} TSV files; give one (split by "
+                     "validation_percent) or two (training, validation)")
   for p in paths:
     if not os.path.isfile(p):
       raise FileNotFoundError(f"TSV file {p!r} does not exist")
   pairs = read_tsv(paths[0])
   if len(paths) > 1:
     return {"train": pairs, "validation": read_tsv(paths[1])}
-  val = [p for i, p in enumerate(pairs) if in_validation(str(i), validation_percent)]
-  train = [p for i, p in enumerate(pairs) if not in_validation(str(i), validation_percent)]
+  held = [in_validation(str(i), validation_percent) for i in range(len(pairs))]
+  if validation_percent and not any(held) and len(pairs) > 1:
+    held[-1] = True
+  val = [p for p, h in zip(pairs, held) if h]
+  train = [p for p, h in zip(pairs, held) if not h]
   return {"train": train or pairs, "validation": val or pairs[:1]}

@@ -265,6 +265,56 @@ def test_tsv_task_reads_its_files(tmp_path):
   sources, _ = pipeline.build_sources(dcfg, ModelConfig(arch="encoder_decoder"))
   assert sources["validation"].pairs == text.tsv_splits([str(train)], 30)["validation"]
   assert 15 < sources["validation"].size < 45
+  # A third file is refused (it was ignored).
+  with pytest.raises(ValueError, match=r"^DataConfig.paths has 3 TSV files; give one \(split by "
+                     r"validation_percent\) or two \(training, validation\)$"):
+    text.tsv_splits([str(train), str(valid), str(valid)], 5)
+
+
+def test_a_split_that_holds_nothing_out_holds_out_the_last_line_or_says_so(tmp_path, caplog):
+  """One TSV file whose hash holds out no line: its last pair is the validation set (it
+  was the first pair, a training pair too). One LM file: its last lines (the percent, at
+  least one) are the validation text and the lines before the training text (it was the
+  whole file, both). Where nothing can be held out (one pair, one line,
+  validation_percent=0) the validation set is training data, and a warning says so."""
+  tsv = tmp_path / "few.tsv"
+  tsv.write_text("a\tA\nb\tB\nc\tC\n")
+  assert not any(text.in_validation(str(i), 5) for i in range(3))
+  assert text.tsv_splits([str(tsv)], 5) == {"train": [("a", "A"), ("b", "B")],
+                                            "validation": [("c", "C")]}
+  lm = tmp_path / "corpus.txt"
+  lines = [f"line {i} of the corpus\n" for i in range(40)]
+  lm.write_text("".join(lines))
+  assert text.split_lines("".join(lines), 5) == ("".join(lines[:38]), "".join(lines[38:]))
+  assert text.split_lines("".join(lines), 1) == ("".join(lines[:39]), lines[39])
+  assert text.split_lines("one line", 5) == ("one line", "one line")
+  assert text.split_lines("a\nb\n", 0) == ("a\nb\n", "a\nb\n")
+  decoder = ModelConfig(arch="decoder_only")
+  logger = pipeline.__name__
+  for task, path, percent, overlap in (("tsv", tsv, 5, False), ("lm", lm, 5, False),
+                                       ("tsv", tsv, 0, True), ("lm", lm, 0, True)):
+    caplog.clear()
+    dcfg = DataConfig(task=task, paths=(str(path),), seq_len=8, batch_size=1,
+                      validation_percent=percent)
+    with caplog.at_level("WARNING", logger=logger):
+      sources, tok = pipeline.build_sources(dcfg, decoder)
+    warned = [r.getMessage() for r in caplog.records if r.name == logger]
+    assert warned == ([
+        f"the validation split of DataConfig.paths=('{path}',) (validation_percent={percent}) "
+        "is training data: nothing could be held out, so the validation loss and scores "
+        "measure the training set"] if overlap else []), (task, percent)
+    if task == "lm":  # the validation rows hold the last two lines' tokens, or all of them
+      held = "".join(lines[38:]) if percent else "".join(lines)
+      n = len(tok.encode(held, add_special_tokens=False)) + 2
+      assert len(sources["validation"].tokens_Y) == n
+      assert len(sources["train"].tokens_Y) == (
+          len(tok.encode("".join(lines[:38]), add_special_tokens=False)) + 2 if percent else n)
+  # A held-out tail too short for one row is named as what it is.
+  with pytest.raises(ValueError, match=re.escape(
+      f"the validation split (the last lines of {lm}; validation_percent=5) has 46 tokens, "
+      "fewer than one row of seq_len=64 needs (65)")):
+    pipeline.build_sources(DataConfig(task="lm", paths=(str(lm),), seq_len=64, batch_size=1),
+                           decoder)
 
 
 def _llama_like_tokenizer(tmp_path):

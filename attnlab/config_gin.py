@@ -52,8 +52,8 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> 
 
   Includes are searched next to each file, in the built-in configs
   (``CONFIGS_DIR``, attnlab/configs/) and in the working directory. A
-  relative ``DataConfig.tokenizer_model`` is found as given (the working
-  directory) or else next to the gin files (the last first): a workdir's
+  relative ``DataConfig.tokenizer_model`` is found next to the gin files (the
+  last first) or else as given (the working directory): a workdir's
   config.gin names the tokenizer.json beside it as "tokenizer.json", so the
   workdir can move.
 
@@ -117,10 +117,12 @@ def _unbound_macros(gin_files: list[str], bindings: list[str]) -> list[str]:
 
 
 def _find_tokenizer(dcfg: DataConfig, gin_files: list[str]) -> DataConfig:
-  """``dcfg`` with a relative tokenizer_model that is not in the working directory
-  but next to a gin file (the last first) pointing there."""
+  """``dcfg`` with a relative tokenizer_model that lies next to a gin file (the last
+  first) pointing there; else as given (the working directory). Beside the gin file
+  first: a workdir's config.gin names its own tokenizer.json, which a tokenizer.json in
+  the working directory must not replace."""
   path = dcfg.tokenizer_model
-  if not path or os.path.isabs(path) or os.path.isfile(path):
+  if not path or os.path.isabs(path):
     return dcfg
   for gin_file in reversed(gin_files):
     beside = os.path.join(os.path.dirname(os.path.abspath(gin_file)), path)

@@ -115,7 +115,8 @@ def test_gin_values_read_back_as_written():
   assert gin_config.parse([], text.splitlines()) == configs
 
 
-def test_the_operative_config_names_a_tokenizer_inside_the_workdir_relative_to_it(tmp_path):
+def test_the_operative_config_names_a_tokenizer_inside_the_workdir_relative_to_it(tmp_path,
+                                                                                   monkeypatch):
   workdir = tmp_path / "run"
   workdir.mkdir()
   (workdir / "tokenizer.json").write_text("{}")
@@ -132,9 +133,14 @@ def test_the_operative_config_names_a_tokenizer_inside_the_workdir_relative_to_i
       ModelConfig(d_model=32, num_heads=4, d_ff=64), inside, TrainConfig(), workdir=str(workdir)))
   _, dcfg, _ = gin_config.read_workdir_config(str(workdir / "config.gin"))
   assert dcfg.tokenizer_model == str(workdir / "tokenizer.json")
+  # ... also from a directory that has a tokenizer.json of its own (a hub snapshot).
+  (tmp_path / "tokenizer.json").write_text('{"other": 1}')
+  monkeypatch.chdir(tmp_path)
+  _, dcfg, _ = gin_config.read_workdir_config(str(workdir / "config.gin"))
+  assert dcfg.tokenizer_model == str(workdir / "tokenizer.json")
 
 
-def test_a_relative_tokenizer_is_found_as_given_else_beside_the_last_gin_file(tmp_path,
+def test_a_relative_tokenizer_is_found_beside_the_last_gin_file_else_as_given(tmp_path,
                                                                               monkeypatch):
   a, b, cwd = tmp_path / "a", tmp_path / "b", tmp_path / "cwd"
   for d in (a, b, cwd):
@@ -149,8 +155,14 @@ def test_a_relative_tokenizer_is_found_as_given_else_beside_the_last_gin_file(tm
   assert dcfg([b / "x.gin", a / "x.gin"]).tokenizer_model == str(a / "t.json")
   (a / "y.gin").write_text("DataConfig.tokenizer_model = 'missing.json'\n")
   assert dcfg([a / "y.gin"]).tokenizer_model == "missing.json"  # not found: as given
+  # Beside the gin file first: a tokenizer.json in the working directory does not replace
+  # the one a workdir's config.gin names (it did before 2026-12-04); a file only there is
+  # found as given.
   (cwd / "t.json").write_text("{}")
-  assert dcfg([a / "x.gin"]).tokenizer_model == "t.json"  # the working directory first
+  assert dcfg([a / "x.gin"]).tokenizer_model == str(a / "t.json")
+  (cwd / "only_here.json").write_text("{}")
+  (a / "w.gin").write_text("DataConfig.tokenizer_model = 'only_here.json'\n")
+  assert dcfg([a / "w.gin"]).tokenizer_model == "only_here.json"
   absolute = str(b / "t.json")
   (a / "z.gin").write_text(f"DataConfig.tokenizer_model = {absolute!r}\n")
   assert dcfg([a / "z.gin"]).tokenizer_model == absolute

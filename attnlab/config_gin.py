@@ -66,6 +66,12 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> 
   for path in gin_files:
     if not os.path.isfile(path):
       raise GinConfigError(f"gin file {path!r} does not exist")
+    try:
+      with open(path, encoding="utf-8") as f:
+        f.read()
+    except UnicodeDecodeError as e:
+      raise GinConfigError(f"gin file {path!r} is not UTF-8 text ({e.reason} at byte "
+                           f"{e.start})") from None
   # Where gin looks for an include, in order: this call's files' folders, the built-in
   # configs, the working directory. gin keeps one global list (cwd first) that
   # clear_config does not reset, so it is set for this call and put back after: a folder

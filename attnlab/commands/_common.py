@@ -51,6 +51,15 @@ def parse_gin(gin_files: list[str], bindings: list[str]) -> tuple[ModelConfig, D
     raise CommandError(str(e)) from None
 
 
+def log_attnlab_info() -> None:
+  """Log lines on stderr: attnlab's from INFO up (progress, checkpoints, warnings), the
+  libraries' (orbax, JAX) from WARNING up (orbax logs ~70 INFO lines a checkpoint)."""
+  import logging
+
+  logging.basicConfig(level=logging.WARNING, format="%(message)s")
+  logging.getLogger("attnlab").setLevel(logging.INFO)
+
+
 def mesh_shape_flag(text: str | None) -> tuple[int, int, int] | None:
   """``--mesh_shape D,F,T`` as a (data, fsdp, tensor) tuple; None without the flag."""
   if text is None:

@@ -13,7 +13,6 @@ exit code 2.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 
@@ -24,6 +23,7 @@ from attnlab.commands._common import (
   CommandError,
   CommandParser,
   add_cache_flag,
+  log_attnlab_info,
   parse_gin,
   split_gin_flags,
   use_compilation_cache,
@@ -49,6 +49,8 @@ def main(argv: list[str]) -> int:
   _add_distributed_flags(p)
   add_cache_flag(p)
   args = p.parse_args(rest)
+  if os.path.exists(args.workdir) and not os.path.isdir(args.workdir):
+    raise CommandError(f"--workdir {args.workdir} is a file, not a directory")
   if not args.gin_file:
     # A prepared workdir (e.g. `attnlab convert-heads --to`) trains from its config.gin.
     if not os.path.isfile(os.path.join(args.workdir, "config.gin")):
@@ -59,7 +61,7 @@ def main(argv: list[str]) -> int:
   use_compilation_cache(args.compilation_cache)
   sharding.initialize_distributed(args.coordinator_address, args.num_processes,
                                   args.process_id)
-  logging.basicConfig(level=logging.INFO, format="%(message)s")
+  log_attnlab_info()
   config_text = config_gin.operative_config(mcfg, dcfg, tcfg, workdir=args.workdir)
   try:
     # Data and mesh are checked before the workdir is created.

@@ -251,6 +251,14 @@ def test_parse_errors_are_one_line_gin_config_errors(files, bindings, message):
     assert "d_modle" in str(e.value)
 
 
+def test_a_gin_file_that_is_not_utf8_is_named(tmp_path):
+  (tmp_path / "latin.gin").write_bytes(b"ModelConfig.d_model = 32\n# caf\xe9\n")
+  with pytest.raises(gin_config.GinConfigError) as e:
+    gin_config.parse([str(tmp_path / "latin.gin")], [])
+  assert str(e.value) == (f"gin file {str(tmp_path / 'latin.gin')!r} is not UTF-8 text "
+                          "(invalid continuation byte at byte 30)")
+
+
 def test_an_unbound_macro_in_a_gin_file_is_named(tmp_path):
   (tmp_path / "x.gin").write_text("TrainConfig.warmup_steps = %WARMUP\n")
   with pytest.raises(gin_config.GinConfigError, match=re.escape("gin macro %WARMUP is used")):

@@ -216,3 +216,29 @@ def test_kv_size_defaults_to_bfloat16_and_counts_bytes_per_token(capsys):
   assert cli.main(["kv-size", "--layers", "2", "--seq", "6", "--kv_heads", "3",
                    "--head_dim", "8", "--dtype", "bf16"]) == 2
   assert "invalid choice: 'bf16'" in capsys.readouterr().err
+
+
+def test_commands_log_attnlab_at_info_and_the_libraries_from_warning(tmp_path, capsys):
+  """``attnlab train`` logs its own lines (progress, checkpoints) at INFO and orbax's and
+  JAX's from WARNING up: at INFO orbax wrote ~70 lines a checkpoint to stderr, burying the
+  progress lines (before 2026-12-04). A --workdir that is a file is one line, exit 2."""
+  import logging
+
+  root, ours = logging.getLogger(), logging.getLogger("attnlab")
+  saved = (list(root.handlers), root.level, ours.level)
+  root.handlers[:] = []
+  try:
+    _common.log_attnlab_info()
+    assert logging.getLogger("attnlab.training.trainer").isEnabledFor(logging.INFO)
+    for library in ("orbax.checkpoint", "absl", "jax._src.xla_bridge"):
+      assert not logging.getLogger(library).isEnabledFor(logging.INFO), library
+      assert logging.getLogger(library).isEnabledFor(logging.WARNING), library
+  finally:
+    root.handlers[:] = saved[0]
+    root.setLevel(saved[1])
+    ours.setLevel(saved[2])
+  afile = tmp_path / "afile"
+  afile.write_text("")
+  assert cli.main(["train", "--gin_file", CONFIG, "--workdir", str(afile)]) == 2
+  assert capsys.readouterr().err.strip() == (
+      f"attnlab train: error: --workdir {afile} is a file, not a directory")

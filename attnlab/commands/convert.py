@@ -138,8 +138,12 @@ def from_hf(src_dir: str, workdir: str, *, dtype: str | None = None) -> dict:
     if tok.vocab_size > mcfg.vocab_size:
       raise CommandError(f"{tok_path} has {tok.vocab_size} tokens, more than config.json "
                          f"vocab_size={mcfg.vocab_size}")
+    # A config.json without bos_token_id: the bos its tokenizer.json's post-processor adds
+    # (transformers' prompts start with it; the pipeline and decode put DataConfig.bos_id
+    # in front, without the post-processor).
+    bos = ids["bos"] if ids["bos"] is not None else tok.post_processor_bos()
     dcfg = DataConfig(tokenizer="hf_json", tokenizer_model=os.path.join(out, "tokenizer.json"),
-                      bos_id=ids["bos"], eos_id=ids["eos"])
+                      bos_id=bos, eos_id=ids["eos"])
   else:
     dcfg = DataConfig()
   tcfg = finetune_train_config()

@@ -125,6 +125,15 @@ class HFJsonTokenizer:
     return np.asarray(self._tok.encode(text, add_special_tokens=add_special_tokens).ids,
                       np.int32)
 
+  def post_processor_bos(self) -> int | None:
+    """The id the file's post-processor puts in front of every text (a Llama
+    tokenizer.json's ``<s>``), or None when it adds nothing in front."""
+    plain = [int(i) for i in self.encode("a", add_special_tokens=False)]
+    full = [int(i) for i in self.encode("a", add_special_tokens=True)]
+    if len(full) > len(plain) and full[1:1 + len(plain)] == plain:
+      return full[0]
+    return None
+
   def decode(self, ids) -> str:
     """Text of ``ids``, special tokens (as tokenizer.json marks them) and ids outside the
     vocabulary (a model may have more rows than the tokenizer has tokens) dropped."""

@@ -145,6 +145,42 @@ def test_a_tokenizer_json_comes_in_with_its_ids_and_goes_back_out(tmp_path, caps
   assert not (back / "special_tokens_map.json").exists()
 
 
+@pytest.mark.parametrize("adds_bos", [True, False])
+def test_without_bos_token_id_the_bos_is_the_one_the_post_processor_adds(tmp_path, capsys,
+                                                                         adds_bos):
+  """A config.json without bos_token_id whose tokenizer.json's post-processor puts <s> in
+  front (transformers' prompts start with it): the workdir's bos is <s>, so the pipeline
+  and `attnlab decode` put it in front too (until 2026-12-04 the bos was None and prompts
+  lost it). A post-processor that adds nothing in front leaves no bos."""
+  tokenizers = pytest.importorskip("tokenizers")
+  src, c, _ = _hf_dir(tmp_path, "llama_mqa_tied")
+  with open(os.path.join(src, "config.json")) as f:
+    config = json.load(f)
+  del config["bos_token_id"]
+  with open(os.path.join(src, "config.json"), "w") as f:
+    json.dump(config, f)
+  path = os.path.join(src, "tokenizer.json")
+  tok = _tokenizer_json(path, V)
+  if adds_bos:
+    tok.post_processor = tokenizers.processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", 1)])
+  else:  # an eos after the text: not a bos
+    tok.post_processor = tokenizers.processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", 2)])
+  tok.save(path)
+  work = tmp_path / "work"
+  rc, _, err = _convert(capsys, "--from-hf", src, "--workdir", str(work))
+  assert rc == 0, err
+  _, dcfg, _ = gin_config.read_workdir_config(str(work / "config.gin"))
+  assert (dcfg.bos_id, dcfg.eos_id) == ((1 if adds_bos else None), c["eos_token_id"])
+  from attnlab.commands import decode as decode_command
+  from attnlab.data import pipeline
+
+  ids = pipeline.prompt_ids(decode_command._tokenizer(str(work)), "w5 w6", "decoder_only", "lm")
+  want = [int(i) for i in tok.encode("w5 w6").ids]  # transformers' prompt
+  assert ids.tolist() == (want if adds_bos else want[:-1])
+
+
 def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, capsys):
   src, _, _ = _hf_dir(tmp_path, "llama_mqa_tied")
   _tokenizer_json(os.path.join(src, "tokenizer.json"), V + 1)

@@ -114,7 +114,8 @@ def read_tsv(path: str) -> list[tuple[str, str]]:
   try:
     content = data.decode("utf-8-sig")
   except UnicodeDecodeError as e:
-    lineno = data.count(b"\n", 0, e.start) + 1
+    # Lines as the reader below counts them: ending at \n, \r\n or a lone \r.
+    lineno = data[:e.start].replace(b"\r\n", b"\n").replace(b"\r", b"\n").count(b"\n") + 1
     raise ValueError(f"{path}:{lineno}: not UTF-8 ({e.reason}: byte {data[e.start]:#04x})") \
         from None
   pairs = []

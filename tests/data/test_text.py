@@ -160,6 +160,10 @@ def test_read_tsv_keeps_fields_as_written_and_names_bad_lines(tmp_path):
   with pytest.raises(ValueError, match=re.escape(
       f"{latin}:3: not UTF-8 (invalid continuation byte: byte 0xe9)")):
     text.read_tsv(str(latin))
+  # ... counted as the reader counts lines: lone \r too (it said line 1 here before 2026-12-04).
+  latin.write_bytes(b"ok\tok\rfine\tfine\r\nbad\tcaf\xe9\r")
+  with pytest.raises(ValueError, match=re.escape(f"{latin}:3: not UTF-8")):
+    text.read_tsv(str(latin))
   empty = tmp_path / "c.tsv"
   empty.write_text("\n\n")
   with pytest.raises(ValueError, match=re.escape(f"{empty}: no 'source<TAB>target' lines")):

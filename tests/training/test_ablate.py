@@ -187,7 +187,10 @@ def test_failing_arm_is_reported_then_arm_and_report_equal_all_in_one(
   assert rows["mha"]["error"] == "RuntimeError: injected failure"
   assert rows["mqa"]["status"] == "ok" and float(rows["mqa"]["val_loss"]) > 0
   assert "mha seed 0: failed (RuntimeError: injected failure)" in _read(out, "report.md")
-  assert "FAILED" in capsys.readouterr().err
+  # The progress line of the failed run says how far it got (no checkpoint: step 0).
+  (failed,) = [line for line in capsys.readouterr().err.splitlines() if "FAILED" in line]
+  assert re.match(r"ablate \[1/2\] arm=mha seed=0 step=0/\d+ FAILED: RuntimeError: injected "
+                  r"failure \(\d+ s\); sweep ETA ", failed), failed
   # A failed run is retried: here one arm at a time (--arm), then --report;
   # every run of this OUT came from a separate invocation.
   monkeypatch.setattr(trainer, "train", real)

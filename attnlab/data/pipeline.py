@@ -359,6 +359,11 @@ def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
 
 
 def train_iterator(sources, dcfg: DataConfig) -> BatchIterator:
+  size = sources["train"].size
+  if size is not None and size < dcfg.batch_size:
+    raise ValueError(f"DataConfig.batch_size={dcfg.batch_size} is larger than the training "
+                     f"split of task={dcfg.task!r}, paths={dcfg.paths!r} ({size} rows of "
+                     f"seq_len={dcfg.seq_len}): lower batch_size or give more data")
   return BatchIterator(sources["train"], dcfg.batch_size, dcfg.seed, stream=stream_fields(dcfg))
 
 

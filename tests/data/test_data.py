@@ -124,6 +124,12 @@ def test_the_training_stream_is_a_permutation_per_epoch_and_validation_in_order(
   with pytest.raises(ValueError, match=re.escape(
       f"batch_size={size + 1} is larger than the data ({size} rows)")):
     pipeline.BatchIterator(sources["train"], size + 1, 0)
+  # The training iterator of a config names the config's data (the size alone named neither
+  # the split nor the files before 2026-12-04).
+  with pytest.raises(ValueError, match=re.escape(
+      f"DataConfig.batch_size={size + 1} is larger than the training split of task='lm', "
+      f"paths={dcfg.paths!r} ({size} rows of seq_len=16): lower batch_size or give more data")):
+    pipeline.train_iterator(sources, dataclasses.replace(dcfg, batch_size=size + 1))
   # Validation batches: the rows in source order from the first row on, every row up to
   # num_batches batches (a last batch is filled up with the first rows, not examples).
   n = sources["validation"].size

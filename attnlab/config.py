@@ -15,6 +15,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 ARCHS = ("decoder_only", "encoder_decoder")
 POSITIONS = ("rope", "sinusoidal", "learned", "none")
 ROPE_PAIRINGS = ("half", "adjacent")
@@ -38,6 +40,16 @@ CACHE_KINDS = ("contiguous", "ring", "paged")
 MIN_TEMPERATURE = 1e-6
 
 
+def is_integer(value) -> bool:
+  """A Python or NumPy integer, not a bool (``True`` is an int to Python, never a count here)."""
+  return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+  """A Python or NumPy integer or float, not a bool (nor ``np.bool_``)."""
+  return is_integer(value) or isinstance(value, float | np.floating)
+
+
 def check_temperature(temperature) -> None:
   if not (temperature == 0.0 or temperature >= MIN_TEMPERATURE):
     raise ValueError(f"temperature={temperature!r} must be 0 (greedy) or >= {MIN_TEMPERATURE}")
@@ -55,12 +67,12 @@ def check_mesh_shape(shape) -> tuple[int, int, int]:
                      "most one -1, e.g. (1, -1, 1)")
   shape = tuple(shape)
   if len(shape) != 3 or any(
-      isinstance(s, bool) or not isinstance(s, int) or (s < 1 and s != -1) for s in shape
+      not is_integer(s) or (s < 1 and s != -1) for s in shape
   ) or shape.count(-1) > 1:
     raise ValueError(
         f"mesh_shape={shape!r} must be 3 positive ints (data, fsdp, tensor), at most one -1"
     )
-  return shape
+  return tuple(int(s) for s in shape)
 
 
 _WANTED = {"bool": "True or False", "float": "a number", "str": "a string"}
@@ -72,7 +84,9 @@ def _check_types(config) -> None:
   string or a TypeError from inside a comparison; a float must be finite. An int where a
   float is expected is a number; a float where an int is expected is left to the field's
   own check (which names the range too). ``paths``-like ``tuple[str, ...]`` fields must
-  be lists of strings (a lone string would be iterated character by character)."""
+  be lists of strings (a lone string would be iterated character by character). A NumPy
+  number in an int or float field is stored as the Python number it holds, so the config
+  compares, hashes and is written to gin as if that number had been given."""
   for field in dataclasses.fields(config):
     value = getattr(config, field.name)
     kinds = {k.strip() for k in str(field.type).split("|")}
@@ -85,9 +99,12 @@ def _check_types(config) -> None:
                          f"('{value if isinstance(value, str) else 'a'}',)")
       continue
     [kind] = kinds - {"None"} if len(kinds - {"None"}) == 1 else [None]
+    if kind in ("int", "float") and isinstance(value, np.integer | np.floating):
+      value = value.item()
+      object.__setattr__(config, field.name, value)
     if kind not in _WANTED:  # int fields: each has its own check, naming the range it allows
       continue
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    number = is_number(value)
     if kind == "float" and number and not math.isfinite(value):
       # nan passes no comparison and would pass "not x < 0"; inf is written to config.gin
       # as a value gin cannot read back
@@ -104,7 +121,7 @@ def _choice(name: str, value, allowed: tuple) -> None:
 
 
 def _positive(name: str, value) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+  if not is_integer(value) or value < 1:
     raise ValueError(f"{name}={value!r} must be a positive integer")
 
 
@@ -255,8 +272,7 @@ class ModelConfig:
           f"attention_dropout_rate={self.attention_dropout_rate} needs "
           f"attention_impl='reference', got attention_impl={self.attention_impl!r}"
       )
-    if (isinstance(self.pad_id, bool) or not isinstance(self.pad_id, int)
-        or not 0 <= self.pad_id < self.vocab_size):
+    if not is_integer(self.pad_id) or not 0 <= self.pad_id < self.vocab_size:
       raise ValueError(f"pad_id={self.pad_id!r} must be in [0, vocab_size={self.vocab_size})")
 
   def has_bias(self, projections: str) -> bool:
@@ -307,7 +323,7 @@ TOKENIZERS = ("byte", "sentencepiece", "hf_json")
 
 
 def _nonnegative(name: str, value) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+  if not is_integer(value) or value < 0:
     raise ValueError(f"{name}={value!r} must be a non-negative integer")
 
 
@@ -367,8 +383,7 @@ class DataConfig:
       _positive(name, getattr(self, name))
     _nonnegative("max_files", self.max_files)
     _nonnegative("seed", self.seed)
-    if (isinstance(self.validation_percent, bool) or not isinstance(self.validation_percent, int)
-        or not 0 <= self.validation_percent < 100):
+    if not is_integer(self.validation_percent) or not 0 <= self.validation_percent < 100:
       raise ValueError(f"validation_percent={self.validation_percent!r} must be an integer in "
                        "[0, 100)")
     if self.task == "add":
@@ -544,6 +559,11 @@ class DecodeConfig:
     if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
       raise ValueError(f"top_p={self.top_p!r} must be in (0, 1]")
     _positive("beam_size", self.beam_size)
+    if self.beam_size > 1 and (self.temperature != 0.0 or self.top_k is not None
+                               or self.top_p is not None):
+      raise ValueError(f"beam_size={self.beam_size} decodes deterministically: temperature="
+                       f"{self.temperature!r}, top_k={self.top_k!r}, top_p={self.top_p!r} "
+                       "(sampling) are not used with it; leave them unset")
     if not self.length_penalty >= 0.0:
       raise ValueError(f"length_penalty={self.length_penalty!r} must be >= 0")
     _nonnegative("seed", self.seed)
@@ -604,7 +624,7 @@ class Sweep:
       object.__setattr__(self, name, tuple(value))
     _check_types(self)
     if self.num_kv_heads is not None:
-      if isinstance(self.num_kv_heads, (int, str)):
+      if isinstance(self.num_kv_heads, int | np.integer | str):
         raise ValueError(f"num_kv_heads={self.num_kv_heads!r} must be a list (or None)")
       object.__setattr__(self, "num_kv_heads", tuple(self.num_kv_heads))
       if not self.num_kv_heads:
@@ -614,19 +634,23 @@ class Sweep:
         _positive("num_kv_heads", k)
       if len(set(self.num_kv_heads)) != len(self.num_kv_heads):
         raise ValueError(f"num_kv_heads={self.num_kv_heads!r} repeats a value")
+      object.__setattr__(self, "num_kv_heads", tuple(int(k) for k in self.num_kv_heads))
     if not self.seeds:
       raise ValueError("seeds=() is empty: give at least one seed")
     for s in self.seeds:
-      if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+      if not is_integer(s) or s < 0:
         raise ValueError(f"seeds={self.seeds!r} must be non-negative integers")
     if len(set(self.seeds)) != len(self.seeds):
       raise ValueError(f"seeds={self.seeds!r} repeats a seed")
+    object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
     if not isinstance(self.match_params, bool):
       raise ValueError(f"match_params={self.match_params!r} must be True or False")
     for k in self.uptrain_num_kv_heads:
       _positive("uptrain_num_kv_heads", k)
     if len(set(self.uptrain_num_kv_heads)) != len(self.uptrain_num_kv_heads):
       raise ValueError(f"uptrain_num_kv_heads={self.uptrain_num_kv_heads!r} repeats a value")
+    object.__setattr__(self, "uptrain_num_kv_heads",
+                       tuple(int(k) for k in self.uptrain_num_kv_heads))
     if self.uptrain_num_kv_heads and not self.uptrain_methods:
       raise ValueError("uptrain_methods=() is empty while uptrain_num_kv_heads is set")
     for m in self.uptrain_methods:
@@ -636,8 +660,7 @@ class Sweep:
     if not 0.0 < self.uptrain_fraction <= 1.0:
       raise ValueError(f"uptrain_fraction={self.uptrain_fraction!r} must be in (0, 1]")
     lr = self.uptrain_learning_rate
-    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, int | float)
-                           or not 0.0 < lr < math.inf):
+    if lr is not None and (not is_number(lr) or not 0.0 < lr < math.inf):
       raise ValueError(f"uptrain_learning_rate={lr!r} must be a positive number (or None: the "
                        "base run's learning_rate)")
     for name in ("curve_points", "decode_prompt_len", "decode_new_tokens", "decode_repeats"):

@@ -2,10 +2,12 @@
 the field, the value and what is allowed; the values at the edges of what is allowed are
 accepted; and the defaults each config resolves."""
 
+import numpy as np
 import pytest
 
 from attnlab import ModelConfig
 from attnlab.config import DataConfig, DecodeConfig, Sweep, TrainConfig, kv_cache_bytes
+from attnlab.config_gin import operative_config
 
 INVALID = [
     (dict(num_heads=6, num_kv_heads=4),
@@ -295,6 +297,16 @@ DECODE_INVALID = [
      'top_p=1.5 must be in (0, 1]'),
     (dict(beam_size=0),
      'beam_size=0 must be a positive integer'),
+    # Beam search does not sample: sampling settings with it were silently ignored.
+    (dict(beam_size=2, temperature=0.8),
+     'beam_size=2 decodes deterministically: temperature=0.8, top_k=None, top_p=None '
+     '(sampling) are not used with it; leave them unset'),
+    (dict(beam_size=4, top_k=5),
+     'beam_size=4 decodes deterministically: temperature=0.0, top_k=5, top_p=None '
+     '(sampling) are not used with it; leave them unset'),
+    (dict(beam_size=2, top_p=0.9),
+     'beam_size=2 decodes deterministically: temperature=0.0, top_k=None, top_p=0.9 '
+     '(sampling) are not used with it; leave them unset'),
     (dict(length_penalty=-0.1),
      'length_penalty=-0.1 must be >= 0'),
     (dict(seed=-1),
@@ -481,3 +493,57 @@ def test_data_and_train_defaults_are_valid_and_frozen():
     dcfg.batch_size = 3
   with pytest.raises(AttributeError):
     tcfg.steps = 3
+
+
+# NumPy scalars (a value read from an array, a sweep grid) are the numbers they hold.
+NUMPY_AS_PYTHON = [
+    (ModelConfig, dict(num_kv_heads=np.int64(2), window=np.int64(16), pad_id=np.int64(0),
+                       head_dim=np.int32(32), rope_theta=np.float32(1e4),
+                       norm_eps=np.float64(1e-6), dropout_rate=np.float32(0.5)),
+     dict(num_kv_heads=2, window=16, pad_id=0, head_dim=32, rope_theta=1e4, norm_eps=1e-6,
+          dropout_rate=0.5)),
+    (DataConfig, dict(seq_len=np.int32(64), validation_percent=np.int64(5), seed=np.uint8(3)),
+     dict(seq_len=64, validation_percent=5, seed=3)),
+    (TrainConfig, dict(steps=np.int64(7), learning_rate=np.float32(0.5),
+                       mesh_shape=(np.int64(1), -1, np.int32(1)), b1=np.float64(0.25)),
+     dict(steps=7, learning_rate=0.5, mesh_shape=(1, -1, 1), b1=0.25)),
+    (DecodeConfig, dict(top_k=np.int64(40), top_p=np.float32(0.5), length_penalty=np.int64(1),
+                        num_pages=np.int16(4)),
+     dict(top_k=40, top_p=0.5, length_penalty=1, num_pages=4)),
+    (Sweep, dict(num_kv_heads=[np.int64(4), 1], seeds=[np.int64(0), 1],
+                 uptrain_learning_rate=np.float32(0.5)),
+     dict(num_kv_heads=[4, 1], seeds=[0, 1], uptrain_learning_rate=0.5)),
+]
+
+
+@pytest.mark.parametrize("cls,numpy_kw,python_kw", NUMPY_AS_PYTHON,
+                         ids=[c.__name__ for c, _, _ in NUMPY_AS_PYTHON])
+def test_numpy_scalars_are_accepted_and_stored_as_the_python_numbers_they_hold(
+    cls, numpy_kw, python_kw):
+  got, want = cls(**numpy_kw), cls(**python_kw)
+  assert got == want and hash(got) == hash(want)
+  for name in python_kw:
+    stored = getattr(got, name)
+    items = stored if isinstance(stored, tuple) else (stored,)
+    assert all(type(x) in (int, float) for x in items), (name, stored)
+  # The gin text a run writes (config.gin) is the text of the Python numbers.
+  assert operative_config(got) == operative_config(want)
+
+
+@pytest.mark.parametrize("cls,kwargs,message", [
+    (ModelConfig, dict(window=np.True_), "window=np.True_ must be a positive integer"),
+    (ModelConfig, dict(num_heads=np.float64(8.0)), "num_heads=8.0 must be a positive integer"),
+    (ModelConfig, dict(pad_id=np.False_), "pad_id=np.False_ must be in [0, vocab_size=259)"),
+    (ModelConfig, dict(rope_theta=np.True_), "rope_theta=np.True_ must be a number"),
+    (DataConfig, dict(seed=np.float32(1.0)), "seed=1.0 must be a non-negative integer"),
+    (TrainConfig, dict(mesh_shape=(np.True_, -1, 1)),
+     "mesh_shape=(np.True_, -1, 1) must be 3 positive ints (data, fsdp, tensor), at most one -1"),
+    (DecodeConfig, dict(top_p=np.float32("nan")), "top_p=nan must be a finite number"),
+    (Sweep, dict(seeds=[np.True_]), "seeds=(np.True_,) must be non-negative integers"),
+    (Sweep, dict(num_kv_heads=np.int64(2)), "num_kv_heads=np.int64(2) must be a list (or None)"),
+], ids=str)
+def test_numpy_bools_and_integral_floats_stay_refused_where_integers_are_wanted(
+    cls, kwargs, message):
+  with pytest.raises(ValueError) as e:
+    cls(**kwargs)
+  assert str(e.value) == message

@@ -64,6 +64,7 @@ from attnlab.decoding.generate import (
   _release,
   _reserve,
   as_key,
+  check_token_id,
   positive_int,
 )
 from attnlab.decoding.paging import PageAllocator
@@ -181,10 +182,12 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
       for the pages of finished ones. ``num_pages`` is the paged cache's only.
     cache_dtype: dtype of the cached K/V; None = the model's compute dtype.
     sampling: ``Sampling``; greedy by default.
-    rng: a ``jax.random.key`` for sampling. Request i draws its tokens from
-      its own key (``jax.random.fold_in(rng, i)``), so its tokens do not
-      depend on ``slots``, ``cache``, ``policy`` or the other requests.
-    eos_id: a request stops after emitting it; None = always its budget.
+    rng: a ``jax.random.key`` (or an int seed, as in ``generate``) for
+      sampling. Request i draws its tokens from its own key
+      (``jax.random.fold_in(rng, i)``), so its tokens do not depend on
+      ``slots``, ``cache``, ``policy`` or the other requests.
+    eos_id: a request stops after emitting it (a token id in [0, vocab_size));
+      None = always its budget.
     on_result: called as ``on_result(index, tokens)`` when a request completes.
     policy: "continuous", or "static" (a new batch only when all slots are free).
     decode_chunk: decode steps per device call at most.
@@ -267,6 +270,8 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
     raise GenerateInputError(f"policy={policy!r} is not one of {', '.join(map(repr, POLICIES))}")
   if not isinstance(sampling, Sampling):
     raise GenerateInputError(f"sampling must be a Sampling, got {type(sampling).__name__}")
+  eos_id = check_token_id("eos_id", eos_id, cfg.vocab_size, none_means="no eos")
+  rng = as_key(rng)
   if num_pages is not None:
     if not paged:
       raise GenerateInputError(f"num_pages={num_pages} is for cache='paged', got cache={cache!r}")
@@ -293,7 +298,6 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
                    f"(num_pages={P})")
   ok = [i for i in ok if i not in errors]
 
-  rng = as_key(rng)
   if sampling.greedy:
     sampling = GREEDY
   # Host scalars go to the programs as numpy values: a jnp scalar is a device

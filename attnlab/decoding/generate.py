@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attnlab.config import CACHE_KINDS, DecodeConfig
+from attnlab.config import CACHE_KINDS, DecodeConfig, is_integer, is_number
 from attnlab.decoding.beam import beam_search
 from attnlab.decoding.paging import PageAllocator
 from attnlab.decoding.sampling import Sampling, sample
@@ -64,7 +64,8 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     max_new_tokens: tokens generated per sequence at most.
     cache: "contiguous" | "ring" (needs ``cfg.window``) | "paged".
     sampling: ``Sampling(temperature, top_k, top_p)``; temperature 0 = greedy.
-    rng: a ``jax.random.key``; the same key gives the same tokens.
+    rng: a ``jax.random.key`` (or its raw uint32 key data), or an int seed
+      (``jax.random.key(seed)``); the same key gives the same tokens.
     prompt_lengths_B: int [B] prompt lengths (decoder-only) or source lengths
       (encoder-decoder): the rows are right-padded and the first
       ``prompt_lengths_B[b]`` tokens of row b are its own, ``cfg.pad_id`` among
@@ -73,13 +74,14 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
       ``cfg.pad_id``; an encoder-decoder's source every token that is not
       ``cfg.pad_id``.
     eos_id: a sequence stops after emitting it (the rest of its row is
-      ``cfg.pad_id``); None = always ``max_new_tokens``.
+      ``cfg.pad_id``); a token id in [0, vocab_size), or None = always
+      ``max_new_tokens``.
     bos_id: first target token of an encoder-decoder.
     beam_size: runs beam search of that width (an encoder-decoder's from
       ``bos_id``, a decoder-only model's from each prompt; without an eos a
       beam of 1 is greedy); None samples with ``sampling``.
-    length_penalty: GNMT alpha for beam search: a finished hypothesis scores
-      log P / ((5 + length) / 6)^alpha.
+    length_penalty: GNMT alpha for beam search (a finite number >= 0): a
+      finished hypothesis scores log P / ((5 + length) / 6)^alpha.
     page_size, num_pages: C and P of the paged cache. P defaults to enough
       for every sequence at full length; with fewer, pages freed by finished
       sequences are reused, and running out raises ``RuntimeError``.
@@ -112,8 +114,12 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
       raise GenerateInputError(f"num_pages={num_pages} is for cache='paged', got cache={cache!r}")
     positive_int("num_pages", num_pages)
   B, T = prompt_BT.shape
+  if beam_size is not None and sampling != GREEDY:
+    raise GenerateInputError(f"beam search (beam_size={beam_size}) is deterministic: sampling="
+                             f"{sampling} is not used with it; give one or the other")
   if sampling.greedy:
     sampling = GREEDY  # the filters do nothing at temperature 0: one compiled program for all
+  eos_id = check_token_id("eos_id", eos_id, cfg.vocab_size, none_means="no eos")
   # Traced, not static: a new eos does not recompile. -1 matches no token.
   eos = jnp.int32(-1 if eos_id is None else eos_id)
   try:
@@ -128,10 +134,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
       raise GenerateInputError(f"the source has {T} positions, more than the model's "
                                f"max_len={cfg.max_len}")
     src_seg_BS = _source_segment_ids(cfg, prompt_BT, prompt_lengths_B)
-    if isinstance(bos_id, bool) or not isinstance(bos_id, int | np.integer) or not (
-        0 <= bos_id < cfg.vocab_size):
-      raise GenerateInputError(f"bos_id={bos_id!r} is outside the vocabulary "
-                               f"[0, {cfg.vocab_size})")
+    bos_id = check_token_id("bos_id", bos_id, cfg.vocab_size)
     needed = max_new_tokens
     cache_len = _check_cache_len(cfg, cache_len, needed, "the generated target")
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
@@ -172,8 +175,23 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
 
 def positive_int(name, value) -> int:
   """``value`` as an int; a GenerateInputError unless it is a positive integer (not a bool)."""
-  if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+  if not is_integer(value) or value < 1:
     raise GenerateInputError(f"{name}={value!r} must be a positive integer")
+  return int(value)
+
+
+def check_token_id(name, value, vocab_size, *, none_means: str | None = None) -> int | None:
+  """``value`` as an int; a GenerateInputError unless it is a token id in [0, vocab_size)
+  (or None, where ``none_means`` says what None does)."""
+  if value is None and none_means is not None:
+    return None
+  or_none = "" if none_means is None else f", or None ({none_means})"
+  if not is_integer(value):
+    raise GenerateInputError(f"{name}={value!r} must be an integer token id in "
+                             f"[0, {vocab_size}){or_none}")
+  if not 0 <= value < vocab_size:
+    raise GenerateInputError(f"{name}={value!r} is outside the vocabulary [0, {vocab_size})"
+                             + or_none)
   return int(value)
 
 
@@ -195,7 +213,8 @@ def _check_prompt(cfg, prompt_BT, max_new_tokens) -> int:
 
 
 def _check_beam(cache, length_penalty):
-  if not 0 <= length_penalty < float("inf"):  # an alpha of inf or nan: scores 0 or nan
+  # an alpha of inf or nan: scores 0 or nan; a string: a TypeError from the comparison
+  if not is_number(length_penalty) or not 0 <= length_penalty < float("inf"):
     raise GenerateInputError(f"length_penalty={length_penalty!r} must be a finite number >= 0")
   if cache == "paged":
     raise GenerateInputError("beam search reorders whole cache rows: use cache='contiguous' or "
@@ -267,12 +286,21 @@ def _num_pages(kind, num_pages, rows, cache_len, page_size):
 
 
 def as_key(rng):
-  """A typed ``jax.random`` key: ``rng`` as given (raw uint32 key data wrapped), key(0) if None."""
+  """A typed ``jax.random`` key: ``rng`` as given, raw uint32 key data wrapped, an int seed
+  as ``jax.random.key(seed)``, key(0) if None; a GenerateInputError for anything else."""
   if rng is None:
     return jax.random.key(0)
-  if isinstance(rng, jax.Array) and not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
-    return jax.random.wrap_key_data(rng)
-  return rng
+  if is_integer(rng):
+    return jax.random.key(int(rng))
+  if isinstance(rng, jax.Array | np.ndarray):
+    if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+      return rng
+    if rng.dtype == np.uint32:
+      return jax.random.wrap_key_data(jnp.asarray(rng))
+  what = (f"rng (an array of dtype {rng.dtype})" if isinstance(rng, jax.Array | np.ndarray)
+          else f"rng={rng!r}")
+  raise GenerateInputError(f"{what} must be a jax.random.key (or its uint32 key data), an "
+                           "integer seed or None")
 
 
 def _in_eval_mode(model):

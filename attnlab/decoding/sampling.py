@@ -14,7 +14,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from attnlab.config import _check_types, check_temperature
+from attnlab.config import _check_types, check_temperature, is_integer
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -33,10 +33,9 @@ class Sampling:
   top_p: float | None = None
 
   def __post_init__(self):
-    _check_types(self)  # numbers, finite, not bools: before any comparison
+    _check_types(self)  # numbers, finite, not bools, NumPy ones as Python's: before comparing
     check_temperature(self.temperature)
-    if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
-                                   or self.top_k < 1):
+    if self.top_k is not None and (not is_integer(self.top_k) or self.top_k < 1):
       raise ValueError(f"top_k={self.top_k!r} must be a positive integer or None")
     if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
       raise ValueError(f"top_p={self.top_p!r} must be in (0, 1] or None")

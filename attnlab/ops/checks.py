@@ -2,13 +2,18 @@
 
 ``attention(...)`` (ops/dispatch.py), the Pallas flash kernel and the Pallas
 decode kernels all check their q / k / v, window and segment ids here, so a
-bad request gets the same message whichever path it takes. It sits below
-dispatch.py because the kernels, which dispatch.py imports, call it too.
+bad request gets the same message whichever path it takes (``attention``
+also its causal flag and q_offset). It sits below dispatch.py because the
+kernels, which dispatch.py imports, call it too.
 """
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
+
+from attnlab.config import is_integer
 
 
 def check_query_heads(q_BTNH, *, num_kv_heads: int, head_dim: int, kv_name: str = "k_BSKH"):
@@ -28,17 +33,54 @@ def check_query_heads(q_BTNH, *, num_kv_heads: int, head_dim: int, kv_name: str 
     )
 
 
-def check_window(window):
-  """None, or a positive int (not a bool)."""
-  if window is not None and (isinstance(window, bool) or not isinstance(window, int)
-                             or window < 1):
+def check_window(window) -> int | None:
+  """None, or a positive Python / NumPy int (not a bool); returned as a Python int."""
+  if window is not None and (not is_integer(window) or window < 1):
     raise ValueError(f"window={window!r} must be a positive integer or None")
+  return None if window is None else int(window)
 
 
-def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, window=None, q_segment_ids=None, kv_segment_ids=None):
+def python_int(value):
+  """A NumPy integer as the Python int it holds; anything else as given (for the callers'
+  own checks, which take Python ints: block sizes)."""
+  return int(value) if is_integer(value) else value
+
+
+def check_causal(causal) -> bool:
+  """True or False (a NumPy bool too); returned as a Python bool. A string such as
+  "false" would otherwise be truthy, and mask as causal."""
+  if not isinstance(causal, bool | np.bool_):
+    raise ValueError(f"causal={causal!r} must be True or False")
+  return bool(causal)
+
+
+def check_q_offset(q_offset, batch: int):
+  """A Python / NumPy int (returned as a Python int), or an integer array of shape () or
+  [B] (returned as given: it may be traced under jit)."""
+  if is_integer(q_offset):
+    return int(q_offset)
+  shape, dtype = getattr(q_offset, "shape", None), getattr(q_offset, "dtype", None)
+  if shape is None or dtype is None or not np.issubdtype(dtype, np.integer):
+    what = (f"q_offset={q_offset!r}" if shape is None
+            else f"q_offset (shape {tuple(shape)}, dtype {dtype})")
+    raise ValueError(f"{what} must be an integer or an integer array of shape () or "
+                     f"[B] = ({batch},)")
+  if tuple(shape) not in ((), (batch,)):
+    raise ValueError(f"q_offset shape {tuple(shape)} must be () or [B] = ({batch},)")
+  return q_offset
+
+
+def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, causal=False, window=None, q_offset=0,
+              q_segment_ids=None, kv_segment_ids=None):
   """Raise ValueError (naming the argument and what is allowed) unless the
-  request is q [B, T, N, H], k = v [B, S, K, H] with N a multiple of K, an
-  optional window, and segment ids [B, T] / [B, S] given together."""
+  request is q [B, T, N, H], k = v [B, S, K, H] with N a multiple of K, a bool
+  ``causal``, an optional window, an integer ``q_offset`` of shape () or [B],
+  and segment ids [B, T] / [B, S] given together.
+
+  Returns:
+    (causal, window, q_offset) as the implementations take them: NumPy scalars as the
+    Python bool / int they hold, an array offset as given.
+  """
   for name, x in (("q_BTNH", q_BTNH), ("k_BSKH", k_BSKH), ("v_BSKH", v_BSKH)):
     if x.ndim != 4:
       raise ValueError(
@@ -52,7 +94,9 @@ def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, window=None, q_segment_ids=None, kv_seg
         f"batch of q_BTNH ({q_BTNH.shape[0]}) and k_BSKH ({k_BSKH.shape[0]}) must match"
     )
   check_query_heads(q_BTNH, num_kv_heads=k_BSKH.shape[2], head_dim=k_BSKH.shape[3])
-  check_window(window)
+  causal = check_causal(causal)
+  window = check_window(window)
+  q_offset = check_q_offset(q_offset, q_BTNH.shape[0])
   if (q_segment_ids is None) != (kv_segment_ids is None):
     raise ValueError("q_segment_ids and kv_segment_ids must be given together")
   if q_segment_ids is not None:
@@ -61,6 +105,7 @@ def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, window=None, q_segment_ids=None, kv_seg
       raise ValueError(f"q_segment_ids shape {q_segment_ids.shape} must be [B, T] = {(B, T)}")
     if tuple(kv_segment_ids.shape) != (B, S):
       raise ValueError(f"kv_segment_ids shape {kv_segment_ids.shape} must be [B, S] = {(B, S)}")
+  return causal, window, q_offset
 
 
 def scale_value(scale, head_dim: int) -> float:

@@ -54,12 +54,15 @@ def attention(
     q_BTNH: queries [B, T, N, H].
     k_BSKH: keys [B, S, K, H]; N must be a multiple of K.
     v_BSKH: values [B, S, K, H].
-    causal: a query at position t sees keys at positions <= t.
-    window: sliding window of that many keys, the query's own included.
+    causal: a query at position t sees keys at positions <= t (True or False;
+      a NumPy bool too).
+    window: sliding window of that many keys, the query's own included (a
+      Python or NumPy int).
     q_segment_ids: int [B, T]; with ``kv_segment_ids`` [B, S] a query sees
       only keys of its own segment (packing; 0 marks padding).
     q_offset: int or int [B]: position of the first query, for queries that
-      are the tail of a longer sequence (decoding against a cache).
+      are the tail of a longer sequence (decoding against a cache). A Python
+      or NumPy int, or an integer array of shape () or [B] (traced too).
     scale: multiplier of the scores; default 1/sqrt(H).
     implementation: "reference" | "chunked" | "xla" | "cudnn" | "pallas" |
       "auto" (see ``auto_implementation``).
@@ -70,8 +73,10 @@ def attention(
   Returns:
     [B, T, N, H] in the dtype of ``q_BTNH``.
   """
-  checks.check_qkv(q_BTNH, k_BSKH, v_BSKH, window=window, q_segment_ids=q_segment_ids,
-                   kv_segment_ids=kv_segment_ids)
+  # NumPy scalars come back as Python ones: "blocked" unrolls over a Python int offset.
+  causal, window, q_offset = checks.check_qkv(
+      q_BTNH, k_BSKH, v_BSKH, causal=causal, window=window, q_offset=q_offset,
+      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
   if scale is None:
     scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
   if implementation == "auto":

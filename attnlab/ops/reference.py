@@ -20,6 +20,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from attnlab.config import is_integer
 from attnlab.ops import masks
 
 
@@ -109,14 +110,15 @@ def blocked_attention(
   with "reference" and compiled in 3.2 s; 8 blocks of 32 compiled twice as
   long for no further gain.
   The loop over blocks is unrolled at trace time, so ``q_offset`` must be a
-  Python int.
+  Python or NumPy int, not an array.
 
   Args:
     block_q: queries per block; default max(64, T / 16) (bounds the unrolled
       program's size and its compile time).
   """
-  if not isinstance(q_offset, int):
+  if not is_integer(q_offset):
     raise ValueError(f"implementation='blocked' needs an int q_offset, got {type(q_offset)}")
+  q_offset = int(q_offset)
   B, T, N, H = q_BTNH.shape
   S = k_BSKH.shape[1]
   if block_q is None:

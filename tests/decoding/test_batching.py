@@ -204,7 +204,8 @@ def test_sampled_requests_follow_their_own_keys_whatever_the_schedule(case):
   num_pages = max(batching.pages_needed(n, b, C) for n, b in zip(LENGTHS, BUDGETS, strict=True))
   for kwargs in (dict(slots=3), dict(slots=2, cache="contiguous", policy="static"),
                  dict(slots=4, num_pages=num_pages + 1),
-                 dict(slots=3, rng=jax.random.key_data(rng))):  # raw key data, as generate takes
+                 dict(slots=3, rng=jax.random.key_data(rng)),  # raw key data, as generate takes
+                 dict(slots=3, rng=np.int64(7))):  # an int seed: jax.random.key(7)
     got = attnlab.generate_requests(model, prompts, BUDGETS, page_size=C, eos_id=None,
                                     decode_chunk=4, sampling=sampling, **(dict(rng=rng) | kwargs))
     assert [g.tolist() for g in got] == want, kwargs
@@ -261,6 +262,12 @@ def test_prefill_buckets_hold_the_prompt_with_less_than_half_of_it_as_padding():
     (dict(cache="rows"), "cache='rows' is not one of 'contiguous', 'ring', 'paged'"),
     (dict(cache="contiguous", num_pages=4), "num_pages=4 is for cache='paged'"),
     (dict(policy="fifo"), "policy='fifo' is not one of 'continuous', 'static'"),
+    # generate's checks of the eos and the rng (an eos outside the vocabulary never ended a
+    # request; rng=0 was a TypeError from inside JAX)
+    (dict(eos_id=61), r"^eos_id=61 is outside the vocabulary \[0, 61\), or None \(no eos\)$"),
+    (dict(eos_id="2"), r"^eos_id='2' must be an integer token id in \[0, 61\)"),
+    (dict(rng="0"), r"^rng='0' must be a jax.random.key \(or its uint32 key data\), an integer "
+                    "seed or None$"),
 ])
 def test_bad_arguments_raise_value_error_naming_the_field(kwargs, match):
   args = dict(prompts=[[3, 4], [5]], max_new_tokens=2) | kwargs

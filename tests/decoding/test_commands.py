@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 
+import jax
 import numpy as np
 import pytest
 
@@ -210,6 +211,7 @@ def test_a_prompts_file_prints_one_escaped_line_per_prompt(workdir, monkeypatch,
 
 
 @pytest.mark.parametrize("extra,needle", [
+    (["--beam_size", "2", "--temperature", "0.8"], "beam_size=2 decodes deterministically"),
     (["--step", "7"], "step=7"),
     (["--prompt", ""], "empty"),
     (["--cache", "nope"], "cache='nope'"),
@@ -355,6 +357,60 @@ def test_generate_rejects_bad_prompts():
         f"length_penalty={bad!r} must be a finite number >= 0")):
       attnlab.generate(encdec, np.array([[5, 6]]), max_new_tokens=2, beam_size=2,
                        length_penalty=bad)
+
+
+def test_generate_checks_eos_id_the_rng_and_the_length_penalty():
+  """Refused by name before anything is traced: an eos outside the vocabulary was accepted
+  (and never matched), rng=0 and length_penalty='0.6' were TypeErrors from inside."""
+  from attnlab.decoding.generate import GenerateInputError, as_key
+
+  model, encdec = decoder_model("mha_rope"), encdec_model("paper_gqa")
+  V = model.cfg.vocab_size
+  prompt = np.array([[5, 6]])
+  not_eos = f"[0, {V}), or None (no eos)"
+  bad_eos = [(V, f"eos_id={V} is outside the vocabulary {not_eos}"),
+             (-1, f"eos_id=-1 is outside the vocabulary {not_eos}"),  # None means no eos
+             ("2", f"eos_id='2' must be an integer token id in {not_eos}"),
+             (2.0, f"eos_id=2.0 must be an integer token id in {not_eos}"),
+             (np.True_, f"eos_id=np.True_ must be an integer token id in {not_eos}")]
+  for m in (model, encdec):
+    for bad, message in bad_eos:
+      with pytest.raises(GenerateInputError) as e:
+        attnlab.generate(m, prompt, max_new_tokens=2, eos_id=bad)
+      assert str(e.value) == message
+    for bad in ("0.6", None, True):
+      with pytest.raises(GenerateInputError) as e:
+        attnlab.generate(m, prompt, max_new_tokens=2, beam_size=2, length_penalty=bad)
+      assert str(e.value) == f"length_penalty={bad!r} must be a finite number >= 0"
+  with pytest.raises(GenerateInputError) as e:
+    attnlab.generate(encdec, prompt, max_new_tokens=2, bos_id="1")
+  assert str(e.value) == f"bos_id='1' must be an integer token id in [0, {V})"
+  allowed = "must be a jax.random.key (or its uint32 key data), an integer seed or None"
+  for bad, what in (("0", "rng='0'"), (1.5, "rng=1.5"), (True, "rng=True"),
+                    (np.zeros(2, np.float32), "rng (an array of dtype float32)")):
+    with pytest.raises(GenerateInputError) as e:
+      attnlab.generate(model, prompt, max_new_tokens=2, rng=bad)
+    assert str(e.value) == f"{what} {allowed}"
+  # An int seed is jax.random.key(seed); a key and its raw data are taken as before.
+  data = jax.random.key_data
+  for rng, seed in ((0, 0), (7, 7), (np.int64(7), 7), (np.uint32(7), 7), (None, 0),
+                    (jax.random.key(7), 7), (jax.random.PRNGKey(7), 7)):
+    np.testing.assert_array_equal(data(as_key(rng)), data(jax.random.key(seed)))
+  # Beam search does not sample: a sampling other than greedy with it is refused (it was
+  # ignored).
+  for m in (model, encdec):
+    for sampling in (attnlab.Sampling(temperature=0.5), attnlab.Sampling(top_k=3)):
+      with pytest.raises(GenerateInputError) as e:
+        attnlab.generate(m, prompt, max_new_tokens=2, beam_size=2, sampling=sampling)
+      assert str(e.value) == (f"beam search (beam_size=2) is deterministic: sampling="
+                              f"{sampling} is not used with it; give one or the other")
+  hot = attnlab.Sampling(temperature=1.0)
+  np.testing.assert_array_equal(
+      attnlab.generate(model, prompt, max_new_tokens=3, sampling=hot, rng=np.int64(3)),
+      attnlab.generate(model, prompt, max_new_tokens=3, sampling=hot, rng=jax.random.key(3)))
+  np.testing.assert_array_equal(attnlab.generate(model, prompt, max_new_tokens=3,
+                                                 eos_id=np.int64(7)),
+                                attnlab.generate(model, prompt, max_new_tokens=3, eos_id=7))
 
 
 def test_generate_checks_max_new_tokens_and_the_prompt_array():

@@ -104,6 +104,8 @@ def test_eos_stops_each_sequence_and_pads_after_it():
 @pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(temperature=1e-40), dict(top_k=0),
                                  dict(top_k=2.5),
                                  dict(top_k=True), dict(top_p=0.0), dict(top_p=1.5),
+                                 dict(top_k=np.True_), dict(top_k=np.float64(2.0)),
+                                 dict(top_p=np.True_), dict(temperature=np.float32("inf")),
                                  # not a number, a bool, not finite: named, not a TypeError
                                  # or an accepted value (inf made every logit 0)
                                  dict(temperature="1.0"), dict(top_p="0.9"),
@@ -112,6 +114,15 @@ def test_eos_stops_each_sequence_and_pads_after_it():
 def test_sampling_rejects_bad_values(bad):
   with pytest.raises(ValueError, match=next(iter(bad))):
     Sampling(**bad)
+
+
+def test_numpy_numbers_are_stored_as_the_python_numbers_they_hold():
+  """Accepted (they were refused as not numbers), and equal and hashed alike: a Sampling
+  is a static argument of the jitted loop, so a NumPy one must not compile anew."""
+  got = Sampling(temperature=np.float32(1.5), top_k=np.int64(40), top_p=np.float32(0.5))
+  want = Sampling(temperature=1.5, top_k=40, top_p=0.5)
+  assert got == want and hash(got) == hash(want)
+  assert (type(got.temperature), type(got.top_k), type(got.top_p)) == (float, int, float)
 
 
 @pytest.mark.parametrize("beam_size", [0, True, 2.0, "2"])

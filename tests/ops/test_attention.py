@@ -515,6 +515,55 @@ def test_bad_input_raises_clear_errors(q_shape, k_shape, v_shape, kw, message):
   assert str(e.value) == message
 
 
+CPU_IMPLEMENTATIONS = ("reference", "blocked", "chunked", "xla", "pallas", "auto")
+BAD_CAUSAL_OR_OFFSET = [
+    # (keyword arguments, the whole message); B = 2
+    (dict(causal="false"), "causal='false' must be True or False"),  # was truthy: causal
+    (dict(causal=None), "causal=None must be True or False"),
+    (dict(causal=1), "causal=1 must be True or False"),
+    (dict(causal=True, q_offset=1.5),  # was truncated to 1
+     "q_offset=1.5 must be an integer or an integer array of shape () or [B] = (2,)"),
+    (dict(causal=True, q_offset=True),
+     "q_offset=True must be an integer or an integer array of shape () or [B] = (2,)"),
+    (dict(causal=True, q_offset=[1, 2]),
+     "q_offset=[1, 2] must be an integer or an integer array of shape () or [B] = (2,)"),
+    (dict(causal=True, q_offset=np.array([1.0, 2.0], np.float32)),
+     "q_offset (shape (2,), dtype float32) must be an integer or an integer array of shape () "
+     "or [B] = (2,)"),
+    (dict(causal=True, q_offset=np.array([1, 2, 3])),  # was jax's broadcasting error
+     "q_offset shape (3,) must be () or [B] = (2,)"),
+    (dict(causal=True, q_offset=np.zeros((2, 1), np.int32)),
+     "q_offset shape (2, 1) must be () or [B] = (2,)"),
+]
+
+
+@pytest.mark.parametrize("impl", CPU_IMPLEMENTATIONS)
+def test_causal_and_q_offset_are_checked_once_for_every_implementation(impl):
+  q, k = jnp.zeros((2, 4, 2, 8)), jnp.zeros((2, 6, 1, 8))
+  for kw, message in BAD_CAUSAL_OR_OFFSET:
+    with pytest.raises(ValueError) as e:
+      attention(q, k, k, implementation=impl, **kw)
+    assert str(e.value) == message, kw
+
+
+@pytest.mark.parametrize("impl", CPU_IMPLEMENTATIONS)
+def test_numpy_scalars_are_taken_like_the_python_numbers_they_hold(impl):
+  """NumPy ints / bools (a value read from an array) were refused as not integers."""
+  q, k, v = make_qkv(2, 4, 9, 2, 1, 8, seed=13)
+  want = attention(q, k, v, causal=True, window=3, q_offset=5, implementation=impl)
+  got = attention(q, k, v, causal=np.True_, window=np.int64(3), q_offset=np.int32(5),
+                  implementation=impl)
+  np.testing.assert_array_equal(got, want)
+  if impl == "blocked":  # unrolled over a static offset: a NumPy int is one
+    np.testing.assert_array_equal(
+        blocked_attention(q, k, v, causal=True, window=3, q_offset=np.int64(5)), want)
+  if impl in ("reference", "chunked", "auto"):  # an integer array offset may be traced
+    for offset in (jnp.int32(5), jnp.array([5, 5])):
+      traced = jax.jit(lambda o: attention(q, k, v, causal=True, window=3, q_offset=o,
+                                           implementation=impl))(offset)
+      np.testing.assert_allclose(traced, want, atol=1e-6)
+
+
 def test_the_decode_kernels_query_check_names_their_cache():
   """``check_query_heads`` on its own (the decode kernels' entry: they name their cache)."""
   from attnlab.ops import checks

@@ -447,6 +447,26 @@ def test_bad_input_names_the_argument(call, match):
     call()
 
 
+def test_numpy_ints_are_taken_like_python_ints():
+  """A NumPy window / split count (read from an array) was refused as not an integer."""
+  q, k, _ = _inputs(21, 1, 2, 32, 4, 2, 32, jnp.float32)
+  lengths_B = jnp.array([20])
+  pages = k.reshape(2, 16, 2, 32)  # the cache as 2 pages of 16: page m holds [16 m, 16 m + 16)
+  table = jnp.array([[0, 1]], jnp.int32)
+  rows = jnp.swapaxes(k, 1, 2)
+  calls = [
+      (lambda **kw: decode.decode_attention(q, k, k, lengths_B, **kw), "num_splits"),
+      (lambda **kw: decode.paged_decode_attention(q, pages, pages, table, lengths_B, **kw),
+       "pages_per_split"),
+      (lambda **kw: decode.decode_attention_heads_major(q, rows, rows, lengths_B, **kw),
+       "num_splits"),
+  ]
+  for call, splits in calls:
+    want = call(window=5, **{splits: 2})
+    np.testing.assert_array_equal(call(window=np.int64(5), **{splits: np.int32(2)}), want)
+    _assert_matches_reference(want, q, k, k, lengths_B, 5)
+
+
 @pytest.mark.parametrize("page_size", [8, 24])
 def test_gpu_path_refuses_a_page_size_triton_cannot_tile(monkeypatch, page_size):
   """Compiled (not interpreted), the paged kernel needs pages of a power of two >= 16

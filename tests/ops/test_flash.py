@@ -178,6 +178,29 @@ def test_rows_of_one_tile_keep_their_own_softmax_scale():
     assert err <= 4 * ref_err, f"{name}: error {err:.3g} > 4 x the reference op's {ref_err:.3g}"
 
 
+# ids that are not the "gpu" / "tpu" markers (tests/conftest.py skips those off a device).
+@pytest.mark.parametrize("backend", ["gpu", "tpu"], ids=["triton_style", "mosaic"])
+def test_called_directly_the_kernel_checks_causal_and_q_offset_and_takes_numpy_ints(backend):
+  """``flash_attention`` itself (not only ``attention``) refuses a causal that is not a
+  bool and a float q_offset, and takes NumPy ints for the offset, window and blocks (a
+  string causal acted as True, a float offset was truncated, a NumPy block was refused)."""
+  B, T, S, N, K, H = 1, 8, 16, 2, 1, 8
+  q, k, v, _, _ = flash_inputs(2, B, T, S, N, K, H, F32, None)
+  with pytest.raises(ValueError, match=r"^causal='false' must be True or False$"):
+    flash.flash_attention(q, k, v, causal="false", backend=backend)
+  with pytest.raises(ValueError, match=r"^q_offset=1\.5 must be an integer"):
+    flash.flash_attention(q, k, v, q_offset=1.5, backend=backend)
+  kw = dict(causal=True, window=4, q_offset=3, block_q=8, block_k=8)
+  want = jax.jit(lambda q, k, v: flash.flash_attention(q, k, v, backend=backend, **kw))(q, k, v)
+  np_kw = dict(causal=np.True_, window=np.int64(4), q_offset=np.int64(3),
+               block_q=np.int64(8), block_k=np.int32(8))
+  got = jax.jit(lambda q, k, v: flash.flash_attention(q, k, v, backend=backend, **np_kw))(
+      q, k, v)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(want, reference_attention(q, k, v, causal=True, window=4,
+                                                       q_offset=3), atol=1e-5)
+
+
 def test_plan_of_the_tiles():
   """Interpret mode: 128 x 128 tiles, capped at the next power of two of T and S, the head
   dim as it is. Triton: the per-head-dim settings of ``gpu_tiles``, every tile dim (the head

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from attnlab.config import is_integer
 from attnlab.ops import checks, masks
 from attnlab.ops.pallas import common
 
@@ -49,11 +50,13 @@ MAX_QUERIES = 8
 
 
 def _check_queries(q_BTNH, *, head_dim, num_kv_heads, kv_name, lengths_B, window):
-  """The shared q checks (``checks``), then what only the decode kernels need."""
+  """The shared q checks (``checks``), then what only the decode kernels need; returns
+  ``window`` as a Python int (or None)."""
   checks.check_query_heads(q_BTNH, num_kv_heads=num_kv_heads, head_dim=head_dim,
                            kv_name=kv_name)
-  checks.check_window(window)
+  window = checks.check_window(window)
   _check_decode_queries(q_BTNH, lengths_B)
+  return window
 
 
 def _check_decode_queries(q_BTNH, lengths_B):
@@ -68,9 +71,11 @@ def _check_decode_queries(q_BTNH, lengths_B):
     raise ValueError(f"lengths_B shape {lengths_B.shape} must be [B] = ({B},)")
 
 
-def _check_positive(name, value):
-  if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+def _check_positive(name, value) -> int | None:
+  """None, or a positive Python / NumPy int (not a bool); returned as a Python int."""
+  if value is not None and (not is_integer(value) or value < 1):
     raise ValueError(f"{name}={value!r} must be a positive integer or None")
+  return None if value is None else int(value)
 
 
 def _check_scales(k, k_scale, v_scale, names, shape) -> bool:
@@ -239,9 +244,9 @@ def decode_attention(q_BTNH, k_BSKH, v_BSKH, lengths_B, *, window: int | None = 
   Returns:
     [B, T, N, H] in the dtype of ``q_BTNH``.
   """
-  checks.check_qkv(q_BTNH, k_BSKH, v_BSKH, window=window)
+  _, window, _ = checks.check_qkv(q_BTNH, k_BSKH, v_BSKH, window=window)
   _check_decode_queries(q_BTNH, lengths_B)
-  _check_positive("num_splits", num_splits)
+  num_splits = _check_positive("num_splits", num_splits)
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   scale = checks.scale_value(scale, H)
@@ -321,12 +326,12 @@ def paged_decode_attention(q_BTNH, k_pages_PCKH, v_pages_PCKH, page_table_BM, le
   P, C, K, H = k_pages_PCKH.shape
   int8 = _check_scales(k_pages_PCKH, k_scale_PCK, v_scale_PCK, "k_scale_PCK / v_scale_PCK",
                        (P, C, K))
-  _check_queries(q_BTNH, head_dim=H, num_kv_heads=K, kv_name="k_pages_PCKH",
-                 lengths_B=lengths_B, window=window)
+  window = _check_queries(q_BTNH, head_dim=H, num_kv_heads=K, kv_name="k_pages_PCKH",
+                          lengths_B=lengths_B, window=window)
   B, T, N, _ = q_BTNH.shape
   if page_table_BM.ndim != 2 or page_table_BM.shape[0] != B:
     raise ValueError(f"page_table_BM shape {page_table_BM.shape} must be [B, M] with B={B}")
-  _check_positive("pages_per_split", pages_per_split)
+  pages_per_split = _check_positive("pages_per_split", pages_per_split)
   scale = checks.scale_value(scale, H)
   interpret = common.resolve_interpret(interpret)
   if not interpret and (C < 16 or C & (C - 1)):
@@ -427,9 +432,9 @@ def decode_attention_heads_major(q_BTNH, k_BKSH, v_BKSH, lengths_B, *, k_scale_B
   int8 = _check_scales(k_BKSH, k_scale_BKS, v_scale_BKS, "k_scale_BKS / v_scale_BKS", (B, K, S))
   if q_BTNH.ndim == 4 and q_BTNH.shape[0] != B:
     raise ValueError(f"batch of q_BTNH ({q_BTNH.shape[0]}) and of the cache ({B}) must match")
-  _check_queries(q_BTNH, head_dim=H, num_kv_heads=K, kv_name="k_BKSH", lengths_B=lengths_B,
-                 window=window)
-  _check_positive("num_splits", num_splits)
+  window = _check_queries(q_BTNH, head_dim=H, num_kv_heads=K, kv_name="k_BKSH",
+                          lengths_B=lengths_B, window=window)
+  num_splits = _check_positive("num_splits", num_splits)
   T, N = q_BTNH.shape[1:3]
   scale = checks.scale_value(scale, H)
   interpret = common.resolve_interpret(interpret)

@@ -109,8 +109,10 @@ def flash_attention(
     [B, T, N, H] in the dtype of ``q_BTNH``; a query that sees no key gets
     zeros (and zero gradients).
   """
-  checks.check_qkv(q_BTNH, k_BSKH, v_BSKH, window=window, q_segment_ids=q_segment_ids,
-                   kv_segment_ids=kv_segment_ids)
+  causal, window, q_offset = checks.check_qkv(
+      q_BTNH, k_BSKH, v_BSKH, causal=causal, window=window, q_offset=q_offset,
+      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+  block_q, block_k = checks.python_int(block_q), checks.python_int(block_k)
   if backend is not None and backend not in BACKENDS:
     raise ValueError(f"backend={backend!r} is not one of {', '.join(map(repr, BACKENDS))} "
                      "or None")

@@ -493,13 +493,12 @@ def flash_attention_tpu(q_BTNH, k_BSKH, v_BSKH, *, causal: bool = False,
     [B, T, N, H] in the dtype of ``q_BTNH``; a query that sees no key gets
     zeros (and zero gradients).
   """
-  checks.check_qkv(q_BTNH, k_BSKH, v_BSKH, window=window, q_segment_ids=q_segment_ids,
-                   kv_segment_ids=kv_segment_ids)
+  causal, window, q_offset = checks.check_qkv(
+      q_BTNH, k_BSKH, v_BSKH, causal=causal, window=window, q_offset=q_offset,
+      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+  block_q, block_k = checks.python_int(block_q), checks.python_int(block_k)
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
-  if jnp.ndim(q_offset) not in (0, 1) or (jnp.ndim(q_offset) == 1
-                                          and jnp.shape(q_offset) != (B,)):
-    raise ValueError(f"q_offset shape {jnp.shape(q_offset)} must be () or [B] = ({B},)")
   interpret = resolve_interpret(interpret)
   blocks = plan(T, S, block_q=block_q, block_k=block_k, interpret=interpret)
   if T == 0 or S == 0:

@@ -171,7 +171,12 @@ def main(argv: list[str]) -> int:
   try:
     out_BL = np.asarray(generate(model, prompt_BT, **kwargs))
   except (GenerateInputError, PagesExhaustedError) as e:  # input errors (--num_pages too
-    raise CommandError(str(e)) from None                  # small); a bug keeps its traceback
+    message = str(e)                                      # small); a bug keeps its traceback
+    if len(prompts) > 1 and message.startswith(("the prompt plus", "the source has")):
+      i = int(np.argmax(lengths_B))  # the batch is as wide as its longest prompt
+      message += (f" (the longest is prompt {i + 1} of {args.prompts_file}, {lengths_B[i]} "
+                  f"tokens: {prompts[i][:40]!r})")
+    raise CommandError(message) from None
   for prompt, row in zip(prompts, out_BL):
     if tokenizer.eos_id is not None and tokenizer.eos_id in row:
       # After eos the row is pad_id, which may be a real token of the tokenizer.

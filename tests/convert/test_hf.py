@@ -379,10 +379,12 @@ def test_a_converted_workdir_can_move(with_tokenizer, tmp_path, monkeypatch, cap
        open(os.path.join(moved, "tokenizer.json"), "rb") as b:
     assert a.read() == b.read()
   assert _decode_without(moved, mqa, capsys).strip()
-  # As given (the working directory) wins over next to the config file.
+  # Next to the config file wins over the working directory (a hub snapshot folder with a
+  # tokenizer.json of its own; it was the other way until 2026-12-04).
   (elsewhere / "tokenizer.json").write_text("{}")
   _, dcfg, _ = gin_config.read_workdir_config(os.path.join(moved, "config.gin"))
-  assert dcfg.tokenizer_model == "tokenizer.json"
+  assert dcfg.tokenizer_model == os.path.join(moved, "tokenizer.json")
+  assert _decode_without(workdir, moved, capsys).strip()
 
 
 # --------------------------------------------------------------------------- errors

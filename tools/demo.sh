@@ -21,6 +21,9 @@ if [[ -n "${ATTNLAB_DEMO_STEPS:-}" ]]; then
   STEPS_FLAG=("--gin.TrainConfig.steps=${ATTNLAB_DEMO_STEPS}")
 fi
 cd "$REPO"
+if [[ -d "$WORKDIR" ]]; then
+  WORKDIR="$(cd "$WORKDIR" && pwd)"  # ./runs/demo, runs/demo/ and runs/demo are one path
+fi
 if [[ -e "$WORKDIR" ]]; then
   if [[ -f "$WORKDIR/.attnlab_demo" ]] ||
      [[ "$WORKDIR" = "$REPO/runs/demo" && -f "$WORKDIR/config.gin" ]]; then

@@ -182,8 +182,8 @@ def main(argv: list[str]) -> int:
       # After eos the row is pad_id, which may be a real token of the tokenizer.
       row = row[:list(row).index(tokenizer.eos_id)]
     text = tokenizer.decode(row)
-    # One prompt (--prompt, or a file of one): the text as it is; a file's prompts:
-    # "prompt<TAB>completion", one line each.
+    # --prompt: the text as it is; a prompts file (even of one prompt):
+    # "prompt<TAB>completion", one escaped line each.
     print(text if args.prompt is not None else f"{tsv_field(prompt)}\t{tsv_field(text)}")
   sys.stdout.flush()
   return 0

@@ -128,10 +128,11 @@ class HFJsonTokenizer:
   def post_processor_bos(self) -> int | None:
     """The id the file's post-processor puts in front of every text (a Llama
     tokenizer.json's ``<s>``), or None when it adds nothing in front."""
-    plain = [int(i) for i in self.encode("a", add_special_tokens=False)]
-    full = [int(i) for i in self.encode("a", add_special_tokens=True)]
-    if len(full) > len(plain) and full[1:1 + len(plain)] == plain:
-      return full[0]
+    for probe in ("a", "hello", "0", " "):  # a text that encodes to at least one token
+      plain = [int(i) for i in self.encode(probe, add_special_tokens=False)]
+      if plain:
+        full = [int(i) for i in self.encode(probe, add_special_tokens=True)]
+        return full[0] if len(full) > len(plain) and full[1:1 + len(plain)] == plain else None
     return None
 
   def decode(self, ids) -> str:

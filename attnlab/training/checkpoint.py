@@ -96,12 +96,23 @@ class CorruptCheckpointError(ValueError):
   checksums in its meta item differ): its bytes changed on disk after the save."""
 
 
+def _fmix32(h):
+  """MurmurHash3's 32-bit finalizer: a bijection of uint32 that mixes every bit."""
+  h = h ^ (h >> 16)
+  h = h * jnp.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * jnp.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
 @jax.jit
 def _leaf_checksum(x):
-  """sum_i word_i * (2i + 1) mod 2**32 over the uint32 words of ``x``'s bits (one word
-  per element of up to 4 bytes, two per 8-byte element). The factors are odd, so any
-  change of one word changes the sum; the sum is exact in any order (integers mod
-  2**32), so a sharded array gives the same number on any mesh."""
+  """sum_i fmix32(word_i ^ fmix32(i)) mod 2**32 over the uint32 words of ``x``'s bits (one
+  word per element of up to 4 bytes, two per 8-byte element). fmix32 is a bijection, so
+  any change of one word changes its term and the sum; the mix is not linear, so changes
+  of several words do not cancel by construction (two flipped sign bits would in a plain
+  weighted sum); the sum is exact in any order (integers mod 2**32), so a sharded array
+  gives the same number on any mesh."""
   if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
     x = jax.random.key_data(x)
   if x.dtype == jnp.bool_:
@@ -110,8 +121,8 @@ def _leaf_checksum(x):
     unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[x.dtype.itemsize]
     words = jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
   words = words.reshape(-1)
-  odd = jnp.arange(words.size, dtype=jnp.uint32) * jnp.uint32(2) + jnp.uint32(1)
-  return jnp.sum(words * odd, dtype=jnp.uint32)
+  index = jnp.arange(words.size, dtype=jnp.uint32)
+  return jnp.sum(_fmix32(words ^ _fmix32(index)), dtype=jnp.uint32)
 
 
 def checksums(flat: dict) -> dict:
@@ -125,7 +136,9 @@ def checksums(flat: dict) -> dict:
 
 
 def _data_digest(data_state: dict) -> str:
-  return hashlib.sha256(json.dumps(data_state, sort_keys=True).encode()).hexdigest()
+  """SHA-256 of the data state as its JSON file holds it (keys as strings, sorted)."""
+  text = json.dumps(json.loads(json.dumps(data_state)), sort_keys=True)
+  return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _unreadable_itself(e: BaseException) -> bool:

@@ -393,3 +393,37 @@ def test_hf_json_sources_take_the_configs_bos_and_eos(tmp_path):
   with pytest.raises(ValueError, match=re.escape(
       "vocab_size=4 is smaller than the tokenizer's 5")):
     pipeline.build_sources(DataConfig(bos_id=1, eos_id=2, **kw), ModelConfig(vocab_size=4))
+
+
+def test_the_bos_a_post_processor_puts_in_front(tmp_path):
+  """``HFJsonTokenizer.post_processor_bos`` (the bos of an imported model whose config.json
+  has none): the id a template puts before the text; None for a template that only
+  appends, or adds nothing; a probe text that encodes to no token is not taken for one
+  whose post-processor added a bos (it took an appended eos for the bos before)."""
+  tokenizers = pytest.importorskip("tokenizers")
+  from attnlab.data.tokenizer import HFJsonTokenizer
+
+  template = tokenizers.processors.TemplateProcessing
+
+  def bos_of(name, model, post):
+    tok = tokenizers.Tokenizer(model)
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    if post is not None:
+      tok.post_processor = post
+    tok.save(str(tmp_path / f"{name}.json"))
+    return HFJsonTokenizer(str(tmp_path / f"{name}.json")).post_processor_bos()
+
+  words = lambda: tokenizers.models.WordLevel(
+      {w: i for i, w in enumerate(["<pad>", "<s>", "</s>", "<unk>", "a"])}, unk_token="<unk>")
+  assert bos_of("bos", words(), template(single="<s> $A", special_tokens=[("<s>", 1)])) == 1
+  assert bos_of("both", words(), template(single="<s> $A </s>",
+                                          special_tokens=[("<s>", 1), ("</s>", 2)])) == 1
+  assert bos_of("eos", words(), template(single="$A </s>", special_tokens=[("</s>", 2)])) is None
+  assert bos_of("none", words(), None) is None
+  # No unknown token and none of the probe texts in the vocabulary: they encode to nothing.
+  eos_only = template(single="$A </s>", special_tokens=[("</s>", 1)])
+  bpe = lambda vocab: tokenizers.models.BPE(vocab=vocab, merges=[])
+  assert bos_of("bpe", bpe({"<s>": 0, "</s>": 1, "b": 2}), eos_only) is None
+  # ... but a later probe that encodes finds the bos.
+  assert bos_of("bpe0", bpe({"<s>": 0, "</s>": 1, "0": 2}),
+                template(single="<s> $A", special_tokens=[("<s>", 0)])) == 0

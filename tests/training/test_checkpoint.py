@@ -4,6 +4,7 @@ other failure (a bug, a checkpoint of another model shape) is raised instead
 of turning into a warning and a fresh start."""
 
 import collections
+import json
 import os
 import re
 import shutil
@@ -103,6 +104,11 @@ DAMAGE = {
 }
 
 
+CHANGED_IN_PLACE = ("bytes changed inside an array file",
+                    "bytes changed inside an optimizer array file",
+                    "another position in the data state")
+
+
 def _flip(path, where):
   """Invert 8 bytes of ``path`` at ``where`` (a fraction of its size); the length stays."""
   with open(path, "r+b") as f:
@@ -142,6 +148,8 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(saved, tmp_p
   m = re.fullmatch(r"checkpoint \S+/checkpoints/2 could not be restored \((\w+): (.+)\); "
                    r"falling back to the previous one", msg)
   assert m and m.group(1).endswith("Error") and m.group(2) != "None", msg
+  if damage in CHANGED_IN_PLACE:  # only the checksums tell these
+    assert m.group(1) == "CorruptCheckpointError", msg
   assert msg in [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
 
 
@@ -315,12 +323,42 @@ def test_restore_data_gives_the_saved_position_or_none_for_weights_only(saved, t
     assert [ckpt.restore_data(k) for k in (1, 2)] == [{"next_batch": 10}, {"next_batch": 20}]
   finally:
     ckpt.close()
-  weights = Checkpointer(str(tmp_path))
+  weights = Checkpointer(str(tmp_path / "weights"))
   try:
     weights.save_params(0, _state(3)["params"])
     assert not weights.has_train_state(0) and weights.restore_data(0) is None
   finally:
     weights.close()
+  # A data position changed on disk is refused here too, naming the checkpoint.
+  workdir = tmp_path / "w"
+  shutil.copytree(saved, workdir)
+  DAMAGE["another position in the data state"](str(workdir / "checkpoints" / "2"))
+  ckpt = Checkpointer(str(workdir), read_only=True)
+  try:
+    assert ckpt.restore_data(1) == {"next_batch": 10}
+    with pytest.raises(checkpoint.CorruptCheckpointError, match=re.escape(
+        f"checkpoint {workdir}/checkpoints/2's data state {{'next_batch': 30}} is not the one "
+        "that was saved (its checksum differs)")):
+      ckpt.restore_data(2)
+  finally:
+    ckpt.close()
+
+
+def test_verify_compares_the_items_the_checksums_name_and_only_those(saved):
+  """``_verify``: an item restored without checksums in meta (a weights-only checkpoint's
+  optimizer state comes from init) is not compared; one with them is, leaf by leaf; a
+  meta without checksums (saved before 2026-12-04) is taken as it is."""
+  ckpt = Checkpointer(str(saved), read_only=True)
+  try:
+    params = checkpoint.flatten(_state(2)["params"])
+    meta = {"checksums": {"params": checkpoint.checksums(params)}}
+    other = checkpoint.flatten(_state(5)["opt_state"])
+    ckpt._verify(2, meta, {"params": params, "opt_state": other})
+    ckpt._verify(2, {"step": 2}, {"params": checkpoint.flatten(_state(5)["params"])})
+    with pytest.raises(checkpoint.CorruptCheckpointError, match="params array b reads other"):
+      ckpt._verify(2, meta, {"params": checkpoint.flatten(_state(5)["params"])})
+  finally:
+    ckpt.close()
 
 
 def test_weights_only_checkpoint_restores_its_params_and_the_rest_from_init_state(tmp_path):
@@ -401,11 +439,40 @@ def test_a_checksum_changes_with_any_one_element_and_not_with_the_container(dtyp
     y[i] = ~y[i] if dtype == "bool" else (y[i] + 1 if y[i] + 1 != y[i] else y[i] * 2)
     seen.add(checkpoint.checksums({"x": y.reshape(x.shape)})["x"][1])
   assert len(seen) == x.size + 1  # every change gave another checksum
-  # Sharded over every device (rows over the devices that divide them) gives the same.
-  n = max(d for d in range(1, len(jax.devices()) + 1) if 5 % d == 0 or d == 1)
-  mesh = jax.sharding.Mesh(np.array(jax.devices()[:n]), ("a",))
-  sharded = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("a")))
-  assert checkpoint.checksums({"x": sharded})["x"] == [dtype, base]
+  if dtype in ("float32", "bfloat16", "float16"):
+    # Two sign bits flipped (x[2], x[7] negated), which cancel in a weighted sum of the
+    # words (2^31 (2i + 1) + 2^31 (2j + 1) = 0 mod 2^32): the mixed sum sees them.
+    y = x.copy().reshape(-1)
+    y[[2, 7]] = -y[[2, 7]]
+    assert checkpoint.checksums({"x": y.reshape(x.shape)})["x"][1] != base
+
+
+def test_a_checksum_is_the_same_on_any_mesh(tmp_path):
+  """The checksum of an array sharded over 4 devices, row- or column-wise or replicated,
+  is the checksum of the same values on one device (a subprocess: the test process has
+  one CPU device)."""
+  script = tmp_path / "mesh.py"
+  script.write_text(
+      "import json, jax, numpy as np\n"
+      "from jax.sharding import Mesh, NamedSharding, PartitionSpec as P\n"
+      "from attnlab.training.checkpoint import checksums\n"
+      "x = np.random.default_rng(0).standard_normal((8, 12)).astype(np.float32)\n"
+      "mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ('a', 'b'))\n"
+      "out = [checksums({'x': x})['x']]\n"
+      "for spec in (P('a', 'b'), P(('a', 'b')), P(None, 'b'), P()):\n"
+      "  out.append(checksums({'x': jax.device_put(x, NamedSharding(mesh, spec))})['x'])\n"
+      "print(len(jax.devices()), json.dumps(out))\n")
+  import subprocess
+  import sys
+
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             JAX_PLATFORMS="cpu")
+  res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=300, env=env)
+  assert res.returncode == 0, res.stderr[-2000:]
+  devices, sums = res.stdout.strip().split(" ", 1)
+  sums = json.loads(sums)
+  assert devices == "4" and len(sums) == 5 and all(s == sums[0] for s in sums), sums
 
 
 def test_a_checkpoint_restored_in_another_dtype_is_not_taken_for_a_damaged_one(saved):

@@ -45,6 +45,7 @@ def test_demo_deletes_only_a_workdir_of_an_earlier_demo(tmp_path):
       ".attnlab_demo in it): not deleting it; set ATTNLAB_DEMO_WORKDIR to a new path")
   assert (mine / "notes.txt").read_text() == "keep me"
   (mine / ".attnlab_demo").write_text("")
+  env["ATTNLAB_DEMO_WORKDIR"] = "./mine/"  # another spelling of the same directory
   res = subprocess.run(["bash", script, str(tmp_path / "no_venv")], env=env,
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
   assert res.returncode != 0 and "no_venv/bin/attnlab" in res.stderr

@@ -447,6 +447,31 @@ def test_a_checksum_changes_with_any_one_element_and_not_with_the_container(dtyp
     assert checkpoint.checksums({"x": y.reshape(x.shape)})["x"][1] != base
 
 
+def _fmix32(h):
+  """MurmurHash3's finalizer in plain Python (an implementation independent of the one
+  under test)."""
+  h ^= h >> 16
+  h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+  h ^= h >> 13
+  h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+  return h ^ (h >> 16)
+
+
+def test_the_checksum_is_the_documented_sum_and_stays_the_same_across_versions():
+  """sum_i fmix32(word_i ^ fmix32(i)) mod 2^32, against a plain-Python computation; and the
+  numbers pinned: checkpoints keep them, so a later attnlab must compute the same ones
+  (another mix would take every older checkpoint for a damaged one)."""
+  x = np.arange(6, dtype=np.float32).reshape(2, 3)
+  y = np.array([1, -2, 3], np.int8)
+  words = {"x": x.reshape(-1).view(np.uint32), "y": y.view(np.uint8).astype(np.uint32)}
+  want = {k: sum(_fmix32(int(w) ^ _fmix32(i)) for i, w in enumerate(v)) % 2**32
+          for k, v in words.items()}
+  got = checkpoint.checksums({"x": x, "y": y})
+  assert got == {"x": ["float32", want["x"]], "y": ["int8", want["y"]]}
+  assert got == {"x": ["float32", 3757635346], "y": ["int8", 1976701332]}
+  assert [_fmix32(v) for v in (0, 1)] == [0, 0x514E28B7]  # MurmurHash3's own values
+
+
 def test_a_checksum_is_the_same_on_any_mesh(tmp_path):
   """The checksum of an array sharded over 4 devices, row- or column-wise or replicated,
   is the checksum of the same values on one device (a subprocess: the test process has

@@ -335,7 +335,7 @@ def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
       if docs["train"] != docs["validation"]:
         names = {"train": [f"the first lines of {files['train'][0]}"],
                  "validation": [f"the last lines of {files['train'][0]}"]}
-    if set(files["train"]) & set(files["validation"]) and docs["train"] == docs["validation"]:
+    if docs["train"] == docs["validation"]:  # nothing held out
       _warn_overlap(dcfg)
     return {split: PackedText(docs[split], tok, dcfg.seq_len, _split_seed(dcfg, split),
                               what=_split_named(split, names[split], dcfg))

@@ -130,6 +130,8 @@ def test_the_training_stream_is_a_permutation_per_epoch_and_validation_in_order(
       f"DataConfig.batch_size={size + 1} is larger than the training split of task='lm', "
       f"paths={dcfg.paths!r} ({size} rows of seq_len=16): lower batch_size or give more data")):
     pipeline.train_iterator(sources, dataclasses.replace(dcfg, batch_size=size + 1))
+  assert next(pipeline.train_iterator(sources, dataclasses.replace(dcfg, batch_size=size)))[
+      "tokens_BT"].shape == (size, 16)  # every row in one batch: fine
   # Validation batches: the rows in source order from the first row on, every row up to
   # num_batches batches (a last batch is filled up with the first rows, not examples).
   n = sources["validation"].size

@@ -288,6 +288,16 @@ def test_a_split_that_holds_nothing_out_holds_out_the_last_line_or_says_so(tmp_p
   assert text.split_lines("".join(lines), 5) == ("".join(lines[:38]), "".join(lines[38:]))
   assert text.split_lines("".join(lines), 1) == ("".join(lines[:39]), lines[39])
   assert text.split_lines("one line", 5) == ("one line", "one line")
+  assert text.split_lines("a\nb", 5) == ("a\n", "b")  # two lines: one each side
+  ten = [f"{i}\n" for i in range(10)]
+  assert text.split_lines("".join(ten), 15) == ("".join(ten[:8]), "".join(ten[8:]))  # 1.5 -> 2
+  assert text.split_lines("".join(ten), 14) == ("".join(ten[:9]), ten[9])  # 1.4 -> 1
+  assert text.split_lines("a\nb\nc\n", 99) == ("a\n", "b\nc\n")  # training keeps a line
+  assert text.tsv_splits([str(tsv)], 5) == {"train": [("a", "A"), ("b", "B")],
+                                            "validation": [("c", "C")]}
+  tsv2 = tmp_path / "two.tsv"
+  tsv2.write_text("a\tA\nb\tB\n")
+  assert text.tsv_splits([str(tsv2)], 5) == {"train": [("a", "A")], "validation": [("b", "B")]}
   assert text.split_lines("a\nb\n", 0) == ("a\nb\n", "a\nb\n")
   decoder = ModelConfig(arch="decoder_only")
   logger = pipeline.__name__
@@ -309,6 +319,17 @@ def test_a_split_that_holds_nothing_out_holds_out_the_last_line_or_says_so(tmp_p
       assert len(sources["validation"].tokens_Y) == n
       assert len(sources["train"].tokens_Y) == (
           len(tok.encode("".join(lines[:38]), add_special_tokens=False)) + 2 if percent else n)
+  # Two files: one each side, whole (only a corpus of one file is split inside).
+  other = tmp_path / "other.txt"
+  other.write_text("".join(f"another {i}\n" for i in range(30)))
+  files = text.lm_files((str(lm), str(other)), validation_percent=5)
+  assert len(files["train"]) == len(files["validation"]) == 1
+  sources, tok = pipeline.build_sources(DataConfig(task="lm", paths=(str(lm), str(other)),
+                                                   seq_len=8, batch_size=1), decoder)
+  for split in ("train", "validation"):
+    (path,) = files[split]
+    n = len(tok.encode(text.read_text(path), add_special_tokens=False)) + 2
+    assert len(sources[split].tokens_Y) == n, split
   # A held-out tail too short for one row is named as what it is.
   with pytest.raises(ValueError, match=re.escape(
       f"the validation split (the last lines of {lm}; validation_percent=5) has 46 tokens, "

@@ -33,11 +33,16 @@ def check_query_heads(q_BTNH, *, num_kv_heads: int, head_dim: int, kv_name: str 
     )
 
 
+def positive_or_none(name: str, value) -> int | None:
+  """None, or a positive Python / NumPy int (not a bool); returned as a Python int."""
+  if value is not None and (not is_integer(value) or value < 1):
+    raise ValueError(f"{name}={value!r} must be a positive integer or None")
+  return None if value is None else int(value)
+
+
 def check_window(window) -> int | None:
   """None, or a positive Python / NumPy int (not a bool); returned as a Python int."""
-  if window is not None and (not is_integer(window) or window < 1):
-    raise ValueError(f"window={window!r} must be a positive integer or None")
-  return None if window is None else int(window)
+  return positive_or_none("window", window)
 
 
 def python_int(value):

@@ -42,7 +42,6 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from attnlab.config import is_integer
 from attnlab.ops import checks, masks
 from attnlab.ops.pallas import common
 
@@ -69,13 +68,6 @@ def _check_decode_queries(q_BTNH, lengths_B):
     )
   if tuple(lengths_B.shape) != (B,):
     raise ValueError(f"lengths_B shape {lengths_B.shape} must be [B] = ({B},)")
-
-
-def _check_positive(name, value) -> int | None:
-  """None, or a positive Python / NumPy int (not a bool); returned as a Python int."""
-  if value is not None and (not is_integer(value) or value < 1):
-    raise ValueError(f"{name}={value!r} must be a positive integer or None")
-  return None if value is None else int(value)
 
 
 def _check_scales(k, k_scale, v_scale, names, shape) -> bool:
@@ -246,7 +238,7 @@ def decode_attention(q_BTNH, k_BSKH, v_BSKH, lengths_B, *, window: int | None = 
   """
   _, window, _ = checks.check_qkv(q_BTNH, k_BSKH, v_BSKH, window=window)
   _check_decode_queries(q_BTNH, lengths_B)
-  num_splits = _check_positive("num_splits", num_splits)
+  num_splits = checks.positive_or_none("num_splits", num_splits)
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   scale = checks.scale_value(scale, H)
@@ -331,7 +323,7 @@ def paged_decode_attention(q_BTNH, k_pages_PCKH, v_pages_PCKH, page_table_BM, le
   B, T, N, _ = q_BTNH.shape
   if page_table_BM.ndim != 2 or page_table_BM.shape[0] != B:
     raise ValueError(f"page_table_BM shape {page_table_BM.shape} must be [B, M] with B={B}")
-  pages_per_split = _check_positive("pages_per_split", pages_per_split)
+  pages_per_split = checks.positive_or_none("pages_per_split", pages_per_split)
   scale = checks.scale_value(scale, H)
   interpret = common.resolve_interpret(interpret)
   if not interpret and (C < 16 or C & (C - 1)):
@@ -434,7 +426,7 @@ def decode_attention_heads_major(q_BTNH, k_BKSH, v_BKSH, lengths_B, *, k_scale_B
     raise ValueError(f"batch of q_BTNH ({q_BTNH.shape[0]}) and of the cache ({B}) must match")
   window = _check_queries(q_BTNH, head_dim=H, num_kv_heads=K, kv_name="k_BKSH",
                           lengths_B=lengths_B, window=window)
-  num_splits = _check_positive("num_splits", num_splits)
+  num_splits = checks.positive_or_none("num_splits", num_splits)
   T, N = q_BTNH.shape[1:3]
   scale = checks.scale_value(scale, H)
   interpret = common.resolve_interpret(interpret)

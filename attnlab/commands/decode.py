@@ -21,7 +21,12 @@ from attnlab.config import CACHE_DTYPES, CACHE_KINDS, DecodeConfig
 from attnlab.data import pipeline
 from attnlab.data.tokenizer import make_tokenizer
 from attnlab.decoding import batching
-from attnlab.decoding.generate import GenerateInputError, PagesExhaustedError, generate
+from attnlab.decoding.generate import (
+  GenerateInputError,
+  PagesExhaustedError,
+  PromptTooLongError,
+  generate,
+)
 from attnlab.decoding.sampling import Sampling
 from attnlab.extras import MissingDependencyError
 from attnlab.training import sharding
@@ -172,7 +177,7 @@ def main(argv: list[str]) -> int:
     out_BL = np.asarray(generate(model, prompt_BT, **kwargs))
   except (GenerateInputError, PagesExhaustedError) as e:  # input errors (--num_pages too
     message = str(e)                                      # small); a bug keeps its traceback
-    if len(prompts) > 1 and message.startswith(("the prompt plus", "the source has")):
+    if len(prompts) > 1 and isinstance(e, PromptTooLongError):
       i = int(np.argmax(lengths_B))  # the batch is as wide as its longest prompt
       message += (f" (the longest is prompt {i + 1} of {args.prompts_file}, {lengths_B[i]} "
                   f"tokens: {prompts[i][:40]!r})")

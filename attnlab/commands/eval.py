@@ -15,7 +15,7 @@ from attnlab.commands._common import (
 )
 from attnlab.config import DecodeConfig
 from attnlab.extras import MissingDependencyError
-from attnlab.training import trainer
+from attnlab.training import sharding, trainer
 
 
 def main(argv: list[str]) -> int:
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
                                    length_penalty=args.length_penalty, mesh_shape=mesh_shape)
   except (FileNotFoundError, ValueError, MissingDependencyError) as e:
     hint = ""
-    if mesh_shape is None and str(e).startswith("mesh_shape="):  # the run's mesh
+    if mesh_shape is None and isinstance(e, sharding.MeshShapeError):  # the run's mesh
       hint = (" (the run's TrainConfig.mesh_shape; evaluate on another mesh with --mesh_shape "
               "D,F,T, e.g. 1,1,1)")
     raise CommandError(f"{e}{hint}") from None

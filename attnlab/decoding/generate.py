@@ -45,6 +45,14 @@ class GenerateInputError(ValueError):
   error out of ``generate`` is a bug and propagates with its traceback.
   """
 
+
+class PromptTooLongError(GenerateInputError):
+  """The prompt (or source) is too long for the model or the cache.
+
+  A subclass, so that a caller holding several prompts (``attnlab decode
+  --prompts_file``) can name the one that made the batch too wide.
+  """
+
 GREEDY = Sampling(temperature=0.0)
 _DEFAULTS = DecodeConfig()  # the one home of the decoding defaults
 
@@ -131,12 +139,12 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
 
   if cfg.arch == "encoder_decoder":
     if prompt_BT.shape[1] > cfg.max_len:
-      raise GenerateInputError(f"the source has {T} positions, more than the model's "
+      raise PromptTooLongError(f"the source has {T} positions, more than the model's "
                                f"max_len={cfg.max_len}")
     src_seg_BS = _source_segment_ids(cfg, prompt_BT, prompt_lengths_B)
     bos_id = check_token_id("bos_id", bos_id, cfg.vocab_size)
     needed = max_new_tokens
-    cache_len = _check_cache_len(cfg, cache_len, needed, "the generated target")
+    cache_len = _check_cache_len(cfg, cache_len, needed, "max_new_tokens", GenerateInputError)
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
     if beam_size is not None:
       _check_beam(cache, length_penalty)
@@ -151,7 +159,8 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
   else:
     lengths_B = _prompt_lengths(cfg, prompt_BT, prompt_lengths_B)
     # The last generated token is never fed back, so it needs no cache slot.
-    cache_len = _check_cache_len(cfg, cache_len, T + max_new_tokens - 1, "the prompt")
+    cache_len = _check_cache_len(cfg, cache_len, T + max_new_tokens - 1,
+                                 "the prompt plus max_new_tokens", PromptTooLongError)
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
     if beam_size is not None:
       _check_beam(cache, length_penalty)
@@ -260,15 +269,13 @@ def _prompt_lengths(cfg, prompt_BT, prompt_lengths_B, what="prompt"):
   return lengths_B.astype(np.int32)
 
 
-def _check_cache_len(cfg, cache_len, needed, what):
+def _check_cache_len(cfg, cache_len, needed, what, error):
   if needed > cfg.max_len:
-    raise GenerateInputError(f"{what} plus max_new_tokens needs {needed} positions, more than the "
-                             f"model's max_len={cfg.max_len}")
+    raise error(f"{what} needs {needed} positions, more than the model's max_len={cfg.max_len}")
   if cache_len is None:
     return max(needed, 1)
   if needed > cache_len:
-    raise GenerateInputError(f"{what} plus max_new_tokens needs {needed} cache slots, more than "
-                             f"cache_len={cache_len}")
+    raise error(f"{what} needs {needed} cache slots, more than cache_len={cache_len}")
   return cache_len
 
 

@@ -38,16 +38,20 @@ RULES: dict[str, str | tuple[str, ...] | None] = {
 }
 
 
+class MeshShapeError(ValueError):
+  """A mesh_shape that the devices of this process cannot make."""
+
+
 def resolve_mesh_shape(shape, num_devices: int) -> tuple[int, int, int]:
   """Fill a -1 entry with the devices the others leave; check the product."""
   shape = list(shape)
   if -1 in shape:
     known = math.prod(s for s in shape if s != -1)
     if num_devices % known:
-      raise ValueError(f"mesh_shape={tuple(shape)} does not divide {num_devices} devices")
+      raise MeshShapeError(f"mesh_shape={tuple(shape)} does not divide {num_devices} devices")
     shape[shape.index(-1)] = num_devices // known
   if math.prod(shape) > num_devices:
-    raise ValueError(f"mesh_shape={tuple(shape)} needs {math.prod(shape)} devices, "
+    raise MeshShapeError(f"mesh_shape={tuple(shape)} needs {math.prod(shape)} devices, "
                      f"only {num_devices} exist")
   return tuple(shape)
 

@@ -336,7 +336,7 @@ def test_generate_rejects_bad_prompts():
       "beam search reorders whole cache rows: use cache='contiguous' or 'ring' with beam_size")):
     attnlab.generate(encdec, np.array([[5, 6]]), beam_size=2, cache="paged")
   with pytest.raises(ValueError, match=re.escape(
-      "the generated target plus max_new_tokens needs 8 cache slots, more than cache_len=5")):
+      "max_new_tokens needs 8 cache slots, more than cache_len=5")):
     attnlab.generate(encdec, np.array([[5, 6]]), max_new_tokens=8, cache_len=5)
   # A source longer than the model's positions: the input error, not one from the trace.
   from attnlab.decoding.generate import GenerateInputError
@@ -708,6 +708,27 @@ def test_decode_an_encoder_decoder_with_beam_search(encdec_workdir, monkeypatch,
   rc, _, err = _run(base + ["--slots", "2"], capsys)
   assert rc == 2 and err.strip() == ("attnlab decode: error: --slots=2 needs a decoder-only "
                                      "checkpoint and no beam search"), err
+
+
+def test_a_source_too_long_in_a_prompts_file_is_named_a_target_too_long_is_not(
+    encdec_workdir, capsys, tmp_path):
+  """An encoder-decoder's too-long source is named like a too-long prompt; max_new_tokens
+  past the model's positions is about no prompt, so none is named."""
+  _, cfg = attnlab.load_checkpoint(encdec_workdir)
+  prompts = tmp_path / "p.txt"
+  prompts.write_text("ab\n" + "y" * cfg.max_len + "\n")
+  base = ["decode", "--workdir", encdec_workdir, "--prompts_file", str(prompts)]
+  rc, out, err = _run(base + ["--max_new_tokens", "4"], capsys)
+  assert rc == 2 and out == ""
+  assert err.strip() == (
+      f"attnlab decode: error: the source has {cfg.max_len + 1} positions, more than the "
+      f"model's max_len={cfg.max_len} (the longest is prompt 2 of {prompts}, {cfg.max_len + 1} "
+      f"tokens: {'y' * 40!r})"), err
+  prompts.write_text("ab\ncd\n")
+  rc, out, err = _run(base + ["--max_new_tokens", str(cfg.max_len + 1)], capsys)
+  assert rc == 2 and out == ""
+  assert err.strip() == (f"attnlab decode: error: max_new_tokens needs {cfg.max_len + 1} "
+                         f"positions, more than the model's max_len={cfg.max_len}"), err
 
 
 def test_decode_refuses_slots_with_beams_and_unknown_cache_dtypes(workdir, capsys):

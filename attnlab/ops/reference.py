@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from attnlab.config import is_integer
-from attnlab.ops import masks
+from attnlab.ops import checks, masks
 
 
 def group_queries(q_BTNH, num_kv_heads):
@@ -48,6 +48,7 @@ def reference_attention(
   """The definition: full scores, masked, float32 softmax, weighted values."""
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
+  q_offset = checks.check_q_offset(q_offset, B)  # also when called directly, not via attention
   scale = 1.0 / math.sqrt(H) if scale is None else scale
   if q_BTNH.dtype == jnp.float32:
     # Scaling the [T, H] queries instead of the [T, S] scores saves a pass

@@ -17,6 +17,7 @@ import sys
 import time
 
 import jax
+import numpy as np
 from tqdm import tqdm
 
 from attnlab import config_gin as gin_config
@@ -28,6 +29,7 @@ from attnlab.training import sharding as shd
 from attnlab.training import steps as steps_lib
 from attnlab.training.checkpoint import Checkpointer
 from attnlab.training.metrics import WINDOW_HOLDS_COMPILE, MetricsWriter, perplexity
+from attnlab.training.optim import schedule_count
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +291,12 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   if tcfg.progress and main_process and not plain_log:
     bar = tqdm(total=tcfg.steps, initial=start, desc="train", unit="step", file=sys.stderr,
                dynamic_ncols=True)
-  last, skipped, window_tokens, window_t0 = {}, 0, 0.0, time.perf_counter()
+  # Steps whose update was skipped (non-finite): state["step"] counts them, the optimizer's
+  # schedule count does not, so a resumed run goes on counting from the checkpoint's (a
+  # fresh or weights-only start has none).
+  skipped = _replicated_int(run.state["step"]) - _replicated_int(
+      schedule_count(run.state["opt_state"]))
+  last, window_tokens, window_t0 = {}, 0.0, time.perf_counter()
   first_window = True
   step = start
   try:
@@ -360,6 +367,11 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   return last
 
 
+def _replicated_int(x) -> int:
+  """A replicated scalar's value on any process (multi-host: not fully addressable)."""
+  return int(np.asarray(x.addressable_data(0)))
+
+
 def evaluate_workdir(workdir: str, step: int | None = None, *, beam_size: int | None = None,
                      length_penalty: float = DecodeConfig.length_penalty,
                      mesh_shape: tuple[int, int, int] | None = None) -> dict:
@@ -376,6 +388,8 @@ def evaluate_workdir(workdir: str, step: int | None = None, *, beam_size: int | 
   mcfg, dcfg, tcfg = gin_config.read_workdir_config(path)
   if mesh_shape is not None:
     tcfg = dataclasses.replace(tcfg, mesh_shape=mesh_shape)
+  # An evaluation accumulates no gradients: the run's grad_accum does not bound its mesh.
+  tcfg = dataclasses.replace(tcfg, grad_accum=1)
   if beam_size is not None:  # checked as `attnlab decode` checks them, before any work
     DecodeConfig(beam_size=beam_size, length_penalty=length_penalty)
     if dcfg.task == "lm":

@@ -2,8 +2,10 @@
 trains the same tiny config (with gradient accumulation) on a 1-device mesh
 and on a (2, 2, 2) mesh, recording losses and gradient norms and the validation loss of
 5 rows (a batch filled up to the data shards on the larger mesh),
-restores the (2, 2, 2) checkpoint onto a (1, 2, 4) mesh, and prints JSON."""
+restores the (2, 2, 2) checkpoint onto a (1, 2, 4) mesh, evaluates it as ``attnlab eval``
+does on (1, 1, 1) and (8, 1, 1) meshes, and prints JSON."""
 
+import dataclasses
 import json
 import os
 import sys
@@ -16,12 +18,13 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from attnlab import config_gin as gin_config  # noqa: E402
 from attnlab.config import DataConfig, ModelConfig, TrainConfig  # noqa: E402
 from attnlab.data import pipeline  # noqa: E402
 from attnlab.training import sharding, steps  # noqa: E402
 from attnlab.training.checkpoint import Checkpointer  # noqa: E402
 from attnlab.training.evaluate import validation_loss  # noqa: E402
-from attnlab.training.trainer import Run  # noqa: E402
+from attnlab.training.trainer import Run, evaluate_workdir  # noqa: E402
 
 
 class FirstRows:
@@ -83,6 +86,12 @@ def main(workdir):
   out["restore_step"] = step
   out["restore_equal"] = all(np.array_equal(a, b) for a, b in zip(saved, restored))
   out["restore_mesh"] = dict(run.mesh.shape)
+  # attnlab eval on an (8, 1, 1) mesh: 8 rows on 8 data shards, whatever grad_accum the run
+  # trained with (an evaluation accumulates nothing; it was refused before 2026-12-04).
+  with open(os.path.join(workdir, "config.gin"), "w") as f:
+    f.write(gin_config.operative_config(mcfg, dcfg, dataclasses.replace(tcfg, eval_batches=1)))
+  for shape in [(1, 1, 1), (8, 1, 1)]:
+    out[f"evaluate_workdir {shape}"] = evaluate_workdir(workdir, mesh_shape=shape)["loss"]
   print(json.dumps(out))
 
 

@@ -157,6 +157,8 @@ def test_one_device_and_8_device_mesh_agree(tmp_path):
   assert "P('fsdp', 'tensor', None)" in out["opt_specs"]  # Adam moments too
   assert out["restore_step"] == 6 and out["restore_equal"]
   assert out["restore_mesh"] == {"data": 1, "fsdp": 2, "tensor": 4}
+  np.testing.assert_allclose(out["evaluate_workdir (8, 1, 1)"],
+                             out["evaluate_workdir (1, 1, 1)"], rtol=1e-5)
 
 
 @pytest.mark.slow

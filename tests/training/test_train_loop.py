@@ -339,6 +339,22 @@ def test_skipped_non_finite_steps_are_counted(tmp_path, caplog):
   assert [r["skipped_steps"] for r in logged] == [0, 1, 2, 3]
 
 
+def test_a_resumed_run_goes_on_counting_the_skipped_steps(tmp_path):
+  """The count lives in the state (its steps less the optimizer's schedule count), so a run
+  stopped at step 3 and resumed to 6 logs what a run straight to 6 logs (until 2026-12-04
+  it started again at 0: 0, 1, 2, 1, 2, 3 and a final 3 for 5 skipped steps)."""
+  bindings = SEQ2SEQ_TINY + DIVERGE + ["TrainConfig.on_nonfinite = 'skip'",
+                                       "TrainConfig.log_every = 1",
+                                       "TrainConfig.checkpoint_every = 3"]
+  straight = _train(tmp_path / "straight", SEQ2SEQ, bindings + ["TrainConfig.steps = 6"])
+  _train(tmp_path / "resumed", SEQ2SEQ, bindings + ["TrainConfig.steps = 3"])
+  resumed = _train(tmp_path / "resumed", SEQ2SEQ, bindings + ["TrainConfig.steps = 6"])
+  assert straight["skipped_steps"] == resumed["skipped_steps"] == 5
+  for workdir in ("straight", "resumed"):
+    logged = [r for r in read_metrics(str(tmp_path / workdir)) if r["split"] == "train"]
+    assert [r["skipped_steps"] for r in logged] == [0, 1, 2, 3, 4, 5], workdir
+
+
 def test_a_non_finite_step_stops_the_run_naming_the_last_good_checkpoint(tmp_path):
   with pytest.raises(trainer.NonFiniteError,
                      match=r"non-finite loss \(.*\) or gradient norm \(.*\) at step 2; stopped\. "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import signal
 import sys
@@ -25,11 +26,11 @@ from attnlab import extras
 from attnlab.config import DataConfig, DecodeConfig, ModelConfig, TrainConfig
 from attnlab.data import pipeline
 from attnlab.training import evaluate as eval_lib
+from attnlab.training import optim
 from attnlab.training import sharding as shd
 from attnlab.training import steps as steps_lib
 from attnlab.training.checkpoint import Checkpointer
 from attnlab.training.metrics import WINDOW_HOLDS_COMPILE, MetricsWriter, perplexity
-from attnlab.training.optim import schedule_count
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,30 @@ def _saved_data_config(workdir: str) -> DataConfig | None:
     return gin_config.read_workdir_config(os.path.join(workdir, "config.gin"))[1]
   except Exception:  # no or unreadable config.gin: old data states stay unchecked
     return None
+
+
+SCHEDULE_FIELDS = ("schedule", "learning_rate", "warmup_steps", "steps", "min_lr_ratio")
+
+
+def _warn_schedule_change(workdir: str, tcfg: TrainConfig, d_model: int, opt_state) -> None:
+  """Warn when a resumed run's learning rate is not the one its checkpoints were headed for:
+  the schedule's fields changed (a cosine decays over ``TrainConfig.steps``, so training a
+  run further moves its rate), which a run of the new config from step 0 would not see."""
+  try:
+    _, _, saved = gin_config.read_workdir_config(os.path.join(workdir, "config.gin"))
+  except Exception:  # no or unreadable config.gin: nothing to compare with
+    return
+  changed = [f"TrainConfig.{f}: {getattr(saved, f)!r} -> {getattr(tcfg, f)!r}"
+             for f in SCHEDULE_FIELDS if getattr(saved, f) != getattr(tcfg, f)]
+  if not changed:
+    return
+  count = _replicated_int(optim.schedule_count(opt_state))
+  before = float(optim.make_schedule(saved, d_model)(count))
+  after = float(optim.make_schedule(tcfg, d_model)(count))
+  if not math.isclose(before, after, rel_tol=1e-6, abs_tol=0.0):
+    log.warning("the learning rate at update %d is now %.4g, not %.4g (%s): the resumed run "
+                "follows the new schedule from here, unlike a run of this config from step 0",
+                count, after, before, ", ".join(changed))
 
 
 class _StopFlag:
@@ -273,8 +298,15 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
         f"the checkpoints in {ckpt.directory} do not fit this run's model and optimizer"
         f"{_model_changes(workdir, mcfg, tcfg)}: {first}. Nothing was changed in {workdir}; "
         "resume with the workdir's own config.gin, or train in a new workdir") from e
+  if start > tcfg.steps:
+    ckpt.close()
+    raise ResumeError(
+        f"the newest checkpoint in {ckpt.directory} is step {start}, past TrainConfig.steps="
+        f"{tcfg.steps}: nothing to train. Nothing was changed in {workdir}; train to at least "
+        f"{start} steps, or in a new workdir")
   if start:
     log.info("resumed from step %d", start)
+    _warn_schedule_change(workdir, tcfg, mcfg.d_model, run.state["opt_state"])
   # Written once the checkpoints are known to fit this config: a resume under a
   # model the checkpoints do not fit stops above and leaves the workdir's config.gin
   # describing them.
@@ -295,7 +327,7 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   # schedule count does not, so a resumed run goes on counting from the checkpoint's (a
   # fresh or weights-only start has none).
   skipped = _replicated_int(run.state["step"]) - _replicated_int(
-      schedule_count(run.state["opt_state"]))
+      optim.schedule_count(run.state["opt_state"]))
   last, window_tokens, window_t0 = {}, 0.0, time.perf_counter()
   first_window = True
   step = start

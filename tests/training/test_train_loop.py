@@ -355,6 +355,45 @@ def test_a_resumed_run_goes_on_counting_the_skipped_steps(tmp_path):
     assert [r["skipped_steps"] for r in logged] == [0, 1, 2, 3, 4, 5], workdir
 
 
+def test_a_resume_that_moves_the_learning_rate_warns_and_one_past_steps_is_refused(
+    tmp_path, caplog):
+  """Training a cosine run further (TrainConfig.steps 3 -> 6) moves the rate at the
+  checkpoint's update: a warning names both rates and the field; a change that moves no rate
+  (steps of a constant schedule) says nothing. A rerun with fewer steps than the newest
+  checkpoint is refused and leaves config.gin as it was (until 2026-12-04 it exited 0,
+  trained nothing and wrote the smaller steps into config.gin)."""
+  from attnlab.config import TrainConfig
+  from attnlab.training import optim
+
+  bindings = SEQ2SEQ_TINY + ["TrainConfig.warmup_steps = 1", "TrainConfig.checkpoint_every = 3",
+                             "TrainConfig.steps = 3"]
+  _train(tmp_path, SEQ2SEQ, bindings)
+  with caplog.at_level(logging.WARNING, logger=trainer.__name__):
+    _train(tmp_path, SEQ2SEQ, bindings + ["TrainConfig.steps = 6"])
+  before, after = (float(optim.make_schedule(
+      TrainConfig(warmup_steps=1, steps=steps), 32)(3)) for steps in (3, 6))
+  assert after > before * 2
+  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert warnings == [
+      f"the learning rate at update 3 is now {after:.4g}, not {before:.4g} (TrainConfig.steps: "
+      "3 -> 6): the resumed run follows the new schedule from here, unlike a run of this config "
+      "from step 0"], warnings
+  text = (tmp_path / "config.gin").read_text()
+  with pytest.raises(trainer.ResumeError) as e:
+    _train(tmp_path, SEQ2SEQ, bindings + ["TrainConfig.steps = 4"])
+  assert str(e.value) == (
+      f"the newest checkpoint in {tmp_path / 'checkpoints'} is step 6, past TrainConfig.steps=4: "
+      f"nothing to train. Nothing was changed in {tmp_path}; train to at least 6 steps, or in a "
+      "new workdir")
+  assert (tmp_path / "config.gin").read_text() == text
+  caplog.clear()
+  constant = bindings + ["TrainConfig.schedule = 'constant'"]
+  _train(tmp_path / "constant", SEQ2SEQ, constant)
+  with caplog.at_level(logging.WARNING, logger=trainer.__name__):
+    _train(tmp_path / "constant", SEQ2SEQ, constant + ["TrainConfig.steps = 6"])
+  assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
+
+
 def test_a_non_finite_step_stops_the_run_naming_the_last_good_checkpoint(tmp_path):
   with pytest.raises(trainer.NonFiniteError,
                      match=r"non-finite loss \(.*\) or gradient norm \(.*\) at step 2; stopped\. "

@@ -381,6 +381,10 @@ class RingKVCache(_SelfAttentionCache):
     keys sees: the kernel attends over the first ``min(length, W)`` slots
     with no mask (softmax does not care that the slots are out of order).
     """
+    if window is None or window > self.window:  # older keys are gone: a silent wrong answer
+      raise ValueError(f"a RingKVCache of {self.window} slots keeps the last {self.window} "
+                       f"positions: it serves a layer whose window is at most {self.window}, "
+                       f"got window={window}")
     if _xla_decode_step(q_BTNH, causal=causal, implementation=implementation,
                         dropout_rate=dropout_rate):
       return self._decode_step(q_BTNH, k_BTKH, v_BTKH, num_new_B, q_positions_BT, window)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import jax.numpy as jnp
 import numpy as np
 
 from attnlab.config import is_integer
@@ -20,6 +21,8 @@ def check_query_heads(q_BTNH, *, num_kv_heads: int, head_dim: int, kv_name: str 
   """q is rank 4 and fits keys with ``num_kv_heads`` heads of ``head_dim`` (GQA / MQA)."""
   if q_BTNH.ndim != 4:
     raise ValueError(f"q_BTNH must be rank 4 [B, T, N, H], got shape {q_BTNH.shape}")
+  if num_kv_heads < 1:
+    raise ValueError(f"{kv_name} has no heads (K={num_kv_heads}): give at least one KV head")
   if q_BTNH.shape[3] != head_dim:
     raise ValueError(
         f"head dim of q_BTNH ({q_BTNH.shape[3]}) and of {kv_name} ({head_dim}) must match "
@@ -75,12 +78,24 @@ def check_q_offset(q_offset, batch: int):
   return q_offset
 
 
+def _check_ids(name: str, x, shape: tuple, what: str, bool_ok: bool = False):
+  """An integer (or, with ``bool_ok``, bool) array of ``shape``: float ids were compared
+  as floats by some implementations and truncated to int32 by others."""
+  if tuple(x.shape) != shape:
+    raise ValueError(f"{name} shape {tuple(x.shape)} must be {what} = {shape}")
+  dtype = np.dtype(x.dtype)
+  if not (np.issubdtype(dtype, np.integer) or (bool_ok and dtype == np.bool_)):
+    kinds = "an integer or bool" if bool_ok else "an integer"
+    raise ValueError(f"{name} must be {kinds} array, got dtype {dtype}")
+
+
 def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, causal=False, window=None, q_offset=0,
-              q_segment_ids=None, kv_segment_ids=None):
+              q_segment_ids=None, kv_segment_ids=None, q_positions=None, kv_positions=None):
   """Raise ValueError (naming the argument and what is allowed) unless the
-  request is q [B, T, N, H], k = v [B, S, K, H] with N a multiple of K, a bool
-  ``causal``, an optional window, an integer ``q_offset`` of shape () or [B],
-  and segment ids [B, T] / [B, S] given together.
+  request is floating-point q [B, T, N, H], k = v [B, S, K, H] with N a multiple of K, a
+  bool ``causal``, an optional window, an integer ``q_offset`` of shape () or [B],
+  integer (or bool) segment ids [B, T] / [B, S] given together, and integer positions
+  [B, T] / [B, S].
 
   Returns:
     (causal, window, q_offset) as the implementations take them: NumPy scalars as the
@@ -92,6 +107,10 @@ def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, causal=False, window=None, q_offset=0,
           f"{name} must be rank 4 (q [B, T, N, H], k and v [B, S, K, H]); got shapes "
           f"{q_BTNH.shape}, {k_BSKH.shape}, {v_BSKH.shape}"
       )
+  for name, x in (("q_BTNH", q_BTNH), ("k_BSKH", k_BSKH), ("v_BSKH", v_BSKH)):
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+      raise ValueError(f"{name} must be a floating-point array (float32, bfloat16, float16, "
+                       f"...), got dtype {x.dtype}")
   if k_BSKH.shape != v_BSKH.shape:
     raise ValueError(f"k_BSKH shape {k_BSKH.shape} and v_BSKH shape {v_BSKH.shape} must match")
   if q_BTNH.shape[0] != k_BSKH.shape[0]:
@@ -104,12 +123,14 @@ def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, causal=False, window=None, q_offset=0,
   q_offset = check_q_offset(q_offset, q_BTNH.shape[0])
   if (q_segment_ids is None) != (kv_segment_ids is None):
     raise ValueError("q_segment_ids and kv_segment_ids must be given together")
+  B, T, S = q_BTNH.shape[0], q_BTNH.shape[1], k_BSKH.shape[1]
   if q_segment_ids is not None:
-    B, T, S = q_BTNH.shape[0], q_BTNH.shape[1], k_BSKH.shape[1]
-    if tuple(q_segment_ids.shape) != (B, T):
-      raise ValueError(f"q_segment_ids shape {q_segment_ids.shape} must be [B, T] = {(B, T)}")
-    if tuple(kv_segment_ids.shape) != (B, S):
-      raise ValueError(f"kv_segment_ids shape {kv_segment_ids.shape} must be [B, S] = {(B, S)}")
+    _check_ids("q_segment_ids", q_segment_ids, (B, T), "[B, T]", bool_ok=True)
+    _check_ids("kv_segment_ids", kv_segment_ids, (B, S), "[B, S]", bool_ok=True)
+  if q_positions is not None:
+    _check_ids("q_positions", q_positions, (B, T), "[B, T]")
+  if kv_positions is not None:
+    _check_ids("kv_positions", kv_positions, (B, S), "[B, S]")
   return causal, window, q_offset
 
 

@@ -76,7 +76,8 @@ def attention(
   # NumPy scalars come back as Python ones: "blocked" unrolls over a Python int offset.
   causal, window, q_offset = checks.check_qkv(
       q_BTNH, k_BSKH, v_BSKH, causal=causal, window=window, q_offset=q_offset,
-      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, q_positions=q_positions,
+      kv_positions=kv_positions)
   if scale is None:
     scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
   if implementation == "auto":

@@ -236,6 +236,32 @@ def test_init_shapes_dtypes_and_empty_markers(dtype, scales):
   assert not (c.empty or r.empty or p.empty)
 
 
+@pytest.mark.parametrize("impl", ["auto", "chunked", "pallas"])
+def test_a_ring_refuses_a_window_it_cannot_hold_and_serves_a_smaller_one(impl):
+  """A ring of W slots has dropped every key older than W positions: a layer with no window
+  or a larger one got a silently wrong answer before 2026-12-04 (a refusal now). A smaller
+  window is served through its mask: equal to the contiguous cache's answer."""
+  W, K, H = 3, 1, 8
+  q = jax.random.normal(jax.random.key(0), (1, 1, 2, H))
+  k = jax.random.normal(jax.random.key(1), (1, 1, K, H))
+  ring = cache_lib.RingKVCache.init(1, W, K, H)
+  kw = dict(num_new_B=jnp.ones((1,), jnp.int32), q_positions_BT=jnp.zeros((1, 1), jnp.int32),
+            causal=True, implementation=impl)
+  for window in (None, W + 1):
+    with pytest.raises(ValueError) as e:
+      ring.attend(q, k, k, window=window, **kw)
+    assert str(e.value) == (f"a RingKVCache of 3 slots keeps the last 3 positions: it serves "
+                            f"a layer whose window is at most 3, got window={window}")
+  ring, full = cache_lib.RingKVCache.init(1, W, K, H), cache_lib.KVCache.init(1, 8, K, H)
+  for t in range(6):
+    q = jax.random.normal(jax.random.key(10 + t), (1, 1, 2, H))
+    k, v = (jax.random.normal(jax.random.key(100 * i + t), (1, 1, K, H)) for i in (2, 3))
+    kw["q_positions_BT"] = jnp.full((1, 1), t, jnp.int32)
+    got, ring = ring.attend(q, k, v, window=2, **kw)
+    want, full = full.attend(q, k, v, window=2, **kw)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
 CFG = ModelConfig(vocab_size=32, d_model=32, num_heads=4, num_kv_heads=2, num_layers=3,
                   d_ff=64, window=6)
 

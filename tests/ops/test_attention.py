@@ -562,6 +562,54 @@ def test_the_reference_and_chunked_ops_check_q_offset_when_called_directly():
 
 
 @pytest.mark.parametrize("impl", CPU_IMPLEMENTATIONS)
+def test_dtypes_of_qkv_segment_ids_and_positions_are_checked_for_every_implementation(impl):
+  """Until 2026-12-04 float segment ids were two segments to "reference" / "xla" and one
+  to "chunked" / "pallas" (cast to int32: 0.2 and 0.7 are both 0); float or misshaped
+  positions met an error naming no argument, or were truncated by "chunked"; int q / k / v
+  gave an int output; no KV heads was a ZeroDivisionError."""
+  q, k = jnp.zeros((2, 4, 2, 8)), jnp.zeros((2, 6, 1, 8))
+  seg_q, seg_k = jnp.zeros((2, 4), jnp.int32), jnp.zeros((2, 6), jnp.int32)
+  pos_q, pos_k = jnp.zeros((2, 4), jnp.int32), jnp.zeros((2, 6), jnp.int32)
+  cases = [
+      ((q.astype(jnp.int32), k, k), {},
+       "q_BTNH must be a floating-point array (float32, bfloat16, float16, ...), got dtype "
+       "int32"),
+      ((q, k.astype(jnp.int8), k), {},
+       "k_BSKH must be a floating-point array (float32, bfloat16, float16, ...), got dtype int8"),
+      ((q, k, k.astype(jnp.uint8)), {},
+       "v_BSKH must be a floating-point array (float32, bfloat16, float16, ...), got dtype "
+       "uint8"),
+      ((q, jnp.zeros((2, 6, 0, 8)), jnp.zeros((2, 6, 0, 8))), {},
+       "k_BSKH has no heads (K=0): give at least one KV head"),
+      ((q, k, k), dict(q_segment_ids=seg_q + 0.2, kv_segment_ids=seg_k),
+       "q_segment_ids must be an integer or bool array, got dtype float32"),
+      ((q, k, k), dict(q_segment_ids=seg_q, kv_segment_ids=seg_k.astype(jnp.float16)),
+       "kv_segment_ids must be an integer or bool array, got dtype float16"),
+      ((q, k, k), dict(q_positions=pos_q - 0.5),
+       "q_positions must be an integer array, got dtype float32"),
+      ((q, k, k), dict(q_positions=pos_q.astype(bool)),
+       "q_positions must be an integer array, got dtype bool"),
+      ((q, k, k), dict(kv_positions=pos_k[:, :4]),
+       "kv_positions shape (2, 4) must be [B, S] = (2, 6)"),
+      ((q, k, k), dict(q_positions=pos_q[:1]),
+       "q_positions shape (1, 4) must be [B, T] = (2, 4)"),
+  ]
+  for args, kw, message in cases:
+    with pytest.raises(ValueError) as e:
+      attention(*args, implementation=impl, **kw)
+    assert str(e.value) == message, (impl, kw)
+  # Bool segment ids are segments 0 / 1 on every path, equal to their int32 values.
+  qq, kk, vv = make_qkv(2, 4, 6, 2, 1, 8, seed=3)
+  seg_b_q = jnp.array([[True, True, False, False]] * 2)
+  seg_b_k = jnp.array([[True, False, True, False, True, False]] * 2)
+  want = attention(qq, kk, vv, q_segment_ids=seg_b_q.astype(jnp.int32),
+                   kv_segment_ids=seg_b_k.astype(jnp.int32), implementation=impl)
+  got = attention(qq, kk, vv, q_segment_ids=seg_b_q, kv_segment_ids=seg_b_k,
+                  implementation=impl)
+  np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("impl", CPU_IMPLEMENTATIONS)
 def test_numpy_scalars_are_taken_like_the_python_numbers_they_hold(impl):
   """NumPy ints / bools (a value read from an array) were refused as not integers."""
   q, k, v = make_qkv(2, 4, 9, 2, 1, 8, seed=13)

@@ -32,7 +32,7 @@ from attnlab.commands import CommandError
 from attnlab.commands._common import CommandParser
 from attnlab.config import DataConfig, TrainConfig
 from attnlab.convert import hf
-from attnlab.data.tokenizer import BOS_ID, EOS_ID, TOKENIZER_FILES, HFJsonTokenizer
+from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILES, HFJsonTokenizer
 from attnlab.nn.layers import as_dtype
 from attnlab.nn.transformer import build_model
 from attnlab.training.checkpoint import (
@@ -221,10 +221,14 @@ def to_hf(workdir: str, out_dir: str, *, step: int | None = None,
   family = hf.hf_family(mcfg)
   if dcfg.tokenizer == "hf_json":
     bos, eos = dcfg.bos_id, dcfg.eos_id
-  else:
-
-    bos, eos = BOS_ID, EOS_ID
-  hf_cfg = hf.to_hf_config(mcfg, bos_id=bos, eos_id=eos)
+    # The pad its tokenizer files name, or none (transformers masks a pad id's tokens).
+    try:
+      pad = HFJsonTokenizer(dcfg.tokenizer_model).named_pad_id(dcfg.tokenizer_model)
+    except ValueError as e:
+      raise CommandError(str(e)) from None
+  else:  # the byte (or attnlab-trained sentencepiece) layout: pad 0, bos 1, eos 2
+    bos, eos, pad = BOS_ID, EOS_ID, PAD_ID
+  hf_cfg = hf.to_hf_config(mcfg, bos_id=bos, eos_id=eos, pad_id=pad)
   rules = hf.weight_rules(family, mcfg)
   params, step = _restore_weights(workdir, mcfg, step)
   with _staging(out) as tmp:

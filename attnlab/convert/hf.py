@@ -266,14 +266,20 @@ def hf_family(cfg: ModelConfig) -> str:
   return "llama"
 
 
-def to_hf_config(cfg: ModelConfig, *, bos_id: int | None = None, eos_id: int | None = None
-                 ) -> dict:
-  """config.json of the transformers model computing what ``cfg`` does."""
+def to_hf_config(cfg: ModelConfig, *, bos_id: int | None = None, eos_id: int | None = None,
+                 pad_id: int | None = None) -> dict:
+  """config.json of the transformers model computing what ``cfg`` does.
+
+  ``bos_id`` / ``eos_id`` / ``pad_id``: the tokenizer's special ids, None for none. The pad is
+  not ``cfg.pad_id`` (what attnlab fills a batch with, 0 for a model imported without one):
+  transformers masks every prompt token equal to ``pad_token_id`` and freezes that
+  embedding row.
+  """
   family = hf_family(cfg)
   _, _, K, H, _, _ = _dims(cfg)
   out = {"architectures": [ARCHITECTURES[family]], "model_type": family,
          "vocab_size": cfg.vocab_size, "tie_word_embeddings": cfg.tie_embeddings,
-         "bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": cfg.pad_id,
+         "bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": pad_id,
          "dtype": cfg.param_dtype, "use_cache": True}
   if family == "gpt2":
     out.update(n_embd=cfg.d_model, n_layer=cfg.num_layers, n_head=cfg.num_heads,

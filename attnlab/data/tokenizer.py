@@ -7,6 +7,9 @@ vocabulary (259) and pad id (0) are ``ModelConfig``'s defaults.
 
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 
 from attnlab import extras
@@ -133,6 +136,24 @@ class HFJsonTokenizer:
       if plain:
         full = [int(i) for i in self.encode(probe, add_special_tokens=True)]
         return full[0] if len(full) > len(plain) and full[1:1 + len(plain)] == plain else None
+    return None
+
+  def named_pad_id(self, path: str) -> int | None:
+    """The id of the pad token that transformers' files beside ``path`` (this tokenizer.json)
+    name: ``pad_token`` of tokenizer_config.json, else of special_tokens_map.json (a string or
+    an added-token dict); None when neither names one or the token is not in the vocabulary.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    for name in TOKENIZER_FILES[1:]:
+      try:
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+          pad = json.load(f).get("pad_token")
+      except (OSError, ValueError, AttributeError):  # absent, unreadable, not an object
+        continue
+      if isinstance(pad, dict):
+        pad = pad.get("content")
+      if isinstance(pad, str):
+        return self._tok.token_to_id(pad)
     return None
 
   def decode(self, ids) -> str:

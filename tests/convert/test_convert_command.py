@@ -143,6 +143,37 @@ def test_a_tokenizer_json_comes_in_with_its_ids_and_goes_back_out(tmp_path, caps
   for name in ("tokenizer.json", "tokenizer_config.json"):
     assert (back / name).read_bytes() == (work / name).read_bytes(), name
   assert not (back / "special_tokens_map.json").exists()
+  # No pad named by the tokenizer files: none in config.json (until 2026-12-04 the workdir's
+  # ModelConfig.pad_id, 0 for a model without one, for which transformers' generate masked
+  # every prompt token 0 and its models froze embedding row 0).
+  assert config["pad_token_id"] is None
+
+
+@pytest.mark.parametrize("files", [
+    {"tokenizer_config.json": {"pad_token": "<pad>"}},
+    {"tokenizer_config.json": {"pad_token": {"content": "w1", "special": True}}},
+    {"tokenizer_config.json": {"pad_token": None},
+     "special_tokens_map.json": {"pad_token": "w1"}},
+    {"tokenizer_config.json": {"pad_token": "not-a-token"}},
+    {"special_tokens_map.json": ["not", "an", "object"]},
+])
+def test_the_exported_pad_is_the_one_the_tokenizer_files_name(tmp_path, capsys, files):
+  """pad_token of tokenizer_config.json, else of special_tokens_map.json, as its id in
+  tokenizer.json (<pad> is 0, w1 is 5); none for a token not in it or no pad named."""
+  src, _, _ = _hf_dir(tmp_path, "llama_mqa_tied", pad_token_id=None)
+  _tokenizer_json(os.path.join(src, "tokenizer.json"), V)
+  for name, content in files.items():
+    with open(os.path.join(src, name), "w") as f:
+      json.dump(content, f)
+  work, back = tmp_path / "work", tmp_path / "back"
+  assert _convert(capsys, "--from-hf", src, "--workdir", str(work))[0] == 0
+  rc, _, err = _convert(capsys, "--to-hf", "--workdir", str(work), "--out", str(back))
+  assert rc == 0, err
+  named = [c.get("pad_token") for c in files.values() if isinstance(c, dict)]
+  named = next((n for n in named if n is not None), None)
+  named = named["content"] if isinstance(named, dict) else named
+  want = {"<pad>": 0, "w1": 5}.get(named)
+  assert json.loads((back / "config.json").read_text())["pad_token_id"] == want
 
 
 @pytest.mark.parametrize("adds_bos", [True, False])
@@ -215,9 +246,10 @@ def test_to_hf_gives_back_every_tensor_and_a_config_that_maps_back(name, tmp_pat
   config = json.loads((back / "config.json").read_text())
   assert hf.from_hf_config(config) == hf.from_hf_config(c)
   # No tokenizer.json in the workdir: attnlab's byte tokenizer's ids.
-  from attnlab.data.tokenizer import BOS_ID, EOS_ID
+  from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-  assert (config["bos_token_id"], config["eos_token_id"]) == (BOS_ID, EOS_ID)
+  assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (
+      BOS_ID, EOS_ID, PAD_ID)
 
 
 def test_to_hf_step_and_shard_size(tmp_path, capsys):

@@ -267,7 +267,7 @@ def test_to_hf_config_writes_each_family_own_fields():
   assert llama["rope_parameters"] == {"rope_type": "default", "rope_theta": 700.0}
   assert llama["rope_theta"] == 700.0 and llama["num_key_value_heads"] == 2
   assert (llama["hidden_act"], llama["model_type"], llama["use_cache"]) == ("silu", "llama", True)
-  assert (llama["bos_token_id"], llama["eos_token_id"], llama["pad_token_id"]) == (None, None, 0)
+  assert (llama["bos_token_id"], llama["eos_token_id"], llama["pad_token_id"]) == (None, None, None)
   mistral = hf.to_hf_config(hf.from_hf_config(FAMILY_CONFIGS["mistral"])[1])
   assert mistral["sliding_window"] == 4 and "attention_bias" not in mistral
   qwen = hf.to_hf_config(hf.from_hf_config(FAMILY_CONFIGS["qwen2"])[1])

@@ -327,6 +327,14 @@ def _nonnegative(name: str, value) -> None:
     raise ValueError(f"{name}={value!r} must be a non-negative integer")
 
 
+MAX_SEED = 2**63 - 1  # jax.random.key takes an int64 (an OverflowError past it)
+
+
+def _seed(name: str, value) -> None:
+  if not is_integer(value) or not 0 <= value <= MAX_SEED:
+    raise ValueError(f"{name}={value!r} must be an integer in [0, 2**63 - 1]")
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
   """What a training run reads, and how it is cut into batches.
@@ -382,7 +390,7 @@ class DataConfig:
     for name in ("seq_len", "batch_size", "min_len", "max_len", "vocab_chars"):
       _positive(name, getattr(self, name))
     _nonnegative("max_files", self.max_files)
-    _nonnegative("seed", self.seed)
+    _seed("seed", self.seed)
     if not is_integer(self.validation_percent) or not 0 <= self.validation_percent < 100:
       raise ValueError(f"validation_percent={self.validation_percent!r} must be an integer in "
                        "[0, 100)")
@@ -478,7 +486,7 @@ class TrainConfig:
   def __post_init__(self):
     _check_types(self)
     _positive("steps", self.steps)
-    _nonnegative("seed", self.seed)
+    _seed("seed", self.seed)
     _choice("optimizer", self.optimizer, OPTIMIZERS)
     _choice("schedule", self.schedule, SCHEDULES)
     if not self.learning_rate > 0:
@@ -566,7 +574,7 @@ class DecodeConfig:
                        "(sampling) are not used with it; leave them unset")
     if not self.length_penalty >= 0.0:
       raise ValueError(f"length_penalty={self.length_penalty!r} must be >= 0")
-    _nonnegative("seed", self.seed)
+    _seed("seed", self.seed)
     _positive("page_size", self.page_size)
     if self.num_pages is not None:
       _positive("num_pages", self.num_pages)
@@ -638,8 +646,8 @@ class Sweep:
     if not self.seeds:
       raise ValueError("seeds=() is empty: give at least one seed")
     for s in self.seeds:
-      if not is_integer(s) or s < 0:
-        raise ValueError(f"seeds={self.seeds!r} must be non-negative integers")
+      if not is_integer(s) or not 0 <= s <= MAX_SEED:
+        raise ValueError(f"seeds={self.seeds!r} must be integers in [0, 2**63 - 1]")
     if len(set(self.seeds)) != len(self.seeds):
       raise ValueError(f"seeds={self.seeds!r} repeats a seed")
     object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))

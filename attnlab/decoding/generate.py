@@ -298,11 +298,20 @@ def as_key(rng):
   if rng is None:
     return jax.random.key(0)
   if is_integer(rng):
+    if not -2**63 <= int(rng) < 2**63:  # jax.random.key's range (an OverflowError past it)
+      raise GenerateInputError(f"rng={rng!r}: an integer seed must be in [-2**63, 2**63)")
     return jax.random.key(int(rng))
   if isinstance(rng, jax.Array | np.ndarray):
     if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+      if rng.shape != ():
+        raise GenerateInputError(f"rng must be one key (shape ()), got a key array of shape "
+                                 f"{rng.shape}: give one key; a call draws every row from it")
       return rng
     if rng.dtype == np.uint32:
+      want = jax.random.key_data(jax.random.key(0)).shape
+      if rng.shape != want:
+        raise GenerateInputError(f"rng (uint32 key data of shape {rng.shape}) must be one "
+                                 f"key's data, of shape {want}")
       return jax.random.wrap_key_data(jnp.asarray(rng))
   what = (f"rng (an array of dtype {rng.dtype})" if isinstance(rng, jax.Array | np.ndarray)
           else f"rng={rng!r}")

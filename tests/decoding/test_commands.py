@@ -401,11 +401,28 @@ def test_generate_checks_eos_id_the_rng_and_the_length_penalty():
     attnlab.generate(encdec, prompt, max_new_tokens=2, bos_id="1")
   assert str(e.value) == f"bos_id='1' must be an integer token id in [0, {V})"
   allowed = "must be a jax.random.key (or its uint32 key data), an integer seed or None"
+  data_of = jax.random.key_data
   for bad, what in (("0", "rng='0'"), (1.5, "rng=1.5"), (True, "rng=True"),
                     (np.zeros(2, np.float32), "rng (an array of dtype float32)")):
     with pytest.raises(GenerateInputError) as e:
       attnlab.generate(model, prompt, max_new_tokens=2, rng=bad)
     assert str(e.value) == f"{what} {allowed}"
+  # One key: a batch of keys, key data of another shape and a seed past int64 were errors
+  # from inside JAX until 2026-12-04 (a ValueError from split, a TypeError, an OverflowError).
+  for bad, message in (
+      (jax.random.split(jax.random.key(0), 2), "rng must be one key (shape ()), got a key "
+       "array of shape (2,): give one key; a call draws every row from it"),
+      (np.array([1, 2, 3], np.uint32), "rng (uint32 key data of shape (3,)) must be one key's "
+       "data, of shape (2,)"),
+      (2**63, f"rng={2**63}: an integer seed must be in [-2**63, 2**63)"),
+      (-2**63 - 1, f"rng={-2**63 - 1}: an integer seed must be in [-2**63, 2**63)")):
+    for call in (lambda r: attnlab.generate(model, prompt, max_new_tokens=2, rng=r),
+                 lambda r: attnlab.generate_requests(model, [[5, 6]], 2, rng=r)):
+      with pytest.raises(GenerateInputError) as e:
+        call(bad)
+      assert str(e.value) == message
+  for seed in (2**63 - 1, -2**63):  # the ends of the range
+    np.testing.assert_array_equal(data_of(as_key(seed)), data_of(jax.random.key(seed)))
   # An int seed is jax.random.key(seed); a key and its raw data are taken as before.
   data = jax.random.key_data
   for rng, seed in ((0, 0), (7, 7), (np.int64(7), 7), (np.uint32(7), 7), (None, 0),

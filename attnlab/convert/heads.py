@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnlab.config import CONVERT_METHODS
+from attnlab.config import CONVERT_METHODS, is_integer
 from attnlab.nn.transformer import build_model
 
 METHODS = CONVERT_METHODS
@@ -32,7 +32,7 @@ def check_conversion(source_kv_heads: int, num_kv_heads, method) -> None:
   ``source_kv_heads``-head model can be converted to ``num_kv_heads`` heads."""
   if method not in METHODS:
     raise ValueError(f"method={method!r} is not one of {', '.join(map(repr, METHODS))}")
-  if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) or num_kv_heads < 1:
+  if not is_integer(num_kv_heads) or num_kv_heads < 1:  # a NumPy int too (not a bool)
     raise ValueError(f"num_kv_heads={num_kv_heads!r} must be a positive integer")
   if num_kv_heads > source_kv_heads:
     raise ValueError(f"num_kv_heads={num_kv_heads} is larger than the source model's "
@@ -70,6 +70,7 @@ def convert_heads(model, num_kv_heads: int, method: str, *, rngs: nnx.Rngs | Non
   """
   cfg = model.cfg
   check_conversion(cfg.num_kv_heads, num_kv_heads, method)  # a ModelConfig resolves None to N
+  num_kv_heads = int(num_kv_heads)
   new_cfg = cfg.replace(num_kv_heads=num_kv_heads)
   new_model = build_model(new_cfg, rngs=rngs if rngs is not None else nnx.Rngs(params=0,
                                                                                  dropout=1))

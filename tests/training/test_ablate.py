@@ -320,9 +320,18 @@ def test_convert_rejects_bad_heads_and_methods():
   with pytest.raises(ValueError, match=r"^method='avg' is not one of 'mean', 'first', "
                                        r"'random'$"):
     attnlab.convert_heads(model, 2, "avg")
-  for bad in (0, -2, 2.0, True, "2", None):
-    with pytest.raises(ValueError, match=rf"^num_kv_heads={bad!r} must be a positive integer$"):
+  for bad in (0, -2, 2.0, True, "2", None, np.True_, np.int64(0)):
+    with pytest.raises(ValueError, match=rf"^num_kv_heads={re.escape(repr(bad))} must be a "
+                                         r"positive integer$"):
       attnlab.convert_heads(model, bad, "mean")
+  # A NumPy int (a value read from an array) is the Python int it holds (refused until
+  # 2026-12-04); the new model's config holds the Python int.
+  for k in (2, np.int64(2), np.int32(2)):
+    converted = attnlab.convert_heads(model, k, "first")
+    assert converted.cfg.num_kv_heads == 2 and type(converted.cfg.num_kv_heads) is int
+  np.testing.assert_array_equal(
+      attnlab.convert_heads(model, np.int64(2), "mean")(np.array([[3, 4, 5]])),
+      attnlab.convert_heads(model, 2, "mean")(np.array([[3, 4, 5]])))
   # The source's own K/V count bounds the target, not its query heads.
   with pytest.raises(ValueError, match="num_kv_heads=4 is larger than the source model's 2 KV"):
     attnlab.convert_heads(_model(num_kv_heads=2), 4, "mean")

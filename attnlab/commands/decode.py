@@ -96,6 +96,9 @@ def _serve(args, dcfg, model, prompts, ids, tokenizer) -> int:
   def on_result(i, tokens):
     done[0] += 1
     done[1] += len(tokens)
+    if tokenizer.eos_id is not None and len(tokens) and tokens[-1] == tokenizer.eos_id:
+      tokens = tokens[:-1]  # as without --slots: the text stops before eos, whatever the
+                            # tokenizer's decode does with it (a tokenizer.json may show it)
     print(f"{i}\t{tsv_field(prompts[i])}\t{tsv_field(tokenizer.decode(tokens))}", flush=True)
     rate = done[1] / max(time.perf_counter() - start, 1e-9)
     bar = "#" * (20 * done[0] // n)

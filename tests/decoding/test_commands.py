@@ -225,6 +225,43 @@ def test_a_prompts_file_prints_one_escaped_line_per_prompt(workdir, monkeypatch,
     assert re.sub(r"\\[\\tnr]", lambda m: unescape[m.group()], field) == s
 
 
+def test_the_text_stops_before_eos_with_and_without_slots(workdir, monkeypatch, capsys,
+                                                          tmp_path):
+  """A tokenizer whose decode shows eos (a tokenizer.json that does not mark it special):
+  neither path prints it (until 2026-12-04 --slots left the eos to the tokenizer)."""
+  from attnlab.decoding import batching
+
+  real = decode_command._make_tokenizer
+
+  class ShowsEos:
+    def __init__(self, tok):
+      self._tok = tok
+      self.bos_id, self.eos_id, self.pad_id = tok.bos_id, tok.eos_id, tok.pad_id
+
+    def encode(self, text, **kw):
+      return self._tok.encode(text, **kw)
+
+    def decode(self, ids):
+      return "".join("<eos>" if int(i) == self.eos_id else self._tok.decode([i]) for i in ids)
+
+  monkeypatch.setattr(decode_command, "_make_tokenizer", lambda dcfg: ShowsEos(real(dcfg)))
+  tok = real(decode_command._data_config(workdir))
+  ids = np.asarray([*tok.encode("ok"), tok.eos_id], np.int32)
+  monkeypatch.setattr(decode_command, "generate",
+                      lambda model, prompt_BT, **kw: np.stack([ids] * len(prompt_BT)))
+  monkeypatch.setattr(batching, "generate_requests",
+                      lambda model, prompts, n, *, on_result, **kw: [
+                          on_result(i, ids) for i in range(len(prompts))])
+  prompts = tmp_path / "p.txt"
+  prompts.write_text("a\nb\n")
+  base = ["decode", "--workdir", workdir, "--prompts_file", str(prompts)]
+  rc, out, err = _run(base, capsys)
+  assert rc == 0 and out.splitlines() == ["a\tok", "b\tok"], (out, err)
+  rc, out, err = _run(base + ["--slots", "2"], capsys)
+  assert rc == 0 and out.splitlines() == ["0\ta\tok", "1\tb\tok"], (out, err)
+  assert "2/2 requests, 6 tokens," in err  # the rate counts the eos: a generated token
+
+
 @pytest.mark.parametrize("extra,needle", [
     (["--beam_size", "2", "--temperature", "0.8"], "beam_size=2 decodes deterministically"),
     (["--step", "7"], "step=7"),

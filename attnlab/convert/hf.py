@@ -39,6 +39,14 @@ from attnlab.config import ModelConfig
 FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "gpt2": "GPT2LMHeadModel"}
+# What transformers' config classes (5.x) take for a key a config.json leaves out, where the
+# families differ: a hand-written config.json must mean to attnlab what it means to them.
+FAMILY_DEFAULTS = {
+    "llama": {"max_position_embeddings": 2048, "num_key_value_heads": None},
+    "mistral": {"max_position_embeddings": 131072, "num_key_value_heads": 8,
+                "sliding_window": 4096},
+    "qwen2": {"max_position_embeddings": 32768, "num_key_value_heads": 32},
+}  # num_key_value_heads None: num_attention_heads
 # transformers' tanh-approximated GELUs (attnlab's "gelu" is that approximation).
 GPT2_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
@@ -160,14 +168,15 @@ def from_hf_config(hf: dict, *, dtype: str | None = None) -> tuple[str, ModelCon
   d_model = _get(hf, "hidden_size", required=True)
   num_heads = _get(hf, "num_attention_heads", required=True)
   head_dim = _get(hf, "head_dim", None)
+  defaults = FAMILY_DEFAULTS[family]
   window = None
   bias = dict(qkv_bias=False, o_bias=False, mlp_bias=False)
   if family == "llama":
     attention_bias = _expect(hf, "attention_bias", (False, True), False)
     bias = dict(qkv_bias=attention_bias, o_bias=attention_bias,
                 mlp_bias=_expect(hf, "mlp_bias", (False, True), False))
-  elif family == "mistral":
-    window = _get(hf, "sliding_window", None)
+  elif family == "mistral":  # a null window is none; a missing one the class default
+    window = hf.get("sliding_window", FAMILY_DEFAULTS["mistral"]["sliding_window"])
   else:  # qwen2: biases on q/k/v, hard-wired in transformers
     bias["qkv_bias"] = True
     _expect(hf, "use_sliding_window", (False,), False)
@@ -178,13 +187,14 @@ def from_hf_config(hf: dict, *, dtype: str | None = None) -> tuple[str, ModelCon
   try:
     cfg = ModelConfig(
         **common, d_model=d_model, num_layers=_get(hf, "num_hidden_layers", required=True),
-        num_heads=num_heads, num_kv_heads=_get(hf, "num_key_value_heads", num_heads),
+        num_heads=num_heads,
+        num_kv_heads=_get(hf, "num_key_value_heads", defaults["num_key_value_heads"] or num_heads),
         head_dim=None if head_dim in (None, d_model // num_heads) else head_dim,
         d_ff=_get(hf, "intermediate_size", required=True), pos="rope",
         rope_theta=_rope_theta(hf), rope_pairing="half", window=window, norm="rmsnorm",
         norm_eps=float(_get(hf, "rms_norm_eps", 1e-6)), mlp="swiglu", use_bias=False, **bias,
         tie_embeddings=bool(_get(hf, "tie_word_embeddings", False)),
-        max_len=_get(hf, "max_position_embeddings", 2048))
+        max_len=_get(hf, "max_position_embeddings", defaults["max_position_embeddings"]))
   except ConversionError:  # a field of config.json named by its own message
     raise
   except ValueError as e:

@@ -226,6 +226,37 @@ def test_attnlab_to_hf_to_attnlab_is_bitwise(name, tmp_path):
                              atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("family,heads", [("llama", 4), ("mistral", 16), ("qwen2", 32)])
+@pytest.mark.parametrize("leave_out", [(), ("num_key_value_heads", "max_position_embeddings",
+                                            "sliding_window", "rope_theta", "rms_norm_eps",
+                                            "tie_word_embeddings", "head_dim")])
+def test_a_config_json_means_what_it_means_to_transformers(family, heads, leave_out):
+  """Keys a hand-written config.json leaves out take transformers' own class defaults,
+  which differ by family (until 2026-12-04 a Mistral config without sliding_window was read
+  as full attention, transformers' is 4096, and without num_key_value_heads as MHA, its 8);
+  keys given are read as given."""
+  from attnlab.convert import hf
+
+  given = dict(model_type=family, vocab_size=64, hidden_size=heads * 8,
+               num_attention_heads=heads, num_hidden_layers=1, intermediate_size=48,
+               num_key_value_heads=heads // 4, max_position_embeddings=96, rope_theta=500.0,
+               rms_norm_eps=1e-5, tie_word_embeddings=True, head_dim=8)
+  if family == "mistral":
+    given["sliding_window"] = 7
+  config = {k: v for k, v in given.items() if k not in leave_out}
+  theirs = transformers.AutoConfig.for_model(**config)
+  _, ours = hf.from_hf_config(config)
+  window = getattr(theirs, "sliding_window", None) if family == "mistral" else None
+  assert (ours.num_heads, ours.num_kv_heads, ours.max_len, ours.window, ours.norm_eps,
+          ours.tie_embeddings, ours.head_dim or ours.d_model // ours.num_heads) == (
+      theirs.num_attention_heads, theirs.num_key_value_heads, theirs.max_position_embeddings,
+      window, theirs.rms_norm_eps, theirs.tie_word_embeddings,
+      getattr(theirs, "head_dim", None) or theirs.hidden_size // theirs.num_attention_heads)
+  assert ours.rope_theta == theirs.rope_parameters["rope_theta"]
+  if not leave_out:  # as given
+    assert (ours.num_kv_heads, ours.max_len, ours.rope_theta) == (heads // 4, 96, 500.0)
+
+
 def test_sharded_checkpoints_read_and_write(models, tmp_path):
   from attnlab.commands.convert import _restore_weights
   from attnlab.convert import hf

@@ -82,9 +82,13 @@ def attention(
     scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
   if implementation == "auto":
     implementation = auto_implementation(q_BTNH.shape[1], k_BSKH.shape[1])
-    if implementation == "blocked" and not _blockable(causal, window, q_offset, q_positions,
-                                                      kv_positions):
-      implementation = "reference"
+    static = isinstance(q_offset, int) and q_positions is None and kv_positions is None
+    if implementation == "chunked" and not _is_constant(scale):
+      # A traced scale (a learned temperature), which "chunked" compiles in: query blocks
+      # bound the memory too; the reference where blocks cannot be cut (a traced offset).
+      implementation = "blocked" if static else "reference"
+    elif implementation == "blocked" and not (static and (causal or window is not None)):
+      implementation = "reference"  # no band to skip, or no static key ranges
   kwargs = dict(
       causal=causal,
       window=window,
@@ -153,7 +157,12 @@ def cache_implementation(implementation: str, *, num_queries: int, paged: bool) 
   return "reference" if implementation == "reference" else "chunked"
 
 
-def _blockable(causal, window, q_offset, q_positions, kv_positions) -> bool:
-  """Whether "blocked" can help: a band to skip, and static key ranges."""
-  return ((causal or window is not None) and isinstance(q_offset, int)
-          and q_positions is None and kv_positions is None)
+def _is_constant(scale) -> bool:
+  """Whether ``scale`` is a number known at trace time (not a traced value)."""
+  try:
+    float(scale)
+  except TypeError:  # jax's ConcretizationTypeError (a traced value) is a TypeError
+    return False
+  return True
+
+

@@ -845,6 +845,37 @@ def test_a_traced_scale_is_refused_by_the_implementations_that_compile_it_in(imp
     run(0.5, impl)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_auto_takes_a_traced_scale_at_every_length(monkeypatch, causal):
+  """"auto" picks "chunked" past 2048 x 2048 scores on the CPU (made to pick it here at
+  any length), which compiles the scale in: with a traced one it takes "blocked" (or
+  "reference" where blocked cannot run), whose answer equals a constant scale's. Until
+  2026-12-04 the same call worked at short lengths and failed at long ones."""
+  from attnlab.ops import dispatch
+
+  q, k, v = make_qkv(2, 5, 7, 2, 1, 16)
+  want = attention(q, k, v, causal=causal, scale=0.3, implementation="reference")
+  monkeypatch.setattr(dispatch, "auto_implementation", lambda *a, **kw: "chunked")
+  picked = []
+  for name in ("blocked_attention", "reference_attention", "chunked_attention"):
+    real = getattr(dispatch, name)
+    monkeypatch.setattr(dispatch, name, lambda *a, _n=name, _f=real, **kw: (
+        picked.append(_n), _f(*a, **kw))[1])
+  run = jax.jit(lambda s, o: attention(q, k, v, causal=causal, scale=s, q_offset=o,
+                                       implementation="auto"))
+  np.testing.assert_allclose(run(0.3, 0), want, rtol=1e-6, atol=1e-6)
+  # A traced offset cannot be blocked (it unrolls over a Python int): the reference.
+  assert picked == ["reference_attention"]
+  picked.clear()
+  run = jax.jit(lambda s: attention(q, k, v, causal=causal, scale=s, implementation="auto"))
+  np.testing.assert_allclose(run(0.3), want, rtol=1e-6, atol=1e-6)
+  assert picked == ["blocked_attention"]
+  picked.clear()
+  np.testing.assert_allclose(attention(q, k, v, causal=causal, scale=0.3, implementation="auto"),
+                             want, rtol=1e-5, atol=1e-6)
+  assert picked == ["chunked_attention"]  # a constant scale: as picked
+
+
 def test_xla_with_mixed_dtypes_names_the_arguments_and_the_ways_out():
   """jax.nn refuses q, k, v of different dtypes with a message naming neither; the
   implementations that take them ("reference" here) are named instead."""

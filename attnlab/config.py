@@ -665,6 +665,8 @@ class Sweep:
       if m not in CONVERT_METHODS:
         raise ValueError(f"uptrain_methods={self.uptrain_methods!r}: {m!r} is not one of "
                          f"{', '.join(map(repr, CONVERT_METHODS))}")
+    if len(set(self.uptrain_methods)) != len(self.uptrain_methods):  # one arm, two rows
+      raise ValueError(f"uptrain_methods={self.uptrain_methods!r} repeats a value")
     if not 0.0 < self.uptrain_fraction <= 1.0:
       raise ValueError(f"uptrain_fraction={self.uptrain_fraction!r} must be in (0, 1]")
     lr = self.uptrain_learning_rate

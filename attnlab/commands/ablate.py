@@ -40,15 +40,21 @@ from attnlab.training import trainer
 PREFIXES = ("Sweep.", "ModelConfig.", "DataConfig.", "TrainConfig.")
 
 
-def _base_difference(sweep_path: str, base) -> tuple[str, str] | None:
-  """None if the sweep file at ``sweep_path`` has the base configs ``base``, else their
-  first difference (its binding, this sweep's). The configs are compared, not their text:
-  a file an older attnlab wrote lacks the fields added since, which take their defaults."""
+def _base_difference(sweep_path: str, sweep, base) -> tuple[str, str] | None:
+  """None if the sweep file at ``sweep_path`` has the base configs ``base`` and the
+  decode benchmark's settings of ``sweep``, else their first difference (its binding,
+  this sweep's). The configs are compared, not their text: a file an older attnlab wrote
+  lacks the fields added since, which take their defaults."""
   try:
-    _, *saved = config_gin.parse_sweep(sweep_path, [])
+    saved_sweep, *saved = config_gin.parse_sweep(sweep_path, [])
   except config_gin.GinConfigError as e:  # e.g. a field this attnlab does not have
     return str(e), "a sweep file this attnlab reads"
-  return sweep_lib.configs_difference(saved, base)
+  diff = sweep_lib.configs_difference(saved, base)
+  for name in sweep_lib.MEASURE_FIELDS:  # every run of an OUT is measured alike
+    a, b = getattr(saved_sweep, name), getattr(sweep, name)
+    if diff is None and a != b:
+      diff = tuple(f"Sweep.{name} = {config_gin.gin_value(x)}" for x in (a, b))
+  return diff
 
 
 def main(argv: list[str]) -> int:
@@ -66,6 +72,8 @@ def main(argv: list[str]) -> int:
     if not b.startswith(PREFIXES):
       raise CommandError(f"--gin.{b.split(' = ')[0]}: only {', '.join(PREFIXES)} bindings "
                          "apply to a sweep")
+  if os.path.exists(args.out) and not os.path.isdir(args.out):
+    raise CommandError(f"--out {args.out} is a file; give a directory (new, or a sweep's)")
   sweep_path = os.path.join(args.out, sweep_lib.SWEEP_FILE)
   gin_file = args.gin_file
   if gin_file is None:
@@ -94,7 +102,7 @@ def main(argv: list[str]) -> int:
     raise CommandError(str(e)) from None
   text = sweep_lib.operative_sweep_config(sweep, *base)
   if os.path.isfile(sweep_path):
-    diff = _base_difference(sweep_path, base)
+    diff = _base_difference(sweep_path, sweep, base)
     if diff is not None:
       raise CommandError(f"{args.out} holds a sweep with a different base config "
                          f"({sweep_path} has {diff[0]!r} where this sweep gives {diff[1]!r}); "

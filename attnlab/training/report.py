@@ -82,6 +82,8 @@ def outside_plan(out: str, arms, seeds) -> list[tuple[str, int, str]]:
   root = os.path.join(out, sweep_lib.ARMS_DIR)
   found = []
   for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+    if not os.path.isdir(os.path.join(root, name)):  # a note beside the arms
+      continue
     for d in sorted(os.listdir(os.path.join(root, name))):
       seed = d[len("seed_"):]
       if not (d.startswith("seed_") and seed.isdigit()) or (name, int(seed)) in planned:

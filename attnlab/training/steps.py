@@ -71,6 +71,14 @@ class TrainSetup:
                         state, self.state_shardings)
 
 
+def model_rngs(seed: int) -> nnx.Rngs:
+  """The model's RNG streams for ``seed``: parameters from ``key(seed)``, dropout from a key
+  folded out of it (training replaces the dropout keys each step: ``with_dropout_key``).
+  Until 2026-12-04 dropout took the int ``seed + 1``, seed S+1's parameter key, which
+  overflowed at the largest seed."""
+  return nnx.Rngs(params=seed, dropout=jax.random.fold_in(jax.random.key(seed), 1))
+
+
 def init_train(mcfg: ModelConfig, tcfg: TrainConfig, mesh) -> tuple[TrainSetup, dict]:
   """Build the model, the optimizer and the sharded train state on ``mesh``.
 
@@ -78,7 +86,7 @@ def init_train(mcfg: ModelConfig, tcfg: TrainConfig, mesh) -> tuple[TrainSetup, 
   on the host from ``tcfg.seed`` (the same values whatever the mesh), then
   placed by the rules table.
   """
-  model = build_model(mcfg, rngs=nnx.Rngs(params=tcfg.seed, dropout=tcfg.seed + 1))
+  model = build_model(mcfg, rngs=model_rngs(tcfg.seed))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   tx, schedule = make_optimizer(tcfg, mcfg.d_model)
   p_sh = shd.param_shardings(params, mesh)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import shutil
@@ -57,6 +58,10 @@ CONVERSION_FILE = "conversion.json"
 PROMPTS_FILE = "prompts.json"
 SWEEP_FILE = "sweep.gin"
 DECODE_BATCHES = (1, 8)
+# The Sweep fields that set how every run is measured: one OUT holds one setting of them.
+MEASURE_FIELDS = ("decode_prompt_len", "decode_new_tokens", "decode_repeats")
+
+log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- arms
@@ -220,7 +225,8 @@ def read_result(out: str, arm, seed: int) -> dict | None:
 
 
 def _write_json(path: str, obj) -> None:
-  tmp = path + ".tmp"
+  # The temporary name is this process's: two --arm jobs may write one OUT file at once.
+  tmp = f"{path}.{os.getpid()}.tmp"
   with open(tmp, "w") as f:
     json.dump(obj, f, indent=1, sort_keys=True)
   os.replace(tmp, path)
@@ -285,7 +291,7 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
     src_ckpt.close()
 
   model, _ = load_checkpoint(src, step)
-  new = convert_heads(model, num_kv_heads, method, rngs=nnx.Rngs(params=seed, dropout=seed + 1))
+  new = convert_heads(model, num_kv_heads, method, rngs=steps_lib.model_rngs(seed))
   mesh = shd.make_mesh(tcfg.mesh_shape)
   setup, state = steps_lib.init_train(new_mcfg, tcfg, mesh)
   params = jax.device_put(nnx.state(new, nnx.Param), setup.state_shardings["params"])
@@ -439,14 +445,24 @@ class SweepInterrupted(Exception):
 
 
 def _add_wall(workdir: str, seconds: float) -> float:
+  """The run's wall time so far, ``seconds`` added (kept in ``wall_time_s``, written
+  atomically). A file that does not hold a number (a write cut off by a kill before
+  2026-12-04 left it empty, and every rerun then failed on it) counts from 0, with a
+  warning naming it."""
   path = os.path.join(workdir, "wall_time_s")
   before = 0.0
   if os.path.isfile(path):
-    with open(path) as f:
-      before = float(f.read())
+    with open(path, encoding="utf-8", errors="replace") as f:
+      text = f.read()
+    try:
+      before = float(text)
+    except ValueError:
+      log.warning("%s holds %r, not a number of seconds: the run's wall time counts from "
+                  "this invocation", path, text[:40])
+    if not math.isfinite(before) or before < 0:
+      before = 0.0
   os.makedirs(workdir, exist_ok=True)
-  with open(path, "w") as f:
-    f.write(f"{before + seconds:.3f}")
+  trainer.write_text_atomically(path, f"{before + seconds:.3f}")
   return before + seconds
 
 
@@ -499,14 +515,18 @@ def mha_arm(arms: list[Arm], mcfg: ModelConfig) -> Arm | None:
               None)
 
 
-def run_one(out: str, sweep: Sweep, arm: Arm, seed: int, base, prompts, source=None) -> dict:
+def run_one(out: str, sweep: Sweep, arm: Arm, seed: int, base, prompts, source=None,
+            stop: trainer.StopFlag | None = None) -> dict:
   """Train (or resume) and measure one run; its result (also in result.json).
 
   Args:
     source: the uptraining arms' source arm (the MHA arm).
+    stop: the sweep's signal flag (``run_sweep``'s), set by SIGTERM / SIGINT.
 
   Raises:
-    SweepInterrupted: the trainer stopped on a signal before the last step.
+    SweepInterrupted: a signal stopped the trainer before the last step, or came while
+      the run was set up or trained (its checkpoint saved; the run is measured by the
+      rerun, not now: a preempted job's grace period is short).
   """
   configs = run_configs(sweep, arm, seed, *base)
   mcfg, dcfg, tcfg = configs
@@ -518,9 +538,11 @@ def run_one(out: str, sweep: Sweep, arm: Arm, seed: int, base, prompts, source=N
       extra = _prepare_uptrain(out, arm, seed, source, configs)
     last = trainer.train(mcfg, tcfg, dcfg, workdir,
                          config_text=config_gin.operative_config(*configs))
-    if last["step"] < tcfg.steps:
+    signum = None if stop is None else stop.signum
+    if last["step"] < tcfg.steps or signum is not None:
       _add_wall(workdir, time.perf_counter() - t0)
-      raise SweepInterrupted(f"arm {arm.name} seed {seed} stopped at step {last['step']}")
+      raise SweepInterrupted(f"arm {arm.name} seed {seed} stopped at step {last['step']}"
+                             + (f" (signal {signum})" if signum is not None else ""))
     result = measure(workdir, mcfg, dcfg, tcfg, sweep, prompts)
     if extra:
       result.update(val_loss_converted=extra["val_loss_converted"],
@@ -661,36 +683,52 @@ def run_sweep(out: str, sweep: Sweep, arms: list[Arm], base, *, only: str | None
       counts["skipped"] += 1
       continue
     todo.append((arm, seed))
-  prompts_path = os.path.join(out, PROMPTS_FILE)
-  if todo and not os.path.isfile(prompts_path):
-    _write_json(prompts_path, prompt_set(sweep, base[0], base[1]))
   prompts = None
-  if todo:
-    with open(prompts_path) as f:
-      prompts = json.load(f)
+  if todo:  # the benchmark prompts: made once per OUT; every run is measured on them
+    prompts = prompt_set(sweep, base[0], base[1])
+    prompts_path = os.path.join(out, PROMPTS_FILE)
+    if not os.path.isfile(prompts_path):
+      _write_json(prompts_path, prompts)
+    else:
+      with open(prompts_path, encoding="utf-8") as f:
+        try:
+          saved = json.load(f)
+        except json.JSONDecodeError:
+          saved = None
+      if saved != prompts:
+        raise ValueError(f"{prompts_path} holds other benchmark prompts than this sweep "
+                         "makes (another Sweep.decode_prompt_len or data, or an edited file): "
+                         "its runs were measured on them; use a new --out, or delete it if "
+                         "no run has finished")
   steps_of = lambda arm: tcfg.steps if arm.kind == "scratch" else uptrain_steps(sweep, tcfg)
   remaining = sum(steps_of(a) for a, _ in todo)
   done_steps, t_start = 0, time.perf_counter()
-  for i, (arm, seed) in enumerate(todo):
-    start = _latest_step(run_dir(out, arm, seed))
-    elapsed = time.perf_counter() - t_start
-    eta = f"ETA {_fmt_s(elapsed / done_steps * remaining)}" if done_steps else "ETA ?"
-    print(f"ablate [{i + 1}/{len(todo)}] arm={arm.name} seed={seed} step={start}/"
-          f"{steps_of(arm)} {'resuming' if start else 'starting'}; sweep {eta}",
-          file=stream, flush=True)
-    r = run_one(out, sweep, arm, seed, base, prompts, source=mha_arm(arms, base[0]))
-    counts[r["status"]] += 1
-    done_steps += steps_of(arm)
-    remaining -= steps_of(arm)
-    elapsed = time.perf_counter() - t_start
-    ok = r["status"] == "ok"
-    what = f"val_loss={r['val_loss']:.4f}" if ok else f"FAILED: {r['error']}"
-    # A failed run got as far as its last checkpoint (0: it never saved one).
-    reached = steps_of(arm) if ok else _latest_step(run_dir(out, arm, seed))
-    eta = _fmt_s(elapsed / max(done_steps, 1) * remaining)
-    print(f"ablate [{i + 1}/{len(todo)}] arm={arm.name} seed={seed} step={reached}/"
-          f"{steps_of(arm)} {what} ({r['wall_time_s']:.0f} s); sweep ETA {eta}",
-          file=stream, flush=True)
+  # One flag for the whole sweep: a signal while a run is set up, converted or measured
+  # stops the sweep too (the trainer's own flag only covers its steps).
+  with trainer.StopFlag() as stop:
+    for i, (arm, seed) in enumerate(todo):
+      if stop.signum is not None:  # it came while the run before was measured
+        raise SweepInterrupted(f"signal {stop.signum} before arm {arm.name} seed {seed}")
+      start = _latest_step(run_dir(out, arm, seed))
+      elapsed = time.perf_counter() - t_start
+      eta = f"ETA {_fmt_s(elapsed / done_steps * remaining)}" if done_steps else "ETA ?"
+      print(f"ablate [{i + 1}/{len(todo)}] arm={arm.name} seed={seed} step={start}/"
+            f"{steps_of(arm)} {'resuming' if start else 'starting'}; sweep {eta}",
+            file=stream, flush=True)
+      r = run_one(out, sweep, arm, seed, base, prompts, source=mha_arm(arms, base[0]),
+                  stop=stop)
+      counts[r["status"]] += 1
+      done_steps += steps_of(arm)
+      remaining -= steps_of(arm)
+      elapsed = time.perf_counter() - t_start
+      ok = r["status"] == "ok"
+      what = f"val_loss={r['val_loss']:.4f}" if ok else f"FAILED: {r['error']}"
+      # A failed run got as far as its last checkpoint (0: it never saved one).
+      reached = steps_of(arm) if ok else _latest_step(run_dir(out, arm, seed))
+      eta = _fmt_s(elapsed / max(done_steps, 1) * remaining)
+      print(f"ablate [{i + 1}/{len(todo)}] arm={arm.name} seed={seed} step={reached}/"
+            f"{steps_of(arm)} {what} ({r['wall_time_s']:.0f} s); sweep ETA {eta}",
+            file=stream, flush=True)
   return counts
 
 

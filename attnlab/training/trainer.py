@@ -123,23 +123,34 @@ def _warn_schedule_change(workdir: str, tcfg: TrainConfig, d_model: int, opt_sta
                 count, after, before, ", ".join(changed))
 
 
-class _StopFlag:
-  """Turns SIGTERM / SIGINT into "checkpoint and stop" at the next step."""
+class StopFlag:
+  """Turns SIGTERM / SIGINT into "checkpoint and stop" at the next step.
+
+  Flags nest (a sweep's around each run's training): a signal sets the inner flag and
+  every flag around it, and an inner flag entered after a signal starts set, so a signal
+  that arrives while a sweep sets up or measures a run stops the training too.
+  """
 
   def __init__(self):
     self.signum = None
     self._old = {}
+    self._outer = None
 
   def __enter__(self):
     for sig in (signal.SIGTERM, signal.SIGINT):
       # Outside the main thread signals cannot be caught: leave them be.
       with contextlib.suppress(ValueError):
-        self._old[sig] = signal.signal(sig, self._handle)
+        self._old[sig] = old = signal.signal(sig, self._handle)
+        outer = getattr(old, "__self__", None)
+        if isinstance(outer, StopFlag):
+          self._outer = outer
+          self.signum = self.signum or outer.signum
     return self
 
   def _handle(self, signum, frame):
-    del frame
     self.signum = signum
+    if self._outer is not None:
+      self._outer._handle(signum, frame)
 
   def __exit__(self, *exc):
     for sig, old in self._old.items():
@@ -332,7 +343,7 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   first_window = True
   step = start
   try:
-    with _StopFlag() as stop:
+    with StopFlag() as stop:
       while step < tcfg.steps:
         t0 = time.perf_counter()
         batch = run.put(next(run.data))

@@ -7,9 +7,11 @@ import contextlib
 import csv
 import dataclasses
 import json
+import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -167,6 +169,107 @@ def test_a_stopped_sweep_says_how_to_resume_exit_0_and_uses_the_compilation_cach
   assert captured.out == ""
   assert seen["set before the runs"] == cache_dir_updates == [str(cache)] and cache.is_dir()
   assert os.listdir(out) == ["sweep.gin"]
+
+
+def test_a_signal_in_a_runs_last_step_or_its_measurement_stops_the_sweep(
+    micro, sweep_file, tmp_path, monkeypatch, capsys):
+  """SIGTERM in the last training step of mha: its checkpoint is saved, it is not measured
+  (a preempted job's grace is short) and the sweep stops; the rerun measures it, and a
+  SIGTERM during that measurement stops the sweep before mqa. Until 2026-12-04 a signal in
+  a run's last step was ignored (the sweep trained the next arm), and one while a run was
+  set up or measured killed the process (exit 143). Then the OUT equals the uninterrupted
+  sweep's."""
+  make_train_step, measure = trainer.steps_lib.make_train_step, sweep_lib.measure
+
+  def last_step_signalled(setup, tcfg):
+    step_fn = make_train_step(setup, tcfg)
+
+    def step(state, batch):
+      if int(state["step"]) == tcfg.steps - 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+      return step_fn(state, batch)
+
+    return step
+
+  out = str(tmp_path / "out")
+  capsys.readouterr()
+  monkeypatch.setattr(trainer.steps_lib, "make_train_step", last_step_signalled)
+  assert _ablate("--gin_file", sweep_file, "--out", out) == 0
+  err = capsys.readouterr().err
+  assert err.endswith("attnlab ablate: arm mha seed 0 stopped at step 2 (signal 15); "
+                      "checkpoint saved, rerun the same command to resume\n"), err
+  assert sweep_lib.read_result(out, "mha", 0) is None
+  assert not os.path.exists(sweep_lib.run_dir(out, "mqa", 0))
+  monkeypatch.setattr(trainer.steps_lib, "make_train_step", make_train_step)
+
+  def measure_signalled(*args, **kw):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return measure(*args, **kw)
+
+  monkeypatch.setattr(sweep_lib, "measure", measure_signalled)
+  assert _ablate("--gin_file", sweep_file, "--out", out) == 0
+  err = capsys.readouterr().err
+  assert err.endswith("attnlab ablate: signal 15 before arm mqa seed 0; checkpoint saved, "
+                      "rerun the same command to resume\n"), err
+  assert sweep_lib.read_result(out, "mha", 0)["status"] == "ok"
+  assert not os.path.exists(sweep_lib.run_dir(out, "mqa", 0))
+  monkeypatch.setattr(sweep_lib, "measure", measure)
+  assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the sweep's handler is gone
+  assert _ablate("--gin_file", sweep_file, "--out", out) == 0
+  assert _stable(out) == _stable(micro)
+
+
+def test_a_sweeps_bookkeeping_survives_stray_and_cut_off_files(micro, sweep_file, tmp_path,
+                                                               capsys, caplog):
+  """A note under OUT/arms/ is not an arm (a NotADirectoryError traceback before
+  2026-12-04); a run's wall_time_s that a kill cut off (empty) counts from 0 with a warning
+  (every rerun failed on it); OUT/prompts.json of other prompts than the sweep makes is
+  refused (its runs were measured on them; a rerun with another decode_prompt_len took them
+  silently); an OUT of another Sweep.decode_* is refused; --out a file is one line."""
+  out = str(tmp_path / "out")
+  shutil.copytree(micro, out)
+  with open(os.path.join(out, sweep_lib.ARMS_DIR, "notes.txt"), "w") as f:
+    f.write("rerun on the big box\n")
+  assert _ablate("--gin_file", sweep_file, "--out", out, "--report") == 0
+  shutil.rmtree(sweep_lib.run_dir(out, "mqa", 0))  # mqa runs again
+  wall = os.path.join(sweep_lib.run_dir(out, "mha", 0), "wall_time_s")
+  open(wall, "w").close()
+  with caplog.at_level(logging.WARNING, logger=sweep_lib.__name__):
+    assert sweep_lib._add_wall(sweep_lib.run_dir(out, "mha", 0), 1.5) == 1.5
+  assert [r.getMessage() for r in caplog.records] == [
+      f"{wall} holds '', not a number of seconds: the run's wall time counts from this "
+      "invocation"]
+  assert _read(wall) == "1.500"
+  prompts = os.path.join(out, sweep_lib.PROMPTS_FILE)
+  saved = json.loads(_read(prompts))
+  with open(prompts, "w") as f:
+    json.dump([p[:1] for p in saved], f)
+  capsys.readouterr()
+  assert _ablate("--gin_file", sweep_file, "--out", out) == 2
+  err = capsys.readouterr().err.strip()
+  assert err == (f"attnlab ablate: error: {prompts} holds other benchmark prompts than this "
+                 "sweep makes (another Sweep.decode_prompt_len or data, or an edited file): its "
+                 "runs were measured on them; use a new --out, or delete it if no run has "
+                 "finished"), err
+  assert not os.path.exists(sweep_lib.run_dir(out, "mqa", 0))
+  with open(prompts, "w") as f:
+    json.dump(saved, f)
+  assert _ablate("--gin_file", sweep_file, "--out", out, "--gin.Sweep.decode_prompt_len=5") == 2
+  err = capsys.readouterr().err.strip()
+  (line,) = [x for x in _read(out, "sweep.gin").splitlines()
+             if x.startswith("Sweep.decode_prompt_len")]
+  assert err == (f"attnlab ablate: error: {out} holds a sweep with a different base config "
+                 f"({os.path.join(out, 'sweep.gin')} has {line!r} where this sweep gives "
+                 "'Sweep.decode_prompt_len = 5'); use a new --out"), err
+  assert _ablate("--gin_file", sweep_file, "--out", out) == 0
+  assert _stable(out) == _stable(micro)
+  a_file = tmp_path / "a_file"
+  a_file.write_text("x")
+  capsys.readouterr()
+  assert _ablate("--gin_file", sweep_file, "--out", str(a_file)) == 2
+  assert capsys.readouterr().err.strip() == (
+      f"attnlab ablate: error: --out {a_file} is a file; give a directory (new, or a sweep's)")
+  assert a_file.read_text() == "x"
 
 
 def test_failing_arm_is_reported_then_arm_and_report_equal_all_in_one(

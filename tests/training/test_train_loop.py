@@ -136,11 +136,31 @@ def test_train_runs_on_the_mesh_it_is_given(tmp_path, monkeypatch):
 def test_the_stop_flag_catches_sigterm_and_sigint_and_restores_the_handlers():
   before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
   for sig in (signal.SIGTERM, signal.SIGINT):
-    with trainer._StopFlag() as stop:
+    with trainer.StopFlag() as stop:
       assert stop.signum is None
       os.kill(os.getpid(), sig)  # handled between bytecodes, in this (the main) thread
       assert stop.signum == sig
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_nested_stop_flags_share_a_signal():
+  """A sweep's flag around a run's: a signal during the run sets both; one that came
+  before the run's flag was entered sets it from the start; the sweep's handler is back
+  after the run's flag exits."""
+  before = signal.getsignal(signal.SIGTERM)
+  with trainer.StopFlag() as outer:
+    with trainer.StopFlag() as inner:
+      assert (outer.signum, inner.signum) == (None, None)
+      os.kill(os.getpid(), signal.SIGTERM)
+      assert (outer.signum, inner.signum) == (signal.SIGTERM, signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) == outer._handle
+  with trainer.StopFlag() as outer:
+    os.kill(os.getpid(), signal.SIGINT)  # between two runs, during setup or a measurement
+    with trainer.StopFlag() as inner:
+      assert inner.signum == signal.SIGINT
+  with trainer.StopFlag() as alone:  # no flag around it: a plain `attnlab train`
+    assert alone.signum is None and alone._outer is None
+  assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_the_stop_flag_off_the_main_thread_leaves_signals_alone():
@@ -151,7 +171,7 @@ def test_the_stop_flag_off_the_main_thread_leaves_signals_alone():
 
   def body():
     try:
-      with trainer._StopFlag() as stop:
+      with trainer.StopFlag() as stop:
         seen.append({s: signal.getsignal(s) for s in before})
         seen.append(stop.signum)
     except Exception as e:  # noqa: BLE001  (reported below)

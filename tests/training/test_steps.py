@@ -232,3 +232,21 @@ def test_every_dropout_stream_gets_its_own_key():
   keys = stream_keys(jax.random.key(3))
   assert len(keys) >= 4 and len(set(keys)) == len(keys)
   assert stream_keys(jax.random.key(3)) == keys  # the same key, the same streams
+
+
+def test_model_rngs_take_every_seed_and_keep_seeds_apart():
+  """The dropout stream is folded out of the seed's own key: the largest seed builds (the
+  int seed + 1 overflowed), and seed s's dropout key is not seed s + 1's parameter key."""
+  from attnlab.config import MAX_SEED
+  from attnlab.training.steps import model_rngs
+
+  data = lambda stream: np.asarray(jax.random.key_data(stream.key[...]))  # its base key
+  for seed in (0, 1, MAX_SEED):
+    rngs = model_rngs(seed)
+    np.testing.assert_array_equal(data(rngs.params),
+                                  jax.random.key_data(jax.random.key(seed)))
+    assert not np.array_equal(data(rngs.dropout), data(rngs.params))
+  assert not np.array_equal(data(model_rngs(0).dropout), data(model_rngs(1).params))
+  # The layout before: seed 0's dropout key was seed 1's parameter key.
+  np.testing.assert_array_equal(data(nnx.Rngs(params=0, dropout=1).dropout),
+                                data(nnx.Rngs(params=1).params))

@@ -87,8 +87,8 @@ def main(argv: list[str]) -> int:
   except (CheckpointMismatchError, CorruptCheckpointError) as e:
     raise CommandError(str(e)) from None
   except ImportError as e:
-    raise CommandError(f"{e} (attnlab convert needs the hf extra: safetensors, tokenizers)"
-                       ) from None
+    raise CommandError(f"{e} (attnlab convert needs safetensors, in the hf extra, and for a "
+                       "tokenizer.json tokenizers, in the tokenizers extra)") from None
   print(json.dumps(summary))
   return 0
 

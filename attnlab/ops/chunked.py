@@ -42,7 +42,8 @@ def chunked_attention(
   B, T, N, H = q_BTNH.shape
   S = k_BSKH.shape[1]
   scale = checks.scale_value(scale, H)
-  q_offset = checks.check_q_offset(q_offset, B)  # also when called directly, not via attention
+  # Also when called directly, not via attention: "false" would be a truthy causal.
+  causal, q_offset = checks.check_causal(causal), checks.check_q_offset(q_offset, B)
   if block_k < 1:
     raise ValueError(f"block_k={block_k} must be positive")
   block_k = max(1, min(block_k, S))  # S = 0: a scan over no key block (every query sees none)

@@ -48,7 +48,8 @@ def reference_attention(
   """The definition: full scores, masked, float32 softmax, weighted values."""
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
-  q_offset = checks.check_q_offset(q_offset, B)  # also when called directly, not via attention
+  # Also when called directly, not via attention: "false" would be a truthy causal.
+  causal, q_offset = checks.check_causal(causal), checks.check_q_offset(q_offset, B)
   scale = 1.0 / math.sqrt(H) if scale is None else scale
   if q_BTNH.dtype == jnp.float32:
     # Scaling the [T, H] queries instead of the [T, S] scores saves a pass

@@ -420,7 +420,8 @@ def test_a_missing_optional_package_is_named(tmp_path, capsys, monkeypatch):
   monkeypatch.setitem(sys.modules, "safetensors", None)  # import safetensors now fails
   rc, out, err = _convert(capsys, "--from-hf", src, "--workdir", str(tmp_path / "w"))
   assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
-  assert "(attnlab convert needs the hf extra: safetensors, tokenizers)" in err
+  assert ("(attnlab convert needs safetensors, in the hf extra, and for a tokenizer.json "
+          "tokenizers, in the tokenizers extra)") in err
   assert not (tmp_path / "w").exists()
 
 

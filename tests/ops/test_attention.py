@@ -546,19 +546,19 @@ def test_causal_and_q_offset_are_checked_once_for_every_implementation(impl):
     assert str(e.value) == message, kw
 
 
-def test_the_reference_and_chunked_ops_check_q_offset_when_called_directly():
+def test_the_reference_and_chunked_ops_check_causal_and_q_offset_when_called_directly():
   """The caches call them without ``attention``'s check: a float offset was truncated
-  (chunked) or compared as a float (reference) until 2026-12-04."""
+  (chunked) or compared as a float (reference) and causal="false" masked as causal until
+  2026-12-04."""
   from attnlab.ops.chunked import chunked_attention
   from attnlab.ops.reference import reference_attention
 
   q, k = jnp.zeros((2, 4, 2, 8)), jnp.zeros((2, 6, 1, 8))
   for op in (reference_attention, chunked_attention):
     for kw, message in BAD_CAUSAL_OR_OFFSET:
-      if "q_offset" in kw:
-        with pytest.raises(ValueError) as e:
-          op(q, k, k, **kw)
-        assert str(e.value) == message, (op, kw)
+      with pytest.raises(ValueError) as e:
+        op(q, k, k, **kw)
+      assert str(e.value) == message, (op, kw)
 
 
 @pytest.mark.parametrize("impl", CPU_IMPLEMENTATIONS)

@@ -176,7 +176,7 @@ def from_hf_config(hf: dict, *, dtype: str | None = None) -> tuple[str, ModelCon
     bias = dict(qkv_bias=attention_bias, o_bias=attention_bias,
                 mlp_bias=_expect(hf, "mlp_bias", (False, True), False))
   elif family == "mistral":  # a null window is none; a missing one the class default
-    window = hf.get("sliding_window", FAMILY_DEFAULTS["mistral"]["sliding_window"])
+    window = hf.get("sliding_window", defaults["sliding_window"])
   else:  # qwen2: biases on q/k/v, hard-wired in transformers
     bias["qkv_bias"] = True
     _expect(hf, "use_sliding_window", (False,), False)

@@ -53,6 +53,7 @@ class PromptTooLongError(GenerateInputError):
   --prompts_file``) can name the one that made the batch too wide.
   """
 
+
 GREEDY = Sampling(temperature=0.0)
 _DEFAULTS = DecodeConfig()  # the one home of the decoding defaults
 

@@ -164,5 +164,3 @@ def _is_constant(scale) -> bool:
   except TypeError:  # jax's ConcretizationTypeError (a traced value) is a TypeError
     return False
   return True
-
-

@@ -52,7 +52,7 @@ def resolve_mesh_shape(shape, num_devices: int) -> tuple[int, int, int]:
     shape[shape.index(-1)] = num_devices // known
   if math.prod(shape) > num_devices:
     raise MeshShapeError(f"mesh_shape={tuple(shape)} needs {math.prod(shape)} devices, "
-                     f"only {num_devices} exist")
+                         f"only {num_devices} exist")
   return tuple(shape)
 
 

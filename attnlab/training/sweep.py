@@ -457,9 +457,10 @@ def _add_wall(workdir: str, seconds: float) -> float:
     try:
       before = float(text)
     except ValueError:
+      before = math.nan
+    if not (math.isfinite(before) and before >= 0):
       log.warning("%s holds %r, not a number of seconds: the run's wall time counts from "
                   "this invocation", path, text[:40])
-    if not math.isfinite(before) or before < 0:
       before = 0.0
   os.makedirs(workdir, exist_ok=True)
   trainer.write_text_atomically(path, f"{before + seconds:.3f}")

@@ -30,15 +30,20 @@ def stdlib_files() -> list[str]:
 
 
 def expand_paths(patterns) -> list[str]:
-  """Files named by paths or glob patterns, sorted; a pattern matching
-  nothing is an error (a typo should not train on an empty corpus)."""
+  """The files named by paths or glob patterns, as sorted absolute paths, each once; a
+  pattern matching nothing is an error (a typo should not train on an empty corpus).
+
+  Absolute, so that spellings of one corpus (``data/*.txt``, ``./data/*.txt``, its absolute
+  path; the same training stream to the data state) give the same files in the same order:
+  sorted as spelled, ``./zz/a.txt`` came before ``aa/b.txt`` and ``zz/a.txt`` after it, and
+  one file named twice was read twice (until 2026-12-04)."""
   out = []
   for pattern in patterns:
     if os.path.isfile(os.path.expanduser(pattern)):  # a file's own name, "[" and "*" too
-      out.append(os.path.expanduser(pattern))
+      out.append(os.path.abspath(os.path.expanduser(pattern)))
       continue
     matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
-    matches = [m for m in matches if os.path.isfile(m)]
+    matches = [os.path.abspath(m) for m in matches if os.path.isfile(m)]
     if not matches:
       raise FileNotFoundError(f"no files match {pattern!r}")
     out += matches
@@ -142,8 +147,9 @@ def tsv_splits(paths, validation_percent: int) -> dict[str, list[tuple[str, str]
     raise ValueError(f"DataConfig.paths has {len(paths)} TSV files; give one (split by "
                      "validation_percent) or two (training, validation)")
   for p in paths:
-    if not os.path.isfile(p):
+    if not os.path.isfile(os.path.expanduser(p)):
       raise FileNotFoundError(f"TSV file {p!r} does not exist")
+  paths = [os.path.expanduser(p) for p in paths]  # "~/pairs.tsv" as an LM path reads it
   pairs = read_tsv(paths[0])
   if len(paths) > 1:
     return {"train": pairs, "validation": read_tsv(paths[1])}

@@ -35,6 +35,25 @@ def test_expand_paths_globs_recursively_and_sorts(tmp_path):
   assert got == sorted(str(tmp_path / p) for p in ("z.txt", "b/y.txt", "b/deep/x.txt"))
 
 
+def test_every_spelling_of_a_corpus_is_one_list_of_files(tmp_path, monkeypatch):
+  """Relative, ./-prefixed and absolute patterns (one training stream to the data state)
+  give the same absolute files in the same order, each once; until 2026-12-04 they were
+  sorted as spelled ("./zz/..." before "aa/...", "zz/..." after) and a file named twice was
+  read twice. A TSV path takes "~" as an LM path does."""
+  for p in ("aa/f1.txt", "zz/f1.txt", "zz/f2.txt"):
+    (tmp_path / p).parent.mkdir(exist_ok=True)
+    (tmp_path / p).write_text(p)
+  monkeypatch.chdir(tmp_path)
+  want = [str(tmp_path / p) for p in ("aa/f1.txt", "zz/f1.txt", "zz/f2.txt")]
+  for patterns in (["zz/*.txt", "aa/*.txt"], ["./zz/*.txt", "aa/*.txt"],
+                   [str(tmp_path / "zz" / "*.txt"), "aa/*.txt"],
+                   ["aa/*.txt", "zz/*.txt", "./zz/f1.txt", "zz/../zz/f2.txt"]):
+    assert text.expand_paths(patterns) == want, patterns
+  monkeypatch.setenv("HOME", str(tmp_path))
+  (tmp_path / "pairs.tsv").write_text("a\tb\nc\td\n")
+  assert text.tsv_splits(["~/pairs.tsv"], 0)["train"] == [("a", "b"), ("c", "d")]
+
+
 def test_in_validation_holds_out_none_at_0_and_all_at_100_percent():
   keys = [f"file{i}.py" for i in range(500)]
   assert not any(text.in_validation(k, 0) for k in keys)

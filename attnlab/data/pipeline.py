@@ -84,16 +84,21 @@ class PairBatches:
     return (self.tok.encode(src, add_special_tokens=False),
             self.tok.encode(tgt, add_special_tokens=False))
 
-  def fits(self, indices) -> np.ndarray:
+  def lengths(self, indices) -> np.ndarray:
+    """int32 [B, 2]: each example's source and target length in tokens (without bos /
+    eos), before the layout cuts them."""
+    return np.asarray([[len(x) for x in self._ids(i)] for i in indices],
+                      np.int32).reshape(-1, 2)
+
+  def fits(self, indices=None, *, lengths=None) -> np.ndarray:
     """bool [B]: whether each example's layout holds all of its source and target (the
     layout below cuts longer ones, keeping an encoder-decoder's eos, so the batch alone
-    cannot tell)."""
-    T, out = self.seq_len, []
-    for i in indices:
-      s, t = self._ids(i)
-      out.append(max(len(s), len(t)) <= T - 1 if self.arch == "encoder_decoder"
-                 else len(s) + len(t) + 3 <= T + 1)
-    return np.asarray(out, bool)
+    cannot tell); of ``indices``, or of their ``lengths()``."""
+    src, tgt = (self.lengths(indices) if lengths is None else lengths).T
+    T = self.seq_len
+    if self.arch == "encoder_decoder":
+      return np.maximum(src, tgt) <= T - 1
+    return src + tgt + 3 <= T + 1
 
   def batch(self, indices) -> dict[str, np.ndarray]:
     B, T = len(indices), self.seq_len
@@ -371,6 +376,11 @@ EXAMPLE_MASK = "example_mask_B"
 # bool [B], in the validation batches of (source, target) pairs: the example is laid out
 # whole (``PairBatches.fits``); one that seq_len cut is not scored by eval.
 EXAMPLE_FITS = "example_fits_B"
+# int32 [B], beside it: each example's source and target length in tokens (without bos /
+# eos), which eval splits a row by: a text may hold the eos id itself (a tokenizer.json
+# encodes "</s>" in a text as its special token), so the row's first eos need not end the
+# source.
+SOURCE_LENGTH, TARGET_LENGTH = "source_len_B", "target_len_B"
 
 
 def validation_batches(sources, dcfg: DataConfig, num_batches: int,
@@ -408,6 +418,8 @@ def validation_batches(sources, dcfg: DataConfig, num_batches: int,
           batch["loss_mask_BT"].dtype)
     batch[EXAMPLE_MASK] = real_B
     if isinstance(src, PairBatches):
-      batch[EXAMPLE_FITS] = src.fits(ids)
+      lengths = src.lengths(ids)
+      batch[EXAMPLE_FITS] = src.fits(lengths=lengths)
+      batch[SOURCE_LENGTH], batch[TARGET_LENGTH] = lengths[:, 0], lengths[:, 1]
     out.append(batch)
   return out

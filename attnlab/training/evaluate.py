@@ -19,7 +19,7 @@ import numpy as np
 
 from attnlab import extras
 from attnlab.config import DecodeConfig
-from attnlab.data.pipeline import EXAMPLE_FITS, EXAMPLE_MASK
+from attnlab.data.pipeline import EXAMPLE_FITS, EXAMPLE_MASK, SOURCE_LENGTH, TARGET_LENGTH
 from attnlab.decoding.generate import generate
 from attnlab.training.metrics import perplexity
 
@@ -54,34 +54,51 @@ def _split_rows(batch: dict, arch: str, eos_id: int, pad_id: int):
   Encoder-decoder: the prompt is the source, its lengths those of the batch's
   ``src_segment_ids_BS`` (None without them: pad-masked). Decoder-only rows are
   ``[bos] source [eos] target [eos]``: the prompt is the row up to and
-  including the first eos after the bos (the bos may be the eos id: GPT-2's),
-  right-padded with ``pad_id`` to the longest prompt. ``fits_B``: the row holds
-  its source's eos and its target's (an example cut by ``seq_len`` is neither
-  a prompt nor a reference); always True for an encoder-decoder, whose layout
-  keeps the eos when it cuts (the batch's ``EXAMPLE_FITS`` tells those apart).
+  including the source's eos, found by the batch's ``SOURCE_LENGTH`` (the
+  pipeline's validation batches) or else as the first eos after the bos (the bos
+  may be the eos id: GPT-2's), right-padded with ``pad_id`` to the longest prompt.
+  The references are ``TARGET_LENGTH`` tokens long where the batch says so.
+  ``fits_B``: the row holds its source's eos and its target's (an example cut by
+  ``seq_len`` is neither a prompt nor a reference); for an encoder-decoder, whose
+  layout keeps the eos when it cuts, True without the lengths (the batch's
+  ``EXAMPLE_FITS`` tells those apart).
   """
   targets_BT = np.asarray(batch["targets_BT"])
   B, T = targets_BT.shape
+  # The examples' own lengths (the pipeline's validation batches carry them): a text may
+  # hold the eos id (a tokenizer.json's "</s>" in it), so the first eos need not end it.
+  src_len_B, tgt_len_B = batch.get(SOURCE_LENGTH), batch.get(TARGET_LENGTH)
   if arch == "encoder_decoder":  # the layout keeps both eos when it cuts
     src_BS = np.asarray(batch["src_BS"])
-    sources = [_until_eos(src_BS[b], eos_id) for b in range(B)]
-    refs = [_until_eos(targets_BT[b], eos_id) for b in range(B)]
+    if src_len_B is None:
+      sources = [_until_eos(src_BS[b], eos_id) for b in range(B)]
+      refs = [_until_eos(targets_BT[b], eos_id) for b in range(B)]
+    else:
+      sources = [[int(t) for t in src_BS[b, :min(int(src_len_B[b]), T - 1)]] for b in range(B)]
+      refs = [[int(t) for t in targets_BT[b, :min(int(tgt_len_B[b]), T - 1)]]
+              for b in range(B)]
     # The source lengths the batch's segment ids give (a real token may have the pad id).
     seg_BS = batch.get("src_segment_ids_BS")
     lengths_B = None if seg_BS is None else (np.asarray(seg_BS) != 0).sum(axis=1).astype(np.int32)
     return src_BS, lengths_B, sources, refs, np.ones((B,), bool)
   tokens_BT = np.asarray(batch["tokens_BT"])
-  is_eos_BT = tokens_BT[:, 1:] == eos_id
-  starts_B = np.argmax(is_eos_BT, axis=1) + 1  # the eos that ends the source
-  fits_B = is_eos_BT.any(axis=1) & np.array(
-      [eos_id in targets_BT[b, starts_B[b]:] for b in range(B)])
+  if src_len_B is None:
+    is_eos_BT = tokens_BT[:, 1:] == eos_id
+    starts_B = np.argmax(is_eos_BT, axis=1) + 1  # the eos that ends the source
+    fits_B = is_eos_BT.any(axis=1) & np.array(
+        [eos_id in targets_BT[b, starts_B[b]:] for b in range(B)])
+  else:  # [bos] source [eos] target [eos]: the source's eos at 1 + its length
+    starts_B = np.asarray(src_len_B, np.int64) + 1
+    fits_B = starts_B + np.asarray(tgt_len_B) + 2 <= T + 1
   lengths_B = np.where(fits_B, starts_B + 1, 1)
   width = int(lengths_B.max())
   prompt_BT = np.where(np.arange(width)[None, :] < lengths_B[:, None], tokens_BT[:, :width],
                        pad_id)
   sources = [[int(t) for t in tokens_BT[b, 1:starts_B[b]]] for b in range(B)]
   # targets[j] = row[j + 1]: the target starts at the source's eos.
-  refs = [_until_eos(targets_BT[b, starts_B[b]:], eos_id) for b in range(B)]
+  refs = [_until_eos(targets_BT[b, starts_B[b]:], eos_id) if tgt_len_B is None else
+          [int(t) for t in targets_BT[b, starts_B[b]:starts_B[b] + int(tgt_len_B[b])]]
+          for b in range(B)]
   return prompt_BT.astype(np.int32), lengths_B.astype(np.int32), sources, refs, fits_B
 
 

@@ -232,6 +232,38 @@ def test_split_rows_of_an_encoder_decoder_batch():
   assert lengths is None
 
 
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_a_text_holding_the_eos_id_is_split_by_the_examples_lengths(arch):
+  """A tokenizer.json encodes "</s>" inside a text as its eos: the validation batches carry
+  each example's source and target length, and the rows are split by them (until
+  2026-12-04 by the first eos, so "a</s>b" -> "def" was scored as source "a", reference
+  "b"). Cut examples stay unscored."""
+  from attnlab.config import DataConfig
+  from attnlab.data import pipeline
+
+  class EosInText(ByteTokenizer):  # "#" is the eos id, as "</s>" is in a tokenizer.json
+    def encode(self, text, **kw):
+      return np.asarray([self.eos_id if c == "#" else int(i)
+                         for c, i in zip(text, super().encode(text, **kw))], np.int32)
+
+  tok = EosInText()
+  pairs = [("a#b", "def"), ("xy", "z#w"), ("q" * 30, "r")]
+  src = pipeline.PairBatches(pairs, tok, seq_len=12, arch=arch, loss_on_prompt=False)
+  (batch,) = pipeline.validation_batches({"validation": src}, DataConfig(batch_size=3), 1)
+  assert batch[pipeline.SOURCE_LENGTH].tolist() == [3, 2, 30]
+  assert batch[pipeline.TARGET_LENGTH].tolist() == [3, 3, 1]
+  _, _, sources, refs, fits = eval_lib._split_rows(batch, arch, tok.eos_id, tok.pad_id)
+  fits = fits & batch[pipeline.EXAMPLE_FITS]
+  assert fits.tolist() == [True, True, False]
+  assert sources[:2] == [list(tok.encode("a#b")), list(tok.encode("xy"))]
+  assert refs[:2] == [list(tok.encode("def")), list(tok.encode("z#w"))]
+  # Without the lengths (a batch from elsewhere): the first eos, as before.
+  plain = {k: v for k, v in batch.items()
+           if k not in (pipeline.SOURCE_LENGTH, pipeline.TARGET_LENGTH)}
+  _, _, sources, refs, _ = eval_lib._split_rows(plain, arch, tok.eos_id, tok.pad_id)
+  assert sources[0] == list(tok.encode("a"))
+
+
 def test_validation_loss_is_token_weighted_over_the_batches():
   seen = []
 

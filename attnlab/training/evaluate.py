@@ -59,8 +59,8 @@ def _split_rows(batch: dict, arch: str, eos_id: int, pad_id: int):
   may be the eos id: GPT-2's), right-padded with ``pad_id`` to the longest prompt.
   The references are ``TARGET_LENGTH`` tokens long where the batch says so.
   ``fits_B``: the row holds its source's eos and its target's (an example cut by
-  ``seq_len`` is neither a prompt nor a reference); for an encoder-decoder, whose
-  layout keeps the eos when it cuts, True without the lengths (the batch's
+  ``seq_len`` is neither a prompt nor a reference); always True for an
+  encoder-decoder, whose layout keeps the eos when it cuts (the batch's
   ``EXAMPLE_FITS`` tells those apart).
   """
   targets_BT = np.asarray(batch["targets_BT"])

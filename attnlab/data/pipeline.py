@@ -354,11 +354,19 @@ def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
                                    min_len=dcfg.min_len,
                                    max_len=dcfg.max_len, vocab_chars=dcfg.vocab_chars)
              for split in ("train", "validation")}
-    src_len, tgt_len = pairs["train"].longest()
+    src_len, tgt_len = pairs["train"].longest()  # characters: the byte tokenizer's tokens
+    extra = ""
+    if dcfg.tokenizer != "byte":
+      # A subword tokenizer takes a synthetic text's ASCII characters one token or fewer
+      # each, and may add one in front (sentencepiece's "▁"): until 2026-12-04 its examples
+      # were counted as characters and the longest were cut from their training rows.
+      src_len, tgt_len = src_len + 1, tgt_len + 1
+      extra = (f" (with tokenizer={dcfg.tokenizer!r}: a token per character, and one "
+               "more per text)")
     need = src_len + tgt_len + 2 if mcfg.arch == "decoder_only" else max(src_len, tgt_len) + 1
     if need > dcfg.seq_len:
       raise ValueError(f"seq_len={dcfg.seq_len} is too short for task={dcfg.task!r} with "
-                       f"max_len={dcfg.max_len}: needs {need}")
+                       f"max_len={dcfg.max_len}: needs {need}{extra}")
   kw = dict(seq_len=dcfg.seq_len, arch=mcfg.arch, loss_on_prompt=dcfg.loss_on_prompt)
   return {split: PairBatches(p, tok, **kw) for split, p in pairs.items()}, tok
 

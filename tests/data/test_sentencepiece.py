@@ -4,6 +4,7 @@ exactly (indentation, blank lines, non-ASCII via byte fallback), and feeds
 the LM pipeline. Skipped when sentencepiece is not installed (the test extra
 installs it, so CI runs these)."""
 
+import dataclasses
 import re
 
 import numpy as np
@@ -65,6 +66,26 @@ def test_lm_pipeline_with_sentencepiece(corpus):
   assert batch["tokens_BT"].max() < VOCAB
   np.testing.assert_array_equal(batch["tokens_BT"][:, 1:], batch["targets_BT"][:, :-1])
   assert "def function_" in tok.decode(batch["tokens_BT"][0])
+
+
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_a_synthetic_task_through_sentencepiece_is_never_cut(corpus, arch):
+  """Its "▁" prefix makes a text one token longer than its characters: the seq_len check
+  counts one more per text, so at the smallest seq_len it accepts every example fits
+  (until 2026-12-04 it counted characters, and the longest examples were cut)."""
+  _, model = corpus
+  mcfg = ModelConfig(arch=arch, vocab_size=VOCAB)
+  need = 2 * 13 + 2 if arch == "decoder_only" else 13 + 1  # (12 + 1) tokens a text
+  dcfg = DataConfig(task="copy", max_len=12, seq_len=need, tokenizer="sentencepiece",
+                    tokenizer_model=model)
+  sources, tok = pipeline.build_sources(dcfg, mcfg)
+  lengths = sources["train"].lengths(range(400))
+  assert lengths.max() == 13  # the prefix: the bound is reached
+  assert sources["train"].fits(range(400)).all()
+  with pytest.raises(ValueError, match=re.escape(
+      f"seq_len={need - 1} is too short for task='copy' with max_len=12: needs {need} (with "
+      "tokenizer='sentencepiece': a token per character, and one more per text)")):
+    pipeline.build_sources(dataclasses.replace(dcfg, seq_len=need - 1), mcfg)
 
 
 def test_an_unreadable_model_file_is_a_value_error_naming_it(tmp_path):

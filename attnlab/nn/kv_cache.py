@@ -509,9 +509,10 @@ class PagedKVCache(_SelfAttentionCache):
     """``_SelfAttentionCache.attend``; or, for one new query per sequence and
     ``implementation="pallas"``, the Pallas paged-decode kernel over the pages
     in place (no gather of the whole sequence; int8 pages dequantized in the
-    kernel; the kernel is causal)."""
+    kernel). The kernel is causal and has no dropout: a non-causal request or
+    one with dropout takes the parent's path, as on the other caches."""
     path = cache_implementation(implementation, num_queries=q_BTNH.shape[1], paged=True)
-    if path != "paged_decode":
+    if path != "paged_decode" or not causal or dropout_rate > 0:
       return super().attend(q_BTNH, k_BTKH, v_BTKH, num_new_B=num_new_B,
                             q_positions_BT=q_positions_BT, causal=causal, window=window,
                             implementation=implementation, dropout_rate=dropout_rate,

@@ -147,22 +147,24 @@ def expected_path(kind, impl, T, window):
   return ("op", "reference" if impl == "reference" else "chunked")
 
 
+@pytest.mark.parametrize("impl", ["auto", "pallas"])
 @pytest.mark.parametrize("kind,window", CASES, ids=str)
-def test_attention_dropout_over_a_cache_is_the_reference_ops_with_its_key(kind, window):
+def test_attention_dropout_over_a_cache_is_the_reference_ops_with_its_key(kind, window, impl):
   """Dropout (training through a cache) takes the reference op with the layer's key over
-  the keys the cache returns, for one query and for several, whatever the implementation."""
+  the keys the cache returns, for one query and for several, whatever the implementation
+  (the decode kernels have no dropout: one query with "pallas" must not take them)."""
   from attnlab.ops.reference import reference_attention
 
   @jax.jit  # one program, not one per op
   def outputs(cache, q, k, v, n_B, qpos, rng):
     got, _ = cache.attend(q, k, v, num_new_B=n_B, q_positions_BT=qpos, causal=True,
-                          window=window, implementation="auto", dropout_rate=0.5,
+                          window=window, implementation=impl, dropout_rate=0.5,
                           dropout_rng=rng)
     _, k_all, v_all, kv_pos = cache.append(k, v, n_B)
     want = reference_attention(q, k_all, v_all, causal=True, window=window, q_positions=qpos,
                                kv_positions=kv_pos, dropout_rate=0.5, dropout_rng=rng)
     plain, _ = cache.attend(q, k, v, num_new_B=n_B, q_positions_BT=qpos, causal=True,
-                            window=window, implementation="auto")
+                            window=window, implementation=impl)
     return got, want, plain
 
   for T in (1, 3):

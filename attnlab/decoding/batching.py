@@ -220,8 +220,13 @@ def _check_requests(cfg, prompts, max_new_tokens):
     if bad.any():
       raise GenerateInputError(f"prompts[{i}] holds token id {int(p[np.argmax(bad)])}, outside the "
                        f"vocabulary [0, {cfg.vocab_size})")
-  if isinstance(max_new_tokens, np.ndarray) and max_new_tokens.ndim == 1:
-    max_new_tokens = max_new_tokens.tolist()  # one budget per request, as Python ints
+  if isinstance(max_new_tokens, np.ndarray | jax.Array):
+    budgets = np.asarray(max_new_tokens)
+    if budgets.ndim > 1:
+      raise GenerateInputError(f"max_new_tokens must be one int or one per request, got an "
+                               f"array of shape {budgets.shape}")
+    # One budget per request, or one for all (a 0-d array), as Python numbers.
+    max_new_tokens = budgets.tolist()
   if isinstance(max_new_tokens, Sequence):
     budgets = list(max_new_tokens)
     if len(budgets) != len(prompts):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -252,6 +253,9 @@ def test_prefill_buckets_hold_the_prompt_with_less_than_half_of_it_as_padding():
     (dict(max_new_tokens=np.array([3])), "max_new_tokens has 1 entries; give one per request"),
     (dict(max_new_tokens=np.array([3, 0])), r"max_new_tokens\[1\]=0 must be a positive integer"),
     (dict(max_new_tokens=0), r"max_new_tokens\[0\]=0"),
+    (dict(max_new_tokens=np.array(2.0)), r"max_new_tokens\[0\]=2.0 must be a positive integer"),
+    (dict(max_new_tokens=np.ones((2, 1), np.int32)),
+     r"max_new_tokens must be one int or one per request, got an array of shape \(2, 1\)"),
     (dict(slots=0), "slots=0"),
     (dict(page_size=0), "page_size=0 must be a positive integer"),
     (dict(decode_chunk=0), "decode_chunk=0 must be a positive integer"),
@@ -290,6 +294,11 @@ def test_prompt_token_ids_at_the_vocabulary_edges_are_served():
   got = attnlab.generate_requests(model, prompts, np.array([3, 2]), slots=2, page_size=C,
                                   eos_id=None)
   assert [r.tolist() for r in got] == _alone(model, prompts, [3, 2], None)
+  # ... and as a JAX array, or one budget as a 0-d array of either.
+  for budgets, want in ((jnp.array([3, 2]), [3, 2]), (np.array(2), [2, 2]),
+                        (jnp.array(3), [3, 3])):
+    got = attnlab.generate_requests(model, prompts, budgets, slots=2, page_size=C, eos_id=None)
+    assert [r.tolist() for r in got] == _alone(model, prompts, want, None)
 
 
 def test_requests_at_the_exact_limits_are_served():

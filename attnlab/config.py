@@ -45,6 +45,31 @@ def is_integer(value) -> bool:
   return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
+def seed_key(seed: int):
+  """``jax.random.key`` for an integer seed in [-2**63, 2**63), every bit of it counted.
+
+  Without ``jax_enable_x64`` JAX keeps a seed's low 32 bits only (``key(5)``
+  and ``key(2**32 + 5)`` are one key, as are ``key(-1)`` and ``key(2**32 - 1)``).
+  With JAX's default threefry keys this is the key x64 JAX makes: key data
+  [high 32 bits, low 32 bits] of the seed in two's complement, so a seed in
+  [0, 2**32) gives ``key(seed)`` itself. (Another key implementation gets
+  ``key(low)`` with the high bits folded in.)
+  """
+  import jax  # here, not at the top: the configs are read without JAX
+
+  seed = int(seed)
+  if not -2**63 <= seed < 2**63:
+    raise ValueError(f"seed={seed} must be in [-2**63, 2**63)")
+  low, high = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
+  key = jax.random.key(low)
+  if not high:
+    return key
+  impl = jax.random.key_impl(key)
+  if jax.random.key_data(key).shape == (2,):  # threefry2x32: [0, low] -> [high, low]
+    return jax.random.wrap_key_data(np.array([high, low], np.uint32), impl=impl)
+  return jax.random.fold_in(key, high)
+
+
 def is_number(value) -> bool:
   """A Python or NumPy integer or float, not a bool (nor ``np.bool_``)."""
   return is_integer(value) or isinstance(value, float | np.floating)
@@ -327,10 +352,10 @@ def _nonnegative(name: str, value) -> None:
     raise ValueError(f"{name}={value!r} must be a non-negative integer")
 
 
-MAX_SEED = 2**63 - 1  # jax.random.key takes an int64 (an OverflowError past it)
+MAX_SEED = 2**63 - 1  # an int64, every bit of it in the key (``seed_key``)
 
 
-def _seed(name: str, value) -> None:
+def check_seed(name: str, value) -> None:
   if not is_integer(value) or not 0 <= value <= MAX_SEED:
     raise ValueError(f"{name}={value!r} must be an integer in [0, 2**63 - 1]")
 
@@ -390,7 +415,7 @@ class DataConfig:
     for name in ("seq_len", "batch_size", "min_len", "max_len", "vocab_chars"):
       _positive(name, getattr(self, name))
     _nonnegative("max_files", self.max_files)
-    _seed("seed", self.seed)
+    check_seed("seed", self.seed)
     if not is_integer(self.validation_percent) or not 0 <= self.validation_percent < 100:
       raise ValueError(f"validation_percent={self.validation_percent!r} must be an integer in "
                        "[0, 100)")
@@ -486,7 +511,7 @@ class TrainConfig:
   def __post_init__(self):
     _check_types(self)
     _positive("steps", self.steps)
-    _seed("seed", self.seed)
+    check_seed("seed", self.seed)
     _choice("optimizer", self.optimizer, OPTIMIZERS)
     _choice("schedule", self.schedule, SCHEDULES)
     if not self.learning_rate > 0:
@@ -574,7 +599,7 @@ class DecodeConfig:
                        "(sampling) are not used with it; leave them unset")
     if not self.length_penalty >= 0.0:
       raise ValueError(f"length_penalty={self.length_penalty!r} must be >= 0")
-    _seed("seed", self.seed)
+    check_seed("seed", self.seed)
     _positive("page_size", self.page_size)
     if self.num_pages is not None:
       _positive("num_pages", self.num_pages)

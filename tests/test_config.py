@@ -557,3 +557,27 @@ def test_numpy_bools_and_integral_floats_stay_refused_where_integers_are_wanted(
   with pytest.raises(ValueError) as e:
     cls(**kwargs)
   assert str(e.value) == message
+
+
+def test_seed_key_keeps_every_bit_of_a_seed_as_x64_jax_does():
+  """``seed_key`` is ``jax.random.key`` with the seed's 64 bits (JAX without x64 keeps the
+  low 32: key(2**32 + 5) was key(5), key(-1) was key(2**32 - 1)): x64 JAX's own key,
+  and ``key(seed)`` itself below 2**32."""
+  import jax
+
+  from attnlab.config import seed_key
+
+  seeds = (0, 5, 2**31, 2**32 - 1, 2**32, 2**32 + 5, 2**63 - 1, -1, -5, -2**63)
+  data = {s: np.asarray(jax.random.key_data(seed_key(s))) for s in seeds}
+  assert len({d.tobytes() for d in data.values()}) == len(seeds)
+  for s in seeds:
+    assert data[s].tolist() == [(s >> 32) & 0xFFFFFFFF, s & 0xFFFFFFFF]  # [high, low]
+    if 0 <= s < 2**32:
+      np.testing.assert_array_equal(data[s], jax.random.key_data(jax.random.key(s)))
+  if hasattr(jax, "enable_x64"):  # an independent reference: JAX's own int64 seeding
+    with jax.enable_x64(True):
+      for s in seeds:
+        np.testing.assert_array_equal(data[s], jax.random.key_data(jax.random.key(s)))
+  for bad in (2**63, -2**63 - 1):
+    with pytest.raises(ValueError, match=r"must be in \[-2\*\*63, 2\*\*63\)"):
+      seed_key(bad)

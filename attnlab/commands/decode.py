@@ -12,12 +12,11 @@ import os
 import sys
 import time
 
-import jax
 import numpy as np
 
 from attnlab import config_gin
 from attnlab.commands._common import CommandError, CommandParser, mesh_shape_flag
-from attnlab.config import CACHE_DTYPES, CACHE_KINDS, DecodeConfig
+from attnlab.config import CACHE_DTYPES, CACHE_KINDS, DecodeConfig, seed_key
 from attnlab.data import pipeline
 from attnlab.data.tokenizer import make_tokenizer
 from attnlab.decoding import batching
@@ -110,7 +109,7 @@ def _serve(args, dcfg, model, prompts, ids, tokenizer) -> int:
         model, ids, dcfg.max_new_tokens, slots=args.slots, cache=dcfg.cache,
         page_size=dcfg.page_size,
         num_pages=dcfg.num_pages, cache_dtype=args.cache_dtype, eos_id=tokenizer.eos_id,
-        rng=jax.random.key(dcfg.seed),
+        rng=seed_key(dcfg.seed),
         sampling=Sampling(temperature=dcfg.temperature, top_k=dcfg.top_k, top_p=dcfg.top_p),
         on_result=on_result)
   except batching.UnservableRequests as e:
@@ -167,7 +166,7 @@ def main(argv: list[str]) -> int:
   kwargs = dict(max_new_tokens=dcfg.max_new_tokens, cache=dcfg.cache, eos_id=tokenizer.eos_id,
                 bos_id=bos_id, cache_dtype=args.cache_dtype, page_size=dcfg.page_size,
                 num_pages=dcfg.num_pages,
-                rng=jax.random.key(dcfg.seed),
+                rng=seed_key(dcfg.seed),
                 sampling=Sampling(temperature=dcfg.temperature, top_k=dcfg.top_k,
                                   top_p=dcfg.top_p))
   if dcfg.beam_size > 1:

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attnlab.config import CACHE_KINDS, DecodeConfig, is_integer, is_number
+from attnlab.config import CACHE_KINDS, DecodeConfig, is_integer, is_number, seed_key
 from attnlab.decoding.beam import beam_search
 from attnlab.decoding.paging import PageAllocator
 from attnlab.decoding.sampling import Sampling, sample
@@ -74,7 +74,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     cache: "contiguous" | "ring" (needs ``cfg.window``) | "paged".
     sampling: ``Sampling(temperature, top_k, top_p)``; temperature 0 = greedy.
     rng: a ``jax.random.key`` (or its raw uint32 key data), or an int seed
-      (``jax.random.key(seed)``); the same key gives the same tokens.
+      (``attnlab.config.seed_key(seed)``); the same key gives the same tokens.
     prompt_lengths_B: int [B] prompt lengths (decoder-only) or source lengths
       (encoder-decoder): the rows are right-padded and the first
       ``prompt_lengths_B[b]`` tokens of row b are its own, ``cfg.pad_id`` among
@@ -295,13 +295,14 @@ def _num_pages(kind, num_pages, rows, cache_len, page_size):
 
 def as_key(rng):
   """A typed ``jax.random`` key: ``rng`` as given, raw uint32 key data wrapped, an int seed
-  as ``jax.random.key(seed)``, key(0) if None; a GenerateInputError for anything else."""
+  as ``attnlab.config.seed_key(seed)`` (``jax.random.key(seed)`` with all 64 bits kept),
+  key(0) if None; a GenerateInputError for anything else."""
   if rng is None:
     return jax.random.key(0)
   if is_integer(rng):
     if not -2**63 <= int(rng) < 2**63:  # jax.random.key's range (an OverflowError past it)
       raise GenerateInputError(f"rng={rng!r}: an integer seed must be in [-2**63, 2**63)")
-    return jax.random.key(int(rng))
+    return seed_key(rng)
   if isinstance(rng, jax.Array | np.ndarray):
     if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
       if rng.shape != ():

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from attnlab.config import ModelConfig, TrainConfig
+from attnlab.config import ModelConfig, TrainConfig, seed_key
 from attnlab.nn.partitioning import activation_sharding
 from attnlab.nn.transformer import build_model
 from attnlab.training import sharding as shd
@@ -72,11 +72,12 @@ class TrainSetup:
 
 
 def model_rngs(seed: int) -> nnx.Rngs:
-  """The model's RNG streams for ``seed``: parameters from ``key(seed)``, dropout from a key
-  folded out of it (training replaces the dropout keys each step: ``with_dropout_key``).
+  """The model's RNG streams for ``seed``: parameters from ``seed_key(seed)``, dropout from a
+  key folded out of it (training replaces the dropout keys each step: ``with_dropout_key``).
   Until 2026-12-04 dropout took the int ``seed + 1``, seed S+1's parameter key, which
-  overflowed at the largest seed."""
-  return nnx.Rngs(params=seed, dropout=jax.random.fold_in(jax.random.key(seed), 1))
+  overflowed at the largest seed, and a seed kept only its low 32 bits."""
+  key = seed_key(seed)
+  return nnx.Rngs(params=key, dropout=jax.random.fold_in(key, 1))
 
 
 def init_train(mcfg: ModelConfig, tcfg: TrainConfig, mesh) -> tuple[TrainSetup, dict]:
@@ -123,7 +124,7 @@ def make_train_step(setup: TrainSetup, tcfg: TrainConfig):
 
   def step(state, batch):
     params = state["params"]
-    key = jax.random.fold_in(jax.random.key(tcfg.seed), state["step"])
+    key = jax.random.fold_in(seed_key(tcfg.seed), state["step"])
     if accum == 1:
       (loss_sum, (nll_sum, weight)), grads = grad_fn(params, batch, key)
     else:

@@ -35,7 +35,7 @@ import numpy as np
 from flax import nnx
 
 from attnlab import config_gin
-from attnlab.config import DataConfig, ModelConfig, Sweep, TrainConfig
+from attnlab.config import DataConfig, ModelConfig, Sweep, TrainConfig, check_seed
 from attnlab.convert.heads import check_conversion, convert_heads
 from attnlab.data import pipeline
 from attnlab.data.tokenizer import TOKENIZER_FILES
@@ -257,13 +257,15 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
   Raises:
     FileNotFoundError: ``src`` is not a run, or holds no checkpoint.
     ValueError: a missing step, K that does not divide the source's KV heads
-      or exceeds them, an unknown method, a ``dst`` that already holds a run.
+      or exceeds them, an unknown method, a seed outside [0, 2**63 - 1], a ``dst``
+      that already holds a run.
   """
   config_path = os.path.join(src, CONFIG_FILE)
   if not os.path.isfile(config_path):
     raise FileNotFoundError(f"{config_path} does not exist: --from is not a training run")
   mcfg, dcfg, tcfg = config_gin.read_workdir_config(config_path)
   check_conversion(mcfg.num_kv_heads, num_kv_heads, method)
+  check_seed("seed", seed)
   ckpt_dir = os.path.join(src, CHECKPOINT_DIR)
   if not os.path.isdir(ckpt_dir):
     raise FileNotFoundError(f"{ckpt_dir} does not exist: the source run saved no checkpoint")

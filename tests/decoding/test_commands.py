@@ -414,6 +414,7 @@ def test_generate_rejects_bad_prompts():
 def test_generate_checks_eos_id_the_rng_and_the_length_penalty():
   """Refused by name before anything is traced: an eos outside the vocabulary was accepted
   (and never matched), rng=0 and length_penalty='0.6' were TypeErrors from inside."""
+  from attnlab.config import seed_key
   from attnlab.decoding.generate import GenerateInputError, as_key
 
   model, encdec = decoder_model("mha_rope"), encdec_model("paper_gqa")
@@ -458,8 +459,12 @@ def test_generate_checks_eos_id_the_rng_and_the_length_penalty():
       with pytest.raises(GenerateInputError) as e:
         call(bad)
       assert str(e.value) == message
-  for seed in (2**63 - 1, -2**63):  # the ends of the range
-    np.testing.assert_array_equal(data_of(as_key(seed)), data_of(jax.random.key(seed)))
+  # The ends of the range, and every bit of a seed in between, are in the key (JAX without
+  # x64 kept a seed's low 32 bits: 2**32 + 7 was seed 7): attnlab.config.seed_key, which
+  # tests/test_config.py checks against x64 JAX.
+  for seed in (2**63 - 1, -2**63, 2**32 + 7):
+    np.testing.assert_array_equal(data_of(as_key(seed)), data_of(seed_key(seed)))
+  assert not np.array_equal(data_of(as_key(2**32 + 7)), data_of(as_key(7)))
   # An int seed is jax.random.key(seed); a key and its raw data are taken as before.
   data = jax.random.key_data
   for rng, seed in ((0, 0), (7, 7), (np.int64(7), 7), (np.uint32(7), 7), (None, 0),

@@ -552,7 +552,11 @@ def test_convert_heads_command_bindings_seed_and_summary(micro, tmp_path, capsys
                             "TrainConfig.* and DataConfig.* bindings apply (the model is the "
                             "converted source)"),
                            ("--gin.TrainConfig.steps=0", "steps=0"),
-                           ("--gin.DataConfig.bogus=1", "bogus")):
+                           ("--gin.DataConfig.bogus=1", "bogus"),
+                           # a seed past int64 was an OverflowError inside model_rngs
+                           (f"--seed={2**63}", f"seed={2**63} must be an integer in "
+                            "[0, 2**63 - 1]"),
+                           ("--seed=-1", "seed=-1 must be an integer in [0, 2**63 - 1]")):
     dst = str(tmp_path / "refused")
     err = _one_line_exit_2(capsys, [*base, "--to", dst, binding], dst)
     assert message in err, err

@@ -236,17 +236,21 @@ def test_every_dropout_stream_gets_its_own_key():
 
 def test_model_rngs_take_every_seed_and_keep_seeds_apart():
   """The dropout stream is folded out of the seed's own key: the largest seed builds (the
-  int seed + 1 overflowed), and seed s's dropout key is not seed s + 1's parameter key."""
-  from attnlab.config import MAX_SEED
+  int seed + 1 overflowed), seed s's dropout key is not seed s + 1's parameter key, and
+  every bit of a seed counts (2**32 + 5 was seed 5)."""
+  from attnlab.config import MAX_SEED, seed_key
   from attnlab.training.steps import model_rngs
 
   data = lambda stream: np.asarray(jax.random.key_data(stream.key[...]))  # its base key
-  for seed in (0, 1, MAX_SEED):
+  seeds = (0, 1, 5, 2**32 + 5, MAX_SEED)
+  for seed in seeds:
     rngs = model_rngs(seed)
-    np.testing.assert_array_equal(data(rngs.params),
-                                  jax.random.key_data(jax.random.key(seed)))
-    assert not np.array_equal(data(rngs.dropout), data(rngs.params))
-  assert not np.array_equal(data(model_rngs(0).dropout), data(model_rngs(1).params))
-  # The layout before: seed 0's dropout key was seed 1's parameter key.
-  np.testing.assert_array_equal(data(nnx.Rngs(params=0, dropout=1).dropout),
-                                data(nnx.Rngs(params=1).params))
+    np.testing.assert_array_equal(data(rngs.params), jax.random.key_data(seed_key(seed)))
+    np.testing.assert_array_equal(data(rngs.dropout),
+                                  jax.random.key_data(jax.random.fold_in(seed_key(seed), 1)))
+  streams = [data(getattr(model_rngs(s), name)).tobytes() for s in seeds
+             for name in ("params", "dropout")]
+  assert len(set(streams)) == len(streams)
+  # A seed below 2**32 keeps the key it had: jax.random.key(seed).
+  np.testing.assert_array_equal(data(model_rngs(5).params),
+                                jax.random.key_data(jax.random.key(5)))

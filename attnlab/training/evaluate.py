@@ -121,7 +121,7 @@ def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int,
     example (eos and everything after it removed).
   """
   cfg = model.cfg
-  out, cut = [], 0
+  out, cut, unreachable = [], 0, 0
   splits = [_split_rows(batch, cfg.arch, eos_id, cfg.pad_id) for batch in batches]
   # Decoder-only prompts are cut to the longest of the whole evaluation, W, and padded
   # to it: one shape for every batch (one compiled program per run: the validation rows
@@ -135,6 +135,11 @@ def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int,
     fits_B = fits_B & np.asarray(batch.get(EXAMPLE_FITS, np.ones(len(fits_B), bool)))
     cut += int((real_B & ~fits_B).sum())
     fits_B = fits_B & real_B
+    # A reference holding the eos id (its text holds the tokenizer's eos string) is one no
+    # decoding can give back, which stops at eos: it is counted, not scored.
+    holds_eos_B = fits_B & np.array([eos_id in r for r in refs], bool)
+    unreachable += int(holds_eos_B.sum())
+    fits_B = fits_B & ~holds_eos_B
     T = np.shape(batch["targets_BT"])[1]
     # A reference fits in its row (with its eos): an encoder-decoder's target row,
     # which need not be as wide as the source; a decoder-only prompt of width W
@@ -154,6 +159,10 @@ def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int,
   if cut:
     log.warning("%d validation example(s) do not fit seq_len with their eos (cut by the data "
                 "layout): not scored", cut)
+  if unreachable:
+    log.warning("%d validation example(s) hold the eos id inside their reference (the "
+                "tokenizer's eos string in the text), which decoding stops at: not scored",
+                unreachable)
   return out
 
 

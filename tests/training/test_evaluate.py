@@ -233,11 +233,14 @@ def test_split_rows_of_an_encoder_decoder_batch():
 
 
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
-def test_a_text_holding_the_eos_id_is_split_by_the_examples_lengths(arch):
+def test_a_text_holding_the_eos_id_is_split_by_the_examples_lengths(arch, monkeypatch,
+                                                                    caplog):
   """A tokenizer.json encodes "</s>" inside a text as its eos: the validation batches carry
   each example's source and target length, and the rows are split by them (until
   2026-12-04 by the first eos, so "a</s>b" -> "def" was scored as source "a", reference
-  "b"). Cut examples stay unscored."""
+  "b"). Cut examples stay unscored, and so does a reference holding the eos."""
+  from types import SimpleNamespace
+
   from attnlab.config import DataConfig
   from attnlab.data import pipeline
 
@@ -262,6 +265,27 @@ def test_a_text_holding_the_eos_id_is_split_by_the_examples_lengths(arch):
            if k not in (pipeline.SOURCE_LENGTH, pipeline.TARGET_LENGTH)}
   _, _, sources, refs, _ = eval_lib._split_rows(plain, arch, tok.eos_id, tok.pad_id)
   assert sources[0] == list(tok.encode("a"))
+  # Scoring: the source may hold the eos, the reference may not (decoding stops at eos,
+  # so "z#w" could never be matched): that example is counted, not scored.
+  seen = []
+
+  def fake_generate(model, prompt_BT, *, prompt_lengths_B, **kw):
+    seen.append(prompt_BT[0, :prompt_lengths_B[0]].tolist())
+    return np.array([list(tok.encode("def")) + [tok.eos_id]] * len(prompt_BT))
+
+  monkeypatch.setattr(eval_lib, "generate", fake_generate)
+  model = SimpleNamespace(cfg=SimpleNamespace(arch=arch, pad_id=tok.pad_id, max_len=64))
+  with caplog.at_level("WARNING", logger=eval_lib.__name__):
+    out = eval_lib.decode_batches(model, [batch], eos_id=tok.eos_id, bos_id=tok.bos_id)
+  assert out == [{"source": list(tok.encode("a#b")), "reference": list(tok.encode("def")),
+                  "prediction": list(tok.encode("def"))}]
+  want_prompt = list(tok.encode("a#b")) + [tok.eos_id]
+  assert seen == [want_prompt if arch == "encoder_decoder" else [tok.bos_id, *want_prompt]]
+  assert [r.getMessage() for r in caplog.records] == [
+      "1 validation example(s) do not fit seq_len with their eos (cut by the data layout): "
+      "not scored",
+      "1 validation example(s) hold the eos id inside their reference (the tokenizer's eos "
+      "string in the text), which decoding stops at: not scored"]
 
 
 def test_validation_loss_is_token_weighted_over_the_batches():

@@ -136,8 +136,7 @@ def main(argv: list[str]) -> int:
     if args.arm is None:
       out["report"] = report_lib.write_report(args.out, sweep, arms, base)
   except sweep_lib.SweepInterrupted as e:
-    print(f"attnlab ablate: {e}; checkpoint saved, rerun the same command to resume",
-          file=sys.stderr)
+    print(f"attnlab ablate: {e}; rerun the same command to resume", file=sys.stderr)
     return 0
   except ValueError as e:  # a run's result.json that attnlab did not write (a failing run
     raise CommandError(str(e)) from None  # is recorded in its result, not raised)

@@ -443,7 +443,7 @@ def measure(workdir: str, mcfg: ModelConfig, dcfg: DataConfig, tcfg: TrainConfig
 
 
 class SweepInterrupted(Exception):
-  """A run was stopped by SIGTERM / SIGINT (its checkpoint is saved)."""
+  """A sweep was stopped by SIGTERM / SIGINT (what its runs trained is saved)."""
 
 
 def _add_wall(workdir: str, seconds: float) -> float:
@@ -539,13 +539,18 @@ def run_one(out: str, sweep: Sweep, arm: Arm, seed: int, base, prompts, source=N
     extra = {}
     if arm.kind == "uptrain":
       extra = _prepare_uptrain(out, arm, seed, source, configs)
+    start = _latest_step(workdir)
     last = trainer.train(mcfg, tcfg, dcfg, workdir,
                          config_text=config_gin.operative_config(*configs))
     signum = None if stop is None else stop.signum
     if last["step"] < tcfg.steps or signum is not None:
       _add_wall(workdir, time.perf_counter() - t0)
-      raise SweepInterrupted(f"arm {arm.name} seed {seed} stopped at step {last['step']}"
-                             + (f" (signal {signum})" if signum is not None else ""))
+      why = f" (signal {signum})" if signum is not None else ""
+      if last["step"] > start:
+        raise SweepInterrupted(f"arm {arm.name} seed {seed} stopped at step {last['step']}"
+                               f"{why}; checkpoint saved")
+      raise SweepInterrupted(f"arm {arm.name} seed {seed} stopped before training{why}, at "
+                             f"step {start}")
     result = measure(workdir, mcfg, dcfg, tcfg, sweep, prompts)
     if extra:
       result.update(val_loss_converted=extra["val_loss_converted"],

@@ -281,8 +281,8 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
     NonFiniteError: a NaN / Inf loss or gradient with on_nonfinite='stop';
       the last good checkpoint stays the newest in the workdir.
     SetupError: the data, mesh or model checks failed (nothing was written).
-    ResumeError: the workdir's checkpoints do not fit the model (its config.gin
-      and checkpoints are left as they were).
+    ResumeError: the workdir's checkpoints do not fit the model, or the newest is
+      past ``tcfg.steps`` (its config.gin and checkpoints are left as they were).
   """
   main_process = jax.process_index() == 0
   try:
@@ -315,14 +315,17 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
         f"the newest checkpoint in {ckpt.directory} is step {start}, past TrainConfig.steps="
         f"{tcfg.steps}: nothing to train. Nothing was changed in {workdir}; train to at least "
         f"{start} steps, or in a new workdir")
-  if start:
+  finished = start == tcfg.steps  # a rerun of a finished run: nothing to train
+  if start and not finished:
     log.info("resumed from step %d", start)
     _warn_schedule_change(workdir, tcfg, mcfg.d_model, run.state["opt_state"])
   # Written once the checkpoints are known to fit this config: a resume under a
   # model the checkpoints do not fit stops above and leaves the workdir's config.gin
-  # describing them.
-  if config_text is not None and main_process:
-    write_text_atomically(os.path.join(workdir, "config.gin"), config_text)
+  # describing them, as does a rerun of a finished run (it trains nothing under the
+  # new config).
+  config_path = os.path.join(workdir, "config.gin")
+  if config_text is not None and main_process and not (finished and os.path.isfile(config_path)):
+    write_text_atomically(config_path, config_text)
   step_fn = steps_lib.make_train_step(run.setup, tcfg)
   writer = MetricsWriter(workdir, enabled=main_process)
   meta = {"seed": tcfg.seed, "rng": "fold_in(key(seed), step)"}
@@ -345,6 +348,10 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   try:
     with StopFlag() as stop:
       while step < tcfg.steps:
+        if stop.signum is not None:  # before this process trained a step (a sweep's flag)
+          print(f"attnlab train: received signal {stop.signum} before training; stopped at "
+                f"step {step}, nothing new to save", file=sys.stderr)
+          break
         t0 = time.perf_counter()
         batch = run.put(next(run.data))
         run.state, m = step_fn(run.state, batch)

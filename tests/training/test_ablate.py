@@ -177,8 +177,8 @@ def test_a_signal_in_a_runs_last_step_or_its_measurement_stops_the_sweep(
   (a preempted job's grace is short) and the sweep stops; the rerun measures it, and a
   SIGTERM during that measurement stops the sweep before mqa. Until 2026-12-04 a signal in
   a run's last step was ignored (the sweep trained the next arm), and one while a run was
-  set up or measured killed the process (exit 143). Then the OUT equals the uninterrupted
-  sweep's."""
+  set up or measured killed the process (exit 143); then one while it was set up trained a
+  step first. Then the OUT equals the uninterrupted sweep's."""
   make_train_step, measure = trainer.steps_lib.make_train_step, sweep_lib.measure
 
   def last_step_signalled(setup, tcfg):
@@ -193,11 +193,25 @@ def test_a_signal_in_a_runs_last_step_or_its_measurement_stops_the_sweep(
 
   out = str(tmp_path / "out")
   capsys.readouterr()
+  # A signal while mha is set up: it trains no step (it trained and saved one before).
+  run_init = trainer.Run.__init__
+
+  def setup_signalled(self, *args, **kw):
+    os.kill(os.getpid(), signal.SIGTERM)
+    run_init(self, *args, **kw)
+
+  monkeypatch.setattr(trainer.Run, "__init__", setup_signalled)
+  assert _ablate("--gin_file", sweep_file, "--out", out) == 0
+  err = capsys.readouterr().err
+  assert err.endswith("attnlab ablate: arm mha seed 0 stopped before training (signal 15), at "
+                      "step 0; rerun the same command to resume\n"), err
+  assert not os.listdir(os.path.join(sweep_lib.run_dir(out, "mha", 0), "checkpoints"))
+  monkeypatch.setattr(trainer.Run, "__init__", run_init)
   monkeypatch.setattr(trainer.steps_lib, "make_train_step", last_step_signalled)
   assert _ablate("--gin_file", sweep_file, "--out", out) == 0
   err = capsys.readouterr().err
   assert err.endswith("attnlab ablate: arm mha seed 0 stopped at step 2 (signal 15); "
-                      "checkpoint saved, rerun the same command to resume\n"), err
+                      "checkpoint saved; rerun the same command to resume\n"), err
   assert sweep_lib.read_result(out, "mha", 0) is None
   assert not os.path.exists(sweep_lib.run_dir(out, "mqa", 0))
   monkeypatch.setattr(trainer.steps_lib, "make_train_step", make_train_step)
@@ -209,8 +223,8 @@ def test_a_signal_in_a_runs_last_step_or_its_measurement_stops_the_sweep(
   monkeypatch.setattr(sweep_lib, "measure", measure_signalled)
   assert _ablate("--gin_file", sweep_file, "--out", out) == 0
   err = capsys.readouterr().err
-  assert err.endswith("attnlab ablate: signal 15 before arm mqa seed 0; checkpoint saved, "
-                      "rerun the same command to resume\n"), err
+  assert err.endswith("attnlab ablate: signal 15 before arm mqa seed 0; rerun the same "
+                      "command to resume\n"), err
   assert sweep_lib.read_result(out, "mha", 0)["status"] == "ok"
   assert not os.path.exists(sweep_lib.run_dir(out, "mqa", 0))
   monkeypatch.setattr(sweep_lib, "measure", measure)

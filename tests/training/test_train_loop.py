@@ -163,6 +163,26 @@ def test_nested_stop_flags_share_a_signal():
   assert signal.getsignal(signal.SIGTERM) == before
 
 
+def test_a_signal_before_the_first_step_trains_nothing(tmp_path, capsys):
+  """A sweep's signal while a run was set up (its flag around train's): train stops before
+  its first step, saves nothing new and says so (until 2026-12-04 it trained a step and
+  saved it: a preempted job's grace period is short)."""
+  bindings = SEQ2SEQ_TINY + ["TrainConfig.steps = 4", "TrainConfig.checkpoint_every = 2"]
+  with trainer.StopFlag():
+    os.kill(os.getpid(), signal.SIGTERM)  # during the setup of a sweep's run
+    last = _train(tmp_path, SEQ2SEQ, bindings)
+  assert last["step"] == 0 and _steps(tmp_path) == []
+  assert capsys.readouterr().err.endswith(
+      "attnlab train: received signal 15 before training; stopped at step 0, nothing new to "
+      "save\n")
+  _train(tmp_path, SEQ2SEQ, bindings + ["TrainConfig.steps = 2"])  # a checkpoint at 2
+  with trainer.StopFlag():
+    os.kill(os.getpid(), signal.SIGINT)
+    last = _train(tmp_path, SEQ2SEQ, bindings)
+  assert last["step"] == 2 and _steps(tmp_path) == [2]
+  assert "received signal 2 before training; stopped at step 2" in capsys.readouterr().err
+
+
 def test_the_stop_flag_off_the_main_thread_leaves_signals_alone():
   """Python lets only the main thread set handlers: elsewhere (a sweep's worker thread, a
   notebook's executor) the flag installs none and the loop runs without it."""
@@ -405,6 +425,15 @@ def test_a_resume_that_moves_the_learning_rate_warns_and_one_past_steps_is_refus
       f"the newest checkpoint in {tmp_path / 'checkpoints'} is step 6, past TrainConfig.steps=4: "
       f"nothing to train. Nothing was changed in {tmp_path}; train to at least 6 steps, or in a "
       "new workdir")
+  assert (tmp_path / "config.gin").read_text() == text
+  # A rerun of the finished run under another rate trains nothing: no warning, and
+  # config.gin keeps describing the checkpoints (it took the new rate before).
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, logger=trainer.__name__):
+    last = _train(tmp_path, SEQ2SEQ, bindings + ["TrainConfig.steps = 6",
+                                                 "TrainConfig.learning_rate = 0.5"])
+  assert last["step"] == 6 and _steps(tmp_path) == [3, 6]
+  assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
   assert (tmp_path / "config.gin").read_text() == text
   caplog.clear()
   constant = bindings + ["TrainConfig.schedule = 'constant'"]

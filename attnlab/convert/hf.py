@@ -184,11 +184,13 @@ def from_hf_config(hf: dict, *, dtype: str | None = None) -> tuple[str, ModelCon
     if any(t != "full_attention" for t in layer_types):
       raise ConversionError(f"config.json layer_types={layer_types!r} is not supported "
                             "(only 'full_attention' layers)")
+  # As transformers reads it: a missing field is the family's class default, a null one
+  # (as a null default) num_attention_heads.
+  num_kv_heads = hf.get("num_key_value_heads", defaults["num_key_value_heads"])
   try:
     cfg = ModelConfig(
         **common, d_model=d_model, num_layers=_get(hf, "num_hidden_layers", required=True),
-        num_heads=num_heads,
-        num_kv_heads=_get(hf, "num_key_value_heads", defaults["num_key_value_heads"] or num_heads),
+        num_heads=num_heads, num_kv_heads=num_heads if num_kv_heads is None else num_kv_heads,
         head_dim=None if head_dim in (None, d_model // num_heads) else head_dim,
         d_ff=_get(hf, "intermediate_size", required=True), pos="rope",
         rope_theta=_rope_theta(hf), rope_pairing="half", window=window, norm="rmsnorm",

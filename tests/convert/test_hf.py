@@ -229,12 +229,13 @@ def test_attnlab_to_hf_to_attnlab_is_bitwise(name, tmp_path):
 @pytest.mark.parametrize("family,heads", [("llama", 4), ("mistral", 16), ("qwen2", 32)])
 @pytest.mark.parametrize("leave_out", [(), ("num_key_value_heads", "max_position_embeddings",
                                             "sliding_window", "rope_theta", "rms_norm_eps",
-                                            "tie_word_embeddings", "head_dim")])
+                                            "tie_word_embeddings", "head_dim"), "null"])
 def test_a_config_json_means_what_it_means_to_transformers(family, heads, leave_out):
   """Keys a hand-written config.json leaves out take transformers' own class defaults,
   which differ by family (until 2026-12-04 a Mistral config without sliding_window was read
   as full attention, transformers' is 4096, and without num_key_value_heads as MHA, its 8);
-  keys given are read as given."""
+  an explicit null num_key_value_heads is MHA, a null sliding_window none (a null read as
+  missing gave Mistral 8 KV heads); keys given are read as given."""
   from attnlab.convert import hf
 
   given = dict(model_type=family, vocab_size=64, hidden_size=heads * 8,
@@ -243,7 +244,17 @@ def test_a_config_json_means_what_it_means_to_transformers(family, heads, leave_
                rms_norm_eps=1e-5, tie_word_embeddings=True, head_dim=8)
   if family == "mistral":
     given["sliding_window"] = 7
+  null = leave_out == "null"
+  if null:
+    given.update(num_key_value_heads=None, sliding_window=None)
+    leave_out = () if family == "mistral" else ("sliding_window",)
   config = {k: v for k, v in given.items() if k not in leave_out}
+  if family == "mistral" and null:
+    # transformers 5 refuses it for Mistral alone (a strict int field); its Llama, Qwen2 and
+    # earlier Mistral read null as num_attention_heads, as attnlab does.
+    _, ours = hf.from_hf_config(config)
+    assert (ours.num_kv_heads, ours.window) == (heads, None)
+    config["num_key_value_heads"] = heads
   theirs = transformers.AutoConfig.for_model(**config)
   _, ours = hf.from_hf_config(config)
   window = getattr(theirs, "sliding_window", None) if family == "mistral" else None
@@ -254,7 +265,8 @@ def test_a_config_json_means_what_it_means_to_transformers(family, heads, leave_
       getattr(theirs, "head_dim", None) or theirs.hidden_size // theirs.num_attention_heads)
   assert ours.rope_theta == theirs.rope_parameters["rope_theta"]
   if not leave_out:  # as given
-    assert (ours.num_kv_heads, ours.max_len, ours.rope_theta) == (heads // 4, 96, 500.0)
+    kv_heads = heads if null else heads // 4
+    assert (ours.num_kv_heads, ours.max_len, ours.rope_theta) == (kv_heads, 96, 500.0)
 
 
 def test_sharded_checkpoints_read_and_write(models, tmp_path):

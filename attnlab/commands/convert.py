@@ -32,7 +32,14 @@ from attnlab.commands import CommandError
 from attnlab.commands._common import CommandParser
 from attnlab.config import DataConfig, TrainConfig
 from attnlab.convert import hf
-from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILES, HFJsonTokenizer
+from attnlab.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    TOKENIZER_FILES,
+    HFJsonTokenizer,
+    SentencePieceTokenizer,
+)
 from attnlab.nn.layers import as_dtype
 from attnlab.nn.transformer import build_model
 from attnlab.training.checkpoint import (
@@ -207,6 +214,23 @@ def _write_config(tmp: str, mcfg, dcfg, tcfg, src_dir: str, workdir: str) -> Non
     f.write(header + text)
 
 
+def export_special_ids(dcfg: DataConfig) -> tuple[int, int, int | None]:
+  """(bos, eos, pad) of a workdir's tokenizer, as config.json names them. The pad is the one
+  the tokenizer names, or None (transformers masks a pad id's tokens, and an embedding's
+  padding row is not trained): a tokenizer.json's from its companion files, a sentencepiece
+  model's own (none in sentencepiece's default layout, whose id 0 is <unk>), the byte
+  tokenizer's 0."""
+  if dcfg.tokenizer == "byte":  # pad 0, bos 1, eos 2
+    return BOS_ID, EOS_ID, PAD_ID
+  try:
+    if dcfg.tokenizer == "hf_json":
+      pad = HFJsonTokenizer(dcfg.tokenizer_model).named_pad_id(dcfg.tokenizer_model)
+      return dcfg.bos_id, dcfg.eos_id, pad
+    return BOS_ID, EOS_ID, SentencePieceTokenizer(dcfg.tokenizer_model).model_pad_id
+  except ValueError as e:
+    raise CommandError(str(e)) from None
+
+
 def to_hf(workdir: str, out_dir: str, *, step: int | None = None,
           max_shard_bytes: int = 2 << 30) -> dict:
   """Export ``workdir``'s checkpoint to the transformers layout in ``out_dir``."""
@@ -219,15 +243,7 @@ def to_hf(workdir: str, out_dir: str, *, step: int | None = None,
   except gin_config.GinConfigError as e:
     raise CommandError(str(e)) from None
   family = hf.hf_family(mcfg)
-  if dcfg.tokenizer == "hf_json":
-    bos, eos = dcfg.bos_id, dcfg.eos_id
-    # The pad its tokenizer files name, or none (transformers masks a pad id's tokens).
-    try:
-      pad = HFJsonTokenizer(dcfg.tokenizer_model).named_pad_id(dcfg.tokenizer_model)
-    except ValueError as e:
-      raise CommandError(str(e)) from None
-  else:  # the byte (or attnlab-trained sentencepiece) layout: pad 0, bos 1, eos 2
-    bos, eos, pad = BOS_ID, EOS_ID, PAD_ID
+  bos, eos, pad = export_special_ids(dcfg)
   hf_cfg = hf.to_hf_config(mcfg, bos_id=bos, eos_id=eos, pad_id=pad)
   rules = hf.weight_rules(family, mcfg)
   params, step = _restore_weights(workdir, mcfg, step)

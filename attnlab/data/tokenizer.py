@@ -57,6 +57,9 @@ class SentencePieceTokenizer:
     self.vocab_size = self._sp.get_piece_size()
     self.pad_id, self.bos_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
     sp = self._sp
+    # The pad the model itself names (None for the default layout, whose id 0 is <unk>):
+    # what an export to transformers calls pad_token_id.
+    self.model_pad_id = None if sp.pad_id() == -1 else sp.pad_id()
     if sp.bos_id() != BOS_ID or sp.eos_id() != EOS_ID or sp.pad_id() not in (PAD_ID, -1):
       raise ValueError(
           f"tokenizer_model={model_path!r} has pad={sp.pad_id()}, bos={sp.bos_id()}, "

@@ -129,6 +129,15 @@ def test_a_model_of_another_layout_is_refused_by_name_the_default_layout_is_read
       pipeline.make_tokenizer("sentencepiece", _train_spm(files, str(tmp_path / prefix), **ids))
   default = _train_spm(files, str(tmp_path / "default"))
   tok = pipeline.make_tokenizer("sentencepiece", default)
+  # An export to transformers names no pad for it (id 0 is <unk>; until 2026-12-04 it wrote
+  # pad_token_id 0), and attnlab's own layout's pad 0.
+  from attnlab.commands.convert import export_special_ids
+  from attnlab.config import DataConfig
+
+  assert tok.model_pad_id is None
+  for model, pad in ((default, None), (corpus[1], 0)):
+    dcfg = DataConfig(tokenizer="sentencepiece", tokenizer_model=model)
+    assert export_special_ids(dcfg) == (1, 2, pad)
   ids = tok.encode("def 漢(x):")  # a character the corpus never had: <unk>, id 0
   assert 0 in ids.tolist()
   batch = pipeline.PairBatches([("def 漢(x):", "x")], tok, seq_len=16, arch="encoder_decoder",

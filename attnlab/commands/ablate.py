@@ -10,7 +10,7 @@
 OUT/sweep.gin (self-contained: ``--gin_file OUT/sweep.gin`` reruns it);
 ``--report`` without ``--gin_file`` reads it. A rerun skips finished runs,
 resumes interrupted ones and retries failed ones; an OUT holding a sweep
-with a different base config is refused. Exit 0 when every run of this
+with a different base config or decode benchmark is refused. Exit 0 when every run of this
 invocation finished (or a signal stopped the sweep; rerun to resume), 1 when
 a run failed (recorded in results.csv / report.md), 2 on bad input (one
 line on stderr, nothing written).
@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
   if os.path.isfile(sweep_path):
     diff = _base_difference(sweep_path, sweep, base)
     if diff is not None:
-      raise CommandError(f"{args.out} holds a sweep with a different base config "
+      raise CommandError(f"{args.out} holds a sweep of other settings "
                          f"({sweep_path} has {diff[0]!r} where this sweep gives {diff[1]!r}); "
                          "use a new --out")
   try:  # before anything is written: a run trained under other settings is neither

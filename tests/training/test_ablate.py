@@ -272,7 +272,7 @@ def test_a_sweeps_bookkeeping_survives_stray_and_cut_off_files(micro, sweep_file
   err = capsys.readouterr().err.strip()
   (line,) = [x for x in _read(out, "sweep.gin").splitlines()
              if x.startswith("Sweep.decode_prompt_len")]
-  assert err == (f"attnlab ablate: error: {out} holds a sweep with a different base config "
+  assert err == (f"attnlab ablate: error: {out} holds a sweep of other settings "
                  f"({os.path.join(out, 'sweep.gin')} has {line!r} where this sweep gives "
                  "'Sweep.decode_prompt_len = 5'); use a new --out"), err
   assert _ablate("--gin_file", sweep_file, "--out", out) == 0
@@ -715,7 +715,7 @@ def test_an_out_of_another_base_config_is_refused(micro, sweep_file, tmp_path, c
   assert len(err.splitlines()) == 1
   (d_ff,) = [line for line in before["sweep.gin"].splitlines()
              if line.startswith("ModelConfig.d_ff")]
-  assert (f"{out} holds a sweep with a different base config "
+  assert (f"{out} holds a sweep of other settings "
           f"({os.path.join(out, 'sweep.gin')} has {d_ff!r} where this sweep gives "
           "'ModelConfig.d_ff = 48'); use a new --out") in err, err
   assert {name: _read(out, name) for name in before} == before
@@ -738,7 +738,7 @@ def test_an_out_of_another_base_config_is_refused(micro, sweep_file, tmp_path, c
     f.write("\nModelConfig.from_the_future = 3\n")
   assert _ablate("--gin_file", sweep_file, "--out", out, "--report") == 2
   err = capsys.readouterr().err
-  assert "holds a sweep with a different base config" in err and "from_the_future" in err, err
+  assert "holds a sweep of other settings" in err and "from_the_future" in err, err
 
 
 def test_an_existing_out_its_report_and_its_arms(micro, sweep_file, tmp_path, capsys):

@@ -65,6 +65,17 @@ def prompt_ids(tokenizer, text: str, arch: str, task: str) -> np.ndarray:
   return np.asarray(head + ids + tail, np.int32)
 
 
+def layout_fits(arch: str, source_len, target_len, seq_len: int) -> np.ndarray:
+  """Whether examples of these source / target lengths fit rows of ``seq_len`` with their
+  eos: an encoder-decoder's source and target rows hold each with its eos (the target's
+  input also its bos); a decoder-only row holds [bos] source [eos] target [eos], whose
+  first T + 1 tokens are the inputs and the targets."""
+  source_len, target_len = np.asarray(source_len), np.asarray(target_len)
+  if arch == "encoder_decoder":
+    return np.maximum(source_len, target_len) <= seq_len - 1
+  return source_len + target_len + 3 <= seq_len + 1
+
+
 class PairBatches:
   """(source, target) text pairs laid out for one of the two architectures.
 
@@ -94,11 +105,10 @@ class PairBatches:
     """bool [B]: whether each example's layout holds all of its source and target (the
     layout below cuts longer ones, keeping an encoder-decoder's eos, so the batch alone
     cannot tell); of ``indices``, or of their ``lengths()``."""
-    src, tgt = (self.lengths(indices) if lengths is None else lengths).T
-    T = self.seq_len
-    if self.arch == "encoder_decoder":
-      return np.maximum(src, tgt) <= T - 1
-    return src + tgt + 3 <= T + 1
+    if (indices is None) == (lengths is None):
+      raise ValueError("PairBatches.fits takes the examples' indices or their lengths (one)")
+    src, tgt = (self.lengths(indices) if lengths is None else np.asarray(lengths)).T
+    return layout_fits(self.arch, src, tgt, self.seq_len)
 
   def batch(self, indices) -> dict[str, np.ndarray]:
     B, T = len(indices), self.seq_len

@@ -19,7 +19,13 @@ import numpy as np
 
 from attnlab import extras
 from attnlab.config import DecodeConfig
-from attnlab.data.pipeline import EXAMPLE_FITS, EXAMPLE_MASK, SOURCE_LENGTH, TARGET_LENGTH
+from attnlab.data.pipeline import (
+    EXAMPLE_FITS,
+    EXAMPLE_MASK,
+    SOURCE_LENGTH,
+    TARGET_LENGTH,
+    layout_fits,
+)
 from attnlab.decoding.generate import generate
 from attnlab.training.metrics import perplexity
 
@@ -89,7 +95,7 @@ def _split_rows(batch: dict, arch: str, eos_id: int, pad_id: int):
         [eos_id in targets_BT[b, starts_B[b]:] for b in range(B)])
   else:  # [bos] source [eos] target [eos]: the source's eos at 1 + its length
     starts_B = np.asarray(src_len_B, np.int64) + 1
-    fits_B = starts_B + np.asarray(tgt_len_B) + 2 <= T + 1
+    fits_B = layout_fits(arch, src_len_B, tgt_len_B, T)
   lengths_B = np.where(fits_B, starts_B + 1, 1)
   width = int(lengths_B.max())
   prompt_BT = np.where(np.arange(width)[None, :] < lengths_B[:, None], tokens_BT[:, :width],

@@ -81,6 +81,10 @@ def test_fits_tells_the_examples_the_layout_cuts(arch):
   src = pipeline.PairBatches(pairs, TOK, seq_len=T, arch=arch, loss_on_prompt=False)
   want = [True, False, False, True] if arch == "encoder_decoder" else [True, False, True, False]
   assert src.fits([0, 1, 2, 3]).tolist() == want and src.fits([3, 0]).tolist() == want[::-3]
+  assert src.fits(lengths=src.lengths([0, 1, 2, 3])).tolist() == want
+  for bad in (dict(), dict(indices=[0], lengths=src.lengths([0]))):  # one of the two
+    with pytest.raises(ValueError, match="takes the examples' indices or their lengths"):
+      src.fits(**bad)
   if arch == "decoder_only":
     batch = src.batch([0, 1, 2, 3])
     ends = [EOS in row[row != PAD][-1:] for row in batch["targets_BT"]]

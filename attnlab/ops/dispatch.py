@@ -68,7 +68,8 @@ def attention(
       "auto" (see ``auto_implementation``).
     q_positions, kv_positions: explicit int [B, T] / [B, S] positions, for
       caches whose slots are not in order (a ring buffer); a negative key
-      position marks an empty slot. Supported by "reference" and "chunked".
+      position marks an empty slot. Supported by "reference" and "chunked" ("auto"
+      takes one of them for such a request).
 
   Returns:
     [B, T, N, H] in the dtype of ``q_BTNH``.
@@ -89,6 +90,9 @@ def attention(
       implementation = "blocked" if static else "reference"
     elif implementation == "blocked" and not (static and (causal or window is not None)):
       implementation = "reference"  # no band to skip, or no static key ranges
+    elif implementation == "xla" and not (q_positions is None and kv_positions is None):
+      # GPU / TPU: jax.nn takes no explicit positions; the online softmax does.
+      implementation = "chunked" if _is_constant(scale) else "reference"
   kwargs = dict(
       causal=causal,
       window=window,

@@ -912,3 +912,50 @@ def test_cudnn_matches_reference_forward_and_gradients(kw):
   assert_bf16_close(out, ref, ref32, "out")
   for name, a, b, c in zip(("dq", "dk", "dv"), grads, ref_grads, ref32_grads):
     assert_bf16_close(a, b, c, name)
+
+
+def test_auto_with_explicit_positions_leaves_jax_nn_for_the_online_softmax(monkeypatch):
+  """On a GPU or TPU "auto" is "xla", which takes no explicit positions (a ring's slots):
+  such a request goes to "chunked" (a traced scale: "reference"), equal to the reference;
+  until 2026-12-04 it was refused as "not 'xla'", an implementation the caller never chose."""
+  from attnlab.ops import dispatch
+
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  q, k, v = make_qkv(2, 3, 6, 4, 2, 8)
+  q_pos = jnp.tile(jnp.arange(3, 6, dtype=jnp.int32), (2, 1))
+  kv_pos = jnp.asarray([[4, 5, 0, 1, 2, 3], [4, -1, 0, 1, 2, 3]], jnp.int32)  # a ring
+  want = reference_attention(q, k, v, causal=True, window=4, q_positions=q_pos,
+                             kv_positions=kv_pos)
+  picked = []
+  for name in ("reference_attention", "chunked_attention", "jax_nn_attention"):
+    real = getattr(dispatch, name)
+    monkeypatch.setattr(dispatch, name, lambda *a, _n=name, _f=real, **kw: (
+        picked.append(_n), _f(*a, **kw))[1])
+  got = attention(q, k, v, causal=True, window=4, q_positions=q_pos, kv_positions=kv_pos,
+                  implementation="auto")
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  run = jax.jit(lambda s: attention(q, k, v, causal=True, window=4, q_positions=q_pos,
+                                    kv_positions=kv_pos, scale=s, implementation="auto"))
+  np.testing.assert_allclose(run(0.5), reference_attention(
+      q, k, v, causal=True, window=4, q_positions=q_pos, kv_positions=kv_pos, scale=0.5),
+      rtol=1e-6, atol=1e-6)
+  assert picked == ["chunked_attention", "reference_attention"]
+  attention(q, k, v, causal=True, implementation="auto")  # no positions: jax.nn, as before
+  assert picked[-1] == "jax_nn_attention"
+
+
+@pytest.mark.parametrize("impl", ["reference", "chunked", "blocked", "pallas"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_window_wider_than_any_sequence_is_no_window(impl, causal):
+  """A window of 2**31 - 1 (or past int32, or int64) sees every key, forward and backward:
+  the kernels' int32 key ranges wrapped to empty near 2**31 (zeroed rows, a wrong dK), and
+  a window past 2**31 was an OverflowError naming no argument, until 2026-12-04."""
+  q, k, v = make_qkv(1, 3, 5, 2, 1, 4)
+  loss = lambda q, k, v, w: attention(q, k, v, causal=causal, window=w, q_offset=2,
+                                      implementation=impl).sum()
+  grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=3)
+  want = grad(q, k, v, None)
+  for window in (2**31 - 1, 2**31, 2**40, np.int64(2**62)):
+    got = grad(q, k, v, window)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -531,7 +531,8 @@ class PagedKVCache(_SelfAttentionCache):
     k_BSKH, v_BSKH = cache.gather(k_BTKH.dtype)
     # A position whose page is missing (its token was dropped by ``write``) is not a
     # key: the gather reads page 0 there.
-    has_page_BS = jnp.repeat(self.page_table_BM >= 0, C, axis=1)
+    P = self.k_pages_PCKH.shape[0]
+    has_page_BS = jnp.repeat((self.page_table_BM >= 0) & (self.page_table_BM < P), C, axis=1)
     positions_BS = jnp.where(has_page_BS, _filled_positions(cache.lengths_B, M * C), -1)
     return cache, k_BSKH, v_BSKH, positions_BS
 
@@ -548,7 +549,7 @@ class PagedKVCache(_SelfAttentionCache):
     m_BT = jnp.minimum(pos_BT // C, M - 1)
     page_BT = jnp.take_along_axis(self.page_table_BM, m_BT, axis=1)
     # A token without a page (padding, or an allocator that ran out) is dropped.
-    ok_BT = _is_new_BT(num_new_B, T) & (pos_BT < M * C) & (page_BT >= 0)
+    ok_BT = _is_new_BT(num_new_B, T) & (pos_BT < M * C) & (page_BT >= 0) & (page_BT < P)
     page_BT = jnp.where(ok_BT, page_BT, P)
     int8 = self.k_scale_PCK is not None
     (k_new, ks_new), (v_new, vs_new) = (_encode(x, self.k_pages_PCKH.dtype, int8)

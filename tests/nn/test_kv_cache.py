@@ -210,6 +210,35 @@ def test_a_contiguous_cache_drops_tokens_past_its_capacity():
   np.testing.assert_array_equal(np.asarray(out.k_BKSH[0, :, :3]), 0.0)  # nothing wrapped
 
 
+@pytest.mark.parametrize("impl", ["auto", "pallas"])
+def test_a_page_table_entry_past_the_pool_is_a_missing_page(impl):
+  """An entry >= num_pages (a corrupt table) is no page, as -1 is: its tokens are not
+  stored and its positions are not keys (until 2026-12-04 the gather read the pool's last
+  page, row 1's here, as row 0's keys)."""
+  from attnlab.ops.reference import reference_attention
+
+  table = TABLE.copy()
+  table[0, 1] = 8  # the pool holds pages 0..7; row 1 owns page 7
+  cache = new_cache("paged", "float32").replace(page_table_BM=jnp.asarray(table))
+  gen = random_arrays.rng(3)
+  k, v = (random_arrays.normal(gen, (B, 12, K, H)) for _ in range(2))
+  cache = cache.store(k, v, jnp.array([12, 12], jnp.int32))
+  _, _, _, pos_BS = cache.append(k[:, :0], v[:, :0], jnp.zeros((B,), jnp.int32))
+  assert (np.asarray(pos_BS[0, 4:8]) == -1).all() and (np.asarray(pos_BS[0, :4]) >= 0).all()
+  q = random_arrays.normal(gen, (B, 1, N, H))
+  k1, v1 = (random_arrays.normal(gen, (B, 1, K, H)) for _ in range(2))
+  got, after = jax.jit(lambda c, *a: c.attend(*a, num_new_B=jnp.array([1, 1], jnp.int32),
+                                              q_positions_BT=jnp.full((B, 1), 12, jnp.int32),
+                                              causal=True, window=None, implementation=impl))(
+      cache, q, k1, v1)
+  k_all, v_all = (jnp.concatenate([x, y], axis=1) for x, y in ((k, k1), (v, v1)))
+  pos = np.tile(np.arange(13), (B, 1))
+  pos[0, 4:8] = -1
+  want = reference_attention(q, k_all, v_all, causal=True, q_positions=jnp.full((B, 1), 12),
+                             kv_positions=jnp.asarray(pos))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
+
+
 @pytest.mark.parametrize("dtype,scales", [("float32", None), ("bfloat16", None),
                                           ("int8", "float32")])
 def test_init_shapes_dtypes_and_empty_markers(dtype, scales):

@@ -243,8 +243,9 @@ def test_kernel_blocks_stay_in_bounds(monkeypatch, int8):
 def test_a_bad_page_table_entry_reads_inside_the_pool(monkeypatch):
   """A table entry past the pool (a corrupt table) is clamped to the pool's last page,
   and a missing page (-1) to page 0, so the paged kernel never reads outside the pool
-  (TPU interpret mode raises on a read out of bounds). The row with only a missing
-  page still equals the reference with that page's positions empty."""
+  (TPU interpret mode raises on a read out of bounds). Either is a missing page: each row
+  equals the reference with that page's positions empty (until 2026-12-04 the entry past
+  the pool read the last page, another sequence's, as its own)."""
   from attnlab.ops.reference import reference_attention
 
   pltpu = pytest.importorskip("jax.experimental.pallas.tpu")
@@ -261,6 +262,10 @@ def test_a_bad_page_table_entry_reads_inside_the_pool(monkeypatch):
   want = reference_attention(q[:1], k[:1], v[:1], causal=True, q_offset=63,
                              kv_positions=jnp.where(seen_S, pos_S, -1)[None])
   _assert_close(got[:1], want, jnp.float32)
+  seen_S = (pos_S >= 16) & (pos_S < 20)  # row 1: page 0 is past the pool
+  want = reference_attention(q[1:], k[1:], v[1:], causal=True, q_offset=19,
+                             kv_positions=jnp.where(seen_S, pos_S, -1)[None])
+  _assert_close(got[1:], want, jnp.float32)
 
 
 def test_tiles_outside_the_key_range_are_not_read():
@@ -395,6 +400,10 @@ def _paged(**kw):
   return decode.paged_decode_attention(_Q, _POOL, _POOL, _TABLE, _LEN, **kw)
 
 
+def _paged_kv(k_pages, v_pages, **kw):
+  return decode.paged_decode_attention(_Q, k_pages, v_pages, _TABLE, _LEN, **kw)
+
+
 def _heads_major(**kw):
   return decode.decode_attention_heads_major(_Q, _ROWS, _ROWS, _LEN, **kw)
 
@@ -441,6 +450,26 @@ def _heads_major(**kw):
     (lambda: decode.decode_attention_heads_major(jnp.zeros((1, 4, 32)), jnp.zeros((1, 2, 16, 32)),
                                                  jnp.zeros((1, 2, 16, 32)), _LEN),
      r"q_BTNH must be rank 4"),
+    # Until 2026-12-04: a float k with an int8 v weighed v by probabilities cast to int8 (0 or
+    # 1), an int8 k with a float v multiplied v by its scale, an int32 cache or q was taken,
+    # float lengths and page tables were truncated, a list of lengths an AttributeError.
+    (lambda: decode.decode_attention_heads_major(_Q, _ROWS, _ROWS.astype(jnp.int8), _LEN),
+     r"the cache's keys and values must be both floating-point or both int8 \(with "
+     r"k_scale_BKS / v_scale_BKS\), got dtypes float32 and int8"),
+    (lambda: _paged_kv(_POOL.astype(jnp.int8), _POOL, k_scale_PCK=jnp.ones((5, 16, 2)),
+                       v_scale_PCK=jnp.ones((5, 16, 2))),
+     r"got dtypes int8 and float32"),
+    (lambda: _paged_kv(_POOL.astype(jnp.int32), _POOL.astype(jnp.int32)),
+     r"got dtypes int32 and int32"),
+    (lambda: decode.decode_attention_heads_major(_Q.astype(jnp.int32), _ROWS, _ROWS, _LEN),
+     r"q_BTNH must be a floating-point array \(float32, bfloat16, float16, \.\.\.\), got dtype "
+     "int32"),
+    (lambda: decode.paged_decode_attention(_Q, _POOL, _POOL, _TABLE, jnp.array([3.7])),
+     r"lengths_B must be integers, got dtype float32"),
+    (lambda: decode.decode_attention(_Q, jnp.zeros((1, 16, 2, 32)), jnp.zeros((1, 16, 2, 32)),
+                                     jnp.array([3.0])), r"lengths_B must be integers"),
+    (lambda: decode.paged_decode_attention(_Q, _POOL, _POOL, _TABLE.astype(jnp.float32), _LEN),
+     r"page_table_BM must be integers, got dtype float32"),
 ])
 def test_bad_input_names_the_argument(call, match):
   with pytest.raises(ValueError, match=match):
@@ -465,6 +494,10 @@ def test_numpy_ints_are_taken_like_python_ints():
     want = call(window=5, **{splits: 2})
     np.testing.assert_array_equal(call(window=np.int64(5), **{splits: np.int32(2)}), want)
     _assert_matches_reference(want, q, k, k, lengths_B, 5)
+  # Lengths as a list or a NumPy array are taken as the array they hold.
+  for lengths in ([20], np.array([20], np.int64)):
+    np.testing.assert_array_equal(decode.decode_attention(q, k, k, lengths, num_splits=2),
+                                  decode.decode_attention(q, k, k, lengths_B, num_splits=2))
 
 
 @pytest.mark.parametrize("page_size", [8, 24])

@@ -50,29 +50,40 @@ MAX_QUERIES = 8
 
 def _check_queries(q_BTNH, *, head_dim, num_kv_heads, kv_name, lengths_B, window):
   """The shared q checks (``checks``), then what only the decode kernels need; returns
-  ``window`` as a Python int (or None)."""
+  ``window`` as a Python int (or None) and ``lengths_B`` as an array."""
   checks.check_query_heads(q_BTNH, num_kv_heads=num_kv_heads, head_dim=head_dim,
                            kv_name=kv_name)
+  if not jnp.issubdtype(q_BTNH.dtype, jnp.floating):
+    raise ValueError(f"q_BTNH must be a floating-point array (float32, bfloat16, float16, "
+                     f"...), got dtype {q_BTNH.dtype}")
   window = checks.check_window(window)
-  _check_decode_queries(q_BTNH, lengths_B)
-  return window
+  return window, _check_decode_queries(q_BTNH, lengths_B)
 
 
 def _check_decode_queries(q_BTNH, lengths_B):
-  """What only the decode kernels ask of q (already checked against the cache) and lengths."""
+  """What only the decode kernels ask of q (already checked against the cache) and lengths;
+  returns ``lengths_B`` as an array."""
   B, T = q_BTNH.shape[:2]
   if not 1 <= T <= MAX_QUERIES:
     raise ValueError(
         f"q_BTNH has T={T} queries; the decode kernels take 1..{MAX_QUERIES} "
         "(use flash_attention for prefill)"
     )
+  lengths_B = jnp.asarray(lengths_B)
   if tuple(lengths_B.shape) != (B,):
     raise ValueError(f"lengths_B shape {lengths_B.shape} must be [B] = ({B},)")
+  if not jnp.issubdtype(lengths_B.dtype, jnp.integer):
+    raise ValueError(f"lengths_B must be integers, got dtype {lengths_B.dtype}")
+  return lengths_B
 
 
-def _check_scales(k, k_scale, v_scale, names, shape) -> bool:
-  """Whether the cache ``k`` is int8; its scales must come with it, of ``shape``."""
+def _check_scales(k, v, k_scale, v_scale, names, shape) -> bool:
+  """Whether the cache ``k`` / ``v`` is int8 (both, or both floating-point); the scales
+  must come with int8, of ``shape``."""
   int8 = k.dtype == jnp.int8
+  if v.dtype != k.dtype or not (int8 or jnp.issubdtype(k.dtype, jnp.floating)):
+    raise ValueError(f"the cache's keys and values must be both floating-point or both int8 "
+                     f"(with {names}), got dtypes {k.dtype} and {v.dtype}")
   if int8 != (k_scale is not None) or (k_scale is None) != (v_scale is None):
     raise ValueError(f"{names} go with an int8 cache, and only with one "
                      f"(cache dtype {k.dtype}, scales given: {k_scale is not None})")
@@ -184,13 +195,13 @@ def _paged_kernel(len_ref, table_ref, q_ref, k_ref, v_ref, *rest, pages_per_spli
   def load_tile(m):
     entry = table_ref[m - s * pages_per_split]
     # Clamped so that a bad table entry cannot read outside the pool; a missing page
-    # (entry < 0) reads page 0 and is masked.
+    # (entry < 0) or one past the pool reads a page of the pool and is masked.
     page = jnp.clip(entry, 0, num_pages - 1)
     k_cH, v_cH = k_ref[page], v_ref[page]
     if int8:  # dequantize the page: int8 * its per-token float32 scale
       k_cH = k_cH.astype(jnp.float32) * ks_ref[page][:, None]
       v_cH = v_cH.astype(jnp.float32) * vs_ref[page][:, None]
-    return k_cH, v_cH, entry >= 0
+    return k_cH, v_cH, (entry >= 0) & (entry < num_pages)
 
   o, lse = _split_softmax(q_ref[...], load_tile, length=length,
                           kv_len=jnp.minimum(length, kv_len_static), split=s,
@@ -237,7 +248,7 @@ def decode_attention(q_BTNH, k_BSKH, v_BSKH, lengths_B, *, window: int | None = 
     [B, T, N, H] in the dtype of ``q_BTNH``.
   """
   _, window, _ = checks.check_qkv(q_BTNH, k_BSKH, v_BSKH, window=window)
-  _check_decode_queries(q_BTNH, lengths_B)
+  lengths_B = _check_decode_queries(q_BTNH, lengths_B)
   num_splits = checks.positive_or_none("num_splits", num_splits)
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
@@ -316,13 +327,16 @@ def paged_decode_attention(q_BTNH, k_pages_PCKH, v_pages_PCKH, page_table_BM, le
     raise ValueError(f"k_pages_PCKH shape {k_pages_PCKH.shape} and v_pages_PCKH shape "
                      f"{v_pages_PCKH.shape} must match")
   P, C, K, H = k_pages_PCKH.shape
-  int8 = _check_scales(k_pages_PCKH, k_scale_PCK, v_scale_PCK, "k_scale_PCK / v_scale_PCK",
-                       (P, C, K))
-  window = _check_queries(q_BTNH, head_dim=H, num_kv_heads=K, kv_name="k_pages_PCKH",
-                          lengths_B=lengths_B, window=window)
+  int8 = _check_scales(k_pages_PCKH, v_pages_PCKH, k_scale_PCK, v_scale_PCK,
+                       "k_scale_PCK / v_scale_PCK", (P, C, K))
+  window, lengths_B = _check_queries(q_BTNH, head_dim=H, num_kv_heads=K,
+                                     kv_name="k_pages_PCKH", lengths_B=lengths_B, window=window)
   B, T, N, _ = q_BTNH.shape
+  page_table_BM = jnp.asarray(page_table_BM)
   if page_table_BM.ndim != 2 or page_table_BM.shape[0] != B:
     raise ValueError(f"page_table_BM shape {page_table_BM.shape} must be [B, M] with B={B}")
+  if not jnp.issubdtype(page_table_BM.dtype, jnp.integer):
+    raise ValueError(f"page_table_BM must be integers, got dtype {page_table_BM.dtype}")
   pages_per_split = checks.positive_or_none("pages_per_split", pages_per_split)
   scale = checks.scale_value(scale, H)
   interpret = common.resolve_interpret(interpret)
@@ -421,11 +435,12 @@ def decode_attention_heads_major(q_BTNH, k_BKSH, v_BKSH, lengths_B, *, k_scale_B
   if k_BKSH.shape != v_BKSH.shape:
     raise ValueError(f"k_BKSH shape {k_BKSH.shape} and v_BKSH shape {v_BKSH.shape} must match")
   B, K, S, H = k_BKSH.shape
-  int8 = _check_scales(k_BKSH, k_scale_BKS, v_scale_BKS, "k_scale_BKS / v_scale_BKS", (B, K, S))
+  int8 = _check_scales(k_BKSH, v_BKSH, k_scale_BKS, v_scale_BKS, "k_scale_BKS / v_scale_BKS",
+                       (B, K, S))
   if q_BTNH.ndim == 4 and q_BTNH.shape[0] != B:
     raise ValueError(f"batch of q_BTNH ({q_BTNH.shape[0]}) and of the cache ({B}) must match")
-  window = _check_queries(q_BTNH, head_dim=H, num_kv_heads=K, kv_name="k_BKSH",
-                          lengths_B=lengths_B, window=window)
+  window, lengths_B = _check_queries(q_BTNH, head_dim=H, num_kv_heads=K, kv_name="k_BKSH",
+                                     lengths_B=lengths_B, window=window)
   num_splits = checks.positive_or_none("num_splits", num_splits)
   T, N = q_BTNH.shape[1:3]
   scale = checks.scale_value(scale, H)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnlab.config import is_integer
+from attnlab.config import is_integer, is_number
 
 
 def check_query_heads(q_BTNH, *, num_kv_heads: int, head_dim: int, kv_name: str = "k_BSKH"):
@@ -23,6 +24,8 @@ def check_query_heads(q_BTNH, *, num_kv_heads: int, head_dim: int, kv_name: str 
     raise ValueError(f"q_BTNH must be rank 4 [B, T, N, H], got shape {q_BTNH.shape}")
   if num_kv_heads < 1:
     raise ValueError(f"{kv_name} has no heads (K={num_kv_heads}): give at least one KV head")
+  if head_dim < 1:
+    raise ValueError(f"{kv_name} has heads of no dimensions (H={head_dim}): give H >= 1")
   if q_BTNH.shape[3] != head_dim:
     raise ValueError(
         f"head dim of q_BTNH ({q_BTNH.shape[3]}) and of {kv_name} ({head_dim}) must match "
@@ -143,6 +146,20 @@ def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, causal=False, window=None, q_offset=0,
   return causal, window, q_offset
 
 
+def check_scale(scale) -> None:
+  """None, a real number (Python or NumPy, not a bool), or a 0-d real array (traced too)."""
+  if scale is None:
+    return
+  if isinstance(scale, jax.Array | np.ndarray):
+    if scale.shape != () or not (jnp.issubdtype(scale.dtype, jnp.floating)
+                                 or jnp.issubdtype(scale.dtype, jnp.integer)):
+      raise ValueError(f"scale must be one real number (shape ()), got an array of shape "
+                       f"{scale.shape} and dtype {scale.dtype}")
+  elif not is_number(scale):
+    raise ValueError(f"scale={scale!r} must be a real number (or a 0-d array), got "
+                     f"{type(scale).__name__}")
+
+
 def scale_value(scale, head_dim: int) -> float:
   """The scores' multiplier as a Python float: ``scale``, or 1 / sqrt(head_dim) by default.
 
@@ -150,6 +167,7 @@ def scale_value(scale, head_dim: int) -> float:
   compiled program; a traced scale (a learned temperature under ``jax.jit``) is refused
   by name rather than failing inside ``float``.
   """
+  check_scale(scale)
   if scale is None:
     return 1.0 / math.sqrt(head_dim)
   try:

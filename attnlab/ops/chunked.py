@@ -44,6 +44,8 @@ def chunked_attention(
   scale = checks.scale_value(scale, H)
   # Also when called directly, not via attention: "false" would be a truthy causal.
   causal, q_offset = checks.check_causal(causal), checks.check_q_offset(q_offset, B)
+  if (q_segment_ids is None) != (kv_segment_ids is None):
+    raise ValueError("q_segment_ids and kv_segment_ids must be given together")
   if block_k < 1:
     raise ValueError(f"block_k={block_k} must be positive")
   block_k = max(1, min(block_k, S))  # S = 0: a scan over no key block (every query sees none)

@@ -79,6 +79,7 @@ def attention(
       q_BTNH, k_BSKH, v_BSKH, causal=causal, window=window, q_offset=q_offset,
       q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, q_positions=q_positions,
       kv_positions=kv_positions)
+  checks.check_scale(scale)
   if scale is None:
     scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
   if implementation == "auto":

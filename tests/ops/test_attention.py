@@ -107,14 +107,16 @@ def test_the_output_has_the_dtype_of_the_queries(impl):
 
 
 @pytest.mark.parametrize("impl", ["reference", "blocked", "chunked", "xla", "pallas", "auto"])
-@pytest.mark.parametrize("T,S", [(0, 9), (9, 0), (0, 0)])
+@pytest.mark.parametrize("T,S,B,N", [(0, 9, 2, 4), (9, 0, 2, 4), (0, 0, 2, 4), (9, 9, 0, 4),
+                                     (9, 9, 2, 0)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_no_queries_or_no_keys_give_zeros_everywhere(impl, T, S, causal):
-  """An empty query or key axis: every implementation returns the queries' shape and
-  dtype, zeros (a query that sees no key), and zero gradients. (`blocked`
-  and so `auto` failed on T = 0, `chunked` and the reference on S = 0.)"""
-  q = jnp.ones((2, T, 4, 8), jnp.bfloat16)
-  k = v = jnp.ones((2, S, 2, 8), jnp.bfloat16)
+def test_no_queries_or_no_keys_give_zeros_everywhere(impl, T, S, B, N, causal):
+  """An empty query or key axis (or no batch rows, or no query heads): every
+  implementation returns the queries' shape and dtype, zeros (a query that sees no key),
+  and zero gradients. (`blocked` and so `auto` failed on T = 0, `chunked` and the
+  reference on S = 0; "pallas" on B = 0 or N = 0 until 2026-12-04.)"""
+  q = jnp.ones((B, T, N, 8), jnp.bfloat16)
+  k = v = jnp.ones((B, S, 2, 8), jnp.bfloat16)
   fn = lambda q, k, v: attention(q, k, v, causal=causal, implementation=impl)
   out = jax.jit(fn)(q, k, v)
   grads = jax.jit(jax.grad(lambda *a: fn(*a).astype(jnp.float32).sum(), (0, 1, 2)))(q, k, v)
@@ -554,8 +556,11 @@ def test_the_reference_and_chunked_ops_check_causal_and_q_offset_when_called_dir
   from attnlab.ops.reference import reference_attention
 
   q, k = jnp.zeros((2, 4, 2, 8)), jnp.zeros((2, 6, 1, 8))
+  seg = jnp.zeros((2, 4), jnp.int32)
+  bad = BAD_CAUSAL_OR_OFFSET + [  # chunked: an AttributeError on None until 2026-12-04
+      (dict(q_segment_ids=seg), "q_segment_ids and kv_segment_ids must be given together")]
   for op in (reference_attention, chunked_attention):
-    for kw, message in BAD_CAUSAL_OR_OFFSET:
+    for kw, message in bad:
       with pytest.raises(ValueError) as e:
         op(q, k, k, **kw)
       assert str(e.value) == message, (op, kw)
@@ -581,6 +586,14 @@ def test_dtypes_of_qkv_segment_ids_and_positions_are_checked_for_every_implement
        "uint8"),
       ((q, jnp.zeros((2, 6, 0, 8)), jnp.zeros((2, 6, 0, 8))), {},
        "k_BSKH has no heads (K=0): give at least one KV head"),
+      ((jnp.zeros((2, 4, 2, 0)), jnp.zeros((2, 6, 1, 0)), jnp.zeros((2, 6, 1, 0))), {},
+       "k_BSKH has heads of no dimensions (H=0): give H >= 1"),  # a ZeroDivisionError
+      # A scale that is not one real number (a string was taken as float("0.5")).
+      ((q, k, k), dict(scale="0.5"),
+       "scale='0.5' must be a real number (or a 0-d array), got str"),
+      ((q, k, k), dict(scale=True), "scale=True must be a real number (or a 0-d array), got bool"),
+      ((q, k, k), dict(scale=jnp.array([0.5, 0.5])),
+       "scale must be one real number (shape ()), got an array of shape (2,) and dtype float32"),
       ((q, k, k), dict(q_segment_ids=seg_q + 0.2, kv_segment_ids=seg_k),
        "q_segment_ids must be an integer or bool array, got dtype float32"),
       ((q, k, k), dict(q_segment_ids=seg_q, kv_segment_ids=seg_k.astype(jnp.float16)),

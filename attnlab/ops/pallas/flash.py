@@ -164,7 +164,7 @@ def _flash_gpu(q_BTNH, k_BSKH, v_BSKH, *, causal, window, q_segment_ids, kv_segm
   common.check_block("block_k", block_k)
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
-  if T == 0 or S == 0:
+  if q_BTNH.size == 0 or S == 0:  # no query (B, T or N = 0), or no key: zeros
     return jnp.zeros(q_BTNH.shape, q_BTNH.dtype)
   scale = checks.scale_value(scale, H)
   blocks, Hp = flash_gpu.plan(T, S, H, block_q=block_q, block_k=block_k, interpret=interpret)

@@ -501,7 +501,7 @@ def flash_attention_tpu(q_BTNH, k_BSKH, v_BSKH, *, causal: bool = False,
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   interpret = resolve_interpret(interpret)
   blocks = plan(T, S, block_q=block_q, block_k=block_k, interpret=interpret)
-  if T == 0 or S == 0:
+  if q_BTNH.size == 0 or S == 0:  # no query (B, T or N = 0), or no key: zeros
     return jnp.zeros(q_BTNH.shape, q_BTNH.dtype)
   bq, bk = blocks.block_q, blocks.block_k
   Tp, Sp = round_up(T, bq), round_up(S, bk)

@@ -156,7 +156,7 @@ def test_a_stopped_sweep_says_how_to_resume_exit_0_and_uses_the_compilation_cach
 
   def stopped(out, sweep, arms, base, only=None):
     seen["set before the runs"] = list(cache_dir_updates)
-    raise sweep_lib.SweepInterrupted("mha seed 0 stopped by SIGTERM at step 1")
+    raise sweep_lib.SweepInterrupted("mha seed 0 stopped by SIGTERM at step 1; checkpoint saved")
 
   monkeypatch.setattr(sweep_lib, "run_sweep", stopped)
   out, cache = tmp_path / "out", tmp_path / "xla"
@@ -165,7 +165,7 @@ def test_a_stopped_sweep_says_how_to_resume_exit_0_and_uses_the_compilation_cach
                  str(cache)) == 0
   captured = capsys.readouterr()
   assert captured.err == ("attnlab ablate: mha seed 0 stopped by SIGTERM at step 1; checkpoint "
-                          "saved, rerun the same command to resume\n")
+                          "saved; rerun the same command to resume\n")
   assert captured.out == ""
   assert seen["set before the runs"] == cache_dir_updates == [str(cache)] and cache.is_dir()
   assert os.listdir(out) == ["sweep.gin"]

@@ -479,7 +479,10 @@ def _sample_encoder_decoder_impl(model, src_BS, src_seg_BS, rng, eos_id, bos_id,
   ones_B1 = jnp.ones((B, 1), jnp.int32)
   if alloc is not None:
     cache, alloc = _reserve(cache, alloc, ones_B1[:, 0], page_size)
-  logits_B1V, cache = forward(jnp.broadcast_to(bos_id, (B, 1)), ones_B1, cache)
+  # The bos step as a prefill (over an emptied cache): it attends to its own K/V as computed,
+  # not as rounded to a bfloat16 or int8 cache, as the uncached forward pass does.
+  logits_B1V, cache = forward(jnp.broadcast_to(bos_id, (B, 1)), ones_B1,
+                              cache_lib.as_empty(cache))
   return _sampling_loop(forward, cache, alloc, logits_B1V[:, 0], rng,
                         max_new_tokens=max_new_tokens, eos_id=eos_id, sampling=sampling,
                         page_size=page_size, pad_id=cfg.pad_id)
@@ -490,23 +493,29 @@ def _beam_encoder_decoder_impl(model, src_BS, src_seg_BS, eos_id, bos_id, *, max
                                cache_dtype):
   model = _in_eval_mode(model)
   cfg = model.cfg
-  B = src_BS.shape[0]
-  # Beams are rows X = b * Z + z; every beam of a source shares its cross K/V.
-  cross = jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0),
-                       model.cross_cache(src_BS, src_segment_ids_BS=src_seg_BS))
-  cache, _ = _new_cache(cfg, kind, B * beam_size, cache_len, page_size, None, cache_dtype)
+  B, Z = src_BS.shape[0], beam_size
+  cross_B = model.cross_cache(src_BS, src_segment_ids_BS=src_seg_BS)
   forward = _decoder_forward(model)
+  log_probs = lambda logits_XV: jax.nn.log_softmax(logits_XV.astype(jnp.float32), axis=-1)
+  without_cross = lambda cache: tuple(block.replace(cross_attn=None) for block in cache)
+  # The bos step once per source, as a prefill (as greedy decoding runs it: its own K/V as
+  # computed, not rounded to the cache dtype); then every row is copied for each beam.
+  cache, _ = _new_cache(cfg, kind, B, cache_len, page_size, None, cache_dtype)
+  logits_B1V, cache = forward(jnp.full((B, 1), bos_id, jnp.int32), jnp.ones((B, 1), jnp.int32),
+                              cache_lib.as_empty(cache_lib.with_cross(cache, cross_B)))
+  # Beams are rows X = b * Z + z; every beam of a source shares its cross K/V.
+  repeat = lambda tree: jax.tree.map(lambda x: jnp.repeat(x, Z, axis=0), tree)
+  cross, cache = repeat(cross_B), repeat(without_cross(cache))
 
   def step_fn(tokens_X, self_cache):
     # The cross K/V stay out of the beam state: reordering beams of one source
     # would only shuffle identical copies.
     logits_X1V, cache = forward(tokens_X[:, None], None, cache_lib.with_cross(self_cache, cross))
-    self_cache = tuple(block.replace(cross_attn=None) for block in cache)
-    return jax.nn.log_softmax(logits_X1V[:, 0].astype(jnp.float32), axis=-1), self_cache
+    return log_probs(logits_X1V[:, 0]), without_cross(cache)
 
-  return beam_search(step_fn, cache, batch=B, beam_size=beam_size, max_len=max_new_tokens,
-                     bos_id=bos_id, eos_id=eos_id, length_penalty=length_penalty,
-                     pad_id=cfg.pad_id)
+  return beam_search(step_fn, cache, batch=B, beam_size=Z, max_len=max_new_tokens,
+                     first_log_probs_XV=log_probs(jnp.repeat(logits_B1V[:, 0], Z, axis=0)),
+                     eos_id=eos_id, length_penalty=length_penalty, pad_id=cfg.pad_id)
 
 
 # The compiled programs. Jitted here rather than decorated so that tools/mutation.sh reaches

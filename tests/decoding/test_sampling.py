@@ -393,3 +393,22 @@ def test_generate_decodes_without_dropout_and_leaves_a_training_model_training(a
   model.eval()
   np.testing.assert_array_equal(first, second)
   np.testing.assert_array_equal(first, run())
+
+
+@pytest.mark.parametrize("cache_dtype", ["int8", "bfloat16"])
+def test_an_encoder_decoders_bos_step_is_the_uncached_models_through_a_rounded_cache(
+    cache_dtype):
+  """The bos step runs as a prefill (the decoder-only prompt's way): it attends to its own K/V
+  as computed, not rounded to the cache dtype, so the first token is the uncached model's
+  argmax for every source, and a beam of 1 is greedy decoding. Until 2026-12-04 it read its
+  K/V back from the cache (int8: 31 of 4096 first tokens of a tiny model differed)."""
+  model = encdec_model("mqa_rope_window4", varied=True)
+  src = random_tokens(11, (1024, 5))
+  want = np.argmax(encdec_forward("mqa_rope_window4", varied=True)(
+      src, np.ones((len(src), 1), np.int32))[:, 0], axis=-1)
+  kw = dict(eos_id=None, cache_dtype=cache_dtype)
+  got = np.asarray(attnlab.generate(model, src, max_new_tokens=1, **kw))[:, 0]
+  np.testing.assert_array_equal(got, want)
+  greedy = np.asarray(attnlab.generate(model, src[:32], max_new_tokens=8, **kw))
+  np.testing.assert_array_equal(
+      np.asarray(attnlab.generate(model, src[:32], max_new_tokens=8, beam_size=1, **kw)), greedy)

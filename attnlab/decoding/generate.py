@@ -121,6 +121,11 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
   if not isinstance(sampling, Sampling):
     raise GenerateInputError(f"sampling must be a Sampling, got {type(sampling).__name__}")
   positive_int("page_size", page_size)
+  if cache_len is not None:
+    if cache == "ring":
+      raise GenerateInputError(f"cache_len={cache_len!r} is for cache='contiguous' or 'paged'; "
+                               "a ring holds the model's window")
+    cache_len = positive_int("cache_len", cache_len)
   if num_pages is not None:
     if cache != "paged":
       raise GenerateInputError(f"num_pages={num_pages} is for cache='paged', got cache={cache!r}")
@@ -162,7 +167,12 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
         cache_len=cache_len, num_pages=num_pages, **static)
   else:
     lengths_B = _prompt_lengths(cfg, prompt_BT, prompt_lengths_B)
-    # The last generated token is never fed back, so it needs no cache slot.
+    # The last generated token is never fed back, so it needs no cache slot. Padding past
+    # the longest prompt takes no position: where it alone would not fit, it is cut.
+    room = cfg.max_len if cache_len is None else min(cfg.max_len, cache_len)
+    if T + max_new_tokens - 1 > room and int(lengths_B.max()) < T:
+      T = int(lengths_B.max())
+      prompt_BT = prompt_BT[:, :T]
     cache_len = _check_cache_len(cfg, cache_len, T + max_new_tokens - 1,
                                  "the prompt plus max_new_tokens", PromptTooLongError)
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)

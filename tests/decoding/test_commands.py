@@ -319,6 +319,25 @@ def test_decode_workdir_without_config_exits_2(tmp_path, capsys):
   assert rc == 2 and "--prompt" in err
 
 
+@pytest.mark.parametrize("beam_size", [None, 2])
+def test_padding_past_the_longest_prompt_takes_no_position(beam_size):
+  """A right-padded batch whose width plus max_new_tokens exceeds max_len (or cache_len),
+  while its longest prompt plus max_new_tokens fits, decodes as the unpadded batch (it was
+  refused, counting the padding as positions)."""
+  model = decoder_model("mqa_rope_window3", varied=True)
+  prompts = np.zeros((2, 60), np.int32)
+  prompts[0, :2], prompts[1, :3] = [5, 6], [7, 8, 9]
+  kw = dict(prompt_lengths_B=np.array([2, 3], np.int32), eos_id=None, beam_size=beam_size)
+  want = np.asarray(attnlab.generate(model, prompts[:, :3], max_new_tokens=10, **kw))
+  np.testing.assert_array_equal(
+      np.asarray(attnlab.generate(model, prompts, max_new_tokens=10, **kw)), want)
+  np.testing.assert_array_equal(np.asarray(attnlab.generate(
+      model, prompts[:, :8], max_new_tokens=10, cache_len=12, **kw)), want)
+  with pytest.raises(ValueError, match=re.escape(
+      "the prompt plus max_new_tokens needs 65 positions, more than the model's max_len=64")):
+    attnlab.generate(model, prompts, max_new_tokens=63, **kw)  # the longest prompt's 3 + 62
+
+
 def test_generate_rejects_bad_prompts():
   model = decoder_model("mha_rope")
   with pytest.raises(ValueError, match="empty"):
@@ -335,6 +354,20 @@ def test_generate_rejects_bad_prompts():
   with pytest.raises(ValueError, match=re.escape(
       "the prompt plus max_new_tokens needs 101 positions, more than the model's max_len=64")):
     attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=100)
+  # cache_len: a positive int, for the caches that have one (10.0 and "9" were errors from
+  # inside JAX, True a cache of one slot, and a ring checked a length it ignores).
+  for bad, message in ((10.0, "cache_len=10.0 must be a positive integer"),
+                       ("9", "cache_len='9' must be a positive integer"),
+                       (True, "cache_len=True must be a positive integer"),
+                       (0, "cache_len=0 must be a positive integer")):
+    with pytest.raises(ValueError) as e:
+      attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=2, cache_len=bad)
+    assert str(e.value) == message
+  with pytest.raises(ValueError) as e:
+    attnlab.generate(decoder_model("mqa_rope_window3"), np.array([[5, 6]]), max_new_tokens=2,
+                     cache="ring", cache_len=8)
+  assert str(e.value) == ("cache_len=8 is for cache='contiguous' or 'paged'; a ring holds the "
+                          "model's window")
   with pytest.raises(ValueError, match=re.escape(
       "cache='ring' needs a sliding-window model (ModelConfig.window), got window=None; use "
       "cache='contiguous' or 'paged'")):

@@ -688,8 +688,11 @@ def as_empty(cache):
   """The caches with every sequence emptied, flagged (statically) as empty.
 
   Lengths 0, ring slots unassigned (a paged cache keeps its page table: the
-  pages assigned stay assigned). The buffers are kept as they are; nothing
-  in them is read before it is written again. The next call through the
+  pages assigned stay assigned). The buffers are kept as they are. The next
+  call reads none of them; the decode steps after it read every slot of the
+  buffer and weigh the unwritten ones by 0, so stale values must be finite (a
+  NaN or inf left there, by a float16 overflow say, would reach the output).
+  The next call through the
   model is a prefill that attends over its own tokens only, exactly as the
   uncached forward pass does (the layer's implementation, the new K/V
   before any rounding to the cache dtype), and writes them without reading

@@ -275,7 +275,9 @@ class ModelConfig:
     _choice("pos", self.pos, POSITIONS)
     _choice("rope_pairing", self.rope_pairing, ROPE_PAIRINGS)
     if self.pos == "rope" and self.head_dim % 2:
-      raise ValueError(f"head_dim={self.head_dim} must be even with pos='rope'")
+      given = ("" if "head_dim" not in resolved else
+               f" (d_model={self.d_model} / num_heads={self.num_heads}; head_dim not given)")
+      raise ValueError(f"head_dim={self.head_dim}{given} must be even with pos='rope'")
     if self.pos == "sinusoidal" and self.d_model % 2:
       raise ValueError(f"d_model={self.d_model} must be even with pos='sinusoidal'")
     if self.rope_theta <= 0:

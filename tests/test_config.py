@@ -14,6 +14,8 @@ INVALID = [
      'num_heads=6 must be a multiple of num_kv_heads=4'),
     (dict(head_dim=33, pos='rope'),
      "head_dim=33 must be even with pos='rope'"),
+    (dict(d_model=12, num_heads=4, pos='rope'),  # named a field the user never set
+     "head_dim=3 (d_model=12 / num_heads=4; head_dim not given) must be even with pos='rope'"),
     (dict(window=0),
      'window=0 must be a positive integer'),
     (dict(window=-3),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
+from attnlab.config import is_integer
 from attnlab.nn.kv_cache import CrossKVCache
 from attnlab.nn.layers import Einsum
 from attnlab.nn.positions import apply_rope
@@ -41,6 +42,10 @@ class Attention(nnx.Module):
                use_bias: bool = False, o_bias: bool | None = None, dropout_rate: float = 0.0,
                implementation: str = "auto", dtype=jnp.float32, param_dtype=jnp.float32,
                rngs: nnx.Rngs):
+    for name, value in (("d_model", d_model), ("num_heads", num_heads),
+                        ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+      if not is_integer(value) or value < 1:  # 0 KV heads was a ZeroDivisionError
+        raise ValueError(f"{name}={value!r} must be a positive integer")
     if num_heads % num_kv_heads:
       raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}")
     self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim

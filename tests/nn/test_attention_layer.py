@@ -101,6 +101,11 @@ def test_causal_rope_and_biases_against_numpy(o_bias):
 def test_heads_that_do_not_group_are_refused_by_name():
   with pytest.raises(ValueError, match=r"^num_heads=6 must be a multiple of num_kv_heads=4$"):
     Attention(D, 6, 4, H, rngs=nnx.Rngs(0))
+  # A size of 0 (0 KV heads was a ZeroDivisionError) or not an int, named.
+  for args, name in (((D, 4, 0, H), "num_kv_heads=0"), ((D, 0, 1, H), "num_heads=0"),
+                     ((D, 4, 2, 0), "head_dim=0"), ((D, 4, 2.0, H), "num_kv_heads=2.0")):
+    with pytest.raises(ValueError, match=f"^{name} must be a positive integer$"):
+      Attention(*args, rngs=nnx.Rngs(0))
 
 
 @pytest.mark.parametrize("param_dtype", [jnp.float32, jnp.bfloat16])

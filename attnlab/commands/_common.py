@@ -30,7 +30,8 @@ def split_gin_flags(argv: list[str]) -> tuple[list[str], list[str]]:
       body = arg[len("--gin."):]
       if "=" not in body:
         value = next(it, None)
-        if value is None:
+        # A flag is not a value: "--gin.X --workdir w" bound X to "--workdir" before.
+        if value is None or value.startswith("--"):
           raise CommandError(f"{arg} needs a value: --gin.NAME=VALUE")
         body = f"{body}={value}"
       name, value = body.split("=", 1)

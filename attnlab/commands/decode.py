@@ -137,7 +137,7 @@ def main(argv: list[str]) -> int:
                         seed=args.seed, page_size=args.page_size, num_pages=args.num_pages)
   except ValueError as e:
     raise CommandError(str(e)) from None
-  prompts = _read_prompts(args)
+  prompts, line_of = _read_prompts(args)
   mesh = _mesh(args.mesh_shape)
 
   try:
@@ -172,7 +172,7 @@ def main(argv: list[str]) -> int:
   if dcfg.beam_size > 1:
     kwargs.update(beam_size=dcfg.beam_size, length_penalty=dcfg.length_penalty)
   if (lengths_B == 0).any():
-    raise CommandError(f"prompt {int(np.argmax(lengths_B == 0)) + 1} is empty")
+    raise CommandError(f"{line_of(int(np.argmax(lengths_B == 0)))} is empty")
   # Prompt (or source) lengths: a token with the pad id inside a prompt is a token.
   kwargs.update(prompt_lengths_B=lengths_B)
   try:
@@ -181,8 +181,8 @@ def main(argv: list[str]) -> int:
     message = str(e)                                      # small); a bug keeps its traceback
     if len(prompts) > 1 and isinstance(e, PromptTooLongError):
       i = int(np.argmax(lengths_B))  # the batch is as wide as its longest prompt
-      message += (f" (the longest is prompt {i + 1} of {args.prompts_file}, {lengths_B[i]} "
-                  f"tokens: {prompts[i][:40]!r})")
+      message += (f" (the longest is {line_of(i)}, {lengths_B[i]} tokens: "
+                  f"{prompts[i][:40]!r})")
     raise CommandError(message) from None
   for prompt, row in zip(prompts, out_BL):
     if tokenizer.eos_id is not None and tokenizer.eos_id in row:
@@ -196,23 +196,33 @@ def main(argv: list[str]) -> int:
   return 0
 
 
-def _read_prompts(args) -> list[str]:
+def _read_prompts(args):
+  """The prompts, and a function naming prompt i where it came from ("line N of FILE": blank
+  lines are skipped, so prompt i need not be line i + 1)."""
   if args.prompt is not None:
-    prompts = [args.prompt]
+    try:
+      args.prompt.encode("utf-8")
+    except UnicodeEncodeError:  # bytes Python could not decode, kept as surrogates
+      raise CommandError("--prompt is not UTF-8 text (it holds bytes that decode to no "
+                         "character)") from None
+    prompts, line_of = [args.prompt], lambda i: "the prompt"
   else:
     try:
-      with open(args.prompts_file, encoding="utf-8") as f:
-        prompts = [line.rstrip("\n") for line in f if line.strip()]
+      # utf-8-sig: a byte order mark (Windows editors write one) is not text of the prompt.
+      with open(args.prompts_file, encoding="utf-8-sig") as f:
+        numbered = [(n, line.rstrip("\n")) for n, line in enumerate(f, 1) if line.strip()]
     except OSError as e:
       raise CommandError(f"cannot read --prompts_file: {e}") from None
     except UnicodeDecodeError as e:
       raise CommandError(f"--prompts_file {args.prompts_file} is not UTF-8 text ({e.reason} at "
                          f"byte {e.start})") from None
-    if not prompts:
+    if not numbered:
       raise CommandError(f"--prompts_file {args.prompts_file} holds no prompt")
+    prompts = [p for _, p in numbered]
+    line_of = lambda i: f"line {numbered[i][0]} of {args.prompts_file}"
   if any(p == "" for p in prompts):
     raise CommandError("the prompt is empty: give at least one character")
-  return prompts
+  return prompts, line_of
 
 
 def _data_config(workdir: str):

@@ -141,8 +141,9 @@ def read_tsv(path: str) -> list[tuple[str, str]]:
 def tsv_splits(paths, validation_percent: int) -> dict[str, list[tuple[str, str]]]:
   """Train / validation pairs: a second file is the validation set, else a
   hash of the line index holds ``validation_percent`` out (the last pair when the
-  hash picks none of two or more; a file of one pair, or a percent of 0, holds
-  nothing out: its first pair is the validation set, a training pair)."""
+  hash picks none of two or more, the first pair it picks when it picks all of them, so
+  training keeps the rest; a file of one pair, or a percent of 0, holds nothing out: its
+  first pair is the validation set, a training pair)."""
   if len(paths) > 2:
     raise ValueError(f"DataConfig.paths has {len(paths)} TSV files; give one (split by "
                      "validation_percent) or two (training, validation)")
@@ -156,6 +157,8 @@ def tsv_splits(paths, validation_percent: int) -> dict[str, list[tuple[str, str]
   held = [in_validation(str(i), validation_percent) for i in range(len(pairs))]
   if validation_percent and not any(held) and len(pairs) > 1:
     held[-1] = True
+  if all(held) and len(pairs) > 1:  # as split_files keeps a file for training
+    held = [i == held.index(True) for i in range(len(pairs))]
   val = [p for p, h in zip(pairs, held) if h]
   train = [p for p, h in zip(pairs, held) if not h]
   return {"train": train or pairs, "validation": val or pairs[:1]}

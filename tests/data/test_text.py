@@ -200,6 +200,12 @@ def test_tsv_splits_by_a_second_file_or_by_line(tmp_path):
   assert 5 < len(split["validation"]) < 40
   # Nothing held out at 0%: the first pair is the validation set.
   assert text.tsv_splits([str(one)], 0) == {"train": lines, "validation": lines[:1]}
+  # Every pair held out (a small file at 99%): one goes to validation, the rest train (it
+  # trained on all of them, the validation set itself, until 2026-12-04).
+  few = tmp_path / "few.tsv"
+  few.write_text("".join(f"{s}\t{t}\n" for s, t in lines[:4]))
+  assert all(text.in_validation(str(i), 99) for i in range(4))
+  assert text.tsv_splits([str(few)], 99) == {"train": lines[1:4], "validation": lines[:1]}
   two = tmp_path / "two.tsv"
   two.write_text("v\tw\n")
   assert text.tsv_splits([str(one), str(two)], 10) == {"train": lines,

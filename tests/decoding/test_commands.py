@@ -170,17 +170,18 @@ def test_decode_slots_pass_every_flag_to_generate_requests(workdir, monkeypatch,
 
 
 def test_a_prompt_too_long_in_a_prompts_file_is_named(workdir, capsys, tmp_path):
-  """The batch is as wide as its longest prompt: the refusal names that prompt (its number
-  among the file's prompts, its tokens with the bos, its start)."""
+  """The batch is as wide as its longest prompt: the refusal names that prompt (its line in
+  the file, blank lines counted: it was its number among the prompts; its tokens with the
+  bos, its start)."""
   _, cfg = attnlab.load_checkpoint(workdir)
   prompts = tmp_path / "p.txt"
-  prompts.write_text("ab\n" + "x" * (cfg.max_len - 3) + "\ncd\n")
+  prompts.write_text("ab\n\n  \n" + "x" * (cfg.max_len - 3) + "\ncd\n")
   rc, out, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts),
                        "--max_new_tokens", "4"], capsys)
   assert rc == 2 and out == ""
   assert err.strip() == (
       f"attnlab decode: error: the prompt plus max_new_tokens needs {cfg.max_len + 1} "
-      f"positions, more than the model's max_len={cfg.max_len} (the longest is prompt 2 of "
+      f"positions, more than the model's max_len={cfg.max_len} (the longest is line 4 of "
       f"{prompts}, {cfg.max_len - 2} tokens: {'x' * 40!r})"), err
 
 
@@ -218,6 +219,20 @@ def test_a_prompts_file_prints_one_escaped_line_per_prompt(workdir, monkeypatch,
                                 for i in reversed(range(len(lines)))]
   rc, out, err = _run(["decode", "--workdir", workdir, "--prompt", "a\tb"], capsys)
   assert rc == 0 and out == text + "\n", err
+  # A byte order mark is not text of the first prompt (it was three tokens of it).
+  seen = []
+  monkeypatch.setattr(decode_command, "generate", lambda model, prompt_BT, **kw: (
+      seen.append(prompt_BT.copy()), np.stack([ids] * len(prompt_BT)))[1])
+  prompts.write_bytes("\ufeffa\tb\n".encode("utf-8"))
+  rc, out, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts)], capsys)
+  assert rc == 0 and out.splitlines() == [f"a\\tb\t{escaped}"], err
+  assert seen[-1][0, :4].tolist() == [tok.bos_id, *tok.encode("a\tb")]
+  # Bytes of an argument that are not UTF-8 (Python keeps them as surrogates): one line, exit
+  # 2 (a UnicodeEncodeError traceback before).
+  rc, out, err = _run(["decode", "--workdir", workdir, "--prompt", "a\udcff"], capsys)
+  assert rc == 2 and out == "" and err.strip() == (
+      "attnlab decode: error: --prompt is not UTF-8 text (it holds bytes that decode to no "
+      "character)"), err
   unescape = {"\\\\": "\\", "\\t": "\t", "\\n": "\n", "\\r": "\r"}
   for s in ("", "plain", "\\t", "a\\\nb", "\t\r\n\\", "\\\\n"):
     field = decode_command.tsv_field(s)
@@ -814,7 +829,7 @@ def test_a_source_too_long_in_a_prompts_file_is_named_a_target_too_long_is_not(
   assert rc == 2 and out == ""
   assert err.strip() == (
       f"attnlab decode: error: the source has {cfg.max_len + 1} positions, more than the "
-      f"model's max_len={cfg.max_len} (the longest is prompt 2 of {prompts}, {cfg.max_len + 1} "
+      f"model's max_len={cfg.max_len} (the longest is line 2 of {prompts}, {cfg.max_len + 1} "
       f"tokens: {'y' * 40!r})"), err
   prompts.write_text("ab\ncd\n")
   rc, out, err = _run(base + ["--max_new_tokens", str(cfg.max_len + 1)], capsys)

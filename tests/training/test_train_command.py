@@ -184,6 +184,11 @@ def test_gin_flags_take_both_forms_and_keep_equals_signs_in_values():
   assert rest == ["--workdir", "w", "-v"]
   with pytest.raises(_common.CommandError, match=r"^--gin.A.x needs a value: --gin.NAME=VALUE$"):
     _common.split_gin_flags(["--gin.A.x"])
+  # The next flag is not its value (it bound A.x to "--workdir", and then named the
+  # missing --workdir).
+  with pytest.raises(_common.CommandError, match=r"^--gin.A.x needs a value: --gin.NAME=VALUE$"):
+    _common.split_gin_flags(["--gin.A.x", "--workdir", "w"])
+  assert _common.split_gin_flags(["--gin.A.x", "-1"])[0] == ["A.x = -1"]  # a negative value
   with pytest.raises(_common.CommandError, match=r"^at least one --gin_file is needed$"):
     _common.parse_gin([], [])
 

@@ -182,10 +182,16 @@ def make_eval_step(setup: TrainSetup):
 
 
 def put_batch(batch: dict, setup: TrainSetup) -> dict:
-  """Place a host batch (numpy) on the mesh, split over data x fsdp.
+  """Place a global host batch (numpy: every process holds all of it, as every process
+  reads the same stream) on the mesh, split over data x fsdp: each device takes the rows
+  its shard holds, whichever process it is on.
 
-  Each process passes its own rows (``make_array_from_process_local_data``),
-  which on one process is simply the whole batch.
+  Until 2026-12-04 each process passed rows ``[pid * n, (pid + 1) * n)``
+  (``make_array_from_process_local_data``), which is the global batch only when the
+  processes own separate blocks of the batch axis: a mesh whose batch axis is replicated
+  across processes (``(1, 1, 4)`` over two hosts) got a global batch of B / 2 rows, filled
+  differently by each process, and their "replicated" gradients drifted apart.
   """
-  return {k: jax.make_array_from_process_local_data(setup.batch_sharding, v)
+  return {k: jax.make_array_from_callback(v.shape, setup.batch_sharding,
+                                          lambda index, v=v: v[index])
           for k, v in batch.items()}

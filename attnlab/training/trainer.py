@@ -193,11 +193,7 @@ class Run:
     self.eval_step = steps_lib.make_eval_step(self.setup)
 
   def put(self, batch):
-    if jax.process_count() > 1:
-      # Every process reads the same global batch and keeps its own rows.
-      n = len(next(iter(batch.values()))) // jax.process_count()
-      lo = jax.process_index() * n
-      batch = {k: v[lo:lo + n] for k, v in batch.items()}
+    # Every process reads the same global batch; each device takes its own rows.
     return steps_lib.put_batch(batch, self.setup)
 
   def restore(self, ckpt: Checkpointer, step: int | None = None, *,
@@ -348,7 +344,7 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   try:
     with StopFlag() as stop:
       while step < tcfg.steps:
-        if stop.signum is not None:  # before this process trained a step (a sweep's flag)
+        if step == start and stop.signum is not None:  # before any step (a sweep's flag)
           print(f"attnlab train: received signal {stop.signum} before training; stopped at "
                 f"step {step}, nothing new to save", file=sys.stderr)
           break

@@ -401,9 +401,11 @@ def test_generate_builds_its_cache_in_the_dtype_asked_for(monkeypatch, kind):
   prompt = random_tokens(5, (1, 3))
   for dtype, want in (("int8", jnp.int8), ("bfloat16", jnp.bfloat16)):
     made.clear()
-    # An odd cache_len: a program of its own, so generate traces (and builds its cache) here.
+    # An odd cache_len (a ring takes none: an odd page size, which it ignores): a program of
+    # its own, so generate traces (and builds its cache) here.
+    odd = dict(page_size=13) if kind == "ring" else dict(cache_len=13, page_size=4)
     attnlab.generate(model, prompt, max_new_tokens=3, cache=kind, cache_dtype=dtype,
-                     cache_len=13, page_size=4, eos_id=None)
+                     eos_id=None, **odd)
     (layer,) = made
     buffers = [x for x in jax.tree.leaves(layer) if x.ndim == 4]
     assert buffers and all(x.dtype == want for x in buffers), (kind, dtype)

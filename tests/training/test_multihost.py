@@ -127,3 +127,23 @@ def test_initialize_distributed_flags_and_environment(monkeypatch):
   # Flags win over the environment.
   assert sharding.initialize_distributed(process_id=0)
   assert calls[-1]["process_id"] == 0 and len(calls) == 3
+
+
+@pytest.mark.slow
+def test_a_batch_axis_replicated_across_processes_gets_the_whole_batch(tmp_path):
+  """Mesh (1, 1, 4) over two processes of two devices: the batch is replicated across the
+  processes (tensor parallelism only), and each device takes all of it. Until 2026-12-04
+  each process passed "its" half of the rows, which the mesh read as a global batch of
+  B / 2 rows filled differently by each process: their losses differed from the first
+  step and the parameters drifted apart."""
+  one, two = tmp_path / "one", tmp_path / "two"
+  mesh = ["TrainConfig.mesh_shape=(1,1,4)", "TrainConfig.eval_every=0"]
+  addr = f"127.0.0.1:{_free_port()}"
+  procs = [_spawn(two, 2, 2, ["--coordinator_address", addr, "--num_processes", "2",
+                              "--process_id", str(i)], extra=mesh) for i in range(2)]
+  outs = _finish(procs + [_spawn(one, 2, 4, extra=mesh)])
+  assert [o["step"] for o in outs] == [2, 2, 2]
+  assert outs[0]["loss"] == outs[1]["loss"]  # the processes agree
+  np.testing.assert_allclose(_train_losses(two), _train_losses(one), rtol=1e-5, atol=1e-5)
+  for a, b in zip(_params(one), _params(two)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

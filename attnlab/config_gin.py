@@ -96,6 +96,12 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> 
           f"gin macro{'s' if many else ''} {names} {'are' if many else 'is'} used but never "
           f"bound: bind {'each' if many else 'it'} in a gin file ({unbound[0]} = ...) or with "
           f"--gin.{unbound[0]}=...") from e
+    bad = _unparsable_binding(bindings) if isinstance(e, SyntaxError) else None
+    if bad is not None:  # gin's message names neither the binding nor its flag
+      raise GinConfigError(
+          f"binding {bad!r}: its value does not parse (a string needs quotes, a tuple "
+          "parentheses: TrainConfig.schedule = 'cosine', TrainConfig.mesh_shape = (2, 1, 1))"
+      ) from e
     raise GinConfigError(_first_line(e)) from e
   finally:
     root.setLevel(level)
@@ -103,6 +109,20 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> 
     gin.clear_config()  # also after an error: no binding outlives the call
   return tuple(_find_tokenizer(c, gin_files) if isinstance(c, DataConfig) else c
                for c in configs)
+
+
+def _unparsable_binding(bindings: list[str]) -> str | None:
+  """The first binding whose text gin cannot parse on its own, if any (configurables it does
+  not know are skipped: only the syntax is asked about)."""
+  for binding in bindings:
+    try:
+      with gin.unlock_config():
+        gin.parse_config(binding, skip_unknown=True)
+    except SyntaxError:
+      return binding
+    except Exception:  # noqa: BLE001 - another fault of a binding that parses: not this one
+      continue
+  return None
 
 
 def _unbound_macros(gin_files: list[str], bindings: list[str]) -> list[str]:

@@ -240,6 +240,13 @@ def test_includes_resolve_beside_this_calls_files_before_the_working_directory(
           "TrainConfig.seed = %SEED"],
      "gin macros %D_MODEL, %SEED are used but never bound: bind each in a gin file "
      "(D_MODEL = ...) or with --gin.D_MODEL=..."),
+    # A value gin cannot parse: named with its binding (gin's text named neither, and held a
+    # memory address: "malformed node or string on line 1: <ast.Name object at 0x...>").
+    ([], ["TrainConfig.steps = 3", "TrainConfig.schedule = cosine"],
+     "binding 'TrainConfig.schedule = cosine': its value does not parse (a string needs quotes, "
+     "a tuple parentheses: TrainConfig.schedule = 'cosine', TrainConfig.mesh_shape = (2, 1, 1))"),
+    ([], ["TrainConfig.mesh_shape = 2,1,1"], "binding 'TrainConfig.mesh_shape = 2,1,1': its value "
+     "does not parse"),
 ])
 def test_parse_errors_are_one_line_gin_config_errors(files, bindings, message):
   with pytest.raises(gin_config.GinConfigError) as e:

@@ -158,11 +158,14 @@ class StopFlag:
 
 
 def check_batch_layout(tcfg: TrainConfig, dcfg: DataConfig, mesh) -> None:
+  """A MeshShapeError (the mesh is what a caller can change: ``attnlab eval --mesh_shape``)
+  unless the batch splits into grad_accum micro-batches over the mesh's batch shards."""
   shards = mesh.shape["data"] * mesh.shape["fsdp"]
   if dcfg.batch_size % (tcfg.grad_accum * shards):
-    raise ValueError(
-        f"batch_size={dcfg.batch_size} must be a multiple of grad_accum={tcfg.grad_accum} "
-        f"x data*fsdp={shards}")
+    accum = f"grad_accum={tcfg.grad_accum} x " if tcfg.grad_accum > 1 else ""
+    raise shd.MeshShapeError(
+        f"batch_size={dcfg.batch_size} must be a multiple of {accum}data*fsdp={shards} (the "
+        "mesh's batch shards)")
 
 
 class Run:

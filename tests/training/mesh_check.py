@@ -92,6 +92,18 @@ def main(workdir):
     f.write(gin_config.operative_config(mcfg, dcfg, dataclasses.replace(tcfg, eval_batches=1)))
   for shape in [(1, 1, 1), (8, 1, 1)]:
     out[f"evaluate_workdir {shape}"] = evaluate_workdir(workdir, mesh_shape=shape)["loss"]
+  # A batch the run's mesh (-1, 1, 1: 8 data shards here) cannot split: `attnlab eval`
+  # names the way out as for a mesh of too many devices (it named grad_accum, not the mesh).
+  from attnlab.commands import CommandError
+  from attnlab.commands import eval as eval_command
+
+  with open(os.path.join(workdir, "config.gin"), "w") as f:
+    f.write(gin_config.operative_config(mcfg, dataclasses.replace(dcfg, batch_size=12),
+                                        dataclasses.replace(tcfg, eval_batches=1)))
+  try:
+    eval_command.main(["--workdir", workdir])
+  except CommandError as e:
+    out["eval batch 12"] = str(e)
   print(json.dumps(out))
 
 

@@ -599,6 +599,10 @@ class DecodeConfig:
       raise ValueError(f"beam_size={self.beam_size} decodes deterministically: temperature="
                        f"{self.temperature!r}, top_k={self.top_k!r}, top_p={self.top_p!r} "
                        "(sampling) are not used with it; leave them unset")
+    if self.temperature == 0.0 and (self.top_k is not None or self.top_p is not None):
+      raise ValueError(f"top_k={self.top_k!r}, top_p={self.top_p!r} filter what is sampled, "
+                       "and temperature=0 is greedy (no sampling): give a temperature > 0, or "
+                       "leave them unset")
     if not self.length_penalty >= 0.0:
       raise ValueError(f"length_penalty={self.length_penalty!r} must be >= 0")
     check_seed("seed", self.seed)

@@ -310,6 +310,11 @@ DECODE_INVALID = [
     (dict(beam_size=4, top_k=5),
      'beam_size=4 decodes deterministically: temperature=0.0, top_k=5, top_p=None '
      '(sampling) are not used with it; leave them unset'),
+    # Filters of sampling with greedy decoding did nothing (until 2026-12-04, unsaid).
+    (dict(top_k=5), "top_k=5, top_p=None filter what is sampled, and temperature=0 is greedy "
+                    "(no sampling): give a temperature > 0, or leave them unset"),
+    (dict(top_p=0.9, temperature=0.0), "top_k=None, top_p=0.9 filter what is sampled, and "
+     "temperature=0 is greedy (no sampling): give a temperature > 0, or leave them unset"),
     (dict(beam_size=2, top_p=0.9),
      'beam_size=2 decodes deterministically: temperature=0.0, top_k=None, top_p=0.9 '
      '(sampling) are not used with it; leave them unset'),
@@ -425,8 +430,8 @@ VALID_EDGES = [
     (TrainConfig, dict(min_lr_ratio=1.0, b1=0.0, b2=0.0, eps=1e-30, weight_decay=0.0,
                        grad_clip=0.0, label_smoothing=0.0)),
     (TrainConfig, dict(mesh_shape=(2, 2, -1), log_every=0, eval_every=0, checkpoint_every=0)),
-    (DecodeConfig, dict(temperature=0.0, top_k=1, top_p=1.0, length_penalty=0.0, seed=0,
-                        num_pages=1)),
+    (DecodeConfig, dict(temperature=0.0, length_penalty=0.0, seed=0, num_pages=1)),
+    (DecodeConfig, dict(temperature=1e-6, top_k=1, top_p=1.0)),
     (Sweep, dict(num_kv_heads=[4, 1], seeds=[0], uptrain_num_kv_heads=[1],
                  uptrain_methods=["first"], uptrain_fraction=1.0)),
 ]
@@ -519,9 +524,9 @@ NUMPY_AS_PYTHON = [
     (TrainConfig, dict(steps=np.int64(7), learning_rate=np.float32(0.5),
                        mesh_shape=(np.int64(1), -1, np.int32(1)), b1=np.float64(0.25)),
      dict(steps=7, learning_rate=0.5, mesh_shape=(1, -1, 1), b1=0.25)),
-    (DecodeConfig, dict(top_k=np.int64(40), top_p=np.float32(0.5), length_penalty=np.int64(1),
-                        num_pages=np.int16(4)),
-     dict(top_k=40, top_p=0.5, length_penalty=1, num_pages=4)),
+    (DecodeConfig, dict(temperature=np.float32(0.5), top_k=np.int64(40), top_p=np.float32(0.5),
+                        length_penalty=np.int64(1), num_pages=np.int16(4)),
+     dict(temperature=0.5, top_k=40, top_p=0.5, length_penalty=1, num_pages=4)),
     (Sweep, dict(num_kv_heads=[np.int64(4), 1], seeds=[np.int64(0), 1],
                  uptrain_learning_rate=np.float32(0.5)),
      dict(num_kv_heads=[4, 1], seeds=[0, 1], uptrain_learning_rate=0.5)),

@@ -49,7 +49,8 @@ def test_decoder_only_pairs_row_by_row(loss_on_prompt):
 
 
 def test_encoder_decoder_pairs_row_by_row():
-  """src = source [eos]; tgt_in = [bos] target; targets = target [eos]; each cut to T."""
+  """src = source [eos]; tgt_in = [bos] target; targets = target [eos]; each cut to T (a cut
+  target's eos is no label)."""
   src = pipeline.PairBatches([("ab", "xyz"), ("abcdefg", "uvwxyzq")], TOK, seq_len=5,
                              arch="encoder_decoder", loss_on_prompt=False)
   a, b, c, d = ids("abcd")
@@ -63,7 +64,7 @@ def test_encoder_decoder_pairs_row_by_row():
               tgt_in_BT=[[BOS, x, y, z, PAD], [BOS, u, v, w, x]],
               targets_BT=[[x, y, z, EOS, PAD], [u, v, w, x, EOS]],
               tgt_segment_ids_BT=[[1, 1, 1, 1, 0], [1] * 5],
-              loss_mask_BT=[[1, 1, 1, 1, 0], [1] * 5])
+              loss_mask_BT=[[1, 1, 1, 1, 0], [1, 1, 1, 1, 0]])
   for k, v_ in want.items():
     np.testing.assert_array_equal(batch[k], v_, err_msg=k)
 

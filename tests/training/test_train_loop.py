@@ -460,16 +460,22 @@ def test_a_non_finite_step_stops_the_run_naming_the_last_good_checkpoint(tmp_pat
     (6, 3, 1, 1, True), (6, 4, 1, 1, False)])
 def test_the_batch_must_split_into_accumulation_steps_over_the_data_shards(batch, accum, data,
                                                                             fsdp, ok):
-  """Rows split over the data x fsdp shards of the mesh, then into grad_accum micro-batches."""
+  """Rows split over the data x fsdp shards of the mesh, then into grad_accum micro-batches;
+  a MeshShapeError otherwise (the mesh is what `attnlab eval --mesh_shape` changes), which
+  names grad_accum where there is one."""
   from attnlab.config import DataConfig, TrainConfig
+  from attnlab.training.sharding import MeshShapeError
+
   mesh = types.SimpleNamespace(shape={"data": data, "fsdp": fsdp, "tensor": 2})
   tcfg, dcfg = TrainConfig(grad_accum=accum), DataConfig(batch_size=batch)
   if ok:
     trainer.check_batch_layout(tcfg, dcfg, mesh)
   else:
-    with pytest.raises(ValueError, match=rf"batch_size={batch} must be a multiple of "
-                                         rf"grad_accum={accum} x data\*fsdp={data * fsdp}"):
+    accum_text = f"grad_accum={accum} x " if accum > 1 else ""
+    with pytest.raises(MeshShapeError) as e:
       trainer.check_batch_layout(tcfg, dcfg, mesh)
+    assert str(e.value) == (f"batch_size={batch} must be a multiple of {accum_text}"
+                            f"data*fsdp={data * fsdp} (the mesh's batch shards)")
 
 
 def test_a_weights_only_checkpoint_starts_the_run_from_its_weights(tmp_path):

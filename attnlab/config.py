@@ -64,9 +64,8 @@ def seed_key(seed: int):
   key = jax.random.key(low)
   if not high:
     return key
-  impl = jax.random.key_impl(key)
   if jax.random.key_data(key).shape == (2,):  # threefry2x32: [0, low] -> [high, low]
-    return jax.random.wrap_key_data(np.array([high, low], np.uint32), impl=impl)
+    return jax.random.wrap_key_data(np.array([high, low], np.uint32))
   return jax.random.fold_in(key, high)
 
 

@@ -431,6 +431,7 @@ VALID_EDGES = [
                        grad_clip=0.0, label_smoothing=0.0)),
     (TrainConfig, dict(mesh_shape=(2, 2, -1), log_every=0, eval_every=0, checkpoint_every=0)),
     (DecodeConfig, dict(temperature=0.0, length_penalty=0.0, seed=0, num_pages=1)),
+    (TrainConfig, dict(seed=2**63 - 1)), (DataConfig, dict(seed=2**63 - 1)),  # MAX_SEED
     (DecodeConfig, dict(temperature=1e-6, top_k=1, top_p=1.0)),
     (Sweep, dict(num_kv_heads=[4, 1], seeds=[0], uptrain_num_kv_heads=[1],
                  uptrain_methods=["first"], uptrain_fraction=1.0)),
@@ -588,3 +589,14 @@ def test_seed_key_keeps_every_bit_of_a_seed_as_x64_jax_does():
   for bad in (2**63, -2**63 - 1):
     with pytest.raises(ValueError, match=r"must be in \[-2\*\*63, 2\*\*63\)"):
       seed_key(bad)
+  # Another default key implementation (rbg: 4 words of key data) folds the high bits in.
+  before = jax.config.jax_default_prng_impl
+  jax.config.update("jax_default_prng_impl", "rbg")
+  try:
+    rbg = lambda k: np.asarray(jax.random.key_data(k))
+    np.testing.assert_array_equal(rbg(seed_key(5)), rbg(jax.random.key(5)))
+    np.testing.assert_array_equal(rbg(seed_key(2**32 + 5)),
+                                  rbg(jax.random.fold_in(jax.random.key(5), 1)))
+    assert rbg(seed_key(5)).shape == (4,)
+  finally:
+    jax.config.update("jax_default_prng_impl", before)

@@ -48,7 +48,7 @@ class GenerateInputError(ValueError):
 
 class PromptTooLongError(GenerateInputError):
   """The prompt (or source) is too long for the model or the cache: an encoder-decoder's
-  source longer than ``max_len``; a decoder-only batch whose prompt width plus
+  source longer than ``max_len``; a decoder-only batch whose longest prompt plus
   ``max_new_tokens - 1`` exceeds ``max_len`` or ``cache_len`` (the prompt and the budget
   share the positions; an encoder-decoder's budget alone is a plain GenerateInputError).
 

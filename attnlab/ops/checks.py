@@ -46,16 +46,16 @@ def positive_or_none(name: str, value) -> int | None:
   return None if value is None else int(value)
 
 
-# Widest window the kernels take: their block bounds add the window to int32 positions,
-# and a window this wide already covers every key of any sequence under 2**30 positions.
-MAX_WINDOW = 2**30
+# Widest window the ops take: positions are int32, so a window this wide already covers
+# every key whose distance from the query int32 holds.
+MAX_WINDOW = 2**31 - 1
 
 
 def check_window(window) -> int | None:
   """None, or a positive Python / NumPy int (not a bool); returned as a Python int, capped
-  at ``MAX_WINDOW`` (the same mask for any sequence shorter than it: until 2026-12-04 a
-  window near 2**31 wrapped the Pallas kernels' int32 key ranges to empty, and one past it
-  was an OverflowError naming no argument)."""
+  at ``MAX_WINDOW`` (the same mask: until 2026-12-04 a window past it was an OverflowError
+  naming no argument, and one near it wrapped the Pallas kernels' int32 key ranges to
+  empty, which ``masks.key_range`` now computes without leaving int32)."""
   window = positive_or_none("window", window)
   return None if window is None else min(window, MAX_WINDOW)
 

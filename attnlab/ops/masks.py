@@ -63,9 +63,11 @@ def key_range(q_lo, q_hi, *, causal: bool, window: int | None, kv_len: int):
   if causal:
     hi = _minimum(hi, q_hi)  # keys <= q_hi - 1
   if window is not None:
-    lo = _maximum(lo, q_lo - window + 1)
+    # max(lo, q_lo - window + 1) and min(hi, q_hi - 1 + window), written so that no sum
+    # leaves int32 however wide the window (up to 2**31 - 1, ``checks.MAX_WINDOW``).
+    lo = _maximum(lo, q_lo + 1 - _minimum(window, q_lo + 1))
     if not causal:
-      hi = _minimum(hi, q_hi - 1 + window)
+      hi = _minimum(hi, q_hi - 1 + _minimum(window, hi - q_hi + 1))
   return lo, hi
 
 
@@ -79,10 +81,12 @@ def query_range(k_lo, k_hi, *, causal: bool, window: int | None, q_lo, q_hi):
   lo, hi = q_lo, q_hi
   if causal:
     lo = _maximum(lo, k_lo)  # q >= k for some k >= k_lo
-  if window is not None:
-    hi = _minimum(hi, k_hi - 1 + window)  # q - k < window for some k <= k_hi - 1
+  if window is not None:  # the sums kept inside int32, as in ``key_range``
+    # min(hi, k_hi - 1 + window): q - k < window for some k <= k_hi - 1
+    hi = _minimum(hi, k_hi - 1 + _minimum(window, hi - k_hi + 1))
     if not causal:
-      lo = _maximum(lo, k_lo - window + 1)  # k - q < window for some k >= k_lo
+      # max(lo, k_lo - window + 1): k - q < window for some k >= k_lo
+      lo = _maximum(lo, k_lo + 1 - _minimum(window, k_lo + 1 - lo))
   return lo, hi
 
 

@@ -1,7 +1,7 @@
 """The functional train and eval steps, jitted with shardings and donation.
 
 The model is split once into (graphdef, params, rest); the steps merge it
-back inside ``jax.jit``. Dropout keys are ``fold_in(key(seed), step)``, so a
+back inside ``jax.jit``. Dropout keys are ``fold_in(seed_key(seed), step)``, so a
 step's randomness depends only on its number: a resumed run draws exactly
 what an uninterrupted one would.
 """

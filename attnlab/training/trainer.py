@@ -164,8 +164,8 @@ def check_batch_layout(tcfg: TrainConfig, dcfg: DataConfig, mesh) -> None:
   if dcfg.batch_size % (tcfg.grad_accum * shards):
     accum = f"grad_accum={tcfg.grad_accum} x " if tcfg.grad_accum > 1 else ""
     raise shd.MeshShapeError(
-        f"batch_size={dcfg.batch_size} must be a multiple of {accum}data*fsdp={shards} (the "
-        "mesh's batch shards)")
+        f"batch_size={dcfg.batch_size} must be a multiple of {accum}data*fsdp={shards}, the "
+        "mesh's batch shards")
 
 
 class Run:
@@ -327,7 +327,7 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
     write_text_atomically(config_path, config_text)
   step_fn = steps_lib.make_train_step(run.setup, tcfg)
   writer = MetricsWriter(workdir, enabled=main_process)
-  meta = {"seed": tcfg.seed, "rng": "fold_in(key(seed), step)"}
+  meta = {"seed": tcfg.seed, "rng": "fold_in(seed_key(seed), step)"}
   sleep_s = float(os.environ.get(STEP_SLEEP_ENV) or 0)
   bar = None
   # A bar on a terminal; in a log file (no TTY) one plain line per logged step,

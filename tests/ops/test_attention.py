@@ -960,15 +960,18 @@ def test_auto_with_explicit_positions_leaves_jax_nn_for_the_online_softmax(monke
 @pytest.mark.parametrize("impl", ["reference", "chunked", "blocked", "pallas"])
 @pytest.mark.parametrize("causal", [True, False])
 def test_a_window_wider_than_any_sequence_is_no_window(impl, causal):
-  """A window of 2**31 - 1 (or past int32, or int64) sees every key, forward and backward:
-  the kernels' int32 key ranges wrapped to empty near 2**31 (zeroed rows, a wrong dK), and
-  a window past 2**31 was an OverflowError naming no argument, until 2026-12-04."""
+  """A window of 2**31 - 1 (or past int32, or int64) sees every key, forward and backward,
+  also for queries at positions past 2**30: the kernels' int32 key ranges wrapped to empty
+  near 2**31 (zeroed rows, a wrong dK), and a window past 2**31 was an OverflowError naming
+  no argument, until 2026-12-04 (a first fix capped windows at 2**30, which cut keys off
+  queries past that position)."""
   q, k, v = make_qkv(1, 3, 5, 2, 1, 4)
-  loss = lambda q, k, v, w: attention(q, k, v, causal=causal, window=w, q_offset=2,
-                                      implementation=impl).sum()
-  grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=3)
-  want = grad(q, k, v, None)
-  for window in (2**31 - 1, 2**31, 2**40, np.int64(2**62)):
-    got = grad(q, k, v, window)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  loss = lambda q, k, v, w, offset: attention(q, k, v, causal=causal, window=w,
+                                              q_offset=offset, implementation=impl).sum()
+  grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=(3, 4))
+  for offset in (2, 2**30 + 10):
+    want = grad(q, k, v, None, offset)
+    for window in (2**30 + 100, 2**31 - 1, 2**31, 2**40, np.int64(2**62)):
+      got = grad(q, k, v, window, offset)
+      for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"{offset} {window}")

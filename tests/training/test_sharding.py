@@ -160,7 +160,7 @@ def test_one_device_and_8_device_mesh_agree(tmp_path):
   np.testing.assert_allclose(out["evaluate_workdir (8, 1, 1)"],
                              out["evaluate_workdir (1, 1, 1)"], rtol=1e-5)
   assert out["eval batch 12"] == (
-      "batch_size=12 must be a multiple of data*fsdp=8 (the mesh's batch shards) (the run's "
+      "batch_size=12 must be a multiple of data*fsdp=8, the mesh's batch shards (the run's "
       "TrainConfig.mesh_shape; evaluate on another mesh with --mesh_shape D,F,T, e.g. 1,1,1)")
 
 

@@ -119,7 +119,7 @@ def test_checkpoints_kept_and_their_meta(tmp_path):
   with open(tmp_path / "checkpoints" / "4" / "meta" / "metadata") as f:
     meta = json.load(f)
   assert sorted(meta.pop("checksums")) == ["data", "opt_state", "params"]
-  assert meta == {"step": 4, "seed": 7, "rng": "fold_in(key(seed), step)"}
+  assert meta == {"step": 4, "seed": 7, "rng": "fold_in(seed_key(seed), step)"}
 
 
 def test_train_runs_on_the_mesh_it_is_given(tmp_path, monkeypatch):
@@ -475,7 +475,7 @@ def test_the_batch_must_split_into_accumulation_steps_over_the_data_shards(batch
     with pytest.raises(MeshShapeError) as e:
       trainer.check_batch_layout(tcfg, dcfg, mesh)
     assert str(e.value) == (f"batch_size={batch} must be a multiple of {accum_text}"
-                            f"data*fsdp={data * fsdp} (the mesh's batch shards)")
+                            f"data*fsdp={data * fsdp}, the mesh's batch shards")
 
 
 def test_a_weights_only_checkpoint_starts_the_run_from_its_weights(tmp_path):

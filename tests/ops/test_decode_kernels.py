@@ -570,3 +570,25 @@ def test_gpu_compiled_decode_matches_reference(H, G):
   got = jax.jit(lambda *a: decode.paged_decode_attention(*a, interpret=False))(
       q, k_pages, v_pages, table_BM, lengths_B)
   _assert_matches_reference(got, q, k, v, lengths_B, None)
+
+
+def test_no_keys_or_no_queries_give_zeros():
+  """A cache of no slots (S = 0), a page table of no pages (M = 0), a pool of no pages or no
+  sequences (B = 0): zeros of the queries' shape, as attention() gives for no keys (each a
+  ZeroDivisionError of the split count until 2026-12-04)."""
+  q, no = jnp.ones((1, 1, 4, 32)), jnp.zeros((0,), jnp.int32)
+  table, pool = jnp.zeros((1, 2), jnp.int32), jnp.ones((5, 16, 2, 32))
+  calls = [
+      lambda: decode.decode_attention(q, jnp.ones((1, 0, 2, 32)), jnp.ones((1, 0, 2, 32)), _LEN),
+      lambda: decode.decode_attention_heads_major(q, jnp.ones((1, 2, 0, 32)),
+                                                  jnp.ones((1, 2, 0, 32)), _LEN),
+      lambda: decode.paged_decode_attention(q, pool, pool, jnp.zeros((1, 0), jnp.int32), _LEN),
+      lambda: decode.paged_decode_attention(q, pool[:0], pool[:0], table, _LEN),
+      lambda: decode.decode_attention(q[:0], jnp.ones((0, 16, 2, 32)), jnp.ones((0, 16, 2, 32)),
+                                      no),
+      lambda: decode.paged_decode_attention(q[:0], pool, pool, table[:0], no),
+  ]
+  for i, call in enumerate(calls):
+    out = call()
+    want = (0, 1, 4, 32) if i >= 4 else q.shape
+    assert out.shape == want and out.dtype == q.dtype and not np.any(np.asarray(out)), i

@@ -254,6 +254,8 @@ def decode_attention(q_BTNH, k_BSKH, v_BSKH, lengths_B, *, window: int | None = 
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   scale = checks.scale_value(scale, H)
   interpret = common.resolve_interpret(interpret)
+  if q_BTNH.size == 0 or S == 0:  # no query, or no key: zeros, as attention() gives
+    return jnp.zeros(q_BTNH.shape, q_BTNH.dtype)
   rows, Hp = _rows_and_head_dim(q_BTNH, K, interpret)
   tile = min(128 if interpret else 64, max(1 if interpret else 16, common.next_pow2(S)))
   num_tiles = -(-S // tile)
@@ -342,8 +344,10 @@ def paged_decode_attention(q_BTNH, k_pages_PCKH, v_pages_PCKH, page_table_BM, le
   interpret = common.resolve_interpret(interpret)
   if not interpret and (C < 16 or C & (C - 1)):
     raise ValueError(f"page size C={C} of k_pages_PCKH must be a power of two >= 16 on GPU")
-  rows, Hp = _rows_and_head_dim(q_BTNH, K, interpret)
   M = page_table_BM.shape[1]
+  if q_BTNH.size == 0 or M == 0 or P == 0:  # no query, or no page: zeros
+    return jnp.zeros(q_BTNH.shape, q_BTNH.dtype)
+  rows, Hp = _rows_and_head_dim(q_BTNH, K, interpret)
   pps = min(pages_per_split or -(-M // _default_splits(B * K, M)), M)
   splits = -(-M // pps)
 
@@ -445,6 +449,8 @@ def decode_attention_heads_major(q_BTNH, k_BKSH, v_BKSH, lengths_B, *, k_scale_B
   T, N = q_BTNH.shape[1:3]
   scale = checks.scale_value(scale, H)
   interpret = common.resolve_interpret(interpret)
+  if q_BTNH.size == 0 or S == 0:  # no query, or no key: zeros, as attention() gives
+    return jnp.zeros(q_BTNH.shape, q_BTNH.dtype)
   rows, Hp = _rows_and_head_dim(q_BTNH, K, interpret)
   tile = min(128 if interpret else 64, max(1 if interpret else 16, common.next_pow2(S)))
   num_tiles = -(-S // tile)

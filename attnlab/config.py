@@ -144,7 +144,7 @@ def _choice(name: str, value, allowed: tuple) -> None:
     raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, allowed))}")
 
 
-def _positive(name: str, value) -> None:
+def check_positive(name: str, value) -> None:
   if not is_integer(value) or value < 1:
     raise ValueError(f"{name}={value!r} must be a positive integer")
 
@@ -244,10 +244,10 @@ class ModelConfig:
     _check_types(self)
     _choice("arch", self.arch, ARCHS)
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len"):
-      _positive(name, getattr(self, name))
+      check_positive(name, getattr(self, name))
     for name in ("num_encoder_layers", "num_kv_heads", "head_dim"):
       if getattr(self, name) is not None:
-        _positive(name, getattr(self, name))
+        check_positive(name, getattr(self, name))
     if self.arch == "decoder_only" and self.num_encoder_layers is not None:
       raise ValueError(
           f"num_encoder_layers={self.num_encoder_layers} is only allowed with "
@@ -282,7 +282,7 @@ class ModelConfig:
     if self.rope_theta <= 0:
       raise ValueError(f"rope_theta={self.rope_theta!r} must be positive")
     if self.window is not None:
-      _positive("window", self.window)
+      check_positive("window", self.window)
     _choice("norm", self.norm, NORMS)
     _choice("norm_position", self.norm_position, NORM_POSITIONS)
     if self.norm_eps <= 0:
@@ -414,7 +414,7 @@ class DataConfig:
     _choice("task", self.task, TASKS)
     object.__setattr__(self, "paths", tuple(self.paths))
     for name in ("seq_len", "batch_size", "min_len", "max_len", "vocab_chars"):
-      _positive(name, getattr(self, name))
+      check_positive(name, getattr(self, name))
     _nonnegative("max_files", self.max_files)
     check_seed("seed", self.seed)
     if not is_integer(self.validation_percent) or not 0 <= self.validation_percent < 100:
@@ -511,7 +511,7 @@ class TrainConfig:
 
   def __post_init__(self):
     _check_types(self)
-    _positive("steps", self.steps)
+    check_positive("steps", self.steps)
     check_seed("seed", self.seed)
     _choice("optimizer", self.optimizer, OPTIMIZERS)
     _choice("schedule", self.schedule, SCHEDULES)
@@ -535,12 +535,12 @@ class TrainConfig:
       raise ValueError(f"weight_decay={self.weight_decay!r} is applied by optimizer='adamw' "
                        f"only; got optimizer={self.optimizer!r}")
     _fraction("label_smoothing", self.label_smoothing)
-    _positive("grad_accum", self.grad_accum)
+    check_positive("grad_accum", self.grad_accum)
     object.__setattr__(self, "mesh_shape", check_mesh_shape(self.mesh_shape))
     for name in ("log_every", "eval_every", "checkpoint_every"):
       _nonnegative(name, getattr(self, name))
-    _positive("eval_batches", self.eval_batches)
-    _positive("keep_checkpoints", self.keep_checkpoints)
+    check_positive("eval_batches", self.eval_batches)
+    check_positive("keep_checkpoints", self.keep_checkpoints)
     _choice("on_nonfinite", self.on_nonfinite, NONFINITE)
 
   def replace(self, **changes) -> TrainConfig:
@@ -585,14 +585,14 @@ class DecodeConfig:
 
   def __post_init__(self):
     _check_types(self)
-    _positive("max_new_tokens", self.max_new_tokens)
+    check_positive("max_new_tokens", self.max_new_tokens)
     _choice("cache", self.cache, CACHE_KINDS)
     check_temperature(self.temperature)
     if self.top_k is not None:
-      _positive("top_k", self.top_k)
+      check_positive("top_k", self.top_k)
     if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
       raise ValueError(f"top_p={self.top_p!r} must be in (0, 1]")
-    _positive("beam_size", self.beam_size)
+    check_positive("beam_size", self.beam_size)
     if self.beam_size > 1 and (self.temperature != 0.0 or self.top_k is not None
                                or self.top_p is not None):
       raise ValueError(f"beam_size={self.beam_size} decodes deterministically: temperature="
@@ -605,9 +605,9 @@ class DecodeConfig:
     if not self.length_penalty >= 0.0:
       raise ValueError(f"length_penalty={self.length_penalty!r} must be >= 0")
     check_seed("seed", self.seed)
-    _positive("page_size", self.page_size)
+    check_positive("page_size", self.page_size)
     if self.num_pages is not None:
-      _positive("num_pages", self.num_pages)
+      check_positive("num_pages", self.num_pages)
 
 
 # --------------------------------------------------------------------------- ablation
@@ -669,7 +669,7 @@ class Sweep:
         raise ValueError("num_kv_heads=() is an empty arm list: give at least one K "
                          "(or None for N, N/2, ..., 1)")
       for k in self.num_kv_heads:
-        _positive("num_kv_heads", k)
+        check_positive("num_kv_heads", k)
       if len(set(self.num_kv_heads)) != len(self.num_kv_heads):
         raise ValueError(f"num_kv_heads={self.num_kv_heads!r} repeats a value")
       object.__setattr__(self, "num_kv_heads", tuple(int(k) for k in self.num_kv_heads))
@@ -684,7 +684,7 @@ class Sweep:
     if not isinstance(self.match_params, bool):
       raise ValueError(f"match_params={self.match_params!r} must be True or False")
     for k in self.uptrain_num_kv_heads:
-      _positive("uptrain_num_kv_heads", k)
+      check_positive("uptrain_num_kv_heads", k)
     if len(set(self.uptrain_num_kv_heads)) != len(self.uptrain_num_kv_heads):
       raise ValueError(f"uptrain_num_kv_heads={self.uptrain_num_kv_heads!r} repeats a value")
     object.__setattr__(self, "uptrain_num_kv_heads",
@@ -704,4 +704,4 @@ class Sweep:
       raise ValueError(f"uptrain_learning_rate={lr!r} must be a positive number (or None: the "
                        "base run's learning_rate)")
     for name in ("curve_points", "decode_prompt_len", "decode_new_tokens", "decode_repeats"):
-      _positive(name, getattr(self, name))
+      check_positive(name, getattr(self, name))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from attnlab.config import is_integer
+from attnlab.config import check_positive
 from attnlab.nn.kv_cache import CrossKVCache
 from attnlab.nn.layers import Einsum
 from attnlab.nn.positions import apply_rope
@@ -44,8 +44,7 @@ class Attention(nnx.Module):
                rngs: nnx.Rngs):
     for name, value in (("d_model", d_model), ("num_heads", num_heads),
                         ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-      if not is_integer(value) or value < 1:  # 0 KV heads was a ZeroDivisionError
-        raise ValueError(f"{name}={value!r} must be a positive integer")
+      check_positive(name, value)  # 0 KV heads was a ZeroDivisionError
     if num_heads % num_kv_heads:
       raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}")
     self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim

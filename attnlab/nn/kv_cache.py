@@ -549,7 +549,7 @@ class PagedKVCache(_SelfAttentionCache):
     m_BT = jnp.minimum(pos_BT // C, M - 1)
     page_BT = jnp.take_along_axis(self.page_table_BM, m_BT, axis=1)
     # A token without a page (padding, or an allocator that ran out) is dropped.
-    ok_BT = _is_new_BT(num_new_B, T) & (pos_BT < M * C) & (page_BT >= 0) & (page_BT < P)
+    ok_BT = _is_new_BT(num_new_B, T) & (pos_BT < M * C) & (page_BT >= 0)
     page_BT = jnp.where(ok_BT, page_BT, P)
     int8 = self.k_scale_PCK is not None
     (k_new, ks_new), (v_new, vs_new) = (_encode(x, self.k_pages_PCKH.dtype, int8)

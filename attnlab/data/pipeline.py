@@ -119,12 +119,12 @@ class PairBatches:
       out = {k: np.full((B, T), pad, np.int32) for k in ("src_BS", "tgt_in_BT", "targets_BT")}
       out["src_segment_ids_BS"] = np.zeros((B, T), np.int32)
       out["tgt_segment_ids_BT"] = np.zeros((B, T), np.int32)
-      cut_ends = []  # (row, position) of the eos that ends a cut target
+      cut_rows = []  # rows whose target was cut: their eos sits at T - 1
       for b, i in enumerate(indices):
         # Too-long examples are cut: the test below checks synthetic ones fit.
         s, t = self._ids(i)
         if len(t) > T - 1:
-          cut_ends.append((b, T - 1))
+          cut_rows.append(b)
         s, t = np.append(s[:T - 1], eos), t[:T - 1]
         out["src_BS"][b, :len(s)] = s
         out["src_segment_ids_BS"][b, :len(s)] = 1
@@ -134,8 +134,7 @@ class PairBatches:
       out["loss_mask_BT"] = out["tgt_segment_ids_BT"].astype(np.float32)
       # A cut target's eos is where the row ends, not where the target does: not a label
       # (it taught the model to stop there; the decoder-only layout drops it with the cut).
-      for b, j in cut_ends:
-        out["loss_mask_BT"][b, j] = 0.0
+      out["loss_mask_BT"][cut_rows, T - 1] = 0.0
       return out
     tokens = np.full((B, T + 1), pad, np.int32)
     mask = np.zeros((B, T), np.float32)

@@ -539,10 +539,12 @@ def run_one(out: str, sweep: Sweep, arm: Arm, seed: int, base, prompts, source=N
     extra = {}
     if arm.kind == "uptrain":
       extra = _prepare_uptrain(out, arm, seed, source, configs)
-    start = _latest_step(workdir)
     last = trainer.train(mcfg, tcfg, dcfg, workdir,
                          config_text=config_gin.operative_config(*configs))
     signum = None if stop is None else stop.signum
+    # The step the trainer resumed from, not the newest on disk: a corrupted newest
+    # checkpoint is skipped (it restores the one before).
+    start = last["start_step"]
     if last["step"] < tcfg.steps or signum is not None:
       _add_wall(workdir, time.perf_counter() - t0)
       why = f" (signal {signum})" if signum is not None else ""

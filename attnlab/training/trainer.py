@@ -272,7 +272,9 @@ class Run:
 
 def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, *,
           mesh=None, config_text: str | None = None, sources=None, tokenizer=None) -> dict:
-  """Train (or resume) in ``workdir``; returns the last logged metrics.
+  """Train (or resume) in ``workdir``; returns the last logged metrics, with
+  ``step`` (the step it stopped at) and ``start_step`` (the checkpoint it resumed
+  from: the newest readable one, 0 for a fresh run).
 
   ``sources`` / ``tokenizer``: the data already built for ``dcfg`` (see ``Run``).
 
@@ -413,6 +415,7 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
     writer.close()
     ckpt.close()
   last["step"] = step
+  last["start_step"] = start
   return last
 
 

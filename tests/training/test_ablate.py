@@ -233,6 +233,54 @@ def test_a_signal_in_a_runs_last_step_or_its_measurement_stops_the_sweep(
   assert _stable(out) == _stable(micro)
 
 
+def test_a_stopped_run_past_a_corrupted_checkpoint_names_the_step_it_resumed_from(
+    micro, sweep_file, tmp_path, monkeypatch, capsys):
+  """mha's newest checkpoint (step 2) is corrupted and its result gone: the trainer resumes
+  from step 1. A signal during setup stops it before training *at step 1*; one during the
+  step saves step 2 and says so. Until 2026-12-04 the sweep compared with the newest
+  checkpoint on disk: "before training, at step 2" both times."""
+  out = str(tmp_path / "out")
+  shutil.copytree(micro, out)
+  workdir = sweep_lib.run_dir(out, "mha", 0)
+  os.remove(os.path.join(workdir, sweep_lib.RESULT_FILE))
+  for root, _, files in os.walk(os.path.join(workdir, "checkpoints", "2", "params")):
+    for name in files:
+      with open(os.path.join(root, name), "wb") as f:
+        f.write(b"garbage")
+  run_init = trainer.Run.__init__
+
+  def setup_signalled(self, *args, **kw):
+    os.kill(os.getpid(), signal.SIGTERM)
+    run_init(self, *args, **kw)
+
+  monkeypatch.setattr(trainer.Run, "__init__", setup_signalled)
+  capsys.readouterr()
+  assert _ablate("--gin_file", sweep_file, "--arm", "mha", "--out", out) == 0
+  err = capsys.readouterr().err
+  assert err.endswith("attnlab ablate: arm mha seed 0 stopped before training (signal 15), at "
+                      "step 1; rerun the same command to resume\n"), err
+  monkeypatch.setattr(trainer.Run, "__init__", run_init)
+  make_train_step = trainer.steps_lib.make_train_step
+
+  def step_signalled(setup, tcfg):
+    step_fn = make_train_step(setup, tcfg)
+
+    def step(state, batch):
+      os.kill(os.getpid(), signal.SIGTERM)
+      return step_fn(state, batch)
+
+    return step
+
+  monkeypatch.setattr(trainer.steps_lib, "make_train_step", step_signalled)
+  assert _ablate("--gin_file", sweep_file, "--arm", "mha", "--out", out) == 0
+  err = capsys.readouterr().err
+  assert err.endswith("attnlab ablate: arm mha seed 0 stopped at step 2 (signal 15); "
+                      "checkpoint saved; rerun the same command to resume\n"), err
+  monkeypatch.setattr(trainer.steps_lib, "make_train_step", make_train_step)
+  assert _ablate("--gin_file", sweep_file, "--arm", "mha", "--out", out) == 0
+  assert sweep_lib.read_result(out, "mha", 0)["status"] == "ok"
+
+
 def test_a_sweeps_bookkeeping_survives_stray_and_cut_off_files(micro, sweep_file, tmp_path,
                                                                capsys, caplog):
   """A note under OUT/arms/ is not an arm (a NotADirectoryError traceback before

@@ -24,10 +24,13 @@ def _usage_lines(text):
 
 @pytest.mark.parametrize("argv, code", [([], 2), (["--help"], 0), (["-h"], 0)])
 def test_usage_lists_every_command_with_its_help_in_one_column(argv, code, capsys):
+  """``--help`` prints the usage to stdout, exit 0; no command at all is an error: to
+  stderr, exit 2 (until 2026-12-04 on stdout, where a pipe took it for output)."""
   assert cli.main(argv) == code
   out = capsys.readouterr()
-  assert out.err == ""
-  rows = _usage_lines(out.out)
+  text, other = (out.out, out.err) if code == 0 else (out.err, out.out)
+  assert other == ""
+  rows = _usage_lines(text)
   assert [row.split()[0] for row in rows] == list(cli.COMMANDS)
   helps = [help_ for _, help_ in cli.COMMANDS.values()]
   starts = {row.index(help_) for row, help_ in zip(rows, helps, strict=True)}

@@ -5,5 +5,12 @@ without importing jax or gin (``attnlab --help`` stays instant).
 """
 
 
+# A signal (SIGTERM / SIGINT: a preempted job) stopped the work before it finished; what it
+# did is saved and the same command resumes it. 75 is EX_TEMPFAIL of sysexits.h ("try
+# again later"), so a job that depends on this one (SLURM --dependency=afterok, `a && b`)
+# does not start on a half-trained run.
+EXIT_STOPPED = 75
+
+
 class CommandError(Exception):
   """Bad input to a command: printed as one line on stderr, exit code 2."""

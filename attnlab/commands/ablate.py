@@ -11,9 +11,9 @@ OUT/sweep.gin (self-contained: ``--gin_file OUT/sweep.gin`` reruns it);
 ``--report`` without ``--gin_file`` reads it. A rerun skips finished runs,
 resumes interrupted ones and retries failed ones; an OUT holding a sweep
 with a different base config or decode benchmark is refused. Exit 0 when every run of this
-invocation finished (or a signal stopped the sweep; rerun to resume), 1 when
-a run failed (recorded in results.csv / report.md), 2 on bad input (one
-line on stderr, nothing written).
+invocation finished, 1 when a run failed (recorded in results.csv / report.md),
+2 on bad input (one line on stderr, nothing written), 75 when a signal stopped
+the sweep (``EXIT_STOPPED``: checkpoints saved; rerun to resume).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import os
 import sys
 
 from attnlab import config_gin
-from attnlab.commands import CommandError
+from attnlab.commands import EXIT_STOPPED, CommandError
 from attnlab.commands._common import (
     CommandParser,
     add_cache_flag,
@@ -137,7 +137,7 @@ def main(argv: list[str]) -> int:
       out["report"] = report_lib.write_report(args.out, sweep, arms, base)
   except sweep_lib.SweepInterrupted as e:
     print(f"attnlab ablate: {e}; rerun the same command to resume", file=sys.stderr)
-    return 0
+    return EXIT_STOPPED
   except ValueError as e:  # a run's result.json that attnlab did not write (a failing run
     raise CommandError(str(e)) from None  # is recorded in its result, not raised)
   print(json.dumps(out))

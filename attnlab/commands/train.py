@@ -7,7 +7,8 @@
 Bindings given with ``--gin.NAME=VALUE`` are applied after all files, so
 they win. Every config is validated before anything is written: a bad
 binding, a missing file or include, or a wrong value is one error line and
-exit code 2.
+exit code 2. A signal (SIGTERM / SIGINT) saves the current step and exits 75
+(``EXIT_STOPPED``; the same command resumes); a non-finite loss stops with exit 1.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 import jax
 
 from attnlab import config_gin, extras
+from attnlab.commands import EXIT_STOPPED
 from attnlab.commands._common import (
   CommandError,
   CommandParser,
@@ -77,7 +79,8 @@ def main(argv: list[str]) -> int:
   except (trainer.ResumeError, trainer.SetupError) as e:
     raise CommandError(str(e)) from None
   print(json.dumps({"workdir": os.path.abspath(args.workdir), **last}))
-  return 0
+  # Short of TrainConfig.steps only when a signal stopped it (its step saved).
+  return EXIT_STOPPED if last["step"] < tcfg.steps else 0
 
 
 def trainer_run_check(mcfg, tcfg, dcfg):

@@ -25,6 +25,7 @@ from flax import nnx
 import attnlab
 from attnlab import cli
 from attnlab import config_gin as gin_config
+from attnlab.commands import EXIT_STOPPED
 from attnlab.training import report as report_lib
 from attnlab.training import sweep as sweep_lib
 from attnlab.training import trainer
@@ -148,10 +149,13 @@ def test_rerun_skips_finished_runs(micro, sweep_file, capsys):
   assert _stable(micro) == before
 
 
-def test_a_stopped_sweep_says_how_to_resume_exit_0_and_uses_the_compilation_cache(
-    sweep_file, tmp_path, monkeypatch, capsys, cache_dir_updates):
-  """A signal that stops a run (``SweepInterrupted``) is one line on stderr, exit 0 (rerun
-  to resume); ``--compilation_cache`` points JAX's cache at its folder before training."""
+@pytest.mark.parametrize("arm", [[], ["--arm", "mha"]], ids=["sweep", "arm"])
+def test_a_stopped_sweep_says_how_to_resume_exit_75_and_uses_the_compilation_cache(
+    sweep_file, tmp_path, monkeypatch, capsys, cache_dir_updates, arm):
+  """A signal that stops a run (``SweepInterrupted``) is one line on stderr, exit 75
+  (EX_TEMPFAIL: rerun to resume; until 2026-12-04 exit 0, so a job array's uptraining
+  arms, ``--dependency=afterok`` on the mha arm, started after a preempted mha job);
+  ``--compilation_cache`` points JAX's cache at its folder before training."""
   seen = {}
 
   def stopped(out, sweep, arms, base, only=None):
@@ -162,7 +166,7 @@ def test_a_stopped_sweep_says_how_to_resume_exit_0_and_uses_the_compilation_cach
   out, cache = tmp_path / "out", tmp_path / "xla"
   capsys.readouterr()
   assert _ablate("--gin_file", sweep_file, "--out", str(out), "--compilation_cache",
-                 str(cache)) == 0
+                 str(cache), *arm) == EXIT_STOPPED
   captured = capsys.readouterr()
   assert captured.err == ("attnlab ablate: mha seed 0 stopped by SIGTERM at step 1; checkpoint "
                           "saved; rerun the same command to resume\n")
@@ -201,14 +205,14 @@ def test_a_signal_in_a_runs_last_step_or_its_measurement_stops_the_sweep(
     run_init(self, *args, **kw)
 
   monkeypatch.setattr(trainer.Run, "__init__", setup_signalled)
-  assert _ablate("--gin_file", sweep_file, "--out", out) == 0
+  assert _ablate("--gin_file", sweep_file, "--out", out) == EXIT_STOPPED
   err = capsys.readouterr().err
   assert err.endswith("attnlab ablate: arm mha seed 0 stopped before training (signal 15), at "
                       "step 0; rerun the same command to resume\n"), err
   assert not os.listdir(os.path.join(sweep_lib.run_dir(out, "mha", 0), "checkpoints"))
   monkeypatch.setattr(trainer.Run, "__init__", run_init)
   monkeypatch.setattr(trainer.steps_lib, "make_train_step", last_step_signalled)
-  assert _ablate("--gin_file", sweep_file, "--out", out) == 0
+  assert _ablate("--gin_file", sweep_file, "--out", out) == EXIT_STOPPED
   err = capsys.readouterr().err
   assert err.endswith("attnlab ablate: arm mha seed 0 stopped at step 2 (signal 15); "
                       "checkpoint saved; rerun the same command to resume\n"), err
@@ -221,7 +225,7 @@ def test_a_signal_in_a_runs_last_step_or_its_measurement_stops_the_sweep(
     return measure(*args, **kw)
 
   monkeypatch.setattr(sweep_lib, "measure", measure_signalled)
-  assert _ablate("--gin_file", sweep_file, "--out", out) == 0
+  assert _ablate("--gin_file", sweep_file, "--out", out) == EXIT_STOPPED
   err = capsys.readouterr().err
   assert err.endswith("attnlab ablate: signal 15 before arm mqa seed 0; rerun the same "
                       "command to resume\n"), err
@@ -255,7 +259,8 @@ def test_a_stopped_run_past_a_corrupted_checkpoint_names_the_step_it_resumed_fro
 
   monkeypatch.setattr(trainer.Run, "__init__", setup_signalled)
   capsys.readouterr()
-  assert _ablate("--gin_file", sweep_file, "--arm", "mha", "--out", out) == 0
+  with pytest.warns(UserWarning, match="checkpoints/2 could not be restored"):
+    assert _ablate("--gin_file", sweep_file, "--arm", "mha", "--out", out) == EXIT_STOPPED
   err = capsys.readouterr().err
   assert err.endswith("attnlab ablate: arm mha seed 0 stopped before training (signal 15), at "
                       "step 1; rerun the same command to resume\n"), err
@@ -272,7 +277,8 @@ def test_a_stopped_run_past_a_corrupted_checkpoint_names_the_step_it_resumed_fro
     return step
 
   monkeypatch.setattr(trainer.steps_lib, "make_train_step", step_signalled)
-  assert _ablate("--gin_file", sweep_file, "--arm", "mha", "--out", out) == 0
+  with pytest.warns(UserWarning, match="checkpoints/2 could not be restored"):
+    assert _ablate("--gin_file", sweep_file, "--arm", "mha", "--out", out) == EXIT_STOPPED
   err = capsys.readouterr().err
   assert err.endswith("attnlab ablate: arm mha seed 0 stopped at step 2 (signal 15); "
                       "checkpoint saved; rerun the same command to resume\n"), err

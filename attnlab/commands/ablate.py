@@ -19,7 +19,6 @@ the sweep (``EXIT_STOPPED``: checkpoints saved; rerun to resume).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 
@@ -28,6 +27,7 @@ from attnlab.commands import EXIT_STOPPED, CommandError
 from attnlab.commands._common import (
     CommandParser,
     add_cache_flag,
+    log_attnlab_info,
     split_gin_flags,
     use_compilation_cache,
 )
@@ -127,7 +127,7 @@ def main(argv: list[str]) -> int:
     raise CommandError(str(e)) from None
 
   use_compilation_cache(args.compilation_cache)
-  logging.basicConfig(level=logging.WARNING, format="%(message)s")
+  log_attnlab_info()  # the trainer's "resumed from step N" and the like; orbax's INFO not
   os.makedirs(args.out, exist_ok=True)
   trainer.write_text_atomically(sweep_path, text)
   try:

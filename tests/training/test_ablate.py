@@ -238,11 +238,15 @@ def test_a_signal_in_a_runs_last_step_or_its_measurement_stops_the_sweep(
 
 
 def test_a_stopped_run_past_a_corrupted_checkpoint_names_the_step_it_resumed_from(
-    micro, sweep_file, tmp_path, monkeypatch, capsys):
+    micro, sweep_file, tmp_path, monkeypatch, capsys, caplog, request):
   """mha's newest checkpoint (step 2) is corrupted and its result gone: the trainer resumes
   from step 1. A signal during setup stops it before training *at step 1*; one during the
   step saves step 2 and says so. Until 2026-12-04 the sweep compared with the newest
-  checkpoint on disk: "before training, at step 2" both times."""
+  checkpoint on disk: "before training, at step 2" both times. attnlab's INFO lines
+  ("resumed from step 1") are logged, as by `attnlab train` (until 2026-12-04 WARNING up)."""
+  attnlab_log = logging.getLogger("attnlab")  # as a fresh process has it
+  request.addfinalizer(lambda level=attnlab_log.level: attnlab_log.setLevel(level))
+  attnlab_log.setLevel(logging.NOTSET)
   out = str(tmp_path / "out")
   shutil.copytree(micro, out)
   workdir = sweep_lib.run_dir(out, "mha", 0)
@@ -277,8 +281,10 @@ def test_a_stopped_run_past_a_corrupted_checkpoint_names_the_step_it_resumed_fro
     return step
 
   monkeypatch.setattr(trainer.steps_lib, "make_train_step", step_signalled)
+  caplog.clear()
   with pytest.warns(UserWarning, match="checkpoints/2 could not be restored"):
     assert _ablate("--gin_file", sweep_file, "--arm", "mha", "--out", out) == EXIT_STOPPED
+  assert "resumed from step 1" in caplog.messages
   err = capsys.readouterr().err
   assert err.endswith("attnlab ablate: arm mha seed 0 stopped at step 2 (signal 15); "
                       "checkpoint saved; rerun the same command to resume\n"), err

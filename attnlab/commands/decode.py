@@ -77,20 +77,32 @@ def _mesh(text: str | None):
     raise CommandError(f"--mesh_shape: {e}") from None
 
 
+# Backslash, tab, and every character Python's str.splitlines() breaks a line at, as
+# Python writes them in a string literal.
+_TSV_ESCAPES = str.maketrans({
+    "\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r", "\v": "\\v", "\f": "\\f",
+    "\x1c": "\\x1c", "\x1d": "\\x1d", "\x1e": "\\x1e", "\x85": "\\x85",
+    "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def tsv_field(text: str) -> str:
   r"""``text`` as one field of a tab-separated line: backslash, tab, newline and carriage
-  return written as ``\\``, ``\t``, ``\n``, ``\r`` (a completion of source code holds them)."""
-  return (text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
-          .replace("\r", "\\r"))
+  return written as ``\\``, ``\t``, ``\n``, ``\r`` (a completion of source code holds them),
+  and the other characters ``str.splitlines`` breaks at as ``\v``, ``\f``, ``\x1c``,
+  ``\x1d``, ``\x1e``, ``\x85``, ``\u2028``, ``\u2029``: a line of output is one result
+  for any line reader."""
+  return text.translate(_TSV_ESCAPES)
 
 
 def _serve(args, dcfg, model, prompts, ids, tokenizer) -> int:
   """``--slots``: continuous batching; prints "index<TAB>prompt<TAB>completion" (the
   prompt's index among the file's prompts, from 0; both texts ``tsv_field``-escaped) as
-  each request completes, a progress bar and tokens/s on stderr."""
+  each request completes, and on stderr the progress with tokens/s: a bar rewritten in
+  place on a terminal; in a log file (no TTY) a plain line at every tenth of the requests."""
   n = len(prompts)
   done = [0, 0]  # requests, tokens
   start = time.perf_counter()
+  tty = sys.stderr.isatty()
 
   def on_result(i, tokens):
     done[0] += 1
@@ -100,8 +112,12 @@ def _serve(args, dcfg, model, prompts, ids, tokenizer) -> int:
                             # tokenizer's decode does with it (a tokenizer.json may show it)
     print(f"{i}\t{tsv_field(prompts[i])}\t{tsv_field(tokenizer.decode(tokens))}", flush=True)
     rate = done[1] / max(time.perf_counter() - start, 1e-9)
-    bar = "#" * (20 * done[0] // n)
-    sys.stderr.write(f"\r[{bar:<20}] {done[0]}/{n} requests, {done[1]} tokens, {rate:.1f} tok/s")
+    counts = f"{done[0]}/{n} requests, {done[1]} tokens, {rate:.1f} tok/s"
+    if tty:
+      bar = "#" * (20 * done[0] // n)
+      sys.stderr.write(f"\r[{bar:<20}] {counts}")
+    elif 10 * done[0] // n > 10 * (done[0] - 1) // n:  # crossed a tenth (every one: n <= 10)
+      sys.stderr.write(f"attnlab decode: {counts}\n")
     sys.stderr.flush()
 
   try:
@@ -113,12 +129,16 @@ def _serve(args, dcfg, model, prompts, ids, tokenizer) -> int:
         sampling=Sampling(temperature=dcfg.temperature, top_k=dcfg.top_k, top_p=dcfg.top_p),
         on_result=on_result)
   except batching.UnservableRequests as e:
-    sys.stderr.write("\n")
+    if tty:
+      sys.stderr.write("\n")
     print(f"attnlab decode: {e}", file=sys.stderr)
     return 1
   except GenerateInputError as e:
+    if tty and done[0]:
+      sys.stderr.write("\n")
     raise CommandError(str(e)) from None
-  sys.stderr.write("\n")
+  if tty:
+    sys.stderr.write("\n")
   return 0
 
 

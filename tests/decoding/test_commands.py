@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 
 import jax
 import numpy as np
@@ -166,7 +167,7 @@ def test_decode_slots_pass_every_flag_to_generate_requests(workdir, monkeypatch,
   assert callable(seen.pop("on_result"))
   assert seen == dict(max_new_tokens=3, slots=3, cache="paged", page_size=8, num_pages=5,
                       cache_dtype="int8", eos_id=tok.eos_id)
-  assert "\r[" in err and "2/2 requests" in err and err.endswith("\n")
+  assert "attnlab decode: 2/2 requests" in err and err.endswith("\n")
 
 
 def test_a_prompt_too_long_in_a_prompts_file_is_named(workdir, capsys, tmp_path):
@@ -233,11 +234,16 @@ def test_a_prompts_file_prints_one_escaped_line_per_prompt(workdir, monkeypatch,
   assert rc == 2 and out == "" and err.strip() == (
       "attnlab decode: error: --prompt is not UTF-8 text (it holds bytes that decode to no "
       "character)"), err
-  unescape = {"\\\\": "\\", "\\t": "\t", "\\n": "\n", "\\r": "\r"}
-  for s in ("", "plain", "\\t", "a\\\nb", "\t\r\n\\", "\\\\n"):
+  # Every line break of str.splitlines is escaped (until 2026-12-04 \v, \f, \x1c-\x1e, \x85,
+  # \u2028 and \u2029 were not: a line reader split one result in two); Python's own
+  # unicode_escape codec reads the field back.
+  breaks = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+  assert len(("a" + "a".join(breaks) + "a").splitlines()) == len(breaks) + 1
+  for s in ("", "plain", "\\t", "a\\\nb", "\t\r\n\\", "\\\\n", "x\\x85" + breaks + "é\\u2028",
+            "\\\v\\x1c"):
     field = decode_command.tsv_field(s)
-    assert "\t" not in field and "\n" not in field and "\r" not in field
-    assert re.sub(r"\\[\\tnr]", lambda m: unescape[m.group()], field) == s
+    assert "\t" not in field and field.splitlines() == ([field] if field else [])
+    assert field.encode("latin-1", "backslashreplace").decode("unicode_escape") == s, field
 
 
 def test_the_text_stops_before_eos_with_and_without_slots(workdir, monkeypatch, capsys,
@@ -679,10 +685,13 @@ def test_decode_slots_serves_the_others_and_names_a_request_that_can_never_fit(
   assert last.endswith("the other 2 completed")
 
 
+@pytest.mark.parametrize("tty", [True, False], ids=["terminal", "log"])
 def test_decode_slots_progress_counts_requests_tokens_and_rate(workdir, monkeypatch, capsys,
-                                                               tmp_path):
+                                                               tmp_path, tty):
   """One progress frame per completed request: a 20-wide bar of the requests done, the
-  requests, the tokens so far and tokens / s (a fake clock: 0.5 s per reading)."""
+  requests, the tokens so far and tokens / s (a fake clock: 0.5 s per reading). In a log
+  (stderr not a terminal) plain lines without the bar, no carriage return (until 2026-12-04
+  the bar's frames went into log files)."""
   import itertools
   from types import SimpleNamespace
 
@@ -698,18 +707,39 @@ def test_decode_slots_progress_counts_requests_tokens_and_rate(workdir, monkeypa
   monkeypatch.setattr(batching, "generate_requests", spy)
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("a\nbb\nccc\n")
+  monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
   rc, out, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts),
                        "--slots", "1", "--max_new_tokens", "4"], capsys)
   assert rc == 0, err
-  frames = err.split("\r")[1:]
-  assert err.startswith("\r") and frames[-1].endswith("\n")
+  if tty:
+    frames = err.split("\r")[1:]
+    assert err.startswith("\r") and frames[-1].endswith("\n")
+  else:
+    assert "\r" not in err and err.endswith("\n")
+    frames = err.splitlines()[-3:]
   assert len(out.splitlines()) == len(lengths) == 3
   done = 0
   for k, (n, frame) in enumerate(zip(lengths, frames, strict=True), start=1):
     done += n
     bar = "#" * (20 * k // 3)
-    assert frame.rstrip("\n") == (f"[{bar:<20}] {k}/3 requests, {done} tokens, "
-                                  f"{done / (0.5 * k):.1f} tok/s"), frame
+    counts = f"{k}/3 requests, {done} tokens, {done / (0.5 * k):.1f} tok/s"
+    want = f"[{bar:<20}] {counts}" if tty else f"attnlab decode: {counts}"
+    assert frame.rstrip("\n") == want, frame
+
+
+def test_decode_slots_progress_in_a_log_is_a_line_per_tenth_of_the_requests(
+    workdir, monkeypatch, capsys, tmp_path):
+  """25 requests into a log: a line at 3, 5, 8, 10, 13, 15, 18, 20, 23 and 25 (a tenth of
+  the requests each), not 25."""
+  monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("".join(f"p{i}\n" for i in range(25)))
+  rc, out, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts),
+                       "--slots", "4", "--max_new_tokens", "1"], capsys)
+  assert rc == 0 and len(out.splitlines()) == 25, err
+  lines = [line for line in err.splitlines() if line.startswith("attnlab decode: ")]
+  assert [int(line.split()[2].split("/")[0]) for line in lines] == [
+      3, 5, 8, 10, 13, 15, 18, 20, 23, 25], err
 
 
 def test_decode_slots_input_errors_exit_2_with_one_line(workdir, capsys):

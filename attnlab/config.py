@@ -26,7 +26,8 @@ MLPS = ("relu", "gelu", "swiglu")
 # Bytes per element of every dtype name attnlab accepts. DTYPES are the
 # compute / parameter dtypes; the 1-byte ones are storage only (KV caches).
 INT8_SCALE_BYTES = 4  # the float32 scale of an int8 KV cache, per token and KV head
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1}
+# Bytes per element of the caches attnlab builds (CACHE_DTYPES).
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
 DTYPES = ("float32", "bfloat16", "float16")
 CACHE_DTYPES = (*DTYPES, "int8")  # KV-cache element types (int8: symmetric, per-token scales)
 # What ``attnlab.attention(implementation=...)`` runs; a model may also ask for "auto".

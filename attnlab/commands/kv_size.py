@@ -12,12 +12,13 @@ from attnlab.config import DTYPE_BYTES, kv_cache_bytes
 
 
 def format_bytes(n: float) -> str:
-  """Binary units with two decimals: 1073741824 -> "1.00 GiB"."""
-  if n < 1024:
+  """Binary units with two decimals: 1073741824 -> "1.00 GiB". The unit is chosen after
+  rounding, so 1048575 bytes are "1.00 MiB", not "1024.00 KiB"."""
+  if round(n) < 1024:
     return f"{n:.0f} B"
   for unit in ("KiB", "MiB", "GiB"):
     n /= 1024
-    if n < 1024:
+    if round(n, 2) < 1024:
       return f"{n:.2f} {unit}"
   return f"{n / 1024:.2f} TiB"
 

@@ -6,6 +6,7 @@ forms and the byte units."""
 
 import json
 import os
+import re
 
 import pytest
 
@@ -207,7 +208,10 @@ def test_the_compilation_cache_flag_sets_the_jax_option(tmp_path, monkeypatch, r
 @pytest.mark.parametrize("n, text", [
     (0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (1536, "1.50 KiB"),
     (1024 ** 2 * 3, "3.00 MiB"), (1024 ** 3, "1.00 GiB"), (1024 ** 4 * 2.5, "2.50 TiB"),
-    (1024 ** 5, "1024.00 TiB")])
+    (1024 ** 5, "1024.00 TiB"),
+    # The unit after rounding (until 2026-12-04 "1024.00 KiB" and "1024 B").
+    (1024 ** 2 - 1, "1.00 MiB"), (1024 ** 2 - 6, "1023.99 KiB"), (1024 ** 3 - 1, "1.00 GiB"),
+    (1023.6, "1.00 KiB"), (1023.4, "1023 B")])
 def test_byte_units(n, text):
   assert kv_size.format_bytes(n) == text
 
@@ -221,6 +225,12 @@ def test_kv_size_defaults_to_bfloat16_and_counts_bytes_per_token(capsys):
   assert cli.main(["kv-size", "--layers", "2", "--seq", "6", "--kv_heads", "3",
                    "--head_dim", "8", "--dtype", "bf16"]) == 2
   assert "invalid choice: 'bf16'" in capsys.readouterr().err
+  # float8: no cache attnlab builds (until 2026-12-04 it was offered and counted 1 byte)
+  assert cli.main(["kv-size", "--layers", "2", "--seq", "6", "--kv_heads", "3",
+                   "--head_dim", "8", "--dtype", "float8"]) == 2
+  err = capsys.readouterr().err  # argparse quotes the choices or not, by Python version
+  assert "invalid choice: 'float8' (choose from " in err
+  assert re.sub("'", "", err).endswith("(choose from bfloat16, float16, float32, int8)\n"), err
 
 
 def test_commands_log_attnlab_at_info_and_the_libraries_from_warning(tmp_path, capsys):

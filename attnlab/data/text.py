@@ -78,8 +78,11 @@ def split_files(files: list[str], percent: int) -> dict[str, list[str]]:
 def split_lines(doc: str, percent: int) -> tuple[str, str]:
   """(train, validation) of a corpus of one file: its last ``percent`` of lines (at least
   one line) held out, the lines before for training. A text of one line, or a percent of
-  0, holds nothing out: (doc, doc)."""
-  lines = doc.splitlines(keepends=True)
+  0, holds nothing out: (doc, doc). Lines end at "\n" only (``read_text`` has made every
+  "\r\n" and lone "\r" one): a form feed or a U+2028 inside a line, which
+  ``str.splitlines`` breaks at, is text (until 2026-12-04 they moved the split)."""
+  lines = doc.split("\n")
+  lines = [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
   if not percent or len(lines) < 2:
     return doc, doc
   n = min(max(1, round(len(lines) * percent / 100)), len(lines) - 1)
@@ -88,7 +91,9 @@ def split_lines(doc: str, percent: int) -> tuple[str, str]:
 
 def read_text(path: str) -> str:
   """A corpus file's text: bytes that are not UTF-8 are replaced (U+FFFD), a UTF-8
-  byte order mark at the start is not text."""
+  byte order mark at the start is not text, and line ends are "\n" (Python's universal
+  newlines: "\r\n" and a lone "\r" read as "\n", so one corpus packs alike whichever
+  system wrote it)."""
   with open(path, encoding="utf-8-sig", errors="replace") as f:
     return f.read()
 

@@ -317,6 +317,14 @@ def test_a_split_that_holds_nothing_out_holds_out_the_last_line_or_says_so(tmp_p
   tsv2.write_text("a\tA\nb\tB\n")
   assert text.tsv_splits([str(tsv2)], 5) == {"train": [("a", "A")], "validation": [("b", "B")]}
   assert text.split_lines("a\nb\n", 0) == ("a\nb\n", "a\nb\n")
+  # Lines end at \n only: a form feed (the stdlib has them), \x1c-\x1e, \x85, U+2028 or a
+  # \v is text (until 2026-12-04 each was a line of its own and moved the split).
+  assert text.split_lines("a\x0cb\x1cc\x85d\u2028e\vf\ng\n", 50) == (
+      "a\x0cb\x1cc\x85d\u2028e\vf\n", "g\n")
+  assert text.split_lines("a\x0cb", 50) == ("a\x0cb", "a\x0cb")  # one line
+  crlf = tmp_path / "crlf.txt"
+  crlf.write_bytes(b"a\r\nb\rc\n")
+  assert text.read_text(str(crlf)) == "a\nb\nc\n"  # universal newlines
   decoder = ModelConfig(arch="decoder_only")
   logger = pipeline.__name__
   for task, path, percent, overlap in (("tsv", tsv, 5, False), ("lm", lm, 5, False),

@@ -27,7 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attnlab.config import CACHE_KINDS, DecodeConfig, is_integer, is_number, seed_key
+from attnlab.config import (
+    CACHE_KINDS,
+    DecodeConfig,
+    check_positive,
+    is_integer,
+    is_number,
+    seed_key,
+)
 from attnlab.decoding.beam import beam_search
 from attnlab.decoding.paging import PageAllocator
 from attnlab.decoding.sampling import Sampling, sample
@@ -197,9 +204,12 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
 
 
 def positive_int(name, value) -> int:
-  """``value`` as an int; a GenerateInputError unless it is a positive integer (not a bool)."""
-  if not is_integer(value) or value < 1:
-    raise GenerateInputError(f"{name}={value!r} must be a positive integer")
+  """``value`` as an int; a GenerateInputError unless it is a positive integer (not a bool):
+  ``config.check_positive``'s rule and message."""
+  try:
+    check_positive(name, value)
+  except ValueError as e:
+    raise GenerateInputError(str(e)) from None
   return int(value)
 
 

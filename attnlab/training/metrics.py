@@ -65,7 +65,7 @@ class MetricsWriter:
     record = {"step": int(step), "split": split}
     record.update({k: float(v) for k, v in scalars.items()})
     record.update(flags or {})
-    with open(self.path, "a") as f:
+    with open(self.path, "a", encoding="utf-8") as f:
       f.write(json.dumps(record) + "\n")
     for k, v in scalars.items():
       self._tb.add_scalar(f"{split}/{k}", float(v), int(step))
@@ -82,5 +82,5 @@ class MetricsWriter:
 
 def read_metrics(workdir: str) -> list[dict]:
   """The records of workdir/metrics.jsonl (for tests and plots)."""
-  with open(os.path.join(workdir, METRICS_FILE)) as f:
+  with open(os.path.join(workdir, METRICS_FILE), encoding="utf-8") as f:
     return [json.loads(line) for line in f if line.strip()]

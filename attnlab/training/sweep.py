@@ -225,11 +225,7 @@ def read_result(out: str, arm, seed: int) -> dict | None:
 
 
 def _write_json(path: str, obj) -> None:
-  # The temporary name is this process's: two --arm jobs may write one OUT file at once.
-  tmp = f"{path}.{os.getpid()}.tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=1, sort_keys=True)
-  os.replace(tmp, path)
+  trainer.write_text_atomically(path, json.dumps(obj, indent=1, sort_keys=True))
 
 
 # --------------------------------------------------------------------------- conversion
@@ -312,7 +308,7 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
   text = config_gin.operative_config(new_mcfg, dcfg, tcfg, workdir=dst)
   header = (f"# Converted by `attnlab convert-heads` from {info['source']} step {step} "
             f"({info['source_num_kv_heads']} -> {num_kv_heads} KV heads, method {method}).\n")
-  with open(os.path.join(dst, CONFIG_FILE), "w") as f:
+  with open(os.path.join(dst, CONFIG_FILE), "w", encoding="utf-8") as f:
     f.write(header + text)
   return info
 
@@ -564,7 +560,7 @@ def run_one(out: str, sweep: Sweep, arm: Arm, seed: int, base, prompts, source=N
     raise
   except Exception as e:  # noqa: BLE001 - a failing run is recorded, the sweep goes on
     os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "error.txt"), "w") as f:
+    with open(os.path.join(workdir, "error.txt"), "w", encoding="utf-8") as f:
       f.write(traceback.format_exc())
     msg = " ".join(str(e).split()) or type(e).__name__
     result = {"status": "failed", "error": f"{type(e).__name__}: {msg}"[:500]}
@@ -632,7 +628,7 @@ def stale_runs(out: str, sweep: Sweep, arms: list[Arm], base, *,
 def _config_difference(path: str, want_configs) -> tuple[str, str] | None:
   """None if the config.gin at ``path`` describes ``want_configs``, else its first
   difference as (that file's line, the line ``want_configs`` give)."""
-  with open(path) as f:
+  with open(path, encoding="utf-8", errors="replace") as f:
     have = f.read().splitlines()
   want = config_gin.operative_config(*want_configs).splitlines()
   if have == want:

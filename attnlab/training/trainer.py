@@ -48,10 +48,11 @@ def predictions_path(workdir: str, step: int, beam_size: int | None = None,
 
 
 def write_text_atomically(path: str, text: str) -> None:
-  """``text`` into ``path`` through a temporary file and a rename: a reader sees the old
-  file or the new one, never half of it."""
+  """``text`` into ``path`` as UTF-8 (whatever the locale) through a temporary file of this
+  process and a rename: a reader sees the old file or the new one, never half of it, and two
+  processes writing one file (two ``ablate --arm`` jobs) do not mix their temporaries."""
   tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
+  with open(tmp, "w", encoding="utf-8") as f:
     f.write(text)
   os.replace(tmp, path)
 

@@ -5,6 +5,8 @@ each run, the result files and wall-time counter, the progress line's durations.
 import json
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -12,6 +14,8 @@ from attnlab.config import DataConfig, ModelConfig, Sweep, TrainConfig
 from attnlab.data.tokenizer import ByteTokenizer
 from attnlab.training import sweep as sweep_lib
 from attnlab.training.sweep import Arm
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def base(num_heads=8, **kw):
@@ -160,10 +164,30 @@ def test_results_live_under_arms_name_seed(tmp_path):
   path = os.path.join(sweep_lib.run_dir(out, "mqa", 2), "result.json")
   sweep_lib._write_json(path, {"status": "failed", "b": 1, "a": [2]})
   assert sweep_lib.read_result(out, "mqa", 2) == {"a": [2], "b": 1, "status": "failed"}
-  assert not os.path.exists(path + ".tmp")
+  assert os.listdir(os.path.dirname(path)) == ["result.json"]  # no temporary left
   with open(path) as f:
     assert f.read() == json.dumps({"a": [2], "b": 1, "status": "failed"}, indent=1,
                                   sort_keys=True)
+
+
+def test_run_files_are_utf8_under_an_ascii_locale(tmp_path):
+  """A run's config.gin and the sweep's JSON files are UTF-8 whatever the locale: under
+  LC_ALL=C without Python's UTF-8 mode a path with an "é" raised UnicodeEncodeError writing
+  config.gin until 2026-12-04 (error.txt too: the sweep lost the failure)."""
+  code = (
+      "import json, locale, os, sys\n"
+      "assert locale.getpreferredencoding(False) != 'UTF-8'\n"
+      "from attnlab.training import sweep, trainer\n"
+      "d = sys.argv[1]\n"
+      "trainer.write_text_atomically(os.path.join(d, 'config.gin'), 'p = \"caf\\u00e9\"')\n"
+      "sweep._write_json(os.path.join(d, 'result.json'), {'error': 'caf\\u00e9'})\n"
+      "print(sweep.read_result(os.path.dirname(d), 'x', 0) is None)\n")
+  env = dict(os.environ, LC_ALL="C", LANG="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0")
+  res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, cwd=REPO,
+                       capture_output=True, text=True, encoding="utf-8", timeout=300)
+  assert res.returncode == 0 and res.stdout.strip() == "True", res.stderr[-2000:]
+  assert (tmp_path / "config.gin").read_bytes() == 'p = "café"'.encode()
+  assert json.loads((tmp_path / "result.json").read_bytes().decode("utf-8")) == {"error": "café"}
 
 
 def test_wall_time_adds_up_over_resumed_invocations(tmp_path):

@@ -65,6 +65,7 @@ from attnlab.decoding.generate import (
   _reserve,
   as_key,
   check_token_id,
+  new_pages,
   positive_int,
 )
 from attnlab.decoding.paging import PageAllocator
@@ -454,7 +455,7 @@ def _prefill_impl(graphdef, state, kv_cache, alloc, slot_state, prompt_1T, lengt
   segment_ids_1T = (jnp.arange(T)[None, :] < length).astype(jnp.int32)
   if alloc is None:  # contiguous / ring: the slot's own row, emptied, then put back
     logits_11V, row = model(prompt_1T, segment_ids_BT=segment_ids_1T,
-                            cache=cache_lib.take_row(kv_cache, slot), logits_at_B=length[None] - 1)
+                            cache=cache_lib.take_row(kv_cache), logits_at_B=length[None] - 1)
     kv_cache = cache_lib.put_row(kv_cache, row, slot)
     token = draw(logits_11V)
     done = (token == eos) | (budget <= 1)
@@ -462,7 +463,9 @@ def _prefill_impl(graphdef, state, kv_cache, alloc, slot_state, prompt_1T, lengt
   table_BM = kv_cache[0].self_attn.page_table_BM
   row_1M = jax.lax.dynamic_slice_in_dim(table_BM, slot, 1, axis=0)
   zero_1 = jnp.zeros((1,), jnp.int32)
-  alloc, row_1M = alloc.allocate(row_1M, zero_1, length[None], page_size)
+  alloc, new_row_1M = alloc.allocate(row_1M, zero_1, length[None], page_size)
+  kv_cache = cache_lib.zero_pages(kv_cache, new_pages(row_1M, new_row_1M).reshape(-1))
+  row_1M = new_row_1M
   # A batch-1 view: the shared pages, this slot's table row.
   view = cache_lib.as_empty(cache_lib.set_page_table(kv_cache, row_1M, zero_1))
   logits_11V, view = model(prompt_1T, segment_ids_BT=segment_ids_1T, cache=view,
@@ -486,7 +489,7 @@ def _start_slot(slot_state, slot, token, done, budget, key):
 
 def _finish(kv_cache, alloc, finished_B):
   """Finished sequences of the paged cache give their pages back. A slot's own rows need
-  nothing: its next prefill empties them (``kv_cache.take_row``)."""
+  nothing: its next prefill starts from a zeroed row (``kv_cache.take_row``)."""
   if alloc is None:
     return kv_cache, alloc
   return _release(kv_cache, alloc, finished_B)

@@ -410,11 +410,25 @@ def _sampling_loop(forward, cache, alloc, first_logits_BV, rng, *, max_new_token
   return out_BJ, (alloc.exhausted if paged else jnp.bool_(False))
 
 
-def _reserve(cache, alloc, num_new_B, page_size):
-  """Pages for ``num_new_B`` more tokens per sequence, in every layer's table."""
-  alloc, table_BM = alloc.allocate(cache[0].self_attn.page_table_BM,
-                                   cache_lib.cache_lengths(cache), num_new_B, page_size)
-  return cache_lib.set_page_table(cache, table_BM), alloc
+def _reserve(cache, alloc, num_new_B, page_size, *, fresh=False):
+  """Pages for ``num_new_B`` more tokens per sequence, in every layer's table.
+
+  ``fresh``: the pool is still all zeros (the prefill of a new cache). Otherwise
+  ``num_new_B`` is at most 1 (a decode step), so a sequence gets at most one page, and the
+  pages assigned are zeroed (``kv_cache.zero_pages``: a page that a finished sequence gave
+  back holds its values); one page per sequence, not the whole table, is cleared.
+  """
+  old_BM = cache[0].self_attn.page_table_BM
+  alloc, table_BM = alloc.allocate(old_BM, cache_lib.cache_lengths(cache), num_new_B, page_size)
+  cache = cache_lib.set_page_table(cache, table_BM)
+  if not fresh:  # the one new page of each sequence (-1: none)
+    cache = cache_lib.zero_pages(cache, jnp.max(new_pages(old_BM, table_BM), axis=1))
+  return cache, alloc
+
+
+def new_pages(old_BM, new_BM):
+  """int32 [B, M]: the page ids ``new_BM`` assigns that ``old_BM`` did not (-1 elsewhere)."""
+  return jnp.where((old_BM < 0) & (new_BM >= 0), new_BM, -1)
 
 
 def _release(cache, alloc, finished_B):
@@ -449,7 +463,7 @@ def _sample_decoder_only_impl(model, prompt_BT, lengths_B, rng, eos_id, *, max_n
   B = prompt_BT.shape[0]
   cache, alloc = _new_cache(cfg, kind, B, cache_len, page_size, num_pages, cache_dtype)
   if alloc is not None:
-    cache, alloc = _reserve(cache, alloc, lengths_B, page_size)
+    cache, alloc = _reserve(cache, alloc, lengths_B, page_size, fresh=True)
   last_BV, cache = _prefill(model, prompt_BT, lengths_B, cache)
   forward = lambda tokens_BT, seg_BT, cache: model(tokens_BT, segment_ids_BT=seg_BT, cache=cache)
   return _sampling_loop(forward, cache, alloc, last_BV, rng, max_new_tokens=max_new_tokens,
@@ -498,7 +512,7 @@ def _sample_encoder_decoder_impl(model, src_BS, src_seg_BS, rng, eos_id, bos_id,
   forward = _decoder_forward(model)
   ones_B1 = jnp.ones((B, 1), jnp.int32)
   if alloc is not None:
-    cache, alloc = _reserve(cache, alloc, ones_B1[:, 0], page_size)
+    cache, alloc = _reserve(cache, alloc, ones_B1[:, 0], page_size, fresh=True)
   # The bos step as a prefill (over an emptied cache): it attends to its own K/V as computed,
   # not as rounded to a bfloat16 or int8 cache, as the uncached forward pass does.
   logits_B1V, cache = forward(jnp.broadcast_to(bos_id, (B, 1)), ones_B1,

@@ -692,6 +692,8 @@ def as_empty(cache):
   call reads none of them; the decode steps after it read every slot of the
   buffer and weigh the unwritten ones by 0, so stale values must be finite (a
   NaN or inf left there, by a float16 overflow say, would reach the output).
+  The decoding loops never hand a sequence stale values: ``take_row`` gives a
+  zeroed row and ``zero_pages`` clears each page as it is assigned.
   The next call through the
   model is a prefill that attends over its own tokens only, exactly as the
   uncached forward pass does (the layer's implementation, the new K/V
@@ -711,11 +713,29 @@ def as_empty(cache):
   return tuple(out)
 
 
-def take_row(cache, b):
-  """Sequence ``b`` (a traced int) of a contiguous / ring cache as an empty batch-1
-  cache (``as_empty``), to fill and ``put_row`` back."""
+def take_row(cache):
+  """A row of a contiguous / ring cache, empty (``as_empty``) and zeroed, for a new
+  sequence to fill and ``put_row`` into its slot. Zeroed, not the slot's old row: a NaN or
+  inf that an earlier sequence left there would reach the new one's outputs through the
+  unwritten slots that its decode steps weigh by 0 (``as_empty``)."""
   _check_rows(cache)
-  return as_empty(jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, b, 1, axis=0), cache))
+  return as_empty(jax.tree.map(lambda x: jnp.zeros((1, *x.shape[1:]), x.dtype), cache))
+
+
+def zero_pages(cache, pages_E):
+  """The caches with the pages ``pages_E`` (int32; ids outside [0, P) are skipped) zeroed,
+  values and int8 scales, in every layer: for pages just assigned to a sequence, which hold
+  whatever the sequence that freed them wrote (see ``take_row``)."""
+  P = cache[0].self_attn.k_pages_PCKH.shape[0]
+  pages_E = jnp.where((pages_E >= 0) & (pages_E < P), pages_E, P)  # P: dropped
+  zero = lambda x: None if x is None else x.at[pages_E].set(0, mode="drop")
+  out = []
+  for blk in cache:
+    sa = blk.self_attn
+    out.append(blk.replace(self_attn=sa.replace(
+        k_pages_PCKH=zero(sa.k_pages_PCKH), v_pages_PCKH=zero(sa.v_pages_PCKH),
+        k_scale_PCK=zero(sa.k_scale_PCK), v_scale_PCK=zero(sa.v_scale_PCK))))
+  return tuple(out)
 
 
 def put_row(cache, row, b):

@@ -412,3 +412,45 @@ def test_requests_that_end_at_their_prefill_leave_no_slot_busy(cache):
   assert stats.decode_steps == 0 and stats.prefills == 5
   if cache == "paged":
     _check_pages_returned(stats, 2 * -(-max(len(p) for p in prompts) // C))
+
+
+def _poisoned_init(monkeypatch, pages_from=0):
+  """``init_cache`` whose float buffers hold NaN (paged: pages ``pages_from`` on), as a
+  sequence that overflowed (float16, say) leaves its pages and rows to the next one."""
+  real = cache_lib.init_cache
+
+  def poisoned(*args, **kw):
+    def nan(x):
+      if not jnp.issubdtype(x.dtype, jnp.floating):
+        return x
+      return x.at[pages_from:].set(jnp.nan) if x.ndim == 4 and pages_from else x + jnp.nan
+
+    return tuple(b.replace(self_attn=jax.tree.map(nan, b.self_attn)) for b in real(*args, **kw))
+
+  monkeypatch.setattr(cache_lib, "init_cache", poisoned)
+
+
+@pytest.mark.parametrize("cache", ["paged", "contiguous"])
+def test_a_sequence_never_reads_what_an_earlier_one_left(case, monkeypatch, cache):
+  """Every cache buffer starts as NaN: the results equal the clean run's, since each page
+  is zeroed when a request gets it and each slot row when a request is prefilled into it
+  (until 2026-12-04 the stale values were weighted by 0, and 0 x NaN reached the logits:
+  one overflowing request poisoned every later one in its pages or slot)."""
+  model, prompts, eos_id, want, no_eos = case
+  _poisoned_init(monkeypatch)
+  results = attnlab.generate_requests(model, prompts, BUDGETS, slots=3, cache=cache,
+                                      page_size=C, eos_id=None)
+  assert [r.tolist() for r in results] == no_eos
+
+
+def test_generate_zeroes_a_page_it_assigns_while_decoding(monkeypatch):
+  """``generate`` with a paged cache: pages taken in the decode loop (a page freed by a
+  finished sequence, in general) are zeroed; here every page past the prefill's holds NaN."""
+  model = decoder_model(NAME, varied=True)
+  prompt_BT = np.asarray([random_tokens(7, (6,)).tolist(), random_tokens(8, (6,)).tolist()])
+  kw = dict(prompt_lengths_B=[3, 6], eos_id=None, cache="paged", page_size=C)
+  want = np.asarray(attnlab.generate(model, prompt_BT, max_new_tokens=9, **kw))
+  _poisoned_init(monkeypatch, pages_from=3)  # the prefill takes pages 0, 1, 2
+  # Another max_new_tokens: a program of its own, traced with the poisoned init_cache.
+  got = np.asarray(attnlab.generate(model, prompt_BT, max_new_tokens=11, **kw))
+  np.testing.assert_array_equal(got[:, :9], want)

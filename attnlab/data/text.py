@@ -7,6 +7,7 @@ line's index, so they do not depend on the file system's listing order.
 
 from __future__ import annotations
 
+import codecs
 import glob
 import io
 import os
@@ -121,8 +122,9 @@ def read_tsv(path: str) -> list[tuple[str, str]]:
   not UTF-8 are an error naming the line."""
   with open(path, "rb") as f:
     data = f.read()
+  data = data.removeprefix(codecs.BOM_UTF8)  # positions below count from the text
   try:
-    content = data.decode("utf-8-sig")
+    content = data.decode("utf-8")
   except UnicodeDecodeError as e:
     # Lines as the reader below counts them: ending at \n, \r\n or a lone \r.
     lineno = data[:e.start].replace(b"\r\n", b"\n").replace(b"\r", b"\n").count(b"\n") + 1

@@ -183,6 +183,12 @@ def test_read_tsv_keeps_fields_as_written_and_names_bad_lines(tmp_path):
   latin.write_bytes(b"ok\tok\rfine\tfine\r\nbad\tcaf\xe9\r")
   with pytest.raises(ValueError, match=re.escape(f"{latin}:3: not UTF-8")):
     text.read_tsv(str(latin))
+  # ... and after a byte order mark, the line and byte of the bad one (until 2026-12-04 the
+  # positions were the text's, read in the file's bytes: line 2, byte 0x09 here).
+  latin.write_bytes(b"\xef\xbb\xbfa\tb\nc\td\n\xff\tx\n")
+  with pytest.raises(ValueError, match=re.escape(
+      f"{latin}:3: not UTF-8 (invalid start byte: byte 0xff)")):
+    text.read_tsv(str(latin))
   empty = tmp_path / "c.tsv"
   empty.write_text("\n\n")
   with pytest.raises(ValueError, match=re.escape(f"{empty}: no 'source<TAB>target' lines")):

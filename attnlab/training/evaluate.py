@@ -108,6 +108,45 @@ def _split_rows(batch: dict, arch: str, eos_id: int, pad_id: int):
   return prompt_BT.astype(np.int32), lengths_B.astype(np.int32), sources, refs, fits_B
 
 
+def _decode_prompts(decode, prompt_BW, lengths_B, refs, score_B, T: int, max_len: int):
+  """Decoder-only outputs of a batch in which every scored row gets the room its reference
+  needs.
+
+  A row of prompt length l and reference length t needs t + 1 new tokens (with its eos),
+  up to position l + t <= seq_len <= max_len; but one ``generate`` call gives every row the
+  budget its longest prompt W leaves, max_len - W + 1, so a short prompt with a long
+  reference beside a long prompt with a short one got too few and was scored as a miss
+  (until 2026-12-04). The first call is the batch as it is (width W, budget
+  min(T, max_len - W + 1): one program for every batch); the scored rows it left short go
+  again, in the batch's shape (the other rows replaced by one of them), at the width of
+  their longest prompt, W' < W, whose row then has its room: at most one call and one
+  program more per such W'.
+
+  Returns:
+    (a row of new tokens per example, None for a scored row that has no room even alone
+    (a layout longer than max_len), the number of those).
+  """
+  B, W = prompt_BW.shape
+  need_B = np.array([len(r) + 1 for r in refs])
+  room_B = lengths_B + need_B - 1 <= max_len  # alone, the row has its room
+  out = [None] * B
+  todo_B, width = np.ones(B, bool), W  # the first call: every row, filling rows too
+  while todo_B.any():
+    budget = min(T, max_len - width + 1)
+    fill_B = np.where(todo_B, np.arange(B), np.flatnonzero(todo_B)[0])
+    tokens_BJ = decode(prompt_BW[fill_B, :width], lengths_B[fill_B], budget)
+    short_B = score_B & (need_B > budget)
+    for b in np.flatnonzero(todo_B & ~short_B):
+      out[b] = tokens_BJ[b]
+    todo_B &= short_B & room_B
+    if todo_B.any():
+      narrower = int(lengths_B[todo_B].max())
+      if narrower >= width:  # no room at any width (a reference longer than T)
+        break
+      width = narrower
+  return out, sum(1 for b in range(B) if score_B[b] and out[b] is None)
+
+
 def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int,
                    beam_size: int | None = None,
                    length_penalty: float = DecodeConfig.length_penalty) -> list[dict]:
@@ -147,18 +186,21 @@ def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int,
     unreachable += int(holds_eos_B.sum())
     fits_B = fits_B & ~holds_eos_B
     T = np.shape(batch["targets_BT"])[1]
+    decode = lambda prompt_BT, lengths_B, max_new: np.asarray(generate(
+        model, prompt_BT, max_new_tokens=max_new, prompt_lengths_B=lengths_B, eos_id=eos_id,
+        bos_id=bos_id, beam_size=beam_size, length_penalty=length_penalty))
     # A reference fits in its row (with its eos): an encoder-decoder's target row,
     # which need not be as wide as the source; a decoder-only prompt of width W
     # leaves max_len - W + 1 positions to generate into.
     if cfg.arch == "encoder_decoder":
-      max_new = T
+      tokens_BJ = decode(prompt_BT, lengths_B, T)
     else:
-      max_new = min(T, cfg.max_len - W + 1)
       prompt_BT = np.pad(prompt_BT, ((0, 0), (0, W - prompt_BT.shape[1])),
                          constant_values=cfg.pad_id)
-    tokens_BJ = np.asarray(generate(model, prompt_BT, max_new_tokens=max_new,
-                                    prompt_lengths_B=lengths_B, eos_id=eos_id, bos_id=bos_id,
-                                    beam_size=beam_size, length_penalty=length_penalty))
+      tokens_BJ, short = _decode_prompts(decode, prompt_BT, lengths_B, refs, fits_B, T,
+                                         cfg.max_len)
+      cut += short
+      fits_B = fits_B & np.array([t is not None for t in tokens_BJ], bool)
     for b in np.flatnonzero(fits_B):
       out.append({"source": sources[b], "reference": refs[b],
                   "prediction": _until_eos(tokens_BJ[b], eos_id)})

@@ -358,6 +358,42 @@ def test_decode_batches_asks_generate_for_room_to_the_row_width(monkeypatch, arc
     assert [e["source"] for e in out] == [[5, 6]] and [e["prediction"] for e in out] == [[]]
 
 
+def test_a_short_prompt_with_a_long_reference_gets_its_room(monkeypatch):
+  """max_len = T = 10; prompts of 8, 3 and 5 tokens with references of 1, 6 and 3: the batch
+  call (width 8) leaves 3 new tokens, too few for the second and third rows; they go again
+  at the width of their longest prompt (5: 6 new tokens, enough for the third), then the
+  second alone at width 3 (8 new tokens). With an oracle for a model (the reference and eos
+  after each prompt), every example matches; until 2026-12-04 only the first did."""
+  from types import SimpleNamespace
+
+  rows = [[BOS, 11, 12, 13, 14, 15, 16, EOS, 30, EOS],
+          [BOS, 11, EOS, 40, 41, 42, 43, 44, 45, EOS],
+          [BOS, 17, 18, 19, EOS, 50, 51, 52, EOS, PAD],
+          [BOS, 11, 12, 13, 14, 15, 16, EOS, 30, EOS]]  # fills the batch: not scored
+  tokens = np.array(rows)
+  batch = {"tokens_BT": tokens, "targets_BT": np.roll(tokens, -1, axis=1),
+           eval_lib.EXAMPLE_MASK: np.array([True, True, True, False])}
+  answers = {tuple(r[:r.index(EOS) + 1]): r[r.index(EOS) + 1:] for r in rows}
+  calls = []
+
+  def oracle(model_arg, prompt_BW, *, max_new_tokens, prompt_lengths_B, **kw):
+    W = prompt_BW.shape[1]
+    assert max(prompt_lengths_B) == W and W + max_new_tokens - 1 <= 10  # generate's rule
+    calls.append((prompt_BW.shape, max_new_tokens))
+    out = np.full((len(prompt_BW), max_new_tokens), PAD)
+    for b, (p, n) in enumerate(zip(prompt_BW, prompt_lengths_B, strict=True)):
+      answer = [t for t in answers[tuple(p[:n].tolist())] if t != PAD][:max_new_tokens]
+      out[b, :len(answer)] = answer
+    return out
+
+  monkeypatch.setattr(eval_lib, "generate", oracle)
+  model = SimpleNamespace(cfg=SimpleNamespace(arch="decoder_only", pad_id=PAD, max_len=10))
+  out = eval_lib.decode_batches(model, [batch], eos_id=EOS, bos_id=BOS)
+  assert [e["prediction"] for e in out] == [e["reference"] for e in out] == [
+      [30], [40, 41, 42, 43, 44, 45], [50, 51, 52]]
+  assert calls == [((4, 8), 3), ((4, 5), 6), ((4, 3), 8)]
+
+
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
 def test_decode_batches_skips_the_rows_that_fill_up_the_last_batch(monkeypatch, caplog, arch):
   """Rows whose EXAMPLE_MASK is False (validation_batches' filling) are decoded with the

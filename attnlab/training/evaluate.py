@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 
 import jax
@@ -229,13 +230,18 @@ def seq2seq_metrics(examples: list[dict], tokenizer, *, bleu: bool,
       text can hide a difference: ids the tokenizer drops), so every reported
       number can be recomputed from the file.
   """
-  hits = sum(e["prediction"] == e["reference"] for e in examples)
-  out = {"exact_match": hits / max(len(examples), 1)}
   text = [{k: tokenizer.decode(np.asarray(e[k], np.int32)) for k in
            ("source", "reference", "prediction")} for e in examples]
   lines = [{**t, "reference_ids": [int(i) for i in e["reference"]],
             "prediction_ids": [int(i) for i in e["prediction"]]} for t, e in zip(text, examples)]
-  if bleu:
+  if not examples:  # every example cut by seq_len, say: no score, not a score of 0
+    log.warning("no validation example could be scored: exact match%s reported as nan",
+                " and BLEU" if bleu else "")
+    out = {"exact_match": math.nan, **({"bleu": math.nan} if bleu else {})}
+  else:
+    out = {"exact_match": sum(e["prediction"] == e["reference"] for e in examples)
+           / len(examples)}
+  if bleu and examples:
     sacrebleu = extras.require("sacrebleu", "task='tsv' (BLEU in eval)")
     out["bleu"] = float(sacrebleu.corpus_bleu([t["prediction"] for t in text],
                                               [[t["reference"] for t in text]]).score)

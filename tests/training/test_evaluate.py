@@ -6,6 +6,7 @@ predictions file the eval writes. The BLEU of hand-made partial matches is
 checked against a value worked out from n-gram counts by hand."""
 
 import json
+import logging
 import math
 import re
 
@@ -524,8 +525,21 @@ def test_seq2seq_metrics_without_bleu_writes_its_folder_and_counts_nothing_on_no
        "prediction_ids": [bc[0], BOS, bc[1]]}]
   assert np.mean([r["prediction_ids"] == r["reference_ids"] for r in rows]) == (
       out["exact_match"])
-  assert eval_lib.seq2seq_metrics([], tok, bleu=False) == {"exact_match": 0.0}
   assert eval_lib.seq2seq_metrics(ex[:1], tok, bleu=False) == {"exact_match": 1.0}
+
+
+def test_no_scored_example_is_nan_not_a_score(tmp_path, caplog):
+  """Every validation example cut by seq_len: exact match and BLEU are nan, with a warning,
+  and the predictions file is empty (until 2026-12-04 exact match read 0.0, and BLEU raised
+  sacrebleu's IndexError out of the training run)."""
+  path = tmp_path / "p.jsonl"
+  with caplog.at_level(logging.WARNING, logger=eval_lib.__name__):
+    out = eval_lib.seq2seq_metrics([], ByteTokenizer(), bleu=True, predictions_path=str(path))
+  assert set(out) == {"exact_match", "bleu"} and all(math.isnan(v) for v in out.values())
+  assert caplog.messages == [
+      "no validation example could be scored: exact match and BLEU reported as nan"]
+  assert path.read_text(encoding="utf-8") == ""
+  assert math.isnan(eval_lib.seq2seq_metrics([], ByteTokenizer(), bleu=False)["exact_match"])
 
 
 def test_predictions_are_utf8_text_and_bleu_without_sacrebleu_says_what_to_install(

@@ -563,18 +563,21 @@ class PagedKVCache(_SelfAttentionCache):
     return PagedKVCache(k, v, self.page_table_BM, self.lengths_B + num_new_B, ks, vs)
 
   def gather(self, dtype=None):
-    """Keys / values [B, M*C, K, H] in position order (unassigned pages read page 0, masked),
-    as ``dtype``: by default the pages' dtype, float32 for an int8 cache (dequantized)."""
+    """Keys / values [B, M*C, K, H] in position order, as ``dtype``: by default the pages'
+    dtype, float32 for an int8 cache (dequantized). A page the table does not assign (-1,
+    or an entry past the pool) reads as zeros: masked, but weighed by 0, and until
+    2026-12-04 it read page 0, whose NaN or inf (another sequence's page) came through."""
     B, M = self.page_table_BM.shape
-    _, C, K, H = self.k_pages_PCKH.shape
-    table_BM = jnp.maximum(self.page_table_BM, 0)
-    k = self.k_pages_PCKH[table_BM].reshape(B, M * C, K, H)
-    v = self.v_pages_PCKH[table_BM].reshape(B, M * C, K, H)
+    P, C, K, H = self.k_pages_PCKH.shape
+    table_BM = jnp.where(self.page_table_BM >= 0, self.page_table_BM, P)  # P: no page
+    read = lambda x: x.at[table_BM].get(mode="fill", fill_value=0)
+    k = read(self.k_pages_PCKH).reshape(B, M * C, K, H)
+    v = read(self.v_pages_PCKH).reshape(B, M * C, K, H)
     if self.k_scale_PCK is None:
       return (k, v) if dtype is None else (k.astype(dtype), v.astype(dtype))
     dtype = dtype or jnp.float32
-    ks = self.k_scale_PCK[table_BM].reshape(B, M * C, K)
-    vs = self.v_scale_PCK[table_BM].reshape(B, M * C, K)
+    ks = read(self.k_scale_PCK).reshape(B, M * C, K)
+    vs = read(self.v_scale_PCK).reshape(B, M * C, K)
     return dequantize(k, ks, dtype), dequantize(v, vs, dtype)
 
 

@@ -239,6 +239,39 @@ def test_a_page_table_entry_past_the_pool_is_a_missing_page(impl):
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+@pytest.mark.parametrize("impl", ["auto", "chunked", "reference", "pallas"])
+def test_another_sequences_nan_never_reaches_a_paged_row(impl, dtype):
+  """Row 0 owns pages 1 and 2; every other page of the pool, row 1's page 0 among them,
+  holds NaN (a float16 overflow in another sequence, say). Row 0's decode step equals the
+  clean pool's: a missing page is read as zeros (until 2026-12-04 the gather read page 0
+  for it, and 0 x NaN made row 0's output NaN)."""
+  table = jnp.array([[1, 2, -1, -1], [0, -1, -1, -1]], jnp.int32)
+  clean = cache_lib.PagedKVCache.init(B, S, K, H, page_size=PAGE, num_pages=8, dtype=dtype)
+  clean = clean.replace(page_table_BM=table)
+  gen = random_arrays.rng(4)
+  k, v = (random_arrays.normal(gen, (B, 6, K, H)) for _ in range(2))
+  clean = clean.store(k, v, jnp.array([6, 3], jnp.int32))
+
+  def poison(x):
+    if x is None:
+      return None
+    bad = jnp.asarray(jnp.nan if dtype == "float32" or x.dtype == jnp.float32 else 0, x.dtype)
+    owned = jnp.zeros(x.shape[0], bool).at[jnp.array([1, 2])].set(True)
+    return jnp.where(owned.reshape((-1,) + (1,) * (x.ndim - 1)), x, bad)
+
+  dirty = clean.replace(**{n: poison(getattr(clean, n)) for n in (
+      "k_pages_PCKH", "v_pages_PCKH", "k_scale_PCK", "v_scale_PCK")})
+  q = random_arrays.normal(gen, (B, 1, N, H))
+  k1, v1 = (random_arrays.normal(gen, (B, 1, K, H)) for _ in range(2))
+  step = jax.jit(lambda c: c.attend(q, k1, v1, num_new_B=jnp.array([1, 0], jnp.int32),
+                                    q_positions_BT=jnp.array([[6], [3]], jnp.int32),
+                                    causal=True, window=None, implementation=impl)[0])
+  want, got = np.asarray(step(clean))[0], np.asarray(step(dirty))[0]
+  assert np.isfinite(want).all()
+  np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("dtype,scales", [("float32", None), ("bfloat16", None),
                                           ("int8", "float32")])
 def test_init_shapes_dtypes_and_empty_markers(dtype, scales):

@@ -64,6 +64,7 @@ from attnlab.decoding.generate import (
   _release,
   _reserve,
   as_key,
+  check_cache_dtype,
   check_token_id,
   new_pages,
   positive_int,
@@ -282,7 +283,7 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
     if not paged:
       raise GenerateInputError(f"num_pages={num_pages} is for cache='paged', got cache={cache!r}")
     positive_int("num_pages", num_pages)
-  cache_dtype = cache_lib.check_cache_dtype(cache_dtype)
+  cache_dtype = check_cache_dtype(cache_dtype)
   n = len(prompts)
   # Positions a request needs: the last generated token is never fed back.
   need_pos = [len(p) + b - 1 for p, b in zip(prompts, budgets, strict=True)]

@@ -105,7 +105,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
       for every sequence at full length; with fewer, pages freed by finished
       sequences are reused, and running out raises ``RuntimeError``.
     cache_len: capacity of a contiguous / paged cache per sequence; default
-      the prompt length + max_new_tokens.
+      the prompt width + max_new_tokens - 1 (the last token is never fed back).
     cache_dtype: dtype of the cached K/V ("float32", "bfloat16", "float16",
       "int8"); None = the model's compute dtype. "int8" stores K/V quantized
       with one float32 scale per token and KV head (every cache kind).
@@ -146,10 +146,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
   eos_id = check_token_id("eos_id", eos_id, cfg.vocab_size, none_means="no eos")
   # Traced, not static: a new eos does not recompile. -1 matches no token.
   eos = jnp.int32(-1 if eos_id is None else eos_id)
-  try:
-    cache_dtype = cache_lib.check_cache_dtype(cache_dtype)
-  except ValueError as e:
-    raise GenerateInputError(str(e)) from None
+  cache_dtype = check_cache_dtype(cache_dtype)
   static = dict(max_new_tokens=max_new_tokens, kind=cache, page_size=page_size,
                 cache_dtype=None if cache_dtype is None else str(cache_dtype))
 
@@ -201,6 +198,14 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
 # ----------------------------------------------------------------------------
 # Input checks (concrete, before anything is traced).
 # ----------------------------------------------------------------------------
+
+
+def check_cache_dtype(cache_dtype):
+  """``kv_cache.check_cache_dtype``, its refusal raised as a GenerateInputError."""
+  try:
+    return cache_lib.check_cache_dtype(cache_dtype)
+  except ValueError as e:
+    raise GenerateInputError(str(e)) from None
 
 
 def positive_int(name, value) -> int:
@@ -288,8 +293,9 @@ def _prompt_lengths(cfg, prompt_BT, prompt_lengths_B, what="prompt"):
           f"prompt_lengths_B={lengths_B.tolist()} exceeds the prompt width T={T}")
   if (lengths_B < 1).any():
     b = int(np.argmax(lengths_B < 1))
-    raise GenerateInputError(f"{what} {b} is empty (all padding, pad_id={cfg.pad_id}): give at "
-                             "least one token")
+    why = (f"all padding, pad_id={cfg.pad_id}" if prompt_lengths_B is None else
+           f"prompt_lengths_B[{b}]={int(lengths_B[b])}")
+    raise GenerateInputError(f"{what} {b} is empty ({why}): give at least one token")
   return lengths_B.astype(np.int32)
 
 

@@ -272,10 +272,14 @@ def test_prefill_buckets_hold_the_prompt_with_less_than_half_of_it_as_padding():
     (dict(eos_id="2"), r"^eos_id='2' must be an integer token id in \[0, 61\)"),
     (dict(rng="0"), r"^rng='0' must be a jax.random.key \(or its uint32 key data\), an integer "
                     "seed or None$"),
+    (dict(cache_dtype="int4"), "cache_dtype='int4'"),  # a plain ValueError until 2026-12-04
 ])
 def test_bad_arguments_raise_value_error_naming_the_field(kwargs, match):
+  """Each one a GenerateInputError (a ValueError), which `attnlab decode` reports as one line."""
+  from attnlab.decoding.generate import GenerateInputError
+
   args = dict(prompts=[[3, 4], [5]], max_new_tokens=2) | kwargs
-  with pytest.raises(ValueError, match=match):
+  with pytest.raises(GenerateInputError, match=match):
     attnlab.generate_requests(decoder_model(NAME, varied=True), args.pop("prompts"),
                               args.pop("max_new_tokens"), **args)
 

@@ -402,9 +402,14 @@ def test_generate_rejects_bad_prompts():
   with pytest.raises(ValueError, match=re.escape(
       "cache='nope' is not one of 'contiguous', 'ring', 'paged'")):
     attnlab.generate(model, np.array([[5, 6]]), cache="nope")
+  # A length given as 0 is named as such (until 2026-12-04 "all padding" of a row that had
+  # none); a row of padding without lengths is named as padding.
+  with pytest.raises(ValueError, match=re.escape(
+      "prompt 1 is empty (prompt_lengths_B[1]=0): give at least one token")):
+    attnlab.generate(model, np.array([[5, 6], [5, 6]]), prompt_lengths_B=[2, 0])
   with pytest.raises(ValueError, match=re.escape(
       "prompt 1 is empty (all padding, pad_id=0): give at least one token")):
-    attnlab.generate(model, np.array([[5, 6], [5, 6]]), prompt_lengths_B=[2, 0])
+    attnlab.generate(model, np.array([[5, 6], [0, 0]]))
   for bad in ([2, 2, 2], [2.0, 1.7]):  # a float length is not cut to an int
     with pytest.raises(ValueError, match=re.escape(
         f"prompt_lengths_B (shape {np.shape(bad)}, dtype {np.asarray(bad).dtype}) must be "
@@ -448,7 +453,7 @@ def test_generate_rejects_bad_prompts():
   # Source lengths are checked like prompt lengths (the first empty one named), and mark
   # the first lengths[b] positions of each row, pad ids among them.
   with pytest.raises(GenerateInputError, match=re.escape(
-      "source 1 is empty (all padding, pad_id=0): give at least one token")):
+      "source 1 is empty (prompt_lengths_B[1]=0): give at least one token")):
     attnlab.generate(encdec, np.array([[5, 6], [0, 0]]), max_new_tokens=2,
                      prompt_lengths_B=[1, 0])
   from attnlab.decoding.generate import _source_segment_ids

@@ -54,7 +54,11 @@ def parse_gin(gin_files: list[str], bindings: list[str]) -> tuple[ModelConfig, D
 
 def log_attnlab_info() -> None:
   """Log lines on stderr: attnlab's from INFO up (progress, checkpoints, warnings), the
-  libraries' (orbax, JAX) from WARNING up (orbax logs ~70 INFO lines a checkpoint)."""
+  libraries' (orbax, JAX) from WARNING up (orbax logs ~70 INFO lines a checkpoint).
+
+  Call it before anything imports orbax: absl, which orbax imports, configures the root
+  logger itself if nothing has ("INFO:attnlab.training.trainer:resumed from step 5"), and
+  this call then changes nothing."""
   import logging
 
   logging.basicConfig(level=logging.WARNING, format="%(message)s")

@@ -72,6 +72,7 @@ def main(argv: list[str]) -> int:
     if not b.startswith(PREFIXES):
       raise CommandError(f"--gin.{b.split(' = ')[0]}: only {', '.join(PREFIXES)} bindings "
                          "apply to a sweep")
+  log_attnlab_info()  # before check_not_stale's Checkpointer imports orbax (and absl)
   if os.path.exists(args.out) and not os.path.isdir(args.out):
     raise CommandError(f"--out {args.out} is a file; give a directory (new, or a sweep's)")
   sweep_path = os.path.join(args.out, sweep_lib.SWEEP_FILE)
@@ -127,7 +128,6 @@ def main(argv: list[str]) -> int:
     raise CommandError(str(e)) from None
 
   use_compilation_cache(args.compilation_cache)
-  log_attnlab_info()  # the trainer's "resumed from step N" and the like; orbax's INFO not
   os.makedirs(args.out, exist_ok=True)
   trainer.write_text_atomically(sweep_path, text)
   try:

@@ -2,8 +2,9 @@
 
 ``train(...)`` resumes from the newest readable checkpoint in the workdir,
 runs to ``TrainConfig.steps`` and checkpoints every ``checkpoint_every``
-steps, at the end, and when SIGTERM / SIGINT arrive (then it returns
-normally, so the process exits 0).
+steps, at the end, and when SIGTERM / SIGINT arrive during the steps (then it
+returns normally with ``step`` < ``TrainConfig.steps``, and ``attnlab train`` exits
+75, ``commands.EXIT_STOPPED``).
 """
 
 from __future__ import annotations

@@ -397,7 +397,12 @@ def test_kill_mid_sweep_then_rerun_equals_uninterrupted(micro, sweep_file, tmp_p
     proc.kill()  # SIGKILL mid-run: the mqa run has step 1 of 2 saved
     proc.wait()
   assert sweep_lib.read_result(out, "mqa", 0) is None
-  assert _ablate("--gin_file", sweep_file, "--out", out) == 0
+  # The rerun, a process of its own: its stderr shows the trainer's INFO line as `attnlab
+  # train` does (until 2026-12-04 "INFO:attnlab.training.trainer:resumed from step 1": absl,
+  # imported with orbax before the command set up logging, had configured it).
+  res = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+  assert res.returncode == 0, res.stderr[-3000:]
+  assert "\nresumed from step 1\n" in res.stderr, res.stderr[-3000:]
   assert _stable(out) == _stable(micro)
 
 

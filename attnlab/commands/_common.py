@@ -65,6 +65,15 @@ def log_attnlab_info() -> None:
   logging.getLogger("attnlab").setLevel(logging.INFO)
 
 
+def make_dir(flag: str, path: str) -> None:
+  """``os.makedirs(path, exist_ok=True)`` for a command's output folder: a path that cannot
+  be made (under a file, no permission) is a CommandError naming the flag, not a traceback."""
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise CommandError(f"{flag} {path}: cannot make this directory ({e.strerror or e})") from None
+
+
 def mesh_shape_flag(text: str | None) -> tuple[int, int, int] | None:
   """``--mesh_shape D,F,T`` as a (data, fsdp, tensor) tuple; None without the flag."""
   if text is None:

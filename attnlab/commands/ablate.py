@@ -28,6 +28,7 @@ from attnlab.commands._common import (
     CommandParser,
     add_cache_flag,
     log_attnlab_info,
+    make_dir,
     split_gin_flags,
     use_compilation_cache,
 )
@@ -128,7 +129,7 @@ def main(argv: list[str]) -> int:
     raise CommandError(str(e)) from None
 
   use_compilation_cache(args.compilation_cache)
-  os.makedirs(args.out, exist_ok=True)
+  make_dir("--out", args.out)
   trainer.write_text_atomically(sweep_path, text)
   try:
     counts = sweep_lib.run_sweep(args.out, sweep, arms, base, only=args.arm)

@@ -26,11 +26,13 @@ from attnlab.commands._common import (
   CommandParser,
   add_cache_flag,
   log_attnlab_info,
+  make_dir,
   parse_gin,
   split_gin_flags,
   use_compilation_cache,
 )
 from attnlab.data import pipeline, text
+from attnlab.ops import jax_nn
 from attnlab.training import sharding, trainer
 
 
@@ -70,6 +72,7 @@ def main(argv: list[str]) -> int:
     sources, tokenizer = trainer_run_check(mcfg, tcfg, dcfg)
   except (ValueError, FileNotFoundError, ImportError) as e:
     raise CommandError(str(e)) from None
+  make_dir("--workdir", args.workdir)
   try:
     last = trainer.train(mcfg, tcfg, dcfg, args.workdir, config_text=config_text,
                          sources=sources, tokenizer=tokenizer)
@@ -91,6 +94,8 @@ def trainer_run_check(mcfg, tcfg, dcfg):
   which only the run reads) and the tokenizer.
   """
   extras.check_data_config(dcfg)
+  # 'cudnn' off a GPU: refused before the workdir exists, not by the first step's trace
+  jax_nn.check_backend(mcfg.attention_impl, "ModelConfig.attention_impl")
   # A moved or unreadable tokenizer model file: one line, not a traceback from inside Run.
   tokenizer = pipeline.make_tokenizer(dcfg.tokenizer, dcfg.tokenizer_model,
                                       bos_id=dcfg.bos_id, eos_id=dcfg.eos_id)

@@ -8,6 +8,16 @@ import jax.numpy as jnp
 from attnlab.ops import masks
 
 
+def check_backend(implementation: str, name: str = "implementation") -> None:
+  """ValueError if ``implementation`` cannot run on JAX's default backend ('cudnn' needs a
+  CUDA GPU), naming it as ``name``; commands call it before they write anything."""
+  if implementation == "cudnn" and jax.default_backend() != "gpu":
+    raise ValueError(
+        f"{name}='cudnn' needs a CUDA GPU; the default backend is "
+        f"{jax.default_backend()!r}. Use 'xla', 'chunked' or 'reference'."
+    )
+
+
 def jax_nn_attention(
     q_BTNH, k_BSKH, v_BSKH, *, implementation, causal, window, q_segment_ids, kv_segment_ids,
     q_offset, scale,
@@ -29,11 +39,7 @@ def jax_nn_attention(
         "or use 'reference', 'chunked' or 'pallas', which take mixed dtypes"
     )
   if implementation == "cudnn":
-    if jax.default_backend() != "gpu":
-      raise ValueError(
-          f"implementation='cudnn' needs a CUDA GPU; the default backend is "
-          f"{jax.default_backend()!r}. Use 'xla', 'chunked' or 'reference'."
-      )
+    check_backend(implementation)
     unsupported = []
     if q_segment_ids is not None:
       unsupported.append("segment ids")

@@ -726,6 +726,21 @@ def test_convert_heads_to_a_file_is_refused(micro, tmp_path, capsys):
   assert dst.read_text() == "notes\n"
 
 
+def test_an_output_folder_under_a_file_is_one_line(micro, sweep_file, tmp_path, capsys):
+  """--to / --out inside a file: one line naming the flag, exit 2 (a NotADirectoryError
+  traceback until 2026-12-04)."""
+  note = tmp_path / "notes.txt"
+  note.write_text("x\n")
+  for argv, flag in (
+      (["convert-heads", "--from", sweep_lib.run_dir(micro, "mha", 0), "--num_kv_heads", "2",
+        "--method", "mean", "--to"], "--to"),
+      (["ablate", "--gin_file", sweep_file, "--arm", "mha", "--out"], "--out")):
+    err = _one_line_exit_2(capsys, [*argv, str(note / "sub")], note / "sub")
+    assert err.startswith(f"attnlab {argv[0]}: error: {flag} {note / 'sub'}: cannot make this "
+                          "directory ("), err
+  assert note.read_text() == "x\n"
+
+
 @pytest.mark.parametrize("extra", [[], ["--gin.TrainConfig.steps=3"]])
 def test_convert_heads_missing_source_run(tmp_path, capsys, extra):
   dst = str(tmp_path / "dst")

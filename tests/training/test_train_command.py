@@ -89,6 +89,25 @@ def test_a_resume_that_does_not_fit_is_one_error_line(tmp_path, capsys, monkeypa
       "attnlab train: error: the checkpoints in w do not fit this run's model")
 
 
+def test_what_cannot_run_or_be_written_is_refused_before_the_workdir(tmp_path, capsys):
+  """A cudnn model off a GPU is refused by the run check (until 2026-12-04 it wrote the
+  workdir, then the first step's trace raised); a workdir under a file is one line (a
+  NotADirectoryError traceback). Exit 2 both."""
+  rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(tmp_path / "w"),
+                 "--gin.ModelConfig.attention_impl='cudnn'"])
+  assert rc == 2 and not (tmp_path / "w").exists()
+  assert capsys.readouterr().err.strip() == (
+      "attnlab train: error: ModelConfig.attention_impl='cudnn' needs a CUDA GPU; the default "
+      "backend is 'cpu'. Use 'xla', 'chunked' or 'reference'.")
+  (tmp_path / "notes.txt").write_text("x\n")
+  rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir",
+                 str(tmp_path / "notes.txt" / "w")])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and err.startswith(
+      f"attnlab train: error: --workdir {tmp_path / 'notes.txt' / 'w'}: cannot make this "
+      "directory ("), err
+
+
 def test_train_exits_1_on_a_non_finite_stop(tmp_path, capsys):
   rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(tmp_path / "w"),
                  "--gin.TrainConfig.learning_rate=1e30", "--gin.TrainConfig.schedule='constant'",

@@ -91,6 +91,7 @@ def main(argv: list[str]) -> int:
   base = (mcfg, dcfg, tcfg)
   try:
     arms = sweep_lib.plan(sweep, mcfg)
+    sweep_lib.check_benchmark(sweep, mcfg, dcfg)
     for arm in arms:
       sweep_lib.run_configs(sweep, arm, sweep.seeds[0], *base)
   except ValueError as e:

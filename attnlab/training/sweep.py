@@ -116,6 +116,22 @@ def matched_d_ff(mcfg: ModelConfig, target: int) -> int:
   return d_ff
 
 
+def check_benchmark(sweep: Sweep, mcfg: ModelConfig, dcfg: DataConfig) -> None:
+  """ValueError if the decode benchmark does not fit the model's positions: every run would
+  train, then fail when measured (as it did until 2026-12-04)."""
+  if mcfg.arch == "decoder_only":  # prompts of decode_prompt_len tokens, at most a row's
+    prompt = min(sweep.decode_prompt_len, dcfg.seq_len)
+    need = prompt + sweep.decode_new_tokens - 1
+    what = (f"prompts of {prompt} tokens (Sweep.decode_prompt_len, at most DataConfig.seq_len) "
+            f"and Sweep.decode_new_tokens={sweep.decode_new_tokens}")
+  else:
+    need, what = sweep.decode_new_tokens, "Sweep.decode_new_tokens"
+  if need > mcfg.max_len:
+    raise ValueError(f"the decode benchmark needs {need} positions ({what}), more than "
+                     f"ModelConfig.max_len={mcfg.max_len}: lower Sweep.decode_new_tokens or "
+                     "Sweep.decode_prompt_len")
+
+
 def plan(sweep: Sweep, mcfg: ModelConfig) -> list[Arm]:
   """The arms of a sweep on the base model ``mcfg`` (from-scratch arms first).
 

@@ -755,6 +755,10 @@ def test_convert_heads_missing_source_run(tmp_path, capsys, extra):
     ("--gin.Sweep.num_kv_heads=[3]", "num_kv_heads=3 must divide num_heads=4"),
     ("--gin.Sweep.uptrain_methods=['avg']", "'avg' is not one of"),
     ("--gin.Sweep.uptrain_learning_rate=0.0", "uptrain_learning_rate=0.0 must be a positive"),
+    # the benchmark past max_len: every run trained, then failed when measured (2026-12-04)
+    ("--gin.Sweep.decode_new_tokens=1023", "the decode benchmark needs 1025 positions (prompts "
+     "of 3 tokens (Sweep.decode_prompt_len, at most DataConfig.seq_len) and "
+     "Sweep.decode_new_tokens=1023), more than ModelConfig.max_len=1024"),
 ])
 def test_ablate_bad_input(sweep_file, tmp_path, capsys, binding, message):
   out = str(tmp_path / "out")

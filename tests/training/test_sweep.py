@@ -259,3 +259,17 @@ def test_prompt_set_is_the_first_validation_rows_cycled_to_8(tmp_path, arch):
   else:  # the source, pad tokens dropped, cut to 3
     rows = [list(tok.encode(c * 3)) for c in "ABCD"]
   assert got == rows * 2
+
+
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_the_decode_benchmark_must_fit_max_len(arch):
+  """A decoder-only prompt is decode_prompt_len tokens at most a row's (seq_len); its
+  decode_new_tokens - 1 follow. An encoder-decoder's decoder holds decode_new_tokens."""
+  mcfg = ModelConfig(arch=arch, max_len=64)
+  dcfg = DataConfig(seq_len=16)
+  fits = 64 - 16 + 1 if arch == "decoder_only" else 64  # prompts cut to 16 by seq_len
+  sweep_lib.check_benchmark(Sweep(decode_prompt_len=100, decode_new_tokens=fits), mcfg, dcfg)
+  with pytest.raises(ValueError, match=re.escape(
+      "the decode benchmark needs 65 positions")):
+    sweep_lib.check_benchmark(Sweep(decode_prompt_len=100, decode_new_tokens=fits + 1), mcfg,
+                              dcfg)

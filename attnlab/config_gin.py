@@ -64,6 +64,8 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> 
   wrapped = _register(classes)
   gin.clear_config()
   for path in gin_files:
+    if os.path.isdir(path):
+      raise GinConfigError(f"gin file {path!r} is a directory, not a file")
     if not os.path.isfile(path):
       raise GinConfigError(f"gin file {path!r} does not exist")
     try:

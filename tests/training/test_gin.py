@@ -222,7 +222,7 @@ def test_includes_resolve_beside_this_calls_files_before_the_working_directory(
 @pytest.mark.parametrize("files,bindings,message", [
     (["nope.gin"], [], "gin file 'nope.gin' does not exist"),
     # a folder: named as one (until 2026-12-04 "does not exist")
-    (["attnlab"], [], "gin file 'attnlab' is a directory, not a file"),
+    (["."], [], "gin file '.' is a directory, not a file"),
     ([], ["ModelConfig.d_model = 'big'"],
      "d_model='big' must be a positive integer"),
     # Quoted: gin passes strings, which would be truthy / compared with numbers.

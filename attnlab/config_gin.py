@@ -98,6 +98,12 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> 
           f"gin macro{'s' if many else ''} {names} {'are' if many else 'is'} used but never "
           f"bound: bind {'each' if many else 'it'} in a gin file ({unbound[0]} = ...) or with "
           f"--gin.{unbound[0]}=...") from e
+    found = (_non_utf8_include(gin_files, folders) if isinstance(e, UnicodeDecodeError)
+             else None)
+    if found is not None:  # gin's message names the file that includes it
+      path, includer, err = found
+      raise GinConfigError(f"gin file {path!r}, included by {includer!r}, is not UTF-8 text "
+                           f"({err.reason} at byte {err.start})") from e
     bad = _unparsable_binding(bindings) if isinstance(e, SyntaxError) else None
     if bad is not None:  # gin's message names neither the binding nor its flag
       raise GinConfigError(
@@ -124,6 +130,33 @@ def _unparsable_binding(bindings: list[str]) -> str | None:
       return binding
     except Exception:  # noqa: BLE001 - another fault of a binding that parses: not this one
       continue
+  return None
+
+
+def _non_utf8_include(gin_files: list[str], folders: list[str]):
+  """(path, the file that includes it, its UnicodeDecodeError) of the first file included,
+  at any depth, that is not UTF-8, each include looked up in ``folders`` as gin looks it
+  up; None if there is none."""
+  todo, seen = [(p, None) for p in gin_files], set()
+  while todo:
+    path, includer = todo.pop(0)
+    if path in seen:
+      continue
+    seen.add(path)
+    with open(path, "rb") as f:
+      data = f.read()
+    try:
+      text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+      if includer is not None:  # a top-level file is checked before gin reads it
+        return path, includer, err
+      continue
+    for name in re.findall(r"""^\s*include\s+['"]([^'"]+)['"]""", text, re.MULTILINE):
+      for folder in folders:
+        candidate = os.path.join(folder, name)
+        if os.path.isfile(candidate):
+          todo.append((candidate, path))
+          break
   return None
 
 

@@ -268,6 +268,21 @@ def test_a_gin_file_that_is_not_utf8_is_named(tmp_path):
                           "(invalid continuation byte at byte 30)")
 
 
+def test_an_included_gin_file_that_is_not_utf8_is_named_with_its_includer(tmp_path):
+  """a.gin includes b.gin, which includes c.gin, not UTF-8: c.gin and b.gin are named
+  (until 2026-12-04 gin's codec error named a.gin, line 1)."""
+  (tmp_path / "a.gin").write_text("include 'b.gin'\nTrainConfig.steps = 3\n")
+  (tmp_path / "b.gin").write_text("include 'c.gin'\n")
+  (tmp_path / "c.gin").write_bytes(b"# caf\xe9\nModelConfig.d_model = 32\n")
+  with pytest.raises(gin_config.GinConfigError) as e:
+    gin_config.parse([str(tmp_path / "a.gin")], [])
+  assert str(e.value) == (
+      f"gin file {str(tmp_path / 'c.gin')!r}, included by {str(tmp_path / 'b.gin')!r}, is not "
+      "UTF-8 text (invalid continuation byte at byte 5)")
+  (tmp_path / "c.gin").write_text("# café\nModelConfig.d_model = 32\n")
+  assert gin_config.parse([str(tmp_path / "a.gin")], [])[0].d_model == 32
+
+
 def test_an_unbound_macro_in_a_gin_file_is_named(tmp_path):
   (tmp_path / "x.gin").write_text("TrainConfig.warmup_steps = %WARMUP\n")
   with pytest.raises(gin_config.GinConfigError, match=re.escape("gin macro %WARMUP is used")):

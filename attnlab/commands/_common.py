@@ -65,13 +65,17 @@ def log_attnlab_info() -> None:
   logging.getLogger("attnlab").setLevel(logging.INFO)
 
 
-def make_dir(flag: str, path: str) -> None:
-  """``os.makedirs(path, exist_ok=True)`` for a command's output folder: a path that cannot
-  be made (under a file, no permission) is a CommandError naming the flag, not a traceback."""
-  try:
-    os.makedirs(path, exist_ok=True)
-  except OSError as e:
-    raise CommandError(f"{flag} {path}: cannot make this directory ({e.strerror or e})") from None
+def check_can_make(flag: str, path: str) -> None:
+  """CommandError naming the flag if the output folder ``path`` (existing or not) cannot be
+  made or written: its nearest existing folder is a file, or not writable. Checked without
+  writing anything (the commands write only once every check passed)."""
+  at = os.path.abspath(path)
+  while not os.path.exists(at):
+    at = os.path.dirname(at)
+  if not os.path.isdir(at):
+    raise CommandError(f"{flag} {path}: cannot make this directory ({at} is a file)")
+  if not os.access(at, os.W_OK | os.X_OK):
+    raise CommandError(f"{flag} {path}: cannot make this directory ({at} is not writable)")
 
 
 def mesh_shape_flag(text: str | None) -> tuple[int, int, int] | None:

@@ -27,8 +27,8 @@ from attnlab.commands import EXIT_STOPPED, CommandError
 from attnlab.commands._common import (
     CommandParser,
     add_cache_flag,
+    check_can_make,
     log_attnlab_info,
-    make_dir,
     split_gin_flags,
     use_compilation_cache,
 )
@@ -76,6 +76,7 @@ def main(argv: list[str]) -> int:
   log_attnlab_info()  # before check_not_stale's Checkpointer imports orbax (and absl)
   if os.path.exists(args.out) and not os.path.isdir(args.out):
     raise CommandError(f"--out {args.out} is a file; give a directory (new, or a sweep's)")
+  check_can_make("--out", args.out)
   sweep_path = os.path.join(args.out, sweep_lib.SWEEP_FILE)
   gin_file = args.gin_file
   if gin_file is None:
@@ -91,7 +92,8 @@ def main(argv: list[str]) -> int:
   base = (mcfg, dcfg, tcfg)
   try:
     arms = sweep_lib.plan(sweep, mcfg)
-    sweep_lib.check_benchmark(sweep, mcfg, dcfg)
+    if not args.report:  # an OUT made before the check was added can still be reported
+      sweep_lib.check_benchmark(sweep, mcfg, dcfg)
     for arm in arms:
       sweep_lib.run_configs(sweep, arm, sweep.seeds[0], *base)
   except ValueError as e:
@@ -130,7 +132,7 @@ def main(argv: list[str]) -> int:
     raise CommandError(str(e)) from None
 
   use_compilation_cache(args.compilation_cache)
-  make_dir("--out", args.out)
+  os.makedirs(args.out, exist_ok=True)
   trainer.write_text_atomically(sweep_path, text)
   try:
     counts = sweep_lib.run_sweep(args.out, sweep, arms, base, only=args.arm)

@@ -20,7 +20,7 @@ import sys
 
 from attnlab import config_gin
 from attnlab.commands import CommandError
-from attnlab.commands._common import CommandParser, make_dir, split_gin_flags
+from attnlab.commands._common import CommandParser, check_can_make, split_gin_flags
 from attnlab.training.checkpoint import CheckpointMismatchError
 from attnlab.training.sweep import write_converted_run
 
@@ -58,7 +58,7 @@ def main(argv: list[str]) -> int:
                         **kwargs)
   except (FileNotFoundError, ValueError) as e:
     raise CommandError(str(e)) from None
-  make_dir("--to", args.dst)
+  check_can_make("--to", args.dst)
   try:
     info = write_converted_run(args.src, args.dst, args.num_kv_heads, args.method, **kwargs)
   except CheckpointMismatchError as e:  # read before anything is written

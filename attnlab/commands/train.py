@@ -25,8 +25,8 @@ from attnlab.commands._common import (
   CommandError,
   CommandParser,
   add_cache_flag,
+  check_can_make,
   log_attnlab_info,
-  make_dir,
   parse_gin,
   split_gin_flags,
   use_compilation_cache,
@@ -69,10 +69,10 @@ def main(argv: list[str]) -> int:
   config_text = config_gin.operative_config(mcfg, dcfg, tcfg, workdir=args.workdir)
   try:
     # Data and mesh are checked before the workdir is created.
+    check_can_make("--workdir", args.workdir)
     sources, tokenizer = trainer_run_check(mcfg, tcfg, dcfg)
   except (ValueError, FileNotFoundError, ImportError) as e:
     raise CommandError(str(e)) from None
-  make_dir("--workdir", args.workdir)
   try:
     last = trainer.train(mcfg, tcfg, dcfg, args.workdir, config_text=config_text,
                          sources=sources, tokenizer=tokenizer)

@@ -516,7 +516,7 @@ def _decode_impl(graphdef, state, kv_cache, alloc, slot_state, eos, stop_on_fini
     i, st, out_BK, kv_cache, alloc, live_steps, _ = carry
     live_B = st.active_B.astype(jnp.int32)
     if alloc is not None:
-      kv_cache, alloc = _reserve(kv_cache, alloc, live_B, page_size)
+      kv_cache, alloc = _reserve(kv_cache, alloc, live_B, page_size, one_token=True)
     logits_B1V, kv_cache = model(st.token_B[:, None], segment_ids_BT=live_B[:, None],
                                  cache=kv_cache)
     sampled_B = _draw(logits_B1V[:, 0], st.key_B, st.remaining_B, sampling)

@@ -401,7 +401,7 @@ def _sampling_loop(forward, cache, alloc, first_logits_BV, rng, *, max_new_token
     step, token_B, done_B, out_BJ, cache, alloc, rng = carry
     live_B = (~done_B).astype(jnp.int32)
     if paged:
-      cache, alloc = _reserve(cache, alloc, live_B, page_size)
+      cache, alloc = _reserve(cache, alloc, live_B, page_size, one_token=True)
     logits_BTV, cache = forward(token_B[:, None], live_B[:, None], cache)
     sampled_B, rng = draw(logits_BTV[:, 0], rng)
     next_B = jnp.where(done_B, pad_id, sampled_B)
@@ -416,19 +416,21 @@ def _sampling_loop(forward, cache, alloc, first_logits_BV, rng, *, max_new_token
   return out_BJ, (alloc.exhausted if paged else jnp.bool_(False))
 
 
-def _reserve(cache, alloc, num_new_B, page_size, *, fresh=False):
-  """Pages for ``num_new_B`` more tokens per sequence, in every layer's table.
+def _reserve(cache, alloc, num_new_B, page_size, *, fresh=False, one_token=False):
+  """Pages for ``num_new_B`` more tokens per sequence, in every layer's table, zeroed
+  (``kv_cache.zero_pages``: a page that a finished sequence gave back holds its values).
 
-  ``fresh``: the pool is still all zeros (the prefill of a new cache). Otherwise
-  ``num_new_B`` is at most 1 (a decode step), so a sequence gets at most one page, and the
-  pages assigned are zeroed (``kv_cache.zero_pages``: a page that a finished sequence gave
-  back holds its values); one page per sequence, not the whole table, is cleared.
+  ``fresh``: the pool is still all zeros (the prefill of a new cache): nothing to clear.
+  ``one_token``: ``num_new_B`` is at most 1 (a decode step), so a sequence gets at most one
+  page: one page per sequence is cleared, not the whole table's worth.
   """
   old_BM = cache[0].self_attn.page_table_BM
   alloc, table_BM = alloc.allocate(old_BM, cache_lib.cache_lengths(cache), num_new_B, page_size)
   cache = cache_lib.set_page_table(cache, table_BM)
-  if not fresh:  # the one new page of each sequence (-1: none)
-    cache = cache_lib.zero_pages(cache, jnp.max(new_pages(old_BM, table_BM), axis=1))
+  if not fresh:
+    new_BM = new_pages(old_BM, table_BM)  # -1 where no page is new
+    pages = jnp.max(new_BM, axis=1) if one_token else new_BM.reshape(-1)
+    cache = cache_lib.zero_pages(cache, pages)
   return cache, alloc
 
 

@@ -576,8 +576,7 @@ def run_one(out: str, sweep: Sweep, arm: Arm, seed: int, base, prompts, source=N
     raise
   except Exception as e:  # noqa: BLE001 - a failing run is recorded, the sweep goes on
     os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "error.txt"), "w", encoding="utf-8") as f:
-      f.write(traceback.format_exc())
+    trainer.write_text_atomically(os.path.join(workdir, "error.txt"), traceback.format_exc())
     msg = " ".join(str(e).split()) or type(e).__name__
     result = {"status": "failed", "error": f"{type(e).__name__}: {msg}"[:500]}
   result["wall_time_s"] = _add_wall(workdir, time.perf_counter() - t0)

@@ -726,6 +726,18 @@ def test_convert_heads_to_a_file_is_refused(micro, tmp_path, capsys):
   assert dst.read_text() == "notes\n"
 
 
+def test_an_out_of_a_benchmark_past_max_len_can_still_be_reported(micro, tmp_path, capsys):
+  """The benchmark check refuses a new sweep, not the report of an OUT written before it."""
+  out = tmp_path / "out"
+  shutil.copytree(micro, out)
+  text = (out / "sweep.gin").read_text()
+  (out / "sweep.gin").write_text(text.replace("Sweep.decode_new_tokens = 2",
+                                              "Sweep.decode_new_tokens = 1023"))
+  assert "decode_new_tokens = 1023" in (out / "sweep.gin").read_text()
+  capsys.readouterr()
+  assert _ablate("--out", str(out), "--report") == 0, capsys.readouterr().err
+
+
 def test_an_output_folder_under_a_file_is_one_line(micro, sweep_file, tmp_path, capsys):
   """--to / --out inside a file: one line naming the flag, exit 2 (a NotADirectoryError
   traceback until 2026-12-04)."""
@@ -735,9 +747,9 @@ def test_an_output_folder_under_a_file_is_one_line(micro, sweep_file, tmp_path, 
       (["convert-heads", "--from", sweep_lib.run_dir(micro, "mha", 0), "--num_kv_heads", "2",
         "--method", "mean", "--to"], "--to"),
       (["ablate", "--gin_file", sweep_file, "--arm", "mha", "--out"], "--out")):
-    err = _one_line_exit_2(capsys, [*argv, str(note / "sub")], note / "sub")
-    assert err.startswith(f"attnlab {argv[0]}: error: {flag} {note / 'sub'}: cannot make this "
-                          "directory ("), err
+    err = _one_line_exit_2(capsys, [*argv, str(note / "sub" / "deeper")], note / "sub")
+    assert err == (f"attnlab {argv[0]}: error: {flag} {note / 'sub' / 'deeper'}: cannot make "
+                   f"this directory ({note} is a file)"), err
   assert note.read_text() == "x\n"
 
 

@@ -171,9 +171,10 @@ def test_results_live_under_arms_name_seed(tmp_path):
 
 
 def test_run_files_are_utf8_under_an_ascii_locale(tmp_path):
-  """A run's config.gin and the sweep's JSON files are UTF-8 whatever the locale: under
-  LC_ALL=C without Python's UTF-8 mode a path with an "é" raised UnicodeEncodeError writing
-  config.gin until 2026-12-04 (error.txt too: the sweep lost the failure)."""
+  """write_text_atomically, which writes a run's config.gin, error.txt and the sweep's JSON
+  files, writes UTF-8 whatever the locale: under LC_ALL=C without Python's UTF-8 mode a
+  path with an "é" raised UnicodeEncodeError writing config.gin until 2026-12-04 (error.txt
+  too: the sweep lost the failure)."""
   code = (
       "import json, locale, os, sys\n"
       "assert locale.getpreferredencoding(False) != 'UTF-8'\n"

@@ -103,9 +103,9 @@ def test_what_cannot_run_or_be_written_is_refused_before_the_workdir(tmp_path, c
   rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir",
                  str(tmp_path / "notes.txt" / "w")])
   err = capsys.readouterr().err.strip()
-  assert rc == 2 and err.startswith(
+  assert rc == 2 and err == (
       f"attnlab train: error: --workdir {tmp_path / 'notes.txt' / 'w'}: cannot make this "
-      "directory ("), err
+      f"directory ({tmp_path / 'notes.txt'} is a file)"), err
 
 
 def test_train_exits_1_on_a_non_finite_stop(tmp_path, capsys):

@@ -120,8 +120,9 @@ def _decode_prompts(decode, prompt_BW, lengths_B, refs, score_B, T: int, max_len
   (until 2026-12-04). The first call is the batch as it is (width W, budget
   min(T, max_len - W + 1): one program for every batch); the scored rows it left short go
   again, in the batch's shape (the other rows replaced by one of them), at the width of
-  their longest prompt, W' < W, whose row then has its room: at most one call and one
-  program more per such W'.
+  their longest prompt W' rounded up to a multiple of 16 where some row has its room there
+  (else W' itself, whose row then has it): a call per width, each serving a row at least,
+  and one program per width.
 
   Returns:
     (a row of new tokens per example, None for a scored row that has no room even alone
@@ -141,10 +142,13 @@ def _decode_prompts(decode, prompt_BW, lengths_B, refs, score_B, T: int, max_len
       out[b] = tokens_BJ[b]
     todo_B &= short_B & room_B
     if todo_B.any():
-      narrower = int(lengths_B[todo_B].max())
-      if narrower >= width:  # no room at any width (a reference longer than T)
+      # The next width: the longest prompt left, rounded up to a multiple of 16 (fewer
+      # programs) if some row still has its room there, else as it is.
+      longest, needs = int(lengths_B[todo_B].max()), need_B[todo_B]
+      width = next((w for w in (min(-(-longest // 16) * 16, W), longest)
+                    if (needs <= min(T, max_len - w + 1)).any()), None)
+      if width is None:  # no room at any width (a reference longer than T)
         break
-      width = narrower
   return out, sum(1 for b in range(B) if score_B[b] and out[b] is None)
 
 

@@ -379,7 +379,7 @@ def test_a_short_prompt_with_a_long_reference_gets_its_room(monkeypatch):
 
   def oracle(model_arg, prompt_BW, *, max_new_tokens, prompt_lengths_B, **kw):
     W = prompt_BW.shape[1]
-    assert max(prompt_lengths_B) == W and W + max_new_tokens - 1 <= 10  # generate's rule
+    assert max(prompt_lengths_B) <= W and W + max_new_tokens - 1 <= model.cfg.max_len
     calls.append((prompt_BW.shape, max_new_tokens))
     out = np.full((len(prompt_BW), max_new_tokens), PAD)
     for b, (p, n) in enumerate(zip(prompt_BW, prompt_lengths_B, strict=True)):
@@ -393,6 +393,22 @@ def test_a_short_prompt_with_a_long_reference_gets_its_room(monkeypatch):
   assert [e["prediction"] for e in out] == [e["reference"] for e in out] == [
       [30], [40, 41, 42, 43, 44, 45], [50, 51, 52]]
   assert calls == [((4, 8), 3), ((4, 5), 6), ((4, 3), 8)]
+  # Widths rounded up to a multiple of 16 where a row has its room there (fewer programs):
+  # max_len = T = 48; prompts of 40, 5 and 7 tokens, references of 1, 19 and 19 tokens: the
+  # second call is at width 16, not 7.
+  rows = [[BOS, *range(11, 49), EOS, 30, EOS] + [PAD] * 6,
+          [BOS, 11, 12, 13, EOS, *range(60, 79), EOS] + [PAD] * 23,
+          [BOS, *range(14, 19), EOS, *range(80, 99), EOS] + [PAD] * 21]
+  assert {len(r) for r in rows} == {48}
+  tokens = np.array(rows)
+  answers = {tuple(r[:r.index(EOS) + 1]): r[r.index(EOS) + 1:] for r in rows}
+  model = SimpleNamespace(cfg=SimpleNamespace(arch="decoder_only", pad_id=PAD, max_len=48))
+  calls.clear()
+  out = eval_lib.decode_batches(model, [{"tokens_BT": tokens,
+                                         "targets_BT": np.roll(tokens, -1, axis=1)}],
+                                eos_id=EOS, bos_id=BOS)
+  assert [e["prediction"] for e in out] == [e["reference"] for e in out]
+  assert calls == [((3, 40), 9), ((3, 16), 33)]
 
 
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])

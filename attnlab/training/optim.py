@@ -38,9 +38,24 @@ def make_schedule(tcfg: TrainConfig, d_model: int):
       [tcfg.warmup_steps])
 
 
+# Parameters weight decay leaves alone, by name, whatever their shape: a q/k/v projection's
+# bias is [heads, head_dim] (attnlab.nn.layers: biases are "b" / "bias", norm gains "scale").
+NO_DECAY = frozenset({"b", "bias", "scale"})
+
+
+def decay_mask(params):
+  """True for the parameters AdamW decays: the weights of two or more dimensions (matrices,
+  embeddings, [d, heads, head_dim] projections), not biases or norm scales of any shape."""
+  def decays(path, p):
+    names = [k.key for k in path if isinstance(getattr(k, "key", None), str)]
+    return p.ndim > 1 and not (names and names[-1] in NO_DECAY)
+
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
 def make_optimizer(tcfg: TrainConfig, d_model: int):
-  """(optax transformation, schedule). Weight decay skips vectors (norm
-  scales, biases): decaying them only hurts."""
+  """(optax transformation, schedule). Weight decay skips biases and norm scales
+  (``decay_mask``): decaying them only hurts."""
   schedule = make_schedule(tcfg, d_model)
   if tcfg.optimizer == "sgd":
     opt = optax.sgd(schedule, momentum=tcfg.b1)
@@ -49,7 +64,7 @@ def make_optimizer(tcfg: TrainConfig, d_model: int):
   else:
     opt = optax.adamw(schedule, b1=tcfg.b1, b2=tcfg.b2, eps=tcfg.eps,
                       weight_decay=tcfg.weight_decay,
-                      mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params))
+                      mask=decay_mask)
   parts = [optax.clip_by_global_norm(tcfg.grad_clip)] if tcfg.grad_clip > 0 else []
   return optax.chain(*parts, opt), schedule
 

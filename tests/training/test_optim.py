@@ -159,6 +159,28 @@ def test_adamw_decays_matrices_and_leaves_vectors_alone():
   np.testing.assert_array_equal(u["w"], 0.0)  # adam has no decay (and refuses a weight_decay)
 
 
+def test_adamw_leaves_every_bias_and_norm_scale_of_a_real_model_alone():
+  """A model with biases: the q/k/v biases are [heads, head_dim] (2-D) and were decayed
+  until 2026-12-04 (the mask was ndim > 1); now no bias or norm scale is, every weight of
+  two or more dimensions is (a zero gradient: the update is the decay alone)."""
+  import attnlab
+  from flax import nnx
+
+  cfg = attnlab.ModelConfig(vocab_size=32, d_model=16, num_heads=2, num_layers=1, d_ff=32,
+                            use_bias=True)
+  _, params, _ = nnx.split(attnlab.build_model(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
+  params = jax.tree.map(jnp.ones_like, params)
+  (u,) = updates(TrainConfig(optimizer="adamw", weight_decay=0.5, **LR), params,
+                 jax.tree.map(jnp.zeros_like, params))
+  seen = {}
+  for path, x in jax.tree_util.tree_leaves_with_path(u):
+    name = [k.key for k in path if isinstance(getattr(k, "key", None), str)][-1]
+    decayed = bool(np.all(x == -0.1 * 0.5))
+    assert decayed == (name not in ("b", "bias", "scale")) and (decayed or not x.any()), path
+    seen.setdefault(name, set()).add(x.ndim)
+  assert seen["b"] >= {1, 2} and {"scale", "w", "embed_tokens"} <= set(seen)  # 2-D biases too
+
+
 def test_grad_clip_scales_the_global_norm_down_to_it():
   g = {"w": jnp.full((2, 3), 4.0), "b": jnp.full((3,), 4.0)}  # global norm 12
   for clip in (3.0, 0.6):  # a clip below 1 clips too

@@ -295,7 +295,8 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   os.makedirs(workdir, exist_ok=True)
   ckpt = Checkpointer(workdir, tcfg.keep_checkpoints)
   try:
-    start = run.restore(ckpt, saved_data=_saved_data_config(workdir)) or 0
+    restored = run.restore(ckpt, saved_data=_saved_data_config(workdir))  # None: fresh
+    start = restored or 0
   except pipeline.DataStateError as e:
     ckpt.close()
     raise ResumeError(
@@ -348,6 +349,10 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   last, window_tokens, window_t0 = {}, 0.0, time.perf_counter()
   first_window = True
   step = start
+  # The newest checkpoint known to be good: the one resumed from (a converted run's step 0
+  # too; None for a fresh run), then each save. Not ckpt.steps()[-1], which may be a
+  # corrupted checkpoint the restore skipped.
+  last_good = restored
   try:
     with StopFlag() as stop:
       while step < tcfg.steps:
@@ -362,11 +367,10 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
         step += 1
         if not bool(m["finite"]):
           if tcfg.on_nonfinite == "stop":
-            good = ckpt.steps()
             raise NonFiniteError(
                 f"non-finite loss ({float(m['loss'])}) or gradient norm "
                 f"({float(m['grad_norm'])}) at step {step}; stopped. Last good checkpoint: "
-                f"{good[-1] if good else 'none'} in {ckpt.directory}")
+                f"{'none' if last_good is None else last_good} in {ckpt.directory}")
           skipped += 1
           log.warning("step %d: non-finite loss or gradient, update skipped", step)
         try:
@@ -406,6 +410,7 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
             tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0):
           t_save = time.perf_counter()
           ckpt.save(step, run.state, run.data.get_state(), meta)
+          last_good = step
           window_t0 += time.perf_counter() - t_save
         if stop.signum is not None:
           print(f"attnlab train: received signal {stop.signum}; checkpoint saved at step "

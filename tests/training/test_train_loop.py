@@ -453,6 +453,19 @@ def test_a_non_finite_step_stops_the_run_naming_the_last_good_checkpoint(tmp_pat
                                                    r"none in .*none/checkpoints$"):
     _train(tmp_path / "none", SEQ2SEQ, SEQ2SEQ_TINY + DIVERGE)
   assert _steps(tmp_path / "none") == []
+  # Past a corrupted newest checkpoint (2), which the resume skipped: the last good one is
+  # the one it resumed from, 1 (until 2026-12-04 the message named 2, still on disk).
+  resumed = tmp_path / "resumed"
+  _train(resumed, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 2", "TrainConfig.grad_clip = 0.0",
+                                           "TrainConfig.checkpoint_every = 1"])
+  for root, _, files in os.walk(resumed / "checkpoints" / "2" / "params"):
+    for name in files:
+      with open(os.path.join(root, name), "wb") as f:
+        f.write(b"garbage")
+  with pytest.warns(UserWarning, match="could not be restored"), pytest.raises(
+      trainer.NonFiniteError, match=r"at step 3; stopped\. Last good checkpoint: 1 in "):
+    _train(resumed, SEQ2SEQ, SEQ2SEQ_TINY + DIVERGE + ["TrainConfig.steps = 4",
+                                                       "TrainConfig.checkpoint_every = 0"])
 
 
 @pytest.mark.parametrize("batch, accum, data, fsdp, ok", [

@@ -148,7 +148,9 @@ def make_train_step(setup: TrainSetup, tcfg: TrainConfig):
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state["opt_state"], params)
     new_params = optax.apply_updates(params, updates)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    # The update too: a finite gradient times a rate past float32's range (1e39) is not.
+    finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+              & jnp.isfinite(optax.tree.norm(updates)))
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
     new_state = {"params": keep(new_params, params),
                  "opt_state": keep(opt_state, state["opt_state"]),

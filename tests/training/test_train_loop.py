@@ -443,6 +443,24 @@ def test_a_resume_that_moves_the_learning_rate_warns_and_one_past_steps_is_refus
   assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # the 1e39
+def test_a_non_finite_update_from_a_finite_gradient_is_not_applied(tmp_path):
+  """A rate of 1e39 is inf in float32: the loss and the gradient are finite, the update is
+  not. It is skipped like a non-finite gradient (until 2026-12-04 it was applied: the
+  parameters became inf / NaN)."""
+  huge = ["TrainConfig.learning_rate = 1e39", "TrainConfig.schedule = 'constant'",
+          "TrainConfig.warmup_steps = 0", "TrainConfig.on_nonfinite = 'skip'",
+          "TrainConfig.steps = 2", "TrainConfig.checkpoint_every = 0"]
+  last = _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + huge)
+  assert last["skipped_steps"] == 2 and np.isfinite(last["loss"])
+  from flax import nnx
+
+  from attnlab.training.checkpoint import load_checkpoint
+
+  leaves = jax.tree.leaves(nnx.state(load_checkpoint(str(tmp_path)), nnx.Param))
+  assert leaves and all(np.isfinite(np.asarray(x)).all() for x in leaves)
+
+
 def test_a_non_finite_step_stops_the_run_naming_the_last_good_checkpoint(tmp_path):
   with pytest.raises(trainer.NonFiniteError,
                      match=r"non-finite loss \(.*\) or gradient norm \(.*\) at step 2; stopped\. "

@@ -149,8 +149,9 @@ def make_train_step(setup: TrainSetup, tcfg: TrainConfig):
     updates, opt_state = tx.update(grads, state["opt_state"], params)
     new_params = optax.apply_updates(params, updates)
     # The update too: a finite gradient times a rate past float32's range (1e39) is not.
+    # Element by element: the norm of a huge but finite update (1e30) overflows.
     finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-              & jnp.isfinite(optax.tree.norm(updates)))
+              & jnp.all(jnp.stack([jnp.isfinite(u).all() for u in jax.tree.leaves(updates)])))
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
     new_state = {"params": keep(new_params, params),
                  "opt_state": keep(opt_state, state["opt_state"]),

@@ -47,6 +47,10 @@ FAMILY_DEFAULTS = {
                 "sliding_window": 4096},
     "qwen2": {"max_position_embeddings": 32768, "num_key_value_heads": 32},
 }  # num_key_value_heads None: num_attention_heads
+# The eos id of a config.json without the key: transformers' config classes' default, which
+# its generate stops at. (A missing bos stays None: the prompts' bos is then what the
+# tokenizer.json's post-processor puts in front, as transformers' tokenizer does.)
+EOS_DEFAULTS = {"llama": 2, "mistral": 2, "gpt2": 50256}
 # transformers' tanh-approximated GELUs (attnlab's "gelu" is that approximation).
 GPT2_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
@@ -127,8 +131,8 @@ def _dtype(hf: dict) -> str:
   return DTYPE_NAMES[name]
 
 
-def _special_id(hf: dict, key: str, vocab_size: int) -> int | None:
-  value = hf.get(key)
+def _special_id(hf: dict, key: str, vocab_size: int, default: int | None = None) -> int | None:
+  value = hf.get(key, default)  # a null is None; a missing key the family's default
   if isinstance(value, list):  # several eos ids (Llama 3): attnlab stops on the first
     value = value[0] if value else None
   if value is None or not isinstance(value, int) or not 0 <= value < vocab_size:
@@ -137,9 +141,14 @@ def _special_id(hf: dict, key: str, vocab_size: int) -> int | None:
 
 
 def special_ids(hf: dict) -> dict:
-  """bos / eos / pad ids of config.json; ids outside the vocabulary are None."""
-  vocab = int(_get(hf, "vocab_size", 0))
-  return {name: _special_id(hf, f"{name}_token_id", vocab) for name in ("bos", "eos", "pad")}
+  """bos / eos / pad ids of config.json, a missing eos key taken as transformers' config
+  class has it (``EOS_DEFAULTS``: Llama's 2, GPT-2's 50256); ids outside the vocabulary
+  are None."""
+  vocab = _get(hf, "vocab_size", 0)
+  vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else 0
+  defaults = {"eos": EOS_DEFAULTS.get(hf.get("model_type"))}
+  return {name: _special_id(hf, f"{name}_token_id", vocab, defaults.get(name))
+          for name in ("bos", "eos", "pad")}
 
 
 def from_hf_config(hf: dict, *, dtype: str | None = None) -> tuple[str, ModelConfig]:
@@ -195,11 +204,11 @@ def from_hf_config(hf: dict, *, dtype: str | None = None) -> tuple[str, ModelCon
         d_ff=_get(hf, "intermediate_size", required=True), pos="rope",
         rope_theta=_rope_theta(hf), rope_pairing="half", window=window, norm="rmsnorm",
         norm_eps=float(_get(hf, "rms_norm_eps", 1e-6)), mlp="swiglu", use_bias=False, **bias,
-        tie_embeddings=bool(_get(hf, "tie_word_embeddings", False)),
+        tie_embeddings=_expect(hf, "tie_word_embeddings", (False, True), False),
         max_len=_get(hf, "max_position_embeddings", defaults["max_position_embeddings"]))
   except ConversionError:  # a field of config.json named by its own message
     raise
-  except ValueError as e:
+  except (ValueError, TypeError, ZeroDivisionError) as e:  # a size of 0, a number as text
     raise ConversionError(f"config.json gives an invalid attnlab config: {e}") from None
   return family, cfg
 
@@ -216,11 +225,11 @@ def _gpt2_config(hf: dict, common: dict) -> ModelConfig:
         num_heads=_get(hf, "n_head", required=True),
         d_ff=_get(hf, "n_inner", 4 * d_model), pos="learned", norm="layernorm",
         norm_eps=float(_get(hf, "layer_norm_epsilon", 1e-5)), mlp="gelu", use_bias=True,
-        tie_embeddings=bool(_get(hf, "tie_word_embeddings", True)),
+        tie_embeddings=_expect(hf, "tie_word_embeddings", (False, True), True),
         max_len=_get(hf, "n_positions", 1024))
   except ConversionError:  # a field of config.json named by its own message
     raise
-  except ValueError as e:
+  except (ValueError, TypeError, ZeroDivisionError) as e:
     raise ConversionError(f"config.json gives an invalid attnlab config: {e}") from None
 
 
@@ -469,6 +478,9 @@ def tensor_files(src_dir: str) -> dict[str, str]:
         weight_map = json.load(f)["weight_map"]
     except (OSError, ValueError, KeyError, TypeError) as e:
       raise ConversionError(f"{index} has no readable weight_map: {e}") from None
+    if not (isinstance(weight_map, dict)
+            and all(isinstance(f, str) for f in weight_map.values())):
+      raise ConversionError(f"{index}'s weight_map is not an object of tensor name: file name")
     out = {}
     for name, file in weight_map.items():
       path = os.path.join(src_dir, file)
@@ -476,7 +488,8 @@ def tensor_files(src_dir: str) -> dict[str, str]:
         raise ConversionError(f"{index} names {file} for tensor {name}, which does not exist")
       out[name] = path
     return out
-  files = sorted(f for f in os.listdir(src_dir) if f.endswith(".safetensors"))
+  files = sorted(f for f in os.listdir(src_dir)
+                 if f.endswith(".safetensors") and os.path.isfile(os.path.join(src_dir, f)))
   if not files:
     raise ConversionError(f"{src_dir} holds no *.safetensors file (a pytorch_model.bin is not "
                           "read: re-save it with save_pretrained, which writes safetensors)")
@@ -497,7 +510,7 @@ def _safetensors(path: str):
   try:
     with safe_open(path, framework="flax") as f:
       yield f
-  except SafetensorError as e:
+  except (SafetensorError, OSError) as e:
     raise ConversionError(f"{path} is not a readable safetensors file: {e}") from None
 
 
@@ -537,7 +550,24 @@ def check_tensors(family: str, cfg: ModelConfig, files: dict[str, str]) -> list[
         if shape != expected[name]:
           raise ConversionError(f"tensor {name} has shape {list(shape)}, expected "
                                 f"{list(expected[name])} from config.json")
+  if cfg.tie_embeddings and "lm_head.weight" in files:
+    _check_tied_head(files, next(n for n in expected if n.endswith(("embed_tokens.weight",
+                                                                      "wte.weight"))))
   return rules
+
+
+def _check_tied_head(files: dict[str, str], embed_name: str) -> None:
+  """A tied config whose checkpoint also holds an lm_head.weight: it must be the embedding
+  (transformers unties a head that differs and uses it; attnlab, tied, would not)."""
+  tensors = []
+  for name in ("lm_head.weight", embed_name):
+    with _safetensors(files[name]) as f:
+      tensors.append(np.asarray(f.get_tensor(name)))
+  if tensors[0].shape != tensors[1].shape or not np.array_equal(tensors[0], tensors[1]):
+    raise ConversionError(
+        "config.json ties the embeddings (tie_word_embeddings true), but the checkpoint's "
+        f"lm_head.weight differs from {embed_name}: transformers would use that head "
+        "untied; set tie_word_embeddings to false in config.json to import it")
 
 
 def read_params(rules: list[Rule], files: dict[str, str], param_dtype) -> dict:

@@ -299,6 +299,19 @@ def test_special_ids():
   assert hf.special_ids(dict(vocab_size=10, bos_token_id=-1, eos_token_id=9)) == {
       "bos": None, "eos": 9, "pad": None}
   assert hf.special_ids({"bos_token_id": 0}) == {"bos": None, "eos": None, "pad": None}
+  # A missing eos key is the family's transformers default, which its generate stops at
+  # (None until 2026-12-04, so a tokenizer.json import never stopped at eos); a null is None;
+  # the range still applies. A missing bos stays None (the post-processor's, on import).
+  assert hf.special_ids(dict(model_type="llama", vocab_size=10)) == {
+      "bos": None, "eos": 2, "pad": None}
+  assert hf.special_ids(dict(model_type="mistral", vocab_size=10, eos_token_id=None)) == {
+      "bos": None, "eos": None, "pad": None}
+  assert hf.special_ids(dict(model_type="gpt2", vocab_size=50257)) == {
+      "bos": None, "eos": 50256, "pad": None}
+  assert hf.special_ids(dict(model_type="gpt2", vocab_size=100)) == {
+      "bos": None, "eos": None, "pad": None}
+  assert hf.special_ids(dict(model_type="qwen2", vocab_size=10)) == {
+      "bos": None, "eos": None, "pad": None}
 
 
 # The refusals: (config.json changes, the message). Each would change the math if ignored.
@@ -329,6 +342,14 @@ BAD_CONFIGS = {
         "hidden_size", "vocab_size", "num_attention_heads", "num_hidden_layers",
         "intermediate_size")},
     "heads": ({"num_key_value_heads": 3}, "config.json gives an invalid attnlab config: "),
+    # Values of the wrong type or size: one error, not a traceback (until 2026-12-04 a
+    # ZeroDivisionError, TypeErrors and a ValueError from int()), nor a string read as a bool.
+    "zero_heads": ({"num_attention_heads": 0}, "config.json gives an invalid attnlab config: "),
+    "size_as_text": ({"hidden_size": "64"}, "config.json gives an invalid attnlab config: "),
+    "vocab_as_text": ({"vocab_size": "abc"}, "config.json gives an invalid attnlab config: "),
+    "theta_list": ({"rope_theta": [1.0]}, "config.json gives an invalid attnlab config: "),
+    "tie_as_text": ({"tie_word_embeddings": "false"}, "config.json tie_word_embeddings='false' "
+                    "is not supported (supported: False, True)"),
     "qwen2_window": ({"model_type": "qwen2", "use_sliding_window": True},
                      "use_sliding_window=True is not supported"),
     "qwen2_layers": ({"model_type": "qwen2", "layer_types": ["full_attention",
@@ -355,7 +376,7 @@ def test_llama_family_config_refusals_name_the_field(case):
   with pytest.raises(hf.ConversionError) as e:
     hf.from_hf_config(dict(LLAMA, **change))
   assert message in str(e.value)
-  if case != "heads":  # its own message, not wrapped as an invalid ModelConfig
+  if "invalid attnlab config" not in message:  # its own message, not wrapped
     assert "gives an invalid attnlab config" not in str(e.value), str(e.value)
 
 
@@ -471,12 +492,19 @@ def test_tensor_files_errors(tmp_path):
   with pytest.raises(hf.ConversionError, match="names model-00001.safetensors for tensor "
                      "a.weight, which does not exist"):
     hf.tensor_files(str(tmp_path))
+  # A weight_map that is a list, or names no file: one error (tracebacks until 2026-12-04).
+  for bad in ('{"weight_map": ["a.weight"]}', '{"weight_map": {"a.weight": null}}'):
+    index.write_text(bad)
+    with pytest.raises(hf.ConversionError, match="weight_map is not an object of tensor name: "
+                       "file name"):
+      hf.tensor_files(str(tmp_path))
   # without an index, every *.safetensors file's header is read (other files are not)
   index.unlink()
   save_file({"a": np.zeros(2, np.float32)}, str(tmp_path / "one.safetensors"))
   save_file({"b": np.zeros(3, np.float32), "c": np.ones(1, np.float32)},
             str(tmp_path / "two.safetensors"))
   (tmp_path / "notes.txt").write_text("x")
+  (tmp_path / "folder.safetensors").mkdir()  # not a file: not read (an OSError until 2026-12-04)
   assert hf.tensor_files(str(tmp_path)) == {"a": str(tmp_path / "one.safetensors"),
                                             "b": str(tmp_path / "two.safetensors"),
                                             "c": str(tmp_path / "two.safetensors")}
@@ -546,15 +574,25 @@ def test_an_index_that_places_a_tensor_in_the_wrong_file_is_named(tmp_path):
 
 def test_buffers_and_a_tied_head_are_not_refused(tmp_path):
   """Old checkpoints carry rotary inv_freq / attention-mask buffers, and some tied ones
-  store lm_head.weight anyway (a copy of the embedding): none of it is a weight."""
+  store lm_head.weight anyway (a copy of the embedding): none of it is a weight. A tied
+  config whose lm_head.weight differs from the embedding is refused: transformers would use
+  that head untied (until 2026-12-04 attnlab dropped it and gave other logits; a review
+  found it)."""
   c = FAMILY_CONFIGS["llama_mqa_tied"]
   tensors = random_tensors(shapes_of(c), seed=8)
   extra = {"model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(6, np.float32),
-           "lm_head.weight": np.full((V, D), 9.0, np.float32)}
+           "lm_head.weight": tensors["model.embed_tokens.weight"].copy()}
   src = write_checkpoint(tmp_path / "llama", c, tensors | extra)
   _, _, model = import_checkpoint(src)
   np.testing.assert_array_equal(
       flat_params(model)[("embedder", "embed_tokens")], tensors["model.embed_tokens.weight"])
+  extra["lm_head.weight"] = np.full((V, D), 9.0, np.float32)
+  src = write_checkpoint(tmp_path / "llama_other_head", c, tensors | extra)
+  with pytest.raises(hf.ConversionError, match=re.escape(
+      "config.json ties the embeddings (tie_word_embeddings true), but the checkpoint's "
+      "lm_head.weight differs from model.embed_tokens.weight: transformers would use that "
+      "head untied; set tie_word_embeddings to false in config.json to import it")):
+    hf.check_tensors(*hf.from_hf_config(c), hf.tensor_files(src))
   g = FAMILY_CONFIGS["gpt2"]
   tensors = random_tensors(shapes_of(g), seed=8)
   extra = {"transformer.h.0.attn.bias": np.ones((1, 1, 4, 4), np.float32),

@@ -163,8 +163,9 @@ def test_adamw_leaves_every_bias_and_norm_scale_of_a_real_model_alone():
   """A model with biases: the q/k/v biases are [heads, head_dim] (2-D) and were decayed
   until 2026-12-04 (the mask was ndim > 1); now no bias or norm scale is, every weight of
   two or more dimensions is (a zero gradient: the update is the decay alone)."""
-  import attnlab
   from flax import nnx
+
+  import attnlab
 
   cfg = attnlab.ModelConfig(vocab_size=32, d_model=16, num_heads=2, num_layers=1, d_ff=32,
                             use_bias=True)

@@ -70,6 +70,9 @@ def _parser():
   return p
 
 
+GENERATION_CONFIG = "generation_config.json"
+
+
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
 
@@ -166,8 +169,17 @@ def from_hf(src_dir: str, workdir: str, *, dtype: str | None = None) -> dict:
       for name in TOKENIZER_FILES:
         if os.path.isfile(os.path.join(src_dir, name)):
           shutil.copyfile(os.path.join(src_dir, name), os.path.join(tmp, name))
+    _copy_generation_config(src_dir, tmp)
   return {"workdir": out, "family": family, "params": n, "step": STEP,
           "tokenizer": dcfg.tokenizer}
+
+
+def _copy_generation_config(src: str, dst: str) -> None:
+  """transformers' generation_config.json (its sampling defaults, eos ids) from ``src``
+  into ``dst``, where there is one: kept with the workdir, given back on export."""
+  path = os.path.join(src, GENERATION_CONFIG)
+  if os.path.isfile(path):
+    shutil.copyfile(path, os.path.join(dst, GENERATION_CONFIG))
 
 
 def _save_weights(tmp: str, mcfg, params: dict, meta: dict) -> int:
@@ -258,6 +270,7 @@ def to_hf(workdir: str, out_dir: str, *, step: int | None = None,
       for name in TOKENIZER_FILES[1:]:
         if os.path.isfile(os.path.join(src, name)):
           shutil.copyfile(os.path.join(src, name), os.path.join(tmp, name))
+    _copy_generation_config(workdir, tmp)
   return {"out": out, "family": family, "step": step,
           "files": [os.path.join(out, os.path.basename(f)) for f in files]}
 

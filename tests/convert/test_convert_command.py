@@ -113,6 +113,23 @@ def _tokenizer_json(path, vocab: int):
   return tok
 
 
+def test_a_generation_config_comes_in_with_the_workdir_and_goes_back_out(tmp_path, capsys):
+  """transformers' generation_config.json (sampling defaults, several eos ids) is kept in
+  the workdir and given back by the export, byte for byte (until 2026-12-04 both dropped it:
+  the exported model sampled with transformers' plain defaults)."""
+  src, _, _ = _hf_dir(tmp_path, "llama_mqa_tied")
+  text = '{"eos_token_id": [2, 7], "do_sample": true, "temperature": 0.6, "top_p": 0.9}'
+  with open(os.path.join(src, "generation_config.json"), "w") as f:
+    f.write(text)
+  work, back = tmp_path / "work", tmp_path / "back"
+  rc, _, err = _convert(capsys, "--from-hf", src, "--workdir", str(work))
+  assert rc == 0, err
+  assert (work / "generation_config.json").read_text() == text
+  rc, _, err = _convert(capsys, "--to-hf", "--workdir", str(work), "--out", str(back))
+  assert rc == 0, err
+  assert (back / "generation_config.json").read_text() == text
+
+
 def test_a_tokenizer_json_comes_in_with_its_ids_and_goes_back_out(tmp_path, capsys):
   # bos / eos ids other than the byte tokenizer's (1, 2): the export must take these.
   src, c, _ = _hf_dir(tmp_path, "llama_mqa_tied", bos_token_id=3, eos_token_id=[4, 2])

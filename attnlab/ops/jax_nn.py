@@ -59,6 +59,14 @@ def jax_nn_attention(
         local_window_size=None if window is None else (window - 1, 0),
         implementation="cudnn",
     )
+  if q_BTNH.dtype == jnp.float16 and jax.default_backend() == "cpu":
+    # XLA:CPU has no float16 x float16 -> float32 dot under jit ("The precision
+    # 'F16_F16_F32' is not supported by dot_general on CPU"): float32 inside, float16 out.
+    f32 = lambda x: x.astype(jnp.float32)
+    return jax_nn_attention(f32(q_BTNH), f32(k_BSKH), f32(v_BSKH), causal=causal,
+                            window=window, q_segment_ids=q_segment_ids,
+                            kv_segment_ids=kv_segment_ids, q_offset=q_offset, scale=scale,
+                            implementation=implementation).astype(jnp.float16)
   needs_mask = causal or window is not None or q_segment_ids is not None
   if not needs_mask:
     return jax.nn.dot_product_attention(

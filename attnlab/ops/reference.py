@@ -48,8 +48,14 @@ def reference_attention(
   """The definition: full scores, masked, float32 softmax, weighted values."""
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
-  # Also when called directly, not via attention: "false" would be a truthy causal.
+  # Also when called directly, not via attention: "false" would be a truthy causal, and
+  # the layers call it directly for attention dropout (a window past int32 overflowed).
   causal, q_offset = checks.check_causal(causal), checks.check_q_offset(q_offset, B)
+  window = checks.check_window(window)
+  if not (isinstance(dropout_rate, (int, float)) and 0.0 <= dropout_rate < 1.0):
+    raise ValueError(f"dropout_rate={dropout_rate!r} must be a number in [0, 1)")
+  if dropout_rate > 0.0 and dropout_rng is None:
+    raise ValueError(f"dropout_rate={dropout_rate} needs a dropout_rng (a jax.random key)")
   scale = 1.0 / math.sqrt(H) if scale is None else scale
   if q_BTNH.dtype == jnp.float32:
     # Scaling the [T, H] queries instead of the [T, S] scores saves a pass
@@ -121,6 +127,7 @@ def blocked_attention(
   if not is_integer(q_offset):
     raise ValueError(f"implementation='blocked' needs an int q_offset, got {type(q_offset)}")
   q_offset = int(q_offset)
+  window = checks.check_window(window)
   B, T, N, H = q_BTNH.shape
   S = k_BSKH.shape[1]
   if block_q is None:

@@ -975,3 +975,54 @@ def test_a_window_wider_than_any_sequence_is_no_window(impl, causal):
       got = grad(q, k, v, window, offset)
       for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"{offset} {window}")
+
+
+def test_the_ops_called_directly_check_the_window_and_dropout():
+  """The layers call reference_attention directly for attention dropout, and chunked /
+  blocked are public: each caps a window past int32 as attention() does (an OverflowError
+  until 2026-12-04: a model with window 2**40 and attention dropout crashed) and refuses a
+  window of 0 (all zeros, silently); reference_attention refuses a dropout rate outside
+  [0, 1) (1.0 gave NaN gradients) and a rate without a key (a TypeError from JAX)."""
+  from attnlab.ops.chunked import chunked_attention
+  from attnlab.ops.reference import blocked_attention, reference_attention
+
+  q, k, v = make_qkv(1, 6, 6, 2, 1, 4)
+  want = reference_attention(q, k, v, causal=True)
+  rng = jax.random.key(0)
+  for fn in (reference_attention, chunked_attention, blocked_attention):
+    np.testing.assert_allclose(jax.jit(lambda q, k, v, fn=fn: fn(q, k, v, causal=True,
+                                                                 window=2**40))(q, k, v),
+                               want, rtol=1e-6, atol=1e-6, err_msg=fn.__name__)
+    with pytest.raises(ValueError, match="window=0 must be a positive integer"):
+      fn(q, k, v, causal=True, window=0)
+  with_dropout = jax.jit(lambda q, k, v: reference_attention(
+      q, k, v, causal=True, window=2**40, dropout_rate=0.1, dropout_rng=rng))(q, k, v)
+  assert with_dropout.shape == q.shape and np.isfinite(with_dropout).all()
+  for rate in (1.0, -0.1, float("nan")):
+    with pytest.raises(ValueError, match=re.escape(f"dropout_rate={rate!r} must be a number "
+                                                   "in [0, 1)")):
+      reference_attention(q, k, v, dropout_rate=rate, dropout_rng=rng)
+  with pytest.raises(ValueError, match=re.escape("dropout_rate=0.1 needs a dropout_rng")):
+    reference_attention(q, k, v, dropout_rate=0.1)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_xla_runs_float16_under_jit_on_the_cpu(causal):
+  """XLA:CPU has no float16 x float16 -> float32 dot under jit: until 2026-12-04 "xla" (and
+  "auto", which picks it) raised "The precision 'F16_F16_F32' is not supported" for a float16
+  model. It computes in float32 there and returns float16, as "reference" does."""
+  q, k, v = (x.astype(jnp.float16) for x in make_qkv(2, 5, 5, 4, 2, 8))
+  loss = lambda q, k, v, impl: attention(q, k, v, causal=causal, implementation=impl).astype(
+      jnp.float32).sum()
+  for impl in ("xla", "auto"):
+    out = jax.jit(lambda q, k, v, impl=impl: attention(q, k, v, causal=causal,
+                                                       implementation=impl))(q, k, v)
+    want = attention(q, k, v, causal=causal, implementation="reference")
+    assert out.dtype == jnp.float16
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32),
+                               rtol=2e-3, atol=2e-3)
+    got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), static_argnums=3)(q, k, v, impl)
+    ref = jax.grad(loss, argnums=(0, 1, 2))(q, k, v, "reference")
+    for a, b in zip(got, ref, strict=True):
+      np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                 rtol=1e-2, atol=1e-2)

@@ -130,7 +130,6 @@ def _decode_prompts(decode, prompt_BW, lengths_B, refs, score_B, T: int, max_len
   """
   B, W = prompt_BW.shape
   need_B = np.array([len(r) + 1 for r in refs])
-  room_B = lengths_B + need_B - 1 <= max_len  # alone, the row has its room
   out = [None] * B
   todo_B, width = np.ones(B, bool), W  # the first call: every row, filling rows too
   while todo_B.any():
@@ -140,14 +139,14 @@ def _decode_prompts(decode, prompt_BW, lengths_B, refs, score_B, T: int, max_len
     short_B = score_B & (need_B > budget)
     for b in np.flatnonzero(todo_B & ~short_B):
       out[b] = tokens_BJ[b]
-    todo_B &= short_B & room_B
+    todo_B &= short_B
     if todo_B.any():
       # The next width: the longest prompt left, rounded up to a multiple of 16 (fewer
       # programs) if some row still has its room there, else as it is.
       longest, needs = int(lengths_B[todo_B].max()), need_B[todo_B]
       width = next((w for w in (min(-(-longest // 16) * 16, W), longest)
                     if (needs <= min(T, max_len - w + 1)).any()), None)
-      if width is None:  # no room at any width (a reference longer than T)
+      if width is None:  # no room at any width: l + t > max_len, or t >= T
         break
   return out, sum(1 for b in range(B) if score_B[b] and out[b] is None)
 

@@ -586,3 +586,43 @@ def test_host_params_are_numpy_copies():
   out = eval_lib.host_params({"w": jnp.ones((2, 3)), "n": [jnp.int32(4)]})
   assert isinstance(out["w"], np.ndarray) and isinstance(out["n"][0], np.ndarray)
   np.testing.assert_array_equal(out["w"], np.ones((2, 3)))
+
+
+def test_decode_prompts_boundaries():
+  """``_decode_prompts`` by hand, at its edges: a row whose reference needs exactly the
+  budget is served by the first call; a row that has its room only at the last position
+  (l + t == max_len) is served, one a position short of it is not (counted); a reference
+  longer than T is not (counted) and the loop ends; widths round up to 16 (17 -> 32)."""
+  calls = []
+
+  def decode(prompt_BW, lengths_B, budget):
+    calls.append((prompt_BW.shape[1], budget))
+    assert lengths_B.max() <= prompt_BW.shape[1]
+    return np.tile(np.arange(budget), (len(prompt_BW), 1))
+
+  def run(lengths, ref_lens, T, max_len, score=None):
+    calls.clear()
+    lengths = np.array(lengths)
+    score = np.ones(len(lengths), bool) if score is None else np.array(score)
+    prompt = np.zeros((len(lengths), int(lengths.max())), np.int32)
+    return eval_lib._decode_prompts(decode, prompt, lengths, [[0] * n for n in ref_lens],
+                                    score, T, max_len)
+
+  # W = 8, max_len = 10: budget 3; a 2-token reference needs exactly 3.
+  out, lost = run([8, 4], [2, 2], T=10, max_len=10)
+  assert calls == [(8, 3)] and lost == 0 and [len(o) for o in out] == [3, 3]
+  # the second row needs 7 > 3: again at width 4 (budget 7), its room to the last position
+  out, lost = run([8, 4], [2, 6], T=10, max_len=10)
+  assert calls == [(8, 3), (4, 7)] and lost == 0 and len(out[1]) == 7
+  # l + t = 11 > max_len = 10: no room even alone; not decoded again, counted
+  out, lost = run([8, 4], [2, 7], T=12, max_len=10)
+  assert calls == [(8, 3)] and lost == 1 and out[1] is None and out[0] is not None
+  # a row that is not scored is never decoded again, whatever its reference
+  out, lost = run([8, 4], [2, 7], T=12, max_len=10, score=[True, False])
+  assert calls == [(8, 3)] and lost == 0 and out[1] is not None
+  # a reference longer than T (no width gives it room): the loop ends, counted
+  out, lost = run([40, 3], [1, 30], T=20, max_len=64)
+  assert calls == [(40, 20)] and lost == 1 and out[1] is None
+  # the width rounds up to a multiple of 16: 17 -> 32 (budget 33 holds the 20 needed)
+  out, lost = run([60, 17], [1, 19], T=40, max_len=64)
+  assert calls == [(60, 5), (32, 33)] and lost == 0 and len(out[1]) == 33

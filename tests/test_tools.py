@@ -70,3 +70,8 @@ def test_run_timed_passes_the_exit_code_through_and_prints_a_summary():
                   r"on \d+ CPUs", res.stderr), res.stderr
   res = _run(["tools/run_timed.py"])
   assert res.returncode == 1 and "usage: python tools/run_timed.py -- COMMAND" in res.stderr
+  # A command that does not exist: 127 and the summary, as a shell gives (a traceback until
+  # 2026-12-04).
+  res = _run(["tools/run_timed.py", "--", "/nonexistent/command"])
+  assert res.returncode == 127 and "Traceback" not in res.stderr, res.stderr
+  assert "[run_timed] exit 127; wall" in res.stderr, res.stderr

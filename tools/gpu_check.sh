@@ -20,7 +20,8 @@ timeout 30 "$PY" -c "import attnlab.ops.pallas.flash, attnlab.ops.pallas.decode"
 
 echo "== gpu tests (<= 200 s)"
 timeout 200 "$PY" -m pytest -m gpu -p no:cacheprovider -q -rs \
-  tests/ops/test_flash.py tests/ops/test_decode_kernels.py || status=$?
+  tests/ops/test_flash.py tests/ops/test_decode_kernels.py tests/ops/test_attention.py \
+  || status=$?
 
 # Two budgets, so that a slow throughput table cannot starve the decode one.
 echo "== gpu benchmark: TFLOP/s (<= 150 s; rows print as measured)"

@@ -8,8 +8,8 @@
 # Copies the tracked files to ${MUT_DIR:-/tmp/attnlab-mutation}/NAME, appends a
 # [tool.mutmut] section (only MODULE mutated, only the TESTs run), runs `mutmut run`
 # under `timeout ${MUT_TIMEOUT:-1800}` and writes `mutmut results` to NAME/results.txt
-# (survivors listed; `mutmut show NAME` in that folder prints one). Needs mutmut in the
-# venv of $PYTHON_BIN (default: the python on PATH). MUT_NAMES (space-separated fnmatch
+# (survivors listed; `mutmut show NAME` in that folder prints one). Needs mutmut: the
+# `mutmut` on PATH, or $MUTMUT (e.g. /work/venv/bin/mutmut); exits 127 without it. MUT_NAMES (space-separated fnmatch
 # patterns of mutant names, e.g. "attnlab.nn.kv_cache.x_quantize__mutmut_*") runs only
 # those mutants: the functions a module's fast tests reach. MUT_RECHECK=DIR (a previous
 # round's folder) runs only the mutants that survived there and those it selected but did
@@ -71,5 +71,9 @@ status=0
 # shellcheck disable=SC2086  # MUT_NAMES: patterns, one word each
 timeout "${MUT_TIMEOUT:-1800}" "$MUTMUT" run --max-children "${MUT_CHILDREN:-1}" ${MUT_NAMES:-} \
   > run.log 2>&1 || status=$?
+if [ "$status" -eq 127 ]; then
+  echo "mutmut not found ('$MUTMUT'): pip install mutmut into the venv, or set MUTMUT" >&2
+  exit 127
+fi
 "$MUTMUT" results > results.txt 2>&1 || true
 echo "mutmut run exit $status; $(grep -c ': survived' results.txt || true) survived; see $dir"

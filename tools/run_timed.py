@@ -50,7 +50,11 @@ def main(argv=None):
   if not argv:
     sys.exit("usage: python tools/run_timed.py -- COMMAND [ARGS...]")
   before, start = cpu_ticks(), time.perf_counter()
-  rc = subprocess.call(argv)
+  try:
+    rc = subprocess.call(argv)
+  except OSError as e:  # no such command: the shell's 127, with the summary line
+    print(f"[run_timed] {argv[0]}: {e.strerror or e}", file=sys.stderr)
+    rc = 127
   wall = time.perf_counter() - start
   after = cpu_ticks()
   usage = resource.getrusage(resource.RUSAGE_CHILDREN)

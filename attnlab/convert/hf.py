@@ -556,14 +556,19 @@ def check_tensors(family: str, cfg: ModelConfig, files: dict[str, str]) -> list[
   return rules
 
 
-def _check_tied_head(files: dict[str, str], embed_name: str) -> None:
+def _check_tied_head(files: dict[str, str], embed_name: str, rows: int = 4096) -> None:
   """A tied config whose checkpoint also holds an lm_head.weight: it must be the embedding
-  (transformers unties a head that differs and uses it; attnlab, tied, would not)."""
-  tensors = []
-  for name in ("lm_head.weight", embed_name):
-    with _safetensors(files[name]) as f:
-      tensors.append(np.asarray(f.get_tensor(name)))
-  if tensors[0].shape != tensors[1].shape or not np.array_equal(tensors[0], tensors[1]):
+  (transformers unties a head that differs and uses it; attnlab, tied, would not). Compared
+  ``rows`` rows at a time, so the import still holds no whole tensor twice."""
+  with _safetensors(files["lm_head.weight"]) as head, _safetensors(files[embed_name]) as emb:
+    a, b = head.get_slice("lm_head.weight"), emb.get_slice(embed_name)
+    same, n = a.get_shape() == b.get_shape(), a.get_shape()[0]
+    for start in range(0, n if same else 0, rows):
+      stop = min(start + rows, n)  # a slice past the end is an error, not clamped
+      if not np.array_equal(np.asarray(a[start:stop]), np.asarray(b[start:stop])):
+        same = False
+        break
+  if not same:
     raise ConversionError(
         "config.json ties the embeddings (tie_word_embeddings true), but the checkpoint's "
         f"lm_head.weight differs from {embed_name}: transformers would use that head "

@@ -593,6 +593,14 @@ def test_buffers_and_a_tied_head_are_not_refused(tmp_path):
       "lm_head.weight differs from model.embed_tokens.weight: transformers would use that "
       "head untied; set tie_word_embeddings to false in config.json to import it")):
     hf.check_tensors(*hf.from_hf_config(c), hf.tensor_files(src))
+  # Compared a block of rows at a time (no whole second copy of the tensor): a difference
+  # in the last, partial block is found too.
+  head = tensors["model.embed_tokens.weight"].copy()
+  head[-1, -1] += 1.0
+  src = write_checkpoint(tmp_path / "llama_last_row", c, tensors | {"lm_head.weight": head})
+  with pytest.raises(hf.ConversionError, match="lm_head.weight differs"):
+    hf._check_tied_head(hf.tensor_files(src), "model.embed_tokens.weight", rows=8)
+  hf._check_tied_head(hf.tensor_files(tmp_path / "llama"), "model.embed_tokens.weight", rows=8)
   g = FAMILY_CONFIGS["gpt2"]
   tensors = random_tensors(shapes_of(g), seed=8)
   extra = {"transformer.h.0.attn.bias": np.ones((1, 1, 4, 4), np.float32),

@@ -32,6 +32,7 @@ to them.
 """
 
 import importlib.util
+import logging
 import os
 import shutil
 import tempfile
@@ -77,6 +78,13 @@ def pytest_sessionfinish(session):
   """The controller (or the only process) removes the session's cache."""
   if _OWN_CACHE and not hasattr(session.config, "workerinput"):
     shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+
+
+@pytest.fixture
+def warned(caplog):
+  """A function giving the WARNING lines logged so far in the test (after any
+  ``caplog.clear()``): attnlab reports a fallback or a skipped step in the log, once."""
+  return lambda: [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 
 
 @pytest.fixture

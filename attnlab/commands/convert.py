@@ -45,7 +45,7 @@ from attnlab.nn.transformer import build_model
 from attnlab.training.checkpoint import (
   Checkpointer,
   CheckpointMismatchError,
-  CorruptCheckpointError,
+  UnreadableCheckpointError,
 )
 
 STEP = 0
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
   except (hf.ConversionError, FileNotFoundError) as e:
     raise CommandError(str(e)) from None
   # config.gin no longer describes the checkpoint, or its bytes changed since the save
-  except (CheckpointMismatchError, CorruptCheckpointError) as e:
+  except (CheckpointMismatchError, UnreadableCheckpointError) as e:
     raise CommandError(str(e)) from None
   except ImportError as e:
     raise CommandError(f"{e} (attnlab convert needs safetensors, in the hf extra, and for a "
@@ -276,20 +276,26 @@ def to_hf(workdir: str, out_dir: str, *, step: int | None = None,
 
 
 def _restore_weights(workdir: str, mcfg, step: int | None):
-  """({parameter path: array}, step): one host copy, no model initialized."""
-
-
+  """({parameter path: array}, step): one host copy, no model initialized. ``step`` None:
+  the newest checkpoint that reads (a damaged newer one is skipped with a warning)."""
   ckpt = Checkpointer(workdir, read_only=True)
   try:
     try:
-      step = ckpt.resolve_step(step)
+      ckpt.resolve_step(step)  # nothing saved, or a step that was not: the errors named
     except ValueError as e:
       raise CommandError(f"--{e}") from None
     abstract = nnx.state(nnx.eval_shape(lambda: build_model(mcfg, rngs=nnx.Rngs(0))), nnx.Param)
     device = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
                             abstract)
-    state = ckpt.restore_params(step, abstract)
+    if step is None:
+      found = ckpt.restore_newest(lambda s: ckpt.restore_params(s, abstract))
+      if found is None:
+        raise FileNotFoundError(f"no checkpoint in {ckpt.directory} could be read (saved "
+                                f"steps: {ckpt.steps()})")
+      step, state = found
+    else:
+      state = ckpt.restore_params(step, abstract)
   finally:
     ckpt.close()
   return {tuple(path): var.get_value() for path, var in nnx.to_flat_state(state)}, step

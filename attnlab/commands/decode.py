@@ -15,7 +15,12 @@ import time
 import numpy as np
 
 from attnlab import config_gin
-from attnlab.commands._common import CommandError, CommandParser, mesh_shape_flag
+from attnlab.commands._common import (
+  CommandError,
+  CommandParser,
+  log_attnlab_info,
+  mesh_shape_flag,
+)
 from attnlab.config import CACHE_DTYPES, CACHE_KINDS, DecodeConfig, seed_key
 from attnlab.data import pipeline
 from attnlab.data.tokenizer import make_tokenizer
@@ -144,6 +149,7 @@ def _serve(args, dcfg, model, prompts, ids, tokenizer) -> int:
 
 def main(argv: list[str]) -> int:
   args = _decode_parser().parse_args(argv)
+  log_attnlab_info()
   if args.cache is None:
     args.cache = "paged" if args.slots is not None else DecodeConfig().cache
   if args.cache_dtype is not None and args.cache_dtype not in CACHE_DTYPES:

@@ -10,6 +10,7 @@ from attnlab.commands._common import (
   CommandError,
   CommandParser,
   add_cache_flag,
+  log_attnlab_info,
   mesh_shape_flag,
   use_compilation_cache,
 )
@@ -33,6 +34,7 @@ def main(argv: list[str]) -> int:
                       "takes the remaining devices); default the run's TrainConfig.mesh_shape")
   add_cache_flag(p)
   args = p.parse_args(argv)
+  log_attnlab_info()
   mesh_shape = mesh_shape_flag(args.mesh_shape)
   use_compilation_cache(args.compilation_cache)
   if args.length_penalty is None:

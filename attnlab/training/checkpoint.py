@@ -35,7 +35,6 @@ import os
 import re
 import shutil
 import signal
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -94,6 +93,14 @@ def unreadable_cause(e: BaseException) -> BaseException | None:
 class CorruptCheckpointError(ValueError):
   """A checkpoint's arrays or data state read back other values than were saved (their
   checksums in its meta item differ): its bytes changed on disk after the save."""
+
+
+class UnreadableCheckpointError(ValueError):
+  """A checkpoint could not be restored because it is damaged or cut short
+  (``is_unreadable``); the message names the checkpoint and the error, which is also the
+  exception's ``__cause__``. Raised by every ``Checkpointer`` restore of a given step
+  (until 2026-12-04 the bare cause came through: ``attnlab decode`` on a garbled
+  checkpoint printed "Expecting value: line 1 column 1 (char 0)")."""
 
 
 def _fmix32(h):
@@ -353,13 +360,48 @@ class Checkpointer:
     """False for a weights-only checkpoint (``save_params``)."""
     return os.path.isdir(os.path.join(self.directory, str(step), "opt_state"))
 
+  def _named(self, step: int, read):
+    """``read()``, an error of an unreadable checkpoint raised as
+    ``UnreadableCheckpointError`` naming checkpoint ``step``; any other error as it is."""
+    try:
+      return read()
+    except UnreadableCheckpointError:
+      raise
+    except Exception as e:
+      cause = unreadable_cause(e)
+      if cause is None:
+        raise
+      text = str(cause).splitlines()[0][:500] if str(cause) else ""
+      raise UnreadableCheckpointError(
+          f"checkpoint {os.path.join(self.directory, str(step))} could not be restored "
+          f"({type(cause).__name__}: {text})") from e
+
+  def restore_newest(self, read_step):
+    """``(step, read_step(step))`` for the newest saved step that reads, or None.
+
+    ``read_step`` is one of the restores below (or calls them). A checkpoint that raises
+    ``UnreadableCheckpointError`` is reported in a WARNING log line (once: until
+    2026-12-04 also as a ``UserWarning``, which a command printed a second time) and the
+    next older one is tried; nothing is deleted. Any other error is raised.
+    """
+    for step in reversed(self.steps()):
+      try:
+        return step, read_step(step)
+      except UnreadableCheckpointError as e:
+        log.warning("%s; falling back to the previous one", e)
+    return None
+
   def restore(self, step: int, abstract_state: dict, init_state: dict | None = None
               ) -> tuple[dict, dict | None]:
     """(state, data_state) of ``step``, placed as ``abstract_state`` says.
 
     A weights-only checkpoint takes ``opt_state`` and ``step`` from
     ``init_state`` (a freshly initialized state) and has no data state (None).
+    ``UnreadableCheckpointError`` if it is damaged.
     """
+    return self._named(step, lambda: self._restore(step, abstract_state, init_state))
+
+  def _restore(self, step, abstract_state, init_state):
     ocp = self._ocp
     if not self.has_train_state(step):
       if init_state is None:
@@ -386,6 +428,10 @@ class Checkpointer:
     return state, dict(out["data"])
 
   def restore_params(self, step: int, abstract_params):
+    """The parameters of ``step`` (``UnreadableCheckpointError`` if it is damaged)."""
+    return self._named(step, lambda: self._restore_params(step, abstract_params))
+
+  def _restore_params(self, step, abstract_params):
     ocp = self._ocp
     flat = flatten(abstract_params)
     self._check_item(step, "params", flat)
@@ -395,14 +441,19 @@ class Checkpointer:
     return unflatten(abstract_params, out["params"])
 
   def restore_data(self, step: int) -> dict | None:
-    """The data-pipeline position saved with ``step`` (None for a weights-only checkpoint)."""
+    """The data-pipeline position saved with ``step`` (None for a weights-only checkpoint;
+    ``UnreadableCheckpointError`` if it is damaged)."""
     if not self.has_train_state(step):
       return None
     ocp = self._ocp
-    out = self.manager.restore(step, args=ocp.args.Composite(
-        data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
-    self._verify(step, out["meta"], {}, dict(out["data"]))
-    return dict(out["data"])
+
+    def read():
+      out = self.manager.restore(step, args=ocp.args.Composite(
+          data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
+      self._verify(step, out["meta"], {}, dict(out["data"]))
+      return dict(out["data"])
+
+    return self._named(step, read)
 
   def _verify(self, step: int, meta, items: dict, data_state: dict | None = None) -> None:
     """Raise ``CorruptCheckpointError`` unless the restored ``items`` ({item: flat
@@ -427,27 +478,10 @@ class Checkpointer:
                                    "one that was saved (its checksum differs)")
 
   def restore_latest(self, abstract_state: dict, init_state: dict | None = None):
-    """(step, state, data_state) of the newest readable checkpoint, or None.
-
-    A checkpoint that fails to restore because it is unreadable (corrupted,
-    cut short: ``is_unreadable``) is reported with a warning and the next
-    older one is tried; nothing is deleted. Any other error is raised.
-    """
-    for step in reversed(self.steps()):
-      try:
-        state, data_state = self.restore(step, abstract_state, init_state)
-      except Exception as e:
-        cause = unreadable_cause(e)
-        if cause is None:
-          raise
-        text = str(cause).splitlines()[0][:200] if str(cause) else ""
-        msg = (f"checkpoint {os.path.join(self.directory, str(step))} could not be restored "
-               f"({type(cause).__name__}: {text}); falling back to the previous one")
-        warnings.warn(msg, stacklevel=2)
-        log.warning(msg)
-        continue
-      return step, state, data_state
-    return None
+    """(step, state, data_state) of the newest readable checkpoint, or None
+    (``restore_newest``: a damaged one is logged and skipped)."""
+    found = self.restore_newest(lambda step: self.restore(step, abstract_state, init_state))
+    return None if found is None else (found[0], *found[1])
 
   def close(self) -> None:
     self.manager.close()
@@ -458,7 +492,8 @@ def load_checkpoint(workdir: str, step: int | None = None, *, mesh=None):
 
   Args:
     workdir: a training workdir (holds ``config.gin`` and ``checkpoints/``).
-    step: the checkpoint step; None = the latest.
+    step: the checkpoint step; None = the newest that reads (a damaged newer one is
+      skipped with a warning, as a resume and ``attnlab eval`` skip it).
     mesh: a (data, fsdp, tensor) ``Mesh`` (``training.sharding.make_mesh``): the
       parameters are restored straight into the training layout on it (heads,
       KV heads, MLP and vocabulary over ``tensor``, ``embed`` over ``fsdp``), and
@@ -470,8 +505,9 @@ def load_checkpoint(workdir: str, step: int | None = None, *, mesh=None):
     its ``ModelConfig``.
 
   Raises:
-    FileNotFoundError: no ``config.gin`` or no checkpoint in ``workdir``.
-    ValueError: ``step`` is not one of the saved steps.
+    FileNotFoundError: no ``config.gin`` or no (readable) checkpoint in ``workdir``.
+    ValueError: ``step`` is not one of the saved steps; ``UnreadableCheckpointError``
+      (a ValueError) when the given ``step`` is damaged.
   """
   from flax import nnx
 
@@ -484,7 +520,7 @@ def load_checkpoint(workdir: str, step: int | None = None, *, mesh=None):
   mcfg, _, _ = gin_config.read_workdir_config(config_path)
   ckpt = Checkpointer(workdir, read_only=True)
   try:
-    step = ckpt.resolve_step(step)
+    ckpt.resolve_step(step)  # nothing saved, or a step that was not: the errors above
     make = lambda: build_model(mcfg, rngs=nnx.Rngs(params=0, dropout=1))
     # The parameters' shapes only: initializing them eagerly (one small XLA
     # program per op and shape) cost more than the restore (runs/demo, first
@@ -500,7 +536,14 @@ def load_checkpoint(workdir: str, step: int | None = None, *, mesh=None):
       shardings = param_shardings(params, mesh)
     abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             params, shardings)
-    params = ckpt.restore_params(step, abstract)
+    if step is not None:
+      params = ckpt.restore_params(step, abstract)
+    else:
+      found = ckpt.restore_newest(lambda s: ckpt.restore_params(s, abstract))
+      if found is None:
+        raise FileNotFoundError(f"no checkpoint in {ckpt.directory} could be read (saved "
+                                f"steps: {ckpt.steps()})")
+      step, params = found
   finally:
     ckpt.close()
   model = nnx.merge(graphdef, params, rest)

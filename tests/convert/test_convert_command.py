@@ -269,7 +269,7 @@ def test_to_hf_gives_back_every_tensor_and_a_config_that_maps_back(name, tmp_pat
       BOS_ID, EOS_ID, PAD_ID)
 
 
-def test_to_hf_step_and_shard_size(tmp_path, capsys):
+def test_to_hf_step_and_shard_size(tmp_path, capsys, warned):
   from attnlab.training.checkpoint import Checkpointer
 
   src, c, tensors = _hf_dir(tmp_path, "llama_bias_head_dim")
@@ -300,7 +300,9 @@ def test_to_hf_step_and_shard_size(tmp_path, capsys):
   rc, _, err = _convert(capsys, "--to-hf", "--workdir", str(work), "--out",
                         str(tmp_path / "o7"), "--step", "7")
   assert rc == 2 and "--step=7 has no checkpoint" in err and "saved steps: [0, 5]" in err
-  # Bytes changed inside step 5's largest array file: refused in one line, nothing written.
+  # Bytes changed inside step 5's largest array file: --step 5 is refused in one line,
+  # nothing written; without --step the newest that reads, 0, is exported, with a warning
+  # (as decode and eval fall back; until 2026-12-04 it was refused too).
   data = [os.path.join(r, f) for r, _, fs in os.walk(work / "checkpoints" / "5" / "params")
           for f in fs if f"{os.sep}d{os.sep}" in os.path.join(r, f)]
   biggest = max(data, key=os.path.getsize)
@@ -309,9 +311,18 @@ def test_to_hf_step_and_shard_size(tmp_path, capsys):
     chunk = f.read(8)
     f.seek(-len(chunk), os.SEEK_CUR)
     f.write(bytes(b ^ 0xFF for b in chunk))
-  rc, _, err = _convert(capsys, "--to-hf", "--workdir", str(work), "--out", str(tmp_path / "o5"))
-  assert rc == 2 and "reads other values than were saved" in err and "Traceback" not in err
+  rc, _, err = _convert(capsys, "--to-hf", "--workdir", str(work), "--out", str(tmp_path / "o5"),
+                        "--step", "5")
+  assert rc == 2 and "Traceback" not in err and err.count("\n") == 1, err
+  assert "checkpoints/5 could not be restored (CorruptCheckpointError: " in err, err
+  assert "reads other values than were saved" in err, err
   assert not (tmp_path / "o5").exists()
+  rc, printed, err = _convert(capsys, "--to-hf", "--workdir", str(work), "--out",
+                              str(tmp_path / "o0"))
+  assert rc == 0 and json.loads(printed)["step"] == 0, err
+  np.testing.assert_allclose(load_file(str(tmp_path / "o0" / "model.safetensors"))[name],
+                             tensors[name], rtol=1e-6)
+  assert [m for m in warned() if "checkpoints/5 could not be restored" in m]
   # --max_shard_mb 1 with a 8192-token vocabulary: the embedding alone is 1.5 MiB.
   big, bc, bt = _hf_dir(tmp_path, "llama_mqa_tied", vocab_size=8192)
   assert _convert(capsys, "--from-hf", big, "--workdir", str(tmp_path / "bw"))[0] == 0

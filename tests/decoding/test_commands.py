@@ -652,6 +652,43 @@ def test_decode_internal_error_exits_1_with_a_traceback(workdir, tmp_path):
   assert proc.stdout == ""
 
 
+def test_eval_and_decode_fall_back_past_a_damaged_checkpoint_with_one_plain_line(
+    tmp_path_factory, capsys):
+  """In their own processes, ``attnlab eval`` and ``attnlab decode`` fall back past a
+  damaged newest checkpoint with one warning line in attnlab's plain format, and decode
+  what the previous checkpoint decodes; given the damaged step, they name it. Until
+  2026-12-04 eval printed the warning twice (a UserWarning and a log line), the log line
+  as "WARNING:attnlab.training.checkpoint:..." (absl had configured logging first), and
+  decode did not fall back: "error: Expecting value: line 1 column 1 (char 0)"."""
+  import subprocess
+  import sys
+
+  workdir = _trained(tmp_path_factory, "lm_stdlib_tiny.gin", "DataConfig.max_files=2",
+                     "DataConfig.seq_len=16", "ModelConfig.d_model=16", "ModelConfig.d_ff=32",
+                     "TrainConfig.checkpoint_every=1")
+  for root, _, files in os.walk(os.path.join(workdir, "checkpoints", "2")):
+    for name in files:
+      with open(os.path.join(root, name), "wb") as f:
+        f.write(b"garbage")
+  capsys.readouterr()
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  decode = ["decode", "--prompt", "a", "--max_new_tokens", "4"]
+  damaged = f"checkpoint {workdir}/checkpoints/2 could not be restored ("
+  for argv in (["eval"], decode):
+    proc = subprocess.run([sys.executable, "-m", "attnlab.cli", *argv, "--workdir", workdir],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = [x for x in proc.stderr.splitlines() if "could not be restored" in x]
+    assert len(lines) == 1 and lines[0].startswith(damaged), proc.stderr
+    assert lines[0].endswith("; falling back to the previous one"), lines[0]
+  rc, out, err = _run([*decode, "--workdir", workdir, "--step", "1"], capsys)
+  assert rc == 0 and out == proc.stdout, err
+  for argv in (["eval"], decode):
+    rc, out, err = _run([*argv, "--workdir", workdir, "--step", "2"], capsys)
+    assert rc == 2 and out == "", err
+    assert err.startswith(f"attnlab {argv[0]}: error: {damaged}") and err.count("\n") == 1, err
+
+
 def test_decode_slots_batches_continuously_and_matches_plain_decode(workdir, capsys, tmp_path):
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("import os\nx = 1\ndef f(a, b):\n")

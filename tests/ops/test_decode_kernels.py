@@ -245,7 +245,9 @@ def test_a_bad_page_table_entry_reads_inside_the_pool(monkeypatch):
   and a missing page (-1) to page 0, so the paged kernel never reads outside the pool
   (TPU interpret mode raises on a read out of bounds). Either is a missing page: each row
   equals the reference with that page's positions empty (until 2026-12-04 the entry past
-  the pool read the last page, another sequence's, as its own)."""
+  the pool read the last page, another sequence's, as its own). The pages they are clamped
+  to hold inf and NaN, and row 1's slots past its length NaN: none reaches the output
+  (until 2026-12-04 their weight was 0, but 0 x inf is NaN: the whole row came out NaN)."""
   from attnlab.ops.reference import reference_attention
 
   pltpu = pytest.importorskip("jax.experimental.pallas.tpu")
@@ -253,7 +255,13 @@ def test_a_bad_page_table_entry_reads_inside_the_pool(monkeypatch):
   B, T, S, N, K, H, C = 2, 1, 64, 4, 2, 32, 16
   q, k, v = _inputs(0, B, T, S, N, K, H, jnp.float32)
   lengths_B = jnp.array([64, 20], jnp.int32)
-  k_pages, v_pages, table_BM = _paginate(k, v, C, seed=0)
+  stale_BS = jnp.arange(S)[None, :] >= lengths_B[:, None]
+  stale = lambda x: jnp.where(stale_BS[:, :, None, None], jnp.nan, x)
+  k_pages, v_pages, table_BM = _paginate(stale(k), stale(v), C, seed=0)
+  # Page 0 of the pool holds inf, its last page NaN: the two a bad entry is clamped to.
+  edges = lambda x: jnp.concatenate([jnp.full((1, *x.shape[1:]), jnp.inf), x,
+                                     jnp.full((1, *x.shape[1:]), jnp.nan)])
+  k_pages, v_pages, table_BM = edges(k_pages), edges(v_pages), table_BM + 1
   table_BM = table_BM.at[0, 1].set(-1).at[1, 0].set(k_pages.shape[0] + 3)
   got = jax.jit(decode.paged_decode_attention)(q, k_pages, v_pages, table_BM, lengths_B)
   assert np.all(np.isfinite(np.asarray(got)))

@@ -146,9 +146,14 @@ def _split_softmax(q_QH, load_tile, *, length, kv_len, split, tile, tiles_per_sp
     m_Q, l_Q, acc_QH = carry
     k_cH, v_cH, tile_ok = load_tile(j)
     k_idx = j * tile + common.iota(tile)
+    key_ok = (k_idx < kv_len) & tile_ok
     ok = masks.position_mask(q_pos[:, None], k_idx[None, :], causal=True, window=window)
-    ok = ok & row_ok[:, None] & (k_idx < kv_len)[None, :] & tile_ok
+    ok = ok & row_ok[:, None] & key_ok[None, :]
     s_Qc = jnp.where(ok, common.dot_nt(q_QH, k_cH) * scale, -jnp.inf)
+    # Values no row may see are zeroed: their weight is 0, but 0 x inf / NaN is NaN, and
+    # what a missing page's clamped read or the slots past the length hold is another
+    # sequence's or stale (until 2026-12-04 one sequence's inf reached its neighbours).
+    v_cH = jnp.where(key_ok[:, None], v_cH, jnp.zeros((), v_cH.dtype))
     m_new = jnp.maximum(m_Q, jnp.max(s_Qc, axis=1))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
     alpha = jnp.exp(m_Q - m_safe)
@@ -195,7 +200,8 @@ def _paged_kernel(len_ref, table_ref, q_ref, k_ref, v_ref, *rest, pages_per_spli
   def load_tile(m):
     entry = table_ref[m - s * pages_per_split]
     # Clamped so that a bad table entry cannot read outside the pool; a missing page
-    # (entry < 0) or one past the pool reads a page of the pool and is masked.
+    # (entry < 0) or one past the pool reads a page of the pool, masked and its values
+    # zeroed (_split_softmax).
     page = jnp.clip(entry, 0, num_pages - 1)
     k_cH, v_cH = k_ref[page], v_ref[page]
     if int8:  # dequantize the page: int8 * its per-token float32 scale

@@ -89,6 +89,14 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> 
     with gin.unlock_config():
       gin.parse_config_files_and_bindings([os.path.abspath(p) for p in gin_files], bindings,
                                           finalize_config=False)
+    names = {cls.__name__ for cls in classes}  # a macro is a scope of gin's own: not these
+    scoped = sorted(f"{scope}/{selector.rsplit('.', 1)[-1]}.{name}"
+                    for (scope, selector), values in gin.config._CONFIG.items()
+                    if scope and selector.rsplit(".", 1)[-1] in names for name in values)
+    if scoped:  # the configs are built once, unscoped: gin would drop these without a word
+      raise GinConfigError(
+          f"scoped binding{'s' if len(scoped) > 1 else ''} {', '.join(scoped)}: attnlab builds "
+          "each config once, without a scope: bind it as Name.field")
     configs = tuple(wrapped[cls]() for cls in classes)
   except (ValueError, OSError, SyntaxError, TypeError, KeyError) as e:
     unbound = _unbound_macros(gin_files, bindings) if "macro()" in str(e) else []
@@ -210,7 +218,10 @@ def operative_config(*configs, workdir: str | None = None) -> str:
   """gin text binding every field of ``configs`` (the run, reproducibly).
 
   With ``workdir`` (where the text goes, as config.gin): a tokenizer_model
-  inside it is written relative to it (``parse`` finds it next to the file).
+  inside it is written relative to it (``parse`` finds it next to the file), and a
+  relative one outside it as an absolute path, so that the file means the same from any
+  working directory (``read_workdir_config`` looks for a relative one beside the file
+  only; until 2026-12-04 it was written as given, relative to where the run trained).
   """
   lines = ["# The operative config of this run, written by `attnlab train`.",
            "# `attnlab train --gin_file THIS_FILE --workdir ...` reproduces it.", ""]
@@ -219,6 +230,8 @@ def operative_config(*configs, workdir: str | None = None) -> str:
       rel = relative_inside(cfg.tokenizer_model, workdir)
       if rel is not None:
         cfg = dataclasses.replace(cfg, tokenizer_model=rel)
+      elif not os.path.isabs(cfg.tokenizer_model):
+        cfg = dataclasses.replace(cfg, tokenizer_model=os.path.abspath(cfg.tokenizer_model))
     name = type(cfg).__name__
     lines += [f"{name}.{f.name} = {gin_value(getattr(cfg, f.name))}"
               for f in dataclasses.fields(cfg)]
@@ -227,8 +240,15 @@ def operative_config(*configs, workdir: str | None = None) -> str:
 
 
 def read_workdir_config(path: str) -> tuple[ModelConfig, DataConfig, TrainConfig]:
-  """The configs a workdir's config.gin describes."""
-  return parse([path], [])
+  """The configs a workdir's config.gin describes. A relative tokenizer_model is the file
+  beside it, wherever the command runs: one missing there is named by that path, not
+  looked up in the working directory (until 2026-12-04 a workdir whose tokenizer.json was
+  gone decoded with the working directory's tokenizer.json, another vocabulary)."""
+  mcfg, dcfg, tcfg = parse([path], [])
+  if dcfg.tokenizer_model and not os.path.isabs(dcfg.tokenizer_model):
+    beside = os.path.join(os.path.dirname(os.path.abspath(path)), dcfg.tokenizer_model)
+    dcfg = dataclasses.replace(dcfg, tokenizer_model=beside)
+  return mcfg, dcfg, tcfg
 
 
 def resolve_base(base, sweep_file: str, configs_dir: str) -> list[str]:

@@ -62,8 +62,9 @@ def is_unreadable(e: BaseException) -> bool:
   """Whether ``e`` is what restoring a corrupt or incomplete checkpoint raises.
 
   Found by damaging saved checkpoints (orbax 0.12): a missing file raises
-  ``FileNotFoundError``; a garbled or truncated JSON file (an item's
-  metadata, the data state) ``json.JSONDecodeError``, or ``UnicodeDecodeError``
+  ``FileNotFoundError`` (other ``OSError``s, e.g. ``PermissionError`` or EIO, are not
+  unreadable: they may pass, and the run stops instead of falling back); a garbled or
+  truncated JSON file (an item's metadata, the data state) ``json.JSONDecodeError``, or ``UnicodeDecodeError``
   for bytes that are not UTF-8; a missing item
   directory ``KeyError("Item ... was not found in the checkpoint")``; a
   missing, truncated or garbled array file a tensorstore ``ValueError``
@@ -149,7 +150,11 @@ def _data_digest(data_state: dict) -> str:
 
 
 def _unreadable_itself(e: BaseException) -> bool:
-  if isinstance(e, (OSError, json.JSONDecodeError, UnicodeDecodeError, CorruptCheckpointError)):
+  # Of the OSErrors only a missing file or folder: a permission error, too many open files
+  # or an I/O error of the disk or network say nothing about the checkpoint, and a fallback
+  # past a good checkpoint would have the run save over it (until 2026-12-04 every OSError).
+  if isinstance(e, (FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                    json.JSONDecodeError, UnicodeDecodeError, CorruptCheckpointError)):
     return True
   if isinstance(e, KeyError):
     return "not found in the checkpoint" in str(e)

@@ -92,6 +92,27 @@ def _model_changes(workdir: str, mcfg: ModelConfig, tcfg: TrainConfig) -> str:
   return f" ({', '.join(changed)})" if changed else ""
 
 
+# ModelConfig fields a resume may change: how the same function of the same parameters is
+# computed (the attention implementation, rematerialization, the compute dtype), the
+# training-only dropout, and max_len (a learned position table's shape is checked with the
+# other shapes). Any other field changes the model the checkpoints were trained as.
+RESUMABLE_MODEL_FIELDS = ("attention_impl", "remat", "dtype", "dropout_rate",
+                          "attention_dropout_rate", "max_len")
+
+
+def _other_model(workdir: str, mcfg: ModelConfig) -> list[str]:
+  """['ModelConfig.x: a -> b', ...]: the fields outside RESUMABLE_MODEL_FIELDS in which
+  ``mcfg`` differs from the workdir's config.gin (none when there is none to read)."""
+  try:
+    saved = gin_config.read_workdir_config(os.path.join(workdir, "config.gin"))[0]
+  except Exception:  # no or unreadable config.gin: nothing to compare with
+    return []
+  return [f"ModelConfig.{f.name}: {getattr(saved, f.name)!r} -> {getattr(mcfg, f.name)!r}"
+          for f in dataclasses.fields(mcfg)
+          if f.name not in RESUMABLE_MODEL_FIELDS
+          and getattr(saved, f.name) != getattr(mcfg, f.name)]
+
+
 def _saved_data_config(workdir: str) -> DataConfig | None:
   """The DataConfig of the workdir's config.gin (the run that wrote its checkpoints),
   or None when there is none to read."""
@@ -313,6 +334,15 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
         f"the checkpoints in {ckpt.directory} do not fit this run's model and optimizer"
         f"{_model_changes(workdir, mcfg, tcfg)}: {first}. Nothing was changed in {workdir}; "
         "resume with the workdir's own config.gin, or train in a new workdir") from e
+  changed = _other_model(workdir, mcfg) if restored is not None else []
+  if changed:  # the arrays fit, but not the model: an activation, a norm, the positions...
+    ckpt.close()
+    raise ResumeError(
+        f"the checkpoints in {ckpt.directory} were trained as another model "
+        f"({', '.join(changed)}; a resume may change only "
+        f"{', '.join('ModelConfig.' + f for f in RESUMABLE_MODEL_FIELDS)}). Nothing was "
+        f"changed in {workdir}; resume with the workdir's own config.gin, or train in a new "
+        "workdir")
   if start > tcfg.steps:
     ckpt.close()
     raise ResumeError(
@@ -454,6 +484,11 @@ def evaluate_workdir(workdir: str, step: int | None = None, *, beam_size: int | 
     if dcfg.task == "lm":
       raise ValueError(f"beam search decodes the examples of a seq2seq task; {workdir} "
                        "holds a language model (task='lm'), whose eval is its loss")
+  if dcfg.task != "lm":  # a seq2seq eval writes its predictions: checked before any work
+    where = os.path.join(workdir, "eval")
+    if not os.access(where if os.path.isdir(where) else workdir, os.W_OK | os.X_OK):
+      raise ValueError(f"{where} cannot be written (a read-only workdir?): a seq2seq eval "
+                       "writes its decoded examples there; evaluate a writable copy")
   run = Run(mcfg, tcfg, dcfg)
   ckpt = Checkpointer(workdir, read_only=True)
   try:

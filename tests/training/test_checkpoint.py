@@ -299,6 +299,8 @@ def _in_handler(error, handled):
 
 @pytest.mark.parametrize("error,unreadable", [
     (FileNotFoundError("x"), True), (ValueError("DATA_LOSS: Error reading x"), True),
+    (NotADirectoryError("x"), True), (PermissionError(13, "x"), False),
+    (OSError(5, "Input/output error"), False), (OSError(24, "Too many open files"), False),
     (ValueError("OUT_OF_RANGE: x"), True), (ValueError("NOT_FOUND: x"), True),
     (KeyError('Item "params" was not found in the checkpoint.'), True),
     (ValueError("Found incomplete checkpoint at /w/checkpoints/2."), True),

@@ -138,6 +138,16 @@ def test_the_operative_config_names_a_tokenizer_inside_the_workdir_relative_to_i
   monkeypatch.chdir(tmp_path)
   _, dcfg, _ = gin_config.read_workdir_config(str(workdir / "config.gin"))
   assert dcfg.tokenizer_model == str(workdir / "tokenizer.json")
+  # ... and when the workdir's own is gone: that path, not the working directory's file
+  # (until 2026-12-04 decode then read the other vocabulary without a word).
+  (workdir / "tokenizer.json").unlink()
+  _, dcfg, _ = gin_config.read_workdir_config(str(workdir / "config.gin"))
+  assert dcfg.tokenizer_model == str(workdir / "tokenizer.json")
+  # A relative path outside the workdir is written absolute (it named the training's
+  # working directory until 2026-12-04, and meant another file from anywhere else).
+  relative = dataclasses.replace(inside, tokenizer_model="elsewhere.json")
+  assert f"DataConfig.tokenizer_model = {str(tmp_path / 'elsewhere.json')!r}" in \
+      gin_config.operative_config(relative, workdir=str(workdir)).splitlines()
 
 
 def test_a_relative_tokenizer_is_found_beside_the_last_gin_file_else_as_given(tmp_path,
@@ -249,6 +259,11 @@ def test_includes_resolve_beside_this_calls_files_before_the_working_directory(
      "a tuple parentheses: TrainConfig.schedule = 'cosine', TrainConfig.mesh_shape = (2, 1, 1))"),
     ([], ["TrainConfig.mesh_shape = 2,1,1"], "binding 'TrainConfig.mesh_shape = 2,1,1': its value "
      "does not parse"),
+    # A scope: the configs are built unscoped, and gin dropped these without a word until
+    # 2026-12-04 (found by a review).
+    ([], ["train/ModelConfig.d_model = 64", "ModelConfig.d_ff = 64", "x/TrainConfig.steps = 1"],
+     "scoped bindings train/ModelConfig.d_model, x/TrainConfig.steps: attnlab builds each "
+     "config once, without a scope: bind it as Name.field"),
 ])
 def test_parse_errors_are_one_line_gin_config_errors(files, bindings, message):
   with pytest.raises(gin_config.GinConfigError) as e:

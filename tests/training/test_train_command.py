@@ -70,6 +70,55 @@ def test_train_prints_its_last_metrics_and_a_workdir_retrains_from_its_config(
   assert recorded["distributed"][-1] == (None, None, None)
 
 
+def test_a_resume_as_another_model_whose_arrays_fit_is_refused(tmp_path, capsys):
+  """An activation or positions changed on a resume: the arrays fit, the model does not.
+  One line naming the fields, exit 2, the workdir as it was. Until 2026-12-04 it resumed
+  and wrote the new config.gin, so eval and decode ran the old checkpoints as a model
+  they were not trained as (found by a review). The implementation, the compute dtype and
+  dropout may change."""
+  workdir = tmp_path / "w"
+  assert cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(workdir)]) == 0
+  config = (workdir / "config.gin").read_text()
+  capsys.readouterr()
+  rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--gin.TrainConfig.steps=3",
+                 "--gin.ModelConfig.mlp='gelu'", "--gin.ModelConfig.pos='rope'",
+                 "--workdir", str(workdir)])
+  err = capsys.readouterr().err
+  assert rc == 2 and err.count("\n") == 1, err
+  assert err.startswith(
+      f"attnlab train: error: the checkpoints in {workdir}/checkpoints were trained as another "
+      "model (ModelConfig.pos: 'sinusoidal' -> 'rope', ModelConfig.mlp: 'relu' -> 'gelu'; "
+      "a resume may change only ModelConfig.attention_impl, "), err
+  assert (workdir / "config.gin").read_text() == config
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["2"]
+  rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--gin.TrainConfig.steps=3",
+                 "--gin.ModelConfig.attention_impl='chunked'", "--gin.ModelConfig.dtype='bfloat16'",
+                 "--gin.ModelConfig.dropout_rate=0.1", "--workdir", str(workdir)])
+  assert rc == 0, capsys.readouterr().err
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["step"] == 3
+
+
+def test_a_seq2seq_eval_that_cannot_write_its_predictions_is_one_line(tmp_path, capsys,
+                                                                     monkeypatch):
+  """A read-only workdir (``os.access`` says so, as on a read-only mount, where even root
+  cannot write): one line before any work, exit 2; until 2026-12-04 a traceback after the
+  whole evaluation (found by a review)."""
+  workdir = tmp_path / "w"
+  assert cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(workdir)]) == 0
+  capsys.readouterr()
+  access = os.access
+  monkeypatch.setattr(os, "access", lambda path, mode: access(path, mode) and not (
+      mode & os.W_OK and str(path).startswith(str(workdir))))
+  assert cli.main(["eval", "--workdir", str(workdir)]) == 2
+  assert capsys.readouterr().err == (
+      f"attnlab eval: error: {workdir}/eval cannot be written (a read-only workdir?): a seq2seq "
+      "eval writes its decoded examples there; evaluate a writable copy\n")
+  assert not (workdir / "eval").exists()
+  monkeypatch.setattr(os, "access", access)
+  assert cli.main(["eval", "--workdir", str(workdir)]) == 0
+  assert json.loads(capsys.readouterr().out)["step"] == 2 and (workdir / "eval").is_dir()
+
+
 def test_train_without_a_config_anywhere_exits_2(tmp_path, capsys):
   assert cli.main(["train", "--workdir", str(tmp_path / "w")]) == 2
   assert capsys.readouterr().err.strip() == (

@@ -64,8 +64,8 @@ def is_unreadable(e: BaseException) -> bool:
   Found by damaging saved checkpoints (orbax 0.12): a missing file raises
   ``FileNotFoundError`` (other ``OSError``s, e.g. ``PermissionError`` or EIO, are not
   unreadable: they may pass, and the run stops instead of falling back); a garbled or
-  truncated JSON file (an item's metadata, the data state) ``json.JSONDecodeError``, or ``UnicodeDecodeError``
-  for bytes that are not UTF-8; a missing item
+  truncated JSON file (an item's metadata, the data state) ``json.JSONDecodeError``, or
+  ``UnicodeDecodeError`` for bytes that are not UTF-8; a missing item
   directory ``KeyError("Item ... was not found in the checkpoint")``; a
   missing, truncated or garbled array file a tensorstore ``ValueError``
   (NOT_FOUND / OUT_OF_RANGE / DATA_LOSS, or FAILED_PRECONDITION "Error reading ..."

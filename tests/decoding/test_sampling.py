@@ -17,6 +17,7 @@ from tests import random_arrays
 from tests.decoding.tiny_models import (
   SRC_SHAPE,
   TGT_LEN,
+  decoder_forward,
   decoder_model,
   encdec_forward,
   encdec_model,
@@ -99,6 +100,48 @@ def test_eos_stops_each_sequence_and_pads_after_it():
     end = hits[0] + 1 if hits.size else 8
     np.testing.assert_array_equal(row[:end], row_free[:end])
     assert (row[end:] == model.cfg.pad_id).all()
+
+
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
+def test_eos_as_the_first_generated_token_ends_that_row_at_once(arch, cache):
+  """A row whose very first token (drawn from the prefill's logits, before the loop) is the
+  eos stops there: the rest of it is pad_id, while the other row runs on as without an eos.
+  Catches the first token left out of the done flags (the row would go on generating)."""
+  if arch == "decoder_only":
+    model, prompt = decoder_model("mha_rope", varied=True), random_tokens(31, (2, 6))
+  else:
+    model, prompt = encdec_model("paper_gqa", varied=True), random_tokens(1, SRC_SHAPE)
+  pad = model.cfg.pad_id
+  run = lambda eos_id: np.asarray(attnlab.generate(model, prompt, max_new_tokens=8, cache=cache,
+                                                   eos_id=eos_id))
+  free = run(None)
+  eos = int(free[0, 0])
+  # Without the eos, row 0 goes on with real tokens; row 1 never emits that token.
+  assert (free[0, 1:] != pad).any() and eos not in free[1]
+  out = run(eos)
+  np.testing.assert_array_equal(out[0], [eos] + [pad] * 7)
+  np.testing.assert_array_equal(out[1], free[1])
+
+
+def test_sampling_draws_every_step_with_the_next_key_of_the_split_chain():
+  """generate's sampled tokens are, step by step, ``categorical(sub, filtered logits)`` of the
+  uncached forward pass over the tokens so far, where ``key, sub = split(key)`` before every
+  draw (the first from the prefill's logits). Catches one key reused for every step."""
+  model, forward = decoder_model("mha_rope", varied=True), decoder_forward("mha_rope", True)
+  prompt, L = random_tokens(30, (2, 6)), 8
+  sampling, key = Sampling(temperature=1.0), jax.random.key(11)
+  got = np.asarray(attnlab.generate(model, prompt, max_new_tokens=L, eos_id=None,
+                                    sampling=sampling, rng=key))
+  seq_BX = np.zeros((2, 64), np.int32)  # one shape: one compiled forward (causal)
+  seq_BX[:, :6] = prompt
+  for j in range(L):
+    key, sub = jax.random.split(key)
+    logits_BV = jnp.asarray(forward(seq_BX)[:, 5 + j])
+    seq_BX[:, 6 + j] = jax.random.categorical(sub, filtered_logits(logits_BV, sampling), axis=-1)
+  np.testing.assert_array_equal(got, seq_BX[:, 6:6 + L])
+  # It does sample: the tokens are not greedy's.
+  assert not np.array_equal(got, attnlab.generate(model, prompt, max_new_tokens=L, eos_id=None))
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(temperature=1e-40), dict(top_k=0),

@@ -298,6 +298,35 @@ def test_residual_and_embedding_dropout_drop_in_training_only():
   np.testing.assert_allclose(run(model, x), want, atol=1e-5)
 
 
+@pytest.mark.parametrize("kept", ["residual", "embedding"])
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_residual_dropout_and_embedding_dropout_each_drop_on_their_own(arch, kept):
+  """Each dropout site drops by itself: with every other dropout module switched off, the
+  blocks' residual dropout (``Block.dropout``) alone, or the embedding dropout
+  (``Stack.embed_dropout``) alone, still moves a training-mode forward away from the
+  eval-mode one. Catches either removed while the other still makes the model random (which
+  ``test_residual_and_embedding_dropout_drop_in_training_only`` does not)."""
+  from attnlab.nn.transformer import Block, Stack
+
+  extra = {"num_encoder_layers": 1} if arch == "encoder_decoder" else {}
+  model = build(arch=arch, dropout_rate=0.3, **extra)
+  x = tokens(2, 8)
+  args = (x,) if arch == "decoder_only" else (x, x)
+  model.eval()
+  want = np.asarray(run(model, *args))
+  model.train()
+  sites = 0
+  for _, m in nnx.iter_modules(model):
+    if isinstance(m, Block):
+      m.dropout.deterministic = kept != "residual"
+      sites += kept == "residual"
+    elif isinstance(m, Stack):
+      m.embed_dropout.deterministic = kept != "embedding"
+      sites += kept == "embedding"
+  assert sites  # the kept site is in the model
+  assert not np.allclose(run(model, *args), want, atol=1e-3)
+
+
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
 def test_remat_recomputes_the_same_logits_and_gradients(arch):
   """remat=True (each block's activations recomputed in the backward pass) changes no

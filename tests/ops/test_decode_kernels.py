@@ -345,6 +345,33 @@ def test_scale_multiplies_the_scores(int8):
                                err_msg=name)
 
 
+@pytest.mark.parametrize("int8", [False, True])
+def test_the_gpu_padded_head_dim_and_rows_in_interpret_mode(monkeypatch, int8):
+  """On a GPU the kernels zero-pad the head dim (80 -> 128) and the query rows (T * G -> a
+  power of two >= 16) for Triton; interpret mode pads neither, so here
+  ``_rows_and_head_dim`` is made to return the GPU shapes and all three kernels (float; int8
+  pages / tiles) run the padded path on the CPU against the reference. Catches the padded
+  lanes reaching the result, e.g. a scale corrected by the padding (H / Hp) ** 0.5."""
+  real, padded = decode._rows_and_head_dim, []
+
+  def gpu_shapes(q_BTNH, K, interpret):
+    rows, Hp = real(q_BTNH, K, False)
+    padded.append((rows, Hp))
+    return rows, Hp
+
+  monkeypatch.setattr(decode, "_rows_and_head_dim", gpu_shapes)
+  B, T, S, N, K, H = 2, 2, 40, 4, 2, 80
+  q, k, v = _inputs(5, B, T, S, N, K, H, jnp.float32)
+  lengths_B = jnp.array([40, 13], jnp.int32)
+  outs, k_ref, v_ref = _three_kernels(q, k, v, lengths_B, int8=int8, splits=2, window=20)
+  assert padded == [(16, 128)] * len(outs) and len(outs) == (2 if int8 else 3)
+  want = decode_reference(q, k_ref, v_ref, lengths_B, 20)
+  for name, got in outs.items():
+    assert got.shape == q.shape, name
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5,
+                               err_msg=name)
+
+
 def test_splits_do_not_change_the_result():
   q, k, v = _inputs(7, 2, 3, 400, 8, 2, 32, jnp.float32)
   lengths_B = jnp.array([400, 250], jnp.int32)

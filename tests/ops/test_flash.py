@@ -236,6 +236,29 @@ def test_plan_of_the_tiles():
              for a, b in zip(sizes, sizes[1:]))
 
 
+def test_the_gpu_plans_padded_head_dim_in_interpret_mode(monkeypatch):
+  """The Triton plan zero-pads the head dim to a power of two (80 -> 128) with 16 x 16 tiles;
+  interpret mode keeps H as it is, so here ``plan`` is made to return the GPU plan and the
+  padded path runs on the CPU: forward and gradients equal the reference's (the kernels see
+  128-wide blocks). Catches the padded lanes reaching the result, e.g. the default scale
+  taken from the padded head dim (1 / sqrt(128) instead of 1 / sqrt(80))."""
+  from attnlab.ops.pallas import flash_gpu
+
+  real = flash_gpu.plan
+  monkeypatch.setattr(flash_gpu, "plan", lambda T, S, H, *, block_q, block_k, interpret: real(
+      T, S, H, block_q=16, block_k=16, interpret=False))
+  assert flash_gpu.plan(20, 37, 80, block_q=None, block_k=None, interpret=True)[1] == 128
+  q, k, v, do, seg = flash_inputs(0, 1, 20, 37, 2, 1, 80, F32, "packed")
+  kw = dict(causal=True, q_offset=17, **seg)
+  fn = value_and_grads(lambda q, k, v: flash.flash_attention(q, k, v, interpret=True, **kw))
+  blocks = kernel_blocks(fn.trace(q, k, v, do).jaxpr)
+  assert blocks["attnlab_flash_forward"][1] == ((16, 128), F32)  # a query tile, padded
+  want = value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v, do)
+  for name, a, b in zip(("out", "dq", "dk", "dv"), fn(q, k, v, do), want, strict=True):
+    assert a.shape == b.shape, name
+    _assert_close(a, b, F32, name)
+
+
 @pytest.mark.parametrize("segments", [False, True])
 def test_the_three_kernels_and_their_blocks(segments):
   """Forward and backward are three named kernels reading these blocks (squeezed axes

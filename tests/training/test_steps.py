@@ -254,3 +254,34 @@ def test_model_rngs_take_every_seed_and_keep_seeds_apart():
   # A seed below 2**32 keeps the key it had: jax.random.key(seed).
   np.testing.assert_array_equal(data(model_rngs(5).params),
                                 jax.random.key_data(jax.random.key(5)))
+
+
+def test_each_accumulated_micro_batch_draws_its_own_dropout_masks(batch):
+  """Gradient accumulation keys micro-batch i's dropout with ``fold_in(key, i)``: with A
+  identical micro-batches the step's loss is the mean of A differently dropped-out losses
+  (built here by hand), not A copies of one. Catches one key reused for every micro-batch
+  (the step's loss would then be a single micro-batch's)."""
+  from attnlab.config import seed_key
+
+  accum, tcfg_kw = 4, dict(SGD, seed=7)
+  mcfg = MCFG.replace(dropout_rate=0.3)
+  tcfg = TrainConfig(grad_accum=accum, **tcfg_kw)
+  setup, state = steps.init_train(mcfg, tcfg, sharding.make_mesh((1, 1, 1)))
+  params = _host(state["params"])
+  # Micro-batch i takes rows i, i + A: rows 0..A-1 all row 0, rows A..2A-1 all row 1 make
+  # every micro-batch rows (0, 1).
+  rows = np.repeat(np.arange(2), accum)
+  same = {k: v[rows] for k, v in batch.items()}
+  micro = {k: v[:2] for k, v in batch.items()}
+  key = jax.random.fold_in(seed_key(tcfg.seed), 0)  # the step's key at step 0
+
+  @jax.jit
+  def micro_loss(params, key):
+    return hand_loss(setup.graphdef, steps.with_dropout_key(setup.rest, key), params, micro, 0.0)
+
+  per_micro = [float(micro_loss(params, jax.random.fold_in(key, i))) for i in range(accum)]
+  assert len(set(per_micro)) == accum  # dropout is on: every key draws other masks
+  _, m = steps.make_train_step(setup, tcfg)(state, steps.put_batch(same, setup))
+  # Equal micro-batches count equal tokens: the step's loss is the mean of theirs.
+  np.testing.assert_allclose(float(m["loss"]), np.mean(per_micro), rtol=1e-5)
+  assert abs(float(m["loss"]) - float(micro_loss(params, key))) > 1e-4

@@ -557,3 +557,36 @@ def test_a_refused_resume_names_the_train_config_fields_that_shape_the_optimizer
       " (ModelConfig.d_ff: 64 -> 32, TrainConfig.optimizer: 'adamw' -> 'sgd', "
       "TrainConfig.grad_clip: 1.0 -> 0.0)")
   assert trainer._model_changes(str(tmp_path / "none"), mcfg, tcfg) == ""
+
+
+def test_the_logged_train_metrics_are_the_logged_steps_own(tmp_path, monkeypatch):
+  """A train record of metrics.jsonl holds its step's loss, exp(unsmoothed NLL) as the
+  perplexity, gradient norm and learning rate. Label smoothing 0.1 and a warmup set the
+  four apart; catches the perplexity taken from the (smoothed) loss and one field logged
+  from another's value (learning_rate from grad_norm, grad_norm from loss)."""
+  seen = []
+  make_train_step = trainer.steps_lib.make_train_step
+
+  def make(setup, tcfg):
+    step_fn = make_train_step(setup, tcfg)
+
+    def recorded(state, batch):
+      state, m = step_fn(state, batch)
+      seen.append({k: float(v) for k, v in jax.device_get(m).items()})
+      return state, m
+
+    return recorded
+
+  monkeypatch.setattr(trainer.steps_lib, "make_train_step", make)
+  _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.label_smoothing = 0.1",
+                                            "TrainConfig.warmup_steps = 2"])
+  logged = [r for r in read_metrics(str(tmp_path)) if r["split"] == "train"]
+  assert [r["step"] for r in logged] == [2, 4] and len(seen) == 4
+  for r in logged:
+    m = seen[r["step"] - 1]
+    assert abs(m["loss"] - m["nll"]) > 1e-2  # the smoothing shows
+    assert r["loss"] == pytest.approx(m["loss"], rel=1e-6)
+    assert r["perplexity"] == pytest.approx(np.exp(m["nll"]), rel=1e-6)
+    assert r["grad_norm"] == pytest.approx(m["grad_norm"], rel=1e-6)
+    assert r["learning_rate"] == pytest.approx(m["learning_rate"], rel=1e-6)
+    assert len({m["loss"], m["grad_norm"], m["learning_rate"]}) == 3

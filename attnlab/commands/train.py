@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
   try:
     last = trainer.train(mcfg, tcfg, dcfg, args.workdir, config_text=config_text,
                          sources=sources, tokenizer=tokenizer)
-  except trainer.NonFiniteError as e:
+  except (trainer.NonFiniteError, trainer.SaveError) as e:
     print(f"attnlab train: {e}", file=sys.stderr)
     return 1
   except (trainer.ResumeError, trainer.SetupError) as e:

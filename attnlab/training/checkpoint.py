@@ -28,6 +28,7 @@ temporary directory and before it commits it (the rename that publishes it).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -89,6 +90,28 @@ def unreadable_cause(e: BaseException) -> BaseException | None:
       return e
     e = e.__cause__
   return None
+
+
+@contextlib.contextmanager
+def _held_library_errors():
+  """Hold back what orbax logs (through absl's logger) while a save runs: when the save
+  raises, the error says it once (orbax's threads logged each write failure with its
+  traceback, ~350 lines for one full disk); when it succeeds, the held lines are logged
+  after it, so nothing is lost."""
+  held = []
+  absl_logger = logging.getLogger("absl")
+
+  def hold(record):
+    held.append(record)
+    return False
+
+  absl_logger.addFilter(hold)
+  try:
+    yield
+  finally:
+    absl_logger.removeFilter(hold)
+  for record in held:  # the save returned: nothing said it, so they are shown
+    absl_logger.handle(record)
 
 
 class CorruptCheckpointError(ValueError):
@@ -321,13 +344,14 @@ class Checkpointer:
     rest = flatten({"opt_state": state["opt_state"], "step": state["step"]})
     sums = {"params": checksums(params), "opt_state": checksums(rest),
             "data": _data_digest(data_state)}
-    self.manager.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params),
-        opt_state=ocp.args.StandardSave(rest),
-        data=ocp.args.JsonSave(data_state),
-        meta=ocp.args.JsonSave({"step": int(step), **(meta or {}), CHECKSUMS: sums}),
-    ), force=True)
-    self.manager.wait_until_finished()
+    with _held_library_errors():
+      self.manager.save(step, args=ocp.args.Composite(
+          params=ocp.args.StandardSave(params),
+          opt_state=ocp.args.StandardSave(rest),
+          data=ocp.args.JsonSave(data_state),
+          meta=ocp.args.JsonSave({"step": int(step), **(meta or {}), CHECKSUMS: sums}),
+      ), force=True)
+      self.manager.wait_until_finished()
 
   def save_params(self, step: int, params, meta: dict | None = None) -> None:
     """A weights-only checkpoint (``attnlab convert``): no optimizer or data

@@ -68,6 +68,11 @@ class NonFiniteError(RuntimeError):
   """The loss or gradient became NaN / Inf and on_nonfinite='stop'."""
 
 
+class SaveError(RuntimeError):
+  """A checkpoint could not be saved (a full disk, say): the run stops, and the message
+  names the checkpoint the same command resumes from."""
+
+
 class ResumeError(ValueError):
   """The workdir's checkpoints do not fit the model of the run resuming in it."""
 
@@ -439,7 +444,17 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
         if stop.signum is not None or step == tcfg.steps or (
             tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0):
           t_save = time.perf_counter()
-          ckpt.save(step, run.state, run.data.get_state(), meta)
+          try:
+            ckpt.save(step, run.state, run.data.get_state(), meta)
+          except Exception as e:
+            cause = " ".join(str(e).split()) or type(e).__name__
+            if len(cause) > 300:  # the reason is at the end: "No space left on device"
+              cause = f"{cause[:150]} ... {cause[-140:]}"
+            raise SaveError(
+                f"saving checkpoint {step} in {ckpt.directory} failed ({type(e).__name__}: "
+                f"{cause}); the run stopped. Last good checkpoint: "
+                f"{'none' if last_good is None else last_good}; free the space (or mend the "
+                "cause) and rerun the same command to resume from it") from e
           last_good = step
           window_t0 += time.perf_counter() - t_save
         if stop.signum is not None:

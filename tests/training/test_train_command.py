@@ -119,6 +119,55 @@ def test_a_seq2seq_eval_that_cannot_write_its_predictions_is_one_line(tmp_path, 
   assert json.loads(capsys.readouterr().out)["step"] == 2 and (workdir / "eval").is_dir()
 
 
+def test_a_save_that_fails_stops_the_run_in_one_line_naming_the_last_good_checkpoint(
+    tmp_path, capsys, monkeypatch):
+  """A full disk at the save of step 2 (orbax's error, as seen on a full tmpfs): exit 1 with
+  one line naming the checkpoint that failed, the reason and the one the rerun resumes
+  from; the rerun does. Until 2026-12-04 ~350 lines of orbax thread tracebacks and ours."""
+  from attnlab.training.checkpoint import Checkpointer
+
+  save = Checkpointer.save
+  reason = ("RESOURCE_EXHAUSTED: Error writing local file \"w/_sharding\": Failed to write 8 "
+            "bytes to file 14: No space left on device [os_error_code='28']")
+
+  def full_disk(self, step, *args, **kw):
+    if step == 2:
+      raise ValueError(reason)
+    return save(self, step, *args, **kw)
+
+  monkeypatch.setattr(Checkpointer, "save", full_disk)
+  workdir = tmp_path / "w"
+  argv = ["train", "--gin_file", CONFIG, *SEQ2SEQ, "--gin.TrainConfig.checkpoint_every=1",
+          "--workdir", str(workdir)]
+  assert cli.main(argv) == 1
+  err = capsys.readouterr().err.splitlines()
+  assert err[-1] == (
+      f"attnlab train: saving checkpoint 2 in {workdir}/checkpoints failed (ValueError: "
+      f"{reason}); the run stopped. Last good checkpoint: 1; free the space (or mend the "
+      "cause) and rerun the same command to resume from it"), err
+  monkeypatch.setattr(Checkpointer, "save", save)
+  assert cli.main(argv) == 0
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["start_step"] == 1
+
+
+def test_orbax_lines_logged_during_a_save_are_shown_only_if_it_succeeds(caplog):
+  """What orbax's threads log while a save runs is held: dropped when the save raises (the
+  error says it once), logged after it when it returns."""
+  import logging
+
+  from attnlab.training import checkpoint
+
+  absl = logging.getLogger("absl")
+  with pytest.raises(ValueError, match="disk full"), checkpoint._held_library_errors():
+    absl.error("a write failed")
+    raise ValueError("disk full")
+  assert "a write failed" not in caplog.messages
+  with checkpoint._held_library_errors():
+    absl.error("retried and written")
+    assert "retried and written" not in caplog.messages
+  assert "retried and written" in caplog.messages
+
+
 def test_train_without_a_config_anywhere_exits_2(tmp_path, capsys):
   assert cli.main(["train", "--workdir", str(tmp_path / "w")]) == 2
   assert capsys.readouterr().err.strip() == (

@@ -5,11 +5,13 @@ sweep plan, so it can be rebuilt at any time from whatever has finished:
 
 - ``results.csv``: one row per planned run (``RESULT_COLUMNS``); a run not
   started has status "pending", one stopped before its last step
-  "interrupted", one that raised "failed" (and its error);
+  "interrupted", one that raised "failed" (and its error; while a rerun retries
+  it, "interrupted" or "pending" again, naming the failure before);
 - ``summary.csv``: one row per arm (``SUMMARY_COLUMNS``): mean and standard
   deviation over its finished seeds, and the noise test below;
 - ``report.md``: the same as tables, the uptraining comparison, the runs that
-  failed or are pending, and the plots;
+  failed or are pending, and the plots; the decode benchmark's prompt lengths are
+  measured on ``OUT/prompts.json``, the prompts every run was decoded from;
 - ``val_loss_vs_tokens.png``, ``val_loss_vs_kv_bytes.png``,
   ``decode_tokens_per_s.png``.
 
@@ -23,10 +25,12 @@ i.e. the mean difference exceeds twice its standard error.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import statistics
 
+from attnlab.config import kv_cache_bytes
 from attnlab.training import sweep as sweep_lib
 
 RESULT_COLUMNS = [
@@ -35,7 +39,13 @@ RESULT_COLUMNS = [
     "best_val_loss", "best_val_ppl", "val_loss_converted", "train_tokens_per_s",
     "decode_tokens_per_s_b1", "decode_tokens_per_s_b8", "wall_time_s", "exact_match", "bleu",
     "error",
+    # Appended 2026-12-04 (the columns before keep their places): the run's peak learning
+    # rate and warmup (an uptraining run's are Sweep.uptrain_learning_rate's and the scaled
+    # warmup), and an encoder-decoder's cross-attention K/V bytes per source token (empty
+    # for a decoder-only model). kv_bytes_per_token is the decoder's self-attention alone.
+    "learning_rate", "warmup_steps", "cross_kv_bytes_per_source_token",
 ]
+PLANNED_SETTINGS = ["learning_rate", "warmup_steps", "cross_kv_bytes_per_source_token"]
 MEASURES = ["val_loss", "val_ppl", "best_val_loss", "val_loss_converted", "train_tokens_per_s",
             "decode_tokens_per_s_b1", "decode_tokens_per_s_b8", "wall_time_s", "exact_match",
             "bleu"]
@@ -43,9 +53,36 @@ SUMMARY_COLUMNS = (
     ["arm", "kind", "method", "num_kv_heads", "runs_ok", "runs_planned", "params",
      "attention_params", "d_ff", "kv_bytes_per_token", "steps"]
     + [f"{m}_{s}" for m in MEASURES for s in ("mean", "std")]
-    + ["val_loss_diff_vs_mha", "val_loss_diff_se", "exceeds_seed_noise"])
+    + ["val_loss_diff_vs_mha", "val_loss_diff_se", "exceeds_seed_noise"]
+    + PLANNED_SETTINGS)  # appended 2026-12-04, as in RESULT_COLUMNS
 PLOTS = ("val_loss_vs_tokens.png", "val_loss_vs_kv_bytes.png", "decode_tokens_per_s.png")
 NOISE_FACTOR = 2.0
+
+
+def cross_kv_bytes_per_source_token(mcfg) -> int | None:
+  """Bytes of cross-attention K and V an encoder-decoder caches per source token over its
+  decoder layers (``CrossKVCache``: 2 x L x K x head_dim, in the model's dtype; the
+  source's int32 segment ids aside); None for a decoder-only model. It shrinks with K
+  as the self-attention cache (``ModelConfig.kv_cache_bytes_per_token``) does."""
+  if mcfg.arch == "decoder_only":
+    return None
+  return kv_cache_bytes(layers=mcfg.num_layers, seq=1, kv_heads=mcfg.num_kv_heads,
+                        head_dim=mcfg.head_dim, dtype=mcfg.dtype)
+
+
+def prompt_lengths(out: str) -> list[int] | None:
+  """The token counts of the decode benchmark's prompts (``OUT/prompts.json``, written
+  before the first run is measured); None when that file is missing or not a list of
+  token lists."""
+  try:
+    with open(os.path.join(out, sweep_lib.PROMPTS_FILE), encoding="utf-8") as f:
+      prompts = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    return None
+  if not (isinstance(prompts, list) and prompts
+          and all(isinstance(p, list) and p for p in prompts)):
+    return None
+  return [len(p) for p in prompts]
 
 
 def collect(out: str, sweep, arms, base) -> tuple[list[dict], dict]:
@@ -59,7 +96,9 @@ def collect(out: str, sweep, arms, base) -> tuple[list[dict], dict]:
                "num_kv_heads": arm.num_kv_heads, "params": params, "attention_params": attn,
                "d_ff": arm.d_ff, "kv_bytes_per_token": amcfg.kv_cache_bytes_per_token(),
                "steps": atcfg.steps,
-               "train_tokens": atcfg.steps * adcfg.batch_size * adcfg.seq_len}
+               "train_tokens": atcfg.steps * adcfg.batch_size * adcfg.seq_len,
+               "learning_rate": atcfg.learning_rate, "warmup_steps": atcfg.warmup_steps,
+               "cross_kv_bytes_per_source_token": cross_kv_bytes_per_source_token(amcfg)}
     for seed in sweep.seeds:
       r = sweep_lib.read_result(out, arm, seed) or _unfinished(out, arm, seed, atcfg.steps)
       row = {**planned, "seed": seed, "status": r["status"]}
@@ -98,14 +137,20 @@ def outside_plan(out: str, arms, seeds) -> list[tuple[str, int, str]]:
 
 
 def _unfinished(out: str, arm, seed: int, steps: int) -> dict:
-  """"pending" (not started), or "interrupted" (a checkpoint short of the end)."""
-  ckpt_dir = os.path.join(sweep_lib.run_dir(out, arm, seed), "checkpoints")
+  """"pending" (not started), or "interrupted" (a checkpoint short of the end); a run
+  whose retry after a failure has not finished yet says that attempt's error too."""
+  workdir = sweep_lib.run_dir(out, arm, seed)
+  ckpt_dir = os.path.join(workdir, "checkpoints")
   saved = [int(d) for d in os.listdir(ckpt_dir) if d.isdigit()] if os.path.isdir(
       ckpt_dir) else []
-  if not saved:
-    return {"status": "pending"}
-  return {"status": "interrupted",
-          "error": f"checkpoint at step {max(saved)} of {steps}; rerun to resume"}
+  notes = [f"checkpoint at step {max(saved)} of {steps}; rerun to resume"] if saved else []
+  try:
+    with open(os.path.join(workdir, sweep_lib.PREVIOUS_FAILURE_FILE), encoding="utf-8") as f:
+      before = json.load(f)
+    notes.append(f"the attempt before failed: {before['error']}")
+  except (OSError, ValueError, TypeError, KeyError):  # none, or not one attnlab wrote
+    pass
+  return {"status": "interrupted" if saved else "pending", "error": "; ".join(notes)}
 
 
 def _fmt(v) -> str:
@@ -174,8 +219,9 @@ def summarize(rows: list[dict], arms, mcfg) -> list[dict]:
   for arm in arms:
     mine = [r for r in rows if r["arm"] == arm.name]
     good = ok(arm.name)
-    s = {k: mine[0][k] for k in ("arm", "kind", "method", "num_kv_heads", "params",
-                                 "attention_params", "d_ff", "kv_bytes_per_token", "steps")}
+    s = {k: mine[0][k] for k in ["arm", "kind", "method", "num_kv_heads", "params",
+                                 "attention_params", "d_ff", "kv_bytes_per_token", "steps",
+                                 *PLANNED_SETTINGS]}
     s.update(runs_ok=len(good), runs_planned=len(mine))
     for m in MEASURES:
       values = [r.get(m) for r in good]
@@ -211,10 +257,33 @@ def _cell(s: dict, measure: str, fmt=_pm, *args) -> str:
   return text
 
 
-def report_markdown(summary, rows, arms, sweep, base, outside=()) -> str:
+def prompts_text(lengths: list[int] | None, sweep, mcfg, dcfg) -> str:
+  """The decode benchmark's prompts as report.md names them: their measured lengths (a
+  decoder-only prompt is cut to ``Sweep.decode_prompt_len`` and to a row's seq_len; an
+  encoder-decoder's source loses its padding, so lengths vary). Until 2026-12-04 the
+  report named ``decode_prompt_len`` whatever the prompts were."""
+  what = "prompts" if mcfg.arch == "decoder_only" else "source prompts"
+  if not lengths:
+    cap = min(sweep.decode_prompt_len, dcfg.seq_len)
+    return (f"{what} of at most {cap} tokens (their lengths unknown: no readable "
+            f"{sweep_lib.PROMPTS_FILE})")
+  lo, hi = min(lengths), max(lengths)
+  if lo == hi:
+    return f"{lo}-token {what}"
+  return (f"{what} of {lo}-{hi} tokens (mean {statistics.fmean(lengths):.1f}; batch 1 "
+          f"decodes the first, of {lengths[0]})")
+
+
+def report_markdown(summary, rows, arms, sweep, base, outside=(), lengths=None) -> str:
+  """report.md; ``lengths``: the token counts of the decode benchmark's prompts
+  (``prompt_lengths``)."""
   mcfg, dcfg, tcfg = base
   by = {s["arm"]: s for s in summary}
   n_ok = sum(r["status"] == "ok" for r in rows)
+  enc_dec = mcfg.arch != "decoder_only"
+  # An encoder-decoder also caches cross-attention K/V per source token: its own column.
+  kv_head = "self-attn KV bytes/token | cross-attn KV bytes/source token" if enc_dec else (
+      "KV bytes/token")
   lines = [
       "# Head-sharing ablation", "",
       f"Base model: {mcfg.arch}, d_model {mcfg.d_model}, {mcfg.num_layers} layers, "
@@ -225,17 +294,21 @@ def report_markdown(summary, rows, arms, sweep, base, outside=()) -> str:
       f"{', '.join(map(str, sweep.seeds))}. match_params: {sweep.match_params}.",
       f"Finished runs: {n_ok} of {len(rows)}.", "",
       "## Arms (mean ± std over seeds)", "",
-      "| arm | K | params | attention params | KV bytes/token | val loss | val ppl | "
+      f"| arm | K | params | attention params | {kv_head} | val loss | val ppl | "
       "best val loss | Δ loss vs MHA | beyond seed noise | train tok/s | decode tok/s b=1 | "
       "decode tok/s b=8 | wall s | runs |",
-      "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---:|---:|",
+      "|---|---:|---:|---:|---:|" + "---:|" * enc_dec + "---:|---:|---:|---:|:---:|---:|---:|"
+      "---:|---:|---:|",
   ]
   for s in summary:
     diff = s.get("val_loss_diff_vs_mha")
     d = "-" if diff is None else f"{diff:+.4f}"
+    kv = f"{s['kv_bytes_per_token']:,}"
+    if enc_dec:
+      kv += f" | {s['cross_kv_bytes_per_source_token']:,}"
     lines.append(
         f"| {s['arm']} | {s['num_kv_heads']} | {s['params']:,} | {s['attention_params']:,} | "
-        f"{s['kv_bytes_per_token']:,} | {_cell(s, 'val_loss')} | "
+        f"{kv} | {_cell(s, 'val_loss')} | "
         f"{_cell(s, 'val_ppl', _pm, 3)} | {_cell(s, 'best_val_loss')} | {d} | "
         f"{s.get('exceeds_seed_noise', '-')} | {_cell(s, 'train_tokens_per_s', _rate)} | "
         f"{_cell(s, 'decode_tokens_per_s_b1', _rate)} | "
@@ -251,20 +324,35 @@ def report_markdown(summary, rows, arms, sweep, base, outside=()) -> str:
       "stdev(per-seed differences) / sqrt(n), n the seeds both finished (n/a with fewer than "
       "2): the mean difference exceeds twice its standard error (a paired test). "
       "Δ > 0 means the arm's loss is higher (worse) than MHA's. Throughputs are tokens/s "
-      "(training: median over logged windows after the first; decode: cached greedy, "
-      f"{sweep.decode_new_tokens} new tokens after {sweep.decode_prompt_len}-token prompts, "
-      f"best of {sweep.decode_repeats}; a run that logged one training window has none). "
+      "(training: the median over logged windows, leaving out the first window of every "
+      "process, i.e. of the run's start and of each resume, which holds a compilation; "
+      f"decode: cached greedy, {sweep.decode_new_tokens} new tokens after "
+      f"{prompts_text(lengths, sweep, mcfg, dcfg)}, best of {sweep.decode_repeats}; a run "
+      "left with no training window has none). "
       "Wall s: a run's seconds over all its attempts (a resume after an interruption or a "
       "failure adds to it).",
   ]
+  if enc_dec:
+    lines[-1] += (
+        " KV bytes: K and V cached per token over the decoder's self-attention layers "
+        "(self-attn, per decoder token) and its cross-attention layers "
+        "(cross-attn, per source token, computed once per source), 2 x layers x K x head "
+        f"dim x {mcfg.dtype} bytes each.")
   uptrain = [a for a in arms if a.kind == "uptrain"]
   if uptrain:
     scratch = {a.num_kv_heads: a.name for a in arms if a.kind == "scratch"}
     mha = sweep_lib.mha_arm(arms, mcfg)
     up_steps = sweep_lib.uptrain_steps(sweep, tcfg)
+    _, _, up_tcfg = sweep_lib.run_configs(sweep, uptrain[0], sweep.seeds[0], *base)
+    lr_from = ("Sweep.uptrain_learning_rate" if sweep.uptrain_learning_rate is not None
+               else "the base's: Sweep.uptrain_learning_rate is unset")
     lines += [
         "", f"## Uptraining (MHA checkpoint converted, then {up_steps} steps = "
         f"{sweep.uptrain_fraction:g} of {tcfg.steps})", "",
+        f"Each uptraining run: a fresh {up_tcfg.optimizer} state, {up_tcfg.schedule} schedule, "
+        f"{up_tcfg.warmup_steps} warmup steps (the base's {tcfg.warmup_steps} scaled by "
+        f"{sweep.uptrain_fraction:g}) to peak lr {up_tcfg.learning_rate:g} ({lr_from}; the "
+        f"from-scratch arms' is {tcfg.learning_rate:g}).", "",
         "| K | method | val loss after conversion | after uptraining | same K from scratch | "
         "Δ uptrained - scratch | beyond seed noise | MHA |",
         "|---:|---|---:|---:|---:|---:|:---:|---:|",
@@ -374,7 +462,9 @@ def plot(out: str, summary, curves, arms, base) -> list[str]:
       ax.errorbar(s["kv_bytes_per_token"], s["val_loss_mean"], yerr=s["val_loss_std"] or 0,
                   marker=marker, capsize=3, label=a.name, linestyle="none")
   ax.set_xscale("log", base=2)
-  ax.set(xlabel="KV-cache bytes per token", ylabel="final validation loss",
+  xlabel = "KV-cache bytes per token" if base[0].arch == "decoder_only" else (
+      "self-attention KV-cache bytes per token")
+  ax.set(xlabel=xlabel, ylabel="final validation loss",
          title="quality vs cache memory (mean ± std)")
   _legend(ax, fontsize=7)
   ax.grid(alpha=0.3)
@@ -413,7 +503,7 @@ def write_report(out: str, sweep, arms, base, *, plots: bool = True) -> dict:
   _write_csv(os.path.join(out, "summary.csv"), SUMMARY_COLUMNS, summary)
   path = os.path.join(out, "report.md")
   with open(path + ".tmp", "w", encoding="utf-8") as f:
-    f.write(report_markdown(summary, rows, arms, sweep, base, outside))
+    f.write(report_markdown(summary, rows, arms, sweep, base, outside, prompt_lengths(out)))
   os.replace(path + ".tmp", path)
   if plots:
     plot(out, summary, curves, arms, base)

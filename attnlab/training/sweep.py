@@ -8,8 +8,10 @@ DataConfig.seed = S``, so arms of a seed see the same data order, steps and
 batch and differ only in the architecture (the init differs where the shapes
 do). A run that finished leaves ``result.json`` (its measurements, status
 "ok"); one that raised leaves ``result.json`` with status "failed" and its
-error (``error.txt`` has the traceback) and is retried by the next invocation;
-one that was stopped resumes from its newest checkpoint.
+error (``error.txt`` has the traceback) and is retried by the next invocation,
+which first moves that result to ``result.previous_failure.json`` (a retry that is
+stopped reads as interrupted, not failed); one that was stopped resumes from its
+newest checkpoint.
 
 The report (tables, plots) is built by ``attnlab.training.report`` from the
 ``result.json`` files alone, so it can be (re)built from whatever finished.
@@ -54,6 +56,9 @@ from attnlab.training.metrics import WINDOW_HOLDS_COMPILE, perplexity, read_metr
 
 ARMS_DIR = "arms"
 RESULT_FILE = "result.json"
+# A failed run's result.json, moved aside when a rerun retries the run: until the retry
+# writes its own result, the run reads as interrupted or pending, not as failed.
+PREVIOUS_FAILURE_FILE = "result.previous_failure.json"
 CONVERSION_FILE = "conversion.json"
 PROMPTS_FILE = "prompts.json"
 SWEEP_FILE = "sweep.gin"
@@ -530,9 +535,22 @@ def mha_arm(arms: list[Arm], mcfg: ModelConfig) -> Arm | None:
               None)
 
 
+def _retire_failure(workdir: str) -> None:
+  """Move a failed attempt's result.json aside (``PREVIOUS_FAILURE_FILE``) as the run is
+  retried: a retry stopped before it writes its own result (a signal, a kill) leaves the
+  run interrupted (its checkpoints) or pending, as it is. Until 2026-12-04 the stale
+  "failed" stayed, and the report showed a resumable run as failed."""
+  path = os.path.join(workdir, RESULT_FILE)
+  if os.path.isfile(path):
+    os.replace(path, os.path.join(workdir, PREVIOUS_FAILURE_FILE))
+
+
 def run_one(out: str, sweep: Sweep, arm: Arm, seed: int, base, prompts, source=None,
             stop: trainer.StopFlag | None = None) -> dict:
   """Train (or resume) and measure one run; its result (also in result.json).
+
+  A result.json already there is a failed attempt's (``run_sweep`` retries only runs
+  without an "ok" one): it is moved aside first (``_retire_failure``).
 
   Args:
     source: the uptraining arms' source arm (the MHA arm).
@@ -546,6 +564,7 @@ def run_one(out: str, sweep: Sweep, arm: Arm, seed: int, base, prompts, source=N
   configs = run_configs(sweep, arm, seed, *base)
   mcfg, dcfg, tcfg = configs
   workdir = run_dir(out, arm, seed)
+  _retire_failure(workdir)
   t0 = time.perf_counter()
   try:
     extra = {}
@@ -664,6 +683,8 @@ def configs_difference(have_configs, want_configs) -> tuple[str, str] | None:
   for got, cfg in zip(have_configs, want_configs, strict=True):
     for field in dataclasses.fields(cfg):
       a, b = getattr(got, field.name), getattr(cfg, field.name)
+      if field.name == "tokenizer_model" and a and b:  # config.gin writes it absolute
+        a, b = (os.path.realpath(x) for x in (a, b))
       if a != b:
         name = f"{type(cfg).__name__}.{field.name}"
         return f"{name} = {config_gin.gin_value(a)}", f"{name} = {config_gin.gin_value(b)}"
@@ -714,7 +735,7 @@ def run_sweep(out: str, sweep: Sweep, arms: list[Arm], base, *, only: str | None
       with open(prompts_path, encoding="utf-8") as f:
         try:
           saved = json.load(f)
-        except json.JSONDecodeError:
+        except (UnicodeDecodeError, json.JSONDecodeError):  # named below, as any other
           saved = None
       if saved != prompts:
         raise ValueError(f"{prompts_path} holds other benchmark prompts than this sweep "

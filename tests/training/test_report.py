@@ -44,6 +44,12 @@ def write_result(out, arm, seed, r):
     json.dump(r, f)
 
 
+def write_prompts(out, lengths):
+  """OUT/prompts.json as the sweep writes it: prompts of these lengths."""
+  with open(os.path.join(out, sweep_lib.PROMPTS_FILE), "w") as f:
+    json.dump([list(range(3, 3 + n)) for n in lengths], f)
+
+
 def read_report(out):
   with open(os.path.join(out, "report.md")) as f:
     return f.read()
@@ -60,6 +66,7 @@ def report(tmp_path):  # per test: mutation testing attributes the calls to each
   write_result(out, "gqa2", 2, dict(status="failed", error="RuntimeError: boom",
                                      wall_time_s=1.0))
   os.makedirs(os.path.join(sweep_lib.run_dir(out, "mqa", 1), "checkpoints", "5"))
+  write_prompts(out, [16] * 8)  # decode_prompt_len 32, cut to seq_len 16
   counts = report_lib.write_report(out, SWEEP, arms, BASE, plots=False)
   return out, arms, counts
 
@@ -155,11 +162,15 @@ def test_report_markdown_prints_the_summary(report):
           "|Δ| > 2 x stdev(per-seed differences) / sqrt(n), n the seeds both finished (n/a "
           "with fewer than 2): the mean difference exceeds twice its standard error (a paired "
           "test). Δ > 0 means the arm's loss is higher (worse) than MHA's. Throughputs are "
-          "tokens/s (training: median over logged windows after the first; decode: cached "
-          "greedy, 64 new tokens after 32-token prompts, best of 3; a run that logged one "
-          "training window has none). Wall s: a run's seconds over all its attempts (a resume "
-          "after an interruption or a failure adds to it).\n\n"
+          "tokens/s (training: the median over logged windows, leaving out the first window "
+          "of every process, i.e. of the run's start and of each resume, which holds a "
+          "compilation; decode: cached greedy, 64 new tokens after 16-token prompts, best of "
+          "3; a run left with no training window has none). Wall s: a run's seconds over all "
+          "its attempts (a resume after an interruption or a failure adds to it).\n\n"
           "## Uptraining (MHA checkpoint converted, then 5 steps = 0.25 of 20)\n\n"
+          "Each uptraining run: a fresh adamw state, cosine schedule, 0 warmup steps (the "
+          "base's 2 scaled by 0.25) to peak lr 0.001 (the base's: Sweep.uptrain_learning_rate "
+          "is unset; the from-scratch arms' is 0.001).\n\n"
           "| K | method | val loss after conversion | after uptraining | same K from scratch | "
           "Δ uptrained - scratch | beyond seed noise | MHA |\n"
           "|---:|---|---:|---:|---:|---:|:---:|---:|\n| 1 | mean | ") in text
@@ -588,3 +599,110 @@ def test_train_rate_leaves_out_every_window_that_holds_a_compilation():
   assert sweep_lib.train_rate(old) == 200.0
   assert sweep_lib.train_rate([rec(10, 1.0, **flag)]) is None
   assert sweep_lib.train_rate([rec(10, 1.0)]) is None
+
+
+@pytest.mark.parametrize("lengths, text", [
+    ([8, 8, 8, 5, 5, 8, 7, 8], "64 new tokens after source prompts of 5-8 tokens (mean 7.1; "
+                               "batch 1 decodes the first, of 8), best of 3;"),
+    ([6] * 8, "64 new tokens after 6-token source prompts, best of 3;"),
+    (None, "64 new tokens after source prompts of at most 16 tokens (their lengths unknown: no "
+           "readable prompts.json), best of 3;"),
+    (b"\xff\xfe", "of at most 16 tokens (their lengths unknown: no readable prompts.json)"),
+    ("[[], [3]]", "of at most 16 tokens (their lengths unknown: no readable prompts.json)"),
+])
+def test_the_decode_prompts_are_named_by_the_lengths_the_benchmark_used(tmp_path, lengths,
+                                                                        text):
+  """report.md names the prompts' measured lengths (OUT/prompts.json, the prompts every run
+  was decoded from): an encoder-decoder's sources lose their padding, so they vary; a
+  decoder-only prompt is cut to seq_len (the fixture's: 16, not decode_prompt_len 32). Until
+  2026-12-04 it said "32-token prompts" whatever they were. Without a readable file it gives
+  the bound."""
+  out = str(tmp_path)
+  mcfg = MCFG.replace(arch="encoder_decoder")
+  sweep = Sweep(num_kv_heads=(4,), seeds=(0,))
+  arms = sweep_lib.plan(sweep, mcfg)
+  write_result(out, arms[0], 0, result(arms[0], 0, 2.0))
+  if isinstance(lengths, list):
+    write_prompts(out, lengths)
+  elif lengths is not None:
+    with open(os.path.join(out, sweep_lib.PROMPTS_FILE), "wb") as f:
+      f.write(lengths if isinstance(lengths, bytes) else lengths.encode())
+  report_lib.write_report(out, sweep, arms, (mcfg, BASE[1], BASE[2]), plots=False)
+  assert text in read_report(out)
+
+
+def test_an_encoder_decoders_kv_bytes_are_self_attention_and_cross_attention_apart(tmp_path):
+  """kv_bytes_per_token is the decoder's self-attention cache per token; an encoder-decoder
+  also caches cross-attention K/V per source token, which shrink with K too: report.md
+  labels the one column and adds the other, the CSVs append
+  cross_kv_bytes_per_source_token (empty for a decoder-only model). Until 2026-12-04 the
+  column read "KV bytes/token" and the cross-attention cache was in no figure."""
+  out = str(tmp_path)
+  mcfg = MCFG.replace(arch="encoder_decoder")
+  sweep = Sweep(num_kv_heads=(4, 1), seeds=(0,))
+  arms = sweep_lib.plan(sweep, mcfg)
+  for arm in arms:
+    write_result(out, arm, 0, result(arm, 0, 2.0))
+  report_lib.write_report(out, sweep, arms, (mcfg, BASE[1], BASE[2]), plots=False)
+  text = read_report(out)
+  assert ("| arm | K | params | attention params | self-attn KV bytes/token | cross-attn KV "
+          "bytes/source token | val loss | val ppl | best val loss | Δ loss vs MHA | beyond "
+          "seed noise | train tok/s | decode tok/s b=1 | decode tok/s b=8 | wall s | runs |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---:|---:|\n"
+          ) in text
+  params, attn = sweep_lib.param_counts(mcfg.replace(num_kv_heads=1))
+  # 2 (K and V) x 1 decoder layer x 1 KV head x head dim 8 x 4 bytes, per token either way.
+  assert f"| mqa | 1 | {params:,} | {attn:,} | 64 | 64 | 2.0000 | " in text
+  assert "| mha | 4 | " in text and " | 256 | 256 | 2.0000 | " in text
+  assert ("KV bytes: K and V cached per token over the decoder's self-attention layers "
+          "(self-attn, per decoder token) and its cross-attention layers "
+          "(cross-attn, per source token, computed once per source), 2 x layers x K x head "
+          "dim x float32 bytes each.") in text
+  for name in ("results.csv", "summary.csv"):
+    got = {r["arm"]: (r["kv_bytes_per_token"], r["cross_kv_bytes_per_source_token"])
+           for r in read_csv(out, name)}
+    assert got == {"mha": ("256", "256"), "mqa": ("64", "64")}, name
+  # Two encoder layers: the cross-attention cache is the decoder's (1 layer), not theirs.
+  assert report_lib.cross_kv_bytes_per_source_token(mcfg.replace(num_encoder_layers=2)) == 256
+  assert report_lib.cross_kv_bytes_per_source_token(MCFG) is None
+
+
+def test_decoder_only_csvs_keep_their_columns_and_append_the_new_ones(report):
+  """The CSVs' columns of before 2026-12-04 keep their places (experiments/ and scripts read
+  them); learning_rate, warmup_steps and cross_kv_bytes_per_source_token come last."""
+  out, _, _ = report
+  assert report_lib.RESULT_COLUMNS[:24] == [
+      "arm", "kind", "method", "num_kv_heads", "seed", "status", "params", "attention_params",
+      "d_ff", "kv_bytes_per_token", "steps", "train_tokens", "val_loss", "val_ppl",
+      "best_val_loss", "best_val_ppl", "val_loss_converted", "train_tokens_per_s",
+      "decode_tokens_per_s_b1", "decode_tokens_per_s_b8", "wall_time_s", "exact_match", "bleu",
+      "error"]
+  new = ["learning_rate", "warmup_steps", "cross_kv_bytes_per_source_token"]
+  assert report_lib.RESULT_COLUMNS[24:] == new
+  assert report_lib.SUMMARY_COLUMNS[-4:] == ["exceeds_seed_noise", *new]
+  assert len(report_lib.SUMMARY_COLUMNS) == 34 + 3
+  assert {r["cross_kv_bytes_per_source_token"] for r in read_csv(out, "results.csv")} == {""}
+  assert "KV bytes/token | val loss" in read_report(out) and "KV bytes:" not in read_report(out)
+
+
+def test_the_uptraining_runs_learning_rate_and_warmup_are_stated(tmp_path):
+  """The uptraining runs' peak lr (Sweep.uptrain_learning_rate) and scaled warmup are in
+  report.md's Uptraining section and in each row of the CSVs (until 2026-12-04 only the
+  base's peak lr was printed, as if the uptraining arms had trained at it)."""
+  out = str(tmp_path)
+  sweep = Sweep(num_kv_heads=(4,), seeds=(0,), uptrain_num_kv_heads=(1,),
+                uptrain_methods=("mean",), uptrain_fraction=0.25, uptrain_learning_rate=1e-4)
+  base = (MCFG, BASE[1], TrainConfig(steps=100, warmup_steps=40))
+  arms = sweep_lib.plan(sweep, MCFG)
+  for arm in arms:
+    write_result(out, arm, 0, result(arm, 0, 2.0))
+  report_lib.write_report(out, sweep, arms, base, plots=False)
+  assert ("## Uptraining (MHA checkpoint converted, then 25 steps = 0.25 of 100)\n\n"
+          "Each uptraining run: a fresh adamw state, cosine schedule, 10 warmup steps (the "
+          "base's 40 scaled by 0.25) to peak lr 0.0001 (Sweep.uptrain_learning_rate; the "
+          "from-scratch arms' is 0.001).\n\n| K | method |") in read_report(out)
+  for name in ("results.csv", "summary.csv"):
+    got = {r["arm"]: (r["steps"], r["warmup_steps"], r["learning_rate"])
+           for r in read_csv(out, name)}
+    assert got == {"mha": ("100", "40", "0.001"),
+                   "uptrain-mean-mqa": ("25", "10", "0.0001")}, name

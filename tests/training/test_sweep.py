@@ -274,3 +274,68 @@ def test_the_decode_benchmark_must_fit_max_len(arch):
       "the decode benchmark needs 65 positions")):
     sweep_lib.check_benchmark(Sweep(decode_prompt_len=100, decode_new_tokens=fits + 1), mcfg,
                               dcfg)
+
+
+def test_a_failed_run_whose_retry_is_stopped_reads_as_interrupted(tmp_path, monkeypatch):
+  """A rerun retries a failed run; a signal that stops the retry before it writes a result
+  leaves it interrupted (resumable from its newer checkpoint), naming the failure before,
+  not failed: the stale result.json is moved aside when the retry starts. Until 2026-12-04
+  it stayed, and --report showed the run as failed. A retry that fails writes its own."""
+  from attnlab.training import report as report_lib
+
+  out = str(tmp_path)
+  sweep = Sweep(num_kv_heads=(8, 1), seeds=(0,))
+  base_cfgs = (base(), DataConfig(task="copy", seq_len=16, batch_size=2),
+               TrainConfig(steps=20, warmup_steps=2))
+  arms = sweep_lib.plan(sweep, base_cfgs[0])
+  mqa = arms[1]
+  workdir = sweep_lib.run_dir(out, mqa, 0)
+  os.makedirs(os.path.join(workdir, "checkpoints", "5"))
+  failed = {"status": "failed", "error": "RuntimeError: boom", "wall_time_s": 1.0}
+  sweep_lib._write_json(os.path.join(workdir, sweep_lib.RESULT_FILE), failed)
+
+  def stopped(mcfg, tcfg, dcfg, workdir, **kw):  # resumed from 5, saved 7, then a signal
+    os.makedirs(os.path.join(workdir, "checkpoints", "7"))
+    return {"step": 7, "start_step": 5}
+
+  monkeypatch.setattr(sweep_lib.trainer, "train", stopped)
+  with pytest.raises(sweep_lib.SweepInterrupted, match="arm mqa seed 0 stopped at step 7"):
+    sweep_lib.run_one(out, sweep, mqa, 0, base_cfgs, prompts=None)
+  assert sweep_lib.read_result(out, mqa, 0) is None
+  with open(os.path.join(workdir, sweep_lib.PREVIOUS_FAILURE_FILE)) as f:
+    assert json.load(f) == failed
+  report_lib.write_report(out, sweep, arms, base_cfgs, plots=False)
+  with open(os.path.join(out, "results.csv")) as f:
+    row = [r for r in f.read().splitlines() if r.startswith("mqa,")][0]
+  assert ",interrupted," in row and ",failed," not in row
+  with open(os.path.join(out, "report.md")) as f:
+    assert ("- mqa seed 0: interrupted (checkpoint at step 7 of 20; rerun to resume; the "
+            "attempt before failed: RuntimeError: boom)\n") in f.read()
+
+  def fails(*args, **kw):
+    raise RuntimeError("boom again")
+
+  monkeypatch.setattr(sweep_lib.trainer, "train", fails)
+  assert sweep_lib.run_one(out, sweep, mqa, 0, base_cfgs, prompts=None)["status"] == "failed"
+  assert sweep_lib.read_result(out, mqa, 0)["error"] == "RuntimeError: boom again"
+
+
+def test_a_prompts_file_that_is_not_utf8_is_named(tmp_path):
+  """OUT/prompts.json that is not UTF-8 is refused as one that is not JSON is, naming the
+  file (until 2026-12-04 a bare "'utf-8' codec can't decode byte 0xff ..." line)."""
+  val = tmp_path / "val.tsv"
+  val.write_text("".join(f"{c * 3}\tx\n" for c in "ABCD"))
+  dcfg = DataConfig(task="tsv", paths=(str(val), str(val)), seq_len=16, batch_size=3)
+  mcfg = base().replace(vocab_size=ByteTokenizer().vocab_size)
+  out = tmp_path / "out"
+  out.mkdir()
+  path = out / sweep_lib.PROMPTS_FILE
+  for text in (b"\xff\xfe[[1]]", b"[[1"):
+    path.write_bytes(text)
+    sweep = Sweep(num_kv_heads=(8,), seeds=(0,))
+    with pytest.raises(ValueError) as e:
+      sweep_lib.run_sweep(str(out), sweep, sweep_lib.plan(sweep, mcfg),
+                          (mcfg, dcfg, TrainConfig(steps=2, warmup_steps=1)))
+    assert str(e.value).startswith(f"{path} holds other benchmark prompts than this sweep "
+                                   "makes"), str(e.value)
+  assert os.listdir(out) == [sweep_lib.PROMPTS_FILE]

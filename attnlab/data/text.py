@@ -10,9 +10,12 @@ from __future__ import annotations
 import codecs
 import glob
 import io
+import logging
 import os
 import sysconfig
 import zlib
+
+log = logging.getLogger(__name__)
 
 # Test suites, IDLE and vendored packages are a different dialect of Python
 # from the library itself (and half its bytes): leave them out.
@@ -91,12 +94,22 @@ def split_lines(doc: str, percent: int) -> tuple[str, str]:
 
 
 def read_text(path: str) -> str:
-  """A corpus file's text: bytes that are not UTF-8 are replaced (U+FFFD), a UTF-8
-  byte order mark at the start is not text, and line ends are "\n" (Python's universal
-  newlines: "\r\n" and a lone "\r" read as "\n", so one corpus packs alike whichever
-  system wrote it)."""
-  with open(path, encoding="utf-8-sig", errors="replace") as f:
-    return f.read()
+  """A corpus file's text: bytes that are not UTF-8 are replaced (U+FFFD) with a warning
+  naming the file, where the first one is and how many were replaced (silent until
+  2026-12-04: a glob that caught a binary file trained on it as text), a UTF-8 byte order
+  mark at the start is not text, and line ends are "\n" (Python's universal newlines:
+  "\r\n" and a lone "\r" read as "\n", so one corpus packs alike whichever system wrote
+  it)."""
+  with open(path, "rb") as f:
+    data = f.read()
+  try:
+    out = data.decode("utf-8-sig")
+  except UnicodeDecodeError as e:
+    out = data.decode("utf-8-sig", errors="replace")
+    replaced = out.count("\ufffd") - data.count("\ufffd".encode())
+    log.warning("%s is not UTF-8 text (%s at byte %d): %d byte sequence(s) read as U+FFFD",
+                path, e.reason, e.start, replaced)
+  return out.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def lm_files(patterns, *, validation_percent: int, max_files: int = 0) -> dict[str, list[str]]:

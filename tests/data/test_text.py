@@ -145,10 +145,17 @@ def test_lm_files_thins_each_side_evenly_to_max_files(tmp_path):
     text.lm_files([str(tmp_path / "*.none")], validation_percent=20)
 
 
-def test_read_text_replaces_bad_utf8_and_drops_a_byte_order_mark(tmp_path):
+def test_read_text_replaces_bad_utf8_and_drops_a_byte_order_mark(tmp_path, warned):
   path = tmp_path / "t.txt"
   path.write_bytes("é\n".encode() + b"\xff!")
   assert text.read_text(str(path)) == "é\n\ufffd!"
+  # ... with a warning naming the file, the first bad byte and the count (silent until
+  # 2026-12-04); a U+FFFD written in the file is text, not counted.
+  path.write_bytes("\ufffd\r\n".encode() + b"a\xff\xfeb\rc\xe9")
+  assert text.read_text(str(path)) == "\ufffd\na\ufffd\ufffdb\nc\ufffd"
+  assert warned()[-1] == (f"{path} is not UTF-8 text (invalid start byte at byte 6): 3 byte "
+                          "sequence(s) read as U+FFFD"), warned()
+  assert len(warned()) == 2
   # A leading UTF-8 byte order mark is not text (it was 3 byte tokens in front of the
   # document); one elsewhere is a character like any other.
   path.write_bytes("\ufeffdef f():\n  x = '\ufeff'\n".encode())

@@ -47,9 +47,10 @@ def chunked_attention(
   window = checks.check_window(window)
   if (q_segment_ids is None) != (kv_segment_ids is None):
     raise ValueError("q_segment_ids and kv_segment_ids must be given together")
-  if block_k < 1:
-    raise ValueError(f"block_k={block_k} must be positive")
-  block_k = max(1, min(block_k, S))  # S = 0: a scan over no key block (every query sees none)
+  checks.check_query_heads(q_BTNH, num_kv_heads=k_BSKH.shape[2], head_dim=k_BSKH.shape[3])
+  if not checks.is_integer(block_k) or block_k < 1:  # 2.5 was a TypeError naming no argument
+    raise ValueError(f"block_k={block_k!r} must be a positive integer")
+  block_k = max(1, min(int(block_k), S))  # S = 0: a scan over no key block (every query sees none)
   if q_positions is None:
     offset_B = jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), (B,))
     q_positions = offset_B[:, None] + jnp.arange(T, dtype=jnp.int32)

@@ -128,8 +128,10 @@ def blocked_attention(
     raise ValueError(f"implementation='blocked' needs an int q_offset, got {type(q_offset)}")
   q_offset = int(q_offset)
   window = checks.check_window(window)
+  checks.check_query_heads(q_BTNH, num_kv_heads=k_BSKH.shape[2], head_dim=k_BSKH.shape[3])
   B, T, N, H = q_BTNH.shape
   S = k_BSKH.shape[1]
+  block_q = checks.positive_or_none("block_q", block_q)
   if block_q is None:
     block_q = max(64, -(-T // 16))
   outs = []

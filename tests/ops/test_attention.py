@@ -386,10 +386,21 @@ def _scan_lengths(closed_jaxpr):
   return out
 
 
-def test_chunked_refuses_a_block_of_no_keys():
+def test_chunked_and_blocked_called_directly_name_a_bad_block_and_bad_heads():
+  """Until 2026-12-04 block_k=2.5, block_q=0 and N not a multiple of K, in a direct call
+  (``attention()`` checks its own arguments), raised errors naming no argument."""
   q, k, v = make_qkv(1, 4, 4, 1, 1, 4)
-  with pytest.raises(ValueError, match=r"^block_k=0 must be positive$"):
-    chunked_attention(q, k, v, block_k=0)
+  for bad in (0, 2.5, None, True):
+    with pytest.raises(ValueError, match=rf"^block_k={bad!r} must be a positive integer$"):
+      chunked_attention(q, k, v, block_k=bad)
+  for bad in (0, 2.5, True):
+    with pytest.raises(ValueError, match=rf"^block_q={bad!r} must be a positive integer or None$"):
+      blocked_attention(q, k, v, block_q=bad)
+  q3, k2, v2 = make_qkv(1, 4, 4, 3, 2, 4)
+  for op in (chunked_attention, blocked_attention):
+    with pytest.raises(ValueError, match=r"num heads of q_BTNH \(N=3\) must be a multiple of "
+                                         r"num_kv_heads of k_BSKH \(K=2\)"):
+      op(q3, k2, v2)
 
 
 @pytest.mark.parametrize("impl", ["reference", "chunked", "xla"])

@@ -222,6 +222,9 @@ def operative_config(*configs, workdir: str | None = None) -> str:
   relative one outside it as an absolute path, so that the file means the same from any
   working directory (``read_workdir_config`` looks for a relative one beside the file
   only; until 2026-12-04 it was written as given, relative to where the run trained).
+  Relative ``DataConfig.paths`` are written absolute for the same reason (until
+  2026-12-04 an ``attnlab eval`` run from another folder read that folder's files of the
+  same names as the validation text, without a word).
   """
   lines = ["# The operative config of this run, written by `attnlab train`.",
            "# `attnlab train --gin_file THIS_FILE --workdir ...` reproduces it.", ""]
@@ -232,6 +235,10 @@ def operative_config(*configs, workdir: str | None = None) -> str:
         cfg = dataclasses.replace(cfg, tokenizer_model=rel)
       elif not os.path.isabs(cfg.tokenizer_model):
         cfg = dataclasses.replace(cfg, tokenizer_model=os.path.abspath(cfg.tokenizer_model))
+    if workdir is not None and isinstance(cfg, DataConfig) and cfg.paths:
+      cfg = dataclasses.replace(cfg, paths=tuple(
+          p if os.path.isabs(p) else os.path.normpath(os.path.abspath(os.path.expanduser(p)))
+          for p in cfg.paths))
     name = type(cfg).__name__
     lines += [f"{name}.{f.name} = {gin_value(getattr(cfg, f.name))}"
               for f in dataclasses.fields(cfg)]

@@ -685,6 +685,8 @@ def configs_difference(have_configs, want_configs) -> tuple[str, str] | None:
       a, b = getattr(got, field.name), getattr(cfg, field.name)
       if field.name == "tokenizer_model" and a and b:  # config.gin writes it absolute
         a, b = (os.path.realpath(x) for x in (a, b))
+      if field.name == "paths" and a and b:  # and these (``operative_config``)
+        a, b = (tuple(os.path.abspath(os.path.expanduser(p)) for p in x) for x in (a, b))
       if a != b:
         name = f"{type(cfg).__name__}.{field.name}"
         return f"{name} = {config_gin.gin_value(a)}", f"{name} = {config_gin.gin_value(b)}"

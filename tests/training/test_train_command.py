@@ -168,6 +168,32 @@ def test_orbax_lines_logged_during_a_save_are_shown_only_if_it_succeeds(caplog):
   assert "retried and written" in caplog.messages
 
 
+def test_an_lm_workdir_evaluates_its_own_files_from_any_folder(tmp_path, capsys, monkeypatch):
+  """Relative corpus paths are written absolute into config.gin: an eval run from a folder
+  holding other files of the same names reads the run's validation text (until 2026-12-04
+  it read that folder's, and reported another loss without a word; found by a review)."""
+  for folder, seed in (("a", 0), ("b", 1)):
+    corpus = tmp_path / folder / "corpus"
+    corpus.mkdir(parents=True)
+    for i in range(4):
+      words = " ".join(f"w{(i * 7 + j * (seed + 3)) % 50}" for j in range(400))
+      (corpus / f"f{i}.txt").write_text(words + "\n")
+  monkeypatch.chdir(tmp_path / "a")
+  workdir = tmp_path / "w"
+  assert cli.main(["train", "--gin_file", LM, *TINY, "--gin.DataConfig.seq_len=16",
+                   "--gin.DataConfig.paths=('corpus/*.txt',)",
+                   "--gin.DataConfig.validation_percent=50", "--workdir", str(workdir)]) == 0
+  assert f"DataConfig.paths = ('{tmp_path}/a/corpus/*.txt',)" in (
+      workdir / "config.gin").read_text().splitlines()
+  capsys.readouterr()
+  losses = []
+  for folder in ("a", "b"):
+    monkeypatch.chdir(tmp_path / folder)
+    assert cli.main(["eval", "--workdir", str(workdir)]) == 0
+    losses.append(json.loads(capsys.readouterr().out)["loss"])
+  assert losses[0] == losses[1]
+
+
 def test_train_without_a_config_anywhere_exits_2(tmp_path, capsys):
   assert cli.main(["train", "--workdir", str(tmp_path / "w")]) == 2
   assert capsys.readouterr().err.strip() == (

@@ -437,38 +437,71 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
         except Exception:
           # A crash outside the step (logging, metrics, eval) keeps the training
           # done so far, as SIGTERM does: save this step, then let the error show.
-          ckpt.save(step, run.state, run.data.get_state(), meta)
-          print(f"attnlab train: checkpoint saved at step {step} in {ckpt.directory} "
-                "before the error below", file=sys.stderr)
+          try:
+            _save(ckpt, step, run, meta, last_good)
+          except SaveError as e:  # the crash comes first; this says what was kept
+            print(f"attnlab train: {e}", file=sys.stderr)
+          else:
+            print(f"attnlab train: checkpoint saved at step {step} in {ckpt.directory} "
+                  "before the error below", file=sys.stderr)
           raise
         if stop.signum is not None or step == tcfg.steps or (
             tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0):
           t_save = time.perf_counter()
-          try:
-            ckpt.save(step, run.state, run.data.get_state(), meta)
-          except Exception as e:
-            cause = " ".join(str(e).split()) or type(e).__name__
-            if len(cause) > 300:  # the reason is at the end: "No space left on device"
-              cause = f"{cause[:150]} ... {cause[-140:]}"
-            raise SaveError(
-                f"saving checkpoint {step} in {ckpt.directory} failed ({type(e).__name__}: "
-                f"{cause}); the run stopped. Last good checkpoint: "
-                f"{'none' if last_good is None else last_good}; free the space (or mend the "
-                "cause) and rerun the same command to resume from it") from e
+          _save(ckpt, step, run, meta, last_good)
           last_good = step
           window_t0 += time.perf_counter() - t_save
         if stop.signum is not None:
           print(f"attnlab train: received signal {stop.signum}; checkpoint saved at step "
                 f"{step} in {ckpt.directory}", file=sys.stderr)
           break
+  except BaseException:
+    failing = True
+    raise
+  else:
+    failing = False
   finally:
-    if bar is not None:
-      bar.close()
-    writer.close()
-    ckpt.close()
+    _close_all(([bar.close] if bar is not None else []) + [writer.close, ckpt.close],
+               failing=failing)
   last["step"] = step
   last["start_step"] = start
   return last
+
+
+def _save(ckpt: Checkpointer, step: int, run: Run, meta: dict, last_good: int | None) -> None:
+  """Save ``step``; a save that fails (a full disk) is a ``SaveError`` naming the reason
+  and the checkpoint a rerun starts from."""
+  try:
+    ckpt.save(step, run.state, run.data.get_state(), meta)
+  except Exception as e:
+    cause = " ".join(str(e).split()) or type(e).__name__
+    if len(cause) > 300:  # the reason is at the end: "No space left on device"
+      cause = f"{cause[:150]} ... {cause[-140:]}"
+    then = ("rerun the same command to start over" if last_good is None else
+            f"rerun the same command to resume from {last_good}")
+    raise SaveError(
+        f"saving checkpoint {step} in {ckpt.directory} failed ({type(e).__name__}: {cause}); "
+        f"the run stopped. Last good checkpoint: {'none' if last_good is None else last_good}; "
+        f"free the space (or mend the cause) and {then}") from e
+
+
+def _close_all(closes, *, failing: bool) -> None:
+  """Call each of ``closes``. While an error propagates (``failing``), one that fails too
+  is logged, not raised: it would replace that error (a full disk that failed the save
+  fails the metrics flush too: until 2026-12-04 that OSError hid the SaveError). Otherwise
+  the first failure is raised once every close ran."""
+  first = None
+  for close in closes:
+    try:
+      close()
+    except Exception as e:  # noqa: BLE001 - reported below
+      if failing:
+        log.warning("while stopping after an error, closing the %s failed too: %s: %s",
+                    type(getattr(close, "__self__", close)).__name__, type(e).__name__, e)
+      elif first is None:
+        first = e
+  if first is not None:
+    raise first
 
 
 def _replicated_int(x) -> int:

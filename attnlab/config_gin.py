@@ -20,6 +20,8 @@ import gin
 
 from attnlab.config import DataConfig, ModelConfig, Sweep, TrainConfig
 
+log = logging.getLogger(__name__)
+
 CONFIG_CLASSES = (ModelConfig, DataConfig, TrainConfig)
 # The built-in configs ship inside the package (package data), so an include
 # such as 'models/llama_tiny.gin' resolves in an installed copy as well as in a
@@ -218,10 +220,11 @@ def operative_config(*configs, workdir: str | None = None) -> str:
   """gin text binding every field of ``configs`` (the run, reproducibly).
 
   With ``workdir`` (where the text goes, as config.gin): a tokenizer_model
-  inside it is written relative to it (``parse`` finds it next to the file), and a
-  relative one outside it as an absolute path, so that the file means the same from any
-  working directory (``read_workdir_config`` looks for a relative one beside the file
-  only; until 2026-12-04 it was written as given, relative to where the run trained).
+  inside it is written relative to it (``parse`` finds it next to the file). A relative
+  one outside it (or without ``workdir``) is written as an absolute path, so that the file
+  means the same from any working directory (``read_workdir_config`` looks for a relative
+  one beside the file; until 2026-12-04 it was written as given, relative to where the
+  run trained).
   Relative ``DataConfig.paths`` are written absolute for the same reason (until
   2026-12-04 an ``attnlab eval`` run from another folder read that folder's files of the
   same names as the validation text, without a word).
@@ -229,8 +232,8 @@ def operative_config(*configs, workdir: str | None = None) -> str:
   lines = ["# The operative config of this run, written by `attnlab train`.",
            "# `attnlab train --gin_file THIS_FILE --workdir ...` reproduces it.", ""]
   for cfg in configs:
-    if workdir is not None and isinstance(cfg, DataConfig) and cfg.tokenizer_model:
-      rel = relative_inside(cfg.tokenizer_model, workdir)
+    if isinstance(cfg, DataConfig) and cfg.tokenizer_model:
+      rel = None if workdir is None else relative_inside(cfg.tokenizer_model, workdir)
       if rel is not None:
         cfg = dataclasses.replace(cfg, tokenizer_model=rel)
       elif not os.path.isabs(cfg.tokenizer_model):
@@ -252,9 +255,18 @@ def read_workdir_config(path: str) -> tuple[ModelConfig, DataConfig, TrainConfig
   looked up in the working directory (until 2026-12-04 a workdir whose tokenizer.json was
   gone decoded with the working directory's tokenizer.json, another vocabulary)."""
   mcfg, dcfg, tcfg = parse([path], [])
-  if dcfg.tokenizer_model and not os.path.isabs(dcfg.tokenizer_model):
-    beside = os.path.join(os.path.dirname(os.path.abspath(path)), dcfg.tokenizer_model)
-    dcfg = dataclasses.replace(dcfg, tokenizer_model=beside)
+  name = dcfg.tokenizer_model
+  if name and not os.path.isabs(name):  # parse found it neither beside nor in the cwd
+    beside = os.path.join(os.path.dirname(os.path.abspath(path)), name)
+    if os.path.isfile(name) and not os.path.exists(beside):
+      # Written by attnlab before 2026-12-04, relative to where the run trained.
+      log.warning("%s names tokenizer_model=%r, which is not beside it (%s); reading %s "
+                  "from the working directory, where a workdir written before 2026-12-04 "
+                  "named an outside tokenizer from (write its absolute path into the file "
+                  "if it is the run's)", path, name, beside, os.path.abspath(name))
+      dcfg = dataclasses.replace(dcfg, tokenizer_model=os.path.abspath(name))
+    else:
+      dcfg = dataclasses.replace(dcfg, tokenizer_model=beside)
   return mcfg, dcfg, tcfg
 
 

@@ -29,7 +29,7 @@ from flax import nnx
 
 from attnlab import config_gin as gin_config
 from attnlab.commands import CommandError
-from attnlab.commands._common import CommandParser
+from attnlab.commands._common import CommandParser, log_attnlab_info
 from attnlab.config import DataConfig, TrainConfig
 from attnlab.convert import hf
 from attnlab.data.tokenizer import (
@@ -75,6 +75,7 @@ GENERATION_CONFIG = "generation_config.json"
 
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
+  log_attnlab_info()
 
   try:
     if args.from_hf is not None:

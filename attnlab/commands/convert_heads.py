@@ -20,8 +20,13 @@ import sys
 
 from attnlab import config_gin
 from attnlab.commands import CommandError
-from attnlab.commands._common import CommandParser, check_can_make, split_gin_flags
-from attnlab.training.checkpoint import CheckpointMismatchError
+from attnlab.commands._common import (
+  CommandParser,
+  check_can_make,
+  log_attnlab_info,
+  split_gin_flags,
+)
+from attnlab.training.checkpoint import CheckpointMismatchError, UnreadableCheckpointError
 from attnlab.training.sweep import write_converted_run
 
 
@@ -36,6 +41,7 @@ def main(argv: list[str]) -> int:
   p.add_argument("--step", type=int, default=None, help="source checkpoint; default the latest")
   p.add_argument("--seed", type=int, default=0, help="init of the 'random' method")
   args = p.parse_args(rest)
+  log_attnlab_info()
   for b in bindings:
     if not b.startswith(("TrainConfig.", "DataConfig.")):
       raise CommandError(f"--gin.{b.split(' = ')[0]}: only TrainConfig.* and DataConfig.* "
@@ -61,7 +67,9 @@ def main(argv: list[str]) -> int:
   check_can_make("--to", args.dst)
   try:
     info = write_converted_run(args.src, args.dst, args.num_kv_heads, args.method, **kwargs)
-  except CheckpointMismatchError as e:  # read before anything is written
+  # read before anything is written: a config.gin that does not fit, a damaged --step, or
+  # no checkpoint that reads (until 2026-12-04 the last two were tracebacks)
+  except (CheckpointMismatchError, UnreadableCheckpointError, FileNotFoundError) as e:
     raise CommandError(str(e)) from None
   print(json.dumps({"workdir": os.path.abspath(args.dst), **info}))
   sys.stdout.flush()

@@ -271,8 +271,12 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
   Returns:
     {"source": ..., "source_step": ..., "method": ..., "num_kv_heads": ...}.
 
+  ``step`` None: the newest checkpoint that reads (a damaged newer one is skipped with a
+  warning, as ``load_checkpoint`` skips it).
+
   Raises:
-    FileNotFoundError: ``src`` is not a run, or holds no checkpoint.
+    FileNotFoundError: ``src`` is not a run, or holds no (readable) checkpoint.
+    UnreadableCheckpointError: the given ``step`` is damaged.
     ValueError: a missing step, K that does not divide the source's KV heads
       or exceeds them, an unknown method, a seed outside [0, 2**63 - 1], a ``dst``
       that already holds a run.
@@ -296,20 +300,27 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
     raise ValueError(f"--to {dst} already exists and {what}: give a new directory")
   src_ckpt = Checkpointer(src, read_only=True)
   try:
-    step = src_ckpt.resolve_step(step)
+    src_ckpt.resolve_step(step)  # nothing saved, or a step that was not: named
     if check_only:
       shd.make_mesh(tcfg.mesh_shape)  # the mesh the new run's state is laid out on
       return {}
-    # A weights-only source (attnlab convert --from-hf) read no data yet: batch 0.
-    data_state = src_ckpt.restore_data(step) or {"index": 0}
-    # The new run continues the source's training stream when its DataConfig reads
-    # the same one (the bindings may change the batch size), else starts its own.
-    data_state = pipeline.continue_state(pipeline.complete_state(data_state, source_dcfg),
-                                         dcfg)
+
+    def read(s):  # a weights-only source (convert --from-hf) read no data yet: batch 0
+      return src_ckpt.restore_data(s) or {"index": 0}, load_checkpoint(src, s)[0]
+
+    if step is None:  # the newest that reads (a damaged one: UnreadableCheckpointError)
+      found = src_ckpt.restore_newest(read)
+      if found is None:
+        raise FileNotFoundError(f"no checkpoint in {src_ckpt.directory} could be read (saved "
+                                f"steps: {src_ckpt.steps()})")
+      step, (data_state, model) = found
+    else:
+      data_state, model = read(step)
   finally:
     src_ckpt.close()
-
-  model, _ = load_checkpoint(src, step)
+  # The new run continues the source's training stream when its DataConfig reads the same
+  # one (the bindings may change the batch size), else starts its own.
+  data_state = pipeline.continue_state(pipeline.complete_state(data_state, source_dcfg), dcfg)
   new = convert_heads(model, num_kv_heads, method, rngs=steps_lib.model_rngs(seed))
   mesh = shd.make_mesh(tcfg.mesh_shape)
   setup, state = steps_lib.init_train(new_mcfg, tcfg, mesh)

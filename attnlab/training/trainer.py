@@ -98,24 +98,35 @@ def _model_changes(workdir: str, mcfg: ModelConfig, tcfg: TrainConfig) -> str:
 
 
 # ModelConfig fields a resume may change: how the same function of the same parameters is
-# computed (the attention implementation, rematerialization, the compute dtype), the
-# training-only dropout, and max_len (a learned position table's shape is checked with the
-# other shapes). Any other field changes the model the checkpoints were trained as.
-RESUMABLE_MODEL_FIELDS = ("attention_impl", "remat", "dtype", "dropout_rate",
+# computed (the attention implementation, rematerialization, the compute dtype, the
+# parameters' dtype: a restore casts them), the training-only dropout, and max_len (a
+# learned position table's shape is checked with the other shapes). Any other field
+# changes the model the checkpoints were trained as.
+RESUMABLE_MODEL_FIELDS = ("attention_impl", "remat", "dtype", "param_dtype", "dropout_rate",
                           "attention_dropout_rate", "max_len")
+
+
+def _model_fields(cfg: ModelConfig) -> dict:
+  """The fields that define the model, spelled one way: the three bias switches as the
+  biases they give (None is ``use_bias``), ``use_bias`` itself left out."""
+  fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+            if f.name not in RESUMABLE_MODEL_FIELDS and f.name != "use_bias"}
+  fields.update(qkv_bias=cfg.has_bias("qkv"), o_bias=cfg.has_bias("o"),
+                mlp_bias=cfg.has_bias("mlp"))
+  return fields
 
 
 def _other_model(workdir: str, mcfg: ModelConfig) -> list[str]:
   """['ModelConfig.x: a -> b', ...]: the fields outside RESUMABLE_MODEL_FIELDS in which
-  ``mcfg`` differs from the workdir's config.gin (none when there is none to read)."""
+  ``mcfg`` differs from the workdir's config.gin (none when there is none to read;
+  ``qkv_bias=None`` under ``use_bias=False`` is ``qkv_bias=False``)."""
   try:
     saved = gin_config.read_workdir_config(os.path.join(workdir, "config.gin"))[0]
   except Exception:  # no or unreadable config.gin: nothing to compare with
     return []
-  return [f"ModelConfig.{f.name}: {getattr(saved, f.name)!r} -> {getattr(mcfg, f.name)!r}"
-          for f in dataclasses.fields(mcfg)
-          if f.name not in RESUMABLE_MODEL_FIELDS
-          and getattr(saved, f.name) != getattr(mcfg, f.name)]
+  was, now = _model_fields(saved), _model_fields(mcfg)
+  return [f"ModelConfig.{name}: {was[name]!r} -> {now[name]!r}" for name in was
+          if was[name] != now[name]]
 
 
 def _saved_data_config(workdir: str) -> DataConfig | None:

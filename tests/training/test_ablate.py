@@ -621,6 +621,38 @@ def test_convert_heads_command_then_train_and_decode(micro, tmp_path, capsys):
   assert after["example"] == src_state["example"] + dcfg.batch_size and after["index"] == 1
 
 
+def test_convert_heads_falls_back_past_a_damaged_newest_checkpoint(micro, tmp_path, capsys,
+                                                                   warned):
+  """The source's newest checkpoint garbled: convert-heads converts the newest that reads,
+  with one warning; asked for the damaged step, one line naming it. Until 2026-12-04 both
+  were tracebacks (found by a review)."""
+  import shutil
+
+  src = str(tmp_path / "src")
+  shutil.copytree(sweep_lib.run_dir(micro, "mha", 0), src)
+  with _checkpointer(src) as s:
+    assert s.steps() == [1, 2]
+  for root, _, files in os.walk(os.path.join(src, "checkpoints", "2")):
+    for name in files:
+      with open(os.path.join(root, name), "wb") as f:
+        f.write(b"garbage")
+  capsys.readouterr()
+  dst = str(tmp_path / "mqa_up")
+  assert cli.main(["convert-heads", "--from", src, "--to", dst, "--num_kv_heads", "1",
+                   "--method", "mean"]) == 0
+  assert json.loads(capsys.readouterr().out)["source_step"] == 1
+  assert len([m for m in warned() if f"{src}/checkpoints/2 could not be restored" in m]) == 1
+  want = attnlab.convert_heads(attnlab.load_checkpoint(src, 1)[0], 1, "mean")
+  np.testing.assert_array_equal(np.asarray(_logits(attnlab.load_checkpoint(dst)[0], TOKENS)),
+                                np.asarray(_logits(want, TOKENS)))
+  assert cli.main(["convert-heads", "--from", src, "--to", str(tmp_path / "x"),
+                   "--num_kv_heads", "1", "--method", "mean", "--step", "2"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"attnlab convert-heads: error: checkpoint {src}/checkpoints/2 could not "
+                        "be restored (") and err.count("\n") == 1, err
+  assert not os.path.exists(tmp_path / "x")
+
+
 def test_convert_heads_command_bindings_seed_and_summary(micro, tmp_path, capsys):
   """TrainConfig / DataConfig bindings reach the new run's config.gin (the rest is the
   source's); a ModelConfig binding or a bad value is refused before anything is written;

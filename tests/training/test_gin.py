@@ -116,7 +116,8 @@ def test_gin_values_read_back_as_written():
 
 
 def test_the_operative_config_names_a_tokenizer_inside_the_workdir_relative_to_it(tmp_path,
-                                                                                   monkeypatch):
+                                                                                   monkeypatch,
+                                                                                   warned):
   workdir = tmp_path / "run"
   workdir.mkdir()
   (workdir / "tokenizer.json").write_text("{}")
@@ -138,16 +139,27 @@ def test_the_operative_config_names_a_tokenizer_inside_the_workdir_relative_to_i
   monkeypatch.chdir(tmp_path)
   _, dcfg, _ = gin_config.read_workdir_config(str(workdir / "config.gin"))
   assert dcfg.tokenizer_model == str(workdir / "tokenizer.json")
-  # ... and when the workdir's own is gone: that path, not the working directory's file
-  # (until 2026-12-04 decode then read the other vocabulary without a word).
+  # ... and when the workdir's own is gone: that path, named in the error to come, or the
+  # working directory's file of that name with a warning naming both (a workdir written
+  # before 2026-12-04 named an outside tokenizer relative to where it trained; until then
+  # decode read another vocabulary so without a word).
   (workdir / "tokenizer.json").unlink()
   _, dcfg, _ = gin_config.read_workdir_config(str(workdir / "config.gin"))
-  assert dcfg.tokenizer_model == str(workdir / "tokenizer.json")
-  # A relative path outside the workdir is written absolute (it named the training's
-  # working directory until 2026-12-04, and meant another file from anywhere else).
+  assert dcfg.tokenizer_model == str(tmp_path / "tokenizer.json")
+  assert warned() == [
+      f"{workdir}/config.gin names tokenizer_model='tokenizer.json', which is not beside it "
+      f"({workdir}/tokenizer.json); reading {tmp_path}/tokenizer.json from the working "
+      "directory, where a workdir written before 2026-12-04 named an outside tokenizer from "
+      "(write its absolute path into the file if it is the run's)"]
+  (tmp_path / "tokenizer.json").unlink()
+  _, dcfg, _ = gin_config.read_workdir_config(str(workdir / "config.gin"))
+  assert dcfg.tokenizer_model == str(workdir / "tokenizer.json") and len(warned()) == 1
+  # A relative path outside the workdir (or with no workdir: a sweep's runs) is written
+  # absolute: it named the training's working directory until 2026-12-04.
   relative = dataclasses.replace(inside, tokenizer_model="elsewhere.json")
-  assert f"DataConfig.tokenizer_model = {str(tmp_path / 'elsewhere.json')!r}" in \
-      gin_config.operative_config(relative, workdir=str(workdir)).splitlines()
+  for where in (str(workdir), None):
+    assert f"DataConfig.tokenizer_model = {str(tmp_path / 'elsewhere.json')!r}" in \
+        gin_config.operative_config(relative, workdir=where).splitlines()
 
 
 def test_a_relative_tokenizer_is_found_beside_the_last_gin_file_else_as_given(tmp_path,

@@ -91,8 +91,11 @@ def test_a_resume_as_another_model_whose_arrays_fit_is_refused(tmp_path, capsys)
       "a resume may change only ModelConfig.attention_impl, "), err
   assert (workdir / "config.gin").read_text() == config
   assert sorted(os.listdir(workdir / "checkpoints")) == ["2"]
+  # The implementation, the dtypes, dropout, and the biases spelled another way (explicit
+  # False where the config said None under use_bias=False) may change.
   rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--gin.TrainConfig.steps=3",
                  "--gin.ModelConfig.attention_impl='chunked'", "--gin.ModelConfig.dtype='bfloat16'",
+                 "--gin.ModelConfig.param_dtype='bfloat16'", "--gin.ModelConfig.qkv_bias=False",
                  "--gin.ModelConfig.dropout_rate=0.1", "--workdir", str(workdir)])
   assert rc == 0, capsys.readouterr().err
   assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["step"] == 3

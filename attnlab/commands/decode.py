@@ -99,7 +99,7 @@ def tsv_field(text: str) -> str:
   return text.translate(_TSV_ESCAPES)
 
 
-def _serve(args, dcfg, model, prompts, ids, tokenizer) -> int:
+def _serve(args, dcfg, model, prompts, ids, tokenizer, line_of) -> int:
   """``--slots``: continuous batching; prints "index<TAB>prompt<TAB>completion" (the
   prompt's index among the file's prompts, from 0; both texts ``tsv_field``-escaped) as
   each request completes, and on stderr the progress with tokens/s: a bar rewritten in
@@ -136,7 +136,11 @@ def _serve(args, dcfg, model, prompts, ids, tokenizer) -> int:
   except batching.UnservableRequests as e:
     if tty:
       sys.stderr.write("\n")
-    print(f"attnlab decode: {e}", file=sys.stderr)
+    # Named by their lines in the file, as without --slots (the request index skips blank
+    # lines: until 2026-12-04 "request 1" could be line 3).
+    why = "; ".join(f"{line_of(i)} (request {i}): {text}" for i, text in sorted(e.errors.items()))
+    print(f"attnlab decode: {len(e.errors)} request(s) can never be served ({why}); the other "
+          f"{sum(r is not None for r in e.results)} completed", file=sys.stderr)
     return 1
   except GenerateInputError as e:
     if tty and done[0]:
@@ -180,7 +184,7 @@ def main(argv: list[str]) -> int:
     if cfg.arch != "decoder_only" or dcfg.beam_size > 1:
       raise CommandError(f"--slots={args.slots} needs a decoder-only checkpoint and no beam "
                          "search")
-    return _serve(args, dcfg, model, prompts, ids, tokenizer)
+    return _serve(args, dcfg, model, prompts, ids, tokenizer, line_of)
   width = max(len(x) for x in ids)
   prompt_BT = np.full((len(ids), max(width, 1)), cfg.pad_id, np.int32)
   for b, x in enumerate(ids):

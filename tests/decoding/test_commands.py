@@ -712,18 +712,21 @@ def test_decode_slots_batches_continuously_and_matches_plain_decode(workdir, cap
 def test_decode_slots_serves_the_others_and_names_a_request_that_can_never_fit(
     workdir, capsys, tmp_path):
   """A prompt longer than the model's max_len cannot be served: the others print, then one
-  line names it (its tokens count the bos before the text), exit status 1."""
+  line names it by its line in the file (blank lines counted, as without --slots; until
+  2026-12-04 by its request index alone) and its index (its tokens count the bos before
+  the text), exit status 1."""
   _, cfg = attnlab.load_checkpoint(workdir)
   prompts = tmp_path / "prompts.txt"
-  prompts.write_text("ab\n" + "x" * cfg.max_len + "\ncd\n")
+  prompts.write_text("ab\n\n" + "x" * cfg.max_len + "\ncd\n")
   rc, out, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts),
                        "--slots", "2", "--max_new_tokens", "3"], capsys)
   assert rc == 1
   assert sorted(int(line.split("\t")[0]) for line in out.splitlines()) == [0, 2]
   last = err.strip().splitlines()[-1]
-  assert last.startswith("attnlab decode: 1 request(s) can never be served (request 1: prompt of "
-                         f"{cfg.max_len + 1} tokens + max_new_tokens 3 needs {cfg.max_len + 3} "
-                         f"positions, more than the model's max_len={cfg.max_len})"), last
+  assert last.startswith(f"attnlab decode: 1 request(s) can never be served (line 3 of "
+                         f"{prompts} (request 1): prompt of {cfg.max_len + 1} tokens + "
+                         f"max_new_tokens 3 needs {cfg.max_len + 3} positions, more than the "
+                         f"model's max_len={cfg.max_len})"), last
   assert last.endswith("the other 2 completed")
 
 

@@ -174,7 +174,8 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
 
   Args:
     model: a decoder-only model (``attnlab.build_model``).
-    prompts: token-id lists of any (non-zero) lengths.
+    prompts: token-id lists of any (non-zero) lengths, or a [requests, length] integer
+      array (a prompt per row).
     max_new_tokens: a positive int, or one per request.
     slots: sequences decoding together.
     cache: "paged" | "contiguous" | "ring" (a sliding-window model): see the
@@ -210,6 +211,11 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
 
 
 def _check_requests(cfg, prompts, max_new_tokens):
+  if isinstance(prompts, np.ndarray | jax.Array):  # [requests, length]: a prompt per row, as
+    if prompts.ndim != 2:                            # generate takes them (refused until
+      raise GenerateInputError(                      # 2026-12-04)
+          f"prompts as an array must be [requests, length], got shape {prompts.shape}")
+    prompts = list(np.asarray(prompts))
   if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence) or not prompts:
     raise GenerateInputError(
         f"prompts must be a non-empty list of token-id lists, got {type(prompts)}")

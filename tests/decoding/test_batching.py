@@ -246,6 +246,10 @@ def test_prefill_buckets_hold_the_prompt_with_less_than_half_of_it_as_padding():
     (dict(prompts=[[1, 2], []]), r"prompts\[1\]"),
     (dict(prompts=[[1, 2], np.zeros(0, np.int32)]), r"prompts\[1\] must be a non-empty"),
     (dict(prompts=[[[1, 2]]]), r"prompts\[0\] must be .* shape \(1, 2\)"),
+    (dict(prompts=np.ones((2, 1, 2), np.int32)),
+     r"prompts as an array must be \[requests, length\], got shape \(2, 1, 2\)"),
+    (dict(prompts=np.ones((0, 2), np.int32)), "prompts must be a non-empty"),
+    (dict(prompts=np.ones((2, 2), np.float32)), r"prompts\[0\] must be .* dtype float32"),
     (dict(prompts=[[1, 99]]), "token id 99"),
     (dict(prompts=[[1, 61]]), r"token id 61, outside the vocabulary \[0, 61\)"),
     (dict(prompts=[[1, -1]]), "token id -1, outside"),
@@ -298,6 +302,12 @@ def test_prompt_token_ids_at_the_vocabulary_edges_are_served():
   got = attnlab.generate_requests(model, prompts, np.array([3, 2]), slots=2, page_size=C,
                                   eos_id=None)
   assert [r.tolist() for r in got] == _alone(model, prompts, [3, 2], None)
+  # Prompts of one length as a [requests, length] array (NumPy or JAX), a row each, as
+  # generate takes them (refused until 2026-12-04).
+  rows = [[0, 5], [VOCAB - 1, 4]]
+  for array in (np.array(rows), jnp.asarray(rows)):
+    got = attnlab.generate_requests(model, array, 3, slots=2, page_size=C, eos_id=None)
+    assert [r.tolist() for r in got] == _alone(model, rows, [3, 3], None)
   # ... and as a JAX array, or one budget as a 0-d array of either.
   for budgets, want in ((jnp.array([3, 2]), [3, 2]), (np.array(2), [2, 2]),
                         (jnp.array(3), [3, 3])):

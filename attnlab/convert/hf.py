@@ -55,8 +55,10 @@ EOS_DEFAULTS = {"llama": 2, "mistral": 2, "gpt2": 50256}
 GPT2_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
                "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-# Tensors some checkpoints carry that hold no weights (buffers of old versions).
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "attn.bias", "attn.masked_bias")
+# Tensors some checkpoints carry that hold no weights (buffers of old versions): a rotary
+# table, GPT-2's causal mask ("h.N.attn.bias"). Matched from the dot before the module, so
+# a weight such as "self_attn.bias" is not taken for one (until 2026-12-04 it was skipped).
+IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
 
 
 class ConversionError(ValueError):

@@ -538,6 +538,10 @@ BAD_TENSORS = {
     "bias_not_in_config": (lambda t: t.update({"model.layers.1.self_attn.q_proj.bias":
                                                np.ones(4 * 12, np.float32)}),
                            "tensor model.layers.1.self_attn.q_proj.bias has no place"),
+    # GPT-2's mask buffers end in ".attn.bias"; this is no buffer (skipped until 2026-12-04)
+    "self_attn_bias": (lambda t: t.update({"model.layers.0.self_attn.bias":
+                                           np.ones(D, np.float32)}),
+                       "tensor model.layers.0.self_attn.bias has no place"),
 }
 
 

@@ -91,8 +91,11 @@ def attention(
       implementation = "blocked" if static else "reference"
     elif implementation == "blocked" and not (static and (causal or window is not None)):
       implementation = "reference"  # no band to skip, or no static key ranges
-    elif implementation == "xla" and not (q_positions is None and kv_positions is None):
-      # GPU / TPU: jax.nn takes no explicit positions; the online softmax does.
+    elif implementation == "xla" and not (
+        q_positions is None and kv_positions is None
+        and q_BTNH.dtype == k_BSKH.dtype == v_BSKH.dtype):
+      # GPU / TPU: jax.nn takes neither explicit positions nor mixed dtypes (refused there
+      # until 2026-12-04 under "auto"); the online softmax takes both.
       implementation = "chunked" if _is_constant(scale) else "reference"
   kwargs = dict(
       causal=causal,

@@ -966,6 +966,12 @@ def test_auto_with_explicit_positions_leaves_jax_nn_for_the_online_softmax(monke
   assert picked == ["chunked_attention", "reference_attention"]
   attention(q, k, v, causal=True, implementation="auto")  # no positions: jax.nn, as before
   assert picked[-1] == "jax_nn_attention"
+  # Mixed dtypes, which jax.nn refuses: the online softmax too (refused until 2026-12-04).
+  k16 = k.astype(jnp.bfloat16)
+  got = attention(q, k16, v, causal=True, implementation="auto")
+  assert picked[-1] == "chunked_attention"
+  np.testing.assert_allclose(got, reference_attention(q, k16, v, causal=True), rtol=1e-6,
+                             atol=1e-6)
 
 
 @pytest.mark.parametrize("impl", ["reference", "chunked", "blocked", "pallas"])

@@ -132,7 +132,9 @@ def read_tsv(path: str) -> list[tuple[str, str]]:
   (universal newlines, as Python's csv module reads them); blank lines are skipped, a
   UTF-8 byte order mark is not part of the first source, columns after the second are
   ignored (the attribution column of the Tatoeba / manythings.org files); bytes that are
-  not UTF-8 are an error naming the line."""
+  not UTF-8 are an error naming the line. A pair whose source or target is empty (a line
+  "a<TAB>" or "<TAB>b": a data fault more often than not) is kept, with one warning
+  counting them and naming the first (silent until 2026-12-04)."""
   with open(path, "rb") as f:
     data = f.read()
   data = data.removeprefix(codecs.BOM_UTF8)  # positions below count from the text
@@ -143,7 +145,7 @@ def read_tsv(path: str) -> list[tuple[str, str]]:
     lineno = data[:e.start].replace(b"\r\n", b"\n").replace(b"\r", b"\n").count(b"\n") + 1
     raise ValueError(f"{path}:{lineno}: not UTF-8 ({e.reason}: byte {data[e.start]:#04x})") \
         from None
-  pairs = []
+  pairs, empty = [], []
   with io.StringIO(content, newline=None) as f:
     for lineno, line in enumerate(f, 1):
       line = line.rstrip("\n")
@@ -153,8 +155,13 @@ def read_tsv(path: str) -> list[tuple[str, str]]:
       if len(parts) < 2:
         raise ValueError(f"{path}:{lineno}: expected 'source<TAB>target', got {line[:60]!r}")
       pairs.append((parts[0], parts[1]))
+      if not parts[0] or not parts[1]:
+        empty.append(lineno)
   if not pairs:
     raise ValueError(f"{path}: no 'source<TAB>target' lines")
+  if empty:
+    log.warning("%s: %d pair(s) with an empty source or target (the first at line %d); "
+                "they are trained on as they are", path, len(empty), empty[0])
   return pairs
 
 

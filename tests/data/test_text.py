@@ -162,11 +162,15 @@ def test_read_text_replaces_bad_utf8_and_drops_a_byte_order_mark(tmp_path, warne
   assert text.read_text(str(path)) == "def f():\n  x = '\ufeff'\n"
 
 
-def test_read_tsv_keeps_fields_as_written_and_names_bad_lines(tmp_path):
+def test_read_tsv_keeps_fields_as_written_and_names_bad_lines(tmp_path, warned):
   good = tmp_path / "a.tsv"
-  good.write_text("hello\tbonjour  \nx\t\n\n  \ny\toui\textra\nX\tboX\n", encoding="utf-8")
+  good.write_text("hello\tbonjour  \nx\t\n\n  \ny\toui\textra\nX\tboX\n\tz\n",
+                  encoding="utf-8")
   assert text.read_tsv(str(good)) == [("hello", "bonjour  "), ("x", ""), ("y", "oui"),
-                                      ("X", "boX")]
+                                      ("X", "boX"), ("", "z")]
+  # The empty source or target is kept, with one warning (silent until 2026-12-04).
+  assert warned() == [f"{good}: 2 pair(s) with an empty source or target (the first at line "
+                      "2); they are trained on as they are"]
   # A byte order mark (Windows editors write one) and CRLF line ends are not text.
   bom = tmp_path / "bom.tsv"
   bom.write_bytes("\ufeffhello\tbonjour\r\nx\ty\r\n".encode())

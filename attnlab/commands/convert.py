@@ -289,14 +289,7 @@ def _restore_weights(workdir: str, mcfg, step: int | None):
     device = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
                             abstract)
-    if step is None:
-      found = ckpt.restore_newest(lambda s: ckpt.restore_params(s, abstract))
-      if found is None:
-        raise FileNotFoundError(f"no checkpoint in {ckpt.directory} could be read (saved "
-                                f"steps: {ckpt.steps()})")
-      step, state = found
-    else:
-      state = ckpt.restore_params(step, abstract)
+    step, state = ckpt.read_step(step, lambda s: ckpt.restore_params(s, abstract))
   finally:
     ckpt.close()
   return {tuple(path): var.get_value() for path, var in nnx.to_flat_state(state)}, step

@@ -420,6 +420,18 @@ class Checkpointer:
         log.warning("%s; falling back to the previous one", e)
     return None
 
+  def read_step(self, step: int | None, read_step):
+    """``(step, read_step(step))``; for ``step`` None the newest step that reads
+    (``restore_newest``), a ``FileNotFoundError`` naming the saved steps when none does
+    (what ``load_checkpoint``, ``convert --to-hf`` and ``convert-heads`` read)."""
+    if step is not None:
+      return step, read_step(step)
+    found = self.restore_newest(read_step)
+    if found is None:
+      raise FileNotFoundError(f"no checkpoint in {self.directory} could be read (saved "
+                              f"steps: {self.steps()})")
+    return found
+
   def restore(self, step: int, abstract_state: dict, init_state: dict | None = None
               ) -> tuple[dict, dict | None]:
     """(state, data_state) of ``step``, placed as ``abstract_state`` says.
@@ -565,14 +577,7 @@ def load_checkpoint(workdir: str, step: int | None = None, *, mesh=None):
       shardings = param_shardings(params, mesh)
     abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             params, shardings)
-    if step is not None:
-      params = ckpt.restore_params(step, abstract)
-    else:
-      found = ckpt.restore_newest(lambda s: ckpt.restore_params(s, abstract))
-      if found is None:
-        raise FileNotFoundError(f"no checkpoint in {ckpt.directory} could be read (saved "
-                                f"steps: {ckpt.steps()})")
-      step, params = found
+    step, params = ckpt.read_step(step, lambda s: ckpt.restore_params(s, abstract))
   finally:
     ckpt.close()
   model = nnx.merge(graphdef, params, rest)

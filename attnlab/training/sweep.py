@@ -308,14 +308,7 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
     def read(s):  # a weights-only source (convert --from-hf) read no data yet: batch 0
       return src_ckpt.restore_data(s) or {"index": 0}, load_checkpoint(src, s)[0]
 
-    if step is None:  # the newest that reads (a damaged one: UnreadableCheckpointError)
-      found = src_ckpt.restore_newest(read)
-      if found is None:
-        raise FileNotFoundError(f"no checkpoint in {src_ckpt.directory} could be read (saved "
-                                f"steps: {src_ckpt.steps()})")
-      step, (data_state, model) = found
-    else:
-      data_state, model = read(step)
+    step, (data_state, model) = src_ckpt.read_step(step, read)
   finally:
     src_ckpt.close()
   # The new run continues the source's training stream when its DataConfig reads the same

@@ -452,6 +452,9 @@ class DataConfig:
                          f"{self.tokenizer!r} tokenizer fixes bos=1, eos=2)")
     if self.task == "tsv" and not self.paths:
       raise ValueError("task='tsv' needs paths=('train.tsv', ['valid.tsv'])")
+    if self.task == "lm" and self.loss_on_prompt:  # ignored there until 2026-12-04
+      raise ValueError("loss_on_prompt=True does not apply to task='lm' (a language model is "
+                       "trained on every token); it is for a decoder-only pair task")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -191,6 +191,10 @@ DATA_INVALID += [
     (dict(task="add", vocab_chars=3),
      "vocab_chars=3 does not apply to task='add' (its operands are decimal numbers of 1 to "
      "max_len // 2 digits); leave it at 10"),
+    # ignored until 2026-12-04 (found by a review)
+    (dict(task="lm", loss_on_prompt=True),
+     "loss_on_prompt=True does not apply to task='lm' (a language model is trained on every "
+     "token); it is for a decoder-only pair task"),
 ]
 
 TRAIN_INVALID = [

@@ -338,6 +338,10 @@ def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
   if dcfg.seq_len > mcfg.max_len:
     raise ValueError(f"seq_len={dcfg.seq_len} is longer than ModelConfig.max_len="
                      f"{mcfg.max_len}, the positions the model has")
+  if dcfg.loss_on_prompt and mcfg.arch == "encoder_decoder":  # ignored until 2026-12-04
+    raise ValueError("DataConfig.loss_on_prompt=True does not apply to an encoder-decoder "
+                     "(its source is the encoder's input, never a target); it is for a "
+                     "decoder-only model")
   if tok.bos_id is None or tok.eos_id is None:
     raise ValueError(f"training data is laid out with bos and eos: set DataConfig.bos_id "
                      f"(={dcfg.bos_id}) and eos_id (={dcfg.eos_id}) of the hf_json tokenizer")

@@ -210,8 +210,8 @@ def test_a_resume_under_another_training_stream_is_refused(tmp_path, monkeypatch
       f"(DataConfig.paths: ('{tmp_path}/*.py',) -> ('*.py',))")):
     pipeline.train_iterator(sources, dataclasses.replace(dcfg, paths=("*.py",))).set_state(state)
   # The layout of an example, the batch size, another task's fields: not the stream.
-  same = dataclasses.replace(dcfg, batch_size=2, loss_on_prompt=True, max_len=5,
-                             vocab_chars=4, tokenizer_model="elsewhere.json")
+  same = dataclasses.replace(dcfg, batch_size=2, max_len=5, vocab_chars=4,
+                             tokenizer_model="elsewhere.json")
   pipeline.train_iterator(sources, same).set_state(state)
   pairs = DataConfig(task="reverse", seq_len=32, batch_size=4)
   assert pipeline.stream_fields(pairs) == {"task": "reverse", "seed": 0, "min_len": 3,

@@ -255,6 +255,11 @@ def test_build_sources_passes_loss_on_prompt():
 def test_lm_task_needs_a_decoder_only_model():
   with pytest.raises(ValueError, match=r"^task='lm' needs arch='decoder_only'$"):
     pipeline.build_sources(DataConfig(task="lm"), ModelConfig(arch="encoder_decoder"))
+  # Nor does loss_on_prompt apply to an encoder-decoder (ignored until 2026-12-04).
+  with pytest.raises(ValueError, match=r"^DataConfig.loss_on_prompt=True does not apply to an "
+                                       r"encoder-decoder"):
+    pipeline.build_sources(DataConfig(task="copy", loss_on_prompt=True),
+                           ModelConfig(arch="encoder_decoder"))
 
 
 def test_lm_sources_read_at_most_max_files(tmp_path):

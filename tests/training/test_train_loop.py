@@ -258,8 +258,8 @@ def test_a_resume_under_a_model_the_checkpoints_do_not_fit_changes_nothing(tmp_p
     _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["DataConfig.seed = 1", "DataConfig.max_len = 5",
                                               "TrainConfig.steps = 6"])
   assert (tmp_path / "config.gin").read_text() == config and _steps(tmp_path) == [2, 4]
-  # A resume that fits (more steps, another batch size, the loss on the prompt: none
-  # changes which example comes next) writes its own config.gin, and the data goes on
+  # A resume that fits (more steps, another batch size, longer rows: none changes which
+  # example comes next) writes its own config.gin, and the data goes on
   # from the example the checkpoint stopped at: 4 steps x 4 rows, then 2 x 8. The data
   # state of step 4 is rewritten as attnlab saved it before 2026-12-03 (a batch index):
   # its batches are those of the workdir's config.gin (4 rows), not of this run.
@@ -271,7 +271,7 @@ def test_a_resume_under_a_model_the_checkpoints_do_not_fit_changes_nothing(tmp_p
                                    if k != "checksums"}))
   assert _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + [
       "TrainConfig.steps = 6", "DataConfig.batch_size = 8",
-      "DataConfig.loss_on_prompt = True"])["step"] == 6
+      "DataConfig.seq_len = 10"])["step"] == 6
   assert "TrainConfig.steps = 6" in (tmp_path / "config.gin").read_text()
   ckpt = Checkpointer(str(tmp_path), read_only=True)
   state = ckpt.restore_data(6)

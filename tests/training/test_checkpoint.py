@@ -319,6 +319,35 @@ def test_is_unreadable_classifies_errors(error, unreadable):
   assert checkpoint.is_unreadable(error) is unreadable
 
 
+def test_an_unreadable_step_is_named_with_the_first_line_of_its_cause(saved):
+  """``UnreadableCheckpointError``: the checkpoint, the cause's type and the first line of
+  its text, at most 500 characters (an empty text stays empty); other errors pass as they
+  are, and so does one already named."""
+  ckpt = Checkpointer(str(saved), read_only=True)
+
+  def raising(error):
+    def read():
+      raise error
+    return read
+
+  where = f"checkpoint {saved}/checkpoints/2 could not be restored"
+  try:
+    for error, text in ((FileNotFoundError(), ""),
+                        (FileNotFoundError("a" * 600 + "\nb"), "a" * 500),
+                        (ValueError("DATA_LOSS: x\ny"), "DATA_LOSS: x")):
+      with pytest.raises(checkpoint.UnreadableCheckpointError) as e:
+        ckpt._named(2, raising(error))
+      assert str(e.value) == f"{where} ({type(error).__name__}: {text})"
+      assert e.value.__cause__ is error
+    for error in (ValueError("Requested shape: (3,)"), checkpoint.UnreadableCheckpointError("n")):
+      with pytest.raises(type(error)) as e:
+        ckpt._named(2, raising(error))
+      assert e.value is error
+    assert ckpt._named(2, lambda: 7) == 7
+  finally:
+    ckpt.close()
+
+
 def test_restore_data_gives_the_saved_position_or_none_for_weights_only(saved, tmp_path):
   ckpt = Checkpointer(str(saved))
   try:

@@ -43,9 +43,15 @@ class GinConfigError(ValueError):
   """A config file or binding that cannot be used (one line, names it)."""
 
 
+# Where gin says it was when a value failed: "In call to configurable 'ModelConfig' (<class
+# ...>)", "In bindings string line 1", "In file ...". The message itself names the field.
+_GIN_CONTEXT = ("In call to configurable", "In bindings string", "In file ")
+
+
 def _first_line(e: Exception) -> str:
-  text = str(e).strip() or type(e).__name__
-  return " ".join(text.splitlines()[:2]) if len(text.splitlines()) > 1 else text
+  lines = [x.strip() for x in (str(e).strip() or type(e).__name__).splitlines()]
+  lines = [x for x in lines if x and not x.startswith(_GIN_CONTEXT)] or lines
+  return " ".join(lines[:2])
 
 
 def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> tuple[

@@ -44,5 +44,5 @@ echo "== training configs/lm_stdlib_tiny.gin in $WORKDIR"
 echo "== greedy sample from the latest checkpoint"
 "$VENV/bin/attnlab" decode --workdir "$WORKDIR" --prompt "def main(" --max_new_tokens 64
 
-echo "== TensorBoard logs: $WORKDIR/tensorboard   (tensorboard --logdir $WORKDIR/tensorboard)"
+echo "== TensorBoard logs: $WORKDIR/tensorboard   (pip install tensorboard; tensorboard --logdir $WORKDIR/tensorboard)"
 echo "== metrics: $WORKDIR/metrics.jsonl; checkpoints: $WORKDIR/checkpoints"

@@ -287,6 +287,21 @@ def test_parse_errors_are_one_line_gin_config_errors(files, bindings, message):
     assert "d_modle" in str(e.value)
 
 
+def test_a_refused_value_is_its_message_without_gins_context():
+  """gin wraps a config's own refusal with where it was ("In call to configurable
+  'ModelConfig' (<class ...>)", until 2026-12-04 appended to the one line); the binding
+  of an unknown parameter is kept (it names it)."""
+  for bindings, message in (
+      (["ModelConfig.num_heads = 6", "ModelConfig.num_kv_heads = 4"],
+       "num_heads=6 must be a multiple of num_kv_heads=4"),
+      (["TrainConfig.stepz = 3"],
+       "Configurable 'TrainConfig' doesn't have a parameter named 'stepz'. "
+       "TrainConfig.stepz = 3")):
+    with pytest.raises(gin_config.GinConfigError) as e:
+      gin_config.parse([], bindings)
+    assert str(e.value) == message
+
+
 def test_a_gin_file_that_is_not_utf8_is_named(tmp_path):
   (tmp_path / "latin.gin").write_bytes(b"ModelConfig.d_model = 32\n# caf\xe9\n")
   with pytest.raises(gin_config.GinConfigError) as e:

@@ -75,3 +75,6 @@ def test_run_timed_passes_the_exit_code_through_and_prints_a_summary():
   res = _run(["tools/run_timed.py", "--", "/nonexistent/command"])
   assert res.returncode == 127 and "Traceback" not in res.stderr, res.stderr
   assert "[run_timed] exit 127; wall" in res.stderr, res.stderr
+  # --help is the usage, not a command to run (127 "No such file" until 2026-12-04).
+  res = _run(["tools/run_timed.py", "--help"])
+  assert res.returncode == 0 and "python tools/run_timed.py -- make test" in res.stdout

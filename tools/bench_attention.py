@@ -95,7 +95,7 @@ def cpu_memory(args):
         got[impl] = _temp_bytes(fn if mode == "fwd" else _fwd_bwd(fn), q, k, v)
       ref = got["reference"]
       table.row(T, mode, *[f"{got[i] / 2**20:.1f}" for i in got],
-                *[f"{ref / max(got[i], 1):.0f}x" for i in ("chunked", "pallas")])
+                *[f"{ref / max(got[i], 1):.1f}x" for i in ("chunked", "pallas")])
   print()
 
 

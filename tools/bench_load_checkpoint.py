@@ -38,7 +38,8 @@ def _child(workdir: str, way: str) -> None:
     ckpt = Checkpointer(workdir, read_only=True)
     try:
       abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
-      params = ckpt.restore_params(ckpt.resolve_step(None), abstract)
+      # the step load_checkpoint takes: the newest that reads
+      _, params = ckpt.read_step(None, lambda s: ckpt.restore_params(s, abstract))
     finally:
       ckpt.close()
     model = nnx.merge(graphdef, params, rest)
@@ -61,9 +62,11 @@ def main():
   sums = set()
   for _ in range(args.rounds):
     for way in results:
-      out = subprocess.run([sys.executable, __file__, "--workdir", args.workdir, "--child", way],
-                           capture_output=True, text=True, check=True).stdout
-      row = json.loads(out.strip().splitlines()[-1])
+      res = subprocess.run([sys.executable, __file__, "--workdir", args.workdir, "--child", way],
+                           capture_output=True, text=True)
+      if res.returncode:  # the child's own error, not a bare CalledProcessError
+        sys.exit(f"the {way} load failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
+      row = json.loads(res.stdout.strip().splitlines()[-1])
       results[way].append(round(row["seconds"], 2))
       sums.add(row["param_sum"])
   for way, seconds in results.items():

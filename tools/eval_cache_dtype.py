@@ -21,6 +21,7 @@ import argparse
 import functools
 import json
 import os
+import sys
 
 
 def main():
@@ -41,6 +42,9 @@ def main():
   from attnlab.nn import kv_cache as cache_lib
 
   model, cfg = attnlab.load_checkpoint(args.workdir)
+  if cfg.arch != "decoder_only":  # a KeyError from the batches until 2026-12-04
+    sys.exit(f"{args.workdir} holds an encoder-decoder; this measures a decoder-only model's "
+             "self-attention cache")
   _, dcfg, _ = gin_config.read_workdir_config(os.path.join(args.workdir, "config.gin"))
   sources, _ = build_sources(dcfg, cfg)
   batches = validation_batches(sources, dcfg, args.batches)

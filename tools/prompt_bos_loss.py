@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 
 def main():
@@ -36,6 +37,12 @@ def main():
   if cfg.arch != "decoder_only":
     p.error(f"{args.workdir} holds an encoder-decoder; this measures a decoder-only LM")
   _, dcfg, _ = config_gin.read_workdir_config(os.path.join(args.workdir, "config.gin"))
+  if dcfg.task != "lm":  # its validation files would be the stdlib's, not the run's data
+    p.error(f"{args.workdir} trained task={dcfg.task!r}; this measures a language model "
+            "(task='lm') on its validation files")
+  if args.tokens + 1 > cfg.max_len:
+    p.error(f"--tokens={args.tokens} needs {args.tokens + 1} positions, more than the "
+            f"model's max_len={cfg.max_len}")
   tok = _tokenizer(args.workdir)
   files = text.lm_files(dcfg.paths, validation_percent=dcfg.validation_percent)["validation"]
 
@@ -54,6 +61,9 @@ def main():
     without.append(np.mean(np.asarray(losses(jnp.asarray(ids, jnp.int32)))))
     if len(with_bos) == args.files:
       break
+  if not with_bos:  # nan and a NumPy warning until 2026-12-04
+    sys.exit(f"no validation file of {args.workdir} holds {n + 1} tokens: give a smaller "
+             "--tokens")
   print(f"{len(with_bos)} validation files of {args.workdir}: mean loss of predicting tokens "
         f"1..{n}: {np.mean(with_bos):.4f} after bos, {np.mean(without):.4f} without "
         f"({np.mean(without) / np.mean(with_bos):.3f}x)")

@@ -45,6 +45,9 @@ def minutes(seconds: float) -> str:
 
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
+  if argv[:1] in (["-h"], ["--help"]):  # not a command to run (it was run until 2026-12-04)
+    print(__doc__.strip() if __doc__ else "usage: python tools/run_timed.py -- COMMAND [ARGS...]")
+    return 0
   if argv[:1] == ["--"]:
     argv = argv[1:]
   if not argv:

@@ -8,6 +8,7 @@ the same name (attnlab/config.py), the one place decoding defaults live.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -21,11 +22,12 @@ from attnlab.commands._common import (
   log_attnlab_info,
   mesh_shape_flag,
 )
-from attnlab.config import CACHE_DTYPES, CACHE_KINDS, DecodeConfig, seed_key
+from attnlab.config import CACHE_DTYPES, CACHE_KINDS, DecodeConfig, is_integer, seed_key
 from attnlab.data import pipeline
 from attnlab.data.tokenizer import make_tokenizer
 from attnlab.decoding import batching
 from attnlab.decoding.generate import (
+  MAX_STOP_IDS,
   GenerateInputError,
   PagesExhaustedError,
   PromptTooLongError,
@@ -99,7 +101,29 @@ def tsv_field(text: str) -> str:
   return text.translate(_TSV_ESCAPES)
 
 
-def _serve(args, dcfg, model, prompts, ids, tokenizer, line_of) -> int:
+def stop_ids(workdir: str, eos_id: int | None, vocab_size: int) -> int | list[int] | None:
+  """The ids decoding stops at: the tokenizer's eos, then the ``eos_token_id`` ids of the
+  workdir's ``generation_config.json`` (an HF import brings it: Llama 3 lists
+  ``<|eot_id|>`` there beside ``<|end_of_text|>``; until 2026-12-04 decode stopped at the
+  first alone), those inside the vocabulary, at most ``MAX_STOP_IDS``: one int, a list of
+  several, or None for none (``generate``'s ``eos_id``)."""
+  ids = [] if eos_id is None else [int(eos_id)]
+  path = os.path.join(workdir, "generation_config.json")
+  if os.path.isfile(path):
+    try:
+      with open(path, encoding="utf-8") as f:
+        gen = json.load(f)
+    except (OSError, ValueError) as e:
+      raise CommandError(f"{path} is not readable JSON ({e})") from None
+    extra = gen.get("eos_token_id") if isinstance(gen, dict) else None
+    for i in extra if isinstance(extra, list) else [extra]:
+      if is_integer(i) and 0 <= i < vocab_size and int(i) not in ids:
+        ids.append(int(i))
+  ids = ids[:MAX_STOP_IDS]
+  return None if not ids else ids[0] if len(ids) == 1 else ids
+
+
+def _serve(args, dcfg, model, prompts, ids, tokenizer, line_of, stops) -> int:
   """``--slots``: continuous batching; prints "index<TAB>prompt<TAB>completion" (the
   prompt's index among the file's prompts, from 0; both texts ``tsv_field``-escaped) as
   each request completes, and on stderr the progress with tokens/s: a bar rewritten in
@@ -112,7 +136,7 @@ def _serve(args, dcfg, model, prompts, ids, tokenizer, line_of) -> int:
   def on_result(i, tokens):
     done[0] += 1
     done[1] += len(tokens)
-    if tokenizer.eos_id is not None and len(tokens) and tokens[-1] == tokenizer.eos_id:
+    if len(tokens) and stops is not None and np.isin(tokens[-1], stops):
       tokens = tokens[:-1]  # as without --slots: the text stops before eos, whatever the
                             # tokenizer's decode does with it (a tokenizer.json may show it)
     print(f"{i}\t{tsv_field(prompts[i])}\t{tsv_field(tokenizer.decode(tokens))}", flush=True)
@@ -129,7 +153,7 @@ def _serve(args, dcfg, model, prompts, ids, tokenizer, line_of) -> int:
     batching.generate_requests(
         model, ids, dcfg.max_new_tokens, slots=args.slots, cache=dcfg.cache,
         page_size=dcfg.page_size,
-        num_pages=dcfg.num_pages, cache_dtype=args.cache_dtype, eos_id=tokenizer.eos_id,
+        num_pages=dcfg.num_pages, cache_dtype=args.cache_dtype, eos_id=stops,
         rng=seed_key(dcfg.seed),
         sampling=Sampling(temperature=dcfg.temperature, top_k=dcfg.top_k, top_p=dcfg.top_p),
         on_result=on_result)
@@ -180,11 +204,12 @@ def main(argv: list[str]) -> int:
   except (MissingDependencyError, ValueError, ImportError) as e:
     raise CommandError(str(e)) from None
   ids = [pipeline.prompt_ids(tokenizer, p, cfg.arch, data_cfg.task) for p in prompts]
+  stops = stop_ids(args.workdir, tokenizer.eos_id, cfg.vocab_size)
   if args.slots is not None:
     if cfg.arch != "decoder_only" or dcfg.beam_size > 1:
       raise CommandError(f"--slots={args.slots} needs a decoder-only checkpoint and no beam "
                          "search")
-    return _serve(args, dcfg, model, prompts, ids, tokenizer, line_of)
+    return _serve(args, dcfg, model, prompts, ids, tokenizer, line_of, stops)
   width = max(len(x) for x in ids)
   prompt_BT = np.full((len(ids), max(width, 1)), cfg.pad_id, np.int32)
   for b, x in enumerate(ids):
@@ -193,7 +218,7 @@ def main(argv: list[str]) -> int:
   # The special ids are the tokenizer's, whatever DecodeConfig says. An hf_json
   # tokenizer may have no bos (decoder-only models never use it).
   bos_id = 1 if tokenizer.bos_id is None else tokenizer.bos_id
-  kwargs = dict(max_new_tokens=dcfg.max_new_tokens, cache=dcfg.cache, eos_id=tokenizer.eos_id,
+  kwargs = dict(max_new_tokens=dcfg.max_new_tokens, cache=dcfg.cache, eos_id=stops,
                 bos_id=bos_id, cache_dtype=args.cache_dtype, page_size=dcfg.page_size,
                 num_pages=dcfg.num_pages,
                 rng=seed_key(dcfg.seed),
@@ -215,9 +240,10 @@ def main(argv: list[str]) -> int:
                   f"{prompts[i][:40]!r})")
     raise CommandError(message) from None
   for prompt, row in zip(prompts, out_BL):
-    if tokenizer.eos_id is not None and tokenizer.eos_id in row:
-      # After eos the row is pad_id, which may be a real token of the tokenizer.
-      row = row[:list(row).index(tokenizer.eos_id)]
+    # Cut before the first stop id: after it the row is pad_id, which may be a real token
+    # of the tokenizer.
+    (at,) = np.nonzero(np.isin(row, [] if stops is None else stops))
+    row = row[:at[0]] if at.size else row
     text = tokenizer.decode(row)
     # --prompt: the text as it is; a prompts file (even of one prompt):
     # "prompt<TAB>completion", one escaped line each.

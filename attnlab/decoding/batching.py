@@ -65,12 +65,13 @@ from attnlab.decoding.generate import (
   _reserve,
   as_key,
   check_cache_dtype,
-  check_token_id,
+  check_stop_ids,
   new_pages,
   positive_int,
+  stop_array,
 )
 from attnlab.decoding.paging import PageAllocator
-from attnlab.decoding.sampling import Sampling, sample_rows
+from attnlab.decoding.sampling import Sampling, is_stop, sample_rows
 from attnlab.nn import kv_cache as cache_lib
 
 POLICIES = ("continuous", "static")
@@ -168,7 +169,8 @@ class _SlotState:
 def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *, slots: int = 8,
                       cache: str = "paged", page_size: int = 16, num_pages: int | None = None,
                       cache_dtype=None, sampling: Sampling = GREEDY, rng=None,
-                      eos_id: int | None = 2, on_result: Callable | None = None,
+                      eos_id: int | Sequence[int] | None = 2,
+                      on_result: Callable | None = None,
                       policy: str = "continuous", decode_chunk: int = 16) -> list[np.ndarray]:
   """Generate for every prompt with continuous batching; results in request order.
 
@@ -189,8 +191,8 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
       sampling. Request i draws its tokens from its own key
       (``jax.random.fold_in(rng, i)``), so its tokens do not depend on
       ``slots``, ``cache``, ``policy`` or the other requests.
-    eos_id: a request stops after emitting it (a token id in [0, vocab_size));
-      None = always its budget.
+    eos_id: a request stops after emitting it (a token id in [0, vocab_size), or a
+      sequence of up to ``MAX_STOP_IDS`` ids: any of them); None = always its budget.
     on_result: called as ``on_result(index, tokens)`` when a request completes.
     policy: "continuous", or "static" (a new batch only when all slots are free).
     decode_chunk: decode steps per device call at most.
@@ -283,7 +285,7 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
     raise GenerateInputError(f"policy={policy!r} is not one of {', '.join(map(repr, POLICIES))}")
   if not isinstance(sampling, Sampling):
     raise GenerateInputError(f"sampling must be a Sampling, got {type(sampling).__name__}")
-  eos_id = check_token_id("eos_id", eos_id, cfg.vocab_size, none_means="no eos")
+  stop_ids = check_stop_ids(eos_id, cfg.vocab_size)
   rng = as_key(rng)
   if num_pages is not None:
     if not paged:
@@ -315,7 +317,7 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
     sampling = GREEDY
   # Host scalars go to the programs as numpy values: a jnp scalar is a device
   # computation of its own, and these are passed every call.
-  eos = np.int32(-1 if eos_id is None else eos_id)
+  eos = stop_array(stop_ids)
   graphdef, state = nnx.split(model)
   graphdef = _interned(graphdef)  # hashed once per run, not per device call
   if paged:
@@ -350,12 +352,10 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
     """Add the slot's new tokens up to its request's end; finish it there."""
     i = slot_req[s]
     new = new[:budgets[i] - len(slot_tokens[s])]
-    if eos_id is not None:
-      (at_eos,) = np.nonzero(new == eos_id)
-      new = new[:at_eos[0] + 1] if at_eos.size else new
+    (at_eos,) = np.nonzero(np.isin(new, stop_ids))
+    new = new[:at_eos[0] + 1] if at_eos.size else new
     slot_tokens[s].extend(new.tolist())
-    if len(slot_tokens[s]) >= budgets[i] or (eos_id is not None and new.size
-                                               and new[-1] == eos_id):
+    if len(slot_tokens[s]) >= budgets[i] or at_eos.size:
       finish(s)
 
   while waiting or any(r >= 0 for r in slot_req):
@@ -465,7 +465,7 @@ def _prefill_impl(graphdef, state, kv_cache, alloc, slot_state, prompt_1T, lengt
                             cache=cache_lib.take_row(kv_cache), logits_at_B=length[None] - 1)
     kv_cache = cache_lib.put_row(kv_cache, row, slot)
     token = draw(logits_11V)
-    done = (token == eos) | (budget <= 1)
+    done = is_stop(token, eos) | (budget <= 1)
     return kv_cache, alloc, _start_slot(slot_state, slot, token, done, budget, key), token
   table_BM = kv_cache[0].self_attn.page_table_BM
   row_1M = jax.lax.dynamic_slice_in_dim(table_BM, slot, 1, axis=0)
@@ -481,7 +481,7 @@ def _prefill_impl(graphdef, state, kv_cache, alloc, slot_state, prompt_1T, lengt
   table_BM = jax.lax.dynamic_update_slice_in_dim(table_BM, row_1M, slot, axis=0)
   lengths_B = cache_lib.cache_lengths(kv_cache).at[slot].set(length)
   kv_cache = cache_lib.set_page_table(view, table_BM, lengths_B)
-  done = (token == eos) | (budget <= 1)
+  done = is_stop(token, eos) | (budget <= 1)
   is_slot_B = jnp.arange(table_BM.shape[0]) == slot
   kv_cache, alloc = _release(kv_cache, alloc, is_slot_B & done)
   return kv_cache, alloc, _start_slot(slot_state, slot, token, done, budget, key), token
@@ -529,7 +529,7 @@ def _decode_impl(graphdef, state, kv_cache, alloc, slot_state, eos, stop_on_fini
     next_B = jnp.where(st.active_B, sampled_B, pad_id)
     out_BK = out_BK.at[:, i].set(next_B)
     remaining_B = st.remaining_B - live_B
-    finished_B = st.active_B & ((next_B == eos) | (remaining_B <= 0))
+    finished_B = st.active_B & (is_stop(next_B, eos) | (remaining_B <= 0))
     kv_cache, alloc = _finish(kv_cache, alloc, finished_B)
     st = _SlotState(next_B, st.active_B & ~finished_B, remaining_B, st.key_B)
     return (i + 1, st, out_BK, kv_cache, alloc, live_steps + jnp.sum(live_B),

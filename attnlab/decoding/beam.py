@@ -18,6 +18,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from attnlab.decoding.sampling import is_stop
+
 
 def length_penalty_factor(length, alpha: float):
   """GNMT's lp(n) = ((5 + n) / 6)^alpha; 1 for alpha = 0."""
@@ -25,7 +27,7 @@ def length_penalty_factor(length, alpha: float):
 
 
 def beam_search(step_fn, cache, *, batch: int, beam_size: int, max_len: int,
-                bos_id: int | None = None, eos_id: int | None, length_penalty: float = 0.6,
+                bos_id: int | None = None, eos_id, length_penalty: float = 0.6,
                 pad_id: int = 0, first_log_probs_XV=None):
   """The best hypothesis per source, int32 [batch, max_len] (eos included, pad after).
 
@@ -37,7 +39,8 @@ def beam_search(step_fn, cache, *, batch: int, beam_size: int, max_len: int,
     cache: the initial cache (all beams of a source identical).
     batch, beam_size, max_len: B, Z and J, the longest hypothesis.
     bos_id: the first input token, fed to ``step_fn`` first; eos_id: ends a
-      hypothesis (None or -1 = never). Either may be a traced int32 scalar.
+      hypothesis (None or -1 = never), or an int32 array of such ids (any ends it; -1
+      pads). Either may be traced.
     length_penalty: alpha; 0 ranks finished hypotheses by log P alone.
     pad_id: fills a hypothesis after its eos.
     first_log_probs_XV: instead of ``bos_id``, the log probabilities of the
@@ -77,7 +80,8 @@ def beam_search(step_fn, cache, *, batch: int, beam_size: int, max_len: int,
     beam_BU, token_BU = top_idx_BU // V, top_idx_BU % V
     seq_BUJ = jnp.take_along_axis(alive_seq_BZJ, beam_BU[:, :, None], axis=1)
     seq_BUJ = seq_BUJ.at[:, :, step].set(token_BU)
-    is_eos_BU = (token_BU == eos_id) if eos_id is not None else jnp.zeros_like(token_BU, bool)
+    is_eos_BU = (is_stop(token_BU, jnp.atleast_1d(jnp.asarray(eos_id))) if eos_id is not None
+                 else jnp.zeros_like(token_BU, bool))
 
     # Alive: the best Z candidates that did not end.
     alive_logp_BZ, keep_BZ = jax.lax.top_k(jnp.where(is_eos_BU, neg_inf, top_logp_BU), Z)

@@ -22,6 +22,8 @@ runs beam search (``beam_search``; each beam a row of the cache).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,7 +39,7 @@ from attnlab.config import (
 )
 from attnlab.decoding.beam import beam_search
 from attnlab.decoding.paging import PageAllocator
-from attnlab.decoding.sampling import Sampling, sample
+from attnlab.decoding.sampling import Sampling, is_stop, sample
 from attnlab.nn import kv_cache as cache_lib
 
 
@@ -70,7 +72,7 @@ _DEFAULTS = DecodeConfig()  # the one home of the decoding defaults
 
 def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens,
              cache: str = _DEFAULTS.cache, sampling: Sampling = GREEDY, rng=None,
-             prompt_lengths_B=None, eos_id: int | None = 2, bos_id: int = 1,
+             prompt_lengths_B=None, eos_id: int | Sequence[int] | None = 2, bos_id: int = 1,
              beam_size: int | None = None, length_penalty: float = _DEFAULTS.length_penalty,
              page_size: int = _DEFAULTS.page_size, num_pages: int | None = _DEFAULTS.num_pages,
              cache_len: int | None = None, cache_dtype=None):
@@ -93,8 +95,9 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
       ``cfg.pad_id``; an encoder-decoder's source every token that is not
       ``cfg.pad_id``.
     eos_id: a sequence stops after emitting it (the rest of its row is
-      ``cfg.pad_id``); a token id in [0, vocab_size), or None = always
-      ``max_new_tokens``.
+      ``cfg.pad_id``); a token id in [0, vocab_size), a sequence of up to
+      ``MAX_STOP_IDS`` of them (a stop at any: Llama 3's ``<|end_of_text|>`` and
+      ``<|eot_id|>``), or None = always ``max_new_tokens``.
     bos_id: first target token of an encoder-decoder.
     beam_size: runs beam search of that width (an encoder-decoder's from
       ``bos_id``, a decoder-only model's from each prompt; without an eos a
@@ -143,9 +146,8 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
                              f"{sampling} is not used with it; give one or the other")
   if sampling.greedy:
     sampling = GREEDY  # the filters do nothing at temperature 0: one compiled program for all
-  eos_id = check_token_id("eos_id", eos_id, cfg.vocab_size, none_means="no eos")
-  # Traced, not static: a new eos does not recompile. -1 matches no token.
-  eos = jnp.int32(-1 if eos_id is None else eos_id)
+  # Traced, not static, and of one width: new stop ids do not recompile.
+  eos = jnp.asarray(stop_array(check_stop_ids(eos_id, cfg.vocab_size)))
   cache_dtype = check_cache_dtype(cache_dtype)
   static = dict(max_new_tokens=max_new_tokens, kind=cache, page_size=page_size,
                 cache_dtype=None if cache_dtype is None else str(cache_dtype))
@@ -216,6 +218,31 @@ def positive_int(name, value) -> int:
   except ValueError as e:
     raise GenerateInputError(str(e)) from None
   return int(value)
+
+
+# The stop ids a decode program takes: up to this many, padded with -1 (no token), so that
+# one compiled program serves one eos or several.
+MAX_STOP_IDS = 8
+
+
+def check_stop_ids(eos_id, vocab_size) -> tuple[int, ...]:
+  """``eos_id`` as the token ids a sequence stops at: None -> (), one id -> (id,), a
+  non-empty list / tuple / 1-D array of at most ``MAX_STOP_IDS`` ids; each in
+  [0, vocab_size). A GenerateInputError otherwise."""
+  if isinstance(eos_id, list | tuple | np.ndarray | jax.Array) and np.ndim(eos_id) == 1:
+    values = list(eos_id) if isinstance(eos_id, list | tuple) else np.asarray(eos_id).tolist()
+    ids = [check_token_id(f"eos_id[{i}]", v, vocab_size) for i, v in enumerate(values)]
+    if not 1 <= len(ids) <= MAX_STOP_IDS:
+      raise GenerateInputError(f"eos_id holds {len(ids)} ids; give 1 to {MAX_STOP_IDS} (or one "
+                               "int, or None for no eos)")
+    return tuple(dict.fromkeys(ids))
+  eos_id = check_token_id("eos_id", eos_id, vocab_size, none_means="no eos")
+  return () if eos_id is None else (eos_id,)
+
+
+def stop_array(ids: tuple[int, ...]) -> np.ndarray:
+  """int32 [MAX_STOP_IDS]: ``ids`` padded with -1, which matches no token."""
+  return np.array(list(ids) + [-1] * (MAX_STOP_IDS - len(ids)), np.int32)
 
 
 def check_token_id(name, value, vocab_size, *, none_means: str | None = None) -> int | None:
@@ -373,7 +400,7 @@ def _sampling_loop(forward, cache, alloc, first_logits_BV, rng, *, max_new_token
   """Sample the first token from ``first_logits_BV``, then step until done.
 
   ``forward(tokens_BT, segment_ids_BT, cache) -> (logits_BTV, cache)``; ``eos_id``
-  is a traced int32, -1 for none.
+  is the traced ``stop_array`` of the stop ids.
   Returns (tokens [B, max_new_tokens], exhausted).
   """
   B = first_logits_BV.shape[0]
@@ -389,7 +416,7 @@ def _sampling_loop(forward, cache, alloc, first_logits_BV, rng, *, max_new_token
 
   token_B, rng = draw(first_logits_BV, rng)
   out_BJ = jnp.full((B, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(token_B)
-  done_B = token_B == eos_id
+  done_B = is_stop(token_B, eos_id)
   if paged:
     cache, alloc = _release(cache, alloc, done_B)
 
@@ -406,7 +433,7 @@ def _sampling_loop(forward, cache, alloc, first_logits_BV, rng, *, max_new_token
     sampled_B, rng = draw(logits_BTV[:, 0], rng)
     next_B = jnp.where(done_B, pad_id, sampled_B)
     out_BJ = out_BJ.at[:, step].set(next_B)
-    finished_B = ~done_B & (next_B == eos_id)
+    finished_B = ~done_B & is_stop(next_B, eos_id)
     if paged:
       cache, alloc = _release(cache, alloc, finished_B)
     return step + 1, next_B, done_B | finished_B, out_BJ, cache, alloc, rng

@@ -79,3 +79,9 @@ def sample_rows(logits_BV, keys_B, sampling: Sampling):
     return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
   logits_BV = filtered_logits(logits_BV, sampling)
   return jax.vmap(jax.random.categorical)(keys_B, logits_BV).astype(jnp.int32)
+
+
+def is_stop(token, stop_E):
+  """Whether each of ``token`` (any shape) is one of the stop ids ``stop_E`` (a traced
+  ``generate.stop_array``: padded with -1, which matches no token)."""
+  return (token[..., None] == stop_E).any(-1)

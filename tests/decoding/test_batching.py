@@ -33,7 +33,8 @@ def _prompts():
 
 def _alone(model, prompts, budgets, eos_id):
   """Greedy ``generate`` of each prompt alone (one batched call: rows decode independently),
-  cut after eos and at the request's budget."""
+  cut after eos (one id, or a list of stop ids: the first of any) and at the request's
+  budget."""
   width = max(len(p) for p in prompts)
   prompt_BT = np.zeros((len(prompts), width), np.int32)
   for b, p in enumerate(prompts):
@@ -43,9 +44,9 @@ def _alone(model, prompts, budgets, eos_id):
   want = []
   for row, n in zip(out_BL, budgets, strict=True):
     row = row[:n].tolist()
-    if eos_id is not None and eos_id in row:
-      row = row[:row.index(eos_id) + 1]
-    want.append(row)
+    stops = [] if eos_id is None else eos_id if isinstance(eos_id, list) else [eos_id]
+    hits = [j for j, t in enumerate(row) if t in stops]
+    want.append(row[:hits[0] + 1] if hits else row)
   return want
 
 
@@ -274,6 +275,11 @@ def test_prefill_buckets_hold_the_prompt_with_less_than_half_of_it_as_padding():
     # request; rng=0 was a TypeError from inside JAX)
     (dict(eos_id=61), r"^eos_id=61 is outside the vocabulary \[0, 61\), or None \(no eos\)$"),
     (dict(eos_id="2"), r"^eos_id='2' must be an integer token id in \[0, 61\)"),
+    (dict(eos_id=[]), r"^eos_id holds 0 ids; give 1 to 8 \(or one int, or None for no eos\)$"),
+    (dict(eos_id=list(range(9))), r"^eos_id holds 9 ids; give 1 to 8"),
+    (dict(eos_id=[2, 61]), r"^eos_id\[1\]=61 is outside the vocabulary \[0, 61\)$"),
+    (dict(eos_id=[2, "3"]), r"^eos_id\[1\]='3' must be an integer token id in \[0, 61\)$"),
+    (dict(eos_id=np.ones((1, 2), np.int32)), r"^eos_id=array\(\[\[1, 1\]\]"),
     (dict(rng="0"), r"^rng='0' must be a jax.random.key \(or its uint32 key data\), an integer "
                     "seed or None$"),
     (dict(cache_dtype="int4"), "cache_dtype='int4'"),  # a plain ValueError until 2026-12-04
@@ -369,6 +375,23 @@ def test_the_first_request_finishing_last_is_waited_for(cache):
                                          page_size=C, eos_id=None, policy=policy, decode_chunk=4)
     assert [r.tolist() for r in got] == _alone(model, prompts, budgets, None)
     assert stats.decode_steps == steps, policy
+
+
+@SLOT_CACHES
+def test_several_stop_ids_end_each_request_at_the_first_of_them(case, cache):
+  """eos_id as a list: each request ends at its first token that is any of them, on the
+  device (the decode program's finished flags) and on the host (its tokens cut there);
+  one int until 2026-12-04."""
+  model, prompts, _, _, no_eos = case
+  stops = [no_eos[0][3], no_eos[1][1]]
+  want = _alone(model, prompts, BUDGETS, stops)
+  assert want != _alone(model, prompts, BUDGETS, None)
+  assert want != _alone(model, prompts, BUDGETS, stops[0]) != _alone(model, prompts, BUDGETS,
+                                                                      stops[1])
+  results, stats = batching.serve_requests(model, prompts, BUDGETS, slots=2, cache=cache,
+                                           page_size=C, eos_id=stops, decode_chunk=4)
+  assert [r.tolist() for r in results] == want
+  assert stats.live_slot_steps == stats.generated - stats.prefills
 
 
 @SLOT_CACHES

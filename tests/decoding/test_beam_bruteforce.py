@@ -63,13 +63,15 @@ def _beam(beam_size, alpha, eos_id):
 
 
 def _enumerate(src, alpha, eos_id):
-  """Every hypothesis of at most L tokens with its GNMT score, best first."""
+  """Every hypothesis of at most L tokens with its GNMT score, best first (``eos_id``: one
+  id, a tuple of them, any ending a hypothesis, or None)."""
   lp = lambda n: ((5.0 + n) / 6.0) ** alpha
+  stops = () if eos_id is None else eos_id if isinstance(eos_id, tuple) else (eos_id,)
   scored = []
   for n in range(1, L + 1):
     for toks in itertools.product(range(V), repeat=n):
-      ended = eos_id is not None and toks[-1] == eos_id
-      if eos_id is not None and eos_id in toks[:-1]:
+      ended = toks[-1] in stops
+      if any(t in stops for t in toks[:-1]):
         continue  # a hypothesis ends at its first eos
       if not ended and n < L:
         continue  # unfinished hypotheses compete only once cut at max_len
@@ -89,8 +91,10 @@ def _enumerate(src, alpha, eos_id):
 WIDE = V * (V - 1) ** (L - 1) // 2 + 1
 
 
-@pytest.mark.parametrize("eos_id", [EOS, None])
+@pytest.mark.parametrize("eos_id", [EOS, None, (EOS, 4)])
 def test_exhaustive_beam_returns_the_best_enumerated_hypothesis(eos_id):
+  """(EOS, 4): two stop ids, either ending a hypothesis (generate passes them as an array;
+  one id only until 2026-12-04)."""
   answers = {}
   for alpha in (0.0, 0.6, 1.0, 2.0):
     got = _beam(WIDE, alpha, eos_id)
@@ -100,7 +104,7 @@ def test_exhaustive_beam_returns_the_best_enumerated_hypothesis(eos_id):
       assert best - second > 1e-4, "a near tie: pick another table seed"
       assert got[src].tolist() == best_seq, (alpha, src, ranked[:3])
       answers[(src, alpha)] = tuple(best_seq)
-  if eos_id is not None:
+  if eos_id == EOS:
     # The case must exercise the length penalty: some source's best changes with alpha.
     assert any(len({answers[(s, a)] for a in (0.0, 0.6, 1.0, 2.0)}) > 1 for s in range(BATCH))
 

@@ -107,6 +107,39 @@ def _expected(workdir, prompts, **kw):
   return [tok.decode(np.asarray(r, np.int32)) for r in rows]
 
 
+def test_decode_stops_at_the_eos_ids_of_a_generation_config_too(workdir, capsys, tmp_path):
+  """A workdir's generation_config.json (an HF import's) may list several eos ids (Llama 3:
+  <|end_of_text|> and <|eot_id|>): decode stops at any of them, with and without --slots,
+  the text cut before it. Until 2026-12-04 it stopped at the tokenizer's eos alone."""
+  import json
+  import shutil
+
+  wd = str(tmp_path / "w")
+  shutil.copytree(workdir, wd)
+  model, cfg = attnlab.load_checkpoint(wd)
+  tok = decode_command._tokenizer(wd)
+  prompt = "def main("
+  ids = [tok.bos_id, *tok.encode(prompt)]
+  free = np.asarray(attnlab.generate(model, np.asarray([ids], np.int32), max_new_tokens=6,
+                                     eos_id=None))[0]
+  # The first token not seen before it: the text is what precedes it.
+  j = next(j for j in range(1, 6) if free[j] not in free[:j] and free[j] != tok.eos_id)
+  stop = int(free[j])
+  want = tok.decode(free[:j])
+  with open(os.path.join(wd, "generation_config.json"), "w") as f:
+    json.dump({"eos_token_id": [tok.eos_id, stop, cfg.vocab_size + 5]}, f)  # one outside
+  assert decode_command.stop_ids(wd, tok.eos_id, cfg.vocab_size) == [tok.eos_id, stop]
+  for extra in ([], ["--slots", "2"]):
+    rc, out, err = _run(["decode", "--workdir", wd, "--prompt", prompt, "--max_new_tokens",
+                         "6", *extra], capsys)
+    assert rc == 0, err
+    assert out.rstrip("\n").split("\t")[-1] == want, (extra, out)
+  with open(os.path.join(wd, "generation_config.json"), "w") as f:
+    f.write("{not json")
+  rc, _, err = _run(["decode", "--workdir", wd, "--prompt", prompt], capsys)
+  assert rc == 2 and "generation_config.json is not readable JSON" in err, err
+
+
 def test_decode_prints_what_generate_gives_with_every_flag(workdir, capsys, tmp_path):
   """The printed completions are ``attnlab.generate``'s with the flags passed on: greedy
   with one prompt (the completion alone); sampling (temperature, top_k, top_p, seed) with

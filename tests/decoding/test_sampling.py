@@ -124,6 +124,40 @@ def test_eos_as_the_first_generated_token_ends_that_row_at_once(arch, cache):
   np.testing.assert_array_equal(out[1], free[1])
 
 
+def _cut_at(row, stops, pad):
+  """``row`` up to and including its first token in ``stops``, then pad."""
+  hits = [j for j, t in enumerate(row) if t in stops]
+  return row if not hits else np.concatenate([row[:hits[0] + 1], [pad] * (len(row) - hits[0] - 1)])
+
+
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
+def test_several_stop_ids_end_each_row_at_the_first_of_them(arch, cache):
+  """eos_id as a list (Llama 3 stops at <|end_of_text|> or <|eot_id|>): each row ends at
+  the first of its tokens that is any of them, the rest pad, as the free run cut there; one
+  program for one id or several (the ids are traced, padded to MAX_STOP_IDS). Before
+  2026-12-04 eos_id was one int."""
+  from attnlab.decoding.generate import MAX_STOP_IDS
+
+  if arch == "decoder_only":
+    model, prompt = decoder_model("mha_rope", varied=True), random_tokens(31, (2, 6))
+  else:
+    model, prompt = encdec_model("paper_gqa", varied=True), random_tokens(1, SRC_SHAPE)
+  pad = model.cfg.pad_id
+  run = lambda eos_id: np.asarray(attnlab.generate(model, prompt, max_new_tokens=8, cache=cache,
+                                                   eos_id=eos_id))
+  free = run(None)
+  # A stop that row 0 reaches late and one that row 1 reaches (or none it reaches).
+  stops = [int(free[0, 5]), int(free[1, 2])]
+  want = np.stack([_cut_at(r, stops, pad) for r in free])
+  assert not np.array_equal(want, free)
+  for eos_id in (stops, tuple(stops), np.asarray(stops), stops + [stops[0]]):
+    np.testing.assert_array_equal(run(eos_id), want)
+  np.testing.assert_array_equal(run([stops[0]]), run(stops[0]))
+  np.testing.assert_array_equal(run(list(range(MAX_STOP_IDS - 1)) + [stops[1]]), np.stack(
+      [_cut_at(r, list(range(MAX_STOP_IDS - 1)) + [stops[1]], pad) for r in free]))
+
+
 def test_sampling_draws_every_step_with_the_next_key_of_the_split_chain():
   """generate's sampled tokens are, step by step, ``categorical(sub, filtered logits)`` of the
   uncached forward pass over the tokens so far, where ``key, sub = split(key)`` before every

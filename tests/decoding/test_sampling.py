@@ -102,19 +102,24 @@ def test_eos_stops_each_sequence_and_pads_after_it():
     assert (row[end:] == model.cfg.pad_id).all()
 
 
+def _greedy_runs(arch, cache):
+  """(pad id, run): ``run(eos_id)`` is greedy ``generate`` of 8 tokens for two rows of a
+  small model of ``arch`` with ``cache``."""
+  if arch == "decoder_only":
+    model, prompt = decoder_model("mha_rope", varied=True), random_tokens(31, (2, 6))
+  else:
+    model, prompt = encdec_model("paper_gqa", varied=True), random_tokens(1, SRC_SHAPE)
+  return model.cfg.pad_id, lambda eos_id: np.asarray(attnlab.generate(
+      model, prompt, max_new_tokens=8, cache=cache, eos_id=eos_id))
+
+
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
 @pytest.mark.parametrize("cache", ["contiguous", "paged"])
 def test_eos_as_the_first_generated_token_ends_that_row_at_once(arch, cache):
   """A row whose very first token (drawn from the prefill's logits, before the loop) is the
   eos stops there: the rest of it is pad_id, while the other row runs on as without an eos.
   Catches the first token left out of the done flags (the row would go on generating)."""
-  if arch == "decoder_only":
-    model, prompt = decoder_model("mha_rope", varied=True), random_tokens(31, (2, 6))
-  else:
-    model, prompt = encdec_model("paper_gqa", varied=True), random_tokens(1, SRC_SHAPE)
-  pad = model.cfg.pad_id
-  run = lambda eos_id: np.asarray(attnlab.generate(model, prompt, max_new_tokens=8, cache=cache,
-                                                   eos_id=eos_id))
+  pad, run = _greedy_runs(arch, cache)
   free = run(None)
   eos = int(free[0, 0])
   # Without the eos, row 0 goes on with real tokens; row 1 never emits that token.
@@ -139,13 +144,7 @@ def test_several_stop_ids_end_each_row_at_the_first_of_them(arch, cache):
   2026-12-04 eos_id was one int."""
   from attnlab.decoding.generate import MAX_STOP_IDS
 
-  if arch == "decoder_only":
-    model, prompt = decoder_model("mha_rope", varied=True), random_tokens(31, (2, 6))
-  else:
-    model, prompt = encdec_model("paper_gqa", varied=True), random_tokens(1, SRC_SHAPE)
-  pad = model.cfg.pad_id
-  run = lambda eos_id: np.asarray(attnlab.generate(model, prompt, max_new_tokens=8, cache=cache,
-                                                   eos_id=eos_id))
+  pad, run = _greedy_runs(arch, cache)
   free = run(None)
   # A stop that row 0 reaches late and one that row 1 reaches (or none it reaches).
   stops = [int(free[0, 5]), int(free[1, 2])]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +40,13 @@ CACHE_KINDS = ("contiguous", "ring", "paged")
 # The smallest sampling temperature above 0 (greedy): logits / temperature must stay finite
 # in float32 (a logit of 1e3 over 1e-36 is inf, and a draw from inf logits is token 0).
 MIN_TEMPERATURE = 1e-6
+
+
+def absolute_path(path: str) -> str:
+  """``path`` (a file or a glob pattern) as an absolute, normalized path: ``~`` expanded,
+  a relative one taken from the working directory. The one spelling of a data path that
+  config.gin, the data state's stream and a sweep's comparison of configs use."""
+  return os.path.normpath(os.path.abspath(os.path.expanduser(path)))
 
 
 def is_integer(value) -> bool:

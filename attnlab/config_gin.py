@@ -18,7 +18,7 @@ import re
 
 import gin
 
-from attnlab.config import DataConfig, ModelConfig, Sweep, TrainConfig
+from attnlab.config import DataConfig, ModelConfig, Sweep, TrainConfig, absolute_path
 
 log = logging.getLogger(__name__)
 
@@ -246,8 +246,7 @@ def operative_config(*configs, workdir: str | None = None) -> str:
         cfg = dataclasses.replace(cfg, tokenizer_model=os.path.abspath(cfg.tokenizer_model))
     if workdir is not None and isinstance(cfg, DataConfig) and cfg.paths:
       cfg = dataclasses.replace(cfg, paths=tuple(
-          p if os.path.isabs(p) else os.path.normpath(os.path.abspath(os.path.expanduser(p)))
-          for p in cfg.paths))
+          p if os.path.isabs(p) else absolute_path(p) for p in cfg.paths))
     name = type(cfg).__name__
     lines += [f"{name}.{f.name} = {gin_value(getattr(cfg, f.name))}"
               for f in dataclasses.fields(cfg)]

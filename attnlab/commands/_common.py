@@ -52,6 +52,11 @@ def parse_gin(gin_files: list[str], bindings: list[str]) -> tuple[ModelConfig, D
     raise CommandError(str(e)) from None
 
 
+# transformers' generation settings (sampling defaults, eos ids), which an HF import keeps
+# in the workdir: the export gives it back, decode reads its eos ids.
+GENERATION_CONFIG = "generation_config.json"
+
+
 def log_attnlab_info() -> None:
   """Log lines on stderr: attnlab's from INFO up (progress, checkpoints, warnings), the
   libraries' (orbax, JAX) from WARNING up (orbax logs ~70 INFO lines a checkpoint).

@@ -29,7 +29,7 @@ from flax import nnx
 
 from attnlab import config_gin as gin_config
 from attnlab.commands import CommandError
-from attnlab.commands._common import CommandParser, log_attnlab_info
+from attnlab.commands._common import GENERATION_CONFIG, CommandParser, log_attnlab_info
 from attnlab.config import DataConfig, TrainConfig
 from attnlab.convert import hf
 from attnlab.data.tokenizer import (
@@ -68,9 +68,6 @@ def _parser():
   p.add_argument("--max_shard_mb", type=int, default=2048,
                  help="--to-hf: largest safetensors shard (MiB)")
   return p
-
-
-GENERATION_CONFIG = "generation_config.json"
 
 
 def main(argv: list[str]) -> int:

@@ -20,11 +20,10 @@ Batch layouts (numpy, int32 unless noted):
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 
-from attnlab.config import DataConfig, ModelConfig
+from attnlab.config import DataConfig, ModelConfig, absolute_path
 from attnlab.data import packing, text
 from attnlab.data.synthetic import SyntheticPairs
 from attnlab.data.tokenizer import make_tokenizer
@@ -281,8 +280,7 @@ def _comparable(stream: dict) -> dict:
   paths = stream.get("paths")
   if paths is None:
     return stream
-  return {**stream, "paths": [os.path.normpath(os.path.abspath(os.path.expanduser(p)))
-                              for p in paths]}
+  return {**stream, "paths": [absolute_path(p) for p in paths]}
 
 
 def same_stream(a: dict, b: dict) -> bool:

@@ -37,7 +37,14 @@ import numpy as np
 from flax import nnx
 
 from attnlab import config_gin
-from attnlab.config import DataConfig, ModelConfig, Sweep, TrainConfig, check_seed
+from attnlab.config import (
+  DataConfig,
+  ModelConfig,
+  Sweep,
+  TrainConfig,
+  absolute_path,
+  check_seed,
+)
 from attnlab.convert.heads import check_conversion, convert_heads
 from attnlab.data import pipeline
 from attnlab.data.tokenizer import TOKENIZER_FILES
@@ -690,7 +697,7 @@ def configs_difference(have_configs, want_configs) -> tuple[str, str] | None:
       if field.name == "tokenizer_model" and a and b:  # config.gin writes it absolute
         a, b = (os.path.realpath(x) for x in (a, b))
       if field.name == "paths" and a and b:  # and these (``operative_config``)
-        a, b = (tuple(os.path.abspath(os.path.expanduser(p)) for p in x) for x in (a, b))
+        a, b = (tuple(absolute_path(p) for p in x) for x in (a, b))
       if a != b:
         name = f"{type(cfg).__name__}.{field.name}"
         return f"{name} = {config_gin.gin_value(a)}", f"{name} = {config_gin.gin_value(b)}"

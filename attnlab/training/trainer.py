@@ -81,20 +81,13 @@ class SetupError(ValueError):
   """The run cannot start with its config and data (found before anything is written)."""
 
 
-def _model_changes(workdir: str, mcfg: ModelConfig, tcfg: TrainConfig) -> str:
-  """' (ModelConfig.x: a -> b, ..., TrainConfig.optimizer: a -> b)' against the
-  workdir's config.gin: the fields that shape the saved state; or ''."""
+def _saved_configs(workdir: str):
+  """(ModelConfig, DataConfig, TrainConfig) of the workdir's config.gin, the run that wrote
+  its checkpoints; None when there is none to read (nothing to compare with)."""
   try:
-    saved, _, saved_t = gin_config.read_workdir_config(os.path.join(workdir, "config.gin"))
-  except Exception:  # no or unreadable config.gin: nothing to compare with
-    return ""
-  changed = [f"ModelConfig.{f.name}: {getattr(saved, f.name)!r} -> {getattr(mcfg, f.name)!r}"
-             for f in dataclasses.fields(mcfg) if getattr(saved, f.name) != getattr(mcfg, f.name)]
-  if saved_t.optimizer != tcfg.optimizer:
-    changed.append(f"TrainConfig.optimizer: {saved_t.optimizer!r} -> {tcfg.optimizer!r}")
-  if (saved_t.grad_clip > 0) != (tcfg.grad_clip > 0):  # clipping is a step of the chain
-    changed.append(f"TrainConfig.grad_clip: {saved_t.grad_clip!r} -> {tcfg.grad_clip!r}")
-  return f" ({', '.join(changed)})" if changed else ""
+    return gin_config.read_workdir_config(os.path.join(workdir, "config.gin"))
+  except Exception:  # noqa: BLE001 - no or unreadable config.gin
+    return None
 
 
 # ModelConfig fields a resume may change: how the same function of the same parameters is
@@ -106,36 +99,49 @@ RESUMABLE_MODEL_FIELDS = ("attention_impl", "remat", "dtype", "param_dtype", "dr
                           "attention_dropout_rate", "max_len")
 
 
-def _model_fields(cfg: ModelConfig) -> dict:
-  """The fields that define the model, spelled one way: the three bias switches as the
-  biases they give (None is ``use_bias``), ``use_bias`` itself left out."""
-  fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
-            if f.name not in RESUMABLE_MODEL_FIELDS and f.name != "use_bias"}
-  fields.update(qkv_bias=cfg.has_bias("qkv"), o_bias=cfg.has_bias("o"),
-                mlp_bias=cfg.has_bias("mlp"))
-  return fields
+def _model_field_changes(saved: ModelConfig, mcfg: ModelConfig, skip=()) -> list[str]:
+  """['ModelConfig.x: a -> b', ...] for the fields (but ``skip``) that differ, each spelled
+  one way: the three bias switches as the biases they give (``qkv_bias=None`` under
+  ``use_bias=False`` is ``qkv_bias=False``), ``use_bias`` itself left out."""
+  def fields(cfg):
+    out = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+           if f.name not in skip and f.name != "use_bias"}
+    out.update(qkv_bias=cfg.has_bias("qkv"), o_bias=cfg.has_bias("o"),
+               mlp_bias=cfg.has_bias("mlp"))
+    return out
 
-
-def _other_model(workdir: str, mcfg: ModelConfig) -> list[str]:
-  """['ModelConfig.x: a -> b', ...]: the fields outside RESUMABLE_MODEL_FIELDS in which
-  ``mcfg`` differs from the workdir's config.gin (none when there is none to read;
-  ``qkv_bias=None`` under ``use_bias=False`` is ``qkv_bias=False``)."""
-  try:
-    saved = gin_config.read_workdir_config(os.path.join(workdir, "config.gin"))[0]
-  except Exception:  # no or unreadable config.gin: nothing to compare with
-    return []
-  was, now = _model_fields(saved), _model_fields(mcfg)
+  was, now = fields(saved), fields(mcfg)
   return [f"ModelConfig.{name}: {was[name]!r} -> {now[name]!r}" for name in was
           if was[name] != now[name]]
 
 
+def _model_changes(workdir: str, mcfg: ModelConfig, tcfg: TrainConfig) -> str:
+  """' (ModelConfig.x: a -> b, ..., TrainConfig.optimizer: a -> b)' against the
+  workdir's config.gin: the fields that shape the saved state; or ''."""
+  saved = _saved_configs(workdir)
+  if saved is None:
+    return ""
+  changed = _model_field_changes(saved[0], mcfg)
+  saved_t = saved[2]
+  if saved_t.optimizer != tcfg.optimizer:
+    changed.append(f"TrainConfig.optimizer: {saved_t.optimizer!r} -> {tcfg.optimizer!r}")
+  if (saved_t.grad_clip > 0) != (tcfg.grad_clip > 0):  # clipping is a step of the chain
+    changed.append(f"TrainConfig.grad_clip: {saved_t.grad_clip!r} -> {tcfg.grad_clip!r}")
+  return f" ({', '.join(changed)})" if changed else ""
+
+
+def _other_model(workdir: str, mcfg: ModelConfig) -> list[str]:
+  """The fields outside RESUMABLE_MODEL_FIELDS in which ``mcfg`` differs from the
+  workdir's config.gin (``_model_field_changes``; none when there is none to read)."""
+  saved = _saved_configs(workdir)
+  return [] if saved is None else _model_field_changes(saved[0], mcfg, RESUMABLE_MODEL_FIELDS)
+
+
 def _saved_data_config(workdir: str) -> DataConfig | None:
   """The DataConfig of the workdir's config.gin (the run that wrote its checkpoints),
-  or None when there is none to read."""
-  try:
-    return gin_config.read_workdir_config(os.path.join(workdir, "config.gin"))[1]
-  except Exception:  # no or unreadable config.gin: old data states stay unchecked
-    return None
+  or None when there is none to read (old data states then stay unchecked)."""
+  saved = _saved_configs(workdir)
+  return None if saved is None else saved[1]
 
 
 SCHEDULE_FIELDS = ("schedule", "learning_rate", "warmup_steps", "steps", "min_lr_ratio")
@@ -145,10 +151,10 @@ def _warn_schedule_change(workdir: str, tcfg: TrainConfig, d_model: int, opt_sta
   """Warn when a resumed run's learning rate is not the one its checkpoints were headed for:
   the schedule's fields changed (a cosine decays over ``TrainConfig.steps``, so training a
   run further moves its rate), which a run of the new config from step 0 would not see."""
-  try:
-    _, _, saved = gin_config.read_workdir_config(os.path.join(workdir, "config.gin"))
-  except Exception:  # no or unreadable config.gin: nothing to compare with
+  configs = _saved_configs(workdir)
+  if configs is None:
     return
+  saved = configs[2]
   changed = [f"TrainConfig.{f}: {getattr(saved, f)!r} -> {getattr(tcfg, f)!r}"
              for f in SCHEDULE_FIELDS if getattr(saved, f) != getattr(tcfg, f)]
   if not changed:

@@ -167,17 +167,31 @@ def from_hf(src_dir: str, workdir: str, *, dtype: str | None = None) -> dict:
       for name in TOKENIZER_FILES:
         if os.path.isfile(os.path.join(src_dir, name)):
           shutil.copyfile(os.path.join(src_dir, name), os.path.join(tmp, name))
-    _copy_generation_config(src_dir, tmp)
+    if not _copy_generation_config(src_dir, tmp):
+      _write_stop_ids(tmp, hf.eos_ids(hf_cfg))
   return {"workdir": out, "family": family, "params": n, "step": STEP,
           "tokenizer": dcfg.tokenizer}
 
 
-def _copy_generation_config(src: str, dst: str) -> None:
+def _copy_generation_config(src: str, dst: str) -> bool:
   """transformers' generation_config.json (its sampling defaults, eos ids) from ``src``
-  into ``dst``, where there is one: kept with the workdir, given back on export."""
+  into ``dst``, where there is one: kept with the workdir, given back on export. True if
+  there was one."""
   path = os.path.join(src, GENERATION_CONFIG)
-  if os.path.isfile(path):
-    shutil.copyfile(path, os.path.join(dst, GENERATION_CONFIG))
+  if not os.path.isfile(path):
+    return False
+  shutil.copyfile(path, os.path.join(dst, GENERATION_CONFIG))
+  return True
+
+
+def _write_stop_ids(dst: str, ids: list[int]) -> None:
+  """A generation_config.json naming config.json's eos ids, where it lists several and the
+  source ships no generation_config.json: the workdir keeps one eos id
+  (``DataConfig.eos_id``), decode reads the others from this file, and the export gives
+  it back (transformers stops at all of them, as it did on the source)."""
+  if len(ids) > 1:
+    with open(os.path.join(dst, GENERATION_CONFIG), "w", encoding="utf-8") as f:
+      json.dump({"eos_token_id": ids}, f, indent=2)
 
 
 def _save_weights(tmp: str, mcfg, params: dict, meta: dict) -> int:

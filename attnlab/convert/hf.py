@@ -153,6 +153,20 @@ def special_ids(hf: dict) -> dict:
           for name in ("bos", "eos", "pad")}
 
 
+def eos_ids(hf: dict) -> list[int]:
+  """Every eos id of config.json inside the vocabulary, in its order: ``eos_token_id`` may be
+  one id or a list (Llama 3.1 lists ``<|end_of_text|>``, ``<|eom_id|>``, ``<|eot_id|>``),
+  and transformers stops at any of them when no generation_config.json says otherwise."""
+  vocab = _get(hf, "vocab_size", 0)
+  vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else 0
+  value = hf.get("eos_token_id")
+  ids = []
+  for i in value if isinstance(value, list) else [value]:
+    if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab and i not in ids:
+      ids.append(i)
+  return ids
+
+
 def from_hf_config(hf: dict, *, dtype: str | None = None) -> tuple[str, ModelConfig]:
   """(family, ModelConfig) of a transformers config.json dict.
 

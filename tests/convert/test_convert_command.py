@@ -24,6 +24,7 @@ import pytest
 import attnlab
 from attnlab import config_gin as gin_config
 from attnlab.cli import main
+from attnlab.commands import decode as decode_command
 from attnlab.config import DataConfig
 from attnlab.convert import hf
 
@@ -77,6 +78,7 @@ def test_from_hf_writes_a_workdir_whose_model_computes_the_checkpoint(name, tmp_
   want = (gpt2_forward if name == "gpt2" else llama_forward)(c, tensors, tokens)
   got = np.asarray(jax.jit(lambda t: model(t))(tokens[None]))[0]
   np.testing.assert_allclose(got, want, atol=2e-4, rtol=0)
+  assert not (work / "generation_config.json").exists()  # one eos id: nothing to add
   text = (work / "config.gin").read_text()
   assert text.startswith(f"# Converted by `attnlab convert --from-hf {os.path.abspath(src)}`.\n"
                          "# Fine-tune: attnlab train --gin_file THIS_FILE --workdir ")
@@ -148,6 +150,11 @@ def test_a_tokenizer_json_comes_in_with_its_ids_and_goes_back_out(tmp_path, caps
   _, dcfg, _ = gin_config.read_workdir_config(str(work / "config.gin"))
   assert (dcfg.tokenizer, dcfg.bos_id, dcfg.eos_id) == ("hf_json", 3, 4)
   assert dcfg.tokenizer_model == str(work / "tokenizer.json")
+  # config.json's eos list without a generation_config.json: the workdir keeps one eos
+  # (DataConfig.eos_id) and writes the list where decode reads stop ids (until 2026-12-04
+  # decode stopped at 4 alone; transformers stops at both).
+  assert json.loads((work / "generation_config.json").read_text()) == {"eos_token_id": [4, 2]}
+  assert decode_command.stop_ids(str(work), dcfg.eos_id, V) == [4, 2]
   back = tmp_path / "back"
   files = lambda: {os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns
                    for d, _, names in os.walk(work) for f in names}
@@ -160,6 +167,7 @@ def test_a_tokenizer_json_comes_in_with_its_ids_and_goes_back_out(tmp_path, caps
   for name in ("tokenizer.json", "tokenizer_config.json"):
     assert (back / name).read_bytes() == (work / name).read_bytes(), name
   assert not (back / "special_tokens_map.json").exists()
+  assert json.loads((back / "generation_config.json").read_text()) == {"eos_token_id": [4, 2]}
   # No pad named by the tokenizer files: none in config.json (until 2026-12-04 the workdir's
   # ModelConfig.pad_id, 0 for a model without one, for which transformers' generate masked
   # every prompt token 0 and its models froze embedding row 0).

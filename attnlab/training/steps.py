@@ -136,16 +136,20 @@ def make_train_step(setup: TrainSetup, tcfg: TrainConfig):
       def body(carry, xs):
         i, mb = xs
         (l, (n, w)), g = grad_fn(params, mb, jax.random.fold_in(key, i))
-        return jax.tree.map(jnp.add, carry, (l, n, w, g)), None
+        return jax.tree.map(lambda a, b: a + b.astype(a.dtype), carry, (l, n, w, g)), None
 
-      zeros = (0.0, 0.0, 0.0, jax.tree.map(jnp.zeros_like, params))
+      # The sum in float32 whatever the parameters' dtype: bfloat16 sums of many
+      # micro-batches lose the low bits of each (8 bits of mantissa).
+      zeros = (0.0, 0.0, 0.0, jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
       (loss_sum, nll_sum, weight, grads), _ = jax.lax.scan(
           body, zeros, (jnp.arange(accum), micro))
-    # Gradients of the mean over all counted tokens of all micro-batches.
+    # Gradients of the mean over all counted tokens of all micro-batches, divided and
+    # measured in float32; the optimizer gets them in the parameters' dtype.
     denom = jnp.maximum(weight, 1.0)
-    grads = jax.tree.map(lambda g: g / denom, grads)
+    grads = jax.tree.map(lambda g: g.astype(jnp.float32) / denom, grads)
     loss = loss_sum / denom
     grad_norm = optax.tree.norm(grads)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     updates, opt_state = tx.update(grads, state["opt_state"], params)
     new_params = optax.apply_updates(params, updates)
     # The update too: a finite gradient times a rate past float32's range (1e39) is not.

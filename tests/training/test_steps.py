@@ -285,3 +285,41 @@ def test_each_accumulated_micro_batch_draws_its_own_dropout_masks(batch):
   # Equal micro-batches count equal tokens: the step's loss is the mean of theirs.
   np.testing.assert_allclose(float(m["loss"]), np.mean(per_micro), rtol=1e-5)
   assert abs(float(m["loss"]) - float(micro_loss(params, key))) > 1e-4
+
+
+def test_bfloat16_parameters_accumulate_micro_batch_gradients_in_float32(batch):
+  """With bfloat16 parameters each micro-batch's gradient is bfloat16; their sum, the
+  division by the token count and the logged norm are float32 (until 2026-12-05 they were
+  summed in bfloat16, 8 bits of mantissa: the norm and the update off by ~1e-3). Reference:
+  the per-micro-batch (per-row) gradients summed in float64."""
+  mcfg = MCFG.replace(param_dtype="bfloat16")
+  accum = 8  # one row per micro-batch
+  tcfg = TrainConfig(grad_accum=accum, **SGD)
+  setup, state = steps.init_train(mcfg, tcfg, sharding.make_mesh((1, 1, 1)))
+  before = _host(state["params"])
+  assert {x.dtype.name for x in jax.tree.leaves(before)} == {"bfloat16"}
+
+  def row_loss_sum(params, row):
+    rows = {k: v[row:row + 1] for k, v in batch.items()}
+    return hand_loss(setup.graphdef, setup.rest, params, rows, 0.0) * np.sum(
+        rows["loss_mask_BT"])
+
+  grad_fn = jax.jit(jax.grad(row_loss_sum), static_argnums=1)
+  total = None
+  for row in range(accum):
+    g = jax.tree.map(lambda x: np.asarray(x, np.float64), _host(grad_fn(before, row)))
+    total = g if total is None else jax.tree.map(np.add, total, g)
+  want = jax.tree.map(lambda x: x / np.sum(batch["loss_mask_BT"]), total)
+  want_norm = np.sqrt(sum(np.sum(np.square(x)) for x in jax.tree.leaves(want)))
+  state, m = steps.make_train_step(setup, tcfg)(state, steps.put_batch(batch, setup))
+  np.testing.assert_allclose(float(m["grad_norm"]), want_norm, rtol=1e-4)
+  # SGD, lr 1: after = bfloat16(before - bfloat16(gradient)), element for element but for
+  # the few whose float32 sum rounds the other way from the float64 one.
+  after = _host(state["params"])
+  mismatched = total_size = 0
+  for a, b, g in zip(jax.tree.leaves(after), jax.tree.leaves(before), jax.tree.leaves(want)):
+    g16 = np.asarray(jnp.asarray(g, jnp.float32).astype(jnp.bfloat16), np.float32)
+    expect = np.asarray(jnp.asarray(b.astype(np.float32) - g16).astype(jnp.bfloat16))
+    mismatched += int(np.sum(a != expect))
+    total_size += a.size
+  assert mismatched <= 0.002 * total_size, (mismatched, total_size)

@@ -289,7 +289,7 @@ def test_each_accumulated_micro_batch_draws_its_own_dropout_masks(batch):
 
 def test_bfloat16_parameters_accumulate_micro_batch_gradients_in_float32(batch):
   """With bfloat16 parameters each micro-batch's gradient is bfloat16; their sum, the
-  division by the token count and the logged norm are float32 (until 2026-12-05 they were
+  division by the token count and the logged norm are float32 (until 2026-12-04 they were
   summed in bfloat16, 8 bits of mantissa: the norm and the update off by ~1e-3). Reference:
   the per-micro-batch (per-row) gradients summed in float64."""
   mcfg = MCFG.replace(param_dtype="bfloat16")

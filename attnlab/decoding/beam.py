@@ -6,9 +6,12 @@ The 2017 Transformer decodes with beam size 4 and length penalty alpha=0.6
 
 Two sets per source, as in tensor2tensor: ``Z`` alive hypotheses ranked by
 raw log probability, and ``Z`` finished ones ranked by penalized score. Each
-step expands the alive beams into Z x V candidates and keeps the best U = 2Z:
-those ending in eos compete for the finished set, the best Z of the others
-stay alive (2Z guarantees Z of them exist). Search ends at ``max_len`` or
+step expands the alive beams into Z x V candidates: the best Z that do not end
+stay alive, and those among the best U = 2Z that end (in eos, or any of the stop
+ids) compete for the finished set. With one eos the best 2Z hold Z that do not
+end (tensor2tensor's rule); with several stop ids they may all end, so the alive
+ones are taken from every candidate (until 2026-12-04 from the 2Z, and a search
+with 2Z stops among them lost every alive beam). Search ends at ``max_len`` or
 once no alive beam can beat the best finished one: log P only falls as a
 hypothesis grows, so an alive beam scores at most ``logp / lp(max_len)``.
 """
@@ -76,22 +79,25 @@ def beam_search(step_fn, cache, *, batch: int, beam_size: int, max_len: int,
     step, alive_logp_BZ, alive_seq_BZJ, last_BZ, fin_score_BZ, fin_seq_BZJ, cache = carry
     V = logp_XV.shape[-1]
     cand_BZV = alive_logp_BZ[:, :, None] + logp_XV.reshape(B, Z, V)
-    top_logp_BU, top_idx_BU = jax.lax.top_k(cand_BZV.reshape(B, Z * V), 2 * Z)
-    beam_BU, token_BU = top_idx_BU // V, top_idx_BU % V
-    seq_BUJ = jnp.take_along_axis(alive_seq_BZJ, beam_BU[:, :, None], axis=1)
-    seq_BUJ = seq_BUJ.at[:, :, step].set(token_BU)
-    is_eos_BU = (is_stop(token_BU, jnp.atleast_1d(jnp.asarray(eos_id))) if eos_id is not None
-                 else jnp.zeros_like(token_BU, bool))
+    stop_V = (is_stop(jnp.arange(V), jnp.atleast_1d(jnp.asarray(eos_id))) if eos_id is not None
+              else jnp.zeros((V,), bool))
+    prev_seq_BZJ = alive_seq_BZJ
+    extend = lambda beam_K, token_K: jnp.take_along_axis(
+        prev_seq_BZJ, beam_K[:, :, None], axis=1).at[:, :, step].set(token_K)
 
-    # Alive: the best Z candidates that did not end.
-    alive_logp_BZ, keep_BZ = jax.lax.top_k(jnp.where(is_eos_BU, neg_inf, top_logp_BU), Z)
-    alive_seq_BZJ = jnp.take_along_axis(seq_BUJ, keep_BZ[:, :, None], axis=1)
-    last_BZ = jnp.take_along_axis(token_BU, keep_BZ, axis=1)
-    parent_BZ = jnp.take_along_axis(beam_BU, keep_BZ, axis=1)
+    # Alive: the best Z candidates that do not end, of all Z x V.
+    alive_logp_BZ, keep_BZ = jax.lax.top_k(
+        jnp.where(stop_V, neg_inf, cand_BZV).reshape(B, Z * V), Z)
+    parent_BZ, last_BZ = keep_BZ // V, keep_BZ % V
+    alive_seq_BZJ = extend(parent_BZ, last_BZ)
     rows_X = (jnp.arange(B)[:, None] * Z + parent_BZ).reshape(B * Z)
     cache = jax.tree.map(lambda x: jnp.take(x, rows_X, axis=0), cache)
 
-    # Finished: merge the candidates that ended with the finished set.
+    # Finished: those of the best 2Z candidates that end, merged with the finished set.
+    top_logp_BU, top_idx_BU = jax.lax.top_k(cand_BZV.reshape(B, Z * V), 2 * Z)
+    token_BU = top_idx_BU % V
+    seq_BUJ = extend(top_idx_BU // V, token_BU)
+    is_eos_BU = stop_V[token_BU]
     new_score_BU = jnp.where(is_eos_BU, top_logp_BU / length_penalty_factor(
         step + 1, length_penalty), neg_inf)
     all_score = jnp.concatenate([fin_score_BZ, new_score_BU], axis=1)

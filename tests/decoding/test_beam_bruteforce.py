@@ -233,3 +233,22 @@ def test_each_step_weighs_the_best_two_beam_widths_of_candidates():
                                beam_size=1, max_len=2, bos_id=BOS, eos_id=EOS,
                                length_penalty=0.0))
   assert got.tolist() == [[3, 3]] * BATCH  # log P -1.78; [EOS] alone would be -1.11
+
+
+def test_several_stop_ids_never_crowd_out_the_alive_beams():
+  """Four stop ids, each 0.2 after bos, and token 4 (0.19), after which stop 2 is certain:
+  [4, 2] (log P -1.66, alpha 1: -1.42) beats every one-token stop (-1.61). The best 2Z = 4
+  candidates of the first step are all stops; the alive beams come from all candidates
+  (until 2026-12-04 only from those 2Z, which left no alive beam: [2] came back)."""
+  stops = [2, 3, 5, 6]
+  probs = np.full((8, 8), 1e-9)
+  probs[BOS, [2, 3, 5, 6, 4, 7]] = [0.2, 0.2, 0.2, 0.2, 0.19, 0.01]
+  for s in stops + [0]:
+    probs[s, s] = 1.0
+  probs[4, 2] = probs[7, 2] = 1.0
+  logp = jnp.log(jnp.asarray(probs / probs.sum(1, keepdims=True), jnp.float32))
+  for z in (1, 2, 3):
+    got = beam_search(lambda tok, c: (logp[tok], c), jnp.zeros((z,)), batch=1, beam_size=z,
+                      max_len=3, bos_id=BOS, eos_id=jnp.asarray(stops, jnp.int32),
+                      length_penalty=1.0)
+    assert np.asarray(got).tolist() == [[4, 2, 0]], z

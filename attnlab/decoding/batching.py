@@ -218,9 +218,12 @@ def _check_requests(cfg, prompts, max_new_tokens):
       raise GenerateInputError(                      # 2026-12-04)
           f"prompts as an array must be [requests, length], got shape {prompts.shape}")
     prompts = list(np.asarray(prompts))
-  if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence) or not prompts:
+  if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence):
     raise GenerateInputError(
         f"prompts must be a non-empty list of token-id lists, got {type(prompts)}")
+  if not prompts:
+    raise GenerateInputError("prompts is empty: give at least one request (a list of token-id "
+                             "lists, or a [requests, length] array)")
   prompts = [np.asarray(p) for p in prompts]
   for i, p in enumerate(prompts):
     if p.ndim != 1 or p.size == 0 or not np.issubdtype(p.dtype, np.integer):
@@ -242,8 +245,8 @@ def _check_requests(cfg, prompts, max_new_tokens):
     if len(budgets) != len(prompts):
       raise GenerateInputError(f"max_new_tokens has {len(budgets)} entries; give one per request "
                        f"({len(prompts)}) or one int")
-  else:
-    budgets = [max_new_tokens] * len(prompts)
+  else:  # one for all, named as given (it was named max_new_tokens[0] until 2026-12-04)
+    budgets = [positive_int("max_new_tokens", max_new_tokens)] * len(prompts)
   for i, n in enumerate(budgets):
     positive_int(f"max_new_tokens[{i}]", n)
   return [p.astype(np.int32) for p in prompts], [int(n) for n in budgets]

@@ -153,10 +153,15 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
                 cache_dtype=None if cache_dtype is None else str(cache_dtype))
 
   if cfg.arch == "encoder_decoder":
-    if prompt_BT.shape[1] > cfg.max_len:
-      raise PromptTooLongError(f"the source has {T} positions, more than the model's "
-                               f"max_len={cfg.max_len}")
     src_seg_BS = _source_segment_ids(cfg, prompt_BT, prompt_lengths_B)
+    if prompt_BT.shape[1] > cfg.max_len:
+      # Padding past the last source token takes no position: where it alone would not
+      # fit, it is cut, as a decoder-only prompt's (refused until 2026-12-04).
+      used = int(np.flatnonzero(src_seg_BS.any(0))[-1]) + 1
+      if used > cfg.max_len:
+        raise PromptTooLongError(f"the source has {used} positions, more than the model's "
+                                 f"max_len={cfg.max_len}")
+      prompt_BT, src_seg_BS = prompt_BT[:, :used], src_seg_BS[:, :used]
     bos_id = check_token_id("bos_id", bos_id, cfg.vocab_size)
     needed = max_new_tokens
     cache_len = _check_cache_len(cfg, cache_len, needed, "max_new_tokens", GenerateInputError)
@@ -245,11 +250,22 @@ def stop_array(ids: tuple[int, ...]) -> np.ndarray:
   return np.array(list(ids) + [-1] * (MAX_STOP_IDS - len(ids)), np.int32)
 
 
+def _scalar_int(value):
+  """A concrete 0-d integer array (``np.array(2)``, ``jnp.int32(2)``) as a Python int; any
+  other value as it is (until 2026-12-04 such an eos or seed was refused as "not an
+  integer")."""
+  if (isinstance(value, np.ndarray | jax.Array) and not isinstance(value, jax.core.Tracer)
+      and value.shape == () and jnp.issubdtype(value.dtype, jnp.integer)):
+    return int(value)
+  return value
+
+
 def check_token_id(name, value, vocab_size, *, none_means: str | None = None) -> int | None:
   """``value`` as an int; a GenerateInputError unless it is a token id in [0, vocab_size)
   (or None, where ``none_means`` says what None does)."""
   if value is None and none_means is not None:
     return None
+  value = _scalar_int(value)
   or_none = "" if none_means is None else f", or None ({none_means})"
   if not is_integer(value):
     raise GenerateInputError(f"{name}={value!r} must be an integer token id in "
@@ -355,6 +371,7 @@ def as_key(rng):
   key(0) if None; a GenerateInputError for anything else."""
   if rng is None:
     return jax.random.key(0)
+  rng = _scalar_int(rng)
   if is_integer(rng):
     if not -2**63 <= int(rng) < 2**63:  # jax.random.key's range (an OverflowError past it)
       raise GenerateInputError(f"rng={rng!r}: an integer seed must be in [-2**63, 2**63)")

@@ -242,14 +242,15 @@ def test_prefill_buckets_hold_the_prompt_with_less_than_half_of_it_as_padding():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(prompts=[]), "prompts must be a non-empty"),
+    (dict(prompts=[]), r"^prompts is empty: give at least one request \(a list of token-id "
+                       r"lists, or a \[requests, length\] array\)$"),
     (dict(prompts="abc"), "prompts must be a non-empty list of token-id lists, got <class 'str'>"),
     (dict(prompts=[[1, 2], []]), r"prompts\[1\]"),
     (dict(prompts=[[1, 2], np.zeros(0, np.int32)]), r"prompts\[1\] must be a non-empty"),
     (dict(prompts=[[[1, 2]]]), r"prompts\[0\] must be .* shape \(1, 2\)"),
     (dict(prompts=np.ones((2, 1, 2), np.int32)),
      r"prompts as an array must be \[requests, length\], got shape \(2, 1, 2\)"),
-    (dict(prompts=np.ones((0, 2), np.int32)), "prompts must be a non-empty"),
+    (dict(prompts=np.ones((0, 2), np.int32)), "^prompts is empty"),
     (dict(prompts=np.ones((2, 2), np.float32)), r"prompts\[0\] must be .* dtype float32"),
     (dict(prompts=[[1, 99]]), "token id 99"),
     (dict(prompts=[[1, 61]]), r"token id 61, outside the vocabulary \[0, 61\)"),
@@ -257,8 +258,8 @@ def test_prefill_buckets_hold_the_prompt_with_less_than_half_of_it_as_padding():
     (dict(max_new_tokens=[3]), "one per request"),
     (dict(max_new_tokens=np.array([3])), "max_new_tokens has 1 entries; give one per request"),
     (dict(max_new_tokens=np.array([3, 0])), r"max_new_tokens\[1\]=0 must be a positive integer"),
-    (dict(max_new_tokens=0), r"max_new_tokens\[0\]=0"),
-    (dict(max_new_tokens=np.array(2.0)), r"max_new_tokens\[0\]=2.0 must be a positive integer"),
+    (dict(max_new_tokens=0), r"^max_new_tokens=0 must be a positive integer"),
+    (dict(max_new_tokens=np.array(2.0)), r"^max_new_tokens=2.0 must be a positive integer"),
     (dict(max_new_tokens=np.ones((2, 1), np.int32)),
      r"max_new_tokens must be one int or one per request, got an array of shape \(2, 1\)"),
     (dict(slots=0), "slots=0"),

@@ -475,6 +475,16 @@ def test_generate_rejects_bad_prompts():
       f"the source has {encdec.cfg.max_len + 1} positions, more than the model's "
       f"max_len={encdec.cfg.max_len}")):
     attnlab.generate(encdec, too_long, max_new_tokens=2)
+  # Padding past the last token is cut where it alone would not fit, as a decoder-only
+  # prompt's (refused until 2026-12-04): the same tokens as the source without it.
+  padded = np.zeros((2, encdec.cfg.max_len + 6), np.int32)
+  padded[0, :5], padded[1, :2] = [5, 6, 7, 8, 9], [5, 6]
+  for lengths in (None, [5, 2]):
+    np.testing.assert_array_equal(
+        attnlab.generate(encdec, padded, max_new_tokens=4, eos_id=None,
+                         prompt_lengths_B=lengths),
+        attnlab.generate(encdec, padded[:, :5], max_new_tokens=4, eos_id=None,
+                         prompt_lengths_B=lengths))
   # What the decoder-only path refuses, the encoder-decoder one refuses too.
   with pytest.raises(GenerateInputError, match=re.escape(
       "source 1 is empty (all padding, pad_id=0): give at least one token")):
@@ -559,9 +569,16 @@ def test_generate_checks_eos_id_the_rng_and_the_length_penalty():
   assert not np.array_equal(data_of(as_key(2**32 + 7)), data_of(as_key(7)))
   # An int seed is jax.random.key(seed); a key and its raw data are taken as before.
   data = jax.random.key_data
+  # A 0-d integer array is its int (refused as "not an integer" until 2026-12-04).
   for rng, seed in ((0, 0), (7, 7), (np.int64(7), 7), (np.uint32(7), 7), (None, 0),
-                    (jax.random.key(7), 7), (jax.random.PRNGKey(7), 7)):
+                    (jax.random.key(7), 7), (jax.random.PRNGKey(7), 7), (np.array(7), 7),
+                    (jax.numpy.int32(7), 7)):
     np.testing.assert_array_equal(data(as_key(rng)), data(jax.random.key(seed)))
+  for m in (model, encdec):
+    first = int(attnlab.generate(m, prompt, max_new_tokens=1)[0, 0])
+    for eos in (jax.numpy.int32(first), np.array(first)):
+      np.testing.assert_array_equal(attnlab.generate(m, prompt, max_new_tokens=3, eos_id=eos),
+                                    attnlab.generate(m, prompt, max_new_tokens=3, eos_id=first))
   # Beam search does not sample: a sampling other than greedy with it is refused (it was
   # ignored).
   for m in (model, encdec):

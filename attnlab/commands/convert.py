@@ -29,7 +29,12 @@ from flax import nnx
 
 from attnlab import config_gin as gin_config
 from attnlab.commands import CommandError
-from attnlab.commands._common import GENERATION_CONFIG, CommandParser, log_attnlab_info
+from attnlab.commands._common import (
+    GENERATION_CONFIG,
+    CommandParser,
+    check_can_make,
+    log_attnlab_info,
+)
 from attnlab.config import DataConfig, TrainConfig
 from attnlab.convert import hf
 from attnlab.data.tokenizer import (
@@ -102,24 +107,34 @@ def main(argv: list[str]) -> int:
 
 
 def _check_new(path: str, flag: str) -> str:
+  """``path`` made absolute: a directory that does not exist yet and can be made (missing
+  parents are made, as train and convert-heads make theirs; until 2026-12-04 a missing
+  parent was refused)."""
   path = os.path.abspath(path)
   if os.path.exists(path):
     raise CommandError(f"{flag} {path} already exists; give a new directory")
-  parent = os.path.dirname(path)
-  if not os.path.isdir(parent):
-    raise CommandError(f"{flag} {path}: its parent {parent} does not exist")
+  check_can_make(flag, path)
   return path
 
 
 @contextlib.contextmanager
 def _staging(final: str):
-  """A temporary folder beside ``final``, renamed to it on success, removed on error."""
+  """A temporary folder beside ``final``, renamed to it on success, removed on error with
+  the parent folders made for it."""
+  made, at = [], os.path.dirname(final)
+  while not os.path.isdir(at):
+    made.append(at)
+    at = os.path.dirname(at)
+  os.makedirs(os.path.dirname(final), exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.tmp-", dir=os.path.dirname(final))
   try:
     yield tmp
     os.rename(tmp, final)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
+    for d in made:  # deepest first
+      with contextlib.suppress(OSError):
+        os.rmdir(d)
     raise
 
 

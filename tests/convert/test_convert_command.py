@@ -361,8 +361,12 @@ BAD_FLAGS = {
                        "--workdir WORK already exists; give a new directory"),
     "out_exists": (["--to-hf", "--workdir", "WORK", "--out", "SRC"],
                    "--out SRC already exists; give a new directory"),
-    "no_parent": (["--from-hf", "SRC", "--workdir", "NEW/deeper"],
-                  "--workdir NEW/deeper: its parent NEW does not exist"),
+    # A path under a file (named "its parent does not exist" until 2026-12-04; a missing
+    # parent is made now).
+    "under_a_file": (["--from-hf", "SRC", "--workdir", "FILE/deeper"],
+                     "--workdir FILE/deeper: cannot make this directory (FILE is a file)"),
+    "out_under_a_file": (["--to-hf", "--workdir", "WORK", "--out", "FILE/deeper"],
+                         "--out FILE/deeper: cannot make this directory (FILE is a file)"),
     "not_a_workdir": (["--to-hf", "--workdir", "SRC", "--out", "NEW"],
                       "SRC/config.gin does not exist: not a training workdir"),
     "no_source": (["--from-hf", "NEW", "--workdir", "NEW2"], "--from-hf NEW is not a directory"),
@@ -404,8 +408,10 @@ def test_bad_flags_and_paths_exit_2_and_write_nothing(case, converted, tmp_path,
   broken = tmp_path / "broken"
   broken.mkdir()
   (broken / "config.gin").write_text("ModelConfig.no_such_field = 1\n")
+  (tmp_path / "file").write_text("")
   subst = {"SRC": src, "WORK": work, "NEW": str(tmp_path / "new"), "BROKEN": str(broken),
-           "NEW2": str(tmp_path / "new2"), "NEW/deeper": str(tmp_path / "new" / "deeper")}
+           "NEW2": str(tmp_path / "new2"), "FILE/deeper": str(tmp_path / "file" / "deeper"),
+           "FILE": str(tmp_path / "file")}
   if "EDITED" in argv:
     subst["EDITED"] = _edited_copy(work, tmp_path / "edited")
   argv = [subst.get(a, a) for a in argv]
@@ -431,11 +437,13 @@ def test_a_failure_while_writing_leaves_no_output_and_no_temporary_folder(tmp_pa
     raise OSError("disk full")
 
   monkeypatch.setattr(convert, "_write_config", fail_after_writing)
-  with pytest.raises(OSError, match="disk full"):
-    main(["convert", "--from-hf", src, "--workdir", str(tmp_path / "out")])
+  with pytest.raises(OSError, match="disk full"):  # the parents made for it go too
+    main(["convert", "--from-hf", src, "--workdir", str(tmp_path / "runs" / "a" / "out")])
   assert sorted(os.listdir(tmp_path)) == [os.path.basename(src)]
   monkeypatch.undo()
-  work = tmp_path / "work"
+  # Missing parents are made (the README's `--workdir runs/llama` in a fresh folder was
+  # refused until 2026-12-04).
+  work = tmp_path / "runs" / "work"
   assert main(["convert", "--from-hf", src, "--workdir", str(work)]) == 0
   real_write = hf.write_params
 
@@ -445,8 +453,14 @@ def test_a_failure_while_writing_leaves_no_output_and_no_temporary_folder(tmp_pa
 
   monkeypatch.setattr(hf, "write_params", fail_writing)
   with pytest.raises(OSError, match="disk full"):
-    main(["convert", "--to-hf", "--workdir", str(work), "--out", str(tmp_path / "back")])
-  assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(src), "work"])
+    main(["convert", "--to-hf", "--workdir", str(work), "--out",
+          str(tmp_path / "exports" / "back")])
+  assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(src), "runs"])
+  assert sorted(os.listdir(tmp_path / "runs")) == ["work"]
+  monkeypatch.undo()
+  assert main(["convert", "--to-hf", "--workdir", str(work), "--out",
+               str(tmp_path / "exports" / "back")]) == 0
+  assert (tmp_path / "exports" / "back" / "config.json").is_file()
 
 
 def test_a_missing_optional_package_is_named(tmp_path, capsys, monkeypatch):

@@ -139,6 +139,7 @@ class Stack(nnx.Module):
   def __call__(self, x_BTD, positions_BT, segment_ids_BT=None, context_BSD=None,
                context_segment_ids_BS=None, cache=None):
     """[B, T, D]; with ``cache`` (one ``BlockCache`` per layer), ([B, T, D], cache)."""
+    _check_rows(x_BTD.shape[:2], positions_BT, segment_ids_BT, cache)
     x_BTD = self.add_positions(x_BTD, positions_BT)
     if cache is not None:
       if len(cache) != len(self.layers):
@@ -158,6 +159,30 @@ class Stack(nnx.Module):
         x_BTD = block(x_BTD, positions_BT, segment_ids_BT, context_BSD, context_segment_ids_BS)
       x_BTD = logical_constraint(x_BTD, ("batch", "length", "embed"))
     return x_BTD if self.norm is None else self.norm(x_BTD)
+
+
+def _check_tokens(name, tokens) -> None:
+  if jnp.ndim(tokens) != 2:
+    raise ValueError(f"{name} has shape {tuple(jnp.shape(tokens))}; give int token ids [B, T] "
+                     "(a batch of one: tokens[None])")
+
+
+def _check_rows(shape_BT, positions_BT, segment_ids_BT, cache) -> None:
+  """A ValueError naming the input whose shape is not the tokens' [B, T] (or a cache of
+  another batch). Shapes only: until 2026-12-04 a cached call took segment ids of another
+  width, advanced the cache past what it wrote and read unwritten slots as keys."""
+  B, T = shape_BT
+  if cache is not None and cache:
+    rows = cache[0].self_attn.lengths_B.shape[0]
+    if rows != B:
+      raise ValueError(f"the cache holds {rows} sequences and the tokens {B} rows: make the "
+                       "cache for this batch (attnlab.nn.kv_cache.init_cache(cfg, kind, B, ...))")
+  for name, value in (("positions_BT", positions_BT), ("segment_ids_BT", segment_ids_BT)):
+    if value is not None and tuple(value.shape) != (B, T):
+      raise ValueError(f"{name} has shape {tuple(value.shape)}; it must be the tokens' [B, T] = "
+                       f"({B}, {T})" + (" (with a cache: 1 on the new tokens, 0 on right "
+                                        "padding)" if name == "segment_ids_BT" and cache
+                                       is not None else ""))
 
 
 class DecoderOnly(nnx.Module):
@@ -192,6 +217,7 @@ class DecoderOnly(nnx.Module):
     Returns:
       logits [B, T, V], or (logits, updated cache) when ``cache`` is given.
     """
+    _check_tokens("tokens_BT", tokens_BT)
     if positions_BT is None:
       positions_BT = (default_positions(tokens_BT) if cache is None
                       else _cached_positions(tokens_BT, cache))
@@ -229,6 +255,7 @@ class EncoderDecoder(nnx.Module):
 
   def encode(self, src_BS, *, src_segment_ids_BS=None, src_positions_BS=None):
     """Encoder output [B, S, D]."""
+    _check_tokens("src_BS", src_BS)
     if src_segment_ids_BS is None:
       src_segment_ids_BS = self.source_segment_ids(src_BS)
     if src_positions_BS is None:
@@ -257,6 +284,7 @@ class EncoderDecoder(nnx.Module):
     ``encoded_BSD`` and ``src_segment_ids_BS`` are unused and the result is
     (logits, updated cache).
     """
+    _check_tokens("tgt_in_BT", tgt_in_BT)
     if cache is not None:
       if tgt_positions_BT is None:
         tgt_positions_BT = _cached_positions(tgt_in_BT, cache)

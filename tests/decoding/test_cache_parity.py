@@ -538,3 +538,39 @@ def test_a_cache_of_another_number_of_layers_is_refused():
     model(jnp.asarray(TOKENS[:, :2]), cache=cache[:1])
   with pytest.raises(ValueError, match="the cache holds 3 layer caches"):
     model(jnp.asarray(TOKENS[:, :2]), cache=cache + cache[:1])
+
+
+def test_inputs_of_another_shape_than_the_tokens_are_refused_by_name():
+  """Segment ids or positions of another shape than the tokens, a cache of another batch and
+  tokens that are not [B, T]: one ValueError naming the input. Until 2026-12-04 a cached call
+  took segment ids of width 3 for 2 tokens, moved the cache 3 ahead with 2 written, and the
+  next step read an unwritten slot as a key; the rest were errors from inside the ops."""
+  model, encdec = decoder_model("mha_rope"), encdec_model("paper_gqa")
+  toks = jnp.asarray(TOKENS[:, :2])  # [2, 2]
+  for kind in ("contiguous", "paged"):
+    cache = cache_lib.init_cache(model.cfg, kind, 2, 16, page_size=16)
+    if kind == "paged":
+      cache = cache_lib.set_page_table(cache, jnp.array([[0], [1]], jnp.int32))
+    _, cache = model(toks, cache=cache)  # not empty: the path that counted the ids
+    for width in (1, 3):
+      with pytest.raises(ValueError, match="^" + re.escape(
+          f"segment_ids_BT has shape (2, {width}); it must be the tokens' [B, T] = (2, 2) "
+          "(with a cache: 1 on the new tokens, 0 on right padding)") + "$"):
+        model(toks, segment_ids_BT=jnp.ones((2, width), jnp.int32), cache=cache)
+    with pytest.raises(ValueError, match="^" + re.escape(
+        "the cache holds 2 sequences and the tokens 3 rows: make the cache for this batch "
+        "(attnlab.nn.kv_cache.init_cache(cfg, kind, B, ...))") + "$"):
+      model(jnp.ones((3, 1), jnp.int32), cache=cache)
+  with pytest.raises(ValueError, match=re.escape(
+      "positions_BT has shape (2,); it must be the tokens' [B, T] = (2, 2)")):
+    model(toks, positions_BT=jnp.arange(2))
+  with pytest.raises(ValueError, match=re.escape(
+      "segment_ids_BT has shape (2, 3); it must be the tokens' [B, T] = (2, 2)") + "$"):
+    model(toks, segment_ids_BT=jnp.ones((2, 3), jnp.int32))
+  with pytest.raises(ValueError, match="^" + re.escape(
+      "tokens_BT has shape (2,); give int token ids [B, T] (a batch of one: tokens[None])")):
+    model(toks[0])
+  with pytest.raises(ValueError, match="^src_BS has shape \\(9,\\); give int token ids"):
+    encdec(jnp.asarray(SRC[0]), jnp.asarray(TGT[:, :2]))
+  with pytest.raises(ValueError, match="^tgt_in_BT has shape \\(2,\\)"):
+    encdec(jnp.asarray(SRC), jnp.asarray(TGT[0, :2]))

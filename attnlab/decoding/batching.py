@@ -324,7 +324,7 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
   graphdef, state = nnx.split(model)
   graphdef = _interned(graphdef)  # hashed once per run, not per device call
   if paged:
-    kv_cache = cache_lib.init_cache(cfg, "paged", slots, M * page_size, page_size=page_size,
+    kv_cache = cache_lib.init_cache(cfg, "paged", slots, max_pos, page_size=page_size,
                                     num_pages=P, dtype=cache_dtype)
     alloc = PageAllocator.init(P)
   else:  # every slot holds the longest request

@@ -643,6 +643,11 @@ def init_cache(cfg, kind: str, batch: int, max_len: int, *, page_size: int = 16,
   """
   dtype = check_cache_dtype(dtype) or as_dtype(cfg.dtype)
   dims = (cfg.num_kv_heads, cfg.head_dim)
+  if kind in ("contiguous", "paged") and max_len > cfg.max_len:
+    # The model's positions end at cfg.max_len (a learned table clips past it, silently):
+    # a cache that holds more would decode past them (accepted until 2026-12-04).
+    raise ValueError(f"max_len={max_len} is more than the model's ModelConfig.max_len="
+                     f"{cfg.max_len}: a cache holds at most the positions the model has")
   if kind == "contiguous":
     make = lambda: KVCache.init(batch, max_len, *dims, dtype=dtype)
   elif kind == "ring":

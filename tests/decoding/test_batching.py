@@ -492,3 +492,17 @@ def test_generate_zeroes_a_page_it_assigns_while_decoding(monkeypatch):
   # Another max_new_tokens: a program of its own, traced with the poisoned init_cache.
   got = np.asarray(attnlab.generate(model, prompt_BT, max_new_tokens=11, **kw))
   np.testing.assert_array_equal(got[:, :9], want)
+
+
+def test_a_request_up_to_max_len_fits_pages_that_round_past_it():
+  """max_len 64 with pages of 24: a request needing 63 positions takes 3 pages (72 slots).
+  The cache is made for the positions, not the rounded slots, which init_cache now refuses
+  past max_len (2026-12-04); the result equals generate's."""
+  model = decoder_model("mha_rope")
+  assert model.cfg.max_len == 64
+  prompt = np.random.default_rng(3).integers(3, model.cfg.vocab_size, 60).tolist()
+  got = attnlab.generate_requests(model, [prompt, prompt[:5]], 4, slots=2, cache="paged",
+                                  page_size=24, eos_id=None)
+  for p, g in zip((prompt, prompt[:5]), got, strict=True):
+    np.testing.assert_array_equal(g, attnlab.generate(model, np.array([p]), max_new_tokens=4,
+                                                      eos_id=None)[0])

@@ -280,8 +280,15 @@ def test_ring_cache_memory_does_not_grow_with_length():
   # After decoding far past the window the cache has the same shapes.
   _, after = decoder_cached("mqa_rope_window3", "ring")
   assert jax.tree.map(jnp.shape, after) == jax.tree.map(jnp.shape, short)
-  assert cache_lib.cache_bytes(cache_lib.init_cache(cfg, "contiguous", 2, 4096)) > 100 * (
-      cache_lib.cache_bytes(long))
+  assert cache_lib.cache_bytes(cache_lib.init_cache(cfg.replace(max_len=4096), "contiguous", 2,
+                                                    4096)) > 100 * cache_lib.cache_bytes(long)
+  # A contiguous or paged cache longer than the model's positions is refused (accepted until
+  # 2026-12-04: a learned-position model then decoded past its table, clipped silently).
+  for kind in ("contiguous", "paged"):
+    with pytest.raises(ValueError, match="^" + re.escape(
+        f"max_len=4096 is more than the model's ModelConfig.max_len={cfg.max_len}: a cache "
+        "holds at most the positions the model has") + "$"):
+      cache_lib.init_cache(cfg, kind, 2, 4096)
 
 
 def _while_body_lines(hlo_text):

@@ -109,6 +109,11 @@ def use_compilation_cache(path: str | None) -> None:
   """
   if not path:
     return
+  # One line for a path that cannot be a folder (a FileExistsError traceback until
+  # 2026-12-04).
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise CommandError(f"--compilation_cache {path} is a file; give a directory")
+  check_can_make("--compilation_cache", path)
   os.makedirs(path, exist_ok=True)
   import jax  # here, not at the top: `attnlab kv-size` and --help do not start JAX
 

@@ -63,9 +63,11 @@ def main(argv: list[str]) -> int:
     args.gin_file = [os.path.join(args.workdir, "config.gin")]
   mcfg, dcfg, tcfg = parse_gin(args.gin_file, bindings)
 
-  use_compilation_cache(args.compilation_cache)
-  sharding.initialize_distributed(args.coordinator_address, args.num_processes,
-                                  args.process_id)
+  try:
+    sharding.initialize_distributed(args.coordinator_address, args.num_processes,
+                                    args.process_id)
+  except ValueError as e:
+    raise CommandError(str(e)) from None
   log_attnlab_info()
   config_text = config_gin.operative_config(mcfg, dcfg, tcfg, workdir=args.workdir)
   try:
@@ -74,6 +76,7 @@ def main(argv: list[str]) -> int:
     sources, tokenizer = trainer_run_check(mcfg, tcfg, dcfg)
   except (ValueError, FileNotFoundError, ImportError) as e:
     raise CommandError(str(e)) from None
+  use_compilation_cache(args.compilation_cache)  # after the checks: nothing made before
   try:
     last = trainer.train(mcfg, tcfg, dcfg, args.workdir, config_text=config_text,
                          sources=sources, tokenizer=tokenizer)

@@ -128,17 +128,55 @@ def initialize_distributed(coordinator_address: str | None = None,
 
   Returns True when a multi-process run was initialized; a single process
   needs nothing.
+
+  Raises:
+    ValueError: an incomplete or impossible setting, named with the flag (until
+      2026-12-04 ``--num_processes 2`` without a coordinator trained alone without a word,
+      and a process id out of range or an address without a port were tracebacks from
+      JAX). ``process_id`` may be left to JAX's cluster detection (SLURM, Open MPI, TPU).
   """
   coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
-  if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
-    num_processes = int(os.environ["JAX_NUM_PROCESSES"])
-  if process_id is None and os.environ.get("JAX_PROCESS_ID"):
-    process_id = int(os.environ["JAX_PROCESS_ID"])
-  if not coordinator_address or not num_processes or num_processes <= 1:
+  num_processes = _int_setting("--num_processes", num_processes, "JAX_NUM_PROCESSES")
+  process_id = _int_setting("--process_id", process_id, "JAX_PROCESS_ID")
+  if num_processes is None:
+    if coordinator_address or process_id is not None:
+      raise ValueError("--coordinator_address and --process_id need --num_processes N (or "
+                       "$JAX_NUM_PROCESSES)")
     return False
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id)
+  if num_processes < 1:
+    raise ValueError(f"--num_processes {num_processes} must be at least 1")
+  if process_id is not None and not 0 <= process_id < num_processes:
+    raise ValueError(f"--process_id {process_id} must be in [0, {num_processes}) for "
+                     f"--num_processes {num_processes}")
+  if num_processes == 1:
+    return False
+  if not coordinator_address:
+    raise ValueError(f"--num_processes {num_processes} needs --coordinator_address HOST:PORT "
+                     "(or $JAX_COORDINATOR_ADDRESS): where process 0 listens")
+  host, _, port = coordinator_address.rpartition(":")
+  if not host or not port.isdigit():
+    raise ValueError(f"--coordinator_address {coordinator_address!r} must be HOST:PORT "
+                     "(process 0's address and a free port)")
+  try:
+    jax.distributed.initialize(coordinator_address=coordinator_address,
+                               num_processes=num_processes, process_id=process_id)
+  except ValueError as e:  # e.g. no process id given and none detected
+    raise ValueError(f"jax.distributed.initialize: {e} (give --process_id I, 0 to "
+                     f"{num_processes - 1}, or $JAX_PROCESS_ID)") from None
   return True
+
+
+def _int_setting(flag: str, value, env: str) -> int | None:
+  """A flag's int, else the environment variable's (named if it is not an int), else None."""
+  if value is not None:
+    return int(value)
+  text = os.environ.get(env)
+  if not text:
+    return None
+  try:
+    return int(text)
+  except ValueError:
+    raise ValueError(f"${env}={text!r} must be an integer ({flag})") from None
 
 
 def activation_resolver(mesh: Mesh):

@@ -118,9 +118,10 @@ def test_param_shardings_read_each_variables_axes():
     ((), {"JAX_COORDINATOR_ADDRESS": "h:9", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"},
      dict(coordinator_address="h:9", num_processes=4, process_id=3)),
     ((None, 2, None), {"JAX_COORDINATOR_ADDRESS": "h:9", "JAX_NUM_PROCESSES": "4",
-                       "JAX_PROCESS_ID": "3"},
-     dict(coordinator_address="h:9", num_processes=2, process_id=3)),
-    ((), {"JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"}, None),  # no coordinator
+                       "JAX_PROCESS_ID": "1"},
+     dict(coordinator_address="h:9", num_processes=2, process_id=1)),
+    (("host:1234", 2, None), {}, dict(coordinator_address="host:1234", num_processes=2,
+                                      process_id=None)),  # left to JAX's cluster detection
 ])
 def test_initialize_distributed_takes_arguments_over_the_environment(monkeypatch, args, env,
                                                                      want):
@@ -132,6 +133,53 @@ def test_initialize_distributed_takes_arguments_over_the_environment(monkeypatch
     monkeypatch.setenv(name, value)
   assert sharding.initialize_distributed(*args) is (want is not None)
   assert calls == ([] if want is None else [want])
+
+
+@pytest.mark.parametrize("args, env, message", [
+    # Trained alone without a word until 2026-12-04:
+    ((), {"JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"},
+     "--num_processes 4 needs --coordinator_address HOST:PORT (or $JAX_COORDINATOR_ADDRESS): "
+     "where process 0 listens"),
+    ((None, 2, None), {}, "--num_processes 2 needs --coordinator_address HOST:PORT"),
+    ((None, None, 1), {}, "--coordinator_address and --process_id need --num_processes N (or "
+                          "$JAX_NUM_PROCESSES)"),
+    (("host:1234", None, None), {}, "--coordinator_address and --process_id need"),
+    # Tracebacks from JAX until then:
+    (("host:1234", 2, 5), {}, "--process_id 5 must be in [0, 2) for --num_processes 2"),
+    (("host:1234", 2, -1), {}, "--process_id -1 must be in [0, 2)"),
+    (("host", 2, 0), {}, "--coordinator_address 'host' must be HOST:PORT (process 0's address "
+                         "and a free port)"),
+    (("host:x", 2, 0), {}, "--coordinator_address 'host:x' must be HOST:PORT"),
+    ((None, 0, None), {}, "--num_processes 0 must be at least 1"),
+    ((None, 1, 1), {}, "--process_id 1 must be in [0, 1)"),
+    ((), {"JAX_NUM_PROCESSES": "two"}, "$JAX_NUM_PROCESSES='two' must be an integer "
+                                       "(--num_processes)"),
+])
+def test_an_incomplete_or_impossible_distributed_setting_is_named(monkeypatch, args, env,
+                                                                  message):
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in env.items():
+    monkeypatch.setenv(name, value)
+  with pytest.raises(ValueError) as e:
+    sharding.initialize_distributed(*args)
+  assert str(e.value).startswith(message), str(e.value)
+  assert calls == []
+
+
+def test_jaxs_own_refusal_is_one_line_naming_the_process_id_flag(monkeypatch):
+  def refuse(**kw):
+    raise ValueError("The process id of the current process must be defined.")
+
+  monkeypatch.setattr(jax.distributed, "initialize", refuse)
+  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    monkeypatch.delenv(name, raising=False)
+  with pytest.raises(ValueError) as e:
+    sharding.initialize_distributed("host:1234", 2, None)
+  assert str(e.value) == ("jax.distributed.initialize: The process id of the current process "
+                          "must be defined. (give --process_id I, 0 to 1, or $JAX_PROCESS_ID)")
 
 def test_one_device_and_8_device_mesh_agree(tmp_path):
   script = os.path.join(os.path.dirname(__file__), "mesh_check.py")

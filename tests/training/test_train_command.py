@@ -246,6 +246,24 @@ def test_what_cannot_run_or_be_written_is_refused_before_the_workdir(tmp_path, c
   assert rc == 2 and err == (
       f"attnlab train: error: --workdir {tmp_path / 'notes.txt' / 'w'}: cannot make this "
       f"directory ({tmp_path / 'notes.txt'} is a file)"), err
+  # An incomplete multi-host setting (trained alone without a word until 2026-12-04), before
+  # anything is written, the compilation cache folder included.
+  rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(tmp_path / "w"),
+                 "--num_processes", "2", "--compilation_cache", str(tmp_path / "cache")])
+  assert rc == 2 and not (tmp_path / "w").exists() and not (tmp_path / "cache").exists()
+  assert capsys.readouterr().err.strip() == (
+      "attnlab train: error: --num_processes 2 needs --coordinator_address HOST:PORT (or "
+      "$JAX_COORDINATOR_ADDRESS): where process 0 listens")
+  # A compilation cache that cannot be a folder (a FileExistsError traceback until then).
+  notes = tmp_path / "notes.txt"
+  for cache, message in (
+      (notes, f"--compilation_cache {notes} is a file; give a directory"),
+      (notes / "c", f"--compilation_cache {notes / 'c'}: cannot make this directory ({notes} "
+                    "is a file)")):
+    rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(tmp_path / "w"),
+                   "--compilation_cache", str(cache)])
+    assert rc == 2 and not (tmp_path / "w").exists()
+    assert capsys.readouterr().err.strip() == f"attnlab train: error: {message}"
 
 
 def test_train_exits_1_on_a_non_finite_stop(tmp_path, capsys):

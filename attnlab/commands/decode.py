@@ -50,13 +50,22 @@ def _decode_parser():
   src.add_argument("--prompts_file", help="a file with one prompt per line")
   p.add_argument("--cache", default=None,
                  help=f"{' | '.join(CACHE_KINDS)} (default: paged with --slots, else {d.cache})")
-  p.add_argument("--temperature", type=float, default=d.temperature)
-  p.add_argument("--top_k", type=int, default=d.top_k)
-  p.add_argument("--top_p", type=float, default=d.top_p)
-  p.add_argument("--beam_size", type=int, default=d.beam_size)
-  p.add_argument("--length_penalty", type=float, default=d.length_penalty)
-  p.add_argument("--max_new_tokens", type=int, default=d.max_new_tokens)
-  p.add_argument("--seed", type=int, default=d.seed)
+  p.add_argument("--temperature", type=float, default=d.temperature,
+                 help=f"0 is greedy; > 0 samples (default {d.temperature})")
+  p.add_argument("--top_k", type=int, default=d.top_k,
+                 help="sample among the k most likely tokens (needs --temperature > 0)")
+  p.add_argument("--top_p", type=float, default=d.top_p,
+                 help="sample from the smallest set reaching probability p, in (0, 1] (needs "
+                 "--temperature > 0)")
+  p.add_argument("--beam_size", type=int, default=d.beam_size,
+                 help=f"beam search of this width (default {d.beam_size}: none)")
+  p.add_argument("--length_penalty", type=float, default=None,
+                 help=f"alpha of beam search's GNMT length penalty, >= 0 (default "
+                 f"{d.length_penalty}; needs --beam_size > 1)")
+  p.add_argument("--max_new_tokens", type=int, default=d.max_new_tokens,
+                 help=f"tokens generated per prompt at most (default {d.max_new_tokens})")
+  p.add_argument("--seed", type=int, default=d.seed,
+                 help=f"the sampling seed (default {d.seed})")
   p.add_argument("--cache_dtype", default=None,
                  help=f"cached K/V dtype: {' | '.join(CACHE_DTYPES)} (int8: per-token, "
                  "per-KV-head float32 scales); default the model's dtype")
@@ -64,8 +73,10 @@ def _decode_parser():
                  help="continuous batching with this many slots (attnlab.generate_requests; "
                  "--cache paged by default, or contiguous / ring); results print as they "
                  "complete")
-  p.add_argument("--page_size", type=int, default=d.page_size, help="page size of the paged cache")
-  p.add_argument("--num_pages", type=int, default=d.num_pages, help="pages of the paged cache")
+  p.add_argument("--page_size", type=int, default=None,
+                 help=f"slots per page of the paged cache (default {d.page_size})")
+  p.add_argument("--num_pages", type=int, default=d.num_pages,
+                 help="pages of the paged cache (default: enough for every sequence)")
   p.add_argument("--mesh_shape", default=None,
                  help="decode on a (data, fsdp, tensor) device mesh, e.g. 1,1,2: the parameters "
                  "restored in the training layout, the cache's KV heads over tensor (one -1 "
@@ -185,6 +196,15 @@ def main(argv: list[str]) -> int:
     raise CommandError(f"--cache_dtype={args.cache_dtype} is not one of {', '.join(CACHE_DTYPES)}")
   if args.slots is not None and args.slots < 1:
     raise CommandError(f"--slots={args.slots} must be a positive integer")
+  # Flags that would do nothing are refused, as eval refuses them (ignored until 2026-12-04).
+  if args.length_penalty is None:
+    args.length_penalty = DecodeConfig.length_penalty
+  elif args.beam_size <= 1:
+    raise CommandError("--length_penalty is the beam search's: give --beam_size too")
+  if args.page_size is None:
+    args.page_size = DecodeConfig.page_size
+  elif args.cache != "paged":
+    raise CommandError(f"--page_size is the paged cache's, got --cache {args.cache}")
   try:
     dcfg = DecodeConfig(max_new_tokens=args.max_new_tokens, cache=args.cache,
                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

@@ -976,6 +976,17 @@ def test_decode_refuses_slots_with_beams_and_unknown_cache_dtypes(workdir, capsy
   rc, _, err = _run(base + ["--max_new_tokens", "0"], capsys)
   assert rc == 2 and err.strip() == ("attnlab decode: error: max_new_tokens=0 must be a "
                                      "positive integer"), err
+  # Flags that would do nothing (ignored until 2026-12-04; eval refused the first).
+  rc, _, err = _run(base + ["--length_penalty", "0.5"], capsys)
+  assert rc == 2 and err.strip() == ("attnlab decode: error: --length_penalty is the beam "
+                                     "search's: give --beam_size too"), err
+  rc, _, err = _run(base + ["--page_size", "8", "--cache", "contiguous"], capsys)
+  assert rc == 2 and err.strip() == ("attnlab decode: error: --page_size is the paged cache's, "
+                                     "got --cache contiguous"), err
+  for flags in (["--page_size", "8", "--slots", "2"], ["--page_size", "8", "--cache", "paged"],
+                ["--beam_size", "2", "--length_penalty", "0.5", "--max_new_tokens", "2"]):
+    rc, _, err = _run(base + flags, capsys)
+    assert rc == 0, (flags, err)
 
 
 def test_decode_prompt_sources_and_their_errors(workdir, capsys, tmp_path):

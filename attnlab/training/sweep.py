@@ -309,7 +309,12 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
   try:
     src_ckpt.resolve_step(step)  # nothing saved, or a step that was not: named
     if check_only:
-      shd.make_mesh(tcfg.mesh_shape)  # the mesh the new run's state is laid out on
+      try:
+        shd.make_mesh(tcfg.mesh_shape)  # the mesh the new run's state is laid out on
+      except ValueError as e:  # named without the way out until 2026-12-04
+        raise ValueError(f"{e} (the new run's TrainConfig.mesh_shape, the source's unless "
+                         "bound: give --gin.TrainConfig.mesh_shape=(D, F, T) for this "
+                         "machine's devices)") from None
       return {}
 
     def read(s):  # a weights-only source (convert --from-hf) read no data yet: batch 0

@@ -735,8 +735,11 @@ def _one_line_exit_2(capsys, argv, must_not_exist):
     ("8", "mean", [], "num_kv_heads=8 is larger"),
     ("2", "avg", [], "method='avg' is not one of"),
     ("2", "mean", ["--step", "99"], "step=99 has no checkpoint"),
+    # The way out named (2026-12-04): a source trained on more devices than this machine's.
     ("2", "mean", ["--gin.TrainConfig.mesh_shape=(64,1,1)"],
-     "mesh_shape=(64, 1, 1) needs 64 devices, only"),
+     "mesh_shape=(64, 1, 1) needs 64 devices, only 1 exist (the new run's "
+     "TrainConfig.mesh_shape, the source's unless bound: give --gin.TrainConfig.mesh_shape=(D, "
+     "F, T) for this machine's devices)"),
 ])
 def test_convert_heads_bad_input(micro, tmp_path, capsys, k, method, extra, message):
   src = sweep_lib.run_dir(micro, "mha", 0)

@@ -144,6 +144,10 @@ def test_each_commands_help_is_its_own_and_names_its_required_flags(capsys):
     assert text.startswith(f"usage: attnlab {name} "), text[:80]
     for flag in REQUIRED[name].split(", ") + list(ONE_OF.get(name, ([], ""))[1].split()):
       assert f"  {flag} " in text, (name, flag)
+    # The commands that take gin bindings say how (their --help never did until 2026-12-04).
+    takes_bindings = name in ("train", "ablate", "convert-heads")
+    flat = " ".join(text.split())
+    assert ("--gin.NAME=VALUE or --gin.NAME VALUE" in flat) == takes_bindings, name
 
 
 @pytest.mark.parametrize("name", sorted(REQUIRED))

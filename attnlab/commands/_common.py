@@ -21,6 +21,15 @@ class CommandParser(argparse.ArgumentParser):
     raise CommandError(message)
 
 
+def gin_flags_help(which: str) -> str:
+  """The ``--help`` epilog of a command that takes gin bindings (``which``: the
+  configurables it takes)."""
+  return (f"gin bindings: --gin.NAME=VALUE or --gin.NAME VALUE (repeatable), NAME one of "
+          f"{which}'s fields, VALUE as gin writes it: --gin.TrainConfig.steps=100, "
+          "--gin.DataConfig.paths=\"('data/*.txt',)\". They come after the --gin_file "
+          "files.")
+
+
 def split_gin_flags(argv: list[str]) -> tuple[list[str], list[str]]:
   """(``--gin.NAME=VALUE`` bindings as "NAME = VALUE", the other args)."""
   bindings, rest = [], []

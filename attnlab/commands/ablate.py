@@ -25,12 +25,13 @@ import sys
 from attnlab import config_gin
 from attnlab.commands import EXIT_STOPPED, CommandError
 from attnlab.commands._common import (
-    CommandParser,
-    add_cache_flag,
-    check_can_make,
-    log_attnlab_info,
-    split_gin_flags,
-    use_compilation_cache,
+  CommandParser,
+  add_cache_flag,
+  check_can_make,
+  gin_flags_help,
+  log_attnlab_info,
+  split_gin_flags,
+  use_compilation_cache,
 )
 from attnlab.commands.train import trainer_run_check
 from attnlab.extras import MissingDependencyError, require
@@ -60,7 +61,8 @@ def _base_difference(sweep_path: str, sweep, base) -> tuple[str, str] | None:
 
 def main(argv: list[str]) -> int:
   bindings, rest = split_gin_flags(argv)
-  p = CommandParser(prog="attnlab ablate", description="Head-sharing ablation sweep.")
+  p = CommandParser(prog="attnlab ablate", description="Head-sharing ablation sweep.",
+                    epilog=gin_flags_help("Sweep, ModelConfig, DataConfig and TrainConfig"))
   p.add_argument("--gin_file", default=None, help="the sweep gin file (binds Sweep.*)")
   p.add_argument("--out", required=True, help="the sweep directory")
   mode = p.add_mutually_exclusive_group()

@@ -23,6 +23,7 @@ from attnlab.commands import CommandError
 from attnlab.commands._common import (
   CommandParser,
   check_can_make,
+  gin_flags_help,
   log_attnlab_info,
   split_gin_flags,
 )
@@ -33,7 +34,8 @@ from attnlab.training.sweep import write_converted_run
 def main(argv: list[str]) -> int:
   bindings, rest = split_gin_flags(argv)
   p = CommandParser(prog="attnlab convert-heads",
-              description="Convert a run's checkpoint to fewer KV heads (GQA / MQA).")
+              description="Convert a run's checkpoint to fewer KV heads (GQA / MQA).",
+              epilog=gin_flags_help("TrainConfig and DataConfig (the new run's)"))
   p.add_argument("--from", dest="src", required=True, help="the source training workdir")
   p.add_argument("--to", dest="dst", required=True, help="the new workdir (must not exist)")
   p.add_argument("--num_kv_heads", type=int, required=True, help="K, dividing the source's")

@@ -27,6 +27,7 @@ from attnlab.commands._common import (
   CommandParser,
   add_cache_flag,
   check_can_make,
+  gin_flags_help,
   log_attnlab_info,
   parse_gin,
   split_gin_flags,
@@ -48,7 +49,8 @@ def _add_distributed_flags(p):
 
 def main(argv: list[str]) -> int:
   bindings, rest = split_gin_flags(argv)
-  p = CommandParser(prog="attnlab train", description="Train a model from gin config files.")
+  p = CommandParser(prog="attnlab train", description="Train a model from gin config files.",
+                    epilog=gin_flags_help("ModelConfig, DataConfig and TrainConfig"))
   p.add_argument("--gin_file", action="append", default=[], help="a gin file (repeatable)")
   p.add_argument("--workdir", required=True, help="checkpoints, config.gin, metrics")
   _add_distributed_flags(p)

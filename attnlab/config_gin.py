@@ -11,6 +11,7 @@ what a workdir means.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util  # noqa: F401 - gin 0.5 needs it loaded to report a missing include
 import logging
 import os
@@ -51,7 +52,33 @@ _GIN_CONTEXT = ("In call to configurable", "In bindings string", "In file ")
 def _first_line(e: Exception) -> str:
   lines = [x.strip() for x in (str(e).strip() or type(e).__name__).splitlines()]
   lines = [x for x in lines if x and not x.startswith(_GIN_CONTEXT)] or lines
-  return " ".join(lines[:2])
+  return _with_hint(" ".join(lines[:2]))
+
+
+_NO_PARAMETER = re.compile(r"Configurable '(\w+)' doesn't have a parameter named '(\w+)'")
+_NO_CONFIGURABLE = re.compile(r"No configurable matching '([\w.]+)'")
+
+
+def _with_hint(message: str) -> str:
+  """gin's message for a misspelt field or configurable, with the nearest name attnlab
+  has, or where the names are (until 2026-12-04 gin's message alone)."""
+  known = {cls.__name__: cls for cls in (*CONFIG_CLASSES, Sweep)}
+  m = _NO_PARAMETER.search(message)
+  if m and m.group(1) in known:
+    cls, field = m.groups()
+    close = difflib.get_close_matches(field, [f.name for f in dataclasses.fields(known[cls])],
+                                      n=1)
+    return message + (f" (did you mean {cls}.{close[0]}?)" if close else
+                      f" ({cls}'s fields are documented in attnlab/config.py)")
+  m = _NO_CONFIGURABLE.search(message)
+  if m:
+    name = m.group(1).rsplit(".", 1)[-1]
+    if name == "Sweep":
+      return message + " (Sweep.* belongs to a sweep file: run it with attnlab ablate)"
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return message + (f" (did you mean {close[0]}?)" if close else
+                      f" (attnlab's configurables: {', '.join(known)})")
+  return message
 
 
 def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> tuple[

@@ -294,12 +294,28 @@ def test_a_refused_value_is_its_message_without_gins_context():
   for bindings, message in (
       (["ModelConfig.num_heads = 6", "ModelConfig.num_kv_heads = 4"],
        "num_heads=6 must be a multiple of num_kv_heads=4"),
+      # A misspelt name gets the nearest one attnlab has, or where the names are (gin's
+      # message alone until 2026-12-04).
       (["TrainConfig.stepz = 3"],
        "Configurable 'TrainConfig' doesn't have a parameter named 'stepz'. "
-       "TrainConfig.stepz = 3")):
+       "TrainConfig.stepz = 3 (did you mean TrainConfig.steps?)"),
+      (["ModelConfig.zzzzzz = 3"],
+       "Configurable 'ModelConfig' doesn't have a parameter named 'zzzzzz'. "
+       "ModelConfig.zzzzzz = 3 (ModelConfig's fields are documented in attnlab/config.py)"),
+      (["TrainConfg.steps = 3"],
+       "No configurable matching 'TrainConfg'. TrainConfg.steps = 3 (did you mean "
+       "TrainConfig?)"),
+      (["Foo.bar = 3"],
+       "No configurable matching 'Foo'. Foo.bar = 3 (attnlab's configurables: ModelConfig, "
+       "DataConfig, TrainConfig, Sweep)")):
     with pytest.raises(gin_config.GinConfigError) as e:
       gin_config.parse([], bindings)
     assert str(e.value) == message
+  # A sweep file given to train (gin knows Sweep only in a process that read a sweep: the
+  # message itself, here).
+  assert gin_config._with_hint("No configurable matching 'Sweep'. Sweep.seeds = [0]") == (
+      "No configurable matching 'Sweep'. Sweep.seeds = [0] (Sweep.* belongs to a sweep file: "
+      "run it with attnlab ablate)")
 
 
 def test_a_gin_file_that_is_not_utf8_is_named(tmp_path):

@@ -78,3 +78,15 @@ def test_run_timed_passes_the_exit_code_through_and_prints_a_summary():
   # --help is the usage, not a command to run (127 "No such file" until 2026-12-04).
   res = _run(["tools/run_timed.py", "--help"])
   assert res.returncode == 0 and "python tools/run_timed.py -- make test" in res.stdout
+
+
+@pytest.mark.parametrize("tool", ["bench_load_checkpoint.py", "eval_cache_dtype.py",
+                                  "prompt_bos_loss.py"])
+def test_a_tool_given_a_folder_that_is_no_workdir_says_so_in_one_line(tool, tmp_path):
+  """Exit 2 and the usage's one error line (a FileNotFoundError traceback until
+  2026-12-04)."""
+  res = _run([os.path.join("tools", tool), "--workdir", str(tmp_path)])
+  assert res.returncode == 2, res.stderr[-2000:]
+  assert res.stderr.strip().splitlines()[-1] == (
+      f"{tool}: error: {tmp_path / 'config.gin'} does not exist: not a training workdir")
+  assert "Traceback" not in res.stderr

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -58,6 +59,9 @@ def main():
   if args.child:
     _child(args.workdir, args.child)
     return
+  config = os.path.join(args.workdir, "config.gin")  # without importing JAX here
+  if not os.path.isfile(config):  # a traceback until 2026-12-04
+    p.error(f"{config} does not exist: not a training workdir")
   results = {"load_checkpoint": [], "eager": []}
   sums = set()
   for _ in range(args.rounds):

@@ -41,7 +41,10 @@ def main():
   from attnlab.data.pipeline import build_sources, validation_batches
   from attnlab.nn import kv_cache as cache_lib
 
-  model, cfg = attnlab.load_checkpoint(args.workdir)
+  try:  # one line, not a traceback (until 2026-12-04)
+    model, cfg = attnlab.load_checkpoint(args.workdir)
+  except (FileNotFoundError, ValueError) as e:
+    p.error(str(e))
   if cfg.arch != "decoder_only":  # a KeyError from the batches until 2026-12-04
     sys.exit(f"{args.workdir} holds an encoder-decoder; this measures a decoder-only model's "
              "self-attention cache")

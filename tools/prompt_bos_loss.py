@@ -33,7 +33,10 @@ def main():
   from attnlab.commands.decode import _tokenizer
   from attnlab.data import text
 
-  model, cfg = attnlab.load_checkpoint(args.workdir)
+  try:  # one line, not a traceback (until 2026-12-04)
+    model, cfg = attnlab.load_checkpoint(args.workdir)
+  except (FileNotFoundError, ValueError) as e:
+    p.error(str(e))
   if cfg.arch != "decoder_only":
     p.error(f"{args.workdir} holds an encoder-decoder; this measures a decoder-only LM")
   _, dcfg, _ = config_gin.read_workdir_config(os.path.join(args.workdir, "config.gin"))

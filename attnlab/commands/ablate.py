@@ -83,8 +83,10 @@ def main(argv: list[str]) -> int:
   gin_file = args.gin_file
   if gin_file is None:
     if not (args.report and os.path.isfile(sweep_path)):
+      # --report of a folder that is no sweep says so (until 2026-12-04 only the first half)
       raise CommandError("--gin_file is needed (only --report of an existing --out reads "
-                         "OUT/sweep.gin)")
+                         "OUT/sweep.gin" + (f"; {args.out} has none: not a sweep directory)"
+                                            if args.report else ")"))
     gin_file = sweep_path
 
   try:

@@ -21,7 +21,9 @@ from attnlab.training import sharding, trainer
 
 def main(argv: list[str]) -> int:
   p = CommandParser(prog="attnlab eval", description="Validation metrics of a checkpoint.")
-  p.add_argument("--workdir", required=True)
+  p.add_argument("--workdir", required=True,
+                 help="training workdir (config.gin + checkpoints); the metrics print as JSON, "
+                 "a seq2seq task's predictions go to WORKDIR/eval/")
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
   p.add_argument("--beam_size", type=int, default=None,
                  help="decode a seq2seq task's examples by beam search of this width (the "

@@ -24,11 +24,16 @@ def format_bytes(n: float) -> str:
 
 
 def main(argv: list[str]) -> int:
-  p = CommandParser(prog="attnlab kv-size", description="K/V cache size of a model shape.")
-  for name in ("layers", "seq", "kv_heads", "head_dim"):
-    p.add_argument(f"--{name}", type=int, required=True)
-  p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bfloat16")
-  p.add_argument("--batch", type=int, default=1)
+  p = CommandParser(prog="attnlab kv-size",
+                    description="K/V cache size of a model shape, in bytes (K and V of every "
+                    "layer, and int8's scales), printed in the largest unit under 1024.")
+  helps = {"layers": "decoder layers", "seq": "tokens cached per sequence",
+           "kv_heads": "KV heads (num_kv_heads)", "head_dim": "dimension of one head"}
+  for name, help_ in helps.items():
+    p.add_argument(f"--{name}", type=int, required=True, help=help_)
+  p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bfloat16",
+                 help="the cache's dtype (default bfloat16)")
+  p.add_argument("--batch", type=int, default=1, help="sequences cached (default 1)")
   args = p.parse_args(argv)
   for name in ("layers", "seq", "kv_heads", "head_dim", "batch"):
     if getattr(args, name) < 1:

@@ -383,8 +383,9 @@ def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
                "more per text)")
     need = src_len + tgt_len + 2 if mcfg.arch == "decoder_only" else max(src_len, tgt_len) + 1
     if need > dcfg.seq_len:
+      # DataConfig's max_len, not the model's (named plainly since 2026-12-04)
       raise ValueError(f"seq_len={dcfg.seq_len} is too short for task={dcfg.task!r} with "
-                       f"max_len={dcfg.max_len}: needs {need}{extra}")
+                       f"DataConfig.max_len={dcfg.max_len}: needs {need}{extra}")
   kw = dict(seq_len=dcfg.seq_len, arch=mcfg.arch, loss_on_prompt=dcfg.loss_on_prompt)
   return {split: PairBatches(p, tok, **kw) for split, p in pairs.items()}, tok
 

@@ -234,7 +234,7 @@ def test_synthetic_tasks_need_seq_len_for_their_longest_example(arch, task, max_
   sources, _ = pipeline.build_sources(DataConfig(task=task, seq_len=need, **lengths), mcfg)
   assert sources["train"].arch == arch
   with pytest.raises(ValueError, match=re.escape(
-      f"seq_len={need - 1} is too short for task={task!r} with max_len={max_len}: "
+      f"seq_len={need - 1} is too short for task={task!r} with DataConfig.max_len={max_len}: "
       f"needs {need}")):
     pipeline.build_sources(DataConfig(task=task, seq_len=need - 1, **lengths), mcfg)
 

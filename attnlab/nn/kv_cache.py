@@ -213,6 +213,14 @@ def _attend_then_write(q_BTNH, k_BTKH, v_BTKH, bufs, *, q_positions_BT, kv_posit
 class _SelfAttentionCache:
   """``attend`` for the self-attention caches, through their ``append``."""
 
+  @property
+  def kv_heads_and_dim(self) -> tuple[int, int]:
+    """(K, H) of the keys this cache holds, whatever its layout."""
+    k = getattr(self, {KVCache: "k_BKSH", RingKVCache: "k_BKWH",
+                       PagedKVCache: "k_pages_PCKH"}[type(self)])
+    return (k.shape[2], k.shape[3]) if isinstance(self, PagedKVCache) else (k.shape[1],
+                                                                             k.shape[3])
+
   def attend(self, q_BTNH, k_BTKH, v_BTKH, *, num_new_B, q_positions_BT, causal: bool,
              window: int | None, implementation: str, dropout_rate: float = 0.0,
              dropout_rng=None):

@@ -140,6 +140,13 @@ class Stack(nnx.Module):
                context_segment_ids_BS=None, cache=None):
     """[B, T, D]; with ``cache`` (one ``BlockCache`` per layer), ([B, T, D], cache)."""
     _check_rows(x_BTD.shape[:2], positions_BT, segment_ids_BT, cache)
+    if cache:
+      held, want = cache[0].self_attn.kv_heads_and_dim, (self.cfg.num_kv_heads,
+                                                         self.cfg.head_dim)
+      if held != want:  # an error from inside the ops until 2026-12-04
+        raise ValueError(f"the cache holds {held[0]} KV heads of dim {held[1]} and the model "
+                         f"has {want[0]} of dim {want[1]}: make the cache for this model "
+                         "(attnlab.nn.kv_cache.init_cache(model.cfg, ...))")
     x_BTD = self.add_positions(x_BTD, positions_BT)
     if cache is not None:
       if len(cache) != len(self.layers):

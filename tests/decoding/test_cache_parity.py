@@ -581,3 +581,17 @@ def test_inputs_of_another_shape_than_the_tokens_are_refused_by_name():
     encdec(jnp.asarray(SRC[0]), jnp.asarray(TGT[:, :2]))
   with pytest.raises(ValueError, match="^tgt_in_BT has shape \\(2,\\)"):
     encdec(jnp.asarray(SRC), jnp.asarray(TGT[0, :2]))
+
+
+def test_a_cache_made_for_another_number_of_kv_heads_is_refused_by_name():
+  """Each cache kind (an error from inside the ops until 2026-12-04: a broadcast or a
+  concatenation that named neither the cache nor the head counts)."""
+  model = decoder_model("mqa_rope_window3")  # one KV head
+  other = model.cfg.replace(num_kv_heads=model.cfg.num_heads)
+  for kind in ("contiguous", "ring", "paged"):
+    cache = cache_lib.init_cache(other, kind, 2, 8, page_size=8)
+    with pytest.raises(ValueError, match="^" + re.escape(
+        f"the cache holds {other.num_kv_heads} KV heads of dim {other.head_dim} and the model "
+        f"has 1 of dim {model.cfg.head_dim}: make the cache for this model "
+        "(attnlab.nn.kv_cache.init_cache(model.cfg, ...))") + "$"):
+      model(jnp.asarray(TOKENS[:, :2]), cache=cache)

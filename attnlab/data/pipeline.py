@@ -83,10 +83,28 @@ class PairBatches:
   one, the loss on the target part only unless ``loss_on_prompt``.
   """
 
-  def __init__(self, pairs, tokenizer, *, seq_len: int, arch: str, loss_on_prompt: bool):
+  def __init__(self, pairs, tokenizer, *, seq_len: int, arch: str, loss_on_prompt: bool,
+               warn_cut: str | None = None):
     self.pairs, self.tok, self.seq_len, self.arch = pairs, tokenizer, seq_len, arch
     self.loss_on_prompt = loss_on_prompt
     self.size = len(pairs) if isinstance(pairs, list) else pairs.size
+    # The split named in a warning at the first example the layout cuts (once; the
+    # training split's: a validation example cut is counted by the evaluation). Cut
+    # without a word until 2026-12-04.
+    self.warn_cut = warn_cut
+
+  def _warn_if_cut(self, i, s, t) -> None:
+    if self.warn_cut is None or layout_fits(self.arch, len(s), len(t), self.seq_len):
+      return
+    left = ""
+    if self.arch == "decoder_only":
+      kept = max(0, min(len(t) + 1, self.seq_len - len(s) - 1))
+      left = (f"; a decoder-only row keeps {kept} of its {len(t) + 1} target tokens (with "
+              "eos), and one whose source fills it trains on nothing")
+    log.warning("%s: pair %d (source %d tokens, target %d) is longer than seq_len=%d and is "
+                "cut%s; raise DataConfig.seq_len to keep such pairs whole (this warning is "
+                "shown once)", self.warn_cut, int(i), len(s), len(t), self.seq_len, left)
+    self.warn_cut = None
 
   def _ids(self, i):
     src, tgt = self.pairs[int(i)]
@@ -122,6 +140,7 @@ class PairBatches:
       for b, i in enumerate(indices):
         # Too-long examples are cut: the test below checks synthetic ones fit.
         s, t = self._ids(i)
+        self._warn_if_cut(i, s, t)
         if len(t) > T - 1:
           cut_rows.append(b)
         s, t = np.append(s[:T - 1], eos), t[:T - 1]
@@ -140,6 +159,7 @@ class PairBatches:
     seg = np.zeros((B, T), np.int32)
     for b, i in enumerate(indices):
       s, t = self._ids(i)
+      self._warn_if_cut(i, s, t)
       seq = np.concatenate([[bos], s, [eos], t, [eos]])[:T + 1]
       tokens[b, :len(seq)] = seq
       seg[b, :min(len(seq), T)] = 1  # inputs seq[:-1], and the last eos when it fits
@@ -387,7 +407,9 @@ def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
       raise ValueError(f"seq_len={dcfg.seq_len} is too short for task={dcfg.task!r} with "
                        f"DataConfig.max_len={dcfg.max_len}: needs {need}{extra}")
   kw = dict(seq_len=dcfg.seq_len, arch=mcfg.arch, loss_on_prompt=dcfg.loss_on_prompt)
-  return {split: PairBatches(p, tok, **kw) for split, p in pairs.items()}, tok
+  return {split: PairBatches(p, tok, **kw, warn_cut=(
+      f"the training split of DataConfig.paths={dcfg.paths!r}" if split == "train" else None))
+          for split, p in pairs.items()}, tok
 
 
 def train_iterator(sources, dcfg: DataConfig) -> BatchIterator:

@@ -479,3 +479,26 @@ def test_the_bos_a_post_processor_puts_in_front(tmp_path):
   # ... but a later probe that encodes finds the bos.
   assert bos_of("bpe0", bpe({"<s>": 0, "</s>": 1, "0": 2}),
                 template(single="<s> $A", special_tokens=[("<s>", 0)])) == 0
+
+
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_a_training_pair_longer_than_seq_len_is_cut_with_one_warning(tmp_path, caplog, arch):
+  """The first cut training pair is named with its lengths, once (cut without a word until
+  2026-12-04); a validation split's cuts are the evaluation's to count."""
+  train, valid = tmp_path / "train.tsv", tmp_path / "valid.tsv"
+  train.write_text("ab\tba\n" + "x" * 30 + "\t" + "y" * 20 + "\ncd\tdc\n" + "z" * 40 + "\tw\n")
+  valid.write_text("e" * 30 + "\tfe\n")
+  dcfg = DataConfig(task="tsv", paths=(str(train), str(valid)), seq_len=16, batch_size=2)
+  sources, _ = pipeline.build_sources(dcfg, ModelConfig(arch=arch))
+  logger = pipeline.__name__
+  with caplog.at_level("WARNING", logger=logger):
+    for ids in ([0, 2], [1, 3], [0, 1]):
+      sources["train"].batch(np.array(ids))
+    sources["validation"].batch(np.array([0, 0]))
+  warned = [r.getMessage() for r in caplog.records if r.name == logger]
+  left = ("; a decoder-only row keeps 0 of its 21 target tokens (with eos), and one whose "
+          "source fills it trains on nothing" if arch == "decoder_only" else "")
+  assert warned == [
+      f"the training split of DataConfig.paths=('{train}', '{valid}'): pair 1 (source 30 "
+      f"tokens, target 20) is longer than seq_len=16 and is cut{left}; raise "
+      "DataConfig.seq_len to keep such pairs whole (this warning is shown once)"]

@@ -262,5 +262,9 @@ def validation_loss(eval_step, params, batches, put_batch) -> dict:
   for batch in batches:
     n, w = jax.device_get(eval_step(params, put_batch(batch)))
     nll, weight = nll + float(n), weight + float(w)
-  loss = nll / max(weight, 1.0)
+  if weight == 0:  # no counted token: no loss, not a perfect one (0.0 until 2026-12-04)
+    log.warning("the validation batches count no token (every target cut by seq_len, say): "
+                "the validation loss and perplexity are reported as nan")
+    return {"loss": math.nan, "perplexity": math.nan, "tokens": weight}
+  loss = nll / weight
   return {"loss": loss, "perplexity": perplexity(loss), "tokens": weight}

@@ -289,7 +289,7 @@ def test_a_text_holding_the_eos_id_is_split_by_the_examples_lengths(arch, monkey
       "string in the text), which decoding stops at: not scored"]
 
 
-def test_validation_loss_is_token_weighted_over_the_batches():
+def test_validation_loss_is_token_weighted_over_the_batches(caplog):
   seen = []
 
   def eval_step(params, batch):
@@ -300,7 +300,14 @@ def test_validation_loss_is_token_weighted_over_the_batches():
   assert out == {"loss": 2.0, "perplexity": pytest.approx(math.exp(2.0)), "tokens": 4.0}
   assert seen == [("P", "a"), ("P", "b")]
   assert eval_lib.validation_loss(eval_step, "P", ["b"], lambda b: b)["loss"] == 2.0  # 1 token
-  assert eval_lib.validation_loss(eval_step, "P", [], lambda b: b)["loss"] == 0.0
+  # No counted token: nan and a warning (a loss of 0.0, perplexity 1.0 until 2026-12-04).
+  with caplog.at_level(logging.WARNING, logger=eval_lib.__name__):
+    for batches in ([], ["none"]):
+      out = eval_lib.validation_loss(lambda p, b: (0.0, 0.0), "P", batches, lambda b: b)
+      assert math.isnan(out["loss"]) and math.isnan(out["perplexity"]) and out["tokens"] == 0
+  assert [r.getMessage() for r in caplog.records if r.name == eval_lib.__name__] == [
+      "the validation batches count no token (every target cut by seq_len, say): the "
+      "validation loss and perplexity are reported as nan"] * 2
 
 
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])

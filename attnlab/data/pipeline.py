@@ -363,6 +363,10 @@ def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
   if tok.bos_id is None or tok.eos_id is None:
     raise ValueError(f"training data is laid out with bos and eos: set DataConfig.bos_id "
                      f"(={dcfg.bos_id}) and eos_id (={dcfg.eos_id}) of the hf_json tokenizer")
+  for name, i in (("bos_id", tok.bos_id), ("eos_id", tok.eos_id)):
+    if i >= mcfg.vocab_size:  # a NaN loss at the first step until 2026-12-04
+      raise ValueError(f"DataConfig.{name}={i} is outside the model's vocabulary "
+                       f"(ModelConfig.vocab_size={mcfg.vocab_size}): give the tokenizer's id")
   if dcfg.task == "lm":
     if mcfg.arch != "decoder_only":
       raise ValueError("task='lm' needs arch='decoder_only'")

@@ -49,6 +49,10 @@ def expand_paths(patterns) -> list[str]:
     matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
     matches = [os.path.abspath(m) for m in matches if os.path.isfile(m)]
     if not matches:
+      if os.path.isdir(os.path.expanduser(pattern)):  # "no files match" until 2026-12-04
+        raise FileNotFoundError(
+            f"{pattern!r} is a directory: give its files as a glob, e.g. "
+            f"{os.path.join(pattern, '*.txt')!r} or {os.path.join(pattern, '**', '*.py')!r}")
       raise FileNotFoundError(f"no files match {pattern!r}")
     out += matches
   return sorted(set(out))

@@ -445,6 +445,12 @@ def test_hf_json_sources_take_the_configs_bos_and_eos(tmp_path):
   with pytest.raises(ValueError, match=re.escape(
       "vocab_size=4 is smaller than the tokenizer's 5")):
     pipeline.build_sources(DataConfig(bos_id=1, eos_id=2, **kw), ModelConfig(vocab_size=4))
+  # An id past the model's vocabulary (a NaN loss at the first step until 2026-12-04).
+  for bos, eos, name, bad in ((1, 300, "eos_id", 300), (259, 2, "bos_id", 259)):
+    with pytest.raises(ValueError, match="^" + re.escape(
+        f"DataConfig.{name}={bad} is outside the model's vocabulary (ModelConfig.vocab_size="
+        f"259): give the tokenizer's id") + "$"):
+      pipeline.build_sources(DataConfig(bos_id=bos, eos_id=eos, **kw), ModelConfig())
 
 
 def test_the_bos_a_post_processor_puts_in_front(tmp_path):

@@ -143,6 +143,11 @@ def test_lm_files_thins_each_side_evenly_to_max_files(tmp_path):
   assert split == {"train": train[::4][:2], "validation": val[::1][:2]}
   with pytest.raises(FileNotFoundError, match=re.escape("no files match")):
     text.lm_files([str(tmp_path / "*.none")], validation_percent=20)
+  # A folder is named as one (it "matched no files" until 2026-12-04).
+  with pytest.raises(FileNotFoundError, match="^" + re.escape(
+      f"{str(tmp_path)!r} is a directory: give its files as a glob, e.g. "
+      f"{str(tmp_path / '*.txt')!r} or {str(tmp_path / '**' / '*.py')!r}") + "$"):
+    text.lm_files([str(tmp_path)], validation_percent=20)
 
 
 def test_read_text_replaces_bad_utf8_and_drops_a_byte_order_mark(tmp_path, warned):

@@ -439,10 +439,11 @@ class DataConfig:
                            f"it at {default}")
     elif self.min_len > self.max_len:
       raise ValueError(f"min_len={self.min_len} must be <= max_len={self.max_len}")
-    if self.task == "add" and self.max_len > 37:
-      # operands of up to max_len // 2 digits, drawn as int64 (at most 18 digits)
-      raise ValueError(f"max_len={self.max_len} is too long for task='add': its operands have "
-                       "up to max_len // 2 digits, at most 18; use max_len <= 37")
+    if self.task == "add" and not 2 <= self.max_len <= 37:
+      # operands of up to max_len // 2 digits, drawn as int64 (at most 18 digits); max_len 1
+      # was taken as 1 digit until 2026-12-04
+      raise ValueError(f"max_len={self.max_len} does not fit task='add': its operands have "
+                       "1 to max_len // 2 digits, at most 18; use 2 <= max_len <= 37")
     if self.vocab_chars > 26:
       raise ValueError(f"vocab_chars={self.vocab_chars} must be at most 26")
     _choice("tokenizer", self.tokenizer, TOKENIZERS)

@@ -130,8 +130,11 @@ DATA_INVALID = [
     (dict(vocab_chars=27),
      'vocab_chars=27 must be at most 26'),
     (dict(task='add', max_len=38),
-     "max_len=38 is too long for task='add': its operands have up to max_len // 2 digits, at "
-     "most 18; use max_len <= 37"),
+     "max_len=38 does not fit task='add': its operands have 1 to max_len // 2 digits, at most "
+     "18; use 2 <= max_len <= 37"),
+    (dict(task='add', max_len=1),  # taken as 1 digit until 2026-12-04
+     "max_len=1 does not fit task='add': its operands have 1 to max_len // 2 digits, at most "
+     "18; use 2 <= max_len <= 37"),
     (dict(max_files=-1),
      'max_files=-1 must be a non-negative integer'),
     (dict(seed=-1),

@@ -359,11 +359,16 @@ def test_decode_defaults_are_decode_config_defaults():
 
   args = decode._decode_parser().parse_args(["--workdir", "w", "--prompt", "p"])
   defaults = attnlab.config.DecodeConfig()
-  for name in ("temperature", "top_k", "top_p", "beam_size", "length_penalty",
-               "max_new_tokens", "seed", "page_size", "num_pages"):
+  for name in ("temperature", "top_k", "top_p", "beam_size", "max_new_tokens", "seed",
+               "num_pages"):
     assert getattr(args, name) == getattr(defaults, name), name
-  # --cache is resolved in main: paged with --slots, else DecodeConfig's default.
-  assert args.cache is None and f"else {defaults.cache}" in decode._decode_parser().format_help()
+  # --cache is resolved in main: paged with --slots, else DecodeConfig's default; so are
+  # --length_penalty and --page_size (given without a beam or a paged cache: refused), whose
+  # help states DecodeConfig's default.
+  text = " ".join(decode._decode_parser().format_help().split())
+  assert args.cache is None and f"else {defaults.cache}" in text
+  assert args.length_penalty is None and f"(default {defaults.length_penalty};" in text
+  assert args.page_size is None and f"(default {defaults.page_size})" in text
 
 
 def test_decode_workdir_without_config_exits_2(tmp_path, capsys):

@@ -349,7 +349,9 @@ def _check_cache_len(cfg, cache_len, needed, what, error):
     return max(needed, 1)
   if needed > cache_len:
     raise error(f"{what} needs {needed} cache slots, more than cache_len={cache_len}")
-  return cache_len
+  # No position past max_len is ever written: a longer cache_len holds max_len slots
+  # (init_cache refuses more since 2026-12-04).
+  return min(cache_len, cfg.max_len)
 
 
 def _num_pages(kind, num_pages, rows, cache_len, page_size):

@@ -184,12 +184,14 @@ def _check_rows(shape_BT, positions_BT, segment_ids_BT, cache) -> None:
     if rows != B:
       raise ValueError(f"the cache holds {rows} sequences and the tokens {B} rows: make the "
                        "cache for this batch (attnlab.nn.kv_cache.init_cache(cfg, kind, B, ...))")
-  for name, value in (("positions_BT", positions_BT), ("segment_ids_BT", segment_ids_BT)):
-    if value is not None and tuple(value.shape) != (B, T):
-      raise ValueError(f"{name} has shape {tuple(value.shape)}; it must be the tokens' [B, T] = "
-                       f"({B}, {T})" + (" (with a cache: 1 on the new tokens, 0 on right "
-                                        "padding)" if name == "segment_ids_BT" and cache
-                                       is not None else ""))
+  # Positions may be one row for all, [1, T] (they broadcast).
+  for name, value, shapes in (("positions_BT", positions_BT, {(B, T), (1, T)}),
+                              ("segment_ids_BT", segment_ids_BT, {(B, T)})):
+    if value is not None and tuple(jnp.shape(value)) not in shapes:
+      raise ValueError(f"{name} has shape {tuple(jnp.shape(value))}; it must be the tokens' "
+                       f"[B, T] = ({B}, {T})" + (" or [1, T]" if len(shapes) > 1 else "") +
+                       (" (with a cache: 1 on the new tokens, 0 on right padding)"
+                        if name == "segment_ids_BT" and cache is not None else ""))
 
 
 class DecoderOnly(nnx.Module):

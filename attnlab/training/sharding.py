@@ -135,14 +135,15 @@ def initialize_distributed(coordinator_address: str | None = None,
       and a process id out of range or an address without a port were tracebacks from
       JAX). ``process_id`` may be left to JAX's cluster detection (SLURM, Open MPI, TPU).
   """
+  partial_flags = num_processes is None and (coordinator_address or process_id is not None)
   coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
   num_processes = _int_setting("--num_processes", num_processes, "JAX_NUM_PROCESSES")
   process_id = _int_setting("--process_id", process_id, "JAX_PROCESS_ID")
   if num_processes is None:
-    if coordinator_address or process_id is not None:
+    if partial_flags:
       raise ValueError("--coordinator_address and --process_id need --num_processes N (or "
                        "$JAX_NUM_PROCESSES)")
-    return False
+    return False  # a coordinator or process id left in the environment alone: one process
   if num_processes < 1:
     raise ValueError(f"--num_processes {num_processes} must be at least 1")
   if process_id is not None and not 0 <= process_id < num_processes:

@@ -569,8 +569,12 @@ def test_inputs_of_another_shape_than_the_tokens_are_refused_by_name():
         "(attnlab.nn.kv_cache.init_cache(cfg, kind, B, ...))") + "$"):
       model(jnp.ones((3, 1), jnp.int32), cache=cache)
   with pytest.raises(ValueError, match=re.escape(
-      "positions_BT has shape (2,); it must be the tokens' [B, T] = (2, 2)")):
+      "positions_BT has shape (2,); it must be the tokens' [B, T] = (2, 2) or [1, T]")):
     model(toks, positions_BT=jnp.arange(2))
+  # One row of positions for all broadcasts, as it did before the check.
+  np.testing.assert_array_equal(model(toks, positions_BT=jnp.arange(2)[None] + 3),
+                                model(toks, positions_BT=jnp.tile(jnp.arange(2)[None] + 3,
+                                                                  (2, 1))))
   with pytest.raises(ValueError, match=re.escape(
       "segment_ids_BT has shape (2, 3); it must be the tokens' [B, T] = (2, 2)") + "$"):
     model(toks, segment_ids_BT=jnp.ones((2, 3), jnp.int32))

@@ -410,6 +410,16 @@ def test_generate_rejects_bad_prompts():
   with pytest.raises(ValueError, match=re.escape(
       "the prompt plus max_new_tokens needs 7 cache slots, more than cache_len=4")):
     attnlab.generate(model, np.array([[5, 6, 7, 8, 9, 10]]), max_new_tokens=2, cache_len=4)
+  # A cache_len past max_len holds max_len slots (no position past it is written): the same
+  # tokens, for either model, greedy or beam, each cache with a length.
+  encdec = encdec_model("paper_gqa")
+  for m, kind, beam in ((model, "contiguous", None), (model, "paged", None),
+                        (model, "contiguous", 2), (encdec, "contiguous", None),
+                        (encdec, "contiguous", 2)):
+    kw = dict(max_new_tokens=3, cache=kind, beam_size=beam, eos_id=None)
+    np.testing.assert_array_equal(
+        attnlab.generate(m, np.array([[5, 6, 7]]), cache_len=m.cfg.max_len + 8, **kw),
+        attnlab.generate(m, np.array([[5, 6, 7]]), **kw))
   with pytest.raises(ValueError, match=re.escape(
       "the prompt plus max_new_tokens needs 101 positions, more than the model's max_len=64")):
     attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=100)

@@ -122,6 +122,10 @@ def test_param_shardings_read_each_variables_axes():
      dict(coordinator_address="h:9", num_processes=2, process_id=1)),
     (("host:1234", 2, None), {}, dict(coordinator_address="host:1234", num_processes=2,
                                       process_id=None)),  # left to JAX's cluster detection
+    # A coordinator or process id left in the environment without a process count: one
+    # process, as before the checks (flags saying as much are refused below).
+    ((), {"JAX_PROCESS_ID": "0"}, None),
+    ((), {"JAX_COORDINATOR_ADDRESS": "h:9"}, None),
 ])
 def test_initialize_distributed_takes_arguments_over_the_environment(monkeypatch, args, env,
                                                                      want):

@@ -122,8 +122,9 @@ def use_compilation_cache(path: str | None) -> None:
   # 2026-12-04).
   if os.path.exists(path) and not os.path.isdir(path):
     raise CommandError(f"--compilation_cache {path} is a file; give a directory")
-  check_can_make("--compilation_cache", path)
-  os.makedirs(path, exist_ok=True)
+  if not os.path.isdir(path):  # an existing folder is JAX's to read, writable or not
+    check_can_make("--compilation_cache", path)
+    os.makedirs(path, exist_ok=True)
   import jax  # here, not at the top: `attnlab kv-size` and --help do not start JAX
 
   jax.config.update("jax_compilation_cache_dir", os.path.abspath(path))

@@ -441,6 +441,14 @@ def train_rate(records: list[dict]) -> float | None:
   return statistics.median(rates) if rates else None
 
 
+def best_eval_step(evals: dict) -> int:
+  """The step of the lowest validation loss among ``{step: record}``; a nan loss (no counted
+  token) is never the best, nor does it hide one (a nan that came first was picked until
+  2026-12-04: nan compares False)."""
+  return min(evals, key=lambda s: (math.isnan(float(evals[s]["loss"])), float(evals[s]["loss"]),
+                                   s))
+
+
 def measure(workdir: str, mcfg: ModelConfig, dcfg: DataConfig, tcfg: TrainConfig,
             sweep: Sweep, prompts) -> dict:
   """The measurements of a finished run (see the module docstring of report)."""
@@ -449,7 +457,7 @@ def measure(workdir: str, mcfg: ModelConfig, dcfg: DataConfig, tcfg: TrainConfig
     final = trainer.evaluate_workdir(workdir, tcfg.steps)
     evals[tcfg.steps] = {"step": tcfg.steps, **final}
   curve = [[s, float(evals[s]["loss"])] for s in sorted(evals)]
-  best_step = min(evals, key=lambda s: evals[s]["loss"])
+  best_step = best_eval_step(evals)
   rate = train_rate(read_metrics(workdir))
   total, attn = param_counts(mcfg)
   out = {

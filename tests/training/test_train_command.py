@@ -234,8 +234,10 @@ def test_what_cannot_run_or_be_written_is_refused_before_the_workdir(tmp_path, c
   workdir, then the first step's trace raised); a workdir under a file is one line (a
   NotADirectoryError traceback). Exit 2 both."""
   rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(tmp_path / "w"),
-                 "--gin.ModelConfig.attention_impl='cudnn'"])
-  assert rc == 2 and not (tmp_path / "w").exists()
+                 "--gin.ModelConfig.attention_impl='cudnn'", "--compilation_cache",
+                 str(tmp_path / "xla_cache")])
+  # Nor the compilation cache's folder (made before the checks until 2026-12-04).
+  assert rc == 2 and not (tmp_path / "w").exists() and not (tmp_path / "xla_cache").exists()
   assert capsys.readouterr().err.strip() == (
       "attnlab train: error: ModelConfig.attention_impl='cudnn' needs a CUDA GPU; the default "
       "backend is 'cpu'. Use 'xla', 'chunked' or 'reference'.")

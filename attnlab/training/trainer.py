@@ -168,6 +168,25 @@ def _warn_schedule_change(workdir: str, tcfg: TrainConfig, d_model: int, opt_sta
                 count, after, before, ", ".join(changed))
 
 
+def _warn_schedule_surprises(tcfg: TrainConfig, d_model: int) -> None:
+  """Warn about a schedule that does not do what its numbers suggest (silent until
+  2026-12-04): a warmup as long as the run (the rate rises to its last step), and an
+  inverse_sqrt peak far below any useful rate (its ``learning_rate`` multiplies the paper's
+  formula: the default 1e-3 gives a peak 1000x below the paper's)."""
+  schedule = optim.make_schedule(tcfg, d_model)
+  if tcfg.warmup_steps >= tcfg.steps:
+    log.warning("TrainConfig.warmup_steps=%d >= steps=%d: the learning rate rises for the "
+                "whole run and never reaches its peak (the last update's is %.4g)",
+                tcfg.warmup_steps, tcfg.steps, float(schedule(tcfg.steps - 1)))
+  if tcfg.schedule == "inverse_sqrt":
+    peak = float(schedule(max(tcfg.warmup_steps, 1) - 1))
+    if peak < 1e-5:
+      log.warning("schedule='inverse_sqrt' peaks at %.3g: TrainConfig.learning_rate=%g "
+                  "multiplies the paper's d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) "
+                  "(1.0 is the paper's schedule, a peak of %.3g here)", peak, tcfg.learning_rate,
+                  peak / tcfg.learning_rate)
+
+
 class StopFlag:
   """Turns SIGTERM / SIGINT into "checkpoint and stop" at the next step.
 
@@ -375,6 +394,8 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   if start and not finished:
     log.info("resumed from step %d", start)
     _warn_schedule_change(workdir, tcfg, mcfg.d_model, run.state["opt_state"])
+  if not finished:
+    _warn_schedule_surprises(tcfg, mcfg.d_model)
   # Written once the checkpoints are known to fit this config: a resume under a
   # model the checkpoints do not fit stops above and leaves the workdir's config.gin
   # describing them, as does a rerun of a finished run (it trains nothing under the
@@ -432,7 +453,10 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
             bar.set_postfix(loss=f"{float(m['loss']):.3f}")
           if step == tcfg.steps or (tcfg.log_every and step % tcfg.log_every == 0):
             elapsed = time.perf_counter() - window_t0
-            last = {"loss": float(m["loss"]), "perplexity": perplexity(float(m["nll"])),
+            # "loss" is what the step minimizes (label-smoothed); "nll" the plain negative
+            # log-likelihood, the eval loss's measure (logged since 2026-12-04).
+            last = {"loss": float(m["loss"]), "nll": float(m["nll"]),
+                    "perplexity": perplexity(float(m["nll"])),
                     "learning_rate": float(m["learning_rate"]),
                     "grad_norm": float(m["grad_norm"]),
                     "tokens_per_s": window_tokens / max(elapsed, 1e-9),

@@ -587,6 +587,34 @@ def test_the_logged_train_metrics_are_the_logged_steps_own(tmp_path, monkeypatch
     assert abs(m["loss"] - m["nll"]) > 1e-2  # the smoothing shows
     assert r["loss"] == pytest.approx(m["loss"], rel=1e-6)
     assert r["perplexity"] == pytest.approx(np.exp(m["nll"]), rel=1e-6)
+    # The plain NLL beside the smoothed loss: what the eval loss measures (since 2026-12-04).
+    assert r["nll"] == pytest.approx(m["nll"], rel=1e-6)
     assert r["grad_norm"] == pytest.approx(m["grad_norm"], rel=1e-6)
     assert r["learning_rate"] == pytest.approx(m["learning_rate"], rel=1e-6)
     assert len({m["loss"], m["grad_norm"], m["learning_rate"]}) == 3
+
+
+def test_a_schedule_that_does_not_do_what_its_numbers_suggest_is_warned_about(caplog):
+  """A warmup as long as the run (the rate never reaches its peak) and an inverse_sqrt peak
+  1000x below the paper's (the default learning_rate multiplies its formula): silent until
+  2026-12-04. A sound schedule says nothing."""
+  from attnlab.config import TrainConfig
+
+  def warned(**kw):
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=trainer.__name__):
+      trainer._warn_schedule_surprises(TrainConfig(**kw), 512)
+    return [r.getMessage() for r in caplog.records if r.name == trainer.__name__]
+
+  assert warned(steps=100, warmup_steps=100, learning_rate=1e-3) == [
+      "TrainConfig.warmup_steps=100 >= steps=100: the learning rate rises for the whole run "
+      "and never reaches its peak (the last update's is 0.00099)"]
+  assert warned(schedule="inverse_sqrt", steps=10000, warmup_steps=4000,
+                learning_rate=1e-3) == [
+      "schedule='inverse_sqrt' peaks at 6.99e-07: TrainConfig.learning_rate=0.001 multiplies "
+      "the paper's d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (1.0 is the paper's "
+      "schedule, a peak of 0.000699 here)"]
+  for kw in (dict(steps=100, warmup_steps=10), dict(schedule="constant", steps=5,
+                                                     warmup_steps=0),
+             dict(schedule="inverse_sqrt", steps=10000, warmup_steps=4000, learning_rate=1.0)):
+    assert warned(**kw) == [], kw

@@ -110,6 +110,18 @@ def test_param_shardings_read_each_variables_axes():
   assert resolve(("batch", "embed"), (2, 4)) == jax.sharding.NamedSharding(mesh, P(None, None))
 
 
+def _recorded_initialize(monkeypatch, env: dict) -> list:
+  """jax.distributed.initialize's calls, recorded (none made), under exactly ``env``'s
+  JAX_* multi-host variables."""
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in env.items():
+    monkeypatch.setenv(name, value)
+  return calls
+
+
 @pytest.mark.parametrize("args, env, want", [
     ((), {}, None),
     (("host:1234", 1, 0), {}, None),  # one process needs nothing
@@ -129,12 +141,7 @@ def test_param_shardings_read_each_variables_axes():
 ])
 def test_initialize_distributed_takes_arguments_over_the_environment(monkeypatch, args, env,
                                                                      want):
-  calls = []
-  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
-  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
-    monkeypatch.delenv(name, raising=False)
-  for name, value in env.items():
-    monkeypatch.setenv(name, value)
+  calls = _recorded_initialize(monkeypatch, env)
   assert sharding.initialize_distributed(*args) is (want is not None)
   assert calls == ([] if want is None else [want])
 
@@ -161,12 +168,7 @@ def test_initialize_distributed_takes_arguments_over_the_environment(monkeypatch
 ])
 def test_an_incomplete_or_impossible_distributed_setting_is_named(monkeypatch, args, env,
                                                                   message):
-  calls = []
-  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
-  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
-    monkeypatch.delenv(name, raising=False)
-  for name, value in env.items():
-    monkeypatch.setenv(name, value)
+  calls = _recorded_initialize(monkeypatch, env)
   with pytest.raises(ValueError) as e:
     sharding.initialize_distributed(*args)
   assert str(e.value).startswith(message), str(e.value)
@@ -177,13 +179,13 @@ def test_jaxs_own_refusal_is_one_line_naming_the_process_id_flag(monkeypatch):
   def refuse(**kw):
     raise ValueError("The process id of the current process must be defined.")
 
+  _recorded_initialize(monkeypatch, {})
   monkeypatch.setattr(jax.distributed, "initialize", refuse)
-  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
-    monkeypatch.delenv(name, raising=False)
   with pytest.raises(ValueError) as e:
     sharding.initialize_distributed("host:1234", 2, None)
   assert str(e.value) == ("jax.distributed.initialize: The process id of the current process "
                           "must be defined. (give --process_id I, 0 to 1, or $JAX_PROCESS_ID)")
+
 
 def test_one_device_and_8_device_mesh_agree(tmp_path):
   script = os.path.join(os.path.dirname(__file__), "mesh_check.py")

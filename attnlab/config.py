@@ -186,7 +186,9 @@ class ModelConfig:
     rope_pairing: "half" (rotate-half, the Llama layout) or "adjacent"
       (pairs (2i, 2i+1), the RoFormer paper's layout).
     window: sliding window of that many keys (the query's own included) for
-      self-attention; None = full attention.
+      causal self-attention; an encoder's bidirectional self-attention sees the keys
+      within window - 1 on either side (|q - k| < window, 2 window - 1 keys); None = full
+      attention.
     norm: "rmsnorm" or "layernorm".
     norm_position: "pre" (x + f(norm(x))) or "post" (norm(x + f(x)), the
       2017 paper).
@@ -203,11 +205,15 @@ class ModelConfig:
     attention_dropout_rate: dropout on the attention probabilities (only with
       the "reference" implementation).
     max_len: longest sequence the positions support (the size of the learned
-      table; a bound on sinusoidal / RoPE positions is not needed but checked).
+      table). The length of an input is checked against it; position values given
+      explicitly (``positions_BT``) are not (traced values): a learned table reads a
+      position past it as its last row.
     dtype: compute dtype of activations; parameters are ``param_dtype``.
-    param_dtype: storage dtype of the parameters.
-    attention_impl: "auto" | "reference" | "chunked" | "xla" | "cudnn" |
-      "pallas". "auto" picks the best for the backend and the length.
+    param_dtype: storage dtype of the parameters (drawn in float32 and rounded to
+      it: one seed is one model in every dtype).
+    attention_impl: "auto" | "reference" | "blocked" | "chunked" | "xla" | "cudnn" |
+      "pallas". "auto" picks the best for the backend and the length ("blocked" on
+      XLA:CPU past the lengths where "xla" wins).
     pad_id: the padding token; encoder inputs equal to it are masked.
     remat: rematerialize each block in the backward pass (less memory).
   """

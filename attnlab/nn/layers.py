@@ -37,10 +37,12 @@ def fan_in_init(in_axes: tuple[int, ...], scale: float = 1.0):
 
 
 def param(rngs: nnx.Rngs, shape, axes, init, dtype) -> nnx.Param:
-  """A parameter tagged with its logical axes."""
+  """A parameter tagged with its logical axes, drawn in float32 and stored in ``dtype``: one
+  seed gives one model in every ``param_dtype``, rounded (until 2026-12-04 the draws were
+  made in ``dtype``, and bfloat16 parameters were another random model)."""
   if len(axes) != len(shape):
     raise ValueError(f"axes {axes} must name every dimension of shape {shape}")
-  return nnx.Param(init(rngs.params(), shape, dtype), axes=tuple(axes))
+  return nnx.Param(init(rngs.params(), shape, jnp.float32).astype(dtype), axes=tuple(axes))
 
 
 def weight_einsum(equation: str, x, w):

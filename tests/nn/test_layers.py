@@ -140,3 +140,25 @@ def test_as_dtype_takes_the_config_names_and_passes_dtypes_through():
   with pytest.raises(ValueError, match=re.escape(
       "dtype='float64' is not one of 'float32', 'bfloat16', 'float16'")):
     as_dtype("float64")
+
+
+@pytest.mark.parametrize("param_dtype", ["bfloat16", "float16"])
+def test_one_seed_is_one_model_in_every_param_dtype(param_dtype):
+  """Parameters are drawn in float32 and stored in param_dtype: a model built with bfloat16
+  or float16 parameters is the float32 model rounded (until 2026-12-04 the draws were made
+  in param_dtype, another random model: correlation ~0 with the float32 one), every leaf,
+  learned positions and an untied head included."""
+  import attnlab
+
+  cfg = attnlab.ModelConfig(arch="decoder_only", vocab_size=37, d_model=32, num_layers=2,
+                            num_heads=4, num_kv_heads=2, d_ff=64, max_len=16, pos="learned",
+                            tie_embeddings=False, use_bias=True)
+  want = nnx.state(attnlab.build_model(cfg, rngs=nnx.Rngs(3)), nnx.Param)
+  got = nnx.state(attnlab.build_model(cfg.replace(param_dtype=param_dtype), rngs=nnx.Rngs(3)),
+                  nnx.Param)
+  leaves_w, leaves_g = jax.tree.leaves(want), jax.tree.leaves(got)
+  assert len(leaves_w) == len(leaves_g) > 10
+  for w, g in zip(leaves_w, leaves_g, strict=True):
+    assert g.dtype == jnp.dtype(param_dtype)
+    np.testing.assert_array_equal(np.asarray(g, np.float32),
+                                  np.asarray(w.astype(param_dtype), np.float32))

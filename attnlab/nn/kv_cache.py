@@ -642,7 +642,10 @@ def init_cache(cfg, kind: str, batch: int, max_len: int, *, page_size: int = 16,
     max_len: the longest sequence (prompt + generated) a cache must hold;
       the ring ignores it (it holds ``cfg.window`` positions).
     page_size, num_pages: C and P of the paged cache; P defaults to enough
-      pages for every sequence at ``max_len``.
+      pages for every sequence at ``max_len``. Its page table starts empty (-1):
+      give each sequence pages before use (``set_page_table``, or a
+      ``attnlab.decoding.paging.PageAllocator`` as ``generate`` does); the layer
+      drops a token that has no page, as documented there.
     dtype: cache dtype, one of ``CACHE_DTYPES``; default the model's compute
       dtype. "int8" stores K/V quantized with float32 scales.
 

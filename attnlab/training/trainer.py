@@ -337,8 +337,10 @@ class Run:
 def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, *,
           mesh=None, config_text: str | None = None, sources=None, tokenizer=None) -> dict:
   """Train (or resume) in ``workdir``; returns the last logged metrics, with
-  ``step`` (the step it stopped at) and ``start_step`` (the checkpoint it resumed
-  from: the newest readable one, 0 for a fresh run).
+  ``metrics_step`` (the step they were logged at, None if none was), ``step`` (the step
+  it stopped at: a run stopped by a signal between two logged steps stops later than its
+  metrics, which until 2026-12-04 nothing said) and ``start_step`` (the checkpoint it
+  resumed from: the newest readable one, 0 for a fresh run).
 
   ``sources`` / ``tokenizer``: the data already built for ``dcfg`` (see ``Run``).
 
@@ -420,6 +422,7 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   skipped = _replicated_int(run.state["step"]) - _replicated_int(
       optim.schedule_count(run.state["opt_state"]))
   last, window_tokens, window_t0 = {}, 0.0, time.perf_counter()
+  metrics_step = None
   first_window = True
   step = start
   # The newest checkpoint known to be good: the one resumed from (a converted run's step 0
@@ -465,6 +468,7 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
             # flagged, so a throughput summary can leave it out (sweep.train_rate).
             writer.write(step, "train", last,
                          {WINDOW_HOLDS_COMPILE: True} if first_window else None)
+            metrics_step = step
             first_window = False
             if plain_log:
               print(_log_line(step, tcfg.steps, last), file=sys.stderr, flush=True)
@@ -504,6 +508,7 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   finally:
     _close_all(([bar.close] if bar is not None else []) + [writer.close, ckpt.close],
                failing=failing)
+  last["metrics_step"] = metrics_step
   last["step"] = step
   last["start_step"] = start
   return last

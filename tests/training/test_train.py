@@ -216,7 +216,12 @@ def test_signal_checkpoints_current_step_exits_75_and_resumes_bitwise(reference_
   assert f"received signal {int(signum)}; checkpoint saved at step {steps[0]}" in err
   # orbax's INFO lines (~70 a checkpoint) stay out of `attnlab train`'s stderr.
   assert "Saving checkpoint at step" not in err and "CheckpointManager" not in err, err[-2000:]
-  assert json.loads(out.strip().splitlines()[-1])["step"] == steps[0]
+  summary = json.loads(out.strip().splitlines()[-1])
+  assert summary["step"] == steps[0]
+  # The metrics are the last logged step's, and the line says which (since 2026-12-04).
+  logged = [r for r in read_metrics(str(tmp_path)) if r["split"] == "train"]
+  assert summary["metrics_step"] == logged[-1]["step"] <= steps[0]
+  assert summary["loss"] == logged[-1]["loss"]
   _resume(tmp_path, caplog, steps[0], extra)
   _assert_same_params(ref_dir, tmp_path)
 

@@ -84,9 +84,11 @@ def main(argv: list[str]) -> int:
   if gin_file is None:
     if not (args.report and os.path.isfile(sweep_path)):
       # --report of a folder that is no sweep says so (until 2026-12-04 only the first half)
+      why = ")" if not args.report else (
+          f"; {args.out} has none: not a sweep directory)" if os.path.isdir(args.out) else
+          f"; {args.out} does not exist)")
       raise CommandError("--gin_file is needed (only --report of an existing --out reads "
-                         "OUT/sweep.gin" + (f"; {args.out} has none: not a sweep directory)"
-                                            if args.report else ")"))
+                         "OUT/sweep.gin" + why)
     gin_file = sweep_path
 
   try:

@@ -99,11 +99,13 @@ class PairBatches:
     left = ""
     if self.arch == "decoder_only":
       kept = max(0, min(len(t) + 1, self.seq_len - len(s) - 1))
-      left = (f"; a decoder-only row keeps {kept} of its {len(t) + 1} target tokens (with "
-              "eos), and one whose source fills it trains on nothing")
-    log.warning("%s: pair %d (source %d tokens, target %d) is longer than seq_len=%d and is "
-                "cut%s; raise DataConfig.seq_len to keep such pairs whole (this warning is "
-                "shown once)", self.warn_cut, int(i), len(s), len(t), self.seq_len, left)
+      left = (f"; its row keeps {kept} of its {len(t) + 1} target tokens (with eos)"
+              + (": it trains on nothing" if kept == 0 and not self.loss_on_prompt else ""))
+    source = self.pairs[int(i)][0]
+    log.warning("%s: a pair (source %r, %d tokens; target %d) is longer than seq_len=%d and "
+                "is cut%s; raise DataConfig.seq_len to keep such pairs whole (this warning is "
+                "shown once)", self.warn_cut, source[:30] + ("..." if len(source) > 30 else ""),
+                len(s), len(t), self.seq_len, left)
     self.warn_cut = None
 
   def _ids(self, i):
@@ -408,8 +410,9 @@ def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
     need = src_len + tgt_len + 2 if mcfg.arch == "decoder_only" else max(src_len, tgt_len) + 1
     if need > dcfg.seq_len:
       # DataConfig's max_len, not the model's (named plainly since 2026-12-04)
-      raise ValueError(f"seq_len={dcfg.seq_len} is too short for task={dcfg.task!r} with "
-                       f"DataConfig.max_len={dcfg.max_len}: needs {need}{extra}")
+      raise ValueError(f"DataConfig.seq_len={dcfg.seq_len} is too short for task="
+                       f"{dcfg.task!r} with DataConfig.max_len={dcfg.max_len}: needs "
+                       f"{need}{extra}")
   kw = dict(seq_len=dcfg.seq_len, arch=mcfg.arch, loss_on_prompt=dcfg.loss_on_prompt)
   return {split: PairBatches(p, tok, **kw, warn_cut=(
       f"the training split of DataConfig.paths={dcfg.paths!r}" if split == "train" else None))

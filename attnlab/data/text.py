@@ -43,13 +43,14 @@ def expand_paths(patterns) -> list[str]:
   one file named twice was read twice (until 2026-12-04)."""
   out = []
   for pattern in patterns:
-    if os.path.isfile(os.path.expanduser(pattern)):  # a file's own name, "[" and "*" too
-      out.append(os.path.abspath(os.path.expanduser(pattern)))
+    path = os.path.expanduser(pattern)
+    if os.path.isfile(path):  # a file's own name, "[" and "*" too
+      out.append(os.path.abspath(path))
       continue
-    matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
+    matches = sorted(glob.glob(path, recursive=True))
     matches = [os.path.abspath(m) for m in matches if os.path.isfile(m)]
     if not matches:
-      if os.path.isdir(os.path.expanduser(pattern)):  # "no files match" until 2026-12-04
+      if os.path.isdir(path):  # "no files match" until 2026-12-04
         raise FileNotFoundError(
             f"{pattern!r} is a directory: give its files as a glob, e.g. "
             f"{os.path.join(pattern, '*.txt')!r} or {os.path.join(pattern, '**', '*.py')!r}")

@@ -215,11 +215,8 @@ class _SelfAttentionCache:
 
   @property
   def kv_heads_and_dim(self) -> tuple[int, int]:
-    """(K, H) of the keys this cache holds, whatever its layout."""
-    k = getattr(self, {KVCache: "k_BKSH", RingKVCache: "k_BKWH",
-                       PagedKVCache: "k_pages_PCKH"}[type(self)])
-    return (k.shape[2], k.shape[3]) if isinstance(self, PagedKVCache) else (k.shape[1],
-                                                                             k.shape[3])
+    """(K, H) of the keys this cache holds, each layout its own."""
+    raise NotImplementedError
 
   def attend(self, q_BTNH, k_BTKH, v_BTKH, *, num_new_B, q_positions_BT, causal: bool,
              window: int | None, implementation: str, dropout_rate: float = 0.0,
@@ -266,6 +263,10 @@ class KVCache(_SelfAttentionCache):
   k_scale_BKS: jax.Array | None = None
   v_scale_BKS: jax.Array | None = None
   empty: bool = struct.field(pytree_node=False, default=False)
+
+  @property
+  def kv_heads_and_dim(self) -> tuple[int, int]:
+    return self.k_BKSH.shape[1], self.k_BKSH.shape[3]
 
   @classmethod
   def init(cls, batch, max_len, num_kv_heads, head_dim, dtype=jnp.float32):
@@ -363,6 +364,10 @@ class RingKVCache(_SelfAttentionCache):
   k_scale_BKW: jax.Array | None = None
   v_scale_BKW: jax.Array | None = None
   empty: bool = struct.field(pytree_node=False, default=False)
+
+  @property
+  def kv_heads_and_dim(self) -> tuple[int, int]:
+    return self.k_BKWH.shape[1], self.k_BKWH.shape[3]
 
   @classmethod
   def init(cls, batch, window, num_kv_heads, head_dim, dtype=jnp.float32):
@@ -493,6 +498,10 @@ class PagedKVCache(_SelfAttentionCache):
   k_scale_PCK: jax.Array | None = None
   v_scale_PCK: jax.Array | None = None
   empty: bool = struct.field(pytree_node=False, default=False)
+
+  @property
+  def kv_heads_and_dim(self) -> tuple[int, int]:
+    return self.k_pages_PCKH.shape[2], self.k_pages_PCKH.shape[3]
 
   @classmethod
   def init(cls, batch, max_len, num_kv_heads, head_dim, *, page_size, num_pages,

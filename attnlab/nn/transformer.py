@@ -139,20 +139,10 @@ class Stack(nnx.Module):
   def __call__(self, x_BTD, positions_BT, segment_ids_BT=None, context_BSD=None,
                context_segment_ids_BS=None, cache=None):
     """[B, T, D]; with ``cache`` (one ``BlockCache`` per layer), ([B, T, D], cache)."""
-    _check_rows(x_BTD.shape[:2], positions_BT, segment_ids_BT, cache)
-    if cache:
-      held, want = cache[0].self_attn.kv_heads_and_dim, (self.cfg.num_kv_heads,
-                                                         self.cfg.head_dim)
-      if held != want:  # an error from inside the ops until 2026-12-04
-        raise ValueError(f"the cache holds {held[0]} KV heads of dim {held[1]} and the model "
-                         f"has {want[0]} of dim {want[1]}: make the cache for this model "
-                         "(attnlab.nn.kv_cache.init_cache(model.cfg, ...))")
+    _check_inputs(self.cfg, len(self.layers), x_BTD.shape[:2], positions_BT, segment_ids_BT,
+                  cache)
     x_BTD = self.add_positions(x_BTD, positions_BT)
     if cache is not None:
-      if len(cache) != len(self.layers):
-        raise ValueError(f"the cache holds {len(cache)} layer caches and the stack has "
-                         f"{len(self.layers)} layers: make it for this model "
-                         "(attnlab.nn.kv_cache.init_cache(model.cfg, ...))")
       new_cache = []
       for block, block_cache in zip(self.layers, cache, strict=True):
         x_BTD, block_cache = block(x_BTD, positions_BT, segment_ids_BT, cache=block_cache)
@@ -174,16 +164,28 @@ def _check_tokens(name, tokens) -> None:
                      "(a batch of one: tokens[None])")
 
 
-def _check_rows(shape_BT, positions_BT, segment_ids_BT, cache) -> None:
-  """A ValueError naming the input whose shape is not the tokens' [B, T] (or a cache of
-  another batch). Shapes only: until 2026-12-04 a cached call took segment ids of another
-  width, advanced the cache past what it wrote and read unwritten slots as keys."""
+def _check_inputs(cfg, num_layers, shape_BT, positions_BT, segment_ids_BT, cache) -> None:
+  """A ValueError naming the input that does not fit the tokens [B, T] and the stack: a
+  cache of another number of layers, batch, KV heads or head dim, positions or segment ids
+  of another shape. Shapes only: until 2026-12-04 a cached call took segment ids of another
+  width, advanced the cache past what it wrote and read unwritten slots as keys, and the
+  other mismatches were errors from inside the ops."""
   B, T = shape_BT
-  if cache is not None and cache:
-    rows = cache[0].self_attn.lengths_B.shape[0]
-    if rows != B:
-      raise ValueError(f"the cache holds {rows} sequences and the tokens {B} rows: make the "
-                       "cache for this batch (attnlab.nn.kv_cache.init_cache(cfg, kind, B, ...))")
+  if cache is not None:
+    if len(cache) != num_layers:
+      raise ValueError(f"the cache holds {len(cache)} layer caches and the stack has "
+                       f"{num_layers} layers: make it for this model "
+                       "(attnlab.nn.kv_cache.init_cache(model.cfg, ...))")
+    first = cache[0].self_attn
+    if first.lengths_B.shape[0] != B:
+      raise ValueError(f"the cache holds {first.lengths_B.shape[0]} sequences and the tokens "
+                       f"{B} rows: make the cache for this batch "
+                       "(attnlab.nn.kv_cache.init_cache(cfg, kind, B, ...))")
+    held, want = first.kv_heads_and_dim, (cfg.num_kv_heads, cfg.head_dim)
+    if held != want:
+      raise ValueError(f"the cache holds {held[0]} KV heads of dim {held[1]} and the model "
+                       f"has {want[0]} of dim {want[1]}: make the cache for this model "
+                       "(attnlab.nn.kv_cache.init_cache(model.cfg, ...))")
   # Positions may be one row for all, [1, T] (they broadcast).
   for name, value, shapes in (("positions_BT", positions_BT, {(B, T), (1, T)}),
                               ("segment_ids_BT", segment_ids_BT, {(B, T)})):

@@ -170,21 +170,23 @@ def _warn_schedule_change(workdir: str, tcfg: TrainConfig, d_model: int, opt_sta
 
 def _warn_schedule_surprises(tcfg: TrainConfig, d_model: int) -> None:
   """Warn about a schedule that does not do what its numbers suggest (silent until
-  2026-12-04): a warmup as long as the run (the rate rises to its last step), and an
-  inverse_sqrt peak far below any useful rate (its ``learning_rate`` multiplies the paper's
-  formula: the default 1e-3 gives a peak 1000x below the paper's)."""
+  2026-12-04): a warmup longer than the run (the rate rises to its last update), and an
+  inverse_sqrt ``learning_rate`` below 0.01 (it multiplies the paper's formula: the default
+  1e-3 gives a peak 1000x below the paper's)."""
   schedule = optim.make_schedule(tcfg, d_model)
-  if tcfg.warmup_steps >= tcfg.steps:
-    log.warning("TrainConfig.warmup_steps=%d >= steps=%d: the learning rate rises for the "
+  # The update count at which the rate peaks: warmup_steps for the linear warmups (read
+  # from count 0), warmup_steps - 1 for inverse_sqrt (read at count + 1).
+  peak_count = tcfg.warmup_steps - (tcfg.schedule == "inverse_sqrt")
+  if peak_count > tcfg.steps - 1:
+    log.warning("TrainConfig.warmup_steps=%d with steps=%d: the learning rate rises for the "
                 "whole run and never reaches its peak (the last update's is %.4g)",
                 tcfg.warmup_steps, tcfg.steps, float(schedule(tcfg.steps - 1)))
-  if tcfg.schedule == "inverse_sqrt":
-    peak = float(schedule(max(tcfg.warmup_steps, 1) - 1))
-    if peak < 1e-5:
-      log.warning("schedule='inverse_sqrt' peaks at %.3g: TrainConfig.learning_rate=%g "
-                  "multiplies the paper's d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) "
-                  "(1.0 is the paper's schedule, a peak of %.3g here)", peak, tcfg.learning_rate,
-                  peak / tcfg.learning_rate)
+  if tcfg.schedule == "inverse_sqrt" and tcfg.learning_rate < 0.01:
+    peak = float(schedule(max(peak_count, 0)))
+    log.warning("schedule='inverse_sqrt' peaks at %.3g: TrainConfig.learning_rate=%g "
+                "multiplies the paper's d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) "
+                "(1.0 is the paper's schedule, a peak of %.3g here)", peak, tcfg.learning_rate,
+                peak / tcfg.learning_rate)
 
 
 class StopFlag:

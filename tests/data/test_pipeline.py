@@ -1,6 +1,7 @@
 """The batch layouts, row by row; the iterator's order over epochs; the validation batches;
 and what ``build_sources`` builds or refuses for every task."""
 
+import dataclasses
 import re
 
 import numpy as np
@@ -234,8 +235,8 @@ def test_synthetic_tasks_need_seq_len_for_their_longest_example(arch, task, max_
   sources, _ = pipeline.build_sources(DataConfig(task=task, seq_len=need, **lengths), mcfg)
   assert sources["train"].arch == arch
   with pytest.raises(ValueError, match=re.escape(
-      f"seq_len={need - 1} is too short for task={task!r} with DataConfig.max_len={max_len}: "
-      f"needs {need}")):
+      f"DataConfig.seq_len={need - 1} is too short for task={task!r} with DataConfig.max_len="
+      f"{max_len}: needs {need}")):
     pipeline.build_sources(DataConfig(task=task, seq_len=need - 1, **lengths), mcfg)
 
 
@@ -502,9 +503,17 @@ def test_a_training_pair_longer_than_seq_len_is_cut_with_one_warning(tmp_path, c
       sources["train"].batch(np.array(ids))
     sources["validation"].batch(np.array([0, 0]))
   warned = [r.getMessage() for r in caplog.records if r.name == logger]
-  left = ("; a decoder-only row keeps 0 of its 21 target tokens (with eos), and one whose "
-          "source fills it trains on nothing" if arch == "decoder_only" else "")
+  left = ("; its row keeps 0 of its 21 target tokens (with eos): it trains on nothing"
+          if arch == "decoder_only" else "")
   assert warned == [
-      f"the training split of DataConfig.paths=('{train}', '{valid}'): pair 1 (source 30 "
-      f"tokens, target 20) is longer than seq_len=16 and is cut{left}; raise "
+      f"the training split of DataConfig.paths=('{train}', '{valid}'): a pair (source "
+      f"'{'x' * 30}', 30 tokens; target 20) is longer than seq_len=16 and is cut{left}; raise "
       "DataConfig.seq_len to keep such pairs whole (this warning is shown once)"]
+  if arch == "decoder_only":  # with the loss on the prompt too, the row still trains
+    sources, _ = pipeline.build_sources(dataclasses.replace(dcfg, loss_on_prompt=True),
+                                        ModelConfig(arch=arch))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=logger):
+      sources["train"].batch(np.array([1, 3]))
+    (message,) = [r.getMessage() for r in caplog.records if r.name == logger]
+    assert "(with eos); raise" in message and "trains on nothing" not in message

@@ -83,8 +83,9 @@ def test_a_synthetic_task_through_sentencepiece_is_never_cut(corpus, arch):
   assert lengths.max() == 13  # the prefix: the bound is reached
   assert sources["train"].fits(range(400)).all()
   with pytest.raises(ValueError, match=re.escape(
-      f"seq_len={need - 1} is too short for task='copy' with DataConfig.max_len=12: needs "
-      f"{need} (with tokenizer='sentencepiece': a token per character, and one more per text)")):
+      f"DataConfig.seq_len={need - 1} is too short for task='copy' with DataConfig.max_len=12: "
+      f"needs {need} (with tokenizer='sentencepiece': a token per character, and one more per "
+      "text)")):
     pipeline.build_sources(dataclasses.replace(dcfg, seq_len=need - 1), mcfg)
 
 

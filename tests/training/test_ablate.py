@@ -828,6 +828,10 @@ def test_ablate_refusals_before_anything_is_written(sweep_file, tmp_path, capsys
   if message is None:  # without --gin_file only --report of an existing OUT can run
     err = _one_line_exit_2(capsys, ["ablate", "--out", out], out)
     assert "--gin_file is needed (only --report of an existing --out reads OUT/sweep.gin)" in err
+    assert cli.main(["ablate", "--out", out, "--report"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "attnlab ablate: error: --gin_file is needed (only --report of an existing --out reads "
+        f"OUT/sweep.gin; {out} does not exist)")
     os.makedirs(out)
     capsys.readouterr()
     assert cli.main(["ablate", "--out", out, "--report"]) == 2

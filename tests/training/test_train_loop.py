@@ -607,14 +607,24 @@ def test_a_schedule_that_does_not_do_what_its_numbers_suggest_is_warned_about(ca
     return [r.getMessage() for r in caplog.records if r.name == trainer.__name__]
 
   assert warned(steps=100, warmup_steps=100, learning_rate=1e-3) == [
-      "TrainConfig.warmup_steps=100 >= steps=100: the learning rate rises for the whole run "
+      "TrainConfig.warmup_steps=100 with steps=100: the learning rate rises for the whole run "
       "and never reaches its peak (the last update's is 0.00099)"]
+  # inverse_sqrt is read at count + 1: its last update is the peak when warmup == steps.
+  assert warned(schedule="inverse_sqrt", steps=100, warmup_steps=100, learning_rate=1.0) == []
+  assert warned(schedule="inverse_sqrt", steps=100, warmup_steps=101, learning_rate=1.0)[0] \
+      .startswith("TrainConfig.warmup_steps=101 with steps=100: the learning rate rises")
   assert warned(schedule="inverse_sqrt", steps=10000, warmup_steps=4000,
                 learning_rate=1e-3) == [
       "schedule='inverse_sqrt' peaks at 6.99e-07: TrainConfig.learning_rate=0.001 multiplies "
       "the paper's d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (1.0 is the paper's "
       "schedule, a peak of 0.000699 here)"]
+  # A multiplier below 0.01 whatever the model and warmup.
+  trainer_warned = warned(schedule="inverse_sqrt", steps=1000, warmup_steps=100,
+                          learning_rate=1e-3)
+  assert len(trainer_warned) == 1 and "TrainConfig.learning_rate=0.001 multiplies" in (
+      trainer_warned[0])
   for kw in (dict(steps=100, warmup_steps=10), dict(schedule="constant", steps=5,
                                                      warmup_steps=0),
+             dict(steps=100, warmup_steps=99),
              dict(schedule="inverse_sqrt", steps=10000, warmup_steps=4000, learning_rate=1.0)):
     assert warned(**kw) == [], kw

@@ -134,6 +134,8 @@ def _recorded_initialize(monkeypatch, env: dict) -> list:
      dict(coordinator_address="h:9", num_processes=2, process_id=1)),
     (("host:1234", 2, None), {}, dict(coordinator_address="host:1234", num_processes=2,
                                       process_id=None)),  # left to JAX's cluster detection
+    (("[::1]:1234", 2, 1), {}, dict(coordinator_address="[::1]:1234", num_processes=2,
+                                    process_id=1)),  # an IPv6 host: the port after the last ":"
     # A coordinator or process id left in the environment without a process count: one
     # process, as before the checks (flags saying as much are refused below).
     ((), {"JAX_PROCESS_ID": "0"}, None),
@@ -165,6 +167,8 @@ def test_initialize_distributed_takes_arguments_over_the_environment(monkeypatch
     ((None, 1, 1), {}, "--process_id 1 must be in [0, 1)"),
     ((), {"JAX_NUM_PROCESSES": "two"}, "$JAX_NUM_PROCESSES='two' must be an integer "
                                        "(--num_processes)"),
+    ((), {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "x"},
+     "$JAX_PROCESS_ID='x' must be an integer (--process_id)"),
 ])
 def test_an_incomplete_or_impossible_distributed_setting_is_named(monkeypatch, args, env,
                                                                   message):

@@ -118,8 +118,9 @@ def _tokenizer_json(path, vocab: int):
 def test_a_generation_config_comes_in_with_the_workdir_and_goes_back_out(tmp_path, capsys):
   """transformers' generation_config.json (sampling defaults, several eos ids) is kept in
   the workdir and given back by the export, byte for byte (until 2026-12-04 both dropped it:
-  the exported model sampled with transformers' plain defaults)."""
-  src, _, _ = _hf_dir(tmp_path, "llama_mqa_tied")
+  the exported model sampled with transformers' plain defaults); config.json's own list of
+  eos ids does not replace it."""
+  src, _, _ = _hf_dir(tmp_path, "llama_mqa_tied", eos_token_id=[2, 5])
   text = '{"eos_token_id": [2, 7], "do_sample": true, "temperature": 0.6, "top_p": 0.9}'
   with open(os.path.join(src, "generation_config.json"), "w") as f:
     f.write(text)

@@ -98,7 +98,7 @@ class PairBatches:
       return
     left = ""
     if self.arch == "decoder_only":
-      kept = max(0, min(len(t) + 1, self.seq_len - len(s) - 1))
+      kept = max(0, self.seq_len - len(s) - 1)  # a cut row: fewer than len(t) + 1
       left = (f"; its row keeps {kept} of its {len(t) + 1} target tokens (with eos)"
               + (": it trains on nothing" if kept == 0 and not self.loss_on_prompt else ""))
     source = self.pairs[int(i)][0]

@@ -517,3 +517,22 @@ def test_a_training_pair_longer_than_seq_len_is_cut_with_one_warning(tmp_path, c
       sources["train"].batch(np.array([1, 3]))
     (message,) = [r.getMessage() for r in caplog.records if r.name == logger]
     assert "(with eos); raise" in message and "trains on nothing" not in message
+  # A pair only the decoder-only layout cuts (10 + 10 tokens in rows of 16), whose row keeps
+  # part of its target; a long source is quoted by its first 30 characters.
+  train.write_text("c" * 10 + "\t" + "d" * 10 + "\n" + "e" * 31 + "\tf\n")
+  sources, _ = pipeline.build_sources(dataclasses.replace(dcfg, paths=(str(train), str(valid))),
+                                      ModelConfig(arch=arch))
+  caplog.clear()
+  with caplog.at_level("WARNING", logger=logger):
+    sources["train"].batch(np.array([0, 0]))
+  warned = [r.getMessage() for r in caplog.records if r.name == logger]
+  if arch == "encoder_decoder":
+    assert warned == []
+    with caplog.at_level("WARNING", logger=logger):
+      sources["train"].batch(np.array([1, 1]))
+    (message,) = [r.getMessage() for r in caplog.records if r.name == logger]
+    assert f"a pair (source '{'e' * 30}...', 31 tokens; target 1)" in message
+  else:
+    (message,) = warned
+    assert "'cccccccccc', 10 tokens; target 10) is longer than seq_len=16 and is cut; its " \
+           "row keeps 5 of its 11 target tokens (with eos); raise" in message

@@ -618,7 +618,13 @@ def test_a_schedule_that_does_not_do_what_its_numbers_suggest_is_warned_about(ca
       "schedule='inverse_sqrt' peaks at 6.99e-07: TrainConfig.learning_rate=0.001 multiplies "
       "the paper's d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (1.0 is the paper's "
       "schedule, a peak of 0.000699 here)"]
-  # A multiplier below 0.01 whatever the model and warmup.
+  # A multiplier below 0.01 whatever the model and warmup; the peak named is the schedule's
+  # at its peak count (warmup 1: the first update).
+  assert warned(schedule="inverse_sqrt", steps=10, warmup_steps=1, learning_rate=1e-3) == [
+      "schedule='inverse_sqrt' peaks at 4.42e-05: TrainConfig.learning_rate=0.001 multiplies "
+      "the paper's d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (1.0 is the paper's "
+      "schedule, a peak of 0.0442 here)"]
+  assert warned(schedule="inverse_sqrt", steps=10000, warmup_steps=4000, learning_rate=0.01) == []
   trainer_warned = warned(schedule="inverse_sqrt", steps=1000, warmup_steps=100,
                           learning_rate=1e-3)
   assert len(trainer_warned) == 1 and "TrainConfig.learning_rate=0.001 multiplies" in (

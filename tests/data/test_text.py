@@ -33,6 +33,9 @@ def test_expand_paths_globs_recursively_and_sorts(tmp_path):
     (tmp_path / p).write_text(p)
   got = text.expand_paths([str(tmp_path / "**" / "*.txt"), str(tmp_path / "z.txt")])
   assert got == sorted(str(tmp_path / p) for p in ("z.txt", "b/y.txt", "b/deep/x.txt"))
+  # A file's own name first: the patterns after it are read too.
+  got = text.expand_paths([str(tmp_path / "z.txt"), str(tmp_path / "b" / "*.txt")])
+  assert got == sorted(str(tmp_path / p) for p in ("z.txt", "b/y.txt"))
 
 
 def test_every_spelling_of_a_corpus_is_one_list_of_files(tmp_path, monkeypatch):

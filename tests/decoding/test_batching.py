@@ -506,3 +506,13 @@ def test_a_request_up_to_max_len_fits_pages_that_round_past_it():
   for p, g in zip((prompt, prompt[:5]), got, strict=True):
     np.testing.assert_array_equal(g, attnlab.generate(model, np.array([p]), max_new_tokens=4,
                                                       eos_id=None)[0])
+
+
+def test_checked_requests_are_int32_rows_from_id_0_to_the_last_id():
+  """The edges of the vocabulary are ids (0 included, the model's pad id too), and every
+  prompt comes back as int32 whatever it was given as (a list, int64), with one budget each."""
+  cfg = decoder_model("mha_rope").cfg
+  prompts, budgets = batching._check_requests(
+      cfg, [[0, cfg.vocab_size - 1], np.array([5], np.int64)], 3)
+  assert [p.dtype for p in prompts] == [np.int32, np.int32] and budgets == [3, 3]
+  assert [p.tolist() for p in prompts] == [[0, cfg.vocab_size - 1], [5]]

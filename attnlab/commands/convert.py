@@ -51,6 +51,7 @@ from attnlab.training.checkpoint import (
   Checkpointer,
   CheckpointMismatchError,
   UnreadableCheckpointError,
+  workdir_config,
 )
 
 STEP = 0
@@ -274,9 +275,7 @@ def to_hf(workdir: str, out_dir: str, *, step: int | None = None,
           max_shard_bytes: int = 2 << 30) -> dict:
   """Export ``workdir``'s checkpoint to the transformers layout in ``out_dir``."""
   out = _check_new(out_dir, "--out")
-  config_path = os.path.join(workdir, "config.gin")
-  if not os.path.isfile(config_path):
-    raise FileNotFoundError(f"{config_path} does not exist: not a training workdir")
+  config_path = workdir_config(workdir)
   try:
     mcfg, dcfg, _ = gin_config.read_workdir_config(config_path)
   except gin_config.GinConfigError as e:

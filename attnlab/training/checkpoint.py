@@ -528,6 +528,15 @@ class Checkpointer:
     self.manager.close()
 
 
+def workdir_config(workdir: str) -> str:
+  """The path of ``workdir``'s config.gin; a FileNotFoundError naming it where there is
+  none (the folder is not a training workdir)."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path} does not exist: not a training workdir")
+  return path
+
+
 def load_checkpoint(workdir: str, step: int | None = None, *, mesh=None):
   """The model of a training run, with the parameters of a checkpoint.
 
@@ -552,9 +561,7 @@ def load_checkpoint(workdir: str, step: int | None = None, *, mesh=None):
   """
   from flax import nnx
 
-  config_path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.isfile(config_path):
-    raise FileNotFoundError(f"{config_path} does not exist: not a training workdir")
+  config_path = workdir_config(workdir)
   ckpt_dir = os.path.join(workdir, CHECKPOINT_DIR)
   if not os.path.isdir(ckpt_dir):
     raise FileNotFoundError(f"{ckpt_dir} does not exist: no checkpoint saved yet")

@@ -30,7 +30,7 @@ from attnlab.training import evaluate as eval_lib
 from attnlab.training import optim
 from attnlab.training import sharding as shd
 from attnlab.training import steps as steps_lib
-from attnlab.training.checkpoint import Checkpointer
+from attnlab.training.checkpoint import Checkpointer, workdir_config
 from attnlab.training.metrics import WINDOW_HOLDS_COMPILE, MetricsWriter, perplexity
 
 log = logging.getLogger(__name__)
@@ -567,10 +567,7 @@ def evaluate_workdir(workdir: str, step: int | None = None, *, beam_size: int | 
   result names both. ``mesh_shape``: evaluate on this mesh instead of the run's
   ``TrainConfig.mesh_shape`` (a checkpoint restores onto any mesh).
   """
-  path = os.path.join(workdir, "config.gin")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"{path} does not exist: not a training workdir")
-  mcfg, dcfg, tcfg = gin_config.read_workdir_config(path)
+  mcfg, dcfg, tcfg = gin_config.read_workdir_config(workdir_config(workdir))
   if mesh_shape is not None:
     tcfg = dataclasses.replace(tcfg, mesh_shape=mesh_shape)
   # An evaluation accumulates no gradients: the run's grad_accum does not bound its mesh.

@@ -25,13 +25,13 @@ import sys
 from attnlab import config_gin
 from attnlab.commands import EXIT_STOPPED, CommandError
 from attnlab.commands._common import (
-  CommandParser,
-  add_cache_flag,
-  check_can_make,
-  gin_flags_help,
-  log_attnlab_info,
-  split_gin_flags,
-  use_compilation_cache,
+    CommandParser,
+    add_cache_flag,
+    check_can_make,
+    gin_flags_help,
+    log_attnlab_info,
+    split_gin_flags,
+    use_compilation_cache,
 )
 from attnlab.commands.train import trainer_run_check
 from attnlab.extras import MissingDependencyError, require

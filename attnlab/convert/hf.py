@@ -133,21 +133,29 @@ def _dtype(hf: dict) -> str:
   return DTYPE_NAMES[name]
 
 
+def _in_vocab(value, vocab_size: int) -> bool:
+  """Whether a config.json value is a token id of the vocabulary (an int, not a bool)."""
+  return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab_size
+
+
+def _vocab_size(hf: dict) -> int:
+  """config.json's vocab_size, 0 (no id fits) where it is not an int."""
+  vocab = _get(hf, "vocab_size", 0)
+  return vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else 0
+
+
 def _special_id(hf: dict, key: str, vocab_size: int, default: int | None = None) -> int | None:
   value = hf.get(key, default)  # a null is None; a missing key the family's default
   if isinstance(value, list):  # several eos ids (Llama 3): attnlab stops on the first
     value = value[0] if value else None
-  if value is None or not isinstance(value, int) or not 0 <= value < vocab_size:
-    return None
-  return value
+  return value if _in_vocab(value, vocab_size) else None
 
 
 def special_ids(hf: dict) -> dict:
   """bos / eos / pad ids of config.json, a missing eos key taken as transformers' config
   class has it (``EOS_DEFAULTS``: Llama's 2, GPT-2's 50256); ids outside the vocabulary
   are None."""
-  vocab = _get(hf, "vocab_size", 0)
-  vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else 0
+  vocab = _vocab_size(hf)
   defaults = {"eos": EOS_DEFAULTS.get(hf.get("model_type"))}
   return {name: _special_id(hf, f"{name}_token_id", vocab, defaults.get(name))
           for name in ("bos", "eos", "pad")}
@@ -157,14 +165,9 @@ def eos_ids(hf: dict) -> list[int]:
   """Every eos id of config.json inside the vocabulary, in its order: ``eos_token_id`` may be
   one id or a list (Llama 3.1 lists ``<|end_of_text|>``, ``<|eom_id|>``, ``<|eot_id|>``),
   and transformers stops at any of them when no generation_config.json says otherwise."""
-  vocab = _get(hf, "vocab_size", 0)
-  vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else 0
-  value = hf.get("eos_token_id")
-  ids = []
-  for i in value if isinstance(value, list) else [value]:
-    if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab and i not in ids:
-      ids.append(i)
-  return ids
+  vocab, value = _vocab_size(hf), hf.get("eos_token_id")
+  values = value if isinstance(value, list) else [value]
+  return list(dict.fromkeys(i for i in values if _in_vocab(i, vocab)))
 
 
 def from_hf_config(hf: dict, *, dtype: str | None = None) -> tuple[str, ModelConfig]:

@@ -182,7 +182,7 @@ def _warn_schedule_surprises(tcfg: TrainConfig, d_model: int) -> None:
                 "whole run and never reaches its peak (the last update's is %.4g)",
                 tcfg.warmup_steps, tcfg.steps, float(schedule(tcfg.steps - 1)))
   if tcfg.schedule == "inverse_sqrt" and tcfg.learning_rate < 0.01:
-    peak = float(schedule(max(peak_count, 0)))
+    peak = float(schedule(peak_count))  # inverse_sqrt has warmup_steps >= 1
     log.warning("schedule='inverse_sqrt' peaks at %.3g: TrainConfig.learning_rate=%g "
                 "multiplies the paper's d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) "
                 "(1.0 is the paper's schedule, a peak of %.3g here)", peak, tcfg.learning_rate,

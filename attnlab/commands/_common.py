@@ -84,8 +84,11 @@ def check_can_make(flag: str, path: str) -> None:
   made or written: its nearest existing folder is a file, or not writable. Checked without
   writing anything (the commands write only once every check passed)."""
   at = os.path.abspath(path)
-  while not os.path.exists(at):
+  while not os.path.lexists(at):
     at = os.path.dirname(at)
+  if os.path.islink(at) and not os.path.exists(at):  # a traceback until 2026-12-05
+    raise CommandError(f"{flag} {path}: cannot make this directory ({at} is a symbolic link "
+                       f"to {os.readlink(at)}, which does not exist)")
   if not os.path.isdir(at):
     raise CommandError(f"{flag} {path}: cannot make this directory ({at} is a file)")
   if not os.access(at, os.W_OK | os.X_OK):

@@ -368,6 +368,13 @@ BAD_FLAGS = {
                      "--workdir FILE/deeper: cannot make this directory (FILE is a file)"),
     "out_under_a_file": (["--to-hf", "--workdir", "WORK", "--out", "FILE/deeper"],
                          "--out FILE/deeper: cannot make this directory (FILE is a file)"),
+    # Under or at a symbolic link to nothing (a FileExistsError traceback until 2026-12-05).
+    "under_a_dangling_link": (["--from-hf", "SRC", "--workdir", "LINK/deeper"],
+                              "--workdir LINK/deeper: cannot make this directory (LINK is a "
+                              "symbolic link to GONE, which does not exist)"),
+    "out_at_a_dangling_link": (["--to-hf", "--workdir", "WORK", "--out", "LINK"],
+                               "--out LINK: cannot make this directory (LINK is a symbolic "
+                               "link to GONE, which does not exist)"),
     "not_a_workdir": (["--to-hf", "--workdir", "SRC", "--out", "NEW"],
                       "SRC/config.gin does not exist: not a training workdir"),
     "no_source": (["--from-hf", "NEW", "--workdir", "NEW2"], "--from-hf NEW is not a directory"),
@@ -410,7 +417,10 @@ def test_bad_flags_and_paths_exit_2_and_write_nothing(case, converted, tmp_path,
   broken.mkdir()
   (broken / "config.gin").write_text("ModelConfig.no_such_field = 1\n")
   (tmp_path / "file").write_text("")
-  subst = {"SRC": src, "WORK": work, "NEW": str(tmp_path / "new"), "BROKEN": str(broken),
+  (tmp_path / "link").symlink_to(tmp_path / "gone")
+  subst = {"LINK/deeper": str(tmp_path / "link" / "deeper"), "LINK": str(tmp_path / "link"),
+           "GONE": str(tmp_path / "gone"), "SRC": src, "WORK": work,
+           "NEW": str(tmp_path / "new"), "BROKEN": str(broken),
            "NEW2": str(tmp_path / "new2"), "FILE/deeper": str(tmp_path / "file" / "deeper"),
            "FILE": str(tmp_path / "file")}
   if "EDITED" in argv:

@@ -258,7 +258,11 @@ def test_what_cannot_run_or_be_written_is_refused_before_the_workdir(tmp_path, c
       "$JAX_COORDINATOR_ADDRESS): where process 0 listens")
   # A compilation cache that cannot be a folder (a FileExistsError traceback until then).
   notes = tmp_path / "notes.txt"
+  link = tmp_path / "link"  # to nothing: a FileExistsError traceback until 2026-12-05
+  link.symlink_to(tmp_path / "gone")
   for cache, message in (
+      (link, f"--compilation_cache {link}: cannot make this directory ({link} is a symbolic "
+             f"link to {tmp_path / 'gone'}, which does not exist)"),
       (notes, f"--compilation_cache {notes} is a file; give a directory"),
       (notes / "c", f"--compilation_cache {notes / 'c'}: cannot make this directory ({notes} "
                     "is a file)")):

@@ -10,6 +10,7 @@ shows them.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 
@@ -65,8 +66,11 @@ class MetricsWriter:
     record = {"step": int(step), "split": split}
     record.update({k: float(v) for k, v in scalars.items()})
     record.update(flags or {})
-    with open(self.path, "a", encoding="utf-8") as f:
-      f.write(json.dumps(record) + "\n")
+    with open(self.path, "a+b") as f:
+      # A line cut short (a full disk, a kill mid-write) is ended first: the record starts
+      # a line of its own (until 2026-12-05 it was glued to the torn one).
+      torn = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
+      f.write((("\n" if torn else "") + json.dumps(record) + "\n").encode("utf-8"))
     for k, v in scalars.items():
       self._tb.add_scalar(f"{split}/{k}", float(v), int(step))
 
@@ -81,6 +85,27 @@ class MetricsWriter:
 
 
 def read_metrics(workdir: str) -> list[dict]:
-  """The records of workdir/metrics.jsonl (for tests and plots)."""
-  with open(os.path.join(workdir, METRICS_FILE), encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """The records of workdir/metrics.jsonl (for tests, plots and a sweep's measures).
+
+  A line that is not a record (a write cut short by a full disk or a kill, an edit) is
+  skipped with one warning naming the file and its line numbers: until 2026-12-05 it
+  stopped every reader, and a sweep failed the run on every retry."""
+  path = os.path.join(workdir, METRICS_FILE)
+  records, bad = [], []
+  with open(path, encoding="utf-8", errors="replace") as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        record = None
+      if isinstance(record, dict) and "step" in record and "split" in record:
+        records.append(record)
+      else:
+        bad.append(number)
+  if bad:
+    logging.getLogger(__name__).warning(
+        "%s: skipped %d line(s) that are not metrics records (line %s): a write cut short?",
+        path, len(bad), ", ".join(map(str, bad[:10])) + (", ..." if len(bad) > 10 else ""))
+  return records

@@ -612,8 +612,12 @@ def run_one(out: str, sweep: Sweep, arm: Arm, seed: int, base, prompts, source=N
     if extra:
       result.update(val_loss_converted=extra["val_loss_converted"],
                     source_step=extra["source_step"])
-      result["curve"] = [[0, extra["val_loss_converted"]]] + [
-          p for p in result["curve"] if p[0] != 0]
+      converted = extra["val_loss_converted"]
+      result["curve"] = [[0, converted]] + [p for p in result["curve"] if p[0] != 0]
+      # The converted checkpoint is the run's step 0, and uptraining can make the loss
+      # worse: the best is over the whole curve (until 2026-12-05 the trained steps only).
+      if not math.isnan(converted) and not converted >= result["best_val_loss"]:
+        result.update(best_val_loss=converted, best_val_ppl=perplexity(converted))
     result["status"] = "ok"
   except SweepInterrupted:
     raise

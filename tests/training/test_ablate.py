@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -1051,6 +1052,19 @@ def test_uptrain_arm_converts_the_mha_run(micro, sweep_file, tmp_path):
   assert conv["source_step"] == 2 and conv["method"] == "first"
   assert float(up["val_loss_converted"]) == pytest.approx(conv["val_loss_converted"], rel=1e-5)
   assert "## Uptraining" in _read(out, "report.md")
+  # Uptraining that makes the loss worse (two steps at a peak lr of 10): the best loss is
+  # the converted checkpoint's, the run's step 0 (until 2026-12-05 the best was taken over
+  # the trained steps only).
+  worse = str(tmp_path / "worse")
+  shutil.copytree(micro, worse)
+  assert _ablate("--gin_file", sweep_file, "--out", worse, "--gin.Sweep.uptrain_num_kv_heads=[1]",
+                 "--gin.Sweep.uptrain_methods=['first']", "--gin.Sweep.uptrain_fraction=1.0",
+                 "--gin.Sweep.uptrain_learning_rate=10.0") == 0
+  up = {r["arm"]: r for r in _rows(worse)}["uptrain-first-mqa"]
+  assert up["steps"] == "2" and float(up["val_loss"]) > float(up["val_loss_converted"])
+  assert up["best_val_loss"] == up["val_loss_converted"]
+  assert float(up["best_val_ppl"]) == pytest.approx(math.exp(float(up["val_loss_converted"])),
+                                                 rel=1e-4)  # the CSV's rounding
 
 
 def test_seed_noise_criterion_by_hand():

@@ -81,6 +81,34 @@ def test_read_metrics_skips_blank_lines(tmp_path):
       {"step": 1, "split": "train", "loss": 2.0}, {"step": 2, "split": "eval"}]
 
 
+def test_a_line_cut_short_is_skipped_with_a_warning_and_the_next_record_starts_a_line(
+    tmp_path, caplog):
+  """A write cut short (a full disk, a kill mid-write) left a line every reader stopped at
+  (a sweep failed the run on every retry) and the next record glued to it, until
+  2026-12-05."""
+  path = tmp_path / "metrics.jsonl"
+  path.write_text('{"step": 1, "split": "train", "loss": 2.0}\n{"step": 2, "split": "tr')
+  w = metrics.MetricsWriter(str(tmp_path))
+  w.write(2, "train", {"loss": 1.5})
+  w.close()
+  lines = path.read_text().splitlines()
+  assert lines[1] == '{"step": 2, "split": "tr' and json.loads(lines[2])["loss"] == 1.5
+  with caplog.at_level("WARNING"):
+    records = metrics.read_metrics(str(tmp_path))
+  assert records == [{"step": 1, "split": "train", "loss": 2.0},
+                     {"step": 2, "split": "train", "loss": 1.5}]
+  assert [r.getMessage() for r in caplog.records] == [
+      f"{path}: skipped 1 line(s) that are not metrics records (line 2): a write cut short?"]
+  # A line that is JSON but no record (an edit) is skipped alike; a file ending in a
+  # newline gets none added.
+  path.write_text('[1, 2]\n{"step": 3}\n')
+  w = metrics.MetricsWriter(str(tmp_path))
+  w.write(4, "eval", {"loss": 1.0})
+  w.close()
+  assert path.read_text().splitlines()[2] == '{"step": 4, "split": "eval", "loss": 1.0}'
+  assert metrics.read_metrics(str(tmp_path)) == [{"step": 4, "split": "eval", "loss": 1.0}]
+
+
 @pytest.mark.parametrize("nll", [0.0, 1.25, 49.5, 50.0])
 def test_perplexity_is_exp_of_the_nll(nll):
   assert metrics.perplexity(nll) == math.exp(nll)

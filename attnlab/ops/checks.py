@@ -78,6 +78,8 @@ def check_q_offset(q_offset, batch: int):
   """A Python / NumPy int (returned as a Python int), or an integer array of shape () or
   [B] (returned as given: it may be traced under jit)."""
   if is_integer(q_offset):
+    if not -2**31 <= int(q_offset) < 2**31:  # an OverflowError naming nothing until 2026-12-05
+      raise ValueError(f"q_offset={q_offset} must be in [-2**31, 2**31): positions are int32")
     return int(q_offset)
   shape, dtype = getattr(q_offset, "shape", None), getattr(q_offset, "dtype", None)
   if shape is None or dtype is None or not np.issubdtype(dtype, np.integer):

@@ -66,6 +66,7 @@ def decode_step_attention(q_BNH, k_new_BKH, v_new_BKH, k_BKSH, v_BKSH, *, q_posi
   if N % K:
     raise ValueError(f"num_heads={N} must be a multiple of the cache's num_kv_heads={K}")
   scale = checks.scale_value(scale, H)
+  window = checks.check_window(window)  # 0 or -1 returned zeros until 2026-12-05
   q_BKGH = (q_BNH.astype(jnp.float32) * scale).reshape(B, K, N // K, H)
   k_BKSH = k_BKSH.astype(jnp.float32) if k_scale_BKS is not None else k_BKSH
   s_BKGS = jnp.einsum("BKGH,BKSH->BKGS", q_BKGH, k_BKSH, preferred_element_type=jnp.float32)

@@ -547,6 +547,11 @@ BAD_CAUSAL_OR_OFFSET = [
      "q_offset shape (3,) must be () or [B] = (2,)"),
     (dict(causal=True, q_offset=np.zeros((2, 1), np.int32)),
      "q_offset shape (2, 1) must be () or [B] = (2,)"),
+    # An OverflowError naming no argument until 2026-12-05.
+    (dict(causal=True, q_offset=2**31),
+     "q_offset=2147483648 must be in [-2**31, 2**31): positions are int32"),
+    (dict(causal=True, q_offset=np.int64(-2**31 - 1)),
+     "q_offset=-2147483649 must be in [-2**31, 2**31): positions are int32"),
 ]
 
 

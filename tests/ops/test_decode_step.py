@@ -124,6 +124,16 @@ def test_decode_step_rejects_half_an_int8_cache():
                           k_scale_BKS=jnp.ones((1, 2, 4)))
 
 
+def test_decode_step_rejects_a_window_that_is_not_positive():
+  """Returned zeros (no key seen) until 2026-12-05, where ``attention`` refuses it."""
+  q, k_new, v_new, k, v = _inputs(1, 4, 4, 2, 8, seed=4)
+  pos = jnp.zeros((1,), jnp.int32)
+  for window in (0, -1, 2.5):
+    with pytest.raises(ValueError, match=f"^window={window} must be a positive integer or None$"):
+      decode_step_attention(q, k_new, v_new, k, v, q_positions_B=pos, new_positions_B=pos,
+                            kv_positions_BS=jnp.zeros((1, 4), jnp.int32), window=window)
+
+
 def test_decode_step_rejects_query_heads_that_do_not_group():
   q, k_new, v_new, k, v = _inputs(1, 4, 6, 4, 8, seed=4)
   pos = jnp.zeros((1,), jnp.int32)

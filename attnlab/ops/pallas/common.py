@@ -111,18 +111,29 @@ def iota(n: int):
   return lax.broadcasted_iota(jnp.int32, (n,), 0)
 
 
+def _one_dtype(a, b):
+  """Both operands in their promoted dtype: Triton's dot takes one dtype, so a bfloat16
+  query against a float32 (or dequantized int8) tile failed to lower for a GPU until
+  2026-12-05; interpret mode and Mosaic took the pair as it was."""
+  dtype = jnp.promote_types(a.dtype, b.dtype)
+  return a.astype(dtype), b.astype(dtype)
+
+
 def dot_nt(a, b):
   """a @ b.T with a float32 result (no transpose materialized)."""
-  return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+  return lax.dot_general(*_one_dtype(a, b), (((1,), (1,)), ((), ())),
+                         preferred_element_type=jnp.float32)
 
 
 def dot_nn(a, b):
-  return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+  return lax.dot_general(*_one_dtype(a, b), (((1,), (0,)), ((), ())),
+                         preferred_element_type=jnp.float32)
 
 
 def dot_tn(a, b):
   """a.T @ b with a float32 result."""
-  return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+  return lax.dot_general(*_one_dtype(a, b), (((0,), (0,)), ((), ())),
+                         preferred_element_type=jnp.float32)
 
 
 def block_bounds(lo, hi, block):

@@ -464,3 +464,26 @@ def test_model_pallas_equals_reference(arch, monkeypatch):
   assert len(ref_leaves) == len(leaves) > 0
   for (path, expected), actual in zip(ref_leaves, leaves):
     _assert_close(actual, expected, F32, jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("backend", ["gpu", "tpu"], ids=["triton_style", "mosaic"])
+def test_a_second_derivative_is_refused_by_name_and_the_first_still_matches(backend):
+  """A Hessian-vector product (jax.jvp of jax.grad) or a gradient of a gradient through the
+  kernels raised a bare AssertionError from JAX's pallas_call rule until 2026-12-05; the
+  error now names the implementations that take one. The first derivative is unchanged."""
+  q, k, v, _, _ = flash_inputs(2, 1, 24, 24, 2, 1, 8, F32, None)
+
+  def loss(impl):
+    if impl == "flash":
+      return lambda q: flash.flash_attention(q, k, v, causal=True, backend=backend).sum()
+    return lambda q: attnlab.attention(q, k, v, causal=True, implementation=impl).sum()
+
+  np.testing.assert_allclose(jax.jit(jax.grad(loss("flash")))(q),
+                             jax.grad(loss("reference"))(q), rtol=1e-5, atol=1e-5)
+  for second in (lambda f: jax.jvp(jax.grad(f), (q,), (q,)),
+                 lambda f: jax.grad(lambda x: jax.grad(f)(x).sum())(q)):
+    with pytest.raises(NotImplementedError) as e:
+      second(loss("flash"))
+    assert str(e.value) == common.SECOND_ORDER
+    for impl in ("chunked", "reference", "xla"):  # what the message offers works
+      second(loss(impl))

@@ -111,6 +111,26 @@ def iota(n: int):
   return lax.broadcasted_iota(jnp.int32, (n,), 0)
 
 
+SECOND_ORDER = ("implementation='pallas' (the Pallas flash kernels) is differentiable once "
+                "(jax.grad, jax.vjp); a second derivative (jax.jvp or jax.grad of a gradient: "
+                "a Hessian-vector product) needs implementation 'chunked', 'reference' or 'xla'")
+
+
+def first_order_only(fn):
+  """``fn(st, *args)`` (kernel calls inside a ``custom_vjp``) as it is, but differentiating
+  it, which only a second derivative of the attention does, raises NotImplementedError
+  naming what works instead (``SECOND_ORDER``): JAX's rule for differentiating a
+  ``pallas_call`` failed with a bare AssertionError until 2026-12-05."""
+  wrapped = jax.custom_jvp(fn, nondiff_argnums=(0,))
+
+  def jvp(st, primals, tangents):
+    del st, primals, tangents
+    raise NotImplementedError(SECOND_ORDER)
+
+  wrapped.defjvp(jvp)
+  return wrapped
+
+
 def _one_dtype(a, b):
   """Both operands in their promoted dtype: Triton's dot takes one dtype, so a bfloat16
   query against a float32 (or dequantized int8) tile failed to lower for a GPU until

@@ -26,19 +26,22 @@ import jax.numpy as jnp
 from attnlab.ops import checks
 from attnlab.ops.pallas import common, flash_gpu, flash_tpu
 
+_forward = common.first_order_only(flash_gpu.forward)
+_backward = common.first_order_only(flash_gpu.backward)
+
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(st, q, k, v, off_B1, q_seg, kv_seg):
-  return flash_gpu.forward(st, q, k, v, off_B1, q_seg, kv_seg)[0]
+  return _forward(st, q, k, v, off_B1, q_seg, kv_seg)[0]
 
 
 def _flash_fwd(st, q, k, v, off_B1, q_seg, kv_seg):
-  out, lse_BNT = flash_gpu.forward(st, q, k, v, off_B1, q_seg, kv_seg)
+  out, lse_BNT = _forward(st, q, k, v, off_B1, q_seg, kv_seg)
   return out, (q, k, v, off_B1, q_seg, kv_seg, out, lse_BNT)
 
 
 def _flash_bwd(st, res, do):
-  dq, dk, dv = flash_gpu.backward(st, res, do)
+  dq, dk, dv = _backward(st, res, do)
   return dq, dk, dv, None, None, None
 
 

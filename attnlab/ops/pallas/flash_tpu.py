@@ -66,6 +66,7 @@ from attnlab.ops.pallas.common import (
     FlashStatic,
     dot_nn,
     dot_nt,
+    first_order_only,
     key_blocks,
     query_blocks,
     round_up,
@@ -431,18 +432,23 @@ def _backward(st: TpuStatic, res, do):
   return dq, dk, dv
 
 
+_forward_out = first_order_only(functools.partial(_forward, save_lse=False))
+_forward_lse = first_order_only(functools.partial(_forward, save_lse=True))
+_backward_once = first_order_only(_backward)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(st, q, k, v, off_B, q_seg, kv_seg):
-  return _forward(st, q, k, v, off_B, q_seg, kv_seg, save_lse=False)[0]
+  return _forward_out(st, q, k, v, off_B, q_seg, kv_seg)[0]
 
 
 def _flash_fwd(st, q, k, v, off_B, q_seg, kv_seg):
-  out, lse_BN1T = _forward(st, q, k, v, off_B, q_seg, kv_seg, save_lse=True)
+  out, lse_BN1T = _forward_lse(st, q, k, v, off_B, q_seg, kv_seg)
   return out, (q, k, v, off_B, q_seg, kv_seg, out, lse_BN1T)
 
 
 def _flash_bwd(st, res, do):
-  dq, dk, dv = _backward(st, res, do)
+  dq, dk, dv = _backward_once(st, res, do)
   return dq, dk, dv, None, None, None
 
 

@@ -53,9 +53,34 @@ def decay_mask(params):
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
+def in_float32(tx):
+  """``tx`` with its state and its arithmetic in float32 for float16 leaves (gradients and
+  parameters are widened before it reads them; its updates come out float32, which
+  ``optax.apply_updates`` adds in float32 and rounds to the parameter's dtype).
+
+  float16 cannot hold Adam's state: ``eps=1e-9`` rounds to 0 there, a gradient below
+  2.4e-4 squares to 0, and a parameter with no gradient (a byte id the data never holds)
+  divides 0 by 0. Until 2026-12-05 every update of float16 parameters under adam / adamw
+  was non-finite and a run stopped at its first step. bfloat16 keeps float32's range and
+  its state stays bfloat16."""
+  def widen(tree):
+    return jax.tree.map(
+        lambda x: x.astype(jnp.float32) if getattr(x, "dtype", None) == jnp.float16 else x,
+        tree)
+
+  def init(params):
+    return tx.init(widen(params))
+
+  def update(updates, state, params=None):
+    return tx.update(widen(updates), state, None if params is None else widen(params))
+
+  return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(tcfg: TrainConfig, d_model: int):
   """(optax transformation, schedule). Weight decay skips biases and norm scales
-  (``decay_mask``): decaying them only hurts."""
+  (``decay_mask``): decaying them only hurts. float16 parameters are updated in float32
+  (``in_float32``)."""
   schedule = make_schedule(tcfg, d_model)
   if tcfg.optimizer == "sgd":
     opt = optax.sgd(schedule, momentum=tcfg.b1)
@@ -66,7 +91,7 @@ def make_optimizer(tcfg: TrainConfig, d_model: int):
                       weight_decay=tcfg.weight_decay,
                       mask=decay_mask)
   parts = [optax.clip_by_global_norm(tcfg.grad_clip)] if tcfg.grad_clip > 0 else []
-  return optax.chain(*parts, opt), schedule
+  return in_float32(optax.chain(*parts, opt)), schedule
 
 
 def schedule_count(opt_state):

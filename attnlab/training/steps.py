@@ -144,12 +144,14 @@ def make_train_step(setup: TrainSetup, tcfg: TrainConfig):
       (loss_sum, nll_sum, weight, grads), _ = jax.lax.scan(
           body, zeros, (jnp.arange(accum), micro))
     # Gradients of the mean over all counted tokens of all micro-batches, divided and
-    # measured in float32; the optimizer gets them in the parameters' dtype.
+    # measured in float32; the optimizer gets them in the parameters' dtype (float16 ones
+    # stay float32: the optimizer runs in float32 for them, optim.in_float32).
     denom = jnp.maximum(weight, 1.0)
     grads = jax.tree.map(lambda g: g.astype(jnp.float32) / denom, grads)
     loss = loss_sum / denom
     grad_norm = optax.tree.norm(grads)
-    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    grads = jax.tree.map(lambda g, p: g if p.dtype == jnp.float16 else g.astype(p.dtype),
+                         grads, params)
     updates, opt_state = tx.update(grads, state["opt_state"], params)
     new_params = optax.apply_updates(params, updates)
     # The update too: a finite gradient times a rate past float32's range (1e39) is not.

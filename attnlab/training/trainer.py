@@ -336,6 +336,17 @@ class Run:
     return out
 
 
+def _nonfinite_what(m) -> str:
+  """What was not finite in a step's metrics ``m``: the loss or the gradient norm, or else
+  the update itself (until 2026-12-05 that case, too, named the loss and the gradient norm,
+  both finite)."""
+  loss, norm = float(m["loss"]), float(m["grad_norm"])
+  if math.isfinite(loss) and math.isfinite(norm):
+    return (f"non-finite parameter update (the loss {loss:.6g} and gradient norm {norm:.6g} "
+            f"are finite; learning rate {float(m['learning_rate']):.3g})")
+  return f"non-finite loss ({loss}) or gradient norm ({norm})"
+
+
 def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, *,
           mesh=None, config_text: str | None = None, sources=None, tokenizer=None) -> dict:
   """Train (or resume) in ``workdir``; returns the last logged metrics, with
@@ -444,13 +455,13 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
         m = jax.device_get(m)
         step += 1
         if not bool(m["finite"]):
+          what = _nonfinite_what(m)
           if tcfg.on_nonfinite == "stop":
             raise NonFiniteError(
-                f"non-finite loss ({float(m['loss'])}) or gradient norm "
-                f"({float(m['grad_norm'])}) at step {step}; stopped. Last good checkpoint: "
+                f"{what} at step {step}; stopped. Last good checkpoint: "
                 f"{'none' if last_good is None else last_good} in {ckpt.directory}")
           skipped += 1
-          log.warning("step %d: non-finite loss or gradient, update skipped", step)
+          log.warning("step %d: %s, update skipped", step, what)
         try:
           window_tokens += float(m["tokens"])
           if bar is not None:

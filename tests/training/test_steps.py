@@ -342,3 +342,46 @@ def test_bfloat16_parameters_without_accumulation_divide_and_measure_in_float32(
                           for g in jax.tree.leaves(grads)))
   _, m = steps.make_train_step(setup, tcfg)(state, steps.put_batch(batch, setup))
   np.testing.assert_allclose(float(m["grad_norm"]), want_norm, rtol=1e-4)
+
+
+def test_float16_parameters_take_adamw_steps_with_float32_state(batch):
+  """float16 cannot hold Adam's state (eps=1e-9 rounds to 0, small gradients square to 0,
+  a parameter with no gradient divides 0 by 0): until 2026-12-05 every AdamW update of
+  float16 parameters was non-finite and a run stopped at step 1. The state is float32 now.
+  Reference: AdamW's first step (weight decay 0) moves each parameter by -lr * g / (|g| +
+  eps) (-lr * sign(g) where |g| >> eps) and leaves one with g = 0 where it was; float16
+  rounds the result to within an ulp."""
+  mcfg = MCFG.replace(param_dtype="float16")
+  tcfg = TrainConfig(optimizer="adamw", learning_rate=1e-2, schedule="constant",
+                     warmup_steps=0, weight_decay=0.0, grad_clip=0.0, steps=5)
+  setup, state = steps.init_train(mcfg, tcfg, sharding.make_mesh((1, 1, 1)))
+  before = _host(state["params"])
+  assert {x.dtype.name for x in jax.tree.leaves(before)} == {"float16"}
+  moments = [x for x in jax.tree.leaves(state["opt_state"]) if x.ndim > 0]
+  assert moments and {x.dtype.name for x in moments} == {"float32"}
+  grads = _host(jax.jit(jax.grad(functools.partial(hand_loss, setup.graphdef, setup.rest)),
+                        static_argnums=(1, 2))(
+      jax.tree.map(lambda x: x.astype(jnp.float32), state["params"]),
+      _Frozen(batch), 0.0))
+  step = steps.make_train_step(setup, tcfg)
+  state, m = step(state, steps.put_batch(batch, setup))
+  assert bool(m["finite"])
+  after = _host(state["params"])
+  checked = 0
+  for a, b, g in zip(jax.tree.leaves(after), jax.tree.leaves(before), jax.tree.leaves(grads)):
+    assert np.isfinite(a).all()
+    big = np.abs(g) > 1e-3 * np.abs(g).max()  # float16 rounding cannot flip their sign
+    expect = (b.astype(np.float32) - 1e-2 * g / (np.abs(g) + 1e-9)).astype(np.float16)
+    ulps = np.abs(a[big].astype(np.float32) - expect[big]) / np.spacing(expect[big])
+    assert ulps.max() <= 1, ulps.max()
+    assert (a[g == 0] == b[g == 0]).all()
+    checked += int(big.sum())
+  assert checked > 1000
+  for _ in range(3):
+    state, m = step(state, steps.put_batch(batch, setup))
+    assert bool(m["finite"])
+
+
+class _Frozen(dict):
+  """A batch as a hashable static argument (its identity)."""
+  __hash__ = object.__hash__

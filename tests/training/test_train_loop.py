@@ -375,7 +375,8 @@ def test_skipped_non_finite_steps_are_counted(tmp_path, caplog):
     _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + DIVERGE + [
         "TrainConfig.on_nonfinite = 'skip'", "TrainConfig.log_every = 1"])
   assert [r.getMessage() for r in caplog.records if r.name == trainer.__name__] == [
-      f"step {n}: non-finite loss or gradient, update skipped" for n in (2, 3, 4)]
+      f"step {n}: non-finite loss (nan) or gradient norm (nan), update skipped"
+      for n in (2, 3, 4)]
   logged = [r for r in read_metrics(str(tmp_path)) if r["split"] == "train"]
   assert [r["skipped_steps"] for r in logged] == [0, 1, 2, 3]
 

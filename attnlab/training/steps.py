@@ -156,8 +156,13 @@ def make_train_step(setup: TrainSetup, tcfg: TrainConfig):
     new_params = optax.apply_updates(params, updates)
     # The update too: a finite gradient times a rate past float32's range (1e39) is not.
     # Element by element: the norm of a huge but finite update (1e30) overflows.
+    # And the parameters an update of a wider dtype was rounded into (float16 ones, updated
+    # in float32: optim.in_float32): a finite float32 update can overflow float16.
+    rounded = [p for p, u in zip(jax.tree.leaves(new_params), jax.tree.leaves(updates))
+               if p.dtype != u.dtype]
     finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-              & jnp.all(jnp.stack([jnp.isfinite(u).all() for u in jax.tree.leaves(updates)])))
+              & jnp.all(jnp.stack([jnp.isfinite(x).all()
+                                   for x in jax.tree.leaves(updates) + rounded])))
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
     new_state = {"params": keep(new_params, params),
                  "opt_state": keep(opt_state, state["opt_state"]),

@@ -380,6 +380,16 @@ def test_float16_parameters_take_adamw_steps_with_float32_state(batch):
   for _ in range(3):
     state, m = step(state, steps.put_batch(batch, setup))
     assert bool(m["finite"])
+  # A finite float32 update that overflows float16 when added: not applied (the float16
+  # update was inf before in_float32; a review found the overflow applied in between).
+  tcfg = TrainConfig(optimizer="sgd", b1=0.0, learning_rate=1e7, schedule="constant",
+                     warmup_steps=0, grad_clip=0.0, steps=5)
+  setup, state = steps.init_train(mcfg, tcfg, sharding.make_mesh((1, 1, 1)))
+  before = _host(state["params"])
+  state, m = steps.make_train_step(setup, tcfg)(state, steps.put_batch(batch, setup))
+  assert not bool(m["finite"])
+  for a, b in zip(jax.tree.leaves(_host(state["params"])), jax.tree.leaves(before)):
+    np.testing.assert_array_equal(a, b)
 
 
 class _Frozen(dict):

@@ -85,6 +85,30 @@ def logical_to_spec(axes, shape, mesh: Mesh) -> PartitionSpec:
   return PartitionSpec(*spec)
 
 
+def idle_axes(specs, mesh: Mesh) -> list[str]:
+  """Warnings, one per model axis (fsdp, tensor) of more than one device that splits none of
+  ``specs`` (the parameters' PartitionSpecs): every dimension it could split is replicated,
+  because the axis does not divide it (``logical_to_spec``), so the axis saves no memory
+  and, for tensor, its devices compute the same thing. Until 2026-12-05 such a mesh ran
+  without a word."""
+  used = set()
+  for spec in specs:
+    for entry in spec:
+      used.update((entry,) if isinstance(entry, str) else tuple(entry or ()))
+  out = []
+  for axis, effect in (("fsdp", "it splits the batch only, as data does"),
+                       ("tensor", "its devices hold every parameter whole and compute the "
+                                  "same thing")):
+    n = mesh.shape[axis]
+    if n > 1 and axis not in used:
+      dims = "/".join(name for name, target in RULES.items()
+                      if name != "batch" and axis in ((target,) if isinstance(target, str)
+                                                      else tuple(target or ())))
+      out.append(f"mesh axis {axis!r} of {n} devices shards no parameter (no {dims} "
+                 f"dimension is a multiple of {n}): {effect}")
+  return out
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 

@@ -9,6 +9,7 @@ what an uninterrupted one would.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,8 @@ from attnlab.nn.partitioning import activation_sharding
 from attnlab.nn.transformer import build_model
 from attnlab.training import sharding as shd
 from attnlab.training.optim import cross_entropy, make_optimizer, schedule_count
+
+log = logging.getLogger(__name__)
 
 
 def model_logits(model, batch):
@@ -91,6 +94,9 @@ def init_train(mcfg: ModelConfig, tcfg: TrainConfig, mesh) -> tuple[TrainSetup, 
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   tx, schedule = make_optimizer(tcfg, mcfg.d_model)
   p_sh = shd.param_shardings(params, mesh)
+  for warning in shd.idle_axes([s.spec for s in jax.tree.leaves(p_sh)], mesh):
+    if jax.process_index() == 0:
+      log.warning("%s", warning)
   params = jax.device_put(params, p_sh)
   o_sh = shd.tree_shardings_like(jax.eval_shape(tx.init, params), params, p_sh, mesh)
   opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)

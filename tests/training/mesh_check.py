@@ -104,6 +104,18 @@ def main(workdir):
     eval_command.main(["--workdir", workdir])
   except CommandError as e:
     out["eval batch 12"] = str(e)
+  # A tensor axis of 8 that divides no heads / kv_heads / mlp / vocab dimension: init_train
+  # names it (every parameter replicated along it; no word until 2026-12-05).
+  import logging
+
+  warnings = []
+  handler = logging.Handler(logging.WARNING)
+  handler.emit = lambda record: warnings.append(record.getMessage())
+  steps.log.addHandler(handler)
+  steps.init_train(ModelConfig(d_model=36, num_layers=1, num_heads=6, num_kv_heads=3,
+                               d_ff=36), tcfg, sharding.make_mesh((1, 1, 8)))
+  steps.log.removeHandler(handler)
+  out["idle axis warnings"] = warnings
   print(json.dumps(out))
 
 

@@ -85,6 +85,29 @@ def test_mesh_shape_fills_the_one_unknown_axis_and_may_use_fewer_devices():
   assert list(mesh.devices.flat) == jax.devices()[:1]
 
 
+def test_a_model_axis_that_shards_no_parameter_is_named():
+  """A mesh whose tensor (or fsdp) axis divides no dimension it could split replicates every
+  parameter along it (correct, but its devices compute the same thing): named in a warning
+  by init_train; it ran without a word until 2026-12-05."""
+  model = [(("vocab", "embed"), (259, 36)), (("embed", "heads", "head_dim"), (36, 6, 6)),
+           (("embed", "kv_heads", "head_dim"), (36, 3, 6)), (("embed", "mlp"), (36, 36))]
+
+  def warnings(*shape):
+    mesh = _Mesh(*shape)
+    return sharding.idle_axes([sharding.logical_to_spec(a, s, mesh) for a, s in model], mesh)
+
+  assert warnings(1, 1, 8) == [
+      "mesh axis 'tensor' of 8 devices shards no parameter (no heads/kv_heads/mlp/vocab "
+      "dimension is a multiple of 8): its devices hold every parameter whole and compute the "
+      "same thing"]
+  assert warnings(1, 8, 1) == [
+      "mesh axis 'fsdp' of 8 devices shards no parameter (no embed dimension is a multiple of "
+      "8): it splits the batch only, as data does"]
+  assert warnings(1, 4, 2) == [] and warnings(2, 2, 2) == [] and warnings(8, 1, 1) == []
+  assert len(warnings(1, 8, 8)) == 2  # (a fake mesh: shapes only)
+  # init_train logs them: mesh_check.py (8 devices) checks it.
+
+
 def test_param_shardings_read_each_variables_axes():
   """From each Variable's ``axes`` (none: replicated), in the parameters' tree structure;
   optimizer state: copies of the parameters sharded alike, every other leaf (counts)
@@ -217,6 +240,10 @@ def test_one_device_and_8_device_mesh_agree(tmp_path):
   assert out["restore_mesh"] == {"data": 1, "fsdp": 2, "tensor": 4}
   np.testing.assert_allclose(out["evaluate_workdir (8, 1, 1)"],
                              out["evaluate_workdir (1, 1, 1)"], rtol=1e-5)
+  assert out["idle axis warnings"] == [
+      "mesh axis 'tensor' of 8 devices shards no parameter (no heads/kv_heads/mlp/vocab "
+      "dimension is a multiple of 8): its devices hold every parameter whole and compute the "
+      "same thing"]
   assert out["eval batch 12"] == (
       "batch_size=12 must be a multiple of data*fsdp=8, the mesh's batch shards (the run's "
       "TrainConfig.mesh_shape; evaluate on another mesh with --mesh_shape D,F,T, e.g. 1,1,1)")

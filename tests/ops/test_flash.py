@@ -480,10 +480,11 @@ def test_a_second_derivative_is_refused_by_name_and_the_first_still_matches(back
 
   np.testing.assert_allclose(jax.jit(jax.grad(loss("flash")))(q),
                              jax.grad(loss("reference"))(q), rtol=1e-5, atol=1e-5)
-  for second in (lambda f: jax.jvp(jax.grad(f), (q,), (q,)),
-                 lambda f: jax.grad(lambda x: jax.grad(f)(x).sum())(q)):
+  hvp = lambda f: jax.jvp(jax.grad(f), (q,), (q,))
+  for second in (hvp, lambda f: jax.grad(lambda x: jax.grad(f)(x).sum())(q)):
     with pytest.raises(NotImplementedError) as e:
       second(loss("flash"))
     assert str(e.value) == common.SECOND_ORDER
-    for impl in ("chunked", "reference", "xla"):  # what the message offers works
-      second(loss(impl))
+  if backend == "tpu":  # what the message offers works (once: it does not depend on backend)
+    for impl in ("chunked", "reference", "xla"):
+      hvp(loss(impl))

@@ -132,9 +132,16 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> 
       raise GinConfigError(
           f"scoped binding{'s' if len(scoped) > 1 else ''} {', '.join(scoped)}: attnlab builds "
           "each config once, without a scope: bind it as Name.field")
+    unused = _unused_macro_binding(bindings, gin_files, folders, classes)
+    if unused is not None:
+      raise GinConfigError(unused)
     configs = tuple(wrapped[cls]() for cls in classes)
-  except (ValueError, OSError, SyntaxError, TypeError, KeyError) as e:
-    unbound = _unbound_macros(gin_files, bindings) if "macro()" in str(e) else []
+  except RecursionError as e:  # a traceback of thousands of lines until 2026-12-05
+    raise GinConfigError(
+        "gin config recursion: a gin file includes itself (directly or through the files it "
+        "includes), or a binding's value refers to its own configurable") from e
+  except (ValueError, OSError, SyntaxError, TypeError, KeyError, ImportError) as e:
+    unbound = _unbound_macros(gin_files, bindings, folders) if "macro()" in str(e) else []
     if unbound:
       names, many = ", ".join("%" + m for m in unbound), len(unbound) > 1
       raise GinConfigError(
@@ -153,6 +160,12 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> 
           f"binding {bad!r}: its value does not parse (a string needs quotes, a tuple "
           "parentheses: TrainConfig.schedule = 'cosine', TrainConfig.mesh_shape = (2, 1, 1))"
       ) from e
+    if (isinstance(e, SyntaxError) and "Failed to parse token" in str(e) and e.filename
+        and e.text):  # in a file: gin's message held a Python object's address until 2026-12-05
+      raise GinConfigError(
+          f"gin file {e.filename!r}, line {e.lineno}: {e.text.strip()!r}: its value does not "
+          "parse (a string needs quotes, a tuple parentheses: TrainConfig.schedule = "
+          "'cosine', TrainConfig.mesh_shape = (2, 1, 1))") from e
     raise GinConfigError(_first_line(e)) from e
   finally:
     root.setLevel(level)
@@ -160,6 +173,52 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> 
     gin.clear_config()  # also after an error: no binding outlives the call
   return tuple(_find_tokenizer(c, gin_files) if isinstance(c, DataConfig) else c
                for c in configs)
+
+
+def _texts(gin_files: list[str], folders: list[str]) -> list[str]:
+  """The text of each file and of each file it includes, at any depth, each include looked
+  up in ``folders`` as gin looks it up."""
+  todo, seen, texts = list(gin_files), set(), []
+  while todo:
+    path = os.path.abspath(todo.pop(0))
+    if path in seen:
+      continue
+    seen.add(path)
+    with open(path, encoding="utf-8", errors="replace") as f:
+      text = f.read()
+    texts.append(text)
+    for name in re.findall(r"""^\s*include\s+['"]([^'"]+)['"]""", text, re.MULTILINE):
+      found = [os.path.join(d, name) for d in folders if os.path.isfile(os.path.join(d, name))]
+      todo.extend(found[:1])
+  return texts
+
+
+def _unused_macro_binding(bindings, gin_files, folders, classes) -> str | None:
+  """The message for the first binding that gin read as a macro nothing uses, if any: a
+  name without a dot (``steps = 1``, a scoped ``TrainConfig/steps = 1``) binds a gin macro,
+  not a field, and gin drops a macro that no ``%NAME`` reads without a word (until
+  2026-12-05 ``--gin.steps=1`` trained the file's 2000 steps)."""
+  texts = None
+  for i, binding in enumerate(bindings):
+    line = binding.strip()
+    if not line or line.startswith("#") or "=" not in line:
+      continue  # a blank or comment line (a config.gin read line by line), an include
+    name = line.split("=", 1)[0].strip()
+    if not re.fullmatch(r"[\w./]+", name) or "." in name.rsplit("/", 1)[-1]:
+      continue  # Name.field (scoped ones are refused above)
+    if texts is None:
+      texts = _texts(gin_files, folders)
+    others = "\n".join(texts + bindings[:i] + bindings[i + 1:])
+    if "/" not in name and re.search(rf"%{re.escape(name)}(?![\w.])", others):
+      continue  # a macro that a file or another binding reads
+    field = name.rsplit("/", 1)[-1]
+    owners = [cls.__name__ for cls in classes
+              if field in {f.name for f in dataclasses.fields(cls)}]
+    hint = (f" (did you mean {owners[0]}.{field}?)" if owners else
+            " (a field is bound as Name.field, e.g. TrainConfig.steps)")
+    return (f"binding {binding!r} sets nothing: {name!r} is no config field, and no %{field} "
+            f"macro reads it{hint}")
+  return None
 
 
 def _unparsable_binding(bindings: list[str]) -> str | None:
@@ -203,13 +262,11 @@ def _non_utf8_include(gin_files: list[str], folders: list[str]):
   return None
 
 
-def _unbound_macros(gin_files: list[str], bindings: list[str]) -> list[str]:
-  """The ``%NAME`` macros referenced by the files (not their includes) and bindings that
-  the gin config being parsed leaves unbound (gin's own error names neither)."""
-  texts = list(bindings)
-  for path in gin_files:
-    with open(path, encoding="utf-8", errors="replace") as f:
-      texts.append(f.read())
+def _unbound_macros(gin_files: list[str], bindings: list[str], folders: list[str]) -> list[str]:
+  """The ``%NAME`` macros referenced by the files, their includes (since 2026-12-05) and
+  the bindings that the gin config being parsed leaves unbound (gin's own error names
+  neither)."""
+  texts = list(bindings) + _texts(gin_files, folders)
   names = dict.fromkeys(re.findall(r"%([A-Za-z_][\w.]*)", "\n".join(texts)))
   unbound = []
   for name in names:

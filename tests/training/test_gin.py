@@ -346,6 +346,52 @@ def test_an_unbound_macro_in_a_gin_file_is_named(tmp_path):
   with pytest.raises(gin_config.GinConfigError, match=re.escape("gin macro %WARMUP is used")):
     gin_config.parse([str(tmp_path / "x.gin")], [])
   assert gin_config.parse([str(tmp_path / "x.gin")], ["WARMUP = 7"])[2].warmup_steps == 7
+  # In an included file too (gin's own "macro() missing 1 required positional argument"
+  # until 2026-12-05).
+  (tmp_path / "top.gin").write_text("include 'x.gin'\n")
+  with pytest.raises(gin_config.GinConfigError, match=re.escape("gin macro %WARMUP is used")):
+    gin_config.parse([str(tmp_path / "top.gin")], [])
+
+
+def test_a_binding_that_gin_reads_as_an_unused_macro_is_refused(tmp_path):
+  """A name without a dot binds a gin macro, not a field, and gin drops a macro nothing
+  reads: until 2026-12-05 ``--gin.steps=1`` trained the file's steps without a word (found by
+  an audit), as did a scoped ``TrainConfig/steps = 1``."""
+  for binding, hint in (("steps = 1", "did you mean TrainConfig.steps?"),
+                        ("TrainConfig/steps = 9", "did you mean TrainConfig.steps?"),
+                        ("d_mdl = 3", "a field is bound as Name.field, e.g. TrainConfig.steps")):
+    with pytest.raises(gin_config.GinConfigError) as e:
+      gin_config.parse([], ["ModelConfig.d_model = 32", binding])
+    name = binding.split(" =")[0]
+    assert str(e.value) == (f"binding {binding!r} sets nothing: {name!r} is no config field, "
+                            f"and no %{name.rsplit('/')[-1]} macro reads it ({hint})")
+  # A macro that a binding, a file or a file it includes reads is a macro.
+  assert gin_config.parse([], ["LR = 0.5", "TrainConfig.learning_rate = %LR"])[2] \
+      .learning_rate == 0.5
+  (tmp_path / "inner.gin").write_text("TrainConfig.steps = %STEPS\n")
+  (tmp_path / "outer.gin").write_text("include 'inner.gin'\n")
+  assert gin_config.parse([str(tmp_path / "outer.gin")], ["STEPS = 4"])[2].steps == 4
+
+
+def test_include_cycles_imports_and_unparsable_file_values_are_one_line(tmp_path):
+  """Each a traceback, or gin's message with a Python object's address, until 2026-12-05
+  (found by an audit)."""
+  (tmp_path / "self.gin").write_text("include 'self.gin'\n")
+  (tmp_path / "a.gin").write_text("include 'b.gin'\n")
+  (tmp_path / "b.gin").write_text("include 'a.gin'\n")
+  (tmp_path / "imp.gin").write_text("import nosuchmodule_of_attnlab\n")
+  (tmp_path / "bare.gin").write_text("ModelConfig.d_model = 32\nDataConfig.task = reverse\n")
+  cycle = ("gin config recursion: a gin file includes itself (directly or through the files "
+           "it includes), or a binding's value refers to its own configurable")
+  for files, bindings, message in (
+      (["self.gin"], [], cycle), (["a.gin"], [], cycle),
+      ([], ["ModelConfig.dtype = @ModelConfig()"], cycle),
+      (["imp.gin"], [], "No module named 'nosuchmodule_of_attnlab'"),
+      (["bare.gin"], [], f"gin file {str(tmp_path / 'bare.gin')!r}, line 2: 'DataConfig.task = "
+                         "reverse': its value does not parse (a string needs quotes")):
+    with pytest.raises(gin_config.GinConfigError) as e:
+      gin_config.parse([str(tmp_path / f) for f in files], bindings)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
 
 
 def test_first_line_keeps_at_most_two_lines_joined():

@@ -296,6 +296,12 @@ class ModelConfig:
       raise ValueError(f"d_model={self.d_model} must be even with pos='sinusoidal'")
     if self.rope_theta <= 0:
       raise ValueError(f"rope_theta={self.rope_theta!r} must be positive")
+    if self.pos == "rope" and self.head_dim > 2 and (
+        -(self.head_dim - 2) / self.head_dim * math.log(self.rope_theta) > math.log(3.4e38)):
+      # until 2026-12-05 (1e-300: inf frequencies, a nan loss at the first step)
+      raise ValueError(f"rope_theta={self.rope_theta!r} is too small: RoPE's highest "
+                       f"frequency, rope_theta ** -({self.head_dim} - 2) / {self.head_dim}, "
+                       "overflows float32 (RoPE's base is 10000 in the paper)")
     if self.window is not None:
       check_positive("window", self.window)
     _choice("norm", self.norm, NORMS)
@@ -532,6 +538,9 @@ class TrainConfig:
     _check_types(self)
     check_positive("steps", self.steps)
     check_seed("seed", self.seed)
+    for name in ("steps", "warmup_steps"):  # int32 in the train state and the schedule:
+      if is_integer(getattr(self, name)) and getattr(self, name) >= 2**31:  # a traceback
+        raise ValueError(f"{name}={getattr(self, name)} must be below 2**31")  # until 12-05
     _choice("optimizer", self.optimizer, OPTIMIZERS)
     _choice("schedule", self.schedule, SCHEDULES)
     if not self.learning_rate > 0:

@@ -53,6 +53,10 @@ INVALID = [
      'pad_id=300 must be in [0, vocab_size=259)'),
     (dict(rope_theta=0.0),
      'rope_theta=0.0 must be positive'),
+    # inf frequencies, a nan loss at the first step, until 2026-12-05 (found by an audit)
+    (dict(rope_theta=1e-300),
+     "rope_theta=1e-300 is too small: RoPE's highest frequency, rope_theta ** -(32 - 2) / 32, "
+     "overflows float32 (RoPE's base is 10000 in the paper)"),
     (dict(rope_pairing='quarter'),
      "rope_pairing='quarter' is not one of 'half', 'adjacent'"),
     (dict(num_encoder_layers=2),
@@ -217,6 +221,10 @@ TRAIN_INVALID = [
      'learning_rate=nan must be a finite number'),
     (dict(grad_clip=float("inf")),  # config.gin would say inf, which gin cannot read back
      'grad_clip=inf must be a finite number'),
+    # int32 in the train state and the schedule: an OverflowError traceback at the first step
+    # until 2026-12-05 (found by an audit).
+    (dict(warmup_steps=2**31), 'warmup_steps=2147483648 must be below 2**31'),
+    (dict(steps=2**31), 'steps=2147483648 must be below 2**31'),
     (dict(warmup_steps=-1),
      'warmup_steps=-1 must be a non-negative integer'),
     (dict(schedule='inverse_sqrt', warmup_steps=0),

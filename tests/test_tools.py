@@ -78,6 +78,23 @@ def test_run_timed_passes_the_exit_code_through_and_prints_a_summary():
   # --help is the usage, not a command to run (127 "No such file" until 2026-12-04).
   res = _run(["tools/run_timed.py", "--help"])
   assert res.returncode == 0 and "python tools/run_timed.py -- make test" in res.stdout
+  # A command killed by a signal: the shell's 128 + N (247 for SIGKILL until 2026-12-05).
+  res = _run(["tools/run_timed.py", "--", sys.executable, "-c",
+              "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+  assert res.returncode == 137 and "[run_timed] exit 137; wall" in res.stderr, res.stderr
+
+
+def test_run_timed_says_when_no_cpu_tick_passed():
+  """Not "busy 100%" (until 2026-12-05), as a division by 1 tick made it."""
+  sys.path.insert(0, os.path.join(REPO, "tools"))
+  try:
+    import run_timed
+  finally:
+    sys.path.pop(0)
+  ticks = dict.fromkeys(run_timed.FIELDS, 5)
+  assert run_timed.shares(ticks, ticks) is None
+  later = dict(ticks, user=8, idle=6, steal=6)
+  assert run_timed.shares(ticks, later) == dict(busy=0.6, idle=0.2, steal=0.2)
 
 
 @pytest.mark.parametrize("tool", ["bench_load_checkpoint.py", "eval_cache_dtype.py",
@@ -90,3 +107,25 @@ def test_a_tool_given_a_folder_that_is_no_workdir_says_so_in_one_line(tool, tmp_
   assert res.stderr.strip().splitlines()[-1] == (
       f"{tool}: error: {tmp_path / 'config.gin'} does not exist: not a training workdir")
   assert "Traceback" not in res.stderr
+
+
+COUNT_FLAGS = ("iters", "rounds", "repeats", "batches", "files", "tokens", "requests", "slots",
+               "steps")
+
+
+def test_count_flags_take_positive_integers_only():
+  """A count of 0 or less was a traceback (``min()`` of nothing, a KeyError, a division by
+  zero) or a nonsense result (``--files 0`` read every file) until 2026-12-05: every count
+  flag of every tool parses with ``_bench.positive_int``, and one of them is run."""
+  plain = []
+  for path in sorted(glob.glob(os.path.join(REPO, "tools", "*.py"))):
+    if os.path.basename(path) == "import_time.py":  # checks --repeats itself, without _bench
+      continue
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+    plain += [f"{os.path.basename(path)}: --{name}" for name in COUNT_FLAGS
+              if re.search(rf'add_argument\("--{name}", type=int\b', text)]
+  assert plain == []
+  res = _run(["tools/bench_generate_call.py", "--iters", "0"])
+  assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+      "bench_generate_call.py: error: argument --iters: 0 is not a positive integer")

@@ -33,6 +33,20 @@ if _REPO not in sys.path:
 MODEL = dict(layers=4, d_model=256, heads=8, kv_heads=2, head_dim=32, d_ff=688, vocab=259)
 
 
+def positive_int(text: str) -> int:
+  """An argparse type for counts (iterations, rounds, files...): a positive int; 0 or less
+  is the usage's one error line (until 2026-12-05 a traceback or a nonsense result)."""
+  import argparse
+
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+  return value
+
+
 def cpu_name() -> str:
   """The CPU as ``lscpu`` describes it: model name, family / model, and whether it has
   AVX-512 ("AMD EPYC (family 23 model 1, avx2, no avx512)"). The model name alone is not

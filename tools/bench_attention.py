@@ -185,7 +185,7 @@ def main(argv=None):
   p.add_argument("--heads", type=int, default=2)
   p.add_argument("--kv_heads", type=int, default=1)
   p.add_argument("--head_dim", type=int, default=64)
-  p.add_argument("--iters", type=int, default=5)
+  p.add_argument("--iters", type=_bench.positive_int, default=5)
   p.add_argument("--skip", nargs="*", default=[], choices=["memory", "skipping", "throughput",
                                                            "decode"])
   p.add_argument("--gpu_lengths", type=int, nargs="+", default=[1024, 4096, 16384])

@@ -97,7 +97,7 @@ def attnlab_setup(recompute_tokens):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--rounds", type=_bench.positive_int, default=3)
   parser.add_argument("--torch_python", default=None)
   parser.add_argument("--recompute_tokens", type=int, default=None,
                       help="new tokens of the recompute-everything baseline (default 240)")

@@ -29,8 +29,8 @@ SHAPES = ((8, 1), (1, 8), (1, 16), (1, 32), (1, 64), (1, 128))
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--rounds", type=int, default=5)
-  p.add_argument("--iters", type=int, default=200)
+  p.add_argument("--rounds", type=_bench.positive_int, default=5)
+  p.add_argument("--iters", type=_bench.positive_int, default=200)
   args = p.parse_args()
 
   import jax

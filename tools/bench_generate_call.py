@@ -19,7 +19,7 @@ import _bench
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--iters", type=int, default=15)
+  p.add_argument("--iters", type=_bench.positive_int, default=15)
   args = p.parse_args()
 
   import numpy as np

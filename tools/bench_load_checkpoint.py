@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+import _bench  # noqa: E402 - tools/ is on sys.path (run as a script)
+
 
 def _child(workdir: str, way: str) -> None:
   import jax
@@ -53,7 +55,7 @@ def _child(workdir: str, way: str) -> None:
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--workdir", required=True)
-  p.add_argument("--rounds", type=int, default=2)
+  p.add_argument("--rounds", type=_bench.positive_int, default=2)
   p.add_argument("--child", choices=("load_checkpoint", "eager"), help=argparse.SUPPRESS)
   args = p.parse_args()
   if args.child:

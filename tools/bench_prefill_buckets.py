@@ -26,10 +26,13 @@ def power_of_two_bucket(n: int, max_len: int) -> int:
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--requests", type=int, default=256)
-  p.add_argument("--rounds", type=int, default=4)
-  p.add_argument("--cache", default="paged,contiguous")
+  p.add_argument("--requests", type=_bench.positive_int, default=256)
+  p.add_argument("--rounds", type=_bench.positive_int, default=4)
+  p.add_argument("--cache", default="paged,contiguous", help="comma-separated caches")
   args = p.parse_args()
+  for c in args.cache.split(","):  # a traceback from the first request until 2026-12-05
+    if c not in ("paged", "contiguous"):
+      p.error(f"--cache: {c!r} is not paged or contiguous")
 
   import numpy as np
 

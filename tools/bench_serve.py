@@ -47,13 +47,14 @@ import _bench
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--requests", type=int, default=64)
-  p.add_argument("--slots", type=int, default=8)
+  p.add_argument("--requests", type=_bench.positive_int, default=64)
+  p.add_argument("--slots", type=_bench.positive_int, default=8)
   p.add_argument("--cache", default="paged,contiguous",
                  help="comma-separated caches, each served by both policies in every round")
   p.add_argument("--page_size", type=int, default=16)
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--rounds", type=int, default=5, help="timed runs of each setting, alternating")
+  p.add_argument("--rounds", type=_bench.positive_int, default=5,
+                 help="timed runs of each setting, alternating")
   p.add_argument("--decode_chunk", type=int, default=16,
                  help="decode steps per device call at most (generate_requests' decode_chunk)")
   args = p.parse_args()

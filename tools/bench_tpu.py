@@ -29,6 +29,8 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout
 
+import _bench  # noqa: E402 - tools/ is on sys.path (run as a script)
+
 from attnlab.ops.pallas import flash_tpu  # noqa: E402
 
 
@@ -153,7 +155,7 @@ def main(argv=None):
   p.add_argument("--heads", type=int, default=1)
   p.add_argument("--kv_heads", type=int, default=1)
   p.add_argument("--head_dim", type=int, default=64)
-  p.add_argument("--iters", type=int, default=2)
+  p.add_argument("--iters", type=_bench.positive_int, default=2)
   p.add_argument("--tpu_lengths", type=int, nargs="+", default=[1024, 4096, 16384])
   p.add_argument("--tpu_batch", type=int, default=1)
   p.add_argument("--tpu_heads", type=int, default=16)

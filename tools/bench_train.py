@@ -82,8 +82,8 @@ def attnlab_setup(attention_impl: str = "auto", cache_dir: str | None = None):
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--rounds", type=int, default=5)
-  p.add_argument("--steps", type=int, default=5, help="train steps per round")
+  p.add_argument("--rounds", type=_bench.positive_int, default=5)
+  p.add_argument("--steps", type=_bench.positive_int, default=5, help="train steps per round")
   p.add_argument("--torch_python", default=None)
   p.add_argument("--attention_impl", default="auto", help="ModelConfig.attention_impl")
   p.add_argument("--compilation_cache", default=None, metavar="DIR",

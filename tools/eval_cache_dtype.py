@@ -23,11 +23,13 @@ import json
 import os
 import sys
 
+import _bench  # noqa: E402 - tools/ is on sys.path (run as a script)
+
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--workdir", required=True)
-  p.add_argument("--batches", type=int, default=4)
+  p.add_argument("--batches", type=_bench.positive_int, default=4)
   p.add_argument("--prompts", type=int, default=8)
   args = p.parse_args()
 

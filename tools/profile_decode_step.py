@@ -296,7 +296,7 @@ def _while_bodies(text):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--iters", type=int, default=7)
+  parser.add_argument("--iters", type=_bench.positive_int, default=7)
   parser.add_argument("--torch_python", default=None,
                       help="a Python with torch + transformers: time transformers' step and "
                            "torch's matrix-vector floor in the same rounds")

@@ -16,12 +16,14 @@ import argparse
 import os
 import sys
 
+import _bench  # noqa: E402 - tools/ is on sys.path (run as a script)
+
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--workdir", required=True)
-  p.add_argument("--files", type=int, default=40)
-  p.add_argument("--tokens", type=int, default=64)
+  p.add_argument("--files", type=_bench.positive_int, default=40)
+  p.add_argument("--tokens", type=_bench.positive_int, default=64)
   args = p.parse_args()
 
   import jax

@@ -29,10 +29,13 @@ def cpu_ticks() -> dict[str, int] | None:
   return dict(zip(FIELDS, values, strict=False))
 
 
-def shares(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
-  """busy / idle / steal as fractions of all CPU ticks between two readings."""
+def shares(before: dict[str, int], after: dict[str, int]) -> dict[str, float] | None:
+  """busy / idle / steal as fractions of all CPU ticks between two readings; None when no
+  tick passed (a command shorter than a tick: "busy 100%" until 2026-12-05)."""
   delta = {k: after[k] - before[k] for k in FIELDS}
-  total = sum(delta.values()) or 1
+  total = sum(delta.values())
+  if total <= 0:
+    return None
   idle = delta["idle"] + delta["iowait"]
   return dict(busy=(total - idle - delta["steal"]) / total, idle=idle / total,
               steal=delta["steal"] / total)
@@ -58,15 +61,19 @@ def main(argv=None):
   except OSError as e:  # no such command: the shell's 127, with the summary line
     print(f"[run_timed] {argv[0]}: {e.strerror or e}", file=sys.stderr)
     rc = 127
+  if rc < 0:  # killed by signal N: the shell's 128 + N (sys.exit(-9) exited 247 until
+    rc = 128 - rc  # 2026-12-05)
   wall = time.perf_counter() - start
   after = cpu_ticks()
   usage = resource.getrusage(resource.RUSAGE_CHILDREN)
   line = (f"[run_timed] exit {rc}; wall {minutes(wall)}; CPU of the command "
           f"{minutes(usage.ru_utime + usage.ru_stime)} on {os.cpu_count()} CPUs")
-  if before and after:
-    s = shares(before, after)
+  s = shares(before, after) if before and after else None
+  if s is not None:
     line += (f"; machine: busy {s['busy']:.0%}, idle {s['idle']:.0%}, "
              f"stolen by the hypervisor {s['steal']:.0%}")
+  elif before and after:
+    line += "; machine: no CPU tick passed (too short to say)"
   print(line, file=sys.stderr)
   sys.exit(rc)
 

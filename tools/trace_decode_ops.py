@@ -114,7 +114,7 @@ def main():
                       help="trace the decode program of tools/bench_serve.py's workload with "
                            "this cache instead (8 slots)")
   parser.add_argument("--policy", choices=("continuous", "static"), default="continuous")
-  parser.add_argument("--requests", type=int, default=64)
+  parser.add_argument("--requests", type=_bench.positive_int, default=64)
   args = parser.parse_args()
   if args.serve:
     times, stats = serve_op_times(args.serve, args.policy, args.requests)

@@ -608,6 +608,19 @@ def test_gpu_compiled_decode_matches_reference(H, G):
   got = jax.jit(lambda *a: decode.paged_decode_attention(*a, interpret=False))(
       q, k_pages, v_pages, table_BM, lengths_B)
   _assert_matches_reference(got, q, k, v, lengths_B, None)
+  # The heads-major kernel, which the contiguous and ring caches run with
+  # attention_impl="pallas" (not compiled by this check until 2026-12-05), over a bfloat16
+  # cache and over an int8 one (a bfloat16 query against dequantized float32 keys).
+  from attnlab.nn.kv_cache import dequantize, quantize
+
+  k_BKSH, v_BKSH = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+  heads_major = jax.jit(lambda *a, **kw: decode.decode_attention_heads_major(
+      *a, interpret=False, **kw))
+  _assert_matches_reference(heads_major(q, k_BKSH, v_BKSH, lengths_B), q, k, v, lengths_B, None)
+  (k8, ks), (v8, vs) = quantize(k_BKSH), quantize(v_BKSH)
+  got = heads_major(q, k8, v8, lengths_B, k_scale_BKS=ks, v_scale_BKS=vs)
+  back = lambda x8, s: jnp.swapaxes(dequantize(x8, s, jnp.bfloat16), 1, 2)
+  _assert_matches_reference(got, q, back(k8, ks), back(v8, vs), lengths_B, None)
 
 
 def test_no_keys_or_no_queries_give_zeros():

@@ -47,6 +47,12 @@ def positive_int(text: str) -> int:
   return value
 
 
+def header() -> str:
+  """A benchmark's first line: the CPU (``cpu_name``) and the UTC time it ran (until
+  2026-12-05 most tools printed neither, and two printed local time without a zone)."""
+  return f"# {cpu_name()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+
+
 def cpu_name() -> str:
   """The CPU as ``lscpu`` describes it: model name, family / model, and whether it has
   AVX-512 ("AMD EPYC (family 23 model 1, avx2, no avx512)"). The model name alone is not

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import _bench  # first: puts the checkout on sys.path
 import jax
@@ -196,7 +195,7 @@ def main(argv=None):
   p.add_argument("--peak_gbs", type=float, default=4800.0, help="H200: 4.8 TB/s")
   args = p.parse_args(argv)
   print(f"# jax {jax.__version__}, backend {jax.default_backend()}, "
-        f"{jax.devices()[0].device_kind}, {time.strftime('%Y-%m-%d %H:%M')}\n")
+        f"{jax.devices()[0].device_kind}\n{_bench.header()}\n")
   if args.gpu:
     if jax.default_backend() != "gpu":
       sys.exit(f"--gpu needs a GPU; the default backend is {jax.default_backend()!r}")

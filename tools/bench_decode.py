@@ -105,6 +105,7 @@ def main():
   args = parser.parse_args()
   if args.torch_worker:
     return torch_worker()
+  print(_bench.header(), flush=True)
   worker = _bench.start_torch_worker(__file__, args.torch_python)
   cfg, cached, full, first, agree, R = attnlab_setup(args.recompute_tokens)
   times = {(kind, b): [] for kind in ("cached", "full", "torch") for b in (1, 8)}

@@ -29,7 +29,7 @@ def main():
 
   model = attnlab.build_model(_bench.attnlab_config(), rngs=nnx.Rngs(0))
   prompt = np.arange(3, 19, dtype=np.int32)[None]
-  out = {}
+  out = {"cpu": _bench.cpu_name()}
   for n in (1, 240):
     call = lambda n=n: np.asarray(attnlab.generate(model, prompt, max_new_tokens=n, eos_id=None))
     call()  # compile

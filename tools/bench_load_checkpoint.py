@@ -64,6 +64,7 @@ def main():
   config = os.path.join(args.workdir, "config.gin")  # without importing JAX here
   if not os.path.isfile(config):  # a traceback until 2026-12-04
     p.error(f"{config} does not exist: not a training workdir")
+  print(_bench.header(), flush=True)
   results = {"load_checkpoint": [], "eager": []}
   sums = set()
   for _ in range(args.rounds):

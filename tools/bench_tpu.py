@@ -163,7 +163,7 @@ def main(argv=None):
   p.add_argument("--tpu_heads", type=int, default=16)
   args = p.parse_args(argv)
   print(f"# jax {jax.__version__}, backend {jax.default_backend()}, "
-        f"{jax.devices()[0].device_kind}, {time.strftime('%Y-%m-%d %H:%M')}\n")
+        f"{jax.devices()[0].device_kind}\n{_bench.header()}\n")
   if args.tpu:
     if jax.default_backend() != "tpu":
       sys.exit(f"--tpu needs a TPU; the default backend is {jax.default_backend()!r}")

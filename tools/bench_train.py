@@ -99,6 +99,7 @@ def main():
     _, first = attnlab_setup(args.attention_impl, args.compilation_cache)
     print(first_line.format(args.attention_impl, _bench.stages_line(first)))
     return None
+  print(_bench.header(), flush=True)
   worker = _bench.start_torch_worker(__file__, args.torch_python)
   run, first = attnlab_setup(args.attention_impl, args.compilation_cache)
   ours, theirs = [], []

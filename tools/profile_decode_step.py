@@ -308,6 +308,7 @@ def main():
   args = parser.parse_args()
   if args.torch_worker:
     return torch_worker()
+  print(_bench.header(), flush=True)
   worker = _bench.start_torch_worker(__file__, args.torch_python)
   also = {} if worker is None else {code: (lambda code=code: worker.seconds(code))
                                     for code in (TORCH_LONG, TORCH_SHORT, TORCH_MATVEC_1,

@@ -116,6 +116,7 @@ def main():
   parser.add_argument("--policy", choices=("continuous", "static"), default="continuous")
   parser.add_argument("--requests", type=_bench.positive_int, default=64)
   args = parser.parse_args()
+  print(_bench.header(), flush=True)
   if args.serve:
     times, stats = serve_op_times(args.serve, args.policy, args.requests)
     print(f"bench_serve workload, {args.requests} requests, cache={args.serve}, "

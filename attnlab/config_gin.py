@@ -81,7 +81,8 @@ def _with_hint(message: str) -> str:
   return message
 
 
-def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> tuple[
+def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES, *,
+          check_macros: bool = True) -> tuple[
     ModelConfig, DataConfig, TrainConfig]:
   """The three configs that gin files plus bindings describe.
 
@@ -132,7 +133,8 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES) -> 
       raise GinConfigError(
           f"scoped binding{'s' if len(scoped) > 1 else ''} {', '.join(scoped)}: attnlab builds "
           "each config once, without a scope: bind it as Name.field")
-    unused = _unused_macro_binding(bindings, gin_files, folders, classes)
+    unused = _unused_macro_binding(bindings, gin_files, folders, classes) if check_macros \
+        else None
     if unused is not None:
       raise GinConfigError(unused)
     configs = tuple(wrapped[cls]() for cls in classes)
@@ -385,7 +387,9 @@ def parse_sweep(sweep_file: str, bindings: list[str]):
     GinConfigError: as ``parse``, also for an unknown ``Sweep.*`` binding.
   """
   _register((Sweep,))
-  (sweep,) = parse([sweep_file], bindings, classes=(Sweep,))
+  # Without the macro check: a macro a binding sets may be read by a base file, which the
+  # second call reads (and checks).
+  (sweep,) = parse([sweep_file], bindings, classes=(Sweep,), check_macros=False)
   try:
     base = resolve_base(sweep.base, sweep_file, CONFIGS_DIR)
   except FileNotFoundError as e:

@@ -421,6 +421,12 @@ def test_sweep_base_files_are_found_as_given_beside_the_sweep_or_in_configs(tmp_
   # The bindings bind the Sweep too (`attnlab ablate --gin.Sweep.seeds=...`).
   assert gin_config.parse_sweep(str(sweep_file), ["Sweep.seeds = (4, 5)"])[0].seeds == (4, 5)
   assert (mcfg.d_model, mcfg.num_layers, mcfg.d_ff, tcfg.steps) == (48, 3, 96, 5)
+  # A macro that a base file reads may be bound by a flag; one that nothing reads is refused.
+  (sweeps / "mine.gin").write_text("ModelConfig.d_model = %WIDTH\n")
+  assert gin_config.parse_sweep(str(sweep_file), ["WIDTH = 40"])[1].d_model == 40
+  with pytest.raises(gin_config.GinConfigError, match="binding 'steps = 5' sets nothing"):
+    gin_config.parse_sweep(str(sweep_file), ["WIDTH = 40", "steps = 5"])
+  (sweeps / "mine.gin").write_text("ModelConfig.d_model = 48\n")
   tiny = gin_config.parse([os.path.join(gin_config.CONFIGS_DIR, "lm_stdlib_tiny.gin")], [])
   assert dcfg == tiny[1]  # the base file's data config
   sweep_file.write_text('Sweep.base = ["lost.gin"]\n')

@@ -297,11 +297,13 @@ class ModelConfig:
     if self.rope_theta <= 0:
       raise ValueError(f"rope_theta={self.rope_theta!r} must be positive")
     if self.pos == "rope" and self.head_dim > 2 and (
-        -(self.head_dim - 2) / self.head_dim * math.log(self.rope_theta) > math.log(3.4e38)):
+        math.log(self.max_len)
+        - (self.head_dim - 2) / self.head_dim * math.log(self.rope_theta) > math.log(3.4e38)):
       # until 2026-12-05 (1e-300: inf frequencies, a nan loss at the first step)
       raise ValueError(f"rope_theta={self.rope_theta!r} is too small: RoPE's highest "
                        f"frequency, rope_theta ** -({self.head_dim} - 2) / {self.head_dim}, "
-                       "overflows float32 (RoPE's base is 10000 in the paper)")
+                       f"times the last position (max_len={self.max_len}) overflows float32 "
+                       "(RoPE's base is 10000 in the paper)")
     if self.window is not None:
       check_positive("window", self.window)
     _choice("norm", self.norm, NORMS)

@@ -201,18 +201,23 @@ def _unused_macro_binding(bindings, gin_files, folders, classes) -> str | None:
   not a field, and gin drops a macro that no ``%NAME`` reads without a word (until
   2026-12-05 ``--gin.steps=1`` trained the file's 2000 steps)."""
   texts = None
-  for i, binding in enumerate(bindings):
-    line = binding.strip()
-    if not line or line.startswith("#") or "=" not in line:
+  lines = [line for binding in bindings for line in binding.splitlines()]
+  for i, line in enumerate(lines):
+    binding = line.strip()
+    if not binding or binding.startswith("#") or "=" not in binding:
       continue  # a blank or comment line (a config.gin read line by line), an include
-    name = line.split("=", 1)[0].strip()
+    name = binding.split("=", 1)[0].strip()
     if not re.fullmatch(r"[\w./]+", name) or "." in name.rsplit("/", 1)[-1]:
       continue  # Name.field (scoped ones are refused above)
-    if texts is None:
-      texts = _texts(gin_files, folders)
-    others = "\n".join(texts + bindings[:i] + bindings[i + 1:])
+    if texts is None:  # the files, what they include and what the bindings include
+      included = re.findall(r"""^\s*include\s+['"]([^'"]+)['"]""", "\n".join(lines),
+                            re.MULTILINE)
+      found = [next((os.path.join(d, f) for d in folders if os.path.isfile(os.path.join(d, f))),
+                    None) for f in included]
+      texts = _texts(list(gin_files) + [f for f in found if f is not None], folders)
+    others = "\n".join(texts + lines[:i] + lines[i + 1:])
     if "/" not in name and re.search(rf"%{re.escape(name)}(?![\w.])", others):
-      continue  # a macro that a file or another binding reads
+      continue  # a macro that a file, an include or another binding reads
     field = name.rsplit("/", 1)[-1]
     owners = [cls.__name__ for cls in classes
               if field in {f.name for f in dataclasses.fields(cls)}]

@@ -56,7 +56,13 @@ INVALID = [
     # inf frequencies, a nan loss at the first step, until 2026-12-05 (found by an audit)
     (dict(rope_theta=1e-300),
      "rope_theta=1e-300 is too small: RoPE's highest frequency, rope_theta ** -(32 - 2) / 32, "
-     "overflows float32 (RoPE's base is 10000 in the paper)"),
+     "times the last position (max_len=2048) overflows float32 (RoPE's base is 10000 in the "
+     "paper)"),
+    # The angle is position x frequency: 1e37 x 512 positions overflows (a review found it).
+    (dict(d_model=256, num_heads=1, rope_theta=5e-38, max_len=512),
+     "rope_theta=5e-38 is too small: RoPE's highest frequency, rope_theta ** -(256 - 2) / 256, "
+     "times the last position (max_len=512) overflows float32 (RoPE's base is 10000 in the "
+     "paper)"),
     (dict(rope_pairing='quarter'),
      "rope_pairing='quarter' is not one of 'half', 'adjacent'"),
     (dict(num_encoder_layers=2),

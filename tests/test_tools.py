@@ -110,7 +110,8 @@ def test_a_tool_given_a_folder_that_is_no_workdir_says_so_in_one_line(tool, tmp_
 
 
 COUNT_FLAGS = ("iters", "rounds", "repeats", "batches", "files", "tokens", "requests", "slots",
-               "steps")
+               "steps", "new_tokens", "batch", "top", "prompts", "gpu_batch", "tpu_batch",
+               "decode_batch", "recompute_tokens", "decode_chunk")
 
 
 def test_count_flags_take_positive_integers_only():
@@ -129,3 +130,8 @@ def test_count_flags_take_positive_integers_only():
   res = _run(["tools/bench_generate_call.py", "--iters", "0"])
   assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
       "bench_generate_call.py: error: argument --iters: 0 is not a positive integer")
+  # A cache it does not know: the usage's line (a traceback from the first request until
+  # 2026-12-05).
+  res = _run(["tools/bench_prefill_buckets.py", "--cache", "paged,bogus"])
+  assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+      "bench_prefill_buckets.py: error: --cache: 'bogus' is not paged or contiguous")

@@ -188,9 +188,9 @@ def main(argv=None):
   p.add_argument("--skip", nargs="*", default=[], choices=["memory", "skipping", "throughput",
                                                            "decode"])
   p.add_argument("--gpu_lengths", type=int, nargs="+", default=[1024, 4096, 16384])
-  p.add_argument("--gpu_batch", type=int, default=1)
+  p.add_argument("--gpu_batch", type=_bench.positive_int, default=1)
   p.add_argument("--gpu_heads", type=int, default=16)
-  p.add_argument("--decode_batch", type=int, default=16)
+  p.add_argument("--decode_batch", type=_bench.positive_int, default=16)
   p.add_argument("--decode_lengths", type=int, nargs="+", default=[4096, 32768])
   p.add_argument("--peak_gbs", type=float, default=4800.0, help="H200: 4.8 TB/s")
   args = p.parse_args(argv)

@@ -99,7 +99,7 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=_bench.positive_int, default=3)
   parser.add_argument("--torch_python", default=None)
-  parser.add_argument("--recompute_tokens", type=int, default=None,
+  parser.add_argument("--recompute_tokens", type=_bench.positive_int, default=None,
                       help="new tokens of the recompute-everything baseline (default 240)")
   parser.add_argument("--torch_worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args()

@@ -55,7 +55,7 @@ def main():
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--rounds", type=_bench.positive_int, default=5,
                  help="timed runs of each setting, alternating")
-  p.add_argument("--decode_chunk", type=int, default=16,
+  p.add_argument("--decode_chunk", type=_bench.positive_int, default=16,
                  help="decode steps per device call at most (generate_requests' decode_chunk)")
   args = p.parse_args()
   caches = args.cache.split(",")

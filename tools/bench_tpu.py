@@ -159,7 +159,7 @@ def main(argv=None):
   p.add_argument("--head_dim", type=int, default=64)
   p.add_argument("--iters", type=_bench.positive_int, default=2)
   p.add_argument("--tpu_lengths", type=int, nargs="+", default=[1024, 4096, 16384])
-  p.add_argument("--tpu_batch", type=int, default=1)
+  p.add_argument("--tpu_batch", type=_bench.positive_int, default=1)
   p.add_argument("--tpu_heads", type=int, default=16)
   args = p.parse_args(argv)
   print(f"# jax {jax.__version__}, backend {jax.default_backend()}, "

@@ -30,7 +30,7 @@ def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--workdir", required=True)
   p.add_argument("--batches", type=_bench.positive_int, default=4)
-  p.add_argument("--prompts", type=int, default=8)
+  p.add_argument("--prompts", type=_bench.positive_int, default=8)
   args = p.parse_args()
 
   import jax

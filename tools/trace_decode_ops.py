@@ -107,9 +107,9 @@ def _print_ops(times, steps, top):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--batch", type=int, default=1)
-  parser.add_argument("--new_tokens", type=int, default=240)
-  parser.add_argument("--top", type=int, default=30)
+  parser.add_argument("--batch", type=_bench.positive_int, default=1)
+  parser.add_argument("--new_tokens", type=_bench.positive_int, default=240)
+  parser.add_argument("--top", type=_bench.positive_int, default=30)
   parser.add_argument("--serve", choices=("paged", "contiguous"), default=None,
                       help="trace the decode program of tools/bench_serve.py's workload with "
                            "this cache instead (8 slots)")

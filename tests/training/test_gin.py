@@ -371,6 +371,13 @@ def test_a_binding_that_gin_reads_as_an_unused_macro_is_refused(tmp_path):
   (tmp_path / "inner.gin").write_text("TrainConfig.steps = %STEPS\n")
   (tmp_path / "outer.gin").write_text("include 'inner.gin'\n")
   assert gin_config.parse([str(tmp_path / "outer.gin")], ["STEPS = 4"])[2].steps == 4
+  # A file that a binding includes, and a binding of several lines, read alike (a review
+  # found both refused in a first version); each line of such a binding is checked.
+  inner = str(tmp_path / "inner.gin")
+  assert gin_config.parse([], [f"include {inner!r}", "STEPS = 6"])[2].steps == 6
+  assert gin_config.parse([], ["X = 3\nTrainConfig.steps = %X"])[2].steps == 3
+  with pytest.raises(gin_config.GinConfigError, match="binding 'steps = 3' sets nothing"):
+    gin_config.parse([], ["ModelConfig.d_model = 32\nsteps = 3"])
 
 
 def test_include_cycles_imports_and_unparsable_file_values_are_one_line(tmp_path):

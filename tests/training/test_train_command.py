@@ -281,7 +281,7 @@ def test_train_exits_1_on_a_non_finite_stop(tmp_path, capsys):
   assert err.startswith("attnlab train: non-finite loss") and "at step 2; stopped" in err
   # A finite loss and gradient, an update past float32 (a rate of 1e39 is inf there): the
   # update is named (until 2026-12-05 the message named the loss and the norm, both finite).
-  # The step flags it (test_steps.py); what the stop says of it:
+  # The step flags it (test_train_loop.py); what the stop says of it:
   from attnlab.training import trainer
 
   m = {"loss": 5.71377, "grad_norm": 2.5, "learning_rate": float("inf")}

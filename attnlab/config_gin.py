@@ -16,6 +16,7 @@ import importlib.util  # noqa: F401 - gin 0.5 needs it loaded to report a missin
 import logging
 import os
 import re
+import tokenize
 
 import gin
 
@@ -106,10 +107,13 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES, *,
       raise GinConfigError(f"gin file {path!r} does not exist")
     try:
       with open(path, encoding="utf-8") as f:
-        f.read()
+        text = f.read()
     except UnicodeDecodeError as e:
       raise GinConfigError(f"gin file {path!r} is not UTF-8 text ({e.reason} at byte "
                            f"{e.start})") from None
+    if text.startswith("\ufeff"):  # gin's "Unexpected token. (x.gin, line 1)" until 12-05
+      raise GinConfigError(f"gin file {path!r} starts with a UTF-8 byte order mark, which gin "
+                           "cannot read: save it without one")
   # Where gin looks for an include, in order: this call's files' folders, the built-in
   # configs, the working directory. gin keeps one global list (cwd first) that
   # clear_config does not reset, so it is set for this call and put back after: a folder
@@ -142,6 +146,11 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES, *,
     raise GinConfigError(
         "gin config recursion: a gin file includes itself (directly or through the files it "
         "includes), or a binding's value refers to its own configurable") from e
+  except tokenize.TokenError as e:  # a traceback until 2026-12-05
+    what, where = (e.args + (None, None))[:2]
+    line = f", line {where[0]}" if isinstance(where, tuple) and where else ""
+    raise GinConfigError(f"a gin file or binding ends inside an open bracket or string ({what}"
+                         f"{line})") from e
   except (ValueError, OSError, SyntaxError, TypeError, KeyError, ImportError) as e:
     unbound = _unbound_macros(gin_files, bindings, folders) if "macro()" in str(e) else []
     if unbound:

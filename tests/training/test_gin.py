@@ -388,6 +388,8 @@ def test_include_cycles_imports_and_unparsable_file_values_are_one_line(tmp_path
   (tmp_path / "b.gin").write_text("include 'a.gin'\n")
   (tmp_path / "imp.gin").write_text("import nosuchmodule_of_attnlab\n")
   (tmp_path / "bare.gin").write_text("ModelConfig.d_model = 32\nDataConfig.task = reverse\n")
+  (tmp_path / "open.gin").write_text("ModelConfig.d_model = 32\nDataConfig.task = (1,\n")
+  (tmp_path / "bom.gin").write_bytes(b"\xef\xbb\xbfModelConfig.d_model = 32\n")
   cycle = ("gin config recursion: a gin file includes itself (directly or through the files "
            "it includes), or a binding's value refers to its own configurable")
   for files, bindings, message in (
@@ -395,7 +397,12 @@ def test_include_cycles_imports_and_unparsable_file_values_are_one_line(tmp_path
       ([], ["ModelConfig.dtype = @ModelConfig()"], cycle),
       (["imp.gin"], [], "No module named 'nosuchmodule_of_attnlab'"),
       (["bare.gin"], [], f"gin file {str(tmp_path / 'bare.gin')!r}, line 2: 'DataConfig.task = "
-                         "reverse': its value does not parse (a string needs quotes")):
+                         "reverse': its value does not parse (a string needs quotes"),
+      # A tokenize.TokenError traceback, and gin's "Unexpected token", until 2026-12-05.
+      (["open.gin"], [], "a gin file or binding ends inside an open bracket or string (EOF in "
+                         "multi-line statement, line 3)"),
+      (["bom.gin"], [], f"gin file {str(tmp_path / 'bom.gin')!r} starts with a UTF-8 byte order "
+                        "mark, which gin cannot read: save it without one")):
     with pytest.raises(gin_config.GinConfigError) as e:
       gin_config.parse([str(tmp_path / f) for f in files], bindings)
     assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)

@@ -186,22 +186,35 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES, *,
                for c in configs)
 
 
-def _texts(gin_files: list[str], folders: list[str]) -> list[str]:
-  """The text of each file and of each file it includes, at any depth, each include looked
-  up in ``folders`` as gin looks it up."""
-  todo, seen, texts = list(gin_files), set(), []
+_INCLUDE = re.compile(r"""^\s*include\s+['"]([^'"]+)['"]""", re.MULTILINE)
+
+
+def _included(text: str, folders: list[str]) -> list[str]:
+  """The files that ``text`` includes and that exist, each looked up in ``folders`` as gin
+  looks it up (the first folder that holds it)."""
+  found = (next((os.path.join(d, name) for d in folders if os.path.isfile(os.path.join(d, name))),
+                None) for name in _INCLUDE.findall(text))
+  return [path for path in found if path is not None]
+
+
+def _walk(gin_files: list[str], folders: list[str]):
+  """(path, the file that includes it or None, its bytes) of each file and of each file it
+  includes, at any depth, each once."""
+  todo, seen = [(p, None) for p in gin_files], set()
   while todo:
-    path = os.path.abspath(todo.pop(0))
-    if path in seen:
+    path, includer = todo.pop(0)
+    if os.path.abspath(path) in seen:
       continue
-    seen.add(path)
-    with open(path, encoding="utf-8", errors="replace") as f:
-      text = f.read()
-    texts.append(text)
-    for name in re.findall(r"""^\s*include\s+['"]([^'"]+)['"]""", text, re.MULTILINE):
-      found = [os.path.join(d, name) for d in folders if os.path.isfile(os.path.join(d, name))]
-      todo.extend(found[:1])
-  return texts
+    seen.add(os.path.abspath(path))
+    with open(path, "rb") as f:
+      data = f.read()
+    yield path, includer, data
+    todo.extend((p, path) for p in _included(data.decode("utf-8", "replace"), folders))
+
+
+def _texts(gin_files: list[str], folders: list[str]) -> list[str]:
+  """The text of each file and of each file it includes, at any depth."""
+  return [data.decode("utf-8", "replace") for _, _, data in _walk(gin_files, folders)]
 
 
 def _unused_macro_binding(bindings, gin_files, folders, classes) -> str | None:
@@ -219,11 +232,7 @@ def _unused_macro_binding(bindings, gin_files, folders, classes) -> str | None:
     if not re.fullmatch(r"[\w./]+", name) or "." in name.rsplit("/", 1)[-1]:
       continue  # Name.field (scoped ones are refused above)
     if texts is None:  # the files, what they include and what the bindings include
-      included = re.findall(r"""^\s*include\s+['"]([^'"]+)['"]""", "\n".join(lines),
-                            re.MULTILINE)
-      found = [next((os.path.join(d, f) for d in folders if os.path.isfile(os.path.join(d, f))),
-                    None) for f in included]
-      texts = _texts(list(gin_files) + [f for f in found if f is not None], folders)
+      texts = _texts(list(gin_files) + _included("\n".join(lines), folders), folders)
     others = "\n".join(texts + lines[:i] + lines[i + 1:])
     if "/" not in name and re.search(rf"%{re.escape(name)}(?![\w.])", others):
       continue  # a macro that a file, an include or another binding reads
@@ -255,26 +264,12 @@ def _non_utf8_include(gin_files: list[str], folders: list[str]):
   """(path, the file that includes it, its UnicodeDecodeError) of the first file included,
   at any depth, that is not UTF-8, each include looked up in ``folders`` as gin looks it
   up; None if there is none."""
-  todo, seen = [(p, None) for p in gin_files], set()
-  while todo:
-    path, includer = todo.pop(0)
-    if path in seen:
-      continue
-    seen.add(path)
-    with open(path, "rb") as f:
-      data = f.read()
+  for path, includer, data in _walk(gin_files, folders):
     try:
-      text = data.decode("utf-8")
+      data.decode("utf-8")
     except UnicodeDecodeError as err:
       if includer is not None:  # a top-level file is checked before gin reads it
         return path, includer, err
-      continue
-    for name in re.findall(r"""^\s*include\s+['"]([^'"]+)['"]""", text, re.MULTILINE):
-      for folder in folders:
-        candidate = os.path.join(folder, name)
-        if os.path.isfile(candidate):
-          todo.append((candidate, path))
-          break
   return None
 
 

@@ -53,6 +53,12 @@ def decay_mask(params):
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
+def update_dtype(dtype):
+  """The dtype the optimizer reads a parameter's gradient in: float32 for a float16
+  parameter (``in_float32``), the parameter's own otherwise."""
+  return jnp.float32 if dtype == jnp.float16 else dtype
+
+
 def in_float32(tx):
   """``tx`` with its state and its arithmetic in float32 for float16 leaves (gradients and
   parameters are widened before it reads them; its updates come out float32, which
@@ -64,9 +70,8 @@ def in_float32(tx):
   was non-finite and a run stopped at its first step. bfloat16 keeps float32's range and
   its state stays bfloat16."""
   def widen(tree):
-    return jax.tree.map(
-        lambda x: x.astype(jnp.float32) if getattr(x, "dtype", None) == jnp.float16 else x,
-        tree)
+    return jax.tree.map(lambda x: x.astype(update_dtype(x.dtype)) if hasattr(x, "dtype") else x,
+                        tree)
 
   def init(params):
     return tx.init(widen(params))

@@ -65,6 +65,12 @@ def make_mesh(shape=(-1, 1, 1), devices=None) -> Mesh:
   return Mesh(grid, MESH_AXES)
 
 
+def _mesh_axes(logical: str) -> tuple[str, ...]:
+  """The mesh axes ``RULES`` maps a logical axis to (none for an unlisted one)."""
+  target = RULES.get(logical)
+  return (target,) if isinstance(target, str) else tuple(target or ())
+
+
 def logical_to_spec(axes, shape, mesh: Mesh) -> PartitionSpec:
   """PartitionSpec of an array with logical ``axes`` and ``shape`` on ``mesh``.
 
@@ -73,9 +79,7 @@ def logical_to_spec(axes, shape, mesh: Mesh) -> PartitionSpec:
   """
   used, spec = set(), []
   for name, dim in zip(axes, shape):
-    target = RULES.get(name)
-    targets = (target,) if isinstance(target, str) else tuple(target or ())
-    targets = tuple(t for t in targets if t not in used and mesh.shape[t] > 1)
+    targets = tuple(t for t in _mesh_axes(name) if t not in used and mesh.shape[t] > 1)
     size = math.prod(mesh.shape[t] for t in targets)
     if not targets or dim % size:
       spec.append(None)
@@ -101,9 +105,7 @@ def idle_axes(specs, mesh: Mesh) -> list[str]:
                                   "same thing")):
     n = mesh.shape[axis]
     if n > 1 and axis not in used:
-      dims = "/".join(name for name, target in RULES.items()
-                      if name != "batch" and axis in ((target,) if isinstance(target, str)
-                                                      else tuple(target or ())))
+      dims = "/".join(name for name in RULES if name != "batch" and axis in _mesh_axes(name))
       out.append(f"mesh axis {axis!r} of {n} devices shards no parameter (no {dims} "
                  f"dimension is a multiple of {n}): {effect}")
   return out

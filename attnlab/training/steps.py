@@ -20,7 +20,7 @@ from attnlab.config import ModelConfig, TrainConfig, seed_key
 from attnlab.nn.partitioning import activation_sharding
 from attnlab.nn.transformer import build_model
 from attnlab.training import sharding as shd
-from attnlab.training.optim import cross_entropy, make_optimizer, schedule_count
+from attnlab.training.optim import cross_entropy, make_optimizer, schedule_count, update_dtype
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +156,7 @@ def make_train_step(setup: TrainSetup, tcfg: TrainConfig):
     grads = jax.tree.map(lambda g: g.astype(jnp.float32) / denom, grads)
     loss = loss_sum / denom
     grad_norm = optax.tree.norm(grads)
-    grads = jax.tree.map(lambda g, p: g if p.dtype == jnp.float16 else g.astype(p.dtype),
-                         grads, params)
+    grads = jax.tree.map(lambda g, p: g.astype(update_dtype(p.dtype)), grads, params)
     updates, opt_state = tx.update(grads, state["opt_state"], params)
     new_params = optax.apply_updates(params, updates)
     # The update too: a finite gradient times a rate past float32's range (1e39) is not.

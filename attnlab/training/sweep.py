@@ -20,6 +20,7 @@ The report (tables, plots) is built by ``attnlab.training.report`` from the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -100,7 +101,18 @@ def abstract_model(mcfg: ModelConfig):
 
 
 def param_counts(mcfg: ModelConfig) -> tuple[int, int]:
-  """(all parameters, attention parameters) of the model ``mcfg`` describes."""
+  """(all parameters, attention parameters) of the model ``mcfg`` describes.
+
+  Counted once per config (a report counts every arm, a d_ff match several configs;
+  each count traces a whole model build)."""
+  try:
+    return _param_counts(mcfg)
+  except TypeError:  # a field that cannot be hashed (a list from Python code): uncached
+    return _param_counts.__wrapped__(mcfg)
+
+
+@functools.lru_cache(maxsize=256)
+def _param_counts(mcfg: ModelConfig) -> tuple[int, int]:
   total = attn = 0
   state = nnx.to_pure_dict(nnx.state(abstract_model(mcfg), nnx.Param))
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:

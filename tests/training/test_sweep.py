@@ -95,6 +95,19 @@ def test_param_counts_split_out_the_attention():
   assert sweep_lib.param_counts(base(num_kv_heads=K)) == (attn + rest, attn)
 
 
+def test_param_counts_build_each_config_once(monkeypatch):
+  """A report counts every arm on each call: an equal config is counted from the first
+  count (each traced a whole model build until 2026-12-05), another config anew."""
+  built = []
+  abstract = sweep_lib.abstract_model
+  monkeypatch.setattr(sweep_lib, "abstract_model", lambda m: built.append(m) or abstract(m))
+  cfg = base(num_kv_heads=2).replace(d_ff=77)
+  want = sweep_lib.param_counts(cfg)
+  assert sweep_lib.param_counts(base(num_kv_heads=2).replace(d_ff=77)) == want and len(built) == 1
+  assert sweep_lib.param_counts(cfg.replace(d_ff=78))[0] == want[0] + 3 * 32
+  assert len(built) == 2
+
+
 def train(**kw):
   return TrainConfig(**{"steps": 1000, "warmup_steps": 100, "log_every": 50, **kw})
 

@@ -92,6 +92,21 @@ def micro(sweep_file, tmp_path_factory):
   return out
 
 
+@pytest.fixture
+def undrawn_plots(monkeypatch):
+  """The report's PNGs, not drawn (~1 s a report): for tests of an OUT whose runs are the
+  micro sweep's (its rows and curves), whose plots ``test_micro_sweep_writes_every_output``
+  checks. The outs each report asks plots for are recorded."""
+  outs = []
+
+  def plot(out, *args):
+    outs.append(out)
+    return [os.path.join(out, p) for p in report_lib.PLOTS]
+
+  monkeypatch.setattr(report_lib, "plot", plot)
+  return outs
+
+
 def test_micro_sweep_writes_every_output(micro):
   rows = _rows(micro)
   for col in ("arm", "num_kv_heads", "seed", "params", "kv_bytes_per_token", "val_loss",
@@ -135,7 +150,7 @@ def test_kv_bytes_per_token_scale_exactly_with_num_kv_heads(micro):
   assert int(rows["mqa"]["kv_bytes_per_token"]) == 2 * 1 * 1 * 4 * 4
 
 
-def test_rerun_skips_finished_runs(micro, sweep_file, capsys):
+def test_rerun_skips_finished_runs(micro, sweep_file, capsys, undrawn_plots):
   before = _stable(micro)
   result = os.path.join(sweep_lib.run_dir(micro, "mha", 0), "result.json")
   mtime = os.path.getmtime(result)
@@ -177,7 +192,7 @@ def test_a_stopped_sweep_says_how_to_resume_exit_75_and_uses_the_compilation_cac
 
 
 def test_a_signal_in_a_runs_last_step_or_its_measurement_stops_the_sweep(
-    micro, sweep_file, tmp_path, monkeypatch, capsys):
+    micro, sweep_file, tmp_path, monkeypatch, capsys, undrawn_plots):
   """SIGTERM in the last training step of mha: its checkpoint is saved, it is not measured
   (a preempted job's grace is short) and the sweep stops; the rerun measures it, and a
   SIGTERM during that measurement stops the sweep before mqa. Until 2026-12-04 a signal in
@@ -295,7 +310,7 @@ def test_a_stopped_run_past_a_corrupted_checkpoint_names_the_step_it_resumed_fro
 
 
 def test_a_sweeps_bookkeeping_survives_stray_and_cut_off_files(micro, sweep_file, tmp_path,
-                                                               capsys, caplog):
+                                                               capsys, caplog, undrawn_plots):
   """A note under OUT/arms/ is not an arm (a NotADirectoryError traceback before
   2026-12-04); a run's wall_time_s that a kill cut off (empty) counts from 0 with a warning
   (every rerun failed on it); OUT/prompts.json of other prompts than the sweep makes is
@@ -513,8 +528,8 @@ def test_convert_rejects_bad_heads_and_methods():
     converted = attnlab.convert_heads(model, k, "first")
     assert converted.cfg.num_kv_heads == 2 and type(converted.cfg.num_kv_heads) is int
   np.testing.assert_array_equal(
-      attnlab.convert_heads(model, np.int64(2), "mean")(np.array([[3, 4, 5]])),
-      attnlab.convert_heads(model, 2, "mean")(np.array([[3, 4, 5]])))
+      np.asarray(_logits(attnlab.convert_heads(model, np.int64(2), "mean"), TOKENS)),
+      np.asarray(_logits(attnlab.convert_heads(model, 2, "mean"), TOKENS)))
   # The source's own K/V count bounds the target, not its query heads.
   with pytest.raises(ValueError, match="num_kv_heads=4 is larger than the source model's 2 KV"):
     attnlab.convert_heads(_model(num_kv_heads=2), 4, "mean")
@@ -762,7 +777,8 @@ def test_convert_heads_to_a_file_is_refused(micro, tmp_path, capsys):
   assert dst.read_text() == "notes\n"
 
 
-def test_an_out_of_a_benchmark_past_max_len_can_still_be_reported(micro, tmp_path, capsys):
+def test_an_out_of_a_benchmark_past_max_len_can_still_be_reported(micro, tmp_path, capsys,
+                                                                   undrawn_plots):
   """The benchmark check refuses a new sweep, not the report of an OUT written before it."""
   out = tmp_path / "out"
   shutil.copytree(micro, out)
@@ -845,7 +861,8 @@ def test_ablate_refusals_before_anything_is_written(sweep_file, tmp_path, capsys
   assert message in err, err
 
 
-def test_an_out_of_another_base_config_is_refused(micro, sweep_file, tmp_path, capsys):
+def test_an_out_of_another_base_config_is_refused(micro, sweep_file, tmp_path, capsys,
+                                                    undrawn_plots):
   """A sweep's OUT holds one base config: a binding that changes the model (not a Sweep.*
   setting) needs a new --out, and nothing in the old one changes."""
   out = str(tmp_path / "out")
@@ -883,7 +900,8 @@ def test_an_out_of_another_base_config_is_refused(micro, sweep_file, tmp_path, c
   assert "holds a sweep of other settings" in err and "from_the_future" in err, err
 
 
-def test_an_existing_out_its_report_and_its_arms(micro, sweep_file, tmp_path, capsys):
+def test_an_existing_out_its_report_and_its_arms(micro, sweep_file, tmp_path, capsys,
+                                                   undrawn_plots):
   """Only --report reads OUT/sweep.gin without --gin_file; --report prints where and what it
   reported; an OUT without runs is not reported; --arm checks only its own runs' configs."""
   out = str(tmp_path / "out")
@@ -966,7 +984,7 @@ def test_a_rerun_with_other_run_settings_reuses_no_run(micro, sweep_file, tmp_pa
 
 
 def test_runs_written_by_another_attnlab_version_are_reused_when_their_config_is_the_same(
-    micro, sweep_file, tmp_path, capsys):
+    micro, sweep_file, tmp_path, capsys, undrawn_plots):
   """config.gin written by an older attnlab (a field added since is missing, lines in
   another order, other comments) still describes the same run: reused, not stale. A field
   that does differ is named; a field this attnlab does not know makes the run stale."""

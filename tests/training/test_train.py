@@ -3,8 +3,9 @@ depend on the step): a resume after kill -9, after a kill in the middle of a
 checkpoint save, after SIGTERM / SIGINT and past a corrupted checkpoint is
 checked to have happened (the step it resumed from, no restore warning when
 nothing is damaged, the metrics continuing from there) and to end bitwise
-equal to an uninterrupted run; NaN stops (or skips), metrics reach JSONL and
-TensorBoard, eval and load_checkpoint read the workdir back.
+equal to an uninterrupted run; metrics reach JSONL and TensorBoard, eval and
+load_checkpoint read the workdir back. A NaN that stops (or is skipped) is
+``test_train_loop.py``'s.
 
 A run that silently started over from step 0 would also end bitwise equal
 (everything is deterministic): only the explicit resume checks catch it."""
@@ -241,18 +242,6 @@ def test_corrupted_latest_checkpoint_falls_back(reference_run, tmp_path, caplog)
   assert f"{os.path.join(ckdir)} could not be restored" in warned[0]
   assert _steps(workdir) == [4, 8, 12]
   _assert_same_params(ref_dir, workdir)
-
-
-def test_nan_stops_and_keeps_last_good_checkpoint(tmp_path):
-  bad = ["TrainConfig.learning_rate = 1e30", "TrainConfig.schedule = 'constant'",
-         "TrainConfig.warmup_steps = 0", "TrainConfig.checkpoint_every = 1",
-         "TrainConfig.grad_clip = 0.0", "TrainConfig.eval_every = 0"]
-  with pytest.raises(trainer.NonFiniteError, match="non-finite"):
-    _run(tmp_path / "stop", bad)
-  steps = Checkpointer(str(tmp_path / "stop"), read_only=True).steps()
-  assert steps and all(np.isfinite(p).all() for p in _params(tmp_path / "stop", steps[-1]))
-  last = _run(tmp_path / "skip", bad + ["TrainConfig.on_nonfinite = 'skip'"])
-  assert last["step"] == 12 and last["skipped_steps"] >= 1
 
 
 def test_eval_command_and_load_checkpoint_errors(reference_run, tmp_path, capsys):

@@ -7,6 +7,7 @@ forms and the byte units."""
 import json
 import os
 import re
+import shutil
 
 import pytest
 
@@ -47,6 +48,21 @@ def recorded(monkeypatch, cache_dir_updates):
   return calls
 
 
+@pytest.fixture(scope="module")
+def seq2seq_run(tmp_path_factory):
+  """A finished ``attnlab train`` run of SEQ2SEQ (2 steps, a checkpoint at 2), trained once:
+  a test copies it (``_copy``) before changing anything."""
+  workdir = tmp_path_factory.mktemp("seq2seq") / "run"
+  assert cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(workdir)]) == 0
+  return workdir
+
+
+def _copy(run, tmp_path):
+  workdir = tmp_path / "w"
+  shutil.copytree(run, workdir)
+  return workdir
+
+
 def test_train_prints_its_last_metrics_and_a_workdir_retrains_from_its_config(
     tmp_path, capsys, recorded, data_builds):
   workdir, cache = tmp_path / "run", tmp_path / "xla"
@@ -70,14 +86,13 @@ def test_train_prints_its_last_metrics_and_a_workdir_retrains_from_its_config(
   assert recorded["distributed"][-1] == (None, None, None)
 
 
-def test_a_resume_as_another_model_whose_arrays_fit_is_refused(tmp_path, capsys):
+def test_a_resume_as_another_model_whose_arrays_fit_is_refused(seq2seq_run, tmp_path, capsys):
   """An activation or positions changed on a resume: the arrays fit, the model does not.
   One line naming the fields, exit 2, the workdir as it was. Until 2026-12-04 it resumed
   and wrote the new config.gin, so eval and decode ran the old checkpoints as a model
   they were not trained as (found by a review). The implementation, the compute dtype and
   dropout may change."""
-  workdir = tmp_path / "w"
-  assert cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(workdir)]) == 0
+  workdir = _copy(seq2seq_run, tmp_path)
   config = (workdir / "config.gin").read_text()
   capsys.readouterr()
   rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--gin.TrainConfig.steps=3",
@@ -101,13 +116,12 @@ def test_a_resume_as_another_model_whose_arrays_fit_is_refused(tmp_path, capsys)
   assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["step"] == 3
 
 
-def test_a_seq2seq_eval_that_cannot_write_its_predictions_is_one_line(tmp_path, capsys,
-                                                                     monkeypatch):
+def test_a_seq2seq_eval_that_cannot_write_its_predictions_is_one_line(seq2seq_run, tmp_path,
+                                                                     capsys, monkeypatch):
   """A read-only workdir (``os.access`` says so, as on a read-only mount, where even root
   cannot write): one line before any work, exit 2; until 2026-12-04 a traceback after the
   whole evaluation (found by a review)."""
-  workdir = tmp_path / "w"
-  assert cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(workdir)]) == 0
+  workdir = _copy(seq2seq_run, tmp_path)
   capsys.readouterr()
   access = os.access
   monkeypatch.setattr(os, "access", lambda path, mode: access(path, mode) and not (

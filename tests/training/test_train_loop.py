@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -46,6 +47,19 @@ def _train(workdir, config, bindings, **kw):
   mcfg, dcfg, tcfg = configs
   return trainer.train(mcfg, tcfg, dcfg, str(workdir),
                        config_text=gin_config.operative_config(*configs), **kw)
+
+
+@pytest.fixture(scope="module")
+def seq2seq_run(tmp_path_factory):
+  """SEQ2SEQ_TINY trained once (4 steps, checkpoints at 2 and 4); ``_copy_run`` gives a test
+  its own copy to change."""
+  workdir = tmp_path_factory.mktemp("seq2seq_run")
+  _train(workdir, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.checkpoint_every = 2"])
+  return workdir
+
+
+def _copy_run(run, workdir):
+  shutil.copytree(run, workdir, dirs_exist_ok=True)
 
 
 def test_seq2seq_eval_writes_its_predictions_to_workdir_eval(tmp_path, monkeypatch):
@@ -203,10 +217,10 @@ def test_the_stop_flag_off_the_main_thread_leaves_signals_alone():
   assert errors == [] and seen == [before, None]
 
 
-def test_evaluate_workdir_names_what_is_missing(tmp_path, warned):
+def test_evaluate_workdir_names_what_is_missing(seq2seq_run, tmp_path, warned):
   with pytest.raises(FileNotFoundError, match="config.gin does not exist: not a training"):
     trainer.evaluate_workdir(str(tmp_path))
-  _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.checkpoint_every = 2"])
+  _copy_run(seq2seq_run, tmp_path)
   with pytest.raises(ValueError, match=r"step=3 has no checkpoint in .*checkpoints; "
                                        r"saved steps: \[2, 4\]"):
     trainer.evaluate_workdir(str(tmp_path), step=3)
@@ -229,10 +243,11 @@ def test_evaluate_workdir_names_what_is_missing(tmp_path, warned):
   assert not (tmp_path / "eval").exists()
 
 
-def test_a_resume_under_a_model_the_checkpoints_do_not_fit_changes_nothing(tmp_path):
+def test_a_resume_under_a_model_the_checkpoints_do_not_fit_changes_nothing(seq2seq_run,
+                                                                           tmp_path):
   """The restore fails with the changed fields named, and the workdir keeps its config.gin
   (which still describes its checkpoints: eval reads them) and its checkpoints."""
-  _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.checkpoint_every = 2"])
+  _copy_run(seq2seq_run, tmp_path)
   config = (tmp_path / "config.gin").read_text()
   with pytest.raises(trainer.ResumeError, match=re.escape(
       f"the checkpoints in {tmp_path}/checkpoints do not fit this run's model and optimizer "
@@ -370,10 +385,11 @@ def test_logged_throughput_is_the_window_tokens_over_its_time(tmp_path, monkeypa
 
 def test_skipped_non_finite_steps_are_counted(tmp_path, caplog):
   """on_nonfinite='skip': steps 2 on diverge (DIVERGE) and are skipped, each with a warning;
-  each log reports the count so far."""
+  each log reports the count so far, and the run trains to its last step."""
   with caplog.at_level(logging.WARNING, logger=trainer.__name__):
-    _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + DIVERGE + [
+    last = _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + DIVERGE + [
         "TrainConfig.on_nonfinite = 'skip'", "TrainConfig.log_every = 1"])
+  assert (last["step"], last["skipped_steps"]) == (4, 3)  # the run goes on to its end
   assert [r.getMessage() for r in caplog.records if r.name == trainer.__name__] == [
       f"step {n}: non-finite loss (nan) or gradient norm (nan), update skipped"
       for n in (2, 3, 4)]
@@ -469,6 +485,13 @@ def test_a_non_finite_step_stops_the_run_naming_the_last_good_checkpoint(tmp_pat
                            r"Last good checkpoint: 1 in .*checkpoints"):
     _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + DIVERGE + ["TrainConfig.checkpoint_every = 1"])
   assert _steps(tmp_path) == [1]
+  # The last good checkpoint holds the finite parameters of step 1 (huge ones: lr 1e30).
+  from flax import nnx
+
+  from attnlab.training.checkpoint import load_checkpoint
+
+  leaves = jax.tree.leaves(nnx.state(load_checkpoint(str(tmp_path), 1)[0], nnx.Param))
+  assert leaves and all(np.isfinite(np.asarray(x)).all() for x in leaves)
   with pytest.raises(trainer.NonFiniteError, match=r"at step 2; stopped\. Last good checkpoint: "
                                                    r"none in .*none/checkpoints$"):
     _train(tmp_path / "none", SEQ2SEQ, SEQ2SEQ_TINY + DIVERGE)

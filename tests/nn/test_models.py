@@ -32,11 +32,6 @@ def run(model, *args):
   return model(*args)
 
 
-@nnx.jit
-def encode(model, src):
-  return model.encode(src)
-
-
 def test_gqa_with_k_equal_n_is_mha():
   mha = build(num_kv_heads=None)
   gqa = build(num_kv_heads=4)
@@ -103,10 +98,10 @@ def test_logits_at_gives_each_rows_logits_at_its_index_only():
   model = build(pos="rope", num_kv_heads=2)
   x = tokens(3, 10)
   at_B = jnp.array([9, 0, 4])
-  full = run(model, x)
-  got = nnx.jit(lambda m, x: m(x, logits_at_B=at_B))(model, x)
+  full, got = nnx.jit(lambda m, x: (m(x), m(x, logits_at_B=at_B)))(model, x)  # one program
   assert got.shape == (3, 1, TINY["vocab_size"])
-  np.testing.assert_allclose(got[:, 0], full[jnp.arange(3), at_B], atol=1e-6, rtol=1e-6)
+  np.testing.assert_allclose(got[:, 0], np.asarray(full)[np.arange(3), np.asarray(at_B)],
+                             atol=1e-6, rtol=1e-6)
 
 
 def test_encoder_decoder_decoder_is_causal():
@@ -123,10 +118,10 @@ def test_encoder_ignores_pad_tokens(pos):
   src = tokens(2, 6)
   padded = jnp.concatenate([src, jnp.zeros((2, 5), src.dtype)], axis=1)  # pad_id = 0
   tgt = tokens(2, 7, seed=4)
-  enc = encode(model, src)
-  enc_padded = encode(model, padded)
+  enc, enc_padded, out, out_padded = nnx.jit(lambda m: (  # one program: one compilation
+      m.encode(src), m.encode(padded), m(src, tgt), m(padded, tgt)))(model)
   np.testing.assert_allclose(enc_padded[:, :6], enc, atol=1e-5)
-  np.testing.assert_allclose(run(model, padded, tgt), run(model, src, tgt), atol=1e-5)
+  np.testing.assert_allclose(out_padded, out, atol=1e-5)
 
 
 def test_window_at_least_length_equals_full_causal_model():
@@ -146,7 +141,7 @@ def test_post_ln_block_output_is_layer_normalized():
   model = build(norm="layernorm", norm_position="post", pos="sinusoidal")
   x_BTD = random_arrays.normal(0, (2, 5, 32))
   pos = jnp.broadcast_to(jnp.arange(5), (2, 5))
-  y = model.decoder.layers[0](x_BTD, pos, None)
+  y = np.asarray(nnx.jit(lambda block: block(x_BTD, pos, None))(model.decoder.layers[0]))
   np.testing.assert_allclose(y.mean(-1), 0.0, atol=1e-5)
   np.testing.assert_allclose(y.var(-1), 1.0, atol=1e-3)
 
@@ -160,9 +155,9 @@ def test_model_with_other_attention_impl_matches_reference(impl):
   def loss(m):
     return jnp.mean(jax.nn.log_softmax(m(x))[..., 3])
 
-  np.testing.assert_allclose(run(other, x), run(ref, x), atol=1e-5)
-  grad = nnx.jit(nnx.grad(loss))
-  g_ref, g_other = grad(ref), grad(other)
+  outputs = nnx.jit(lambda m: (m(x), nnx.grad(loss)(m)))  # one program per model
+  (out_ref, g_ref), (out_other, g_other) = outputs(ref), outputs(other)
+  np.testing.assert_allclose(out_other, out_ref, atol=1e-5)
   for a, b in zip(jax.tree.leaves(g_other), jax.tree.leaves(g_ref)):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
@@ -344,15 +339,17 @@ def test_remat_recomputes_the_same_logits_and_gradients(arch):
     tgt_seg = jnp.array([[1] * 8, [1] * 6 + [0] * 2])
     forward = lambda m: m(src, x, tgt_segment_ids_BT=tgt_seg)
   loss = lambda m: jnp.mean(jax.nn.log_softmax(forward(m))[..., 3])
-  (l_plain, g_plain), (l_remat, g_remat) = [
-      nnx.jit(nnx.value_and_grad(loss))(m) for m in (plain, remat)]
-  np.testing.assert_allclose(nnx.jit(forward)(remat), nnx.jit(forward)(plain), atol=1e-6)
+  # Everything a model computes here in one program: one compilation per model.
+  outputs = nnx.jit(lambda m: (nnx.value_and_grad(loss)(m), forward(m),
+                               m(x) if arch == "decoder_only" else m(src, x)))
+  ((l_plain, g_plain), f_plain, _), ((l_remat, g_remat), f_remat, unsegmented) = [
+      outputs(m) for m in (plain, remat)]
+  np.testing.assert_allclose(f_remat, f_plain, atol=1e-6)
   np.testing.assert_allclose(l_remat, l_plain, atol=1e-6)
   for a, b in zip(jax.tree.leaves(g_remat), jax.tree.leaves(g_plain), strict=True):
     np.testing.assert_allclose(a, b, atol=1e-6)
   # The inputs reach the blocks: other segment ids change the logits.
-  assert not np.allclose(nnx.jit(forward)(remat), nnx.jit(
-      lambda m: m(x) if arch == "decoder_only" else m(src, x))(remat), atol=1e-3)
+  assert not np.allclose(f_remat, unsegmented, atol=1e-3)
 
 
 def test_activations_declare_their_logical_axes_inside_activation_sharding():

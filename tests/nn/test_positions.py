@@ -3,6 +3,7 @@ the learned table."""
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -11,11 +12,16 @@ from flax import nnx
 from attnlab.nn.positions import LearnedPositions, apply_rope, sinusoidal_positions
 from tests import random_arrays
 
+# Jitted for the float32 checks: op by op, every new shape compiles each op on its own.
+# (The bfloat16 check calls apply_rope as it is: under jit XLA may keep float32 between ops.)
+rope = jax.jit(apply_rope, static_argnames=("theta", "pairing"))
+
 
 @pytest.mark.parametrize("pos,i", [(0, 0), (1, 0), (7, 3), (50, 10), (123, 31)])
 def test_sinusoidal_table_equals_paper_formula(pos, i):
   d_model = 64
-  table = sinusoidal_positions(jnp.arange(200)[None], d_model)[0]
+  table = np.asarray(jax.jit(sinusoidal_positions, static_argnums=1)(jnp.arange(200)[None],
+                                                                      d_model))[0]
   angle = pos / 10000 ** (2 * i / d_model)
   assert math.isclose(float(table[pos, 2 * i]), math.sin(angle), abs_tol=1e-5)
   assert math.isclose(float(table[pos, 2 * i + 1]), math.cos(angle), abs_tol=1e-5)
@@ -28,9 +34,9 @@ def test_rope_score_depends_only_on_relative_position(pairing):
   k = random_arrays.normal(rng, (1, 1, 2, 32))
 
   def score(m, n):
-    qm = apply_rope(q, jnp.array([[m]]), pairing=pairing)
-    kn = apply_rope(k, jnp.array([[n]]), pairing=pairing)
-    return np.asarray(jnp.sum(qm * kn, axis=-1))
+    qm = np.asarray(rope(q, jnp.array([[m]]), pairing=pairing))
+    kn = np.asarray(rope(k, jnp.array([[n]]), pairing=pairing))
+    return np.sum(qm * kn, axis=-1)
 
   base = score(5, 2)
   for shift in (1, 17, 300):
@@ -41,28 +47,29 @@ def test_rope_score_depends_only_on_relative_position(pairing):
 @pytest.mark.parametrize("pairing", ["half", "adjacent"])
 def test_rope_preserves_norms_and_is_identity_at_zero(pairing):
   x = random_arrays.normal(1, (2, 6, 3, 16))
-  pos = jnp.broadcast_to(jnp.arange(6) * 37, (2, 6))
-  y = apply_rope(x, pos, pairing=pairing)
-  np.testing.assert_allclose(jnp.linalg.norm(y, axis=-1), jnp.linalg.norm(x, axis=-1),
-                             rtol=1e-5)
-  np.testing.assert_allclose(apply_rope(x, jnp.zeros((2, 6), jnp.int32), pairing=pairing), x)
+  pos = jnp.asarray(np.broadcast_to(np.arange(6) * 37, (2, 6)))
+  y = rope(x, pos, pairing=pairing)
+  np.testing.assert_allclose(np.linalg.norm(np.asarray(y), axis=-1),
+                             np.linalg.norm(np.asarray(x), axis=-1), rtol=1e-5)
+  np.testing.assert_allclose(rope(x, jnp.zeros((2, 6), jnp.int32), pairing=pairing), x)
 
 
 def test_rope_pairings_are_a_permutation_of_each_other():
   """Half-split RoPE is adjacent-pair RoPE on features reordered (0,H/2,1,H/2+1,...)."""
   H = 8
-  x = random_arrays.normal(2, (1, 4, 1, H))
+  x = np.asarray(random_arrays.normal(2, (1, 4, 1, H)))
   pos = jnp.arange(4)[None]
   interleave = np.stack([np.arange(H // 2), np.arange(H // 2) + H // 2], axis=1).reshape(-1)
-  half = apply_rope(x, pos, pairing="half")
-  adjacent = apply_rope(x[..., interleave], pos, pairing="adjacent")
+  half = np.asarray(rope(jnp.asarray(x), pos, pairing="half"))
+  adjacent = rope(jnp.asarray(x[..., interleave]), pos, pairing="adjacent")
   np.testing.assert_allclose(half[..., interleave], adjacent, atol=1e-6)
 
 
 def test_rope_rotates_the_first_pair_by_position_times_one():
   """Frequency 0 has inverse frequency theta^0 = 1: the pair rotates by pos radians."""
-  x = jnp.zeros((1, 1, 1, 4)).at[..., 0].set(1.0)
-  y = apply_rope(x, jnp.array([[2]]), pairing="adjacent")
+  x = np.zeros((1, 1, 1, 4), np.float32)
+  x[..., 0] = 1.0
+  y = np.asarray(rope(jnp.asarray(x), jnp.array([[2]]), pairing="adjacent"))
   np.testing.assert_allclose(y[0, 0, 0, :2], [math.cos(2), math.sin(2)], atol=1e-6)
 
 
@@ -75,7 +82,7 @@ def test_rope_rotates_pair_i_by_position_times_theta_to_the_minus_2i_over_h(pair
   H, pos = 16, np.array([[0, 3, 41, 1000]])
   x = np.random.default_rng(3).standard_normal((1, 4, 2, H), np.float32)
   kw = {} if theta is None else {"theta": theta}
-  got = np.asarray(apply_rope(jnp.asarray(x), jnp.asarray(pos), pairing=pairing, **kw))
+  got = np.asarray(rope(jnp.asarray(x), jnp.asarray(pos), pairing=pairing, **kw))
   i = np.arange(H // 2)
   angle = pos[..., None, None] * (theta or 10000.0) ** (-2.0 * i / H)  # [1, T, 1, H/2]
   a, b = (i, i + H // 2) if pairing == "half" else (2 * i, 2 * i + 1)

@@ -56,10 +56,13 @@ def _assert_matches(got, want, names, atol=2e-5):
 
 
 def _flash_vs_reference(q, k, v, do, clean, kw, block_q, block_k):
-  """(out, dq, dk, dv) of the kernel on (q, k, v, do) vs the reference on ``clean``."""
-  want = _value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(*clean)
-  got = _value_and_grads(lambda q, k, v: flash.flash_attention(
-      q, k, v, block_q=block_q, block_k=block_k, **kw))(q, k, v, do)
+  """(out, dq, dk, dv) of the kernel on (q, k, v, do) vs the reference on ``clean``, both
+  in one program (one compilation, not two)."""
+  reference = _value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))
+  kernel = _value_and_grads(lambda q, k, v: flash.flash_attention(
+      q, k, v, block_q=block_q, block_k=block_k, **kw))
+  got, want = jax.jit(lambda args, clean: (kernel(*args), reference(*clean)))((q, k, v, do),
+                                                                               clean)
   _assert_matches(got, want, ("out", "dq", "dk", "dv"))
 
 
@@ -78,12 +81,12 @@ def test_flash_never_reads_key_blocks_outside_the_band(causal, window, offsets, 
   B, N, K, H, bq, bk = 2, 4, 2, 16, 8, 16
   q, k, v, do = (_normal(i, s) for i, s in enumerate(
       [(B, T, N, H), (B, S, K, H), (B, S, K, H), (B, T, N, H)]))
-  off_B = jnp.array(offsets, jnp.int32)
-  q_pos_BT = off_B[:, None] + jnp.arange(T)
-  k_pos = jnp.arange(S)
+  off_B = np.array(offsets, np.int32)
+  q_pos_BT = off_B[:, None] + np.arange(T)
+  k_pos = np.arange(S)
   # Key s is live for row b if some query of the row sees it; a key block is
-  # dead if none of its keys is live. Poison every key of every dead block.
-  seen_BTS = jnp.ones((B, T, S), bool)
+  # dead if none of its keys is live. Poison every key of every dead block (in NumPy).
+  seen_BTS = np.ones((B, T, S), bool)
   if causal:
     seen_BTS &= k_pos <= q_pos_BT[:, :, None]
   if window is not None:
@@ -91,10 +94,11 @@ def test_flash_never_reads_key_blocks_outside_the_band(causal, window, offsets, 
     if not causal:
       seen_BTS &= k_pos - q_pos_BT[:, :, None] < window
   live_block_BJ = seen_BTS.any(axis=1).reshape(B, S // bk, bk).any(axis=2)
-  dead_BS = ~jnp.repeat(live_block_BJ, bk, axis=1)
+  dead_BS = ~np.repeat(live_block_BJ, bk, axis=1)
   assert int(dead_BS.sum()) >= 3 * bk, "the case must have dead key blocks to poison"
-  poison = lambda x: jnp.where(dead_BS[:, :, None, None], jnp.nan, x)
-  kw = dict(causal=causal, window=window, q_offset=off_B)
+  poison = lambda x: jax.device_put(np.where(dead_BS[:, :, None, None], np.float32(np.nan),
+                                             np.asarray(x)))
+  kw = dict(causal=causal, window=window, q_offset=jnp.asarray(off_B))
   _flash_vs_reference(q, poison(k), poison(v), do, (q, k, v, do), kw, bq, bk)
 
 
@@ -105,8 +109,9 @@ def test_flash_dkv_never_reads_query_blocks_that_see_nothing(causal):
   q, k, v, do = (_normal(10 + i, s) for i, s in enumerate(
       [(B, T, N, H), (B, S, K, H), (B, S, K, H), (B, T, N, H)]))
   first_dead = -(-(S + window - 1) // bq) * bq  # the first query block with no live row
-  dead_T = jnp.arange(T) >= first_dead
-  poison = lambda x: jnp.where(dead_T[None, :, None, None], jnp.nan, x)
+  dead_T = np.arange(T) >= first_dead
+  poison = lambda x: jax.device_put(np.where(dead_T[None, :, None, None], np.float32(np.nan),
+                                             np.asarray(x)))
   kw = dict(causal=causal, window=window)
   _flash_vs_reference(poison(q), k, v, poison(do), (q, k, v, do), kw, bq, bk)
 
@@ -146,10 +151,12 @@ def test_flash_visits_only_tiles_with_a_visible_key(B, T, N, K, H, causal, windo
 
 
 def _dead_positions(S, lengths_B, T, window, align):
-  """[B, S] True at keys in ``align``-aligned blocks wholly before the band or past the length."""
-  pos = jnp.arange(S)
+  """[B, S] True at keys in ``align``-aligned blocks wholly before the band or past the length
+  (in NumPy)."""
+  lengths_B = np.asarray(lengths_B)
+  pos = np.arange(S)
   band_lo_B = lengths_B - T - (window - 1 if window is not None else lengths_B)
-  before_B = (jnp.maximum(band_lo_B, 0) // align) * align
+  before_B = (np.maximum(band_lo_B, 0) // align) * align
   past_B = -(-lengths_B // align) * align
   return (pos < before_B[:, None]) | (pos >= past_B[:, None])
 
@@ -162,10 +169,13 @@ def test_decode_never_reads_tiles_outside_the_band(window, num_splits):
   lengths_B = jnp.array([500, 250, 2], jnp.int32)
   dead_BS = _dead_positions(S, lengths_B, T, window, DECODE_TILE_ALIGN)
   assert bool(dead_BS[0, :128].all()) == (window is not None) and bool(dead_BS[1, 256:].all())
-  poison = lambda x: jnp.where(dead_BS[:, :, None, None], jnp.nan, x)
-  got = jax.jit(lambda q, k, v, l: decode.decode_attention(
-      q, k, v, l, window=window, num_splits=num_splits))(q, poison(k), poison(v), lengths_B)
-  _assert_matches([got], [decode_reference(q, k, v, lengths_B, window)], ["out"])
+  poison = lambda x: jax.device_put(np.where(dead_BS[:, :, None, None], np.float32(np.nan),
+                                             np.asarray(x)))
+  got, want = jax.jit(lambda q, k, v, l, clean_k, clean_v: (  # one program: one compilation
+      decode.decode_attention(q, k, v, l, window=window, num_splits=num_splits),
+      decode_reference(q, clean_k, clean_v, l, window)))(
+          q, poison(k), poison(v), lengths_B, k, v)
+  _assert_matches([got], [want], ["out"])
 
 
 @pytest.mark.parametrize("window,pages_per_split", [(None, 3), (20, 1), (20, None)])
@@ -181,22 +191,26 @@ def test_paged_decode_never_reads_pages_outside_the_band(window, pages_per_split
   q, k, v = _normal(40, (B, T, N, H)), _normal(41, (B, S, K, H)), _normal(42, (B, S, K, H))
   lengths_B = jnp.array([90, 35], jnp.int32)
   dead_BS = _dead_positions(S, lengths_B, T, window, C)
-  poison = lambda x: jnp.where(dead_BS[:, :, None, None], jnp.nan, x)
+  poison = lambda x: np.where(dead_BS[:, :, None, None], np.float32(np.nan), np.asarray(x))
   # Sequence b's page m is pool page b * M + m; a spare NaN page P - 1 fills
-  # the table past the length.
+  # the table past the length. (In NumPy: no program per op.)
   P = B * M + 1
-  table_BM = jnp.arange(B * M, dtype=jnp.int32).reshape(B, M)
-  pages_used_B = -(-lengths_B // C)
-  table_BM = jnp.where(jnp.arange(M) < pages_used_B[:, None], table_BM, P - 1)
+  table_BM = np.arange(B * M, dtype=np.int32).reshape(B, M)
+  pages_used_B = -(-np.asarray(lengths_B) // C)
+  table_BM = jax.device_put(np.where(np.arange(M) < pages_used_B[:, None], table_BM,
+                                     np.int32(P - 1)))
 
   def pool(x_BSKH):
     pages = x_BSKH.reshape(B * M, C, K, H)
-    return jnp.concatenate([pages, jnp.full((1, C, K, H), jnp.nan)], axis=0)
+    return jax.device_put(np.concatenate([pages, np.full((1, C, K, H), np.nan, np.float32)],
+                                         axis=0))
 
-  got = jax.jit(lambda *a: decode.paged_decode_attention(
-      *a, window=window, pages_per_split=pages_per_split))(
-          q, pool(poison(k)), pool(poison(v)), table_BM, lengths_B)
-  _assert_matches([got], [decode_reference(q, k, v, lengths_B, window)], ["out"])
+  got, want = jax.jit(lambda q, k_pages, v_pages, table, l, k, v: (  # one program
+      decode.paged_decode_attention(q, k_pages, v_pages, table, l, window=window,
+                                    pages_per_split=pages_per_split),
+      decode_reference(q, k, v, l, window)))(
+          q, pool(poison(k)), pool(poison(v)), table_BM, lengths_B, k, v)
+  _assert_matches([got], [want], ["out"])
 
 
 @pytest.mark.parametrize("lo,hi,block,want", [

@@ -19,11 +19,27 @@ from tests import random_arrays
 from tests.ops.flash_inputs import decode_reference
 
 
-@functools.partial(jax.jit, static_argnames=("window", "num_splits"))
-def _kernel(q, k, v, lengths, ks, vs, *, window, num_splits):
-  return decode.decode_attention_heads_major(q, k, v, lengths, k_scale_BKS=ks, v_scale_BKS=vs,
-                                             window=window, num_splits=num_splits,
-                                             interpret=True)
+@functools.partial(jax.jit, static_argnames=("window", "num_splits", "int8"))
+def _kernel_and_reference(q, k, v, lengths, *, window, num_splits, int8):
+  """(the kernel's output, the reference's) over the cache k, v [B, K, S, H] (int8: quantized
+  per token, the reference over the dequantized cache), whose slots past each length hold
+  garbage that a kernel reading them would not hide. One program: one compilation, not one
+  per op."""
+  ks = vs = None
+  if int8:
+    (k, ks), (v, vs) = quantize(k), quantize(v)
+    k_ref, v_ref = dequantize(k, ks), dequantize(v, vs)
+  else:
+    k_ref, v_ref = k, v
+  S = k.shape[2]
+  past = jnp.arange(S)[None, None, :, None] >= lengths[:, None, None, None]
+  garbage = jnp.int8(100) if int8 else 1e4
+  k, v = jnp.where(past, garbage, k).astype(k.dtype), jnp.where(past, garbage, v).astype(v.dtype)
+  got = decode.decode_attention_heads_major(q, k, v, lengths, k_scale_BKS=ks, v_scale_BKS=vs,
+                                            window=window, num_splits=num_splits,
+                                            interpret=True)
+  return got, decode_reference(q, jnp.swapaxes(k_ref, 1, 2), jnp.swapaxes(v_ref, 1, 2), lengths,
+                               window)
 
 
 # (B, T, S, N, K, H, lengths, window, num_splits, int8)
@@ -43,19 +59,8 @@ def test_heads_major_decode_matches_reference(B, T, S, N, K, H, lengths, window,
   q = random_arrays.normal(rng, (B, T, N, H))
   k = random_arrays.normal(rng, (B, K, S, H))
   v = random_arrays.normal(rng, (B, K, S, H))
-  lengths = jnp.array(lengths, jnp.int32)
-  ks = vs = None
-  if int8:
-    (k, ks), (v, vs) = quantize(k), quantize(v)
-    k_ref, v_ref = dequantize(k, ks), dequantize(v, vs)
-  else:
-    k_ref, v_ref = k, v
-  # Slots past each length hold garbage that a kernel reading them would not hide.
-  past = jnp.arange(S)[None, None, :, None] >= lengths[:, None, None, None]
-  garbage = jnp.int8(100) if int8 else 1e4
-  k, v = jnp.where(past, garbage, k).astype(k.dtype), jnp.where(past, garbage, v).astype(v.dtype)
-  got = _kernel(q, k, v, lengths, ks, vs, window=window, num_splits=num_splits)
-  want = decode_reference(q, jnp.swapaxes(k_ref, 1, 2), jnp.swapaxes(v_ref, 1, 2), lengths, window)
+  got, want = _kernel_and_reference(q, k, v, jnp.array(lengths, jnp.int32), window=window,
+                                    num_splits=num_splits, int8=int8)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 

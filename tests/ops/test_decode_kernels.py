@@ -157,8 +157,9 @@ def test_paged_decode_masks_missing_pages(int8):
       q, k_pages, v_pages, table_BM, lengths_B)
   pos_BS = jnp.broadcast_to(jnp.arange(S), (B, S))
   seen_BS = (pos_BS < lengths_B[:, None]) & ~jnp.repeat(missing_BM, C, axis=1)
-  want = reference_attention(q, k, v, causal=True, q_offset=lengths_B - T,
-                             kv_positions=jnp.where(seen_BS, pos_BS, -1))
+  want = jax.jit(lambda q, k, v: reference_attention(  # one program, not one per op
+      q, k, v, causal=True, q_offset=lengths_B - T,
+      kv_positions=jnp.where(seen_BS, pos_BS, -1)))(q, k, v)
   # Row 0's queries lost their own page: they see the 48 keys of its other pages.
   _assert_close(got, want, jnp.float32)
 
@@ -186,37 +187,54 @@ def test_paged_decode_of_int8_pages_matches_reference(T, N, K, page_size, length
   _assert_matches_reference(got, q, dequantize(k8, ks), dequantize(v8, vs), lengths_B, window)
 
 
+def _in_one_program(calls):
+  """{name: fn(*args, **kwargs)} for ``calls`` = {name: (fn, args, kwargs)}, all under one
+  jit (one compilation, not one per kernel and op): the arrays are its arguments, the
+  rest (window, splits, scale) closed over as given."""
+  is_array = lambda x: isinstance(x, jax.Array)
+  arrays = {name: (args, {k: x for k, x in kw.items() if is_array(x)})
+            for name, (_, args, kw) in calls.items()}
+
+  def run(arrays):
+    return {name: fn(*arrays[name][0], **arrays[name][1],
+                     **{k: x for k, x in kw.items() if not is_array(x)})
+            for name, (fn, _, kw) in calls.items()}
+
+  return jax.jit(run)(arrays)
+
+
 def _three_kernels(q, k_BSKH, v_BSKH, lengths_B, *, int8=False, page_size=16, **kw):
   """{kernel: output} of the kernels over one cache: ``decode_attention`` on it as it
   is (float only), ``decode_attention_heads_major`` on it transposed and
   ``paged_decode_attention`` on it scattered into shuffled pages. int8: the cache
   quantized per token and KV head; returns the dequantized cache too, for the reference.
-  ``kw``: window, scale, splits (``num_splits`` / ``pages_per_split``)."""
+  ``kw``: window, scale, splits (``num_splits`` / ``pages_per_split``). The kernels run
+  in one program."""
   from attnlab.nn.kv_cache import dequantize, quantize
 
   splits = kw.pop("splits", None)
   heads_major = lambda x: jnp.swapaxes(x, 1, 2)
-  out = {}
+  calls = {}
   if int8:
     (k8, ks), (v8, vs) = quantize(k_BSKH), quantize(v_BSKH)
     k_BSKH, v_BSKH = dequantize(k8, ks), dequantize(v8, vs)
-    out["heads_major"] = decode.decode_attention_heads_major(
-        q, heads_major(k8), heads_major(v8), lengths_B, k_scale_BKS=heads_major(ks),
-        v_scale_BKS=heads_major(vs), num_splits=splits, **kw)
+    calls["heads_major"] = (decode.decode_attention_heads_major, (
+        q, heads_major(k8), heads_major(v8), lengths_B), dict(
+            k_scale_BKS=heads_major(ks), v_scale_BKS=heads_major(vs), num_splits=splits, **kw))
     k_pages, v_pages, ks_pages, vs_pages, table_BM = _paginate_int8(k8, v8, ks, vs, page_size,
                                                                     seed=1)
-    out["paged"] = decode.paged_decode_attention(
-        q, k_pages, v_pages, table_BM, lengths_B, k_scale_PCK=ks_pages, v_scale_PCK=vs_pages,
-        pages_per_split=splits, **kw)
+    calls["paged"] = (decode.paged_decode_attention, (
+        q, k_pages, v_pages, table_BM, lengths_B), dict(
+            k_scale_PCK=ks_pages, v_scale_PCK=vs_pages, pages_per_split=splits, **kw))
   else:
-    out["contiguous"] = decode.decode_attention(q, k_BSKH, v_BSKH, lengths_B,
-                                                num_splits=splits, **kw)
-    out["heads_major"] = decode.decode_attention_heads_major(
-        q, heads_major(k_BSKH), heads_major(v_BSKH), lengths_B, num_splits=splits, **kw)
+    calls["contiguous"] = (decode.decode_attention, (q, k_BSKH, v_BSKH, lengths_B),
+                           dict(num_splits=splits, **kw))
+    calls["heads_major"] = (decode.decode_attention_heads_major, (
+        q, heads_major(k_BSKH), heads_major(v_BSKH), lengths_B), dict(num_splits=splits, **kw))
     k_pages, v_pages, table_BM = _paginate(k_BSKH, v_BSKH, page_size, seed=1)
-    out["paged"] = decode.paged_decode_attention(q, k_pages, v_pages, table_BM, lengths_B,
-                                                 pages_per_split=splits, **kw)
-  return out, k_BSKH, v_BSKH
+    calls["paged"] = (decode.paged_decode_attention, (q, k_pages, v_pages, table_BM, lengths_B),
+                      dict(pages_per_split=splits, **kw))
+  return _in_one_program(calls), k_BSKH, v_BSKH
 
 
 @pytest.mark.parametrize("int8", [False, True])
@@ -265,15 +283,16 @@ def test_a_bad_page_table_entry_reads_inside_the_pool(monkeypatch):
   table_BM = table_BM.at[0, 1].set(-1).at[1, 0].set(k_pages.shape[0] + 3)
   got = jax.jit(decode.paged_decode_attention)(q, k_pages, v_pages, table_BM, lengths_B)
   assert np.all(np.isfinite(np.asarray(got)))
-  pos_S = jnp.arange(S)
-  seen_S = (pos_S < 16) | (pos_S >= 32)
-  want = reference_attention(q[:1], k[:1], v[:1], causal=True, q_offset=63,
-                             kv_positions=jnp.where(seen_S, pos_S, -1)[None])
-  _assert_close(got[:1], want, jnp.float32)
-  seen_S = (pos_S >= 16) & (pos_S < 20)  # row 1: page 0 is past the pool
-  want = reference_attention(q[1:], k[1:], v[1:], causal=True, q_offset=19,
-                             kv_positions=jnp.where(seen_S, pos_S, -1)[None])
-  _assert_close(got[1:], want, jnp.float32)
+  pos_S = np.arange(S)
+  seen_0 = (pos_S < 16) | (pos_S >= 32)
+  seen_1 = (pos_S >= 16) & (pos_S < 20)  # row 1: page 0 is past the pool
+  want_0, want_1 = jax.jit(lambda q, k, v: (  # one program: one compilation
+      reference_attention(q[:1], k[:1], v[:1], causal=True, q_offset=63,
+                          kv_positions=jnp.asarray(np.where(seen_0, pos_S, -1)[None])),
+      reference_attention(q[1:], k[1:], v[1:], causal=True, q_offset=19,
+                          kv_positions=jnp.asarray(np.where(seen_1, pos_S, -1)[None]))))(q, k, v)
+  _assert_close(got[:1], want_0, jnp.float32)
+  _assert_close(got[1:], want_1, jnp.float32)
 
 
 def test_tiles_outside_the_key_range_are_not_read():
@@ -297,20 +316,20 @@ def test_tiles_outside_the_key_range_are_not_read():
     return [jnp.where(keep_BS[..., None, None], x, garbage_BS[..., None, None]) for x in (k, v)]
 
   assert np.isnan(np.asarray(poisoned(128)[0])).any()
+  kt, vt = poisoned(128)
+  k_pages, v_pages, table_BM = _paginate(*poisoned(C), C, seed=2)
+  calls = {}
   for splits in (None, 2):
-    kt, vt = poisoned(128)
-    got = {"contiguous": decode.decode_attention(q, kt, vt, lengths_B, window=W,
-                                                 num_splits=splits),
-           "heads_major": decode.decode_attention_heads_major(
-               q, jnp.swapaxes(kt, 1, 2), jnp.swapaxes(vt, 1, 2), lengths_B, window=W,
-               num_splits=splits)}
-    kp, vp = poisoned(C)
-    k_pages, v_pages, table_BM = _paginate(kp, vp, C, seed=2)
-    got["paged"] = decode.paged_decode_attention(q, k_pages, v_pages, table_BM, lengths_B,
-                                                 window=W, pages_per_split=splits)
-    for name, out in got.items():
-      np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-5, atol=1e-5,
-                                 err_msg=f"{name}, splits={splits}")
+    calls[f"contiguous, splits={splits}"] = (decode.decode_attention, (q, kt, vt, lengths_B),
+                                             dict(window=W, num_splits=splits))
+    calls[f"heads_major, splits={splits}"] = (decode.decode_attention_heads_major, (
+        q, jnp.swapaxes(kt, 1, 2), jnp.swapaxes(vt, 1, 2), lengths_B), dict(
+            window=W, num_splits=splits))
+    calls[f"paged, splits={splits}"] = (decode.paged_decode_attention, (
+        q, k_pages, v_pages, table_BM, lengths_B), dict(window=W, pages_per_split=splits))
+  for name, out in _in_one_program(calls).items():
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-5, atol=1e-5,
+                               err_msg=name)
 
 
 @pytest.mark.parametrize("int8", [False, True])
@@ -525,14 +544,17 @@ def test_numpy_ints_are_taken_like_python_ints():
       (lambda **kw: decode.decode_attention_heads_major(q, rows, rows, lengths_B, **kw),
        "num_splits"),
   ]
-  for call, splits in calls:
-    want = call(window=5, **{splits: 2})
-    np.testing.assert_array_equal(call(window=np.int64(5), **{splits: np.int32(2)}), want)
-    _assert_matches_reference(want, q, k, k, lengths_B, 5)
   # Lengths as a list or a NumPy array are taken as the array they hold.
-  for lengths in ([20], np.array([20], np.int64)):
-    np.testing.assert_array_equal(decode.decode_attention(q, k, k, lengths, num_splits=2),
-                                  decode.decode_attention(q, k, k, lengths_B, num_splits=2))
+  lengths_as = ([20], np.array([20], np.int64), lengths_B)
+  wants, gots, by_lengths = jax.jit(lambda: (  # every call in one program (all closed over)
+      [call(window=5, **{splits: 2}) for call, splits in calls],
+      [call(window=np.int64(5), **{splits: np.int32(2)}) for call, splits in calls],
+      [decode.decode_attention(q, k, k, lengths, num_splits=2) for lengths in lengths_as]))()
+  for want, got in zip(wants, gots, strict=True):
+    np.testing.assert_array_equal(got, want)
+    _assert_matches_reference(want, q, k, k, lengths_B, 5)
+  for got in by_lengths[:2]:
+    np.testing.assert_array_equal(got, by_lengths[2])
 
 
 @pytest.mark.parametrize("page_size", [8, 24])

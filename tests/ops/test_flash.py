@@ -60,10 +60,17 @@ def _check_parity(B, T, S, N, K, H, *, causal, window, segments=None, dtype=jnp.
                   q_offset=0, block_q=16, block_k=32, seed=0):
   q, k, v, do, seg = flash_inputs(seed, B, T, S, N, K, H, dtype, segments)
   kw = dict(causal=causal, window=window, q_offset=q_offset, **seg)
-  ref, ref_f32 = _reference_and_f32(kw, q, k, v, do)
-  got = value_and_grads(lambda q, k, v: flash.flash_attention(
-      q, k, v, block_q=block_q, block_k=block_k, **kw))(q, k, v, do)
-  for name, a, b, c in zip(("out", "dq", "dk", "dv"), got, ref, ref_f32):
+  reference = value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))
+  kernel = value_and_grads(lambda q, k, v: flash.flash_attention(
+      q, k, v, block_q=block_q, block_k=block_k, **kw))
+
+  @jax.jit  # the kernel, the reference and (bfloat16) the float32 reference in one program
+  def run(q, k, v, do):
+    f32 = reference(*(x.astype(F32) for x in (q, k, v, do))) if dtype == BF16 else None
+    return kernel(q, k, v, do), reference(q, k, v, do), f32
+
+  got, ref, ref_f32 = run(q, k, v, do)
+  for name, a, b, c in zip(("out", "dq", "dk", "dv"), got, ref, ref_f32 or ref):
     assert a.shape == b.shape and a.dtype == b.dtype, name
     if dtype == BF16:
       assert_bf16_close(a, b, c, name)
@@ -197,8 +204,8 @@ def test_called_directly_the_kernel_checks_causal_and_q_offset_and_takes_numpy_i
   got = jax.jit(lambda q, k, v: flash.flash_attention(q, k, v, backend=backend, **np_kw))(
       q, k, v)
   np.testing.assert_array_equal(got, want)
-  np.testing.assert_allclose(want, reference_attention(q, k, v, causal=True, window=4,
-                                                       q_offset=3), atol=1e-5)
+  np.testing.assert_allclose(want, jax.jit(lambda q, k, v: reference_attention(
+      q, k, v, causal=True, window=4, q_offset=3))(q, k, v), atol=1e-5)
 
 
 def test_plan_of_the_tiles():
@@ -285,24 +292,31 @@ def test_defaults_and_an_explicit_scale():
   """Called with no mask arguments the kernel attends to every key (not causal) with scores
   scaled by 1 / sqrt(H); ``scale=`` replaces that factor, in the forward and the gradients."""
   q, k, v, do, _ = flash_inputs(7, 1, 24, 40, 4, 2, 32, F32, None)
-  for kw in (dict(), dict(scale=0.3)):
-    ref = value_and_grads(lambda q, k, v, kw=kw: reference_attention(q, k, v, **kw))(q, k, v, do)
-    got = value_and_grads(lambda q, k, v, kw=kw: flash.flash_attention(
-        q, k, v, block_q=16, block_k=16, **kw))(q, k, v, do)
+  kws = (dict(), dict(scale=0.3))
+
+  @jax.jit  # every call in one program: one compilation, not one per call (or op)
+  def run(q, k, v, do):
+    pairs = [(value_and_grads(lambda q, k, v, kw=kw: flash.flash_attention(
+        q, k, v, block_q=16, block_k=16, **kw))(q, k, v, do),
+              value_and_grads(lambda q, k, v, kw=kw: reference_attention(q, k, v, **kw))(
+                  q, k, v, do)) for kw in kws]
+    return pairs, (reference_attention(q, k, v, causal=True), flash.flash_attention(q, k, v),
+                   flash.flash_attention(q, k, v, scale=0.3))
+
+  pairs, (causal, default, scaled) = run(q, k, v, do)
+  for kw, (got, ref) in zip(kws, pairs, strict=True):
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
       _assert_close(a, b, F32, f"{name} {kw}")
-  causal = reference_attention(q, k, v, causal=True)
-  assert not np.allclose(flash.flash_attention(q, k, v), causal, atol=1e-3)
-  assert not np.allclose(flash.flash_attention(q, k, v, scale=0.3), flash.flash_attention(q, k, v),
-                         atol=1e-3)
+  assert not np.allclose(default, causal, atol=1e-3)
+  assert not np.allclose(scaled, default, atol=1e-3)
 
 
 def test_dispatcher_reaches_pallas():
   q, k, v, _, _ = flash_inputs(2, 1, 33, 33, 4, 2, 32, F32, None)
-  fn = jax.jit(lambda q, k, v: attnlab.attention(q, k, v, causal=True, window=9,
-                                                 implementation="pallas"))
-  ref = reference_attention(q, k, v, causal=True, window=9)
-  _assert_close(fn(q, k, v), ref, F32, "out")
+  got, ref = jax.jit(lambda q, k, v: (  # one program: one compilation
+      attnlab.attention(q, k, v, causal=True, window=9, implementation="pallas"),
+      reference_attention(q, k, v, causal=True, window=9)))(q, k, v)
+  _assert_close(got, ref, F32, "out")
 
 
 def test_fully_masked_rows_are_zero_with_zero_grads():
@@ -479,7 +493,7 @@ def test_a_second_derivative_is_refused_by_name_and_the_first_still_matches(back
     return lambda q: attnlab.attention(q, k, v, causal=True, implementation=impl).sum()
 
   np.testing.assert_allclose(jax.jit(jax.grad(loss("flash")))(q),
-                             jax.grad(loss("reference"))(q), rtol=1e-5, atol=1e-5)
+                             jax.jit(jax.grad(loss("reference")))(q), rtol=1e-5, atol=1e-5)
   hvp = lambda f: jax.jvp(jax.grad(f), (q,), (q,))
   for second in (hvp, lambda f: jax.grad(lambda x: jax.grad(f)(x).sum())(q)):
     with pytest.raises(NotImplementedError) as e:
@@ -487,4 +501,4 @@ def test_a_second_derivative_is_refused_by_name_and_the_first_still_matches(back
     assert str(e.value) == common.SECOND_ORDER
   if backend == "tpu":  # what the message offers works (once: it does not depend on backend)
     for impl in ("chunked", "reference", "xla"):
-      hvp(loss(impl))
+      jax.jit(lambda q, impl=impl: jax.jvp(jax.grad(loss(impl)), (q,), (q,)))(q)

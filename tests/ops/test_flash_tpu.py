@@ -50,13 +50,16 @@ def _check_parity(B, T, S, N, K, H, *, causal, window, segments=None, dtype=F32,
                   block_q=16, block_k=32, seed=0):
   q, k, v, do, seg = flash_inputs(seed, B, T, S, N, K, H, dtype, segments)
   kw = dict(causal=causal, window=window, q_offset=q_offset, **seg)
-  got = value_and_grads(lambda q, k, v: flash.flash_attention(
-      q, k, v, block_q=block_q, block_k=block_k, backend="tpu", interpret=True, **kw))(
-      q, k, v, do)
+  kernel = value_and_grads(lambda q, k, v: flash.flash_attention(
+      q, k, v, block_q=block_q, block_k=block_k, backend="tpu", interpret=True, **kw))
   ref = value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))
-  up = [x.astype(F32) for x in (q, k, v, do)]
-  exact = ref(*up)  # float32 on the same inputs
-  low = ref(q, k, v, do) if dtype == BF16 else None
+
+  @jax.jit  # the kernel and the references in one program: one compilation
+  def run(q, k, v, do):
+    exact = ref(*(x.astype(F32) for x in (q, k, v, do)))  # float32 on the same inputs
+    return kernel(q, k, v, do), exact, ref(q, k, v, do) if dtype == BF16 else None
+
+  got, exact, low = run(q, k, v, do)
   for i, name in enumerate(NAMES):
     a = got[i]
     assert a.shape == exact[i].shape and a.dtype == dtype, name
@@ -162,9 +165,10 @@ def test_scale_reaches_the_kernel():
   """A given ``scale`` replaces 1/sqrt(H), forward and backward (one tile each way)."""
   q, k, v, do, _ = flash_inputs(5, 1, 16, 16, 2, 1, 64, F32, None)
   kw = dict(causal=True, scale=0.3)
-  got = value_and_grads(lambda q, k, v: flash.flash_attention(
-      q, k, v, backend="tpu", interpret=True, **kw))(q, k, v, do)
-  want = value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v, do)
+  got, want = jax.jit(lambda *a: (  # one program: one compilation
+      value_and_grads(lambda q, k, v: flash.flash_attention(
+          q, k, v, backend="tpu", interpret=True, **kw))(*a),
+      value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(*a)))(q, k, v, do)
   for name, a, b in zip(NAMES, got, want, strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
 
@@ -365,7 +369,7 @@ def test_cpu_default_is_the_interpreted_triton_kernel():
   q, k, v, _, _ = flash_inputs(1, 1, 40, 40, 4, 2, 64, F32, None)
   fn = jax.jit(_pallas_attention)
   assert set(kernel_blocks(fn.trace(q, k, v).jaxpr)) == {"attnlab_flash_forward"}
-  ref = reference_attention(q, k, v, causal=True, window=100)
+  ref = jax.jit(lambda q, k, v: reference_attention(q, k, v, causal=True, window=100))(q, k, v)
   np.testing.assert_allclose(fn(q, k, v), ref, rtol=1e-5, atol=1e-5)
   with flash.cross_platform():
     names = set(kernel_blocks(jax.jit(lambda *a: _pallas_attention(*a)).trace(q, k, v).jaxpr))
@@ -415,8 +419,8 @@ def test_interpret_set_picks_the_kernel_of_the_running_platform():
   q, k, v, _, _ = flash_inputs(2, 1, 40, 40, 4, 2, 64, F32, None)
   fn = jax.jit(lambda q, k, v: flash.flash_attention(q, k, v, causal=True, interpret=True))
   assert set(kernel_blocks(fn.trace(q, k, v).jaxpr)) == {"attnlab_flash_forward"}
-  np.testing.assert_allclose(fn(q, k, v), reference_attention(q, k, v, causal=True),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(fn(q, k, v), jax.jit(lambda q, k, v: reference_attention(
+      q, k, v, causal=True))(q, k, v), rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match="interpret=False needs a GPU"):
     flash.flash_attention(q, k, v, backend="gpu", interpret=False)
 
@@ -429,9 +433,10 @@ def test_a_cross_platform_call_runs_interpreted_on_the_cpu():
     pytest.skip("runs the CPU branch")
   q, k, v, do, seg = flash_inputs(3, 2, 40, 40, 4, 2, 64, F32, "packed")
   kw = dict(causal=True, window=9, q_offset=3, scale=0.2, **seg)
-  with flash.cross_platform():
-    got = value_and_grads(lambda q, k, v: flash.flash_attention(q, k, v, **kw))(q, k, v, do)
-  want = value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v, do)
+  with flash.cross_platform():  # one program with the reference: one compilation
+    got, want = jax.jit(lambda *a: (
+        value_and_grads(lambda q, k, v: flash.flash_attention(q, k, v, **kw))(*a),
+        value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(*a)))(q, k, v, do)
   for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
 

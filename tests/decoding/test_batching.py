@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -146,7 +147,7 @@ def test_a_request_that_never_fits_is_named_and_the_others_complete(case):
   with pytest.raises(batching.UnservableRequests, match=r"request 3: prompt of 60 tokens .*"
                      r"max_len=64") as err:
     attnlab.generate_requests(model, [*prompts[:3], too_long, *prompts[3:]], budgets,
-                              slots=3, page_size=C, eos_id=eos_id)
+                              slots=3, page_size=C, eos_id=eos_id, decode_chunk=4)
   got = err.value.results
   assert got[3] is None and list(err.value.errors) == [3]
   assert [r.tolist() for r in got[:3] + got[4:]] == want
@@ -190,10 +191,15 @@ def _sampled_alone(prompt, budget, key, sampling):
     tokens_1T = np.zeros((1, 64), np.int32)  # one shape: one compiled forward (causal)
     tokens_1T[0, :len(seq)] = seq
     logits_V = forward(tokens_1T)[0, len(seq) - 1]
-    out.append(int(jax.random.categorical(jax.random.fold_in(key, r),
-                                          filtered_logits(logits_V[None], sampling)[0])))
+    out.append(int(_draw(key, r, logits_V, sampling)))
     seq.append(out[-1])
   return out
+
+
+@functools.partial(jax.jit, static_argnums=3)  # one program, not one per op
+def _draw(key, r, logits_V, sampling):
+  return jax.random.categorical(jax.random.fold_in(key, r),
+                                filtered_logits(logits_V[None], sampling)[0])
 
 
 def test_sampled_requests_follow_their_own_keys_whatever_the_schedule(case):
@@ -203,16 +209,20 @@ def test_sampled_requests_follow_their_own_keys_whatever_the_schedule(case):
   want = [_sampled_alone(p, b, jax.random.fold_in(rng, i), sampling)
           for i, (p, b) in enumerate(zip(prompts, BUDGETS, strict=True))]
   assert want != no_eos  # it does sample
+  # Two schedules, two sets of compiled programs: 3 slots of a paged cache too small for
+  # them all (requests wait for freed pages), and static batches of 2 in contiguous rows.
   num_pages = max(batching.pages_needed(n, b, C) for n, b in zip(LENGTHS, BUDGETS, strict=True))
-  for kwargs in (dict(slots=3), dict(slots=2, cache="contiguous", policy="static"),
-                 dict(slots=4, num_pages=num_pages + 1),
-                 dict(slots=3, rng=jax.random.key_data(rng)),  # raw key data, as generate takes
-                 dict(slots=3, rng=np.int64(7))):  # an int seed: jax.random.key(7)
+  waits = dict(slots=3, num_pages=num_pages + 1)
+  static = dict(slots=2, cache="contiguous", policy="static")
+  for kwargs in (waits, static,
+                 waits | dict(rng=jax.random.key_data(rng)),  # raw key data, as generate takes
+                 waits | dict(rng=np.int64(7))):  # an int seed: jax.random.key(7)
     got = attnlab.generate_requests(model, prompts, BUDGETS, page_size=C, eos_id=None,
                                     decode_chunk=4, sampling=sampling, **(dict(rng=rng) | kwargs))
     assert [g.tolist() for g in got] == want, kwargs
-  other = attnlab.generate_requests(model, prompts, BUDGETS, slots=3, page_size=C, eos_id=None,
-                                    sampling=sampling, rng=jax.random.key(8))
+  other = attnlab.generate_requests(model, prompts, BUDGETS, page_size=C, eos_id=None,
+                                    decode_chunk=4, sampling=sampling, rng=jax.random.key(8),
+                                    **waits)
   assert [g.tolist() for g in other] != want
   # eos inside a static batch: the call runs on for the batch's other requests, and the
   # request's tokens stop at its eos. Some token is such an eos for these samples.
@@ -221,12 +231,12 @@ def test_sampled_requests_follow_their_own_keys_whatever_the_schedule(case):
 
   def ends_mid_batch(eos_id):
     rows = [cut(w, eos_id) for w in want]
-    return any(1 < len(r) < max(map(len, rows[b - b % 3:b - b % 3 + 3])) and r[-1] == eos_id
+    return any(1 < len(r) < max(map(len, rows[b - b % 2:b - b % 2 + 2])) and r[-1] == eos_id
                for b, r in enumerate(rows))
 
   eos_id = min(t for row in want for t in row if ends_mid_batch(t))
-  got = attnlab.generate_requests(model, prompts, BUDGETS, slots=3, page_size=C, eos_id=eos_id,
-                                  decode_chunk=4, sampling=sampling, rng=rng, policy="static")
+  got = attnlab.generate_requests(model, prompts, BUDGETS, page_size=C, eos_id=eos_id,
+                                  decode_chunk=4, sampling=sampling, rng=rng, **static)
   assert [g.tolist() for g in got] == [cut(w, eos_id) for w in want]
 
 
@@ -301,25 +311,30 @@ def test_an_encoder_decoder_model_is_refused_by_name():
 
 
 def test_prompt_token_ids_at_the_vocabulary_edges_are_served():
+  # Every request below fits 2 pages (3 + 4 - 1 positions): one page pool, so one set of
+  # compiled serving programs; and every expectation is cut from one generate call.
   model = decoder_model(NAME, varied=True)
   prompts = [[0, 5, 7], [VOCAB - 1, 4]]
+  longest = _alone(model, prompts, [4, 4], None)  # greedy, no eos: a prefix for any budget
+  cut = lambda budgets: [row[:n] for row, n in zip(longest, budgets, strict=True)]
   got = attnlab.generate_requests(model, prompts, 3, slots=2, page_size=C, eos_id=None)
-  assert [r.tolist() for r in got] == _alone(model, prompts, [3, 3], None)
+  assert [r.tolist() for r in got] == cut([3, 3])
   # Budgets as a NumPy array, one per request (NumPy ints), are served as a list would be.
   got = attnlab.generate_requests(model, prompts, np.array([3, 2]), slots=2, page_size=C,
                                   eos_id=None)
-  assert [r.tolist() for r in got] == _alone(model, prompts, [3, 2], None)
+  assert [r.tolist() for r in got] == cut([3, 2])
   # Prompts of one length as a [requests, length] array (NumPy or JAX), a row each, as
   # generate takes them (refused until 2026-12-04).
-  rows = [[0, 5], [VOCAB - 1, 4]]
+  rows = [[0, 5, 7], [VOCAB - 1, 4, 9]]
+  rows_longest = _alone(model, rows, [4, 4], None)
   for array in (np.array(rows), jnp.asarray(rows)):
     got = attnlab.generate_requests(model, array, 3, slots=2, page_size=C, eos_id=None)
-    assert [r.tolist() for r in got] == _alone(model, rows, [3, 3], None)
+    assert [r.tolist() for r in got] == [row[:3] for row in rows_longest]
   # ... and as a JAX array, or one budget as a 0-d array of either.
-  for budgets, want in ((jnp.array([3, 2]), [3, 2]), (np.array(2), [2, 2]),
+  for budgets, want in ((jnp.array([3, 2]), [3, 2]), (np.array(4), [4, 4]),
                         (jnp.array(3), [3, 3])):
     got = attnlab.generate_requests(model, prompts, budgets, slots=2, page_size=C, eos_id=None)
-    assert [r.tolist() for r in got] == _alone(model, prompts, want, None)
+    assert [r.tolist() for r in got] == cut(want)
 
 
 def test_requests_at_the_exact_limits_are_served():
@@ -327,13 +342,14 @@ def test_requests_at_the_exact_limits_are_served():
   model = decoder_model(NAME, varied=True)
   prompt = random_tokens(8, (55,)).tolist()  # 55 + 10 - 1 = 64 = max_len positions
   assert model.cfg.max_len == 64
-  got = attnlab.generate_requests(model, [prompt], 10, page_size=C, eos_id=None)
-  assert [r.tolist() for r in got] == _alone(model, [prompt], [10], None)
-  # 5 + 4 - 1 = 8 positions = 2 pages of 4, and the cache holds 2 pages.
   prompts = [random_tokens(9 + i, (5,)).tolist() for i in range(2)]
+  want = _alone(model, [prompt, *prompts], [10, 4, 4], None)  # one generate call for all
+  got = attnlab.generate_requests(model, [prompt], 10, page_size=C, eos_id=None)
+  assert [r.tolist() for r in got] == want[:1]
+  # 5 + 4 - 1 = 8 positions = 2 pages of 4, and the cache holds 2 pages.
   results, stats = batching.serve_requests(model, prompts, 4, slots=2, page_size=C,
                                            num_pages=2, eos_id=None)
-  assert [r.tolist() for r in results] == _alone(model, prompts, [4, 4], None)
+  assert [r.tolist() for r in results] == want[1:]
   _check_pages_returned(stats, 2)
 
 
@@ -389,7 +405,8 @@ def test_several_stop_ids_end_each_request_at_the_first_of_them(case, cache):
   assert want != _alone(model, prompts, BUDGETS, None)
   for one in stops:  # each alone stops elsewhere
     assert want != _alone(model, prompts, BUDGETS, one)
-  results, stats = batching.serve_requests(model, prompts, BUDGETS, slots=2, cache=cache,
+  # 3 slots: the programs of the other tests of these requests (the stop ids are traced).
+  results, stats = batching.serve_requests(model, prompts, BUDGETS, slots=3, cache=cache,
                                            page_size=C, eos_id=stops, decode_chunk=4)
   assert [r.tolist() for r in results] == want
   assert stats.live_slot_steps == stats.generated - stats.prefills
@@ -439,14 +456,14 @@ def test_serve_requests_has_the_defaults_of_generate_requests():
 
 
 @SLOT_CACHES
-def test_requests_that_end_at_their_prefill_leave_no_slot_busy(cache):
+def test_requests_that_end_at_their_prefill_leave_no_slot_busy(case, cache):
   """A budget of one token ends at the prefill: with more such requests than slots, every
   one is served and no decode step runs."""
-  model = decoder_model(NAME, varied=True)
-  prompts = _prompts()[:5]
+  model, prompts, *_, no_eos = case
+  prompts = prompts[:5]
   results, stats = batching.serve_requests(model, prompts, 1, slots=2, cache=cache,
                                            page_size=C, eos_id=None)
-  assert [r.tolist() for r in results] == _alone(model, prompts, [1] * 5, None)
+  assert [r.tolist() for r in results] == [row[:1] for row in no_eos[:5]]  # generate's
   assert stats.decode_steps == 0 and stats.prefills == 5
   if cache == "paged":
     _check_pages_returned(stats, 2 * -(-max(len(p) for p in prompts) // C))
@@ -477,7 +494,7 @@ def test_a_sequence_never_reads_what_an_earlier_one_left(case, monkeypatch, cach
   model, prompts, eos_id, want, no_eos = case
   _poisoned_init(monkeypatch)
   results = attnlab.generate_requests(model, prompts, BUDGETS, slots=3, cache=cache,
-                                      page_size=C, eos_id=None)
+                                      page_size=C, eos_id=None, decode_chunk=4)
   assert [r.tolist() for r in results] == no_eos
 
 
@@ -503,9 +520,11 @@ def test_a_request_up_to_max_len_fits_pages_that_round_past_it():
   prompt = np.random.default_rng(3).integers(3, model.cfg.vocab_size, 60).tolist()
   got = attnlab.generate_requests(model, [prompt, prompt[:5]], 4, slots=2, cache="paged",
                                   page_size=24, eos_id=None)
-  for p, g in zip((prompt, prompt[:5]), got, strict=True):
-    np.testing.assert_array_equal(g, attnlab.generate(model, np.array([p]), max_new_tokens=4,
-                                                      eos_id=None)[0])
+  # generate of both, right-padded (rows decode independently): one compiled program.
+  padded = np.array([prompt, prompt[:5] + [0] * 55])
+  want = attnlab.generate(model, padded, max_new_tokens=4, prompt_lengths_B=[60, 5], eos_id=None)
+  for g, w in zip(got, np.asarray(want), strict=True):
+    np.testing.assert_array_equal(g, w)
 
 
 def test_checked_requests_are_int32_rows_from_id_0_to_the_last_id():

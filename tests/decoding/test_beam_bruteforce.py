@@ -14,6 +14,7 @@ a hypothesis ends at its first eos (eos counted in |Y|, pad after it), and
 one that reaches ``max_len`` without eos competes as if it ended there.
 """
 
+import functools
 import itertools
 
 import jax
@@ -51,13 +52,22 @@ def _step_fn(tokens_X, cache):
   return jax.nn.log_softmax(jnp.asarray(TABLE_HV)[h_X], axis=-1), (src_X, h_X)
 
 
-def _beam(beam_size, alpha, eos_id):
+def _start(beam_size):
+  """The cache of every row at the start: (its source, the hash of the empty history)."""
   src_X = jnp.repeat(jnp.arange(BATCH, dtype=jnp.int32), beam_size)
-  cache = (src_X, 17 * (src_X + 1))
-  run = jax.jit(lambda cache: beam_search(
+  return src_X, 17 * (src_X + 1)
+
+
+@functools.cache
+def _search(beam_size, eos_id):
+  """The jitted search, alpha a traced argument: one compiled program for every alpha."""
+  return jax.jit(lambda cache, alpha: beam_search(
       _step_fn, cache, batch=BATCH, beam_size=beam_size, max_len=L, bos_id=BOS, eos_id=eos_id,
       length_penalty=alpha, pad_id=PAD))
-  out = np.asarray(run(cache))
+
+
+def _beam(beam_size, alpha, eos_id):
+  out = np.asarray(_search(beam_size, eos_id)(_start(beam_size), jnp.float32(alpha)))
   assert out.shape == (BATCH, L)
   return out
 
@@ -140,10 +150,9 @@ def test_length_penalty_factor_is_gnmts():
 
 def test_defaults_are_alpha_0_6_and_pad_0():
   """Called without length_penalty / pad_id: GNMT's alpha 0.6, and pad id 0 after eos."""
-  src_X = jnp.repeat(jnp.arange(BATCH, dtype=jnp.int32), WIDE)
-  cache = (src_X, 17 * (src_X + 1))
   got = np.asarray(jax.jit(lambda cache: beam_search(
-      _step_fn, cache, batch=BATCH, beam_size=WIDE, max_len=L, bos_id=BOS, eos_id=EOS))(cache))
+      _step_fn, cache, batch=BATCH, beam_size=WIDE, max_len=L, bos_id=BOS, eos_id=EOS))(
+          _start(WIDE)))
   for src in range(BATCH):
     assert got[src].tolist() == _enumerate(src, 0.6, EOS)[0][1]  # pad after eos is 0 (PAD)
   assert any(EOS in row.tolist()[:-1] for row in got)  # some row does end early and pad
@@ -184,13 +193,17 @@ def test_the_first_token_comes_from_bos_or_from_given_log_probs_not_both():
   """``first_log_probs_XV`` (a decoder-only prompt's last logits) takes bos's place: the
   search started from the log probabilities that feeding bos would give equals the search
   fed bos; asking for both, or neither, is an error."""
-  src_X = jnp.repeat(jnp.arange(BATCH, dtype=jnp.int32), WIDE)
-  cache = (src_X, 17 * (src_X + 1))
+  cache = _start(WIDE)
   kw = dict(batch=BATCH, beam_size=WIDE, max_len=L, eos_id=EOS, length_penalty=0.6)
-  fed = beam_search(_step_fn, cache, bos_id=BOS, **kw)
-  first_XV, after_bos = _step_fn(jnp.full((BATCH * WIDE,), BOS, jnp.int32), cache)
-  given = beam_search(_step_fn, after_bos, first_log_probs_XV=first_XV, **kw)
-  np.testing.assert_array_equal(given, fed)
+  fed = _beam(WIDE, 0.6, EOS)  # beam_search(_step_fn, cache, bos_id=BOS, **kw), alpha traced
+
+  @jax.jit
+  def given(cache):
+    first_XV, after_bos = _step_fn(jnp.full((BATCH * WIDE,), BOS, jnp.int32), cache)
+    return beam_search(_step_fn, after_bos, first_log_probs_XV=first_XV, **kw)
+
+  np.testing.assert_array_equal(given(cache), fed)
+  first_XV = np.zeros((BATCH * WIDE, V), np.float32)  # refused before it is read
   for both_or_neither in (dict(bos_id=BOS, first_log_probs_XV=first_XV), {}):
     with pytest.raises(ValueError, match="^give bos_id or first_log_probs_XV, not both or "
                                          "neither$"):
@@ -215,9 +228,10 @@ def test_the_length_penalty_divides_a_finished_hypothesis_and_bounds_the_early_s
   returns [EOS] at alpha 2."""
   step_fn = _by_step([[-9, -9, 0.0, -0.05, -9],    # after bos: EOS or 3
                       [-9, -9, 0.0, -2.25, -9]])   # after 3: EOS, log P -0.0999
-  run = lambda alpha, z: np.asarray(beam_search(
-      step_fn, jnp.zeros((BATCH * z,), jnp.int32), batch=BATCH, beam_size=z, max_len=2,
-      bos_id=BOS, eos_id=EOS, length_penalty=alpha))
+  search = jax.jit(lambda count_X, alpha: beam_search(
+      step_fn, count_X, batch=BATCH, beam_size=count_X.shape[0] // BATCH, max_len=2,
+      bos_id=BOS, eos_id=EOS, length_penalty=alpha))  # one program per width, alpha traced
+  run = lambda alpha, z: np.asarray(search(jnp.zeros((BATCH * z,), jnp.int32), alpha))
   for z in (1, 2):
     assert run(0.0, z).tolist() == [[EOS, PAD]] * BATCH
     assert run(2.0, z).tolist() == [[3, EOS]] * BATCH
@@ -247,8 +261,8 @@ def test_several_stop_ids_never_crowd_out_the_alive_beams():
     probs[s, s] = 1.0
   probs[4, 2] = probs[7, 2] = 1.0
   logp = jnp.log(jnp.asarray(probs / probs.sum(1, keepdims=True), jnp.float32))
+  search = jax.jit(lambda c: beam_search(  # one program per width
+      lambda tok, c: (logp[tok], c), c, batch=1, beam_size=c.shape[0], max_len=3,
+      bos_id=BOS, eos_id=jnp.asarray(stops, jnp.int32), length_penalty=1.0))
   for z in (1, 2, 3):
-    got = beam_search(lambda tok, c: (logp[tok], c), jnp.zeros((z,)), batch=1, beam_size=z,
-                      max_len=3, bos_id=BOS, eos_id=jnp.asarray(stops, jnp.int32),
-                      length_penalty=1.0)
-    assert np.asarray(got).tolist() == [[4, 2, 0]], z
+    assert np.asarray(search(jnp.zeros((z,)))).tolist() == [[4, 2, 0]], z

@@ -41,26 +41,28 @@ TGT = random_tokens(2, (2, TOTAL))
 
 
 def cached_logits(model, kind, tokens_BX, lengths_B, forward=None, dtype=None, empty=False,
-                  poison=False):
+                  fills=None):
   """Logits [B, X, V] from a padded prefill of ``lengths_B`` tokens, then one token per step.
 
   Row b's prefill logits fill positions < lengths_B[b]; step i feeds token
   ``lengths_B[b] + i`` and fills that position. ``dtype``: of the cache.
-  ``empty``: the prefill gets the cache through ``kv_cache.as_empty``;
-  ``poison``: the float buffers start as NaN (only the prefill is then meaningful).
+  ``empty``: the prefill gets the cache through ``kv_cache.as_empty``.
+  Returns (logits, cache). ``fills``: values added to every float buffer of the new cache
+  (NaN: poisoned, only the prefill is then meaningful; 0: clean), a traced argument of one
+  compiled program: then a list of (logits, cache), one per fill.
   """
   graphdef, state = nnx.split(model)
   B, X = tokens_BX.shape
   cfg = model.cfg
 
   @jax.jit
-  def run(tokens_BX, lengths_B):
+  def run(tokens_BX, lengths_B, fill):
     m = nnx.merge(graphdef, state)
     call = forward or (lambda m, t, s, c: m(t, segment_ids_BT=s, cache=c))
     cache = cache_lib.init_cache(cfg, kind, B, X, page_size=PAGE, dtype=dtype)
-    if poison:
+    if fills is not None:
       cache = jax.tree.map(
-          lambda x: jnp.full_like(x, jnp.nan) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+          lambda x: x + fill.astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
           cache)
     alloc = PageAllocator.init(B * X // PAGE) if kind == "paged" else None
     if alloc is not None:
@@ -90,9 +92,12 @@ def cached_logits(model, kind, tokens_BX, lengths_B, forward=None, dtype=None, e
     exhausted = alloc.exhausted if alloc is not None else jnp.bool_(False)
     return out_BXV, cache, exhausted
 
-  out, cache, exhausted = run(jnp.asarray(tokens_BX), jnp.asarray(lengths_B))
-  assert not bool(exhausted)
-  return np.asarray(out), cache
+  def call(fill):
+    out, cache, exhausted = run(jnp.asarray(tokens_BX), jnp.asarray(lengths_B), jnp.float32(fill))
+    assert not bool(exhausted)
+    return np.asarray(out), cache
+
+  return call(0.0) if fills is None else [call(fill) for fill in fills]
 
 
 @functools.cache
@@ -128,10 +133,10 @@ def test_a_prefill_into_an_empty_flagged_cache_is_the_uncached_forward(name, kin
   model = decoder_model(name)
   want = decoder_forward(name)(TOKENS)
   prefill_BT = np.arange(PROMPT_WIDTH)[None] < LENGTHS[:, None]
-  poisoned, _ = cached_logits(model, kind, TOKENS, LENGTHS, dtype=dtype, empty=True, poison=True)
+  (poisoned, _), (got, cache) = cached_logits(model, kind, TOKENS, LENGTHS, dtype=dtype,
+                                              empty=True, fills=(np.nan, 0.0))
   np.testing.assert_allclose(poisoned[:, :PROMPT_WIDTH][prefill_BT],
                              want[:, :PROMPT_WIDTH][prefill_BT], atol=1e-5, rtol=1e-5)
-  got, cache = cached_logits(model, kind, TOKENS, LENGTHS, dtype=dtype, empty=True)
   assert not cache[0].self_attn.empty
   tol = 2e-2 * np.abs(want).max() if dtype == "int8" else 1e-5
   np.testing.assert_allclose(got, want, atol=tol, rtol=1e-5)
@@ -254,19 +259,29 @@ def test_encoder_decoder_source_lengths_keep_a_real_token_with_the_pad_id(beam):
   if beam:
     kw.update(beam_size=1, length_penalty=0.0)  # no eos: beam 1 is greedy
   got = np.asarray(attnlab.generate(model, src, prompt_lengths_B=lengths, **kw))
-  graphdef, state = nnx.split(model)
-  forward = jax.jit(lambda s, g, t: nnx.merge(graphdef, state)(s, t, src_segment_ids_BS=g))
   tgt = np.full((2, TGT_LEN), bos, np.int32)
-  assert_greedy(lambda t: np.asarray(forward(src, seg, t)), tgt, [1, 1], got)
+  assert_greedy(lambda t: _encdec_forward_with_segments(name)(src, seg, t), tgt, [1, 1], got)
   default = np.asarray(attnlab.generate(model, src, **kw))  # masks src[0, 2]
   np.testing.assert_array_equal(default[1], got[1])
   assert not np.array_equal(default[0], got[0])
-  if beam:  # a wider beam: each source's hypotheses as if it were decoded alone
+  if beam:
+    # A wider beam: each source's hypotheses as if it were decoded alone, i.e. in a batch
+    # of copies of itself (a batch of the same shape: the batched call's compiled program).
     kw.update(beam_size=3)
     batched = np.asarray(attnlab.generate(model, src, prompt_lengths_B=lengths, **kw))
     for b in range(2):
-      alone = attnlab.generate(model, src[b:b + 1], prompt_lengths_B=lengths[b:b + 1], **kw)
+      alone = attnlab.generate(model, src[[b, b]], prompt_lengths_B=lengths[[b, b]], **kw)
       np.testing.assert_array_equal(batched[b], np.asarray(alone)[0])
+      np.testing.assert_array_equal(batched[b], np.asarray(alone)[1])
+
+
+@functools.cache
+def _encdec_forward_with_segments(name):
+  """The jitted teacher-forced forward of ``encdec_model(name, varied=True)`` given source
+  segment ids: (src, src_seg, tgt_in) -> logits."""
+  graphdef, state = nnx.split(encdec_model(name, varied=True))
+  run = jax.jit(lambda s, g, t: nnx.merge(graphdef, state)(s, t, src_segment_ids_BS=g))
+  return lambda s, g, t: np.asarray(run(s, g, t))
 
 
 def test_ring_cache_memory_does_not_grow_with_length():
@@ -391,8 +406,15 @@ def test_one_token_prompts_fill_max_len_and_cache_len_exactly():
 @pytest.mark.parametrize("kind", cache_lib.CACHE_KINDS)
 def test_generate_builds_its_cache_in_the_dtype_asked_for(monkeypatch, kind):
   """``cache_dtype`` reaches the cache ``generate`` decodes through: int8 buffers with
-  float32 scales, or bfloat16 (greedy tokens alone would hardly show it)."""
+  float32 scales, or bfloat16 (greedy tokens alone would hardly show it). The cache is
+  looked at as ``generate``'s program builds it, and the trace stops there: nothing is
+  compiled (what ``generate`` decodes through int8 and bfloat16 caches is checked in
+  tests/decoding/test_int8_cache.py and in the rounded-cache tests of
+  tests/decoding/test_sampling.py)."""
   from attnlab.decoding import generate as generate_lib
+
+  class Built(Exception):
+    pass
 
   made = []
   init_cache = cache_lib.init_cache
@@ -400,7 +422,7 @@ def test_generate_builds_its_cache_in_the_dtype_asked_for(monkeypatch, kind):
   def spy(*args, **kwargs):
     cache = init_cache(*args, **kwargs)
     made.append(cache[0].self_attn)
-    return cache
+    raise Built
 
   monkeypatch.setattr(generate_lib.cache_lib, "init_cache", spy)
   name = "gqa_rope_window10" if kind == "ring" else "mha_rope"
@@ -409,10 +431,11 @@ def test_generate_builds_its_cache_in_the_dtype_asked_for(monkeypatch, kind):
   for dtype, want in (("int8", jnp.int8), ("bfloat16", jnp.bfloat16)):
     made.clear()
     # An odd cache_len (a ring takes none: an odd page size, which it ignores): a program of
-    # its own, so generate traces (and builds its cache) here.
+    # no other test, so generate traces (and builds its cache) here.
     odd = dict(page_size=13) if kind == "ring" else dict(cache_len=13, page_size=4)
-    attnlab.generate(model, prompt, max_new_tokens=3, cache=kind, cache_dtype=dtype,
-                     eos_id=None, **odd)
+    with pytest.raises(Built):
+      attnlab.generate(model, prompt, max_new_tokens=3, cache=kind, cache_dtype=dtype,
+                       eos_id=None, **odd)
     (layer,) = made
     buffers = [x for x in jax.tree.leaves(layer) if x.ndim == 4]
     assert buffers and all(x.dtype == want for x in buffers), (kind, dtype)
@@ -443,10 +466,11 @@ def test_explicit_prompt_lengths_keep_trailing_pad_ids_as_tokens():
   prompt[0, 1:] = model.cfg.pad_id
   got = np.asarray(attnlab.generate(model, prompt, prompt_lengths_B=[3, 2], max_new_tokens=6,
                                     eos_id=None))
-  room = np.zeros((2, 9), np.int32)
+  room = np.zeros((2, TOTAL), np.int32)  # TOTAL: the forward compiled for other tests
   room[:, :3] = prompt
   assert_greedy(decoder_forward(name, varied=True), room, [3, 2], got)
-  inferred = np.asarray(attnlab.generate(model, prompt[:1], max_new_tokens=6, eos_id=None))
+  # The lengths inferred (row 0: [t]); the same batch shape, so the same compiled program.
+  inferred = np.asarray(attnlab.generate(model, prompt, max_new_tokens=6, eos_id=None))
   assert not np.array_equal(inferred[0], got[0])
 
 
@@ -508,10 +532,15 @@ def test_explicit_source_segment_ids_reach_the_encoder_and_the_cross_cache():
   default = encdec_forward(name)(SRC, TGT)
   assert np.abs(want[0] - default[0]).max() > 1e-2
   np.testing.assert_allclose(want[1], default[1], atol=1e-5, rtol=1e-5)
-  cross = model.cross_cache(src_j, src_segment_ids_BS=seg_j)
-  encoded = model.encode(src_j, src_segment_ids_BS=seg_j)
-  for block, got_kv in zip(model.decoder.layers, cross, strict=True):
-    want_kv = block.cross_attn.cross_kv(encoded, seg_j)
+
+  @nnx.jit  # one program, not one per op
+  def cross_and_want(model, src, seg):
+    encoded = model.encode(src, src_segment_ids_BS=seg)
+    return (model.cross_cache(src, src_segment_ids_BS=seg),
+            [block.cross_attn.cross_kv(encoded, seg) for block in model.decoder.layers])
+
+  cross, wants = cross_and_want(model, src_j, seg_j)
+  for got_kv, want_kv in zip(cross, wants, strict=True):
     for a, b in zip(jax.tree.leaves(got_kv), jax.tree.leaves(want_kv), strict=True):
       np.testing.assert_allclose(a, b, atol=1e-6)
 
@@ -527,13 +556,24 @@ def test_explicit_source_positions_reach_the_encoder_of_a_cached_call():
   assert np.abs(want - encdec_forward(name)(SRC, TGT)).max() > 1e-2  # the positions matter
 
 
+def _refused_when_traced(call, match):
+  """``call()`` raises a ValueError matching ``match`` as it is traced (``jax.eval_shape``:
+  the checks are on shapes, so no op needs to run, or compile, one by one)."""
+  def trace():
+    with pytest.raises(ValueError, match=match):
+      call()
+
+  jax.eval_shape(trace)
+
+
 def test_a_cross_attention_block_without_its_cross_cache_says_what_to_do():
   model = encdec_model("paper_gqa")
   cache = cache_lib.init_cache(model.cfg, "contiguous", 2, 4)
   message = ("a decoder block with cross-attention needs cache.cross_attn "
              "(EncoderDecoder.cross_cache(src_BS))")
-  with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
-    model.decode(jnp.asarray(TGT[:, :2]), None, src_segment_ids_BS=None, cache=cache)
+  _refused_when_traced(lambda: model.decode(jnp.asarray(TGT[:, :2]), None,
+                                            src_segment_ids_BS=None, cache=cache),
+                       "^" + re.escape(message) + "$")
 
 
 def test_a_cache_of_another_number_of_layers_is_refused():
@@ -554,7 +594,8 @@ def test_inputs_of_another_shape_than_the_tokens_are_refused_by_name():
   next step read an unwritten slot as a key; the rest were errors from inside the ops."""
   model, encdec = decoder_model("mha_rope"), encdec_model("paper_gqa")
   toks = jnp.asarray(TOKENS[:, :2])  # [2, 2]
-  for kind in ("contiguous", "paged"):
+  # The checks are on shapes: the calls are traced (jax.eval_shape), not run op by op.
+  def with_a_cache(kind):
     cache = cache_lib.init_cache(model.cfg, kind, 2, 16, page_size=16)
     if kind == "paged":
       cache = cache_lib.set_page_table(cache, jnp.array([[0], [1]], jnp.int32))
@@ -568,23 +609,24 @@ def test_inputs_of_another_shape_than_the_tokens_are_refused_by_name():
         "the cache holds 2 sequences and the tokens 3 rows: make the cache for this batch "
         "(attnlab.nn.kv_cache.init_cache(cfg, kind, B, ...))") + "$"):
       model(jnp.ones((3, 1), jnp.int32), cache=cache)
-  with pytest.raises(ValueError, match=re.escape(
-      "positions_BT has shape (2,); it must be the tokens' [B, T] = (2, 2) or [1, T]")):
-    model(toks, positions_BT=jnp.arange(2))
+
+  for kind in ("contiguous", "paged"):
+    jax.eval_shape(functools.partial(with_a_cache, kind))
+  _refused_when_traced(lambda: model(toks, positions_BT=jnp.arange(2)), re.escape(
+      "positions_BT has shape (2,); it must be the tokens' [B, T] = (2, 2) or [1, T]"))
   # One row of positions for all broadcasts, as it did before the check.
-  np.testing.assert_array_equal(model(toks, positions_BT=jnp.arange(2)[None] + 3),
-                                model(toks, positions_BT=jnp.tile(jnp.arange(2)[None] + 3,
-                                                                  (2, 1))))
-  with pytest.raises(ValueError, match=re.escape(
-      "segment_ids_BT has shape (2, 3); it must be the tokens' [B, T] = (2, 2)") + "$"):
-    model(toks, segment_ids_BT=jnp.ones((2, 3), jnp.int32))
-  with pytest.raises(ValueError, match="^" + re.escape(
-      "tokens_BT has shape (2,); give int token ids [B, T] (a batch of one: tokens[None])")):
-    model(toks[0])
-  with pytest.raises(ValueError, match="^src_BS has shape \\(9,\\); give int token ids"):
-    encdec(jnp.asarray(SRC[0]), jnp.asarray(TGT[:, :2]))
-  with pytest.raises(ValueError, match="^tgt_in_BT has shape \\(2,\\)"):
-    encdec(jnp.asarray(SRC), jnp.asarray(TGT[0, :2]))
+  one_row, every_row = nnx.jit(lambda m, t: (  # one program, not one per op
+      m(t, positions_BT=jnp.arange(2)[None] + 3),
+      m(t, positions_BT=jnp.tile(jnp.arange(2)[None] + 3, (2, 1)))))(model, toks)
+  np.testing.assert_array_equal(one_row, every_row)
+  _refused_when_traced(lambda: model(toks, segment_ids_BT=jnp.ones((2, 3), jnp.int32)), re.escape(
+      "segment_ids_BT has shape (2, 3); it must be the tokens' [B, T] = (2, 2)") + "$")
+  _refused_when_traced(lambda: model(toks[0]), "^" + re.escape(
+      "tokens_BT has shape (2,); give int token ids [B, T] (a batch of one: tokens[None])"))
+  _refused_when_traced(lambda: encdec(jnp.asarray(SRC[0]), jnp.asarray(TGT[:, :2])),
+                       "^src_BS has shape \\(9,\\); give int token ids")
+  _refused_when_traced(lambda: encdec(jnp.asarray(SRC), jnp.asarray(TGT[0, :2])),
+                       "^tgt_in_BT has shape \\(2,\\)")
 
 
 def test_a_cache_made_for_another_number_of_kv_heads_is_refused_by_name():

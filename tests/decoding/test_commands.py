@@ -62,24 +62,11 @@ def _trained(tmp_path_factory, gin_name, *bindings):
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-  """A tiny decoder-only model (GQA, one KV head) on the stdlib corpus."""
+  """A tiny decoder-only model (GQA, one KV head) on the stdlib corpus (checkpoints at steps
+  1 and 2)."""
   return _trained(tmp_path_factory, "lm_stdlib_tiny.gin", "DataConfig.max_files=2",
                   "DataConfig.seq_len=32", "ModelConfig.d_model=32", "ModelConfig.d_ff=64",
-                  "ModelConfig.num_kv_heads=1")
-
-
-def test_decode_from_a_checkpoint(workdir, capsys, tmp_path):
-  rc, out, err = _run(["decode", "--workdir", workdir, "--prompt", "def main(",
-                       "--max_new_tokens", "5", "--cache", "paged"], capsys)
-  assert rc == 0, err
-  assert len(out.splitlines()) == 1
-  prompts = tmp_path / "prompts.txt"
-  prompts.write_text("import os\nx = 1\n")
-  rc, out, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts),
-                       "--max_new_tokens", "4", "--temperature", "0.8", "--top_k", "5",
-                       "--seed", "3"], capsys)
-  assert rc == 0, err
-  assert [line.split("\t")[0] for line in out.splitlines()] == ["import os", "x = 1"]
+                  "ModelConfig.num_kv_heads=1", "TrainConfig.checkpoint_every=1")
 
 
 def _expected(workdir, prompts, **kw):
@@ -410,16 +397,20 @@ def test_generate_rejects_bad_prompts():
   with pytest.raises(ValueError, match=re.escape(
       "the prompt plus max_new_tokens needs 7 cache slots, more than cache_len=4")):
     attnlab.generate(model, np.array([[5, 6, 7, 8, 9, 10]]), max_new_tokens=2, cache_len=4)
-  # A cache_len past max_len holds max_len slots (no position past it is written): the same
-  # tokens, for either model, greedy or beam, each cache with a length.
+  # A cache_len past max_len holds max_len slots (no position past it is written; init_cache
+  # refuses more): it decodes as cache_len=max_len does (one compiled program, the same
+  # tokens), for either model, greedy or beam, each cache with a length. (That a cache with
+  # slots to spare decodes as one that fits: the parity tests of
+  # tests/decoding/test_cache_parity.py.)
   encdec = encdec_model("paper_gqa")
+  prompt = np.array([[5, 6, 7, 8, 9], [5, 6, 0, 0, 0]])
   for m, kind, beam in ((model, "contiguous", None), (model, "paged", None),
                         (model, "contiguous", 2), (encdec, "contiguous", None),
                         (encdec, "contiguous", 2)):
-    kw = dict(max_new_tokens=3, cache=kind, beam_size=beam, eos_id=None)
+    kw = dict(max_new_tokens=4, cache=kind, beam_size=beam, eos_id=None)
     np.testing.assert_array_equal(
-        attnlab.generate(m, np.array([[5, 6, 7]]), cache_len=m.cfg.max_len + 8, **kw),
-        attnlab.generate(m, np.array([[5, 6, 7]]), **kw))
+        attnlab.generate(m, prompt, cache_len=m.cfg.max_len + 8, **kw),
+        attnlab.generate(m, prompt, cache_len=m.cfg.max_len, **kw))
   with pytest.raises(ValueError, match=re.escape(
       "the prompt plus max_new_tokens needs 101 positions, more than the model's max_len=64")):
     attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=100)
@@ -491,15 +482,15 @@ def test_generate_rejects_bad_prompts():
       f"max_len={encdec.cfg.max_len}")):
     attnlab.generate(encdec, too_long, max_new_tokens=2)
   # Padding past the last token is cut where it alone would not fit, as a decoder-only
-  # prompt's (refused until 2026-12-04): the same tokens as the source without it.
+  # prompt's (refused until 2026-12-04): the same tokens as the source without it. (A cache
+  # of max_len: the compiled program of the source above.)
   padded = np.zeros((2, encdec.cfg.max_len + 6), np.int32)
   padded[0, :5], padded[1, :2] = [5, 6, 7, 8, 9], [5, 6]
+  kw = dict(max_new_tokens=4, eos_id=None, cache_len=encdec.cfg.max_len)
   for lengths in (None, [5, 2]):
     np.testing.assert_array_equal(
-        attnlab.generate(encdec, padded, max_new_tokens=4, eos_id=None,
-                         prompt_lengths_B=lengths),
-        attnlab.generate(encdec, padded[:, :5], max_new_tokens=4, eos_id=None,
-                         prompt_lengths_B=lengths))
+        attnlab.generate(encdec, padded, prompt_lengths_B=lengths, **kw),
+        attnlab.generate(encdec, padded[:, :5], prompt_lengths_B=lengths, **kw))
   # What the decoder-only path refuses, the encoder-decoder one refuses too.
   with pytest.raises(GenerateInputError, match=re.escape(
       "source 1 is empty (all padding, pad_id=0): give at least one token")):
@@ -590,7 +581,8 @@ def test_generate_checks_eos_id_the_rng_and_the_length_penalty():
                     (jax.numpy.int32(7), 7)):
     np.testing.assert_array_equal(data(as_key(rng)), data(jax.random.key(seed)))
   for m in (model, encdec):
-    first = int(attnlab.generate(m, prompt, max_new_tokens=1)[0, 0])
+    # max_new_tokens=3, as below: the same compiled program (the eos is traced).
+    first = int(attnlab.generate(m, prompt, max_new_tokens=3)[0, 0])
     for eos in (jax.numpy.int32(first), np.array(first)):
       np.testing.assert_array_equal(attnlab.generate(m, prompt, max_new_tokens=3, eos_id=eos),
                                     attnlab.generate(m, prompt, max_new_tokens=3, eos_id=first))
@@ -602,10 +594,14 @@ def test_generate_checks_eos_id_the_rng_and_the_length_penalty():
         attnlab.generate(m, prompt, max_new_tokens=2, beam_size=2, sampling=sampling)
       assert str(e.value) == (f"beam search (beam_size=2) is deterministic: sampling="
                               f"{sampling} is not used with it; give one or the other")
-  hot = attnlab.Sampling(temperature=1.0)
+  # The sampling program of test_generate_rng_none_is_key_zero_and_raw_key_data_is_a_key
+  # (its model's graph, its prompt, budget and sampling): compiled once for both.
+  hot = attnlab.Sampling(temperature=2.0)
   np.testing.assert_array_equal(
-      attnlab.generate(model, prompt, max_new_tokens=3, sampling=hot, rng=np.int64(3)),
-      attnlab.generate(model, prompt, max_new_tokens=3, sampling=hot, rng=jax.random.key(3)))
+      attnlab.generate(model, prompt, max_new_tokens=8, eos_id=None, sampling=hot,
+                       rng=np.int64(3)),
+      attnlab.generate(model, prompt, max_new_tokens=8, eos_id=None, sampling=hot,
+                       rng=jax.random.key(3)))
   np.testing.assert_array_equal(attnlab.generate(model, prompt, max_new_tokens=3,
                                                  eos_id=np.int64(7)),
                                 attnlab.generate(model, prompt, max_new_tokens=3, eos_id=7))
@@ -718,19 +714,18 @@ def test_decode_internal_error_exits_1_with_a_traceback(workdir, tmp_path):
 
 
 def test_eval_and_decode_fall_back_past_a_damaged_checkpoint_with_one_plain_line(
-    tmp_path_factory, capsys):
+    workdir, capsys, tmp_path):
   """In their own processes, ``attnlab eval`` and ``attnlab decode`` fall back past a
   damaged newest checkpoint with one warning line in attnlab's plain format, and decode
   what the previous checkpoint decodes; given the damaged step, they name it. Until
   2026-12-04 eval printed the warning twice (a UserWarning and a log line), the log line
   as "WARNING:attnlab.training.checkpoint:..." (absl had configured logging first), and
   decode did not fall back: "error: Expecting value: line 1 column 1 (char 0)"."""
+  import shutil
   import subprocess
   import sys
 
-  workdir = _trained(tmp_path_factory, "lm_stdlib_tiny.gin", "DataConfig.max_files=2",
-                     "DataConfig.seq_len=16", "ModelConfig.d_model=16", "ModelConfig.d_ff=32",
-                     "TrainConfig.checkpoint_every=1")
+  workdir = str(shutil.copytree(workdir, tmp_path / "w"))  # the module's run, step 2 damaged
   for root, _, files in os.walk(os.path.join(workdir, "checkpoints", "2")):
     for name in files:
       with open(os.path.join(root, name), "wb") as f:
@@ -801,7 +796,9 @@ def test_decode_slots_progress_counts_requests_tokens_and_rate(workdir, monkeypa
   """One progress frame per completed request: a 20-wide bar of the requests done, the
   requests, the tokens so far and tokens / s (a fake clock: 0.5 s per reading). In a log
   (stderr not a terminal) plain lines without the bar, no carriage return (until 2026-12-04
-  the bar's frames went into log files)."""
+  the bar's frames went into log files). The serving is a stand-in that completes the
+  requests out of order with 4, 1 and 3 tokens (the real one from the command:
+  test_decode_slots_batches_continuously_and_matches_plain_decode)."""
   import itertools
   from types import SimpleNamespace
 
@@ -809,10 +806,17 @@ def test_decode_slots_progress_counts_requests_tokens_and_rate(workdir, monkeypa
 
   clock = itertools.count(100.0, 0.5)  # the rate counts from the first reading
   monkeypatch.setattr(decode_command, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
-  lengths, real = [], batching.generate_requests
+  tokens = np.asarray(decode_command._tokenizer(workdir).encode("wxyz"), np.int32)
+
+  def served(model, ids, max_new_tokens, *, on_result, **kw):
+    assert max_new_tokens == 4 and kw["slots"] == 1 and len(ids) == 3
+    for i, n in ((1, 4), (0, 1), (2, 3)):
+      on_result(i, tokens[:n])
+
+  lengths = []
 
   def spy(*args, on_result, **kw):  # records each completed request's token count
-    return real(*args, on_result=lambda i, t: (lengths.append(len(t)), on_result(i, t)), **kw)
+    return served(*args, on_result=lambda i, t: (lengths.append(len(t)), on_result(i, t)), **kw)
 
   monkeypatch.setattr(batching, "generate_requests", spy)
   prompts = tmp_path / "prompts.txt"
@@ -840,7 +844,18 @@ def test_decode_slots_progress_counts_requests_tokens_and_rate(workdir, monkeypa
 def test_decode_slots_progress_in_a_log_is_a_line_per_tenth_of_the_requests(
     workdir, monkeypatch, capsys, tmp_path):
   """25 requests into a log: a line at 3, 5, 8, 10, 13, 15, 18, 20, 23 and 25 (a tenth of
-  the requests each), not 25."""
+  the requests each), not 25. (The serving: a stand-in that completes each request with one
+  token.)"""
+  from attnlab.decoding import batching
+
+  token = np.asarray(decode_command._tokenizer(workdir).encode("x"), np.int32)
+
+  def served(model, ids, max_new_tokens, *, on_result, **kw):
+    assert max_new_tokens == 1 and kw["slots"] == 4
+    for i in range(len(ids)):
+      on_result(i, token)
+
+  monkeypatch.setattr(batching, "generate_requests", served)
   monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("".join(f"p{i}\n" for i in range(25)))
@@ -861,14 +876,19 @@ def test_decode_slots_input_errors_exit_2_with_one_line(workdir, capsys):
 
 
 class _GenerateSpy:
-  """Stands in for ``decode.generate``: records the call, then runs the real one."""
+  """Stands in for ``decode.generate``: records the call, then runs the real one (or, with
+  ``real`` set False, returns one token per row: for a call whose arguments alone are
+  checked, and which would compile a program of its own)."""
 
   def __init__(self, monkeypatch):
     self.calls = []
+    self.real = True
     real = decode_command.generate
 
     def spy(model, prompt, **kw):
       self.calls.append((model, np.asarray(prompt), kw))
+      if not self.real:
+        return np.full((len(prompt), 1), ord("x"), np.int32)
       return real(model, prompt, **kw)
 
     monkeypatch.setattr(decode_command, "generate", spy)
@@ -900,7 +920,11 @@ def test_decode_hands_every_flag_to_generate(workdir, monkeypatch, capsys, tmp_p
   assert kw == dict(max_new_tokens=3, cache="paged", eos_id=tok.eos_id, bos_id=tok.bos_id,
                     cache_dtype="int8", page_size=8, num_pages=7)
   spy.calls.clear()
+  # Its arguments alone are checked here: the defaults (all but max_new_tokens) decode for
+  # real in test_decode_prompt_sources_and_their_errors.
+  spy.real = False
   rc, _, err = _run(["decode", "--workdir", workdir, "--prompt", "x"], capsys)
+  spy.real = True
   assert rc == 0, err
   d = DecodeConfig()
   (_, _, kw), = spy.calls
@@ -949,6 +973,7 @@ def test_decode_an_encoder_decoder_with_beam_search(encdec_workdir, monkeypatch,
   assert kw["prompt_lengths_B"].tolist() == [4]
   assert (kw["beam_size"], kw["length_penalty"], kw["bos_id"]) == (2, 0.8, tok.bos_id)
   spy.calls.clear()
+  spy.real = False  # its arguments alone are checked: the beam search above ran for real
   rc, _, err = _run(base, capsys)
   assert rc == 0, err
   assert "beam_size" not in spy.calls[0][2] and "length_penalty" not in spy.calls[0][2]
@@ -978,7 +1003,7 @@ def test_a_source_too_long_in_a_prompts_file_is_named_a_target_too_long_is_not(
                          f"positions, more than the model's max_len={cfg.max_len}"), err
 
 
-def test_decode_refuses_slots_with_beams_and_unknown_cache_dtypes(workdir, capsys):
+def test_decode_refuses_slots_with_beams_and_unknown_cache_dtypes(workdir, monkeypatch, capsys):
   from attnlab.config import CACHE_DTYPES
 
   base = ["decode", "--workdir", workdir, "--prompt", "x"]
@@ -998,10 +1023,22 @@ def test_decode_refuses_slots_with_beams_and_unknown_cache_dtypes(workdir, capsy
   rc, _, err = _run(base + ["--page_size", "8", "--cache", "contiguous"], capsys)
   assert rc == 2 and err.strip() == ("attnlab decode: error: --page_size is the paged cache's, "
                                      "got --cache contiguous"), err
+  # ... and where they do something, accepted. What each combination hands on is decoded for
+  # real by test_decode_hands_every_flag_to_generate and
+  # test_decode_slots_pass_every_flag_to_generate_requests: here generate and
+  # generate_requests are stand-ins that return one token per prompt.
+  from attnlab.decoding import batching
+
+  token = np.asarray(decode_command._tokenizer(workdir).encode("x"), np.int32)
+  monkeypatch.setattr(decode_command, "generate",
+                      lambda model, prompt_BT, **kw: np.stack([token] * len(prompt_BT)))
+  monkeypatch.setattr(batching, "generate_requests",
+                      lambda model, prompts, n, *, on_result, **kw: [
+                          on_result(i, token) for i in range(len(prompts))])
   for flags in (["--page_size", "8", "--slots", "2"], ["--page_size", "8", "--cache", "paged"],
                 ["--beam_size", "2", "--length_penalty", "0.5", "--max_new_tokens", "2"]):
-    rc, _, err = _run(base + flags, capsys)
-    assert rc == 0, (flags, err)
+    rc, out, err = _run(base + flags, capsys)
+    assert rc == 0 and out.rstrip("\n").endswith("x"), (flags, err)
 
 
 def test_decode_prompt_sources_and_their_errors(workdir, capsys, tmp_path):

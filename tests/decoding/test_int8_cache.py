@@ -72,12 +72,17 @@ def test_generate_and_generate_requests_with_an_int8_cache_agree(kind):
                           eos_id=None, cache=kind, page_size=4, cache_dtype="int8")
   np.testing.assert_array_equal(np.stack(got), want)
   # And the serving cache is int8: values of 1 byte plus a float32 scale per H = 8 values
-  # (12 of the float32 cache's 32 bytes per head and token), with the same page table.
-  stats = {dtype: batching.serve_requests(model, prompts, 7, slots=2, cache=kind, page_size=4,
-                                          cache_dtype=dtype, eos_id=None)[1]
-           for dtype in ("int8", None)}
+  # (12 of the float32 cache's 32 bytes per head and token), with the same page table: the
+  # int8 cache of the slots, the longest request's 11 + 7 - 1 positions and their pages, not
+  # the float32 one (made here, not served: a float32 run compiles programs of its own).
+  _, stats = batching.serve_requests(model, prompts, 7, slots=2, cache=kind, page_size=4,
+                                     cache_dtype="int8", eos_id=None)
+  made = {dtype: cache_lib.cache_bytes(cache_lib.init_cache(
+      model.cfg, kind, 2, 17, page_size=4, num_pages=2 * 5 if kind == "paged" else None,
+      dtype=dtype)) for dtype in ("int8", None)}
+  assert stats.cache_bytes == made["int8"]
   assert model.cfg.head_dim == 8
-  assert 0.37 < stats["int8"].cache_bytes / stats[None].cache_bytes < 0.40
+  assert 0.37 < made["int8"] / made[None] < 0.40
 
 
 @pytest.mark.parametrize("program", ["decoder_only", "encoder_decoder", "beam",

@@ -160,18 +160,24 @@ def test_several_stop_ids_end_each_row_at_the_first_of_them(arch, cache):
 def test_sampling_draws_every_step_with_the_next_key_of_the_split_chain():
   """generate's sampled tokens are, step by step, ``categorical(sub, filtered logits)`` of the
   uncached forward pass over the tokens so far, where ``key, sub = split(key)`` before every
-  draw (the first from the prefill's logits). Catches one key reused for every step."""
+  draw (the first from the prefill's logits). Catches one key reused for every step. (The
+  sampling, prompt and budget of test_temperature_zero_is_greedy_and_same_seed_same_tokens:
+  its compiled program.)"""
   model, forward = decoder_model("mha_rope", varied=True), decoder_forward("mha_rope", True)
   prompt, L = random_tokens(30, (2, 6)), 8
-  sampling, key = Sampling(temperature=1.0), jax.random.key(11)
+  sampling, key = Sampling(temperature=2.0, top_p=0.95), jax.random.key(11)
   got = np.asarray(attnlab.generate(model, prompt, max_new_tokens=L, eos_id=None,
                                     sampling=sampling, rng=key))
   seq_BX = np.zeros((2, 64), np.int32)  # one shape: one compiled forward (causal)
   seq_BX[:, :6] = prompt
-  for j in range(L):
+
+  @jax.jit  # one program, not one per op
+  def draw(key, logits_BV):
     key, sub = jax.random.split(key)
-    logits_BV = jnp.asarray(forward(seq_BX)[:, 5 + j])
-    seq_BX[:, 6 + j] = jax.random.categorical(sub, filtered_logits(logits_BV, sampling), axis=-1)
+    return key, jax.random.categorical(sub, filtered_logits(logits_BV, sampling), axis=-1)
+
+  for j in range(L):
+    key, seq_BX[:, 6 + j] = draw(key, forward(seq_BX)[:, 5 + j])
   np.testing.assert_array_equal(got, seq_BX[:, 6:6 + L])
   # It does sample: the tokens are not greedy's.
   assert not np.array_equal(got, attnlab.generate(model, prompt, max_new_tokens=L, eos_id=None))
@@ -353,12 +359,12 @@ def test_beam_search_through_the_cache_equals_the_search_over_full_forward_passe
     logits_XV = jnp.take_along_axis(logits_XLV, pos_X[:, None, None], axis=1)[:, 0]
     return jax.nn.log_softmax(logits_XV, axis=-1), (tgt_XL, pos_X + 1)
 
-  def reference(eos_id):
-    start = (jnp.full((B * Z, J), cfg.pad_id, jnp.int32), jnp.zeros((B * Z,), jnp.int32))
-    search = jax.jit(lambda: beam_search(full_forward_step, start, batch=B, beam_size=Z,
-                                         max_len=J, bos_id=1, eos_id=eos_id,
-                                         length_penalty=alpha, pad_id=cfg.pad_id))
-    return np.asarray(search())
+  start = (jnp.full((B * Z, J), cfg.pad_id, jnp.int32), jnp.zeros((B * Z,), jnp.int32))
+  # The eos traced (-1: none, as beam_search documents for None): one compiled search.
+  search = jax.jit(lambda eos_id: beam_search(full_forward_step, start, batch=B, beam_size=Z,
+                                              max_len=J, bos_id=1, eos_id=eos_id,
+                                              length_penalty=alpha, pad_id=cfg.pad_id))
+  reference = lambda eos_id: np.asarray(search(jnp.int32(-1 if eos_id is None else eos_id)))
 
   run = lambda eos_id: np.asarray(attnlab.generate(model, src, max_new_tokens=J, eos_id=eos_id,
                                                    beam_size=Z, length_penalty=alpha))
@@ -413,15 +419,17 @@ def test_decoder_only_beam_search_equals_the_search_over_full_forward_passes(nam
     seq_XW = seq_XW.at[jnp.arange(B * Z), pos_X].set(tokens_X)
     return log_probs_at(seq_XW, pos_X), (seq_XW, pos_X + 1)
 
-  def reference(eos_id, alpha=alpha):
-    seq = np.full((B, W), model.cfg.pad_id, np.int32)
-    seq[:, :5] = prompt
-    seq_XW, pos_X = jnp.repeat(jnp.asarray(seq), Z, axis=0), jnp.repeat(jnp.asarray(lengths), Z)
-    search = jax.jit(lambda: beam_search(
-        full_forward_step, (seq_XW, pos_X), batch=B, beam_size=Z, max_len=J,
-        first_log_probs_XV=log_probs_at(seq_XW, pos_X - 1), eos_id=eos_id,
-        length_penalty=alpha, pad_id=model.cfg.pad_id))
-    return np.asarray(search())
+  seq = np.full((B, W), model.cfg.pad_id, np.int32)
+  seq[:, :5] = prompt
+  seq_XW, pos_X = jnp.repeat(jnp.asarray(seq), Z, axis=0), jnp.repeat(jnp.asarray(lengths), Z)
+  # The eos (-1: none, as beam_search documents for None) and alpha traced: one compiled
+  # search for every call.
+  search = jax.jit(lambda eos_id, alpha: beam_search(
+      full_forward_step, (seq_XW, pos_X), batch=B, beam_size=Z, max_len=J,
+      first_log_probs_XV=log_probs_at(seq_XW, pos_X - 1), eos_id=eos_id,
+      length_penalty=alpha, pad_id=model.cfg.pad_id))
+  reference = lambda eos_id, alpha=alpha: np.asarray(search(
+      jnp.int32(-1 if eos_id is None else eos_id), jnp.float32(alpha)))
 
   cache = "ring" if model.cfg.window else "contiguous"
   run = lambda eos_id, z=Z, alpha=alpha: np.asarray(attnlab.generate(
@@ -483,9 +491,8 @@ def test_an_encoder_decoders_bos_step_is_the_uncached_models_through_a_rounded_c
   src = random_tokens(11, (1024, 5))
   want = np.argmax(encdec_forward("mqa_rope_window4", varied=True)(
       src, np.ones((len(src), 1), np.int32))[:, 0], axis=-1)
-  kw = dict(eos_id=None, cache_dtype=cache_dtype)
-  got = np.asarray(attnlab.generate(model, src, max_new_tokens=1, **kw))[:, 0]
-  np.testing.assert_array_equal(got, want)
-  greedy = np.asarray(attnlab.generate(model, src[:32], max_new_tokens=8, **kw))
+  kw = dict(max_new_tokens=8, eos_id=None, cache_dtype=cache_dtype)
+  greedy = np.asarray(attnlab.generate(model, src, **kw))
+  np.testing.assert_array_equal(greedy[:, 0], want)
   np.testing.assert_array_equal(
-      np.asarray(attnlab.generate(model, src[:32], max_new_tokens=8, beam_size=1, **kw)), greedy)
+      np.asarray(attnlab.generate(model, src, beam_size=1, **kw)), greedy)

@@ -131,6 +131,8 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
   if not isinstance(sampling, Sampling):
     raise GenerateInputError(f"sampling must be a Sampling, got {type(sampling).__name__}")
   positive_int("page_size", page_size)
+  if cache != "paged":  # the other caches have no pages: one program whatever page_size says
+    page_size = _DEFAULTS.page_size
   if cache_len is not None:
     if cache == "ring":
       raise GenerateInputError(f"cache_len={cache_len!r} is for cache='contiguous' or 'paged'; "

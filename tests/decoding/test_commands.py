@@ -1133,3 +1133,25 @@ def test_prompts_are_laid_out_as_the_training_data_was(tmp_path):
   assert lay(hf, "a !", "decoder_only", "lm") == [3, 1, 0]
   nobos = HFJsonTokenizer(str(tmp_path / "tokenizer.json"), bos_id=None, eos_id=4)
   assert lay(nobos, "a !", "decoder_only", "lm") == [1, 0]
+
+
+def test_page_size_compiles_nothing_new_for_caches_without_pages():
+  """page_size is the paged cache's: the contiguous and ring caches decode the same tokens
+  with one compiled program whatever it says (each page_size was its own program until
+  2026-12-05); the paged cache's page sizes give those tokens too."""
+  from attnlab.decoding import generate as generate_lib
+
+  model = decoder_model("mqa_rope_window3")
+  prompt = np.array([[5, 6, 7]])
+  for cache in ("contiguous", "ring"):
+    want = attnlab.generate(model, prompt, max_new_tokens=3, cache=cache, eos_id=None)
+    compiled = generate_lib._sample_decoder_only._cache_size()
+    for page_size in (4, 8):
+      got = attnlab.generate(model, prompt, max_new_tokens=3, cache=cache, eos_id=None,
+                             page_size=page_size)
+      np.testing.assert_array_equal(got, want)
+      assert generate_lib._sample_decoder_only._cache_size() == compiled, (cache, page_size)
+  for page_size in (2, 4):
+    np.testing.assert_array_equal(attnlab.generate(model, prompt, max_new_tokens=3,
+                                                   cache="paged", eos_id=None,
+                                                   page_size=page_size), want)

@@ -60,7 +60,7 @@ def test_int8_decode_step_equals_the_reference_over_the_same_cache(kind):
 
 
 @pytest.mark.parametrize("kind", ["paged", "contiguous"])
-def test_generate_and_generate_requests_with_an_int8_cache_agree(kind):
+def test_generate_and_generate_requests_with_an_int8_cache_agree(kind, monkeypatch):
   model = decoder_model(NAME, varied=True)
   prompts = [random_tokens(40 + i, (n,)).tolist() for i, n in enumerate([3, 11, 6])]
   got = attnlab.generate_requests(model, prompts, 7, slots=2, cache=kind, page_size=4,
@@ -83,6 +83,21 @@ def test_generate_and_generate_requests_with_an_int8_cache_agree(kind):
   assert stats.cache_bytes == made["int8"]
   assert model.cfg.head_dim == 8
   assert 0.37 < made["int8"] / made[None] < 0.40
+  # Without cache_dtype the serving cache is the model's dtype: the cache it asks for is
+  # seen, and nothing is compiled or served.
+  asked = []
+
+  class Built(Exception):
+    pass
+
+  def init_cache(*args, dtype=None, **kwargs):
+    asked.append(dtype)
+    raise Built
+
+  monkeypatch.setattr(batching.cache_lib, "init_cache", init_cache)
+  with pytest.raises(Built):
+    batching.serve_requests(model, prompts, 7, slots=2, cache=kind, page_size=4, eos_id=None)
+  assert asked == [None]
 
 
 @pytest.mark.parametrize("program", ["decoder_only", "encoder_decoder", "beam",

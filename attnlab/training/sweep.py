@@ -100,19 +100,13 @@ def abstract_model(mcfg: ModelConfig):
   return nnx.eval_shape(lambda: build_model(mcfg, rngs=nnx.Rngs(params=0, dropout=1)))
 
 
+@functools.lru_cache(maxsize=256)
 def param_counts(mcfg: ModelConfig) -> tuple[int, int]:
   """(all parameters, attention parameters) of the model ``mcfg`` describes.
 
   Counted once per config (a report counts every arm, a d_ff match several configs;
-  each count traces a whole model build)."""
-  try:
-    return _param_counts(mcfg)
-  except TypeError:  # a field that cannot be hashed (a list from Python code): uncached
-    return _param_counts.__wrapped__(mcfg)
-
-
-@functools.lru_cache(maxsize=256)
-def _param_counts(mcfg: ModelConfig) -> tuple[int, int]:
+  each count traces a whole model build). A ModelConfig is frozen and its fields are
+  checked scalars, so it is always a cache key."""
   total = attn = 0
   state = nnx.to_pure_dict(nnx.state(abstract_model(mcfg), nnx.Param))
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:

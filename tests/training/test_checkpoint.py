@@ -570,7 +570,20 @@ def test_load_checkpoint_refuses_a_checkpoint_whose_bytes_changed(tmp_path):
   ckpt = Checkpointer(str(workdir))
   ckpt.save_params(3, params)
   ckpt.close()
+  checkpoint._init_rest.cache_clear()
   model, _ = attnlab.load_checkpoint(str(workdir), 3)  # healthy: loads
+  again, _ = attnlab.load_checkpoint(str(workdir), 3)
+  # The same model, its non-parameter state from one jitted init compiled once per config
+  # (a new jit on every load compiled it again).
+  assert checkpoint._init_rest.cache_info().misses == 1
+  assert checkpoint._init_rest(cfg)._cache_size() == 1
+  data = lambda x: jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+  for loaded in (model, again):
+    for want, got in ((params, nnx.state(loaded, nnx.Param)),
+                      (nnx.state(model), nnx.state(loaded))):
+      assert jax.tree.structure(want) == jax.tree.structure(got)
+      for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+        np.testing.assert_array_equal(data(g), data(w))
   _flip(_largest(str(workdir / "checkpoints" / "3"), "params"), 0.5)
   with pytest.raises(checkpoint.UnreadableCheckpointError,
                      match=r"checkpoints/3 could not be restored \(CorruptCheckpointError: .*"

@@ -240,13 +240,20 @@ def test_the_length_penalty_divides_a_finished_hypothesis_and_bounds_the_early_s
 def test_each_step_weighs_the_best_two_beam_widths_of_candidates():
   """U = 2Z candidates a step (tensor2tensor's rule): with one beam, an eos that is only the
   third most likely first token never enters the finished set, so the search returns the
-  alive hypothesis cut at max_len, although [EOS] alone would have scored higher."""
+  alive hypothesis cut at max_len, although [EOS] alone would have scored higher. An eos
+  second most likely does enter (U = 2, not Z = 1), and wins."""
   step_fn = _by_step([[-9, -9, -0.02, 0.0, -0.01],  # EOS third, behind 3 and 4
                       [-9, -9, -9, 0.0, 0.0]])      # then 3 or 4, never EOS
   got = np.asarray(beam_search(step_fn, jnp.zeros((BATCH,), jnp.int32), batch=BATCH,
                                beam_size=1, max_len=2, bos_id=BOS, eos_id=EOS,
                                length_penalty=0.0))
   assert got.tolist() == [[3, 3]] * BATCH  # log P -1.78; [EOS] alone would be -1.11
+  step_fn = _by_step([[-9, -9, -0.01, 0.0, -9],  # EOS second, behind 3
+                      [-9, -9, -9, 0.0, 0.0]])   # then 3 or 4, never EOS
+  got = np.asarray(beam_search(step_fn, jnp.zeros((BATCH,), jnp.int32), batch=BATCH,
+                               beam_size=1, max_len=2, bos_id=BOS, eos_id=EOS,
+                               length_penalty=0.0))
+  assert got.tolist() == [[EOS, PAD]] * BATCH  # log P -0.70; [3, 3] -1.38
 
 
 def test_several_stop_ids_never_crowd_out_the_alive_beams():

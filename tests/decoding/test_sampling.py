@@ -157,6 +157,23 @@ def test_several_stop_ids_end_each_row_at_the_first_of_them(arch, cache):
       [_cut_at(r, list(range(MAX_STOP_IDS - 1)) + [stops[1]], pad) for r in free]))
 
 
+def test_pages_a_finished_sequence_frees_go_to_the_others():
+  """Row 0 ends at its first token (the prefill's: 6 prompt positions, 3 pages of 2) or at
+  its second (6 + 1 fed: 4 pages), row 1 runs all 8 (13 positions: 7 pages): 8 pages hold
+  both only if row 0's pages go back to the pool when it ends, before the loop or in it, and
+  it asks for none after; as the contiguous run with the same eos (one paged program: the
+  eos is traced)."""
+  _, run = _greedy_runs("decoder_only", "contiguous")  # compiled by the tests above
+  free = run(None)
+  model, prompt = decoder_model("mha_rope", varied=True), random_tokens(31, (2, 6))
+  for end in (0, 1):
+    eos = int(free[0, end])
+    assert eos not in free[0, :end] and eos not in free[1]  # row 0 ends there, row 1 never
+    got = attnlab.generate(model, prompt, max_new_tokens=8, eos_id=eos, cache="paged",
+                           page_size=2, num_pages=8)
+    np.testing.assert_array_equal(np.asarray(got), run(eos), err_msg=f"row 0 ends at {end}")
+
+
 def test_sampling_draws_every_step_with_the_next_key_of_the_split_chain():
   """generate's sampled tokens are, step by step, ``categorical(sub, filtered logits)`` of the
   uncached forward pass over the tokens so far, where ``key, sub = split(key)`` before every

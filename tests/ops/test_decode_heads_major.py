@@ -23,8 +23,9 @@ from tests.ops.flash_inputs import decode_reference
 def _kernel_and_reference(q, k, v, lengths, *, window, num_splits, int8):
   """(the kernel's output, the reference's) over the cache k, v [B, K, S, H] (int8: quantized
   per token, the reference over the dequantized cache), whose slots past each length hold
-  garbage that a kernel reading them would not hide. One program: one compilation, not one
-  per op."""
+  garbage that a kernel reading them would not hide: float inf, which a weight of 0 does
+  not hide either (0 x inf is NaN: the values past the length must be zeroed, as the paged
+  kernel's are). One program: one compilation, not one per op."""
   ks = vs = None
   if int8:
     (k, ks), (v, vs) = quantize(k), quantize(v)
@@ -33,7 +34,7 @@ def _kernel_and_reference(q, k, v, lengths, *, window, num_splits, int8):
     k_ref, v_ref = k, v
   S = k.shape[2]
   past = jnp.arange(S)[None, None, :, None] >= lengths[:, None, None, None]
-  garbage = jnp.int8(100) if int8 else 1e4
+  garbage = jnp.int8(100) if int8 else jnp.inf
   k, v = jnp.where(past, garbage, k).astype(k.dtype), jnp.where(past, garbage, v).astype(v.dtype)
   got = decode.decode_attention_heads_major(q, k, v, lengths, k_scale_BKS=ks, v_scale_BKS=vs,
                                             window=window, num_splits=num_splits,

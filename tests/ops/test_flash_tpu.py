@@ -161,13 +161,17 @@ def test_empty_lengths_give_zeros():
       assert out.shape == (B, T, N, 64) and out.dtype == dtype and not np.any(np.asarray(out))
 
 
-def test_scale_reaches_the_kernel():
-  """A given ``scale`` replaces 1/sqrt(H), forward and backward (one tile each way)."""
-  q, k, v, do, _ = flash_inputs(5, 1, 16, 16, 2, 1, 64, F32, None)
-  kw = dict(causal=True, scale=0.3)
+def test_scale_and_per_sequence_q_offsets_reach_the_kernels():
+  """A given ``scale`` replaces 1/sqrt(H), forward and backward. In the same call each
+  sequence places its band by its own q_offset ([0, 6], causal window 5, T = 16 and
+  S = 16 in tiles of 8): both rows see keys (in test_parity's per-row case the second row
+  sees none, so its backward is zero whatever offset the backward kernels read), so the
+  dQ and dK/dV kernels and their index maps must each read row b's offset, not row 0's."""
+  q, k, v, do, _ = flash_inputs(5, 2, 16, 16, 2, 1, 64, F32, None)
+  kw = dict(causal=True, scale=0.3, window=5, q_offset=jnp.array([0, 6], jnp.int32))
   got, want = jax.jit(lambda *a: (  # one program: one compilation
       value_and_grads(lambda q, k, v: flash.flash_attention(
-          q, k, v, backend="tpu", interpret=True, **kw))(*a),
+          q, k, v, block_q=8, block_k=8, backend="tpu", interpret=True, **kw))(*a),
       value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(*a)))(q, k, v, do)
   for name, a, b in zip(NAMES, got, want, strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
@@ -233,6 +237,34 @@ def test_span_blocks_is_the_most_blocks_a_span_touches():
         if n_blocks >= 1:
           assert flash_tpu._span_blocks(span, block, n_blocks) == min(n_blocks, touched), (
               span, block, n_blocks)
+
+
+def test_window_steps_are_the_most_blocks_the_band_touches():
+  """k_steps (q_steps) is the most key (query) blocks that one query (key) block sees
+  through the window at any alignment, counted from the mask (written out here in NumPy):
+  one step too few drops the band's last block at some q_offset (``_span_blocks`` alone is
+  checked above; this checks the span each property hands it)."""
+  def mask(q_pos, k_pos, causal, w):
+    ok = q_pos - k_pos < w
+    return ok & (k_pos <= q_pos) if causal else ok & (k_pos - q_pos < w)
+
+  for causal in (True, False):
+    for bq, bk in ((8, 8), (8, 16), (16, 8), (24, 16)):
+      for w in (*range(1, 20), 33, 40):
+        L = 4 * (bq + bk + 2 * w)  # the band in the middle: never clipped at 0 or L
+        st = flash_tpu.TpuStatic(backend="tpu", causal=causal, window=w, scale=1.0, q_len=L,
+                                 kv_len=L, blocks=BlockSizes(bq, bk), groups=1,
+                                 segments=False, interpret=False)
+        pos = np.arange(L)
+        key_steps = query_steps = 0
+        for a in range(max(bq, bk)):  # every alignment of a block against the other axis
+          q_pos = L // 2 + a + np.arange(bq)  # one query block: which key blocks it sees
+          seen = mask(q_pos[:, None], pos[None, :], causal, w).any(0)
+          key_steps = max(key_steps, len(np.unique(pos[seen] // bk)))
+          k_pos = L // 2 + a + np.arange(bk)  # one key block: which query blocks see it
+          seen = mask(pos[:, None], k_pos[None, :], causal, w).any(1)
+          query_steps = max(query_steps, len(np.unique(pos[seen] // bq)))
+        assert (st.k_steps, st.q_steps) == (key_steps, query_steps), (causal, bq, bk, w)
 
 
 def test_step_block_clamps_skipped_steps_to_the_last_visible_block():

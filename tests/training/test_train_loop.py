@@ -6,6 +6,7 @@ layout check, a weights-only checkpoint as the start of a run, and
 ``evaluate_workdir``'s errors. ``test_train.py`` runs the kills and resumes end
 to end."""
 
+import functools
 import json
 import logging
 import os
@@ -102,13 +103,27 @@ def test_seq2seq_eval_writes_its_predictions_to_workdir_eval(tmp_path, monkeypat
   assert all({"loss", "perplexity", "tokens", "exact_match"} <= set(r) for r in evals)
 
 
-def test_an_lm_run_evaluates_loss_and_perplexity_only(tmp_path):
+def test_an_lm_run_evaluates_loss_and_perplexity_only(tmp_path, monkeypatch):
   """An LM task has nothing to decode: its evals report the validation loss, perplexity and
   token count, write no predictions, and ``evaluate_workdir`` of the last checkpoint gives
-  the last in-training eval again (same parameters, same validation batches)."""
+  the last in-training eval again (same parameters, same validation batches). Each eval
+  reads eval_batches = 1 validation batch (the data holds more), its tokens its own."""
+  from attnlab.training import evaluate as eval_lib
+
+  seen = []  # (batches, tokens of their loss masks) of each eval
+
+  def counted(eval_step, params, batches, put_batch):
+    seen.append((len(batches), sum(float(np.sum(b["loss_mask_BT"])) for b in batches)))
+    return validation_loss(eval_step, params, batches, put_batch)
+
+  validation_loss = eval_lib.validation_loss
+  monkeypatch.setattr(eval_lib, "validation_loss", counted)
+  monkeypatch.setattr(trainer.pipeline, "validation_batches", functools.partial(
+      _assert_more_batches, trainer.pipeline.validation_batches))
   _train(tmp_path, LM, LM_TINY + ["TrainConfig.eval_every = 2"])
   evals = [r for r in read_metrics(str(tmp_path)) if r["split"] == "eval"]
   assert [r["step"] for r in evals] == [2, 4]
+  assert [n for n, _ in seen] == [1, 1] and [r["tokens"] for r in evals] == [t for _, t in seen]
   assert all(set(r) == {"step", "split", "loss", "perplexity", "tokens"} for r in evals)
   assert not os.path.exists(tmp_path / "eval")
   final = trainer.evaluate_workdir(str(tmp_path))
@@ -121,6 +136,14 @@ def test_an_lm_run_evaluates_loss_and_perplexity_only(tmp_path):
       f"beam search decodes the examples of a seq2seq task; {tmp_path} holds a language model "
       "(task='lm'), whose eval is its loss") + "$"):
     trainer.evaluate_workdir(str(tmp_path), beam_size=2)
+
+
+def _assert_more_batches(validation_batches, sources, dcfg, num_batches, multiple_of=1):
+  """``validation_batches``, checking that the data holds more than the batches asked for
+  (else reading one batch too many would go unseen)."""
+  more = validation_batches(sources, dcfg, num_batches + 1, multiple_of)
+  assert len(more) == num_batches + 1, "the validation data is too small for this test"
+  return more[:num_batches]
 
 
 def test_checkpoints_kept_and_their_meta(tmp_path):

@@ -50,12 +50,16 @@ def test_gqa_equals_mha_with_each_kv_head_copied_to_its_group(K):
   mha_params = nnx.state(mha, nnx.Param)
 
   def copy(path, g, m):
-    if path[-2].key in ("k_proj", "v_proj"):
+    # The path ends (..., "k_proj", "w", .value): name the projection anywhere in it.
+    if any(getattr(p, "key", None) in ("k_proj", "v_proj") for p in path):
       return jnp.repeat(g, G, axis=1)
     return g
 
   new = jax.tree.map_with_path(copy, gqa_params, mha_params)
   nnx.update(mha, new)
+  # Still an MHA model (the copy did not hand it the GQA model's own K heads).
+  k_shape = mha.decoder.layers[0].self_attn.k_proj.w[...].shape
+  assert k_shape == (TINY["d_model"], TINY["num_heads"], TINY["head_dim"])
   x = tokens(2, 12)
   np.testing.assert_allclose(run(mha, x), run(gqa, x), atol=1e-5)
 
@@ -146,6 +150,23 @@ def test_post_ln_block_output_is_layer_normalized():
   np.testing.assert_allclose(y.var(-1), 1.0, atol=1e-3)
 
 
+def test_every_norm_divides_by_the_configured_eps():
+  """norm_eps reaches every norm of the model and is the epsilon it divides by: on inputs of
+  mean square ~1e-2 an eps of 1e-2 halves the squared output scale, against NumPy (the
+  library's default 1e-6 in its place would not)."""
+  from attnlab.nn.layers import LayerNorm, RMSNorm
+
+  x = np.asarray(random_arrays.normal(0, (2, 3, TINY["d_model"]))) * 0.1
+  for kind in ("rmsnorm", "layernorm"):
+    norms = [m for _, m in nnx.iter_modules(build(norm=kind, norm_eps=1e-2))
+             if isinstance(m, RMSNorm | LayerNorm)]
+    assert len(norms) == 2 * TINY["num_layers"] + 1  # two per block, the final one
+    c = x - x.mean(-1, keepdims=True) if kind == "layernorm" else x
+    want = c / np.sqrt(np.mean(np.square(c), -1, keepdims=True) + 1e-2)
+    for got in nnx.jit(lambda ns: [n(x) for n in ns])(norms):  # one program per kind
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("impl", ["chunked", "xla"])
 def test_model_with_other_attention_impl_matches_reference(impl):
   ref = build(num_kv_heads=2, window=5, attention_impl="reference")
@@ -205,10 +226,19 @@ def test_bfloat16_compute_runs_every_matmul_in_bfloat16(arch):
 
 @pytest.mark.parametrize("pos", ["sinusoidal", "learned"])
 def test_positions_are_added_in_the_activation_dtype(pos):
-  stack = build(pos=pos, dtype="bfloat16").decoder
+  """The positions are added in bfloat16, and the embedding dropout drops their sum with the
+  embeddings (the paper's 5.4): in training each entry is 0 or (x + pe) / (1 - rate)."""
+  stack = build(pos=pos, dtype="bfloat16", dropout_rate=0.5).decoder
   x_BTD = jnp.ones((2, 5, TINY["d_model"]), jnp.bfloat16)
-  out = stack.add_positions(x_BTD, jnp.broadcast_to(jnp.arange(5), (2, 5)))
+  pos_BT = jnp.broadcast_to(jnp.arange(5), (2, 5))
+  out = stack.add_positions(x_BTD, pos_BT)
   assert out.dtype == jnp.bfloat16
+  stack.eval()
+  summed = np.asarray(stack.add_positions(x_BTD, pos_BT).astype(jnp.float32))
+  out = np.asarray(out.astype(jnp.float32))
+  dropped = out == 0
+  assert dropped.any() and not dropped.all()
+  np.testing.assert_allclose(out[~dropped], 2 * summed[~dropped], rtol=1e-6)
 
 
 # The logical axes of every parameter (training/sharding.py maps them to the mesh), by the
@@ -303,7 +333,9 @@ def test_residual_dropout_and_embedding_dropout_each_drop_on_their_own(arch, kep
   ``test_residual_and_embedding_dropout_drop_in_training_only`` does not)."""
   from attnlab.nn.transformer import Block, Stack
 
-  extra = {"num_encoder_layers": 1} if arch == "encoder_decoder" else {}
+  # The encoder-decoder in the paper's post-LN (norm(x + dropout(f(x)))), the decoder pre-LN.
+  extra = ({"num_encoder_layers": 1, "norm_position": "post"} if arch == "encoder_decoder"
+           else {})
   model = build(arch=arch, dropout_rate=0.3, **extra)
   x = tokens(2, 8)
   args = (x,) if arch == "decoder_only" else (x, x)

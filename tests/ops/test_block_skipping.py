@@ -102,10 +102,12 @@ def test_flash_never_reads_key_blocks_outside_the_band(causal, window, offsets, 
   _flash_vs_reference(q, poison(k), poison(v), do, (q, k, v, do), kw, bq, bk)
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_flash_dkv_never_reads_query_blocks_that_see_nothing(causal):
+# S = 25: the last key block is part padding (keys 25..31), whose rows a bound taken
+# from the padded block's end (32 + window - 1) would visit one query block too far.
+@pytest.mark.parametrize("causal,S", [(True, 32), (False, 32), (True, 25)])
+def test_flash_dkv_never_reads_query_blocks_that_see_nothing(causal, S):
   """Rows at positions >= S + window - 1 see no key: NaN Q / dO there do not leak."""
-  B, T, S, N, K, H, window, bq, bk = 1, 64, 32, 4, 2, 16, 8, 8, 16
+  B, T, N, K, H, window, bq, bk = 1, 64, 4, 2, 16, 8, 8, 16
   q, k, v, do = (_normal(10 + i, s) for i, s in enumerate(
       [(B, T, N, H), (B, S, K, H), (B, S, K, H), (B, T, N, H)]))
   first_dead = -(-(S + window - 1) // bq) * bq  # the first query block with no live row
@@ -122,6 +124,9 @@ TILE_CASES = [
     (1, 24, 2, 1, 16, False, 5, 0, 8, 4),
     (1, 33, 4, 4, 16, True, None, 0, 4, 8),
     (2, 9, 8, 2, 16, True, 6, (30, 0), 4, 4),
+    # Row 1's last query block holds one real query (position 8) and 7 padding rows: its
+    # key blocks end at the real queries' end, not at the padded block's (key block 3).
+    (2, 9, 8, 2, 16, True, 6, (30, 0), 8, 4),
 ]
 
 
@@ -217,6 +222,7 @@ def test_paged_decode_never_reads_pages_outside_the_band(window, pages_per_split
     (0, 8, 4, (0, 2)), (5, 9, 4, (1, 3)), (3, 4, 4, (0, 1)),  # partial blocks count
     (5, 5, 4, (0, 0)), (6, 5, 4, (0, 0)), (0, 0, 4, (0, 0)),  # empty: no block at all
     (-3, 0, 4, (0, 0)), (-3, 2, 4, (0, 1)),  # a window reaching before position 0
+    (-5, 2, 4, (0, 1)),  # more than a block before 0: not block -1 (-5 // 4 truncates to -1)
 ])
 def test_block_bounds_cover_exactly_the_blocks_of_the_range(lo, hi, block, want):
   """The loop bounds of every kernel: [lo, hi) -> blocks [first, last) that hold a

@@ -112,6 +112,18 @@ def test_decode_step_bfloat16_error_is_the_references_own():
   ref_f32 = _reference(*(f32(x) for x in (q, k_new, v_new, k, v)), pos, pos, kv_pos, window=None)
   ref_bf16 = _reference(q, k_new, v_new, k, v, pos, pos, kv_pos, window=None)
   assert_bf16_close(got, ref_bf16, ref_f32, "decode step")
+  # Values that cancel between the cache and the new token (equal scores: each of the 25
+  # keys weighs 1 / 25): the sum over the cache is float32 (a bfloat16 one rounds 1000 + 1
+  # to 1000, and the output to 0). Compiled without excess precision, as eager dispatch
+  # runs it: by default XLA may keep a bfloat16 intermediate in float32, which hides it.
+  cancelling = (jnp.zeros_like(q), k_new, jnp.full_like(v_new, -1000), k,
+                jnp.zeros_like(v).at[:, :, 0].set(1000).at[:, :, 1].set(1))
+  step = jax.jit(lambda *x: decode_step_attention(
+      *x, q_positions_B=pos, new_positions_B=pos, kv_positions_BS=kv_pos)).lower(
+          *cancelling).compile(compiler_options={"xla_allow_excess_precision": False})
+  ref_f32 = _reference(*(f32(x) for x in cancelling), pos, pos, kv_pos, window=None)
+  ref_bf16 = _reference(*cancelling, pos, pos, kv_pos, window=None)
+  assert_bf16_close(step(*cancelling), ref_bf16, ref_f32, "decode step, cancelling values")
 
 
 def test_decode_step_rejects_half_an_int8_cache():

@@ -219,6 +219,35 @@ def test_store_writes_what_attend_writes_over_buffers_of_nan(kind):
       np.testing.assert_array_equal(g[p][1], w[p][1])
 
 
+@pytest.mark.parametrize("kind", ["contiguous", "ring"])
+def test_a_decode_step_attends_over_its_new_token_as_the_cache_stores_it(kind):
+  """A bfloat16 cache's XLA decode step ("auto") attends over its new token as it will be
+  stored, rounded to bfloat16 (as every later step reads it): float32 k / v give exactly
+  the output and the cache that their bfloat16 roundings give (the naive loop's 4e-3 of a
+  bfloat16 cache does not tell an unrounded new token from a rounded one)."""
+  gen = random_arrays.rng(6)
+  k0, v0 = (random_arrays.normal(gen, (B, 3, K, H)) for _ in range(2))
+  q = random_arrays.normal(gen, (B, 1, N, H))
+  k, v = (random_arrays.normal(gen, (B, 1, K, H)) for _ in range(2))
+  k_bf, v_bf = (jax.device_put(np.asarray(x).astype(jnp.bfloat16).astype(np.float32))
+                for x in (k, v))
+  assert not np.array_equal(np.asarray(k_bf), np.asarray(k))  # the rounding changes them
+
+  @jax.jit  # one program for the prefill and both steps
+  def steps(cache, q, k0, v0, k, v, k_bf, v_bf):
+    cache = cache.store(k0, v0, jnp.array([3, 2], jnp.int32))
+    step = lambda k, v: cache.attend(q, k, v, num_new_B=jnp.ones((B,), jnp.int32),
+                                     q_positions_BT=cache.lengths_B[:, None], causal=True,
+                                     window=W if kind == "ring" else None, implementation="auto")
+    return step(k, v), step(k_bf, v_bf)
+
+  (got, got_cache), (want, want_cache) = steps(new_cache(kind, "bfloat16"), q, k0, v0, k, v,
+                                               k_bf, v_bf)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  for x, y in zip(jax.tree.leaves(got_cache), jax.tree.leaves(want_cache), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
 def test_a_contiguous_cache_drops_tokens_past_its_capacity():
   cache = cache_lib.KVCache.init(1, 4, K, H).replace(lengths_B=jnp.array([3], jnp.int32))
   k = jnp.ones((1, 3, K, H))
@@ -548,7 +577,8 @@ def test_cache_bytes_counts_every_array():
 def test_after_keeps_the_index_whatever_the_value():
   index = jnp.array([0, 7, 2**31 - 2], jnp.int32)
   for x in (jnp.zeros(3), jnp.full(3, jnp.nan), jnp.full(3, -1.0), jnp.full(3, 1e30),
-            jnp.array([jnp.finfo(jnp.float32).tiny]), jnp.full((2, 2), 3, jnp.bfloat16)):
+            jnp.array([jnp.finfo(jnp.float32).tiny]), jnp.full((2, 2), 3, jnp.bfloat16),
+            jnp.asarray(np.array([0x3F800001], np.uint32).view(np.float32))):  # low bit 1
     got = cache_lib._after(x, index)
     assert got.dtype == jnp.int32
     np.testing.assert_array_equal(np.asarray(got), np.asarray(index))

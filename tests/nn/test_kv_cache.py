@@ -487,6 +487,26 @@ def test_a_paged_cache_has_no_rows():
     assert str(e.value) == message
 
 
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_zero_pages_zeroes_those_pages_values_and_scales_in_every_layer(dtype):
+  """``zero_pages`` (a page handed to a new sequence): the named pages of every layer hold
+  0 in their keys, values and int8 scales (an inf scale left by an earlier sequence would
+  make 0 x inf = NaN of a zeroed int8 value); other pages and ids outside [0, P) (-1 for "no
+  page", P) leave every buffer as it was."""
+  cache = cache_lib.init_cache(CFG, "paged", 2, 8, page_size=4, dtype=dtype)  # 4 pages
+  cache = tuple(b.replace(self_attn=jax.tree.map(
+      lambda x: x + (1 if x.dtype == jnp.int8 else jnp.inf) if x.ndim >= 3 else x,
+      b.self_attn)) for b in cache)  # every page buffer dirty: int8 1, float inf
+  got = cache_lib.zero_pages(cache, jnp.array([2, -1, 0, 4], jnp.int32))
+  names = ("k_pages_PCKH", "v_pages_PCKH") + (("k_scale_PCK", "v_scale_PCK") if dtype else ())
+  for before, after in zip(cache, got, strict=True):
+    assert (after.self_attn.k_scale_PCK is None) == (dtype is None)
+    for name in names:
+      x, y = (np.asarray(getattr(c.self_attn, name)) for c in (before, after))
+      np.testing.assert_array_equal(y[[0, 2]], 0, err_msg=name)
+      np.testing.assert_array_equal(y[[1, 3]], x[[1, 3]], err_msg=name)
+
+
 def test_set_page_table_and_with_cross_reach_every_layer():
   cache = cache_lib.init_cache(CFG, "paged", 2, 8, page_size=4)
   table = jnp.array([[3, 1], [0, 2]], jnp.int32)

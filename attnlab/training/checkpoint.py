@@ -545,6 +545,14 @@ def _builder(mcfg):
   return lambda: build_model(mcfg, rngs=nnx.Rngs(params=0, dropout=1))
 
 
+def abstract_model(mcfg):
+  """The model of ``mcfg`` with shapes only (nothing allocated): what a checkpoint is
+  restored into, and what a sweep counts parameters of."""
+  from flax import nnx
+
+  return nnx.eval_shape(_builder(mcfg))
+
+
 @functools.lru_cache(maxsize=16)
 def _init_rest(mcfg):
   """The jitted init of everything of ``mcfg``'s model but its parameters (the RNG
@@ -593,7 +601,7 @@ def load_checkpoint(workdir: str, step: int | None = None, *, mesh=None):
     # load in a process: 3.8-4.0 s against 0.9-1.4 s for this path;
     # tools/bench_load_checkpoint.py). The rest of the state (the dropout RNG
     # streams) is built for real, in one jitted call, compiled once per config.
-    graphdef, params, _ = nnx.split(nnx.eval_shape(_builder(mcfg)), nnx.Param, ...)
+    graphdef, params, _ = nnx.split(abstract_model(mcfg), nnx.Param, ...)
     rest = _init_rest(mcfg)()
     if mesh is None:  # one device: decoding and eval need no mesh
       device = jax.sharding.SingleDeviceSharding(jax.devices()[0])

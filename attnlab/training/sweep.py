@@ -50,7 +50,6 @@ from attnlab.convert.heads import check_conversion, convert_heads
 from attnlab.data import pipeline
 from attnlab.data.tokenizer import TOKENIZER_FILES
 from attnlab.decoding.generate import generate
-from attnlab.nn.transformer import build_model
 from attnlab.training import sharding as shd
 from attnlab.training import steps as steps_lib
 from attnlab.training import trainer
@@ -58,6 +57,7 @@ from attnlab.training.checkpoint import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
     Checkpointer,
+    abstract_model,
     load_checkpoint,
 )
 from attnlab.training.metrics import WINDOW_HOLDS_COMPILE, perplexity, read_metrics
@@ -93,11 +93,6 @@ class Arm:
 
 def scratch_name(k: int, n: int) -> str:
   return "mha" if k == n else "mqa" if k == 1 else f"gqa{k}"
-
-
-def abstract_model(mcfg: ModelConfig):
-  """The model with shapes only (nothing allocated)."""
-  return nnx.eval_shape(lambda: build_model(mcfg, rngs=nnx.Rngs(params=0, dropout=1)))
 
 
 @functools.lru_cache(maxsize=256)

@@ -161,13 +161,19 @@ def test_empty_lengths_give_zeros():
       assert out.shape == (B, T, N, 64) and out.dtype == dtype and not np.any(np.asarray(out))
 
 
-def test_scale_and_per_sequence_q_offsets_reach_the_kernels():
+def test_scale_per_sequence_q_offsets_gqa_groups_and_padded_keys_reach_the_kernels():
   """A given ``scale`` replaces 1/sqrt(H), forward and backward. In the same call each
-  sequence places its band by its own q_offset ([0, 6], causal window 5, T = 16 and
-  S = 16 in tiles of 8): both rows see keys (in test_parity's per-row case the second row
-  sees none, so its backward is zero whatever offset the backward kernels read), so the
-  dQ and dK/dV kernels and their index maps must each read row b's offset, not row 0's."""
-  q, k, v, do, _ = flash_inputs(5, 2, 16, 16, 2, 1, 64, F32, None)
+  sequence places its band by its own q_offset ([0, 6], causal window 5, T = 16 in tiles
+  of 8): both rows see keys (in test_parity's per-row case the second row sees none, so
+  its backward is zero whatever offset the backward kernels read), so the dQ and dK/dV
+  kernels and their index maps must each read row b's offset, not row 0's.
+
+  Two KV heads of two query heads each (no test_parity case has K > 1 and G > 1), so the
+  dK/dV grid must walk each KV head's own group (query heads 2h, 2h + 1, not h, h + 2);
+  and S = 13 in tiles of 8: row 1's queries at positions 13..20 would see the three
+  zero-padded keys (scores 0 in the softmax) unless the kernels mask keys past S (the
+  other cases' padded keys lie past every query's causal or window reach)."""
+  q, k, v, do, _ = flash_inputs(5, 2, 16, 13, 4, 2, 64, F32, None)
   kw = dict(causal=True, scale=0.3, window=5, q_offset=jnp.array([0, 6], jnp.int32))
   got, want = jax.jit(lambda *a: (  # one program: one compilation
       value_and_grads(lambda q, k, v: flash.flash_attention(

@@ -103,3 +103,17 @@ def cache_dir_updates(monkeypatch):
 
   monkeypatch.setattr(jax.config, "update", record)
   return dirs
+
+
+@pytest.fixture(autouse=True)
+def _retrace_for_mutmut_stats():
+  """Under mutmut's first pass (``MUTANT_UNDER_TEST=stats``: which tests call which
+  function), every test starts with JAX's caches cleared. mutmut runs a mutant only
+  against the tests that called its function in that pass, and a function is called
+  when a program is traced: without this, a jitted program that several tests share
+  (a module-level ``jax.jit``, a cached decode program) counts for the first test that
+  traced it only, and a mutant that only a later test kills shows as surviving
+  (``test_sinusoidal_table_equals_paper_formula``'s first case, position 0, was the only
+  test mapped to ``sinusoidal_positions``). A no-op outside that pass."""
+  if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+    jax.clear_caches()

@@ -14,7 +14,7 @@ from attnlab.ops.chunked import chunked_attention
 from attnlab.ops.dispatch import attention, auto_implementation
 from attnlab.ops.reference import blocked_attention, reference_attention
 from tests import random_arrays
-from tests.ops.naive import naive_attention
+from tests.ops.naive import naive_attention, naive_attention_grads
 
 
 def jit_call(fn, q, k, v, **kw):
@@ -259,6 +259,76 @@ def test_reference_in_bfloat16_matches_the_definition():
     assert np.abs(np.asarray(got.astype(jnp.float32)) - want).mean() < 4e-3
 
 
+def test_float32_queries_over_bfloat16_values_sum_the_values_in_float32():
+  """Mixed dtypes (float32 q and k, bfloat16 v; "reference" and "chunked" take them): the
+  weighted sum of the values accumulates and stays in float32 up to the float32 output.
+  With q = 0 each key a query sees weighs exactly 1 (in bfloat16 too), so a causal row is
+  the mean of the values it sees, which NumPy gives exactly; the P V product returned in
+  v's dtype rounded the row sum 1 + 2**-8 to 1 (an error of 2**-9 in a mean of 1 / 2)."""
+  B, T, N, K, H = 1, 4, 2, 1, 4
+  q = jnp.zeros((B, T, N, H), jnp.float32)
+  k = random_arrays.normal(18, (B, T, K, H))
+  v_S = np.array([1.0, 2.0**-8, 3 * 2.0**-8, 2.0**-6])  # each exact in bfloat16
+  v = jnp.asarray(v_S[None, :, None, None] * np.arange(1, H + 1), jnp.bfloat16)
+  v32 = np.asarray(v, np.float32)
+  want = np.cumsum(v32, axis=1) / np.arange(1, T + 1)[None, :, None, None]  # [B, T, K=1, H]
+  want = np.broadcast_to(want, (B, T, N, H))
+  np.testing.assert_allclose(naive_attention(q, k, v32, causal=True), want, rtol=1e-12)
+  got = jax.jit(lambda q, k, v: [fn(q, k, v, causal=True)  # one program: one compilation
+                                 for fn in (reference_attention, chunked_attention)])(q, k, v)
+  for name, out in zip(["reference", "chunked"], got, strict=True):
+    assert out.dtype == jnp.float32, name
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=0, err_msg=name)
+
+
+def test_chunked_dk_dv_of_bfloat16_queries_over_float32_keys_are_summed_in_float32():
+  """Mixed dtypes the other way (bfloat16 q, so a bfloat16 output cotangent; float32 k and
+  v): dK and dV are float32 and each key block's dS^T Q and P^T dO accumulate in float32.
+  Two equal keys (every probability 1 / 2) with opposite values (the output 0, so D = 0) make
+  dS = +-1 / 4 exactly: dK and dV are a quarter and a half of sums over the two query heads
+  that need more bits than bfloat16 has (1 + 3 * 2**-8, ...); a product returned in its
+  operands' bfloat16 rounded them."""
+  B, S, K, H = 1, 2, 1, 4  # one query, two query heads
+  q = jnp.asarray([[[[1.0] * H, [2.0**-8 * (2 * h + 1) for h in range(H)]]]], jnp.bfloat16)
+  k = jnp.tile(random_arrays.normal(19, (B, 1, K, H)), (1, S, 1, 1))
+  v = jnp.asarray(np.eye(H)[0] * np.array([1.0, -1.0])[:, None], jnp.float32)[None, :, None]
+  do = jnp.asarray([[[[1.0] * H, [1.0, 2.0**-8, 3 * 2.0**-8, 2.0**-6]]]], jnp.bfloat16)
+  _, want_dq, want_dk, want_dv = naive_attention_grads(
+      q.astype(jnp.float32), k, v, do.astype(jnp.float32))
+  dq, dk, dv = jax.jit(lambda q, k, v, do: jax.vjp(
+      lambda q, k, v: chunked_attention(q, k, v, block_k=1), q, k, v)[1](do))(q, k, v, do)
+  assert (dq.dtype, dk.dtype, dv.dtype) == (jnp.bfloat16, jnp.float32, jnp.float32)
+  for name, got, want in [("dq", dq, want_dq), ("dk", dk, want_dk), ("dv", dv, want_dv)]:
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=1e-6, atol=0,
+                               err_msg=name)
+
+
+def test_positions_and_segment_ids_past_2_to_the_24_are_compared_exactly():
+  """Positions (a stream past 16.7M tokens: q_offset goes up to 2**31 - 1) and segment ids
+  (document ids, say) are compared as int32. In float32, 2**30 + 10 ... 2**30 + 15 are one
+  number (its spacing there is 128), so a causal query saw later keys, and segment ids
+  2**24 and 2**24 + 1 were one document."""
+  q, k, v = make_qkv(1, 4, 6, 2, 1, 8, seed=21)
+  P = 2**30 + 10
+  kv_pos = np.array([[P + 5, P - 1, P + 2, -1, P, P + 3]])  # a ring's slots, one empty
+  q_seg = 2**24 + np.array([[0, 1, 0, 1]])
+  kv_seg = 2**24 + np.array([[0, 1, 1, 0, 0, 1]])
+  cases = [
+      (dict(causal=True, q_offset=P, kv_positions=jnp.asarray(kv_pos)),
+       naive_attention(q, k, v, causal=True, q_offset=P, kv_pos=kv_pos)),
+      (dict(q_segment_ids=jnp.asarray(q_seg), kv_segment_ids=jnp.asarray(kv_seg)),
+       naive_attention(q, k, v, q_seg=q_seg, kv_seg=kv_seg)),
+  ]
+  fns = (reference_attention, chunked_attention)
+  # Every call in one program (the keyword arguments closed over): one compilation.
+  gots = jax.jit(lambda q, k, v: [[fn(q, k, v, **kw) for fn in fns] for kw, _ in cases])(
+      q, k, v)
+  for (kw, want), outs in zip(cases, gots, strict=True):
+    for fn, got in zip(fns, outs, strict=True):
+      np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5,
+                                 err_msg=f"{fn.__name__} {sorted(kw)}")
+
+
 def test_attention_dropout_drops_probabilities_at_the_rate_and_rescales_the_rest():
   """With one-hot values (v[s] = e_s) the output row is the probability row:
   each entry is either dropped (0) or the undropped probability / (1 - rate);
@@ -376,6 +446,10 @@ def test_chunked_block_sizes_from_one_up_and_the_default_of_512(block_k):
   want = jit_call(reference_attention, q, k, v, **kw)
   np.testing.assert_allclose(jit_call(chunked_attention, q, k, v, block_k=block_k, **kw), want,
                              atol=1e-5, rtol=1e-5)
+  # A scan over blocks of the size asked for (513, 103, 2 blocks), not of another size.
+  asked = jax.make_jaxpr(lambda q, k, v: chunked_attention(q, k, v, block_k=block_k, **kw))(
+      q, k, v)
+  assert _scan_lengths(asked) == [-(-513 // block_k)]
   if block_k == 512:  # the default: two key blocks over 513 keys
     jaxpr = jax.make_jaxpr(lambda q, k, v: chunked_attention(q, k, v, **kw))(q, k, v)
     assert _scan_lengths(jaxpr) == [2]

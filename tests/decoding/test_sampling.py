@@ -356,7 +356,10 @@ def test_beam_search_through_the_cache_equals_the_search_over_full_forward_passe
   for every beam, the self-attention rows reordered with their beams, a log-softmax per row,
   and eos, pad and the length penalty passed through. The model (MQA, RoPE, a window of 4
   target keys) pads with id 5, not 0; the eos is a token of the search without eos, and it
-  changes the answer (with per-row log-softmax, a length penalty of 1 and not 0.6 or 0)."""
+  changes the answer (with per-row log-softmax). The length penalty is 2, and then a second
+  eos is one where it decides the answer: the search with the default 0.6 differs (with
+  the first check's eos, and with none, alphas 0, 0.6, 1 and 2 give the same answer, so a
+  penalty left out of the encoder-decoder's search passed this test until 2026-12-05)."""
   from flax import nnx
 
   from tests.decoding.tiny_models import ENCDEC_CONFIGS, PARAM_SCALE, make_cfg
@@ -367,7 +370,7 @@ def test_beam_search_through_the_cache_equals_the_search_over_full_forward_passe
   model = nnx.merge(graphdef, jax.tree.map(lambda x: x * PARAM_SCALE, params), rest)
   graphdef, state = nnx.split(model)
   src = random_tokens(34, SRC_SHAPE)
-  B, Z, J, alpha = SRC_SHAPE[0], 3, 8, 1.0
+  B, Z, J, alpha = SRC_SHAPE[0], 3, 8, 2.0
 
   def full_forward_step(tokens_X, carry):
     tgt_XL, pos_X = carry  # every hypothesis so far, bos first
@@ -377,15 +380,23 @@ def test_beam_search_through_the_cache_equals_the_search_over_full_forward_passe
     return jax.nn.log_softmax(logits_XV, axis=-1), (tgt_XL, pos_X + 1)
 
   start = (jnp.full((B * Z, J), cfg.pad_id, jnp.int32), jnp.zeros((B * Z,), jnp.int32))
-  # The eos traced (-1: none, as beam_search documents for None): one compiled search.
-  search = jax.jit(lambda eos_id: beam_search(full_forward_step, start, batch=B, beam_size=Z,
-                                              max_len=J, bos_id=1, eos_id=eos_id,
-                                              length_penalty=alpha, pad_id=cfg.pad_id))
-  reference = lambda eos_id: np.asarray(search(jnp.int32(-1 if eos_id is None else eos_id)))
+  # The eos and alpha traced (eos -1: none, as beam_search documents for None): one
+  # compiled search.
+  search = jax.jit(lambda eos_id, a: beam_search(full_forward_step, start, batch=B,
+                                                 beam_size=Z, max_len=J, bos_id=1,
+                                                 eos_id=eos_id, length_penalty=a,
+                                                 pad_id=cfg.pad_id))
+  reference = lambda eos_id, a=alpha: np.asarray(
+      search(jnp.int32(-1 if eos_id is None else eos_id), jnp.float32(a)))
 
   run = lambda eos_id: np.asarray(attnlab.generate(model, src, max_new_tokens=J, eos_id=eos_id,
                                                    beam_size=Z, length_penalty=alpha))
   _equal_with_and_without_eos(run, reference, cfg.pad_id)
+  free = reference(None)
+  decided = [e for e in dict.fromkeys(free[:, :-1].ravel().tolist())
+             if not np.array_equal(reference(e), reference(e, 0.6))]
+  assert decided, "no eos of this model makes the length penalty decide: pick another alpha"
+  np.testing.assert_array_equal(run(decided[0]), reference(decided[0]))
 
 
 def _equal_with_and_without_eos(run, reference, pad_id) -> int:

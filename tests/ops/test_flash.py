@@ -348,9 +348,12 @@ if given is not None:
                   segments=segments, block_q=block_q, block_k=block_k, seed=T * 97 + S)
 
 
-@pytest.mark.parametrize("causal,window", [(True, None), (False, 3), (True, 3), (False, None)])
+@pytest.mark.parametrize("causal,window", [(True, None), (False, 3), (True, 3), (False, None),
+                                           (False, 10), (True, 10)])
 def test_block_ranges_match_the_predicate(causal, window):
-  """key_range / query_range bound exactly the positions position_mask allows."""
+  """key_range / query_range bound exactly the positions position_mask allows. A window of
+  10 reaches from the last keys past the last query (query_range's clamp at q_hi: 3 never
+  does, so a query range cut 2 short there passed until 2026-12-05)."""
   kv_len, q_start, q_stop = 23, 4, 30
   qs, ks = np.arange(q_start, q_stop), np.arange(kv_len)
   allowed = np.asarray(masks.position_mask(qs[:, None], ks[None, :], causal=causal,

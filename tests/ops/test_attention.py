@@ -228,6 +228,19 @@ def test_an_explicit_scale_replaces_one_over_sqrt_h(impl):
                                atol=1e-5, rtol=1e-5)
 
 
+def test_the_edges_of_what_the_checks_accept():
+  """An integer 0-d array scale (traced: "reference" takes one) scales as its value does,
+  and the lowest q_offset accepted, -2**31, is accepted (here without causal or window,
+  so it changes nothing). Until 2026-12-05 no test gave either: the validator refusing
+  integer array scales, or -2**31, passed."""
+  q, k, v = make_qkv(1, 3, 5, 2, 1, 8, seed=13)
+  int_scale, plain, lowest = jax.jit(lambda q, k, v, s: (
+      attention(q, k, v, scale=s), attention(q, k, v, scale=2.0),
+      attention(q, k, v, q_offset=np.int64(-2**31))))(q, k, v, jnp.int32(2))
+  np.testing.assert_allclose(int_scale, plain, rtol=1e-6, atol=0)
+  np.testing.assert_allclose(lowest, naive_attention(q, k, v), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("impl", [reference_attention, blocked_attention, chunked_attention],
                          ids=["reference", "blocked", "chunked"])
 def test_large_scores_and_rows_far_apart_stay_exact(impl):

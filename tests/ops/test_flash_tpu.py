@@ -170,7 +170,7 @@ def test_scale_per_sequence_q_offsets_gqa_groups_and_padded_keys_reach_the_kerne
 
   Two KV heads of two query heads each (no test_parity case has K > 1 and G > 1), so the
   dK/dV grid must walk each KV head's own group (query heads 2h, 2h + 1, not h, h + 2);
-  and S = 13 in tiles of 8: row 1's queries at positions 13..20 would see the three
+  and S = 13 in tiles of 8: row 1's queries at positions 13..19 would see the three
   zero-padded keys (scores 0 in the softmax) unless the kernels mask keys past S (the
   other cases' padded keys lie past every query's causal or window reach)."""
   q, k, v, do, _ = flash_inputs(5, 2, 16, 13, 4, 2, 64, F32, None)

@@ -711,6 +711,8 @@ def test_dtypes_of_qkv_segment_ids_and_positions_are_checked_for_every_implement
       ((q, k, k), dict(scale=True), "scale=True must be a real number (or a 0-d array), got bool"),
       ((q, k, k), dict(scale=jnp.array([0.5, 0.5])),
        "scale must be one real number (shape ()), got an array of shape (2,) and dtype float32"),
+      ((q, k, k), dict(scale=jnp.array(True)),
+       "scale must be one real number (shape ()), got an array of shape () and dtype bool"),
       ((q, k, k), dict(q_segment_ids=seg_q + 0.2, kv_segment_ids=seg_k),
        "q_segment_ids must be an integer or bool array, got dtype float32"),
       ((q, k, k), dict(q_segment_ids=seg_q, kv_segment_ids=seg_k.astype(jnp.float16)),

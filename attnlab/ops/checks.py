@@ -74,12 +74,18 @@ def check_causal(causal) -> bool:
   return bool(causal)
 
 
-def check_q_offset(q_offset, batch: int):
+def check_q_offset(q_offset, batch: int, num_queries: int):
   """A Python / NumPy int (returned as a Python int), or an integer array of shape () or
-  [B] (returned as given: it may be traced under jit)."""
+  [B] (returned as given: it may be traced under jit).
+
+  Query t sits at position q_offset + t, an int32: an offset whose last query would pass
+  2**31 - 1 is refused when it is a number or a NumPy array (those positions wrapped to
+  negative ones until 2026-12-05, so a causal query saw no key); a JAX array is not read.
+  """
   if is_integer(q_offset):
     if not -2**31 <= int(q_offset) < 2**31:  # an OverflowError naming nothing until 2026-12-05
       raise ValueError(f"q_offset={q_offset} must be in [-2**31, 2**31): positions are int32")
+    _check_last_query(int(q_offset), f"q_offset={q_offset}", num_queries)
     return int(q_offset)
   shape, dtype = getattr(q_offset, "shape", None), getattr(q_offset, "dtype", None)
   if shape is None or dtype is None or not np.issubdtype(dtype, np.integer):
@@ -89,7 +95,19 @@ def check_q_offset(q_offset, batch: int):
                      f"[B] = ({batch},)")
   if tuple(shape) not in ((), (batch,)):
     raise ValueError(f"q_offset shape {tuple(shape)} must be () or [B] = ({batch},)")
+  if isinstance(q_offset, np.ndarray) and q_offset.size:
+    lowest, highest = int(q_offset.min()), int(q_offset.max())
+    if lowest < -2**31:
+      raise ValueError(f"q_offset holds {lowest}, below -2**31: positions are int32")
+    _check_last_query(highest, f"q_offset holds {highest}, which", num_queries)
   return q_offset
+
+
+def _check_last_query(offset: int, what: str, num_queries: int) -> None:
+  last = offset + num_queries - 1
+  if num_queries and last >= 2**31:
+    raise ValueError(f"{what} puts query {num_queries - 1} at position {last}, past "
+                     f"2**31 - 1: positions are int32 (give q_offset <= {2**31 - num_queries})")
 
 
 def _check_ids(name: str, x, shape: tuple, what: str, bool_ok: bool = False):
@@ -134,7 +152,7 @@ def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, causal=False, window=None, q_offset=0,
   check_query_heads(q_BTNH, num_kv_heads=k_BSKH.shape[2], head_dim=k_BSKH.shape[3])
   causal = check_causal(causal)
   window = check_window(window)
-  q_offset = check_q_offset(q_offset, q_BTNH.shape[0])
+  q_offset = check_q_offset(q_offset, q_BTNH.shape[0], q_BTNH.shape[1])
   if (q_segment_ids is None) != (kv_segment_ids is None):
     raise ValueError("q_segment_ids and kv_segment_ids must be given together")
   B, T, S = q_BTNH.shape[0], q_BTNH.shape[1], k_BSKH.shape[1]

@@ -43,7 +43,7 @@ def chunked_attention(
   S = k_BSKH.shape[1]
   scale = checks.scale_value(scale, H)
   # Also when called directly, not via attention: "false" would be a truthy causal.
-  causal, q_offset = checks.check_causal(causal), checks.check_q_offset(q_offset, B)
+  causal, q_offset = checks.check_causal(causal), checks.check_q_offset(q_offset, B, T)
   window = checks.check_window(window)
   if (q_segment_ids is None) != (kv_segment_ids is None):
     raise ValueError("q_segment_ids and kv_segment_ids must be given together")

@@ -50,7 +50,7 @@ def reference_attention(
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   # Also when called directly, not via attention: "false" would be a truthy causal, and
   # the layers call it directly for attention dropout (a window past int32 overflowed).
-  causal, q_offset = checks.check_causal(causal), checks.check_q_offset(q_offset, B)
+  causal, q_offset = checks.check_causal(causal), checks.check_q_offset(q_offset, B, T)
   window = checks.check_window(window)
   if not (isinstance(dropout_rate, (int, float)) and 0.0 <= dropout_rate < 1.0):
     raise ValueError(f"dropout_rate={dropout_rate!r} must be a number in [0, 1)")

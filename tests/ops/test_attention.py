@@ -231,14 +231,17 @@ def test_an_explicit_scale_replaces_one_over_sqrt_h(impl):
 def test_the_edges_of_what_the_checks_accept():
   """An integer 0-d array scale (traced: "reference" takes one) scales as its value does,
   and the lowest q_offset accepted, -2**31, is accepted (here without causal or window,
-  so it changes nothing). Until 2026-12-05 no test gave either: the validator refusing
-  integer array scales, or -2**31, passed."""
+  so it changes nothing), as is the highest, 2**31 - T, whose last query sits at 2**31 - 1
+  (causal: every query sees the 5 keys at 0..4). Until 2026-12-05 no test gave either: the
+  validator refusing integer array scales, or -2**31, passed."""
   q, k, v = make_qkv(1, 3, 5, 2, 1, 8, seed=13)
-  int_scale, plain, lowest = jax.jit(lambda q, k, v, s: (
+  int_scale, plain, lowest, highest = jax.jit(lambda q, k, v, s: (
       attention(q, k, v, scale=s), attention(q, k, v, scale=2.0),
-      attention(q, k, v, q_offset=np.int64(-2**31))))(q, k, v, jnp.int32(2))
+      attention(q, k, v, q_offset=np.int64(-2**31)),
+      attention(q, k, v, causal=True, q_offset=2**31 - 3)))(q, k, v, jnp.int32(2))
   np.testing.assert_allclose(int_scale, plain, rtol=1e-6, atol=0)
   np.testing.assert_allclose(lowest, naive_attention(q, k, v), atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(highest, naive_attention(q, k, v), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("impl", [reference_attention, blocked_attention, chunked_attention],
@@ -653,6 +656,16 @@ BAD_CAUSAL_OR_OFFSET = [
      "q_offset=2147483648 must be in [-2**31, 2**31): positions are int32"),
     (dict(causal=True, q_offset=np.int64(-2**31 - 1)),
      "q_offset=-2147483649 must be in [-2**31, 2**31): positions are int32"),
+    # Query t sits at q_offset + t: past 2**31 - 1 it wrapped to a negative position (a
+    # causal query saw no key) until 2026-12-05. T = 4 here.
+    (dict(causal=True, q_offset=2**31 - 3),
+     "q_offset=2147483645 puts query 3 at position 2147483648, past 2**31 - 1: positions are "
+     "int32 (give q_offset <= 2147483644)"),
+    (dict(causal=True, q_offset=np.array([0, 2**31 - 1])),
+     "q_offset holds 2147483647, which puts query 3 at position 2147483650, past 2**31 - 1: "
+     "positions are int32 (give q_offset <= 2147483644)"),
+    (dict(causal=True, q_offset=np.array([-2**31 - 1, 0])),
+     "q_offset holds -2147483649, below -2**31: positions are int32"),
 ]
 
 

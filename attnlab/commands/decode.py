@@ -178,9 +178,7 @@ def _serve(args, dcfg, model, prompts, ids, tokenizer, line_of, stops) -> int:
     print(f"attnlab decode: {len(e.errors)} request(s) can never be served ({why}); the other "
           f"{sum(r is not None for r in e.results)} completed", file=sys.stderr)
     return 1
-  except GenerateInputError as e:
-    if tty and done[0]:
-      sys.stderr.write("\n")
+  except GenerateInputError as e:  # checked before any request runs: no bar to end
     raise CommandError(str(e)) from None
   if tty:
     sys.stderr.write("\n")

@@ -770,24 +770,28 @@ def test_decode_slots_batches_continuously_and_matches_plain_decode(workdir, cap
 
 
 def test_decode_slots_serves_the_others_and_names_a_request_that_can_never_fit(
-    workdir, capsys, tmp_path):
+    workdir, capsys, tmp_path, monkeypatch):
   """A prompt longer than the model's max_len cannot be served: the others print, then one
-  line names it by its line in the file (blank lines counted, as without --slots; until
-  2026-12-04 by its request index alone) and its index (its tokens count the bos before
-  the text), exit status 1."""
+  line names each such prompt by its line in the file (blank lines counted, as without
+  --slots; until 2026-12-04 by its request index alone) and its index (its tokens count
+  the bos before the text), exit status 1. On a terminal that line starts after the
+  progress bar's last frame."""
   _, cfg = attnlab.load_checkpoint(workdir)
   prompts = tmp_path / "prompts.txt"
-  prompts.write_text("ab\n\n" + "x" * cfg.max_len + "\ncd\n")
+  prompts.write_text("ab\n\n" + "x" * cfg.max_len + "\ncd\n" + "y" * (cfg.max_len + 1) + "\n")
+  monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
   rc, out, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts),
                        "--slots", "2", "--max_new_tokens", "3"], capsys)
   assert rc == 1
   assert sorted(int(line.split("\t")[0]) for line in out.splitlines()) == [0, 2]
-  last = err.strip().splitlines()[-1]
-  assert last.startswith(f"attnlab decode: 1 request(s) can never be served (line 3 of "
-                         f"{prompts} (request 1): prompt of {cfg.max_len + 1} tokens + "
-                         f"max_new_tokens 3 needs {cfg.max_len + 3} positions, more than the "
-                         f"model's max_len={cfg.max_len})"), last
-  assert last.endswith("the other 2 completed")
+  why = lambda line, i, n: (f"line {line} of {prompts} (request {i}): prompt of {n} tokens + "
+                            f"max_new_tokens 3 needs {n + 2} positions, more than the model's "
+                            f"max_len={cfg.max_len}")
+  bar, message = err.rsplit("\r", 1)[-1].split("\n", 1)
+  assert re.fullmatch(r"\[#{10} {10}\] 2/4 requests, \d+ tokens, [\d.]+ tok/s", bar), err
+  assert message == (f"attnlab decode: 2 request(s) can never be served ("
+                     f"{why(3, 1, cfg.max_len + 1)}; {why(5, 3, cfg.max_len + 2)}); the other "
+                     f"2 completed\n"), message
 
 
 @pytest.mark.parametrize("tty", [True, False], ids=["terminal", "log"])
@@ -844,24 +848,36 @@ def test_decode_slots_progress_counts_requests_tokens_and_rate(workdir, monkeypa
 def test_decode_slots_progress_in_a_log_is_a_line_per_tenth_of_the_requests(
     workdir, monkeypatch, capsys, tmp_path):
   """25 requests into a log: a line at 3, 5, 8, 10, 13, 15, 18, 20, 23 and 25 (a tenth of
-  the requests each), not 25. (The serving: a stand-in that completes each request with one
-  token.)"""
+  the requests, not of the tokens, each), not 25. Each result line is flushed as it is
+  printed (a pipe sees it when the request completes, not at the end). (The serving: a
+  stand-in that completes request i with 1 + i % 3 tokens.)"""
+  import io
+
   from attnlab.decoding import batching
 
-  token = np.asarray(decode_command._tokenizer(workdir).encode("x"), np.int32)
+  tokens = np.asarray(decode_command._tokenizer(workdir).encode("xyz"), np.int32)
 
   def served(model, ids, max_new_tokens, *, on_result, **kw):
-    assert max_new_tokens == 1 and kw["slots"] == 4
+    assert max_new_tokens == 3 and kw["slots"] == 4
     for i in range(len(ids)):
-      on_result(i, token)
+      on_result(i, tokens[:1 + i % 3])
 
+  class Stdout(io.StringIO):  # records how many lines had been written at each flush
+    flushed = []
+
+    def flush(self):
+      self.flushed.append(self.getvalue().count("\n"))
+
+  stdout = Stdout()
   monkeypatch.setattr(batching, "generate_requests", served)
   monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+  monkeypatch.setattr(sys, "stdout", stdout)
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("".join(f"p{i}\n" for i in range(25)))
-  rc, out, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts),
-                       "--slots", "4", "--max_new_tokens", "1"], capsys)
-  assert rc == 0 and len(out.splitlines()) == 25, err
+  rc, _, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts),
+                     "--slots", "4", "--max_new_tokens", "3"], capsys)
+  assert rc == 0 and len(stdout.getvalue().splitlines()) == 25, err
+  assert set(range(1, 26)) <= set(stdout.flushed), stdout.flushed
   lines = [line for line in err.splitlines() if line.startswith("attnlab decode: ")]
   assert [int(line.split()[2].split("/")[0]) for line in lines] == [
       3, 5, 8, 10, 13, 15, 18, 20, 23, 25], err

@@ -127,6 +127,27 @@ def test_decode_stops_at_the_eos_ids_of_a_generation_config_too(workdir, capsys,
   assert rc == 2 and "generation_config.json is not readable JSON" in err, err
 
 
+def test_stop_ids_are_the_tokenizers_eos_then_the_generation_configs(tmp_path):
+  """Without an eos (an hf_json tokenizer may have none) the stop ids are the generation
+  config's alone; one id is an int, none is None; ids outside the vocabulary, bools and
+  repeats are left out; at most MAX_STOP_IDS are kept."""
+  import json
+
+  from attnlab.decoding.generate import MAX_STOP_IDS
+
+  path = tmp_path / "generation_config.json"
+  assert decode_command.stop_ids(str(tmp_path), None, 10) is None
+  assert decode_command.stop_ids(str(tmp_path), 3, 10) == 3
+  path.write_text(json.dumps({"eos_token_id": 5}))
+  assert decode_command.stop_ids(str(tmp_path), None, 10) == 5
+  assert decode_command.stop_ids(str(tmp_path), 5, 10) == 5
+  assert decode_command.stop_ids(str(tmp_path), 3, 10) == [3, 5]
+  path.write_text(json.dumps({"eos_token_id": [7, True, 10, -1, "4", 7, 2]}))
+  assert decode_command.stop_ids(str(tmp_path), None, 10) == [7, 2]
+  path.write_text(json.dumps({"eos_token_id": list(range(20))}))
+  assert decode_command.stop_ids(str(tmp_path), 19, 20) == [19, *range(MAX_STOP_IDS - 1)]
+
+
 def test_decode_prints_what_generate_gives_with_every_flag(workdir, capsys, tmp_path):
   """The printed completions are ``attnlab.generate``'s with the flags passed on: greedy
   with one prompt (the completion alone); sampling (temperature, top_k, top_p, seed) with

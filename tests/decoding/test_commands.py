@@ -129,8 +129,9 @@ def test_decode_stops_at_the_eos_ids_of_a_generation_config_too(workdir, capsys,
 
 def test_stop_ids_are_the_tokenizers_eos_then_the_generation_configs(tmp_path):
   """Without an eos (an hf_json tokenizer may have none) the stop ids are the generation
-  config's alone; one id is an int, none is None; ids outside the vocabulary, bools and
-  repeats are left out; at most MAX_STOP_IDS are kept."""
+  config's alone; one id is an int, none is None; ids outside the vocabulary (0 is in it),
+  bools and repeats are left out, and a file that is no JSON object adds none; at most
+  MAX_STOP_IDS are kept."""
   import json
 
   from attnlab.decoding.generate import MAX_STOP_IDS
@@ -142,10 +143,26 @@ def test_stop_ids_are_the_tokenizers_eos_then_the_generation_configs(tmp_path):
   assert decode_command.stop_ids(str(tmp_path), None, 10) == 5
   assert decode_command.stop_ids(str(tmp_path), 5, 10) == 5
   assert decode_command.stop_ids(str(tmp_path), 3, 10) == [3, 5]
-  path.write_text(json.dumps({"eos_token_id": [7, True, 10, -1, "4", 7, 2]}))
-  assert decode_command.stop_ids(str(tmp_path), None, 10) == [7, 2]
+  path.write_text(json.dumps({"eos_token_id": [7, True, 10, -1, "4", 7, 0]}))
+  assert decode_command.stop_ids(str(tmp_path), None, 10) == [7, 0]
+  path.write_text(json.dumps([5]))  # not an object: no eos_token_id in it
+  assert decode_command.stop_ids(str(tmp_path), 3, 10) == 3
   path.write_text(json.dumps({"eos_token_id": list(range(20))}))
   assert decode_command.stop_ids(str(tmp_path), 19, 20) == [19, *range(MAX_STOP_IDS - 1)]
+
+
+def test_decode_builds_the_tokenizer_with_the_workdirs_special_ids(tmp_path):
+  """An hf_json tokenizer's bos and eos are DataConfig's (a workdir trained with its own
+  tokenizer.json has no generation_config.json: without them decode would not stop)."""
+  from tests.data.hf_tokenizer import word_level_tokenizer_json
+
+  path = word_level_tokenizer_json(tmp_path / "tokenizer.json", ["<unk>", "<s>", "</s>", "a"],
+                                   specials=("<s>", "</s>"))
+  from attnlab.config import DataConfig
+
+  tok = decode_command._make_tokenizer(DataConfig(
+      tokenizer="hf_json", tokenizer_model=str(path), bos_id=1, eos_id=2))
+  assert (tok.bos_id, tok.eos_id) == (1, 2)
 
 
 def test_decode_prints_what_generate_gives_with_every_flag(workdir, capsys, tmp_path):

@@ -170,7 +170,7 @@ def _serve(args, dcfg, model, prompts, ids, tokenizer, line_of, stops) -> int:
         sampling=Sampling(temperature=dcfg.temperature, top_k=dcfg.top_k, top_p=dcfg.top_p),
         on_result=on_result)
   except batching.UnservableRequests as e:
-    if tty:
+    if tty and done[0]:  # end the bar's line (none is drawn before a first result)
       sys.stderr.write("\n")
     # Named by their lines in the file, as without --slots (the request index skips blank
     # lines: until 2026-12-04 "request 1" could be line 3).

@@ -830,6 +830,14 @@ def test_decode_slots_serves_the_others_and_names_a_request_that_can_never_fit(
   assert message == (f"attnlab decode: 2 request(s) can never be served ("
                      f"{why(3, 1, cfg.max_len + 1)}; {why(5, 3, cfg.max_len + 2)}); the other "
                      f"2 completed\n"), message
+  # One --prompt is named as such; no bar was drawn, so no line ends it.
+  rc, out, err = _run(["decode", "--workdir", workdir, "--prompt", "x" * cfg.max_len,
+                       "--slots", "1", "--max_new_tokens", "3"], capsys)
+  assert rc == 1 and out == ""
+  assert err == (
+      f"attnlab decode: 1 request(s) can never be served (the prompt (request 0): prompt of "
+      f"{cfg.max_len + 1} tokens + max_new_tokens 3 needs {cfg.max_len + 3} positions, more "
+      f"than the model's max_len={cfg.max_len}); the other 0 completed\n"), err
 
 
 @pytest.mark.parametrize("tty", [True, False], ids=["terminal", "log"])

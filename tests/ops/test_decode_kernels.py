@@ -8,6 +8,7 @@ slots at positions >= length empty (``kv_positions = -1``).
 import functools
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -280,7 +281,9 @@ def test_a_bad_page_table_entry_reads_inside_the_pool(monkeypatch):
   edges = lambda x: jnp.concatenate([jnp.full((1, *x.shape[1:]), jnp.inf), x,
                                      jnp.full((1, *x.shape[1:]), jnp.nan)])
   k_pages, v_pages, table_BM = edges(k_pages), edges(v_pages), table_BM + 1
-  table_BM = table_BM.at[0, 1].set(-1).at[1, 0].set(k_pages.shape[0] + 3)
+  # Row 1's page 0 is P, the first id past the pool (a kernel that took ids up to P as
+  # pages, ``entry <= num_pages``, read the last page as its own: mutation testing).
+  table_BM = table_BM.at[0, 1].set(-1).at[1, 0].set(k_pages.shape[0])
   got = jax.jit(decode.paged_decode_attention)(q, k_pages, v_pages, table_BM, lengths_B)
   assert np.all(np.isfinite(np.asarray(got)))
   pos_S = np.arange(S)
@@ -389,6 +392,73 @@ def test_the_gpu_padded_head_dim_and_rows_in_interpret_mode(monkeypatch, int8):
     assert got.shape == q.shape, name
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5,
                                err_msg=name)
+
+
+def test_lengths_past_2_to_the_24_are_exact():
+  """Lengths are int32 all the way into the kernels: past 2**24 float32 no longer holds every
+  integer (2**24 + 1 rounds to 2**24), so a kernel handed its lengths as float32 would shift
+  the window by one there. A cache of 16 slots, lengths past it (the slots past S are simply
+  not there), and a window that reaches back to slots 4 / 5 of row 0 only: row 0 is at
+  2**24 + 1, row 1 at 2**31 - 1, the highest int32 (its window reaches no slot). A mutant
+  that cast the lengths with ``astype(None)`` (float32) passed the parity tests, whose
+  lengths are all far below 2**24."""
+  B, T, S, N, K, H, C = 2, 2, 16, 4, 2, 32, 8
+  q, k, v = _inputs(8, B, T, S, N, K, H, jnp.float32)
+  lengths_B = jnp.array([2**24 + 1, 2**31 - 1], jnp.int32)
+  W = 2**24 - 4  # row 0's queries (2**24 - 1, 2**24) see slots 4.. and 5..
+  k_pages, v_pages, table_BM = _paginate(k, v, C, seed=1)
+  heads_major = lambda x: jnp.swapaxes(x, 1, 2)
+  outs = _in_one_program({  # the kernels and the references: one compilation
+      "contiguous": (decode.decode_attention, (q, k, v, lengths_B), dict(window=W)),
+      "heads_major": (decode.decode_attention_heads_major, (
+          q, heads_major(k), heads_major(v), lengths_B), dict(window=W)),
+      "paged": (decode.paged_decode_attention, (q, k_pages, v_pages, table_BM, lengths_B),
+                dict(window=W)),
+      "want": (decode_reference, (q, k, v, lengths_B), dict(window=W)),
+  })
+  want = np.asarray(outs.pop("want"))
+  for name, got in outs.items():
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def _kernel_dots(closed_jaxpr):
+  """{kernel name: [(lhs dtype, rhs dtype) of each dot_general in its body]}."""
+  found = {}
+
+  def walk(jaxpr, kernel):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "dot_general" and kernel:
+        found.setdefault(kernel, []).append(tuple(str(x.aval.dtype) for x in eqn.invars))
+      inner = str(eqn.params["name"]) if eqn.primitive.name == "pallas_call" else kernel
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        walk(sub, inner)
+
+  walk(closed_jaxpr.jaxpr, None)
+  return found
+
+
+def test_a_bfloat16_cache_is_multiplied_in_bfloat16():
+  """Over a bfloat16 cache each kernel's P V product takes bfloat16 operands (float32
+  accumulation), the probabilities rounded to the cache's dtype as the reference op rounds
+  them: Triton's bfloat16 tensor-core dot on a GPU. Found by mutation testing: the
+  probabilities kept in float32, or the masked values' zero fill made in float32 (which
+  promotes the whole value tile), passed every parity test, the result being a little
+  closer to the float32 answer, and would make the GPU run float32 dots. With a bfloat16
+  query the QK^T product is bfloat16 too; a float32 query promotes the keys (Triton's dot
+  takes one dtype). Traced only: nothing is compiled."""
+  l_B = jnp.array([40, 5])
+  pages, table = jnp.ones((6, 16, 2, 32), jnp.bfloat16), jnp.zeros((2, 3), jnp.int32)
+  k = jnp.ones((2, 40, 2, 32), jnp.bfloat16)
+  run = lambda q, k, pages: (
+      decode.decode_attention(q, k, k, l_B),
+      decode.decode_attention_heads_major(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(k, 1, 2), l_B),
+      decode.paged_decode_attention(q, pages, pages, table, l_B))
+  kernels = ("attnlab_decode", "attnlab_decode_heads_major", "attnlab_paged_decode")
+  for q_dtype, qk in (("bfloat16", "bfloat16"), ("float32", "float32")):
+    q = jnp.ones((2, 2, 4, 32), q_dtype)
+    dots = _kernel_dots(jax.jit(run).trace(q, k, pages).jaxpr)
+    want = [(qk, qk), ("bfloat16", "bfloat16")]  # Q K^T, then P V
+    assert dots == dict.fromkeys(kernels, want), q_dtype
 
 
 def test_splits_do_not_change_the_result():
@@ -557,6 +627,28 @@ def test_numpy_ints_are_taken_like_python_ints():
     np.testing.assert_array_equal(got, by_lengths[2])
 
 
+def test_interpret_false_off_a_gpu_is_refused():
+  """``interpret=`` reaches ``common.resolve_interpret`` in each kernel: interpret=False (the
+  compiled Triton kernel) on a CPU host raises, where a kernel that passed None on instead
+  would run interpreted and hide it (and on a GPU ignore an ``interpret=True``)."""
+  if jax.default_backend() != "cpu":
+    pytest.skip("checks the CPU host's refusal")
+  calls = {
+      "contiguous": lambda: decode.decode_attention(
+          _Q, jnp.zeros((1, 16, 2, 32)), jnp.zeros((1, 16, 2, 32)), _LEN, interpret=False),
+      "paged": lambda: _paged(interpret=False),
+      "heads_major": lambda: _heads_major(interpret=False),
+  }
+  refused = {}
+  for name, call in calls.items():
+    try:
+      call()
+    except ValueError as e:
+      refused[name] = str(e)
+  assert refused == dict.fromkeys(
+      calls, "interpret=False needs a GPU; the default backend is 'cpu'")
+
+
 @pytest.mark.parametrize("page_size", [8, 24])
 def test_gpu_path_refuses_a_page_size_triton_cannot_tile(monkeypatch, page_size):
   """Compiled (not interpreted), the paged kernel needs pages of a power of two >= 16
@@ -648,20 +740,25 @@ def test_gpu_compiled_decode_matches_reference(H, G):
 def test_no_keys_or_no_queries_give_zeros():
   """A cache of no slots (S = 0), a page table of no pages (M = 0), a pool of no pages or no
   sequences (B = 0): zeros of the queries' shape, as attention() gives for no keys (each a
-  ZeroDivisionError of the split count until 2026-12-04)."""
-  q, no = jnp.ones((1, 1, 4, 32)), jnp.zeros((0,), jnp.int32)
+  ZeroDivisionError of the split count until 2026-12-04), in the queries' dtype: a bfloat16
+  query over a float32 cache gets bfloat16 zeros (mutation testing: zeros of the default
+  dtype, float32, passed while every query here was float32)."""
+  no = jnp.zeros((0,), jnp.int32)
   table, pool = jnp.zeros((1, 2), jnp.int32), jnp.ones((5, 16, 2, 32))
   calls = [
-      lambda: decode.decode_attention(q, jnp.ones((1, 0, 2, 32)), jnp.ones((1, 0, 2, 32)), _LEN),
-      lambda: decode.decode_attention_heads_major(q, jnp.ones((1, 2, 0, 32)),
-                                                  jnp.ones((1, 2, 0, 32)), _LEN),
-      lambda: decode.paged_decode_attention(q, pool, pool, jnp.zeros((1, 0), jnp.int32), _LEN),
-      lambda: decode.paged_decode_attention(q, pool[:0], pool[:0], table, _LEN),
-      lambda: decode.decode_attention(q[:0], jnp.ones((0, 16, 2, 32)), jnp.ones((0, 16, 2, 32)),
-                                      no),
-      lambda: decode.paged_decode_attention(q[:0], pool, pool, table[:0], no),
+      lambda q: decode.decode_attention(q, jnp.ones((1, 0, 2, 32)), jnp.ones((1, 0, 2, 32)),
+                                        _LEN),
+      lambda q: decode.decode_attention_heads_major(q, jnp.ones((1, 2, 0, 32)),
+                                                    jnp.ones((1, 2, 0, 32)), _LEN),
+      lambda q: decode.paged_decode_attention(q, pool, pool, jnp.zeros((1, 0), jnp.int32), _LEN),
+      lambda q: decode.paged_decode_attention(q, pool[:0], pool[:0], table, _LEN),
+      lambda q: decode.decode_attention(q[:0], jnp.ones((0, 16, 2, 32)),
+                                        jnp.ones((0, 16, 2, 32)), no),
+      lambda q: decode.paged_decode_attention(q[:0], pool, pool, table[:0], no),
   ]
-  for i, call in enumerate(calls):
-    out = call()
-    want = (0, 1, 4, 32) if i >= 4 else q.shape
-    assert out.shape == want and out.dtype == q.dtype and not np.any(np.asarray(out)), i
+  for dtype in (jnp.float32, jnp.bfloat16):
+    q = jnp.ones((1, 1, 4, 32), dtype)
+    for i, call in enumerate(calls):
+      out = call(q)
+      want = (0, 1, 4, 32) if i >= 4 else q.shape
+      assert out.shape == want and out.dtype == dtype and not np.any(np.asarray(out)), (i, dtype)

@@ -211,6 +211,20 @@ def test_masked_blocks_control():
   assert not np.all(np.isfinite(np.asarray(dv[:, 64:80])))  # key block 4 reads query block 7
 
 
+def test_a_query_block_that_sees_no_key_computes_nothing():
+  """Every query sits past the keys' reach (q_offset 100, causal window 4, T = S = 16 in
+  tiles of 8), so every query block's key range and every key block's query range is
+  empty: those steps map to block ``first`` (fetched once) and must never compute on it.
+  With every input NaN, out and each gradient are exactly 0 only if no step computes (a
+  masked tile still multiplies its zero probabilities by the NaN values)."""
+  nan = jnp.full((1, 16, 1, 64), jnp.nan, F32)
+  got = value_and_grads(lambda q, k, v: flash_tpu.flash_attention_tpu(
+      q, k, v, causal=True, window=4, q_offset=100, block_q=8, block_k=8, interpret=True))(
+      nan, nan, nan, nan)
+  for name, x in zip(NAMES, got, strict=True):
+    assert np.all(np.asarray(x) == 0), name
+
+
 def _nan_blocks_run(debug):
   q, k, v, do, _ = flash_inputs(5, 1, 128, 128, 1, 1, 64, F32, None)
   nan = jnp.float32(jnp.nan)

@@ -78,3 +78,48 @@ def kernel_blocks(jaxpr):
 
   walk(jaxpr.jaxpr)
   return found
+
+
+def kernel_dots(closed_jaxpr):
+  """{kernel name: [(lhs dtype, rhs dtype) of each dot_general in its body]} of every
+  pallas_call in a jaxpr."""
+  found = {}
+
+  def walk(jaxpr, kernel):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "dot_general" and kernel:
+        found.setdefault(kernel, []).append(tuple(str(x.aval.dtype) for x in eqn.invars))
+      inner = str(eqn.params["name"]) if eqn.primitive.name == "pallas_call" else kernel
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        walk(sub, inner)
+
+  walk(closed_jaxpr.jaxpr, None)
+  return found
+
+
+def far_apart_inputs(B, T, S, N, K, H):
+  """(q, k, v, dout) float32 whose scores lie far from 0 and far apart by row: query (t, n)
+  is +-300 / sqrt(H) * ones(H) (the sign alternating over t + n), key s is x_s * ones(H)
+  with x_s in [0.5, 1], so at the default scale 1 / sqrt(H) the scores are +-300 x_s, in
+  [150, 300] or [-300, -150]. A softmax that starts its running max at 0 instead of -inf
+  underflows a negative row to 0 / 0 (every exp(s - 0) is 0 in float32), and one max for
+  all rows does the same; values and dout are random."""
+  x_S = np.linspace(0.5, 1.0, S)
+  sign_TN = np.where((np.arange(T)[:, None] + np.arange(N)[None]) % 2 == 0, 1.0, -1.0)
+  q = np.broadcast_to(300 / np.sqrt(H) * sign_TN[None, :, :, None], (B, T, N, H))
+  k = np.broadcast_to(x_S[None, :, None, None], (B, S, K, H))
+  rng = random_arrays.rng(29)
+  v = random_arrays.normal(rng, (B, S, K, H), jnp.float32)
+  do = random_arrays.normal(rng, (B, T, N, H), jnp.float32)
+  return jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32), v, do
+
+
+def assert_far_apart_close(got, want):
+  """(out, dq, dk, dv) of ``far_apart_inputs`` against the float64 ones. The backward
+  recomputes P as exp(s - lse) with s and lse near +-300, where float32's spacing is
+  2**-15: P carries a relative error of ~3e-5, and the gradients' O(1) terms an absolute
+  one of ~1e-5 (the reference op, which subtracts the row max, is closer), so 1e-4."""
+  for name, g, w in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
+    np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=1e-5 if name == "out" else 1e-4,
+                               atol=1e-5 if name == "out" else 1e-4, err_msg=name)
+

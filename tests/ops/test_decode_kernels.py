@@ -8,14 +8,13 @@ slots at positions >= length empty (``kv_positions = -1``).
 import functools
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from attnlab.ops.pallas import common, decode
 from tests import random_arrays
-from tests.ops.flash_inputs import decode_reference
+from tests.ops.flash_inputs import decode_reference, far_apart_inputs, kernel_dots
 from tests.ops.tolerances import assert_bf16_close
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
@@ -394,6 +393,31 @@ def test_the_gpu_padded_head_dim_and_rows_in_interpret_mode(monkeypatch, int8):
                                err_msg=name)
 
 
+def test_scores_far_below_zero_keep_their_softmax():
+  """Query rows whose scores all lie in [-300, -150] next to rows in [150, 300], over two
+  splits (of two 16-slot pages in the paged kernel): each row's running max starts at
+  -inf and the splits combine by their own maxima, so a far-negative row is still its own
+  softmax in each kernel. No kernel test had scores that far below 0 until 2026-12-05 (a
+  running max started at 0 passed the TPU flash kernel's tests, and gives such rows 0)."""
+  q, k, v, _ = far_apart_inputs(2, 2, 64, 4, 2, 32)
+  lengths_B = jnp.array([64, 37], jnp.int32)
+  k_pages, v_pages, table_BM = _paginate(k, v, 16, seed=2)
+  heads_major = lambda x: jnp.swapaxes(x, 1, 2)
+  outs = _in_one_program({  # the kernels and the reference: one compilation
+      "contiguous": (decode.decode_attention, (q, k, v, lengths_B), dict(num_splits=2)),
+      "heads_major": (decode.decode_attention_heads_major, (
+          q, heads_major(k), heads_major(v), lengths_B), dict(num_splits=2)),
+      "paged": (decode.paged_decode_attention, (q, k_pages, v_pages, table_BM, lengths_B),
+                dict(pages_per_split=2)),
+      "want": (decode_reference, (q, k, v, lengths_B), {}),
+  })
+  want = np.asarray(outs.pop("want"))
+  # The splits are combined by their log-sum-exps, near +-300 here, where float32's
+  # spacing is 2**-15: weights with a relative error of ~3e-5, hence 1e-4.
+  for name, got in outs.items():
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
 def test_lengths_past_2_to_the_24_are_exact():
   """Lengths are int32 all the way into the kernels: past 2**24 float32 no longer holds every
   integer (2**24 + 1 rounds to 2**24), so a kernel handed its lengths as float32 would shift
@@ -421,22 +445,6 @@ def test_lengths_past_2_to_the_24_are_exact():
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
-def _kernel_dots(closed_jaxpr):
-  """{kernel name: [(lhs dtype, rhs dtype) of each dot_general in its body]}."""
-  found = {}
-
-  def walk(jaxpr, kernel):
-    for eqn in jaxpr.eqns:
-      if eqn.primitive.name == "dot_general" and kernel:
-        found.setdefault(kernel, []).append(tuple(str(x.aval.dtype) for x in eqn.invars))
-      inner = str(eqn.params["name"]) if eqn.primitive.name == "pallas_call" else kernel
-      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-        walk(sub, inner)
-
-  walk(closed_jaxpr.jaxpr, None)
-  return found
-
-
 def test_a_bfloat16_cache_is_multiplied_in_bfloat16():
   """Over a bfloat16 cache each kernel's P V product takes bfloat16 operands (float32
   accumulation), the probabilities rounded to the cache's dtype as the reference op rounds
@@ -456,7 +464,7 @@ def test_a_bfloat16_cache_is_multiplied_in_bfloat16():
   kernels = ("attnlab_decode", "attnlab_decode_heads_major", "attnlab_paged_decode")
   for q_dtype, qk in (("bfloat16", "bfloat16"), ("float32", "float32")):
     q = jnp.ones((2, 2, 4, 32), q_dtype)
-    dots = _kernel_dots(jax.jit(run).trace(q, k, pages).jaxpr)
+    dots = kernel_dots(jax.jit(run).trace(q, k, pages).jaxpr)
     want = [(qk, qk), ("bfloat16", "bfloat16")]  # Q K^T, then P V
     assert dots == dict.fromkeys(kernels, want), q_dtype
 

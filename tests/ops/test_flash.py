@@ -28,7 +28,14 @@ from attnlab.ops import masks
 from attnlab.ops.pallas import common, flash
 from attnlab.ops.reference import reference_attention
 from tests import random_arrays
-from tests.ops.flash_inputs import flash_inputs, kernel_blocks, value_and_grads
+from tests.ops.flash_inputs import (
+  assert_far_apart_close,
+  far_apart_inputs,
+  flash_inputs,
+  kernel_blocks,
+  kernel_dots,
+  value_and_grads,
+)
 from tests.ops.naive import naive_attention, naive_attention_grads
 from tests.ops.tolerances import assert_bf16_close
 
@@ -134,6 +141,32 @@ def test_per_batch_offset_and_default_blocks():
   got = value_and_grads(lambda q, k, v: flash.flash_attention(q, k, v, **kw))(q, k, v, do)
   for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
     _assert_close(a, b, F32, name)
+
+
+def test_scores_far_below_zero_keep_their_softmax():
+  """Rows whose scores all lie in [-300, -150] next to rows in [150, 300] (S = 24 in tiles
+  of 8): each row's running max starts at -inf (forward and backward, against the float64
+  formulas). No kernel test had scores that far below 0 until 2026-12-05 (a running max
+  started at 0 passed the TPU kernel's tests, and gives such rows 0)."""
+  q, k, v, do = far_apart_inputs(1, 8, 24, 2, 1, 64)
+  got = value_and_grads(lambda q, k, v: flash.flash_attention(
+      q, k, v, block_q=8, block_k=8, interpret=True))(q, k, v, do)
+  assert_far_apart_close(got, naive_attention_grads(q, k, v, do))
+
+
+def test_bfloat16_inputs_are_multiplied_in_bfloat16():
+  """With bfloat16 q / k / v every product of the three kernels takes bfloat16 operands
+  (float32 accumulation): P and dS are rounded to the inputs' dtype before their products,
+  as the reference op rounds them, so Triton runs bfloat16 tensor-core dots. Keeping them
+  in float32 is a little closer to the float32 answer, so no parity test sees it. Traced
+  only (interpret mode: the GPU kernels' own bodies)."""
+  q, k, v, do, _ = flash_inputs(3, 1, 32, 32, 2, 1, 64, jnp.bfloat16, None)
+  fn = value_and_grads(lambda q, k, v: flash.flash_attention(q, k, v, causal=True,
+                                                             interpret=True))
+  dots = kernel_dots(fn.trace(q, k, v, do).jaxpr)
+  assert {name: len(pairs) for name, pairs in dots.items()} == {
+      "attnlab_flash_forward": 2, "attnlab_flash_dq": 3, "attnlab_flash_dkv": 4}, dots
+  assert all(pair == ("bfloat16", "bfloat16") for pairs in dots.values() for pair in pairs), dots
 
 
 @pytest.mark.parametrize("causal,window,segments", [(True, 24, "packed"), (False, None, "pad")])

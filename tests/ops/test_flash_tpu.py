@@ -33,7 +33,15 @@ import attnlab
 from attnlab.ops.pallas import flash, flash_tpu
 from attnlab.ops.pallas.common import BlockSizes
 from attnlab.ops.reference import reference_attention
-from tests.ops.flash_inputs import flash_inputs, kernel_blocks, value_and_grads
+from tests.ops.flash_inputs import (
+  assert_far_apart_close,
+  far_apart_inputs,
+  flash_inputs,
+  kernel_blocks,
+  kernel_dots,
+  value_and_grads,
+)
+from tests.ops.naive import naive_attention_grads
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 BF16_MULTIPLE = 3.0  # kernel error <= this x the bf16 reference's error (+ a float32 floor)
@@ -223,6 +231,34 @@ def test_a_query_block_that_sees_no_key_computes_nothing():
       nan, nan, nan, nan)
   for name, x in zip(NAMES, got, strict=True):
     assert np.all(np.asarray(x) == 0), name
+
+
+def test_scores_far_below_zero_keep_their_softmax():
+  """Rows whose scores all lie in [-300, -150] next to rows in [150, 300] (S = 24 in tiles
+  of 8): each row's running max starts at -inf, so a far-negative row is still its own
+  softmax, forward and backward, against the float64 formulas. Until 2026-12-05 no kernel
+  test had scores that far below 0: a running max started at 0 passed them all (a hand
+  break), and gives such rows 0."""
+  q, k, v, do = far_apart_inputs(1, 8, 24, 2, 1, 64)
+  got = value_and_grads(lambda q, k, v: flash_tpu.flash_attention_tpu(
+      q, k, v, block_q=8, block_k=8, interpret=True))(q, k, v, do)
+  assert_far_apart_close(got, naive_attention_grads(q, k, v, do))
+
+
+def test_bfloat16_inputs_are_multiplied_in_bfloat16():
+  """With bfloat16 q / k / v every product of the three kernels takes bfloat16 operands
+  (float32 accumulation): the probabilities and dS are rounded to the inputs' dtype before
+  their products, as the reference op rounds them, and the MXU runs bfloat16 matmuls. A
+  kernel that kept them in float32 is a little closer to the float32 answer, so no parity
+  test sees it (a hand break of the forward's P V product passed them all). Traced only."""
+  q, k, v, do, _ = flash_inputs(3, 1, 16, 16, 2, 1, 64, jnp.bfloat16, None)
+  fn = value_and_grads(lambda q, k, v: flash_tpu.flash_attention_tpu(
+      q, k, v, causal=True, block_q=8, block_k=8, interpret=True))
+  dots = kernel_dots(fn.trace(q, k, v, do).jaxpr)
+  bf16 = ("bfloat16", "bfloat16")
+  assert {name: len(pairs) for name, pairs in dots.items()} == {
+      "attnlab_flash_tpu_forward": 2, "attnlab_flash_tpu_dq": 3, "attnlab_flash_tpu_dkv": 4}, dots
+  assert all(pair == bf16 for pairs in dots.values() for pair in pairs), dots
 
 
 def _nan_blocks_run(debug):

@@ -535,3 +535,14 @@ def test_checked_requests_are_int32_rows_from_id_0_to_the_last_id():
       cfg, [[0, cfg.vocab_size - 1], np.array([5], np.int64)], 3)
   assert [p.dtype for p in prompts] == [np.int32, np.int32] and budgets == [3, 3]
   assert [p.tolist() for p in prompts] == [[0, cfg.vocab_size - 1], [5]]
+
+
+def test_serve_stats_derive_occupancy_host_time_and_rate_from_their_counts():
+  """What bench_serve and ``decode --slots`` report: the mean share of slots decoding per
+  step, the wall time outside the device calls, tokens per wall second; an empty run
+  reports 0, not a ZeroDivisionError."""
+  stats = batching.ServeStats(slots=4, generated=10, decode_steps=5, live_slot_steps=12,
+                              seconds=2.0, prefill_seconds=0.5, decode_seconds=1.25)
+  assert (stats.occupancy, stats.host_seconds, stats.tokens_per_second) == (0.6, 0.25, 5.0)
+  empty = batching.ServeStats(slots=4)
+  assert (empty.occupancy, empty.host_seconds, empty.tokens_per_second) == (0.0, 0.0, 0.0)

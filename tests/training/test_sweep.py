@@ -352,3 +352,27 @@ def test_a_prompts_file_that_is_not_utf8_is_named(tmp_path):
     assert str(e.value).startswith(f"{path} holds other benchmark prompts than this sweep "
                                    "makes"), str(e.value)
   assert os.listdir(out) == [sweep_lib.PROMPTS_FILE]
+
+
+@pytest.mark.parametrize("arch,bias", [("decoder_only", False), ("encoder_decoder", True)])
+def test_param_counts_are_the_built_models_and_attention_by_hand(arch, bias):
+  """The report's "params" is every parameter of the built model; "attention_params" the
+  Q, K, V and O projections (and their biases) of every attention: the decoder's
+  self-attention, and for an encoder-decoder the encoder's and the decoder's cross-attention
+  too (counted by hand here; the report tests take param_counts' own numbers)."""
+  import math
+
+  import jax
+  from flax import nnx
+
+  from attnlab.nn.transformer import build_model
+
+  D, N, K, H, L, E = 32, 4, 2, 8, 2, 3
+  mcfg = ModelConfig(arch=arch, d_model=D, num_heads=N, num_kv_heads=K, num_layers=L,
+                     num_encoder_layers=E if arch == "encoder_decoder" else None, d_ff=64,
+                     use_bias=bias, vocab_size=50, max_len=64)
+  per_attention = D * N * H + 2 * D * K * H + N * H * D + bias * (N * H + 2 * K * H + D)
+  attentions = L + (E + L if arch == "encoder_decoder" else 0)
+  state = nnx.state(build_model(mcfg, rngs=nnx.Rngs(0)), nnx.Param)
+  total = sum(math.prod(x.shape) for x in jax.tree.leaves(state))
+  assert sweep_lib.param_counts(mcfg) == (total, attentions * per_attention)

@@ -995,6 +995,19 @@ def test_decode_hands_every_flag_to_generate(workdir, monkeypatch, capsys, tmp_p
   assert (kw["sampling"].temperature, kw["sampling"].top_k, kw["sampling"].top_p) == (
       d.temperature, d.top_k, d.top_p)
   assert "beam_size" not in kw
+  # bos is the tokenizer's, whatever it is (an hf_json one may hold another id, or none:
+  # then 1, which a decoder-only model never reads).
+  for bos, want in ((7, 7), (None, 1)):
+    other = ByteTokenizer()
+    other.bos_id = bos
+    monkeypatch.setattr(decode_command, "_make_tokenizer", lambda cfg, tok=other: tok)
+    spy.calls.clear()
+    spy.real = False
+    rc, _, err = _run(["decode", "--workdir", workdir, "--prompt", "x"], capsys)
+    spy.real = True
+    assert rc == 0 and spy.calls[0][2]["bos_id"] == want, (bos, err)
+  monkeypatch.undo()
+  spy = _GenerateSpy(monkeypatch)
   # Beam search of a decoder-only model: its width, alpha and the prompts' lengths; the
   # printed completion is the search's.
   spy.calls.clear()

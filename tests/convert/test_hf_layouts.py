@@ -479,7 +479,7 @@ def test_unreadable_config_json(tmp_path):
   assert hf.read_hf_config(str(tmp_path)) == {"model_type": "llama"}
 
 
-def test_tensor_files_errors(tmp_path):
+def test_tensor_files_errors(tmp_path, monkeypatch):
   with pytest.raises(hf.ConversionError) as e:
     hf.tensor_files(str(tmp_path))
   assert str(e.value) == (f"{tmp_path} holds no *.safetensors file (a pytorch_model.bin is not "
@@ -513,6 +513,18 @@ def test_tensor_files_errors(tmp_path):
   (tmp_path / "two.safetensors").write_bytes(whole[:len(whole) // 2])
   with pytest.raises(hf.ConversionError, match=re.escape(
       f"{tmp_path / 'two.safetensors'} is not a readable safetensors file: ")):
+    hf.tensor_files(str(tmp_path))
+  # So is a file the system cannot read (an I/O error; root reads past permissions, so the
+  # error is made by hand).
+  import safetensors
+
+  def unreadable(path, framework):
+    raise OSError(5, "Input/output error")
+
+  monkeypatch.setattr(safetensors, "safe_open", unreadable)
+  with pytest.raises(hf.ConversionError, match=re.escape(
+      f"{tmp_path / 'one.safetensors'} is not a readable safetensors file: [Errno 5] "
+      "Input/output error")):
     hf.tensor_files(str(tmp_path))
 
 

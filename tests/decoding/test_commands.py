@@ -154,12 +154,11 @@ def test_stop_ids_are_the_tokenizers_eos_then_the_generation_configs(tmp_path):
 def test_decode_builds_the_tokenizer_with_the_workdirs_special_ids(tmp_path):
   """An hf_json tokenizer's bos and eos are DataConfig's (a workdir trained with its own
   tokenizer.json has no generation_config.json: without them decode would not stop)."""
+  from attnlab.config import DataConfig
   from tests.data.hf_tokenizer import word_level_tokenizer_json
 
   path = word_level_tokenizer_json(tmp_path / "tokenizer.json", ["<unk>", "<s>", "</s>", "a"],
                                    specials=("<s>", "</s>"))
-  from attnlab.config import DataConfig
-
   tok = decode_command._make_tokenizer(DataConfig(
       tokenizer="hf_json", tokenizer_model=str(path), bos_id=1, eos_id=2))
   assert (tok.bos_id, tok.eos_id) == (1, 2)
@@ -909,7 +908,9 @@ def test_decode_slots_progress_in_a_log_is_a_line_per_tenth_of_the_requests(
       on_result(i, tokens[:1 + i % 3])
 
   class Stdout(io.StringIO):  # records how many lines had been written at each flush
-    flushed = []
+    def __init__(self):
+      super().__init__()
+      self.flushed = []
 
     def flush(self):
       self.flushed.append(self.getvalue().count("\n"))
@@ -997,6 +998,7 @@ def test_decode_hands_every_flag_to_generate(workdir, monkeypatch, capsys, tmp_p
   assert "beam_size" not in kw
   # bos is the tokenizer's, whatever it is (an hf_json one may hold another id, or none:
   # then 1, which a decoder-only model never reads).
+  make_tokenizer = decode_command._make_tokenizer
   for bos, want in ((7, 7), (None, 1)):
     other = ByteTokenizer()
     other.bos_id = bos
@@ -1006,8 +1008,7 @@ def test_decode_hands_every_flag_to_generate(workdir, monkeypatch, capsys, tmp_p
     rc, _, err = _run(["decode", "--workdir", workdir, "--prompt", "x"], capsys)
     spy.real = True
     assert rc == 0 and spy.calls[0][2]["bos_id"] == want, (bos, err)
-  monkeypatch.undo()
-  spy = _GenerateSpy(monkeypatch)
+  monkeypatch.setattr(decode_command, "_make_tokenizer", make_tokenizer)
   # Beam search of a decoder-only model: its width, alpha and the prompts' lengths; the
   # printed completion is the search's.
   spy.calls.clear()

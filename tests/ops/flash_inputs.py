@@ -122,4 +122,3 @@ def assert_far_apart_close(got, want):
   for name, g, w in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
     np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=1e-5 if name == "out" else 1e-4,
                                atol=1e-5 if name == "out" else 1e-4, err_msg=name)
-

@@ -232,8 +232,8 @@ def test_the_edges_of_what_the_checks_accept():
   """An integer 0-d array scale (traced: "reference" takes one) scales as its value does,
   and the lowest q_offset accepted, -2**31, is accepted (here without causal or window,
   so it changes nothing), as is the highest, 2**31 - T, whose last query sits at 2**31 - 1
-  (causal: every query sees the 5 keys at 0..4). Until 2026-12-05 no test gave either: the
-  validator refusing integer array scales, or -2**31, passed."""
+  (causal: every query sees the 5 keys at 0..4). Until 2026-12-05 no test gave the first two:
+  a validator that refused integer array scales, or -2**31, passed."""
   q, k, v = make_qkv(1, 3, 5, 2, 1, 8, seed=13)
   int_scale, plain, lowest, highest = jax.jit(lambda q, k, v, s: (
       attention(q, k, v, scale=s), attention(q, k, v, scale=2.0),

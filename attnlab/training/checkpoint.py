@@ -162,7 +162,13 @@ def checksums(flat: dict) -> dict:
   the device at a time). Every process of a multi-host run calls it (a collective)."""
   out = {}
   for name, x in flat.items():
-    value = _leaf_checksum(x)
+    if isinstance(x, (np.ndarray, np.generic)) and x.dtype.itemsize == 8:
+      # The words on the host: without jax_enable_x64, jit would cast a float64 / int64
+      # NumPy leaf to 32 bits first (and read one word of it); these are the words the
+      # bitcast reads with x64 on, in the same order (low word first).
+      value = _leaf_checksum(np.ascontiguousarray(x).reshape(-1).view(np.uint32))
+    else:
+      value = _leaf_checksum(x)
     out[name] = [str(x.dtype), int(np.asarray(value.addressable_data(0)))]
   return out
 

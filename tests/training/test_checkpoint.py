@@ -503,6 +503,16 @@ def test_the_checksum_is_the_documented_sum_and_stays_the_same_across_versions()
   got = checkpoint.checksums({"x": x, "y": y})
   assert got == {"x": ["float32", want["x"]], "y": ["int8", want["y"]]}
   assert got == {"x": ["float32", 3757635346], "y": ["int8", 1976701332]}
+  # An 8-byte element is two words, low first, whether or not jax runs with x64 (without
+  # it, jit would have cast a NumPy float64 to float32: 1 + 2**-40 would read as 1).
+  z = np.array([1.5, -2.25, 3e300, 1 + 2**-40], np.float64)
+  want = sum(_fmix32(int(w) ^ _fmix32(i)) for i, w in enumerate(z.view(np.uint32))) % 2**32
+  assert checkpoint.checksums({"z": z}) == {"z": ["float64", want]}
+  with jax.enable_x64(True):
+    assert checkpoint.checksums({"z": z}) == {"z": ["float64", want]}
+    assert checkpoint.checksums({"z": jnp.asarray(z)}) == {"z": ["float64", want]}
+  z[3] = 1.0
+  assert checkpoint.checksums({"z": z})["z"][1] != want
   assert [_fmix32(v) for v in (0, 1)] == [0, 0x514E28B7]  # MurmurHash3's own values
 
 

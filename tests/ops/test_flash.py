@@ -132,13 +132,18 @@ def test_grid_is_covered():
 
 
 def test_per_batch_offset_and_default_blocks():
-  """q_offset as an int [B] array, default tile sizes (one block per axis)."""
+  """q_offset as an int [B] array, default tile sizes (one block per axis): interpret
+  mode's plan, a query tile of 8 rows (T = 5 rounded up to a power of two; the Triton plan
+  would take 16) and one key tile of 64."""
   B, T, S, N, K, H = 2, 5, 40, 4, 2, 32
   q, k, v, do, _ = flash_inputs(1, B, T, S, N, K, H, F32, None)
   off = jnp.array([35, 3], jnp.int32)
   kw = dict(causal=True, window=8, q_offset=off)
   ref = value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(q, k, v, do)
-  got = value_and_grads(lambda q, k, v: flash.flash_attention(q, k, v, **kw))(q, k, v, do)
+  fn = value_and_grads(lambda q, k, v: flash.flash_attention(q, k, v, **kw))
+  blocks = kernel_blocks(fn.trace(q, k, v, do).jaxpr)["attnlab_flash_forward"]
+  assert blocks[1:3] == [((8, H), F32), ((64, H), F32)]  # a query tile, a (padded) key row
+  got = fn(q, k, v, do)
   for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
     _assert_close(a, b, F32, name)
 

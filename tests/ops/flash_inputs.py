@@ -63,8 +63,9 @@ def decode_reference(q_BTNH, k_BSKH, v_BSKH, lengths_B, window=None, scale=None)
                              q_offset=lengths_B - T, kv_positions=kv_positions, scale=scale)
 
 
-def kernel_blocks(jaxpr):
-  """{kernel name: [(kernel block shape, dtype), ...]} of every pallas_call in a jaxpr."""
+def kernel_blocks(jaxpr, arrays=False):
+  """{kernel name: [(kernel block shape, dtype), ...]} of every pallas_call in a jaxpr;
+  with ``arrays``, the shapes of the whole arrays the blocks are cut from instead."""
   found = {}
 
   def walk(jx):
@@ -72,7 +73,8 @@ def kernel_blocks(jaxpr):
       if eqn.primitive.name == "pallas_call":
         gm = eqn.params["grid_mapping"]
         found[str(eqn.params["name"])] = [
-            (tuple(bm.block_aval.shape), bm.array_aval.dtype) for bm in gm.block_mappings]
+            (tuple((bm.array_aval if arrays else bm.block_aval).shape), bm.array_aval.dtype)
+            for bm in gm.block_mappings]
       for sub in jax.extend.core.jaxprs_in_params(eqn.params):
         walk(sub)
 

@@ -309,12 +309,20 @@ def test_the_three_kernels_and_their_blocks(segments):
   """Forward and backward are three named kernels reading these blocks (squeezed axes
   dropped): the per-row query offset one int; queries, dO and outputs a query tile of every
   head; K and V a whole (padded) row of one KV head in the query-tile kernels, a key tile
-  in dK / dV, whose program holds the G query heads of its group over the whole row."""
+  in dK / dV, whose program holds the G query heads of its group over the whole row. The
+  arrays they are cut from are padded to whole tiles and no further."""
   B, T, S, N, K, H, bq, bk = 2, 40, 72, 4, 2, 32, 16, 32
   q, k, v, do, seg = flash_inputs(0, B, T, S, N, K, H, F32, "packed" if segments else None)
   fn = lambda q, k, v: flash.flash_attention(q, k, v, causal=True, block_q=bq, block_k=bk,
                                              **seg)
-  blocks = kernel_blocks(value_and_grads(fn).trace(q, k, v, do).jaxpr)
+  jaxpr = value_and_grads(fn).trace(q, k, v, do).jaxpr
+  blocks = kernel_blocks(jaxpr)
+  arrays = kernel_blocks(jaxpr, arrays=True)
+  i32 = jnp.int32
+  whole = [((B, 1), i32), ((B, 48, N, H), F32), ((B, 96, K, H), F32), ((B, 96, K, H), F32)]
+  whole_segs = [((B, 48), i32), ((B, 96), i32)] if segments else []
+  assert arrays["attnlab_flash_forward"] == [
+      *whole, *whole_segs, ((B, 48, N, H), F32), ((B, N, 48), F32)]
   Tp, Sp, G = 48, 96, N // K  # padded to whole tiles
   f32, i32 = jnp.float32, jnp.int32
   off, Q, ROW_KV, ROW = ((1,), i32), ((bq, H), f32), ((Sp, H), f32), ((bq,), f32)

@@ -275,7 +275,7 @@ def _nan_blocks_run(debug):
 
 def test_window_grid_is_the_band():
   """With a window the key axis of the grid is the band's width, not S."""
-  st = flash_tpu.TpuStatic(backend="tpu", causal=True, window=256, scale=1.0, q_len=4096,
+  st = flash_tpu.TpuStatic(causal=True, window=256, scale=1.0, q_len=4096,
                            kv_len=4096, blocks=BlockSizes(128, 128), groups=1, segments=False,
                            interpret=False)
   assert (st.nq, st.nk, st.k_steps, st.q_steps) == (32, 32, 4, 4)
@@ -308,7 +308,7 @@ def test_window_steps_are_the_most_blocks_the_band_touches():
     for bq, bk in ((8, 8), (8, 16), (16, 8), (24, 16)):
       for w in (*range(1, 20), 33, 40):
         L = 4 * (bq + bk + 2 * w)  # the band in the middle: never clipped at 0 or L
-        st = flash_tpu.TpuStatic(backend="tpu", causal=causal, window=w, scale=1.0, q_len=L,
+        st = flash_tpu.TpuStatic(causal=causal, window=w, scale=1.0, q_len=L,
                                  kv_len=L, blocks=BlockSizes(bq, bk), groups=1,
                                  segments=False, interpret=False)
         pos = np.arange(L)
@@ -327,7 +327,7 @@ def test_step_block_clamps_skipped_steps_to_the_last_visible_block():
   """Steps past the visible range [first, last) map to block last - 1 (the pipeline sees an
   unchanged index and fetches nothing); an empty range maps every step to ``first``; no
   step maps past the array."""
-  st = flash_tpu.TpuStatic(backend="tpu", causal=True, window=8, scale=1.0, q_len=64,
+  st = flash_tpu.TpuStatic(causal=True, window=8, scale=1.0, q_len=64,
                            kv_len=64, blocks=BlockSizes(8, 8), groups=1, segments=False,
                            interpret=False)
   blocks = lambda first, last, n: [int(flash_tpu._step_block(st, first, last, s, n))

@@ -38,9 +38,9 @@ class BlockSizes:
 @dataclasses.dataclass(frozen=True)
 class FlashStatic:
   """The static (hashable) settings of one flash call: the ``custom_vjp``'s
-  non-differentiable argument, read by the kernels."""
+  non-differentiable argument, read by the kernels. (Until 2026-12-05 it also named its
+  backend, which nothing read: each backend has its own ``custom_vjp``.)"""
 
-  backend: str  # "gpu" (flash_gpu.py) or "tpu" (flash_tpu.py)
   causal: bool
   window: int | None
   scale: float

@@ -187,7 +187,7 @@ def _flash_gpu(q_BTNH, k_BSKH, v_BSKH, *, causal, window, q_segment_ids, kv_segm
     kv_seg = jnp.pad(kv_segment_ids.astype(jnp.int32), ((0, 0), (0, Sp - S)))
   off_B1 = jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), (B,))[:, None]
   st = common.FlashStatic(
-      backend="gpu", causal=bool(causal), window=window, scale=scale, q_len=T, kv_len=S,
+      causal=bool(causal), window=window, scale=scale, q_len=T, kv_len=S,
       blocks=blocks, groups=N // K, segments=segments, interpret=interpret)
   out = _flash(st, q, k, v, off_B1, q_seg, kv_seg)
   return out[:, :T, :, :H]

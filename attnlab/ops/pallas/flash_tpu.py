@@ -522,7 +522,7 @@ def flash_attention_tpu(q_BTNH, k_BSKH, v_BSKH, *, causal: bool = False,
     kv_seg = jnp.pad(kv_segment_ids.astype(jnp.int32), ((0, 0), (0, Sp - S)))[:, None, :]
   off_B = jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), (B,))
   st = TpuStatic(
-      backend="tpu", causal=bool(causal), window=window,
+      causal=bool(causal), window=window,
       scale=checks.scale_value(scale, H), q_len=T, kv_len=S,
       blocks=blocks, groups=N // K, segments=segments, interpret=interpret, **(_debug or {}))
   out_BNTH = _flash_jit(st, q, k, v, off_B, q_seg, kv_seg)

@@ -38,11 +38,14 @@ def _host(tree):
   return jax.tree.map(lambda x: np.array(jax.device_get(x)), tree)
 
 
-def hand_loss(graphdef, rest, params, batch, eps):
-  """Mean over the counted tokens of -sum_v q_v log p_v, q = (1 - eps) one_hot + eps / V."""
+def hand_loss(graphdef, rest, params, batch, eps, src_segments=False):
+  """Mean over the counted tokens of -sum_v q_v log p_v, q = (1 - eps) one_hot + eps / V.
+  The source is pad-masked (tokens equal to pad_id), or with ``src_segments`` masked by the
+  batch's ``src_segment_ids_BS``."""
   model = nnx.merge(graphdef, params, rest)
+  seg = dict(src_segment_ids_BS=jnp.asarray(batch["src_segment_ids_BS"])) if src_segments else {}
   logits_BTV = model(jnp.asarray(batch["src_BS"]), jnp.asarray(batch["tgt_in_BT"]),
-                     tgt_segment_ids_BT=jnp.asarray(batch["tgt_segment_ids_BT"]))
+                     tgt_segment_ids_BT=jnp.asarray(batch["tgt_segment_ids_BT"]), **seg)
   V = logits_BTV.shape[-1]
   logp_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
   q_BTV = (1 - eps) * jax.nn.one_hot(batch["targets_BT"], V) + eps / V
@@ -178,6 +181,31 @@ def test_dropout_draws_depend_on_the_step_and_eval_turns_dropout_off(batch):
   assert float(weight) == float(np.sum(batch["loss_mask_BT"]))
   want = jax.jit(lambda params: hand_loss(graphdef, rest, params, batch, 0.0))(params)
   np.testing.assert_allclose(float(nll_sum) / float(weight), float(want), rtol=1e-5)
+
+
+def test_a_source_token_with_the_pad_id_is_seen_by_the_encoder(batch):
+  """The steps mask the source by the batch's ``src_segment_ids_BS`` (the pipeline's, from the
+  lengths), not by comparing tokens with pad_id: a tokenizer.json may give a real token the
+  pad id (0 is "!" in GPT-2's), and pad-masking hid it from the encoder and the
+  cross-attention. Reference: the model given the batch's segment ids by hand; the same
+  batch pad-masked gives another loss. (Both steps build their logits with
+  ``model_logits``; the eval step's is checked.)"""
+  # Every row's first source token, a real one (segment 1), given the pad id.
+  assert (batch["src_segment_ids_BS"][:, 0] == 1).all()
+  assert (batch["src_BS"][:, 0] != MCFG.pad_id).all()
+  src_BS = batch["src_BS"].copy()
+  src_BS[:, 0] = MCFG.pad_id
+  pad_batch = dict(batch, src_BS=src_BS)
+  setup, state = steps.init_train(MCFG, TrainConfig(**SGD), sharding.make_mesh((1, 1, 1)))
+  hand = jax.jit(lambda params, segments: hand_loss(setup.graphdef, setup.rest, params,
+                                                    pad_batch, 0.0, segments),
+                 static_argnums=1)
+  params = _host(state["params"])
+  want = float(hand(params, True))
+  assert abs(want - float(hand(params, False))) > 1e-3  # the masking matters to the loss
+  nll_sum, weight = steps.make_eval_step(setup)(state["params"],
+                                                steps.put_batch(pad_batch, setup))
+  np.testing.assert_allclose(float(nll_sum) / float(weight), want, rtol=1e-5)
 
 
 def test_decoder_only_step_on_packed_documents_equals_hand_computed_loss(tmp_path):

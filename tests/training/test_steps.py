@@ -210,7 +210,9 @@ def test_a_source_token_with_the_pad_id_is_seen_by_the_encoder(batch):
 
 def test_decoder_only_step_on_packed_documents_equals_hand_computed_loss(tmp_path):
   """A decoder-only LM batch packs several documents per row: the train and eval steps
-  must pass their positions (restarting per document) and segment ids to the model."""
+  must pass their positions (restarting per document) and segment ids to the model. Then
+  the same programs on a batch that counts one token and on one that counts none (the
+  division by the token count)."""
   for i in range(6):
     (tmp_path / f"d{i}.py").write_text(f"x{i} = {i}\n" * (i + 1))  # documents of 7..42 bytes
   # Absolute (sinusoidal) positions: under RoPE, positions that restart per document and
@@ -239,10 +241,24 @@ def test_decoder_only_step_on_packed_documents_equals_hand_computed_loss(tmp_pat
 
   want = float(hand(params, True))
   assert abs(want - float(hand(params, False))) > 1e-3  # the packing matters to the loss
-  nll_sum, weight = steps.make_eval_step(setup)(state["params"], steps.put_batch(lm_batch, setup))
+  eval_step, train_step = steps.make_eval_step(setup), steps.make_train_step(setup, tcfg)
+  nll_sum, weight = eval_step(state["params"], steps.put_batch(lm_batch, setup))
   np.testing.assert_allclose(float(nll_sum) / float(weight), want, rtol=1e-5)
-  _, m = steps.make_train_step(setup, tcfg)(state, steps.put_batch(lm_batch, setup))
+  state, m = train_step(state, steps.put_batch(lm_batch, setup))
   np.testing.assert_allclose(float(m["loss"]), want, rtol=1e-5)
+  # A batch that counts one token: the step's loss is that token's NLL (the eval step's,
+  # checked above), not divided by more; only a count of 0 is raised (to 1), and a batch
+  # counting none takes a finite step of loss 0.
+  one_BT = np.zeros_like(lm_batch["loss_mask_BT"])
+  one_BT.flat[np.flatnonzero(lm_batch["loss_mask_BT"])[0]] = 1.0
+  one_batch = dict(lm_batch, loss_mask_BT=one_BT)
+  nll_sum, weight = eval_step(state["params"], steps.put_batch(one_batch, setup))
+  assert float(weight) == 1.0
+  state, m = train_step(state, steps.put_batch(one_batch, setup))
+  np.testing.assert_allclose(float(m["loss"]), float(nll_sum), rtol=1e-5)
+  none_batch = dict(lm_batch, loss_mask_BT=np.zeros_like(one_BT))
+  _, m = train_step(state, steps.put_batch(none_batch, setup))
+  assert bool(m["finite"]) and float(m["loss"]) == 0.0 and float(m["tokens"]) == 0.0
 
 
 def test_every_dropout_stream_gets_its_own_key():

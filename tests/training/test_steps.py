@@ -300,6 +300,18 @@ def test_model_rngs_take_every_seed_and_keep_seeds_apart():
                                 jax.random.key_data(jax.random.key(5)))
 
 
+def test_the_schedule_is_built_for_the_models_width():
+  """``init_train`` builds the optimizer for the model's ``d_model``, which the paper's
+  inverse_sqrt schedule reads: lr * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5) at s =
+  count + 1, by hand for d_model 32 (the other schedules do not read it)."""
+  tcfg = TrainConfig(schedule="inverse_sqrt", learning_rate=2.0, warmup_steps=3, steps=5)
+  setup, _ = steps.init_train(MCFG, tcfg, sharding.make_mesh((1, 1, 1)))
+  for count in range(6):
+    s = count + 1
+    want = 2.0 * MCFG.d_model ** -0.5 * min(s ** -0.5, s * 3 ** -1.5)
+    np.testing.assert_allclose(float(setup.schedule(count)), want, rtol=1e-6)
+
+
 def test_each_accumulated_micro_batch_draws_its_own_dropout_masks(batch):
   """Gradient accumulation keys micro-batch i's dropout with ``fold_in(key, i)``: with A
   identical micro-batches the step's loss is the mean of A differently dropped-out losses

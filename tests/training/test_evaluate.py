@@ -558,7 +558,8 @@ def test_seq2seq_metrics_without_bleu_writes_its_folder_and_counts_nothing_on_no
 def test_no_scored_example_is_nan_not_a_score(tmp_path, caplog):
   """Every validation example cut by seq_len: exact match and BLEU are nan, with a warning,
   and the predictions file is empty (until 2026-12-04 exact match read 0.0, and BLEU raised
-  sacrebleu's IndexError out of the training run)."""
+  sacrebleu's IndexError out of the training run). Without BLEU the metrics and the warning
+  name exact match alone."""
   path = tmp_path / "p.jsonl"
   with caplog.at_level(logging.WARNING, logger=eval_lib.__name__):
     out = eval_lib.seq2seq_metrics([], ByteTokenizer(), bleu=True, predictions_path=str(path))
@@ -566,7 +567,13 @@ def test_no_scored_example_is_nan_not_a_score(tmp_path, caplog):
   assert caplog.messages == [
       "no validation example could be scored: exact match and BLEU reported as nan"]
   assert path.read_text(encoding="utf-8") == ""
-  assert math.isnan(eval_lib.seq2seq_metrics([], ByteTokenizer(), bleu=False)["exact_match"])
+  # Without BLEU: exact match alone, and the warning names it alone.
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, logger=eval_lib.__name__):
+    out = eval_lib.seq2seq_metrics([], ByteTokenizer(), bleu=False)
+  assert list(out) == ["exact_match"] and math.isnan(out["exact_match"])
+  assert caplog.messages == [
+      "no validation example could be scored: exact match reported as nan"]
 
 
 def test_predictions_are_utf8_text_and_bleu_without_sacrebleu_says_what_to_install(

@@ -243,7 +243,8 @@ def test_a_text_holding_the_eos_id_is_split_by_the_examples_lengths(arch, monkey
   """A tokenizer.json encodes "</s>" inside a text as its eos: the validation batches carry
   each example's source and target length, and the rows are split by them (until
   2026-12-04 by the first eos, so "a</s>b" -> "def" was scored as source "a", reference
-  "b"). Cut examples stay unscored, and so does a reference holding the eos."""
+  "b"). Cut examples stay unscored, and so does a reference holding the eos; over several
+  batches both are counted in every batch."""
   from types import SimpleNamespace
 
   from attnlab.config import DataConfig
@@ -286,11 +287,18 @@ def test_a_text_holding_the_eos_id_is_split_by_the_examples_lengths(arch, monkey
                   "prediction": list(tok.encode("def"))}]
   want_prompt = list(tok.encode("a#b")) + [tok.eos_id]
   assert seen == [want_prompt if arch == "encoder_decoder" else [tok.bos_id, *want_prompt]]
-  assert [r.getMessage() for r in caplog.records] == [
+  one_batch = [r.getMessage() for r in caplog.records]
+  assert one_batch == [
       "1 validation example(s) do not fit seq_len with their eos (cut by the data layout): "
       "not scored",
       "1 validation example(s) hold the eos id inside their reference (the tokenizer's eos "
       "string in the text), which decoding stops at: not scored"]
+  # Over two batches both counts are the batches' sum.
+  caplog.clear()
+  with caplog.at_level("WARNING", logger=eval_lib.__name__):
+    out = eval_lib.decode_batches(model, [batch, batch], eos_id=tok.eos_id, bos_id=tok.bos_id)
+  assert [e["source"] for e in out] == [list(tok.encode("a#b"))] * 2
+  assert [r.getMessage() for r in caplog.records] == ["2" + m[1:] for m in one_batch]
 
 
 def test_validation_loss_is_token_weighted_over_the_batches(caplog):

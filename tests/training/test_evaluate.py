@@ -378,12 +378,13 @@ def test_decode_batches_asks_generate_for_room_to_the_row_width(monkeypatch, arc
     assert [e["source"] for e in out] == [[5, 6]] and [e["prediction"] for e in out] == [[]]
 
 
-def test_a_short_prompt_with_a_long_reference_gets_its_room(monkeypatch):
+def test_a_short_prompt_with_a_long_reference_gets_its_room(monkeypatch, caplog):
   """max_len = T = 10; prompts of 8, 3 and 5 tokens with references of 1, 6 and 3: the batch
   call (width 8) leaves 3 new tokens, too few for the second and third rows; they go again
   at the width of their longest prompt (5: 6 new tokens, enough for the third), then the
   second alone at width 3 (8 new tokens). With an oracle for a model (the reference and eos
-  after each prompt), every example matches; until 2026-12-04 only the first did."""
+  after each prompt), every example matches; until 2026-12-04 only the first did. A row with
+  no room at any width (max_len < T) is left out and counted."""
   from types import SimpleNamespace
 
   rows = [[BOS, 11, 12, 13, 14, 15, 16, EOS, 30, EOS],
@@ -412,6 +413,24 @@ def test_a_short_prompt_with_a_long_reference_gets_its_room(monkeypatch):
   assert [e["prediction"] for e in out] == [e["reference"] for e in out] == [
       [30], [40, 41, 42, 43, 44, 45], [50, 51, 52]]
   assert calls == [((4, 8), 3), ((4, 5), 6), ((4, 3), 8)]
+  # A batch from elsewhere (the pipeline keeps seq_len <= max_len), max_len 8 < T = 10: a
+  # prompt of 3 with a reference of 6 has no room at any width (3 + 6 > 8); it is left out
+  # and counted in the warning with the cut rows; the prompt of 5 with a reference of 1 is
+  # decoded.
+  rows = [[BOS, 11, EOS, 40, 41, 42, 43, 44, 45, EOS],
+          [BOS, 17, 18, 19, EOS, 50, EOS, PAD, PAD, PAD]]
+  tokens = np.array(rows)
+  answers = {tuple(r[:r.index(EOS) + 1]): r[r.index(EOS) + 1:] for r in rows}
+  model = SimpleNamespace(cfg=SimpleNamespace(arch="decoder_only", pad_id=PAD, max_len=8))
+  calls.clear()
+  with caplog.at_level("WARNING", logger=eval_lib.__name__):
+    out = eval_lib.decode_batches(model, [{"tokens_BT": tokens,
+                                           "targets_BT": np.roll(tokens, -1, axis=1)}],
+                                  eos_id=EOS, bos_id=BOS)
+  assert [e["prediction"] for e in out] == [e["reference"] for e in out] == [[50]]
+  assert calls == [((2, 5), 4)]
+  assert caplog.messages == ["1 validation example(s) do not fit seq_len with their eos (cut "
+                             "by the data layout): not scored"]
   # Widths rounded up to a multiple of 16 where a row has its room there (fewer programs):
   # max_len = T = 48; prompts of 40, 5 and 7 tokens, references of 1, 19 and 19 tokens: the
   # second call is at width 16, not 7.

@@ -221,7 +221,8 @@ def test_split_rows_of_a_decoder_only_batch():
 
 def test_split_rows_of_an_encoder_decoder_batch():
   """The source lengths come from the batch's source segment ids (a real token with the
-  pad id, row 0's PAD, stays in the source); without them generate masks pad ids."""
+  pad id, row 0's PAD, stays in the source); without them generate masks pad ids. Sources
+  and references of T - 1 tokens are whole."""
   src = np.array([[5, PAD, EOS, PAD], [7, EOS, PAD, PAD]])
   targets = np.array([[8, 9, EOS, PAD], [EOS, PAD, PAD, PAD]])
   seg = np.array([[1, 1, 1, 0], [1, 1, 0, 0]])
@@ -235,6 +236,14 @@ def test_split_rows_of_an_encoder_decoder_batch():
   _, lengths, *_ = eval_lib._split_rows({"src_BS": src, "targets_BT": targets},
                                         "encoder_decoder", EOS, PAD)
   assert lengths is None
+  # With the examples' lengths (the pipeline's validation batches): a source and a target
+  # of T - 1 tokens, the longest that fit, are whole; longer ones (cut by the layout, which
+  # keeps the eos) stop at T - 1.
+  src, targets = np.array([[5, 6, 7, EOS]] * 2), np.array([[8, 9, 10, EOS]] * 2)
+  _, _, sources, refs, _ = eval_lib._split_rows(
+      {"src_BS": src, "targets_BT": targets, eval_lib.SOURCE_LENGTH: np.array([3, 5]),
+       eval_lib.TARGET_LENGTH: np.array([3, 4])}, "encoder_decoder", EOS, PAD)
+  assert sources == [[5, 6, 7]] * 2 and refs == [[8, 9, 10]] * 2
 
 
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])

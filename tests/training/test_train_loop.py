@@ -605,6 +605,12 @@ def test_a_refused_resume_names_the_train_config_fields_that_shape_the_optimizer
       " (ModelConfig.d_ff: 64 -> 32, TrainConfig.optimizer: 'adamw' -> 'sgd', "
       "TrainConfig.grad_clip: 1.0 -> 0.0)")
   assert trainer._model_changes(str(tmp_path / "none"), mcfg, tcfg) == ""
+  # Saved unclipped: unclipped again is no change, clipped is one.
+  (tmp_path / "config.gin").write_text(gin_config.operative_config(
+      mcfg, configs[1], tcfg.replace(grad_clip=0.0)))
+  assert trainer._model_changes(str(tmp_path), mcfg, tcfg.replace(grad_clip=0.0)) == ""
+  assert trainer._model_changes(str(tmp_path), mcfg, tcfg.replace(grad_clip=0.5)) == (
+      " (TrainConfig.grad_clip: 0.0 -> 0.5)")
   # The biases are compared as the biases they give, each projection's under its own field,
   # use_bias never named: None under use_bias=False is an explicit False.
   assert (mcfg.use_bias, mcfg.qkv_bias, mcfg.o_bias, mcfg.mlp_bias) == (False, None, None, None)

@@ -221,7 +221,8 @@ def test_split_rows_of_a_decoder_only_batch():
 
 def test_split_rows_of_an_encoder_decoder_batch():
   """The source lengths come from the batch's source segment ids (a real token with the
-  pad id, row 0's PAD, stays in the source); without them generate masks pad ids."""
+  pad id, row 0's PAD, stays in the source); without them generate masks pad ids. Sources
+  and references of T - 1 tokens are whole."""
   src = np.array([[5, PAD, EOS, PAD], [7, EOS, PAD, PAD]])
   targets = np.array([[8, 9, EOS, PAD], [EOS, PAD, PAD, PAD]])
   seg = np.array([[1, 1, 1, 0], [1, 1, 0, 0]])
@@ -235,6 +236,14 @@ def test_split_rows_of_an_encoder_decoder_batch():
   _, lengths, *_ = eval_lib._split_rows({"src_BS": src, "targets_BT": targets},
                                         "encoder_decoder", EOS, PAD)
   assert lengths is None
+  # With the examples' lengths (the pipeline's validation batches): a source and a target
+  # of T - 1 tokens, the longest that fit, are whole; longer ones (cut by the layout, which
+  # keeps the eos) stop at T - 1.
+  src, targets = np.array([[5, 6, 7, EOS]] * 2), np.array([[8, 9, 10, EOS]] * 2)
+  _, _, sources, refs, _ = eval_lib._split_rows(
+      {"src_BS": src, "targets_BT": targets, eval_lib.SOURCE_LENGTH: np.array([3, 5]),
+       eval_lib.TARGET_LENGTH: np.array([3, 4])}, "encoder_decoder", EOS, PAD)
+  assert sources == [[5, 6, 7]] * 2 and refs == [[8, 9, 10]] * 2
 
 
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
@@ -243,7 +252,8 @@ def test_a_text_holding_the_eos_id_is_split_by_the_examples_lengths(arch, monkey
   """A tokenizer.json encodes "</s>" inside a text as its eos: the validation batches carry
   each example's source and target length, and the rows are split by them (until
   2026-12-04 by the first eos, so "a</s>b" -> "def" was scored as source "a", reference
-  "b"). Cut examples stay unscored, and so does a reference holding the eos."""
+  "b"). Cut examples stay unscored, and so does a reference holding the eos; over several
+  batches both are counted in every batch."""
   from types import SimpleNamespace
 
   from attnlab.config import DataConfig
@@ -286,11 +296,18 @@ def test_a_text_holding_the_eos_id_is_split_by_the_examples_lengths(arch, monkey
                   "prediction": list(tok.encode("def"))}]
   want_prompt = list(tok.encode("a#b")) + [tok.eos_id]
   assert seen == [want_prompt if arch == "encoder_decoder" else [tok.bos_id, *want_prompt]]
-  assert [r.getMessage() for r in caplog.records] == [
+  one_batch = [r.getMessage() for r in caplog.records]
+  assert one_batch == [
       "1 validation example(s) do not fit seq_len with their eos (cut by the data layout): "
       "not scored",
       "1 validation example(s) hold the eos id inside their reference (the tokenizer's eos "
       "string in the text), which decoding stops at: not scored"]
+  # Over two batches both counts are the batches' sum.
+  caplog.clear()
+  with caplog.at_level("WARNING", logger=eval_lib.__name__):
+    out = eval_lib.decode_batches(model, [batch, batch], eos_id=tok.eos_id, bos_id=tok.bos_id)
+  assert [e["source"] for e in out] == [list(tok.encode("a#b"))] * 2
+  assert [r.getMessage() for r in caplog.records] == ["2" + m[1:] for m in one_batch]
 
 
 def test_validation_loss_is_token_weighted_over_the_batches(caplog):
@@ -370,12 +387,13 @@ def test_decode_batches_asks_generate_for_room_to_the_row_width(monkeypatch, arc
     assert [e["source"] for e in out] == [[5, 6]] and [e["prediction"] for e in out] == [[]]
 
 
-def test_a_short_prompt_with_a_long_reference_gets_its_room(monkeypatch):
+def test_a_short_prompt_with_a_long_reference_gets_its_room(monkeypatch, caplog):
   """max_len = T = 10; prompts of 8, 3 and 5 tokens with references of 1, 6 and 3: the batch
   call (width 8) leaves 3 new tokens, too few for the second and third rows; they go again
   at the width of their longest prompt (5: 6 new tokens, enough for the third), then the
   second alone at width 3 (8 new tokens). With an oracle for a model (the reference and eos
-  after each prompt), every example matches; until 2026-12-04 only the first did."""
+  after each prompt), every example matches; until 2026-12-04 only the first did. A row with
+  no room at any width (max_len < T) is left out and counted."""
   from types import SimpleNamespace
 
   rows = [[BOS, 11, 12, 13, 14, 15, 16, EOS, 30, EOS],
@@ -404,6 +422,24 @@ def test_a_short_prompt_with_a_long_reference_gets_its_room(monkeypatch):
   assert [e["prediction"] for e in out] == [e["reference"] for e in out] == [
       [30], [40, 41, 42, 43, 44, 45], [50, 51, 52]]
   assert calls == [((4, 8), 3), ((4, 5), 6), ((4, 3), 8)]
+  # A batch from elsewhere (the pipeline keeps seq_len <= max_len), max_len 8 < T = 10: a
+  # prompt of 3 with a reference of 6 has no room at any width (3 + 6 > 8); it is left out
+  # and counted in the warning with the cut rows; the prompt of 5 with a reference of 1 is
+  # decoded.
+  rows = [[BOS, 11, EOS, 40, 41, 42, 43, 44, 45, EOS],
+          [BOS, 17, 18, 19, EOS, 50, EOS, PAD, PAD, PAD]]
+  tokens = np.array(rows)
+  answers = {tuple(r[:r.index(EOS) + 1]): r[r.index(EOS) + 1:] for r in rows}
+  model = SimpleNamespace(cfg=SimpleNamespace(arch="decoder_only", pad_id=PAD, max_len=8))
+  calls.clear()
+  with caplog.at_level("WARNING", logger=eval_lib.__name__):
+    out = eval_lib.decode_batches(model, [{"tokens_BT": tokens,
+                                           "targets_BT": np.roll(tokens, -1, axis=1)}],
+                                  eos_id=EOS, bos_id=BOS)
+  assert [e["prediction"] for e in out] == [e["reference"] for e in out] == [[50]]
+  assert calls == [((2, 5), 4)]
+  assert caplog.messages == ["1 validation example(s) do not fit seq_len with their eos (cut "
+                             "by the data layout): not scored"]
   # Widths rounded up to a multiple of 16 where a row has its room there (fewer programs):
   # max_len = T = 48; prompts of 40, 5 and 7 tokens, references of 1, 19 and 19 tokens: the
   # second call is at width 16, not 7.
@@ -558,7 +594,8 @@ def test_seq2seq_metrics_without_bleu_writes_its_folder_and_counts_nothing_on_no
 def test_no_scored_example_is_nan_not_a_score(tmp_path, caplog):
   """Every validation example cut by seq_len: exact match and BLEU are nan, with a warning,
   and the predictions file is empty (until 2026-12-04 exact match read 0.0, and BLEU raised
-  sacrebleu's IndexError out of the training run)."""
+  sacrebleu's IndexError out of the training run). Without BLEU the metrics and the warning
+  name exact match alone."""
   path = tmp_path / "p.jsonl"
   with caplog.at_level(logging.WARNING, logger=eval_lib.__name__):
     out = eval_lib.seq2seq_metrics([], ByteTokenizer(), bleu=True, predictions_path=str(path))
@@ -566,7 +603,13 @@ def test_no_scored_example_is_nan_not_a_score(tmp_path, caplog):
   assert caplog.messages == [
       "no validation example could be scored: exact match and BLEU reported as nan"]
   assert path.read_text(encoding="utf-8") == ""
-  assert math.isnan(eval_lib.seq2seq_metrics([], ByteTokenizer(), bleu=False)["exact_match"])
+  # Without BLEU: exact match alone, and the warning names it alone.
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, logger=eval_lib.__name__):
+    out = eval_lib.seq2seq_metrics([], ByteTokenizer(), bleu=False)
+  assert list(out) == ["exact_match"] and math.isnan(out["exact_match"])
+  assert caplog.messages == [
+      "no validation example could be scored: exact match reported as nan"]
 
 
 def test_predictions_are_utf8_text_and_bleu_without_sacrebleu_says_what_to_install(

@@ -38,11 +38,14 @@ def _host(tree):
   return jax.tree.map(lambda x: np.array(jax.device_get(x)), tree)
 
 
-def hand_loss(graphdef, rest, params, batch, eps):
-  """Mean over the counted tokens of -sum_v q_v log p_v, q = (1 - eps) one_hot + eps / V."""
+def hand_loss(graphdef, rest, params, batch, eps, src_segments=False):
+  """Mean over the counted tokens of -sum_v q_v log p_v, q = (1 - eps) one_hot + eps / V.
+  The source is pad-masked (tokens equal to pad_id), or with ``src_segments`` masked by the
+  batch's ``src_segment_ids_BS``."""
   model = nnx.merge(graphdef, params, rest)
+  seg = dict(src_segment_ids_BS=jnp.asarray(batch["src_segment_ids_BS"])) if src_segments else {}
   logits_BTV = model(jnp.asarray(batch["src_BS"]), jnp.asarray(batch["tgt_in_BT"]),
-                     tgt_segment_ids_BT=jnp.asarray(batch["tgt_segment_ids_BT"]))
+                     tgt_segment_ids_BT=jnp.asarray(batch["tgt_segment_ids_BT"]), **seg)
   V = logits_BTV.shape[-1]
   logp_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
   q_BTV = (1 - eps) * jax.nn.one_hot(batch["targets_BT"], V) + eps / V
@@ -180,9 +183,36 @@ def test_dropout_draws_depend_on_the_step_and_eval_turns_dropout_off(batch):
   np.testing.assert_allclose(float(nll_sum) / float(weight), float(want), rtol=1e-5)
 
 
+def test_a_source_token_with_the_pad_id_is_seen_by_the_encoder(batch):
+  """The steps mask the source by the batch's ``src_segment_ids_BS`` (the pipeline's, from the
+  lengths), not by comparing tokens with pad_id: a tokenizer.json may give a real token the
+  pad id (0 is "!" in GPT-2's), and pad-masking hid it from the encoder and the
+  cross-attention. Reference: the model given the batch's segment ids by hand; the same
+  batch pad-masked gives another loss. (Both steps build their logits with
+  ``model_logits``; the eval step's is checked.)"""
+  # Every row's first source token, a real one (segment 1), given the pad id.
+  assert (batch["src_segment_ids_BS"][:, 0] == 1).all()
+  assert (batch["src_BS"][:, 0] != MCFG.pad_id).all()
+  src_BS = batch["src_BS"].copy()
+  src_BS[:, 0] = MCFG.pad_id
+  pad_batch = dict(batch, src_BS=src_BS)
+  setup, state = steps.init_train(MCFG, TrainConfig(**SGD), sharding.make_mesh((1, 1, 1)))
+  hand = jax.jit(lambda params, segments: hand_loss(setup.graphdef, setup.rest, params,
+                                                    pad_batch, 0.0, segments),
+                 static_argnums=1)
+  params = _host(state["params"])
+  want = float(hand(params, True))
+  assert abs(want - float(hand(params, False))) > 1e-3  # the masking matters to the loss
+  nll_sum, weight = steps.make_eval_step(setup)(state["params"],
+                                                steps.put_batch(pad_batch, setup))
+  np.testing.assert_allclose(float(nll_sum) / float(weight), want, rtol=1e-5)
+
+
 def test_decoder_only_step_on_packed_documents_equals_hand_computed_loss(tmp_path):
   """A decoder-only LM batch packs several documents per row: the train and eval steps
-  must pass their positions (restarting per document) and segment ids to the model."""
+  must pass their positions (restarting per document) and segment ids to the model. Then
+  the same programs on a batch that counts one token and on one that counts none (the
+  division by the token count)."""
   for i in range(6):
     (tmp_path / f"d{i}.py").write_text(f"x{i} = {i}\n" * (i + 1))  # documents of 7..42 bytes
   # Absolute (sinusoidal) positions: under RoPE, positions that restart per document and
@@ -211,10 +241,24 @@ def test_decoder_only_step_on_packed_documents_equals_hand_computed_loss(tmp_pat
 
   want = float(hand(params, True))
   assert abs(want - float(hand(params, False))) > 1e-3  # the packing matters to the loss
-  nll_sum, weight = steps.make_eval_step(setup)(state["params"], steps.put_batch(lm_batch, setup))
+  eval_step, train_step = steps.make_eval_step(setup), steps.make_train_step(setup, tcfg)
+  nll_sum, weight = eval_step(state["params"], steps.put_batch(lm_batch, setup))
   np.testing.assert_allclose(float(nll_sum) / float(weight), want, rtol=1e-5)
-  _, m = steps.make_train_step(setup, tcfg)(state, steps.put_batch(lm_batch, setup))
+  state, m = train_step(state, steps.put_batch(lm_batch, setup))
   np.testing.assert_allclose(float(m["loss"]), want, rtol=1e-5)
+  # A batch that counts one token: the step's loss is that token's NLL (the eval step's,
+  # checked above), not divided by more; only a count of 0 is raised (to 1), and a batch
+  # counting none takes a finite step of loss 0.
+  one_BT = np.zeros_like(lm_batch["loss_mask_BT"])
+  one_BT.flat[np.flatnonzero(lm_batch["loss_mask_BT"])[0]] = 1.0
+  one_batch = dict(lm_batch, loss_mask_BT=one_BT)
+  nll_sum, weight = eval_step(state["params"], steps.put_batch(one_batch, setup))
+  assert float(weight) == 1.0
+  state, m = train_step(state, steps.put_batch(one_batch, setup))
+  np.testing.assert_allclose(float(m["loss"]), float(nll_sum), rtol=1e-5)
+  none_batch = dict(lm_batch, loss_mask_BT=np.zeros_like(one_BT))
+  _, m = train_step(state, steps.put_batch(none_batch, setup))
+  assert bool(m["finite"]) and float(m["loss"]) == 0.0 and float(m["tokens"]) == 0.0
 
 
 def test_every_dropout_stream_gets_its_own_key():
@@ -254,6 +298,18 @@ def test_model_rngs_take_every_seed_and_keep_seeds_apart():
   # A seed below 2**32 keeps the key it had: jax.random.key(seed).
   np.testing.assert_array_equal(data(model_rngs(5).params),
                                 jax.random.key_data(jax.random.key(5)))
+
+
+def test_the_schedule_is_built_for_the_models_width():
+  """``init_train`` builds the optimizer for the model's ``d_model``, which the paper's
+  inverse_sqrt schedule reads: lr * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5) at s =
+  count + 1, by hand for d_model 32 (the other schedules do not read it)."""
+  tcfg = TrainConfig(schedule="inverse_sqrt", learning_rate=2.0, warmup_steps=3, steps=5)
+  setup, _ = steps.init_train(MCFG, tcfg, sharding.make_mesh((1, 1, 1)))
+  for count in range(6):
+    s = count + 1
+    want = 2.0 * MCFG.d_model ** -0.5 * min(s ** -0.5, s * 3 ** -1.5)
+    np.testing.assert_allclose(float(setup.schedule(count)), want, rtol=1e-6)
 
 
 def test_each_accumulated_micro_batch_draws_its_own_dropout_masks(batch):

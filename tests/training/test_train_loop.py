@@ -593,7 +593,8 @@ def test_a_weights_only_checkpoint_starts_the_run_from_its_weights(tmp_path):
 def test_a_refused_resume_names_the_train_config_fields_that_shape_the_optimizer_state(
     tmp_path):
   """The optimizer and whether gradients are clipped (a step of the optax chain) change
-  the saved optimizer state's tree: a resume that changes them names them."""
+  the saved optimizer state's tree: a resume that changes them names them. The model's
+  biases are named as the biases they give."""
   configs = gin_config.parse([SEQ2SEQ], SEQ2SEQ_TINY)
   (tmp_path / "config.gin").write_text(gin_config.operative_config(*configs))
   mcfg, _, tcfg = configs
@@ -604,6 +605,20 @@ def test_a_refused_resume_names_the_train_config_fields_that_shape_the_optimizer
       " (ModelConfig.d_ff: 64 -> 32, TrainConfig.optimizer: 'adamw' -> 'sgd', "
       "TrainConfig.grad_clip: 1.0 -> 0.0)")
   assert trainer._model_changes(str(tmp_path / "none"), mcfg, tcfg) == ""
+  # Saved unclipped: unclipped again is no change, clipped is one.
+  (tmp_path / "config.gin").write_text(gin_config.operative_config(
+      mcfg, configs[1], tcfg.replace(grad_clip=0.0)))
+  assert trainer._model_changes(str(tmp_path), mcfg, tcfg.replace(grad_clip=0.0)) == ""
+  assert trainer._model_changes(str(tmp_path), mcfg, tcfg.replace(grad_clip=0.5)) == (
+      " (TrainConfig.grad_clip: 0.0 -> 0.5)")
+  # The biases are compared as the biases they give, each projection's under its own field,
+  # use_bias never named: None under use_bias=False is an explicit False.
+  assert (mcfg.use_bias, mcfg.qkv_bias, mcfg.o_bias, mcfg.mlp_bias) == (False, None, None, None)
+  changes = trainer._model_field_changes
+  assert changes(mcfg, mcfg.replace(qkv_bias=False, o_bias=False, mlp_bias=False)) == []
+  assert changes(mcfg, mcfg.replace(use_bias=True)) == [
+      f"ModelConfig.{b}_bias: False -> True" for b in ("qkv", "o", "mlp")]
+  assert changes(mcfg, mcfg.replace(o_bias=True)) == ["ModelConfig.o_bias: False -> True"]
 
 
 def test_the_logged_train_metrics_are_the_logged_steps_own(tmp_path, monkeypatch):

@@ -118,10 +118,11 @@ def _decode_prompts(decode, prompt_BW, lengths_B, refs, score_B, T: int, max_len
   budget its longest prompt W leaves, max_len - W + 1, so a short prompt with a long
   reference beside a long prompt with a short one got too few and was scored as a miss
   (until 2026-12-04). The first call is the batch as it is (width W, budget
-  min(T, max_len - W + 1): one program for every batch); the scored rows it left short go
-  again, in the batch's shape (the other rows replaced by one of them), at the width of
-  their longest prompt W' rounded up to a multiple of 16 where some row has its room there
-  (else W' itself, whose row then has it): a call per width, each serving a row at least,
+  min(T, max_len - W + 1): one program for every batch); the scored rows it left short
+  that have room alone (l + t <= max_len and t < T) go again, in the batch's shape (the
+  other rows replaced by one of them), at the width of their longest prompt W' rounded up
+  to a multiple of 16 where some row has its room there (else W' itself, whose row then
+  has it): a call per width, each serving a row at least,
   and one program per width.
 
   Returns:
@@ -139,15 +140,16 @@ def _decode_prompts(decode, prompt_BW, lengths_B, refs, score_B, T: int, max_len
     short_B = score_B & (need_B > budget)
     for b in np.flatnonzero(todo_B & ~short_B):
       out[b] = tokens_BJ[b]
-    todo_B &= short_B
+    # Rows with no room even alone (l + t > max_len, or t >= T) are left out: such a row
+    # with the longest prompt stopped the loop, and the rows that fit narrower were lost
+    # with it (until 2026-12-05).
+    todo_B &= short_B & (need_B <= np.minimum(T, max_len - lengths_B + 1))
     if todo_B.any():
       # The next width: the longest prompt left, rounded up to a multiple of 16 (fewer
-      # programs) if some row still has its room there, else as it is.
+      # programs) if some row still has its room there, else as it is (where its row has).
       longest, needs = int(lengths_B[todo_B].max()), need_B[todo_B]
-      width = next((w for w in (min(-(-longest // 16) * 16, W), longest)
-                    if (needs <= min(T, max_len - w + 1)).any()), None)
-      if width is None:  # no room at any width: l + t > max_len, or t >= T
-        break
+      width = next(w for w in (min(-(-longest // 16) * 16, W), longest)
+                   if (needs <= min(T, max_len - w + 1)).any())
   return out, sum(1 for b in range(B) if score_B[b] and out[b] is None)
 
 

@@ -677,6 +677,11 @@ def test_decode_prompts_boundaries():
   # a reference longer than T (no width gives it room): the loop ends, counted
   out, lost = run([40, 3], [1, 30], T=20, max_len=64)
   assert calls == [(40, 20)] and lost == 1 and out[1] is None
+  # a row with no room even alone (7 + 4 > 10) holds the longest prompt left; the row that
+  # fits narrower (3 + 5 <= 10) still goes, at its own width (until 2026-12-05 the first
+  # stopped the loop and both were counted)
+  out, lost = run([8, 7, 3], [1, 4, 5], T=12, max_len=10)
+  assert calls == [(8, 3), (3, 8)] and lost == 1 and out[1] is None and len(out[2]) == 8
   # the width rounds up to a multiple of 16: 17 -> 32 (budget 33 holds the 20 needed)
   out, lost = run([60, 17], [1, 19], T=40, max_len=64)
   assert calls == [(60, 5), (32, 33)] and lost == 0 and len(out[1]) == 33

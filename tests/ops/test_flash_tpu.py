@@ -500,13 +500,17 @@ def test_cross_platform_is_per_thread_and_nests():
 
 def test_interpret_set_picks_the_kernel_of_the_running_platform():
   """backend=None with ``interpret`` set: the running platform's kernel (on a CPU host the
-  Triton-style one, interpreted), not platform_dependent; interpret=False with the
-  Triton-style kernels needs a GPU and says so."""
+  Triton-style one, interpreted), not platform_dependent, even inside cross_platform();
+  interpret=False with the Triton-style kernels needs a GPU and says so."""
   if jax.default_backend() != "cpu":
     pytest.skip("checks the CPU host's choice")
   q, k, v, _, _ = flash_inputs(2, 1, 40, 40, 4, 2, 64, F32, None)
-  fn = jax.jit(lambda q, k, v: flash.flash_attention(q, k, v, causal=True, interpret=True))
+  call = lambda q, k, v: flash.flash_attention(q, k, v, causal=True, interpret=True)
+  fn = jax.jit(call)
   assert set(kernel_blocks(fn.trace(q, k, v).jaxpr)) == {"attnlab_flash_forward"}
+  with flash.cross_platform():  # a fresh function: jit keeps the trace of the one above
+    traced = jax.jit(lambda *a: call(*a)).trace(q, k, v)
+  assert set(kernel_blocks(traced.jaxpr)) == {"attnlab_flash_forward"}
   np.testing.assert_allclose(fn(q, k, v), jax.jit(lambda q, k, v: reference_attention(
       q, k, v, causal=True))(q, k, v), rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match="interpret=False needs a GPU"):

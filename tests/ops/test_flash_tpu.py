@@ -531,6 +531,34 @@ def test_a_cross_platform_call_runs_interpreted_on_the_cpu():
         value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(*a)))(q, k, v, do)
   for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
+  # The other branches get the arguments too (the CPU runs none of them): their kernels are
+  # those the direct call of each platform traces, grid and body alike. (q_offset is an
+  # operand, not in the body: a branch given another one is not seen here.)
+  fwd = lambda **how: lambda q, k, v: flash.flash_attention(q, k, v, **how, **kw)
+  with flash.cross_platform():
+    branches = _kernel_calls(jax.jit(fwd()).trace(q, k, v).jaxpr)
+  cuda = lambda q, k, v: flash._flash_gpu(q, k, v, block_q=None, block_k=None,
+                                          interpret=False, **kw)
+  direct = [c for f in (fwd(backend="tpu", interpret=False), cuda,
+                        fwd(backend="gpu", interpret=True))
+            for c in _kernel_calls(jax.jit(f).trace(q, k, v).jaxpr)]
+  assert len(branches) == 3 and sorted(branches) == sorted(direct)
+
+
+def _kernel_calls(jaxpr):
+  """(name, grid, kernel body as text) of every pallas_call in a jaxpr, branches included."""
+  found = []
+
+  def walk(jx):
+    for eqn in jx.eqns:
+      if eqn.primitive.name == "pallas_call":
+        found.append((str(eqn.params["name"]), tuple(eqn.params["grid_mapping"].grid),
+                      str(eqn.params["jaxpr"])))
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        walk(sub)
+
+  walk(jaxpr.jaxpr)
+  return found
 
 
 def _bad(**over):

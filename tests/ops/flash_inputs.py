@@ -63,23 +63,27 @@ def decode_reference(q_BTNH, k_BSKH, v_BSKH, lengths_B, window=None, scale=None)
                              q_offset=lengths_B - T, kv_positions=kv_positions, scale=scale)
 
 
-def kernel_blocks(jaxpr, arrays=False):
-  """{kernel name: [(kernel block shape, dtype), ...]} of every pallas_call in a jaxpr;
-  with ``arrays``, the shapes of the whole arrays the blocks are cut from instead."""
-  found = {}
+def pallas_calls(jaxpr):
+  """Every pallas_call equation of a (closed) jaxpr, in nested jaxprs and branches too."""
+  found = []
 
   def walk(jx):
     for eqn in jx.eqns:
       if eqn.primitive.name == "pallas_call":
-        gm = eqn.params["grid_mapping"]
-        found[str(eqn.params["name"])] = [
-            (tuple((bm.array_aval if arrays else bm.block_aval).shape), bm.array_aval.dtype)
-            for bm in gm.block_mappings]
+        found.append(eqn)
       for sub in jax.extend.core.jaxprs_in_params(eqn.params):
         walk(sub)
 
   walk(jaxpr.jaxpr)
   return found
+
+
+def kernel_blocks(jaxpr, arrays=False):
+  """{kernel name: [(kernel block shape, dtype), ...]} of every pallas_call in a jaxpr;
+  with ``arrays``, the shapes of the whole arrays the blocks are cut from instead."""
+  return {str(eqn.params["name"]): [
+      (tuple((bm.array_aval if arrays else bm.block_aval).shape), bm.array_aval.dtype)
+      for bm in eqn.params["grid_mapping"].block_mappings] for eqn in pallas_calls(jaxpr)}
 
 
 def kernel_dots(closed_jaxpr):

@@ -39,6 +39,7 @@ from tests.ops.flash_inputs import (
   flash_inputs,
   kernel_blocks,
   kernel_dots,
+  pallas_calls,
   value_and_grads,
 )
 from tests.ops.naive import naive_attention_grads
@@ -547,18 +548,8 @@ def test_a_cross_platform_call_runs_interpreted_on_the_cpu():
 
 def _kernel_calls(jaxpr):
   """(name, grid, kernel body as text) of every pallas_call in a jaxpr, branches included."""
-  found = []
-
-  def walk(jx):
-    for eqn in jx.eqns:
-      if eqn.primitive.name == "pallas_call":
-        found.append((str(eqn.params["name"]), tuple(eqn.params["grid_mapping"].grid),
-                      str(eqn.params["jaxpr"])))
-      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-        walk(sub)
-
-  walk(jaxpr.jaxpr)
-  return found
+  return [(str(eqn.params["name"]), tuple(eqn.params["grid_mapping"].grid),
+           str(eqn.params["jaxpr"])) for eqn in pallas_calls(jaxpr)]
 
 
 def _bad(**over):

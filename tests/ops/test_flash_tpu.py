@@ -15,6 +15,8 @@ own error.
 """
 
 import dataclasses
+import difflib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -532,24 +534,33 @@ def test_a_cross_platform_call_runs_interpreted_on_the_cpu():
         value_and_grads(lambda q, k, v: reference_attention(q, k, v, **kw))(*a)))(q, k, v, do)
   for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
-  # The other branches get the arguments too (the CPU runs none of them): their kernels are
-  # those the direct call of each platform traces, grid and body alike. (q_offset is an
-  # operand, not in the body: a branch given another one is not seen here.)
+  # The other branches get the arguments too (the CPU runs none of them): each branch is,
+  # equation for equation, the program that the direct call of its platform traces: the
+  # kernels' grids and bodies, and what reaches their operands (q_offset, the segment ids,
+  # the padding and layout of q, k and v).
   fwd = lambda **how: lambda q, k, v: flash.flash_attention(q, k, v, **how, **kw)
   with flash.cross_platform():
-    branches = _kernel_calls(jax.jit(fwd()).trace(q, k, v).jaxpr)
+    closed = jax.jit(fwd()).trace(q, k, v).jaxpr
+  (cond,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "cond"]
+  assert cond.params["branches_platforms"] == (("tpu",), ("cuda",), None)
+  assert cond.invars[1:] == closed.jaxpr.constvars + closed.jaxpr.invars
   cuda = lambda q, k, v: flash._flash_gpu(q, k, v, block_q=None, block_k=None,
                                           interpret=False, **kw)
-  direct = [c for f in (fwd(backend="tpu", interpret=False), cuda,
-                        fwd(backend="gpu", interpret=True))
-            for c in _kernel_calls(jax.jit(f).trace(q, k, v).jaxpr)]
-  assert len(branches) == 3 and sorted(branches) == sorted(direct)
+  for branch, direct in zip(cond.params["branches"], (
+      fwd(backend="tpu", interpret=False), cuda, fwd(backend="gpu", interpret=True))):
+    direct = jax.jit(direct).trace(q, k, v).jaxpr
+    assert len(pallas_calls(branch)) == 1 and len(direct.consts) == len(closed.consts) == 2
+    for a, b in zip(direct.consts, closed.consts, strict=True):
+      np.testing.assert_array_equal(a, b)
+    got, want = str(branch), _consts_as_arguments(str(direct))
+    assert got == want, "\n".join(list(difflib.unified_diff(
+        want.splitlines(), got.splitlines(), "direct", "branch", lineterm="", n=1))[:24])
 
 
-def _kernel_calls(jaxpr):
-  """(name, grid, kernel body as text) of every pallas_call in a jaxpr, branches included."""
-  return [(str(eqn.params["name"]), tuple(eqn.params["grid_mapping"].grid),
-           str(eqn.params["jaxpr"])) for eqn in pallas_calls(jaxpr)]
+def _consts_as_arguments(text):
+  """A closed jaxpr's text with its constants read as its first arguments (as a branch of
+  a cond takes them): `{ lambda a b; c d.` -> `{ lambda ; a b c d.`."""
+  return re.sub(r"^\{ lambda ([^;]+); ", r"{ lambda ; \1 ", text, count=1, flags=re.M)
 
 
 def _bad(**over):

@@ -63,19 +63,18 @@ def decode_reference(q_BTNH, k_BSKH, v_BSKH, lengths_B, window=None, scale=None)
                              q_offset=lengths_B - T, kv_positions=kv_positions, scale=scale)
 
 
+def equations(jaxpr):
+  """Every equation of a jaxpr (open or closed), those of nested jaxprs, branches and
+  kernel bodies too, each after the equation that holds it."""
+  for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+    yield eqn
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      yield from equations(sub)
+
+
 def pallas_calls(jaxpr):
-  """Every pallas_call equation of a (closed) jaxpr, in nested jaxprs and branches too."""
-  found = []
-
-  def walk(jx):
-    for eqn in jx.eqns:
-      if eqn.primitive.name == "pallas_call":
-        found.append(eqn)
-      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-        walk(sub)
-
-  walk(jaxpr.jaxpr)
-  return found
+  """Every pallas_call equation of a jaxpr, in nested jaxprs and branches too."""
+  return [eqn for eqn in equations(jaxpr) if eqn.primitive.name == "pallas_call"]
 
 
 def kernel_blocks(jaxpr, arrays=False):
@@ -86,20 +85,15 @@ def kernel_blocks(jaxpr, arrays=False):
       for bm in eqn.params["grid_mapping"].block_mappings] for eqn in pallas_calls(jaxpr)}
 
 
-def kernel_dots(closed_jaxpr):
+def kernel_dots(jaxpr):
   """{kernel name: [(lhs dtype, rhs dtype) of each dot_general in its body]} of every
-  pallas_call in a jaxpr."""
+  pallas_call in a jaxpr that has one."""
   found = {}
-
-  def walk(jaxpr, kernel):
-    for eqn in jaxpr.eqns:
-      if eqn.primitive.name == "dot_general" and kernel:
-        found.setdefault(kernel, []).append(tuple(str(x.aval.dtype) for x in eqn.invars))
-      inner = str(eqn.params["name"]) if eqn.primitive.name == "pallas_call" else kernel
-      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-        walk(sub, inner)
-
-  walk(closed_jaxpr.jaxpr, None)
+  for call in pallas_calls(jaxpr):
+    dots = [tuple(str(x.aval.dtype) for x in eqn.invars)
+            for eqn in equations(call.params["jaxpr"]) if eqn.primitive.name == "dot_general"]
+    if dots:
+      found.setdefault(str(call.params["name"]), []).extend(dots)
   return found
 
 

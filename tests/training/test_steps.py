@@ -86,10 +86,14 @@ def test_sgd_step_equals_hand_computed_smoothed_cross_entropy(batch, accum, eps)
 def test_nonfinite_step_leaves_params_and_optimizer_state_bitwise_unchanged(batch):
   tcfg = TrainConfig(steps=5, warmup_steps=0, schedule="constant", on_nonfinite="skip")
   setup, state = steps.init_train(MCFG, tcfg, sharding.make_mesh((1, 1, 1)))
+  # The step counter is an int32 scalar from the start (a float32 one stops counting at
+  # 2**24, and checkpoints would hold a float step).
+  assert state["step"].dtype == jnp.int32 and state["step"].shape == () and state["step"] == 0
   step = steps.make_train_step(setup, tcfg)
   state, m = step(state, steps.put_batch(batch, setup))  # Adam moments become non-zero
   assert bool(m["finite"])
   good = _host(state)
+  assert good["step"].dtype == np.int32 and good["step"] == 1
   bad_batch = dict(batch, loss_mask_BT=np.where(np.arange(batch["loss_mask_BT"].shape[1]) == 1,
                                                 np.nan, batch["loss_mask_BT"]))
   state, m = step(state, steps.put_batch(bad_batch, setup))

@@ -8,6 +8,7 @@ offsets) instead of the full product. Small tiles (16 / 32) keep interpret
 mode fast and force multi-block paths.
 """
 
+import functools
 import itertools
 
 import jax
@@ -34,6 +35,7 @@ from tests.ops.flash_inputs import (
   flash_inputs,
   kernel_blocks,
   kernel_dots,
+  pallas_calls,
   value_and_grads,
 )
 from tests.ops.naive import naive_attention, naive_attention_grads
@@ -279,6 +281,29 @@ def test_plan_of_the_tiles():
   sizes = [next(iter(g)) for g in groups]
   assert all(a.block_q >= b.block_q and a.block_k >= b.block_k
              for a, b in zip(sizes, sizes[1:]))
+
+
+def test_each_triton_kernel_gets_the_launch_settings_of_its_head_dim():
+  """Compiled for a GPU, forward, dQ and dK / dV each launch with the ``num_warps`` and
+  ``num_stages`` that ``gpu_tiles`` gives the head dim (one H of each of its three settings);
+  interpreted, with none. Traced only: the settings are the pallas_calls' parameters."""
+  from attnlab.ops.pallas import flash_gpu
+
+  for H in (32, 100, 160):
+    tiles = flash_gpu.gpu_tiles(H)
+    q, k, v, do, seg = flash_inputs(0, 1, 40, 40, 4, 2, H, F32, "packed")
+    for interpret in (False, True):
+      fn = value_and_grads(functools.partial(
+          flash._flash_gpu, causal=True, window=None, q_offset=0, scale=None, block_q=None,
+          block_k=None, interpret=interpret, **seg))
+      calls = pallas_calls(fn.trace(q, k, v, do).jaxpr)
+      assert sorted(str(c.params["name"]) for c in calls) == [
+          "attnlab_flash_dkv", "attnlab_flash_dq", "attnlab_flash_forward"]
+      for c in calls:
+        params = c.params["compiler_params"]
+        got = None if params is None else (params.num_warps, params.num_stages)
+        assert got == (None if interpret else (tiles.num_warps, tiles.num_stages)), (
+            H, interpret, c.params["name"], params)
 
 
 def test_the_gpu_plans_padded_head_dim_in_interpret_mode(monkeypatch):

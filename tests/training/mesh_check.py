@@ -7,6 +7,7 @@ does on (1, 1, 1) and (8, 1, 1) meshes, and prints JSON."""
 
 import dataclasses
 import json
+import logging
 import os
 import sys
 
@@ -37,6 +38,17 @@ class FirstRows:
     return self.source.batch(indices)
 
 
+def placement(state):
+  """Where a train state lives: {"part spec on N devices": how many leaves}."""
+  counts = {}
+  for part in ("params", "opt_state", "step"):
+    for leaf in jax.tree.leaves(state[part]):
+      where = getattr(leaf.sharding, "spec", type(leaf.sharding).__name__)
+      key = f"{part} {where} on {len(leaf.sharding.device_set)}"
+      counts[key] = counts.get(key, 0) + 1
+  return counts
+
+
 def main(workdir):
   mcfg = ModelConfig(d_model=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8,
                      d_ff=64)
@@ -47,9 +59,16 @@ def main(workdir):
   # 5 validation rows: one batch of 5 on one device; on (2, 2, 2) (4 data shards) one of 8,
   # 3 of them filling rows that must add nothing to the loss.
   sources = dict(sources, validation=FirstRows(sources["validation"], 5))
+  warnings = []  # init_train's warnings (an idle mesh axis)
+  handler = logging.Handler(logging.WARNING)
+  handler.emit = lambda record: warnings.append(record.getMessage())
+  steps.log.addHandler(handler)
   for shape in [(1, 1, 1), (2, 2, 2)]:
     mesh = sharding.make_mesh(shape)
     run = Run(mcfg, tcfg, dcfg, mesh, sources)
+    out[f"init warnings {shape}"] = list(warnings)
+    warnings[:] = []
+    out[f"placement at init {shape}"] = placement(run.state)
     step_fn = steps.make_train_step(run.setup, tcfg)
     losses, grad_norms = [], []
     for _ in range(tcfg.steps):
@@ -63,6 +82,7 @@ def main(workdir):
                                                  run.put)
     # AdamW (+ clipping) hides a constant gradient scale: compare gradients too.
     out[f"grad_norm {shape}"] = grad_norms
+    out[f"placement after training {shape}"] = placement(run.state)
     if shape == (2, 2, 2):
       specs = {}
       leaves = jax.tree.leaves(nnx.state(nnx.merge(run.setup.graphdef, run.state["params"],
@@ -106,12 +126,7 @@ def main(workdir):
     out["eval batch 12"] = str(e)
   # A tensor axis of 8 that divides no heads / kv_heads / mlp / vocab dimension: init_train
   # names it (every parameter replicated along it; no word until 2026-12-05).
-  import logging
-
-  warnings = []
-  handler = logging.Handler(logging.WARNING)
-  handler.emit = lambda record: warnings.append(record.getMessage())
-  steps.log.addHandler(handler)
+  warnings[:] = []
   steps.init_train(ModelConfig(d_model=36, num_layers=1, num_heads=6, num_kv_heads=3,
                                d_ff=36), tcfg, sharding.make_mesh((1, 1, 8)))
   steps.log.removeHandler(handler)

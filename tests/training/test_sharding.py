@@ -240,6 +240,15 @@ def test_one_device_and_8_device_mesh_agree(tmp_path):
   assert out["restore_mesh"] == {"data": 1, "fsdp": 2, "tensor": 4}
   np.testing.assert_allclose(out["evaluate_workdir (8, 1, 1)"],
                              out["evaluate_workdir (1, 1, 1)"], rtol=1e-5)
+  # init_train places the state where training keeps it (not on one device first, to be
+  # moved by the first step), the step counter replicated over the mesh; and it warns of no
+  # mesh axis on these two meshes (fsdp shards the embed axis, tensor the heads).
+  for shape in ("(1, 1, 1)", "(2, 2, 2)"):
+    assert out[f"placement at init {shape}"] == out[f"placement after training {shape}"], shape
+    assert out[f"init warnings {shape}"] == [], shape
+  at_init = out["placement at init (2, 2, 2)"]
+  assert at_init[f"step {P()} on 8"] == 1
+  assert at_init[f"params {P('fsdp', 'tensor', None)} on 8"] > 0
   assert out["idle axis warnings"] == [
       "mesh axis 'tensor' of 8 devices shards no parameter (no heads/kv_heads/mlp/vocab "
       "dimension is a multiple of 8): its devices hold every parameter whole and compute the "

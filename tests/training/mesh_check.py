@@ -101,7 +101,9 @@ def main(workdir):
       saved = [np.asarray(x) for x in jax.tree.leaves(run.state["params"])]
   # Restore onto another mesh shape.
   run = Run(mcfg, tcfg, dcfg, sharding.make_mesh((1, 2, 4)), sources)
+  fresh = placement(run.state)
   step = run.restore(Checkpointer(workdir))
+  out["restore_placement"] = [fresh, placement(run.state)]
   restored = [np.asarray(x) for x in jax.tree.leaves(run.state["params"])]
   out["restore_step"] = step
   out["restore_equal"] = all(np.array_equal(a, b) for a, b in zip(saved, restored))

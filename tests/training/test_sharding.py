@@ -238,6 +238,9 @@ def test_one_device_and_8_device_mesh_agree(tmp_path):
   assert "P('fsdp', 'tensor', None)" in out["opt_specs"]  # Adam moments too
   assert out["restore_step"] == 6 and out["restore_equal"]
   assert out["restore_mesh"] == {"data": 1, "fsdp": 2, "tensor": 4}
+  # The restored state lies where a fresh state on that mesh does.
+  fresh, restored = out["restore_placement"]
+  assert restored == fresh and fresh[f"params {P('fsdp', 'tensor', None)} on 8"] > 0
   np.testing.assert_allclose(out["evaluate_workdir (8, 1, 1)"],
                              out["evaluate_workdir (1, 1, 1)"], rtol=1e-5)
   # init_train places the state where training keeps it (not on one device first, to be

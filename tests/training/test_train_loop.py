@@ -696,3 +696,89 @@ def test_a_schedule_that_does_not_do_what_its_numbers_suggest_is_warned_about(ca
              dict(steps=100, warmup_steps=99),
              dict(schedule="inverse_sqrt", steps=10000, warmup_steps=4000, learning_rate=1.0)):
     assert warned(**kw) == [], kw
+
+
+class _FailingSave:
+  """A Checkpointer whose save raises ``error`` (and records what it was asked to save)."""
+
+  directory = "/w/checkpoints"
+
+  def __init__(self, error):
+    self.error, self.saved = error, []
+
+  def save(self, step, state, data_state, meta):
+    self.saved.append((step, state, data_state, meta))
+    raise self.error
+
+
+def test_a_failed_save_names_its_reason_on_one_line_and_where_a_rerun_starts():
+  """The SaveError of a save that raised: the reason with its whitespace folded to single
+  spaces (orbax's messages run over lines), the error's type where it says nothing, a reason
+  over 300 characters cut to its first 150 and last 140 (the cause is at the end: "No space
+  left on device"); the rerun resumes from the last good checkpoint, or starts over."""
+  run = types.SimpleNamespace(state={"params": 1},
+                              data=types.SimpleNamespace(get_state=lambda: {"index": 3}))
+
+  def message(error, step, last_good):
+    ckpt = _FailingSave(error)
+    with pytest.raises(trainer.SaveError) as e:
+      trainer._save(ckpt, step, run, {"seed": 0}, last_good)
+    assert ckpt.saved == [(step, {"params": 1}, {"index": 3}, {"seed": 0})]
+    assert e.value.__cause__ is error
+    return str(e.value)
+
+  assert message(OSError("disk\n   full\t"), 1, None) == (
+      "saving checkpoint 1 in /w/checkpoints failed (OSError: disk full); the run stopped. "
+      "Last good checkpoint: none; free the space (or mend the cause) and rerun the same "
+      "command to start over")
+  assert message(ValueError(""), 4, 2) == (
+      "saving checkpoint 4 in /w/checkpoints failed (ValueError: ValueError); the run stopped. "
+      "Last good checkpoint: 2; free the space (or mend the cause) and rerun the same command "
+      "to resume from 2")
+  kept = "k" * 300  # 300 characters are kept whole
+  assert f"(ValueError: {kept});" in message(ValueError(kept), 4, 2)
+  long = "a" * 150 + "b" * 10 + "c" * 141
+  assert f"(ValueError: {'a' * 150} ... {'c' * 140});" in message(ValueError(long), 4, 2)
+
+
+def test_closing_runs_every_close_and_raises_the_first_failure_unless_one_propagates(caplog):
+  """_close_all: every close is called; after a normal end the first failure is raised once
+  all ran; while an error propagates (``failing``) each failure is a warning naming what
+  failed to close, and nothing is raised."""
+  calls = []
+
+  class Writer:
+    def close(self):
+      calls.append("writer")
+      raise OSError("flush failed")
+
+  class Saver:
+    def close(self):
+      calls.append("saver")
+      raise ValueError("second")
+
+  def bar():
+    calls.append("bar")
+
+  def broken():
+    calls.append("broken")
+    raise KeyError("k")
+
+  trainer._close_all([bar], failing=False)
+  with pytest.raises(OSError, match="^flush failed$"):
+    trainer._close_all([bar, Writer().close, Saver().close], failing=False)
+  assert calls == ["bar", "bar", "writer", "saver"]
+  calls.clear()
+  with caplog.at_level(logging.WARNING, logger=trainer.__name__):
+    trainer._close_all([Writer().close, broken, Saver().close, bar], failing=True)
+  assert calls == ["writer", "broken", "saver", "bar"]
+  assert [r.getMessage() for r in caplog.records if r.name == trainer.__name__] == [
+      f"while stopping after an error, closing the {name} failed too: {error}"
+      for name, error in (("Writer", "OSError: flush failed"), ("function", "KeyError: 'k'"),
+                          ("Saver", "ValueError: second"))]
+
+
+def test_the_plain_progress_line_names_the_step_loss_perplexity_rate_and_throughput():
+  assert trainer._log_line(3, 10, {"loss": 1.23456, "perplexity": 3.4567,
+                                   "learning_rate": 0.00012345, "tokens_per_s": 1234.56}) == (
+      "train step 3/10: loss 1.2346, perplexity 3.46, lr 0.000123, 1235 tokens/s")

@@ -267,7 +267,7 @@ def test_evaluate_workdir_names_what_is_missing(seq2seq_run, tmp_path, warned):
 
 
 def test_a_resume_under_a_model_the_checkpoints_do_not_fit_changes_nothing(seq2seq_run,
-                                                                           tmp_path):
+                                                                           tmp_path, caplog):
   """The restore fails with the changed fields named, and the workdir keeps its config.gin
   (which still describes its checkpoints: eval reads them) and its checkpoints."""
   _copy_run(seq2seq_run, tmp_path)
@@ -292,9 +292,11 @@ def test_a_resume_under_a_model_the_checkpoints_do_not_fit_changes_nothing(seq2s
   with pytest.raises(trainer.ResumeError, match=re.escape(
       f"the checkpoints in {tmp_path}/checkpoints were saved by a run reading other training "
       "data: the saved data position belongs to another training stream (DataConfig.max_len: "
-      "6 -> 5, DataConfig.seed: 0 -> 1). Nothing was changed in ")):
+      "6 -> 5, DataConfig.seed: 0 -> 1). Nothing was changed in ")) as e:
     _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["DataConfig.seed = 1", "DataConfig.max_len = 5",
                                               "TrainConfig.steps = 6"])
+  assert str(e.value).endswith(f"Nothing was changed in {tmp_path}; resume with the workdir's "
+                               "own DataConfig, or train in a new workdir")
   assert (tmp_path / "config.gin").read_text() == config and _steps(tmp_path) == [2, 4]
   # A resume that fits (more steps, another batch size, longer rows: none changes which
   # example comes next) writes its own config.gin, and the data goes on
@@ -307,9 +309,13 @@ def test_a_resume_under_a_model_the_checkpoints_do_not_fit_changes_nothing(seq2s
   meta_file = tmp_path / "checkpoints" / "4" / "meta" / "metadata"  # nor checksums then
   meta_file.write_text(json.dumps({k: v for k, v in json.loads(meta_file.read_text()).items()
                                    if k != "checksums"}))
-  assert _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + [
-      "TrainConfig.steps = 6", "DataConfig.batch_size = 8",
-      "DataConfig.seq_len = 10"])["step"] == 6
+  caplog.clear()
+  with caplog.at_level(logging.INFO, logger=trainer.__name__):
+    assert _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + [
+        "TrainConfig.steps = 6", "DataConfig.batch_size = 8",
+        "DataConfig.seq_len = 10"])["step"] == 6
+  # The new batch size is said, with the example the data goes on from (4 steps x 4 rows).
+  assert "batch_size 4 -> 8: the data continues at example 16" in caplog.messages
   assert "TrainConfig.steps = 6" in (tmp_path / "config.gin").read_text()
   ckpt = Checkpointer(str(tmp_path), read_only=True)
   state = ckpt.restore_data(6)

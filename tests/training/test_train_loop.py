@@ -128,7 +128,13 @@ def test_an_lm_run_evaluates_loss_and_perplexity_only(tmp_path, monkeypatch):
   assert [n for n, _ in seen] == [1, 1] and [r["tokens"] for r in evals] == [t for _, t in seen]
   assert all(set(r) == {"step", "split", "loss", "perplexity", "tokens"} for r in evals)
   assert not os.path.exists(tmp_path / "eval")
+  # It writes nothing, so a read-only workdir evaluates (``os.access`` says so, as on a
+  # read-only mount).
+  access = os.access
+  monkeypatch.setattr(os, "access", lambda path, mode: access(path, mode) and not (
+      mode & os.W_OK and str(path).startswith(str(tmp_path))))
   final = trainer.evaluate_workdir(str(tmp_path))
+  monkeypatch.setattr(os, "access", access)
   assert set(final) == {"step", "loss", "perplexity", "tokens"} and final["step"] == 4
   assert final["loss"] == pytest.approx(evals[-1]["loss"], rel=1e-6)
   assert final["perplexity"] == pytest.approx(np.exp(final["loss"]), rel=1e-6)
@@ -243,17 +249,25 @@ def test_the_stop_flag_off_the_main_thread_leaves_signals_alone():
 
 
 def test_evaluate_workdir_names_what_is_missing(seq2seq_run, tmp_path, warned):
+  """No config.gin, no such step, no checkpoint, none readable: each is named. It reads the
+  checkpoints read-only, deleting and creating nothing (a half-saved checkpoint may be the
+  save of a run still training in the workdir)."""
   with pytest.raises(FileNotFoundError, match="config.gin does not exist: not a training"):
     trainer.evaluate_workdir(str(tmp_path))
   _copy_run(seq2seq_run, tmp_path)
+  half = tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp"
+  (half / "params").mkdir(parents=True)
+  (half / "params" / "x").write_bytes(b"half written")
   with pytest.raises(ValueError, match=r"step=3 has no checkpoint in .*checkpoints; "
                                        r"saved steps: \[2, 4\]"):
     trainer.evaluate_workdir(str(tmp_path), step=3)
+  assert (half / "params" / "x").read_bytes() == b"half written"
   empty = tmp_path / "empty"
   empty.mkdir()
   (empty / "config.gin").write_text((tmp_path / "config.gin").read_text())
   with pytest.raises(FileNotFoundError, match=r"empty/checkpoints holds no checkpoint"):
     trainer.evaluate_workdir(str(empty))
+  assert sorted(os.listdir(empty)) == ["config.gin"]
   # Every checkpoint unreadable (its data state garbled): an error, not the metrics of an
   # untrained model at "step 0".
   for step in (2, 4):

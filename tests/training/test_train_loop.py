@@ -216,15 +216,23 @@ def test_a_signal_before_the_first_step_trains_nothing(tmp_path, capsys):
   with trainer.StopFlag():
     os.kill(os.getpid(), signal.SIGTERM)  # during the setup of a sweep's run
     last = _train(tmp_path, SEQ2SEQ, bindings)
-  assert last["step"] == 0 and _steps(tmp_path) == []
+  # No step, so no metrics: metrics_step is None (the JSON line's null), not a step.
+  assert last == {"metrics_step": None, "step": 0, "start_step": 0}
+  assert _steps(tmp_path) == []
   assert capsys.readouterr().err.endswith(
       "attnlab train: received signal 15 before training; stopped at step 0, nothing new to "
       "save\n")
+  # The config.gin it wrote has no checkpoint behind it: a run of another model there is no
+  # resume of a model trained as another (nothing was trained).
+  with trainer.StopFlag():
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert _train(tmp_path, SEQ2SEQ, bindings + ["ModelConfig.d_ff = 32"])["step"] == 0
   _train(tmp_path, SEQ2SEQ, bindings + ["TrainConfig.steps = 2"])  # a checkpoint at 2
   with trainer.StopFlag():
     os.kill(os.getpid(), signal.SIGINT)
     last = _train(tmp_path, SEQ2SEQ, bindings)
-  assert last["step"] == 2 and _steps(tmp_path) == [2]
+  assert last == {"metrics_step": None, "step": 2, "start_step": 2}
+  assert _steps(tmp_path) == [2]
   assert "received signal 2 before training; stopped at step 2" in capsys.readouterr().err
 
 

@@ -813,3 +813,45 @@ def test_the_plain_progress_line_names_the_step_loss_perplexity_rate_and_through
   assert trainer._log_line(3, 10, {"loss": 1.23456, "perplexity": 3.4567,
                                    "learning_rate": 0.00012345, "tokens_per_s": 1234.56}) == (
       "train step 3/10: loss 1.2346, perplexity 3.46, lr 0.000123, 1235 tokens/s")
+
+
+def test_a_crash_whose_save_fails_too_says_what_was_kept_and_raises_the_crash(
+    tmp_path, monkeypatch, capsys):
+  """An error outside the step (the eval of step 2) whose checkpoint save fails too (a full
+  disk): the save's failure is one stderr line naming the last good checkpoint, and the
+  crash itself is what propagates."""
+  def broken_eval(self, predictions_path=None):
+    raise RuntimeError("eval broke")
+
+  save = Checkpointer.save
+
+  def full_disk(self, step, *args, **kw):
+    if step == 2:
+      raise OSError(28, "No space left on device")
+    return save(self, step, *args, **kw)
+
+  monkeypatch.setattr(trainer.Run, "evaluate", broken_eval)
+  monkeypatch.setattr(Checkpointer, "save", full_disk)
+  with pytest.raises(RuntimeError, match="^eval broke$"):
+    _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.eval_every = 2",
+                                              "TrainConfig.checkpoint_every = 1"])
+  assert _steps(tmp_path) == [1]
+  assert capsys.readouterr().err.splitlines()[-1] == (
+      f"attnlab train: saving checkpoint 2 in {tmp_path}/checkpoints failed (OSError: [Errno 28] "
+      "No space left on device); the run stopped. Last good checkpoint: 1; free the space (or "
+      "mend the cause) and rerun the same command to resume from 1")
+
+
+def test_a_close_that_fails_after_a_run_that_did_not_is_raised(tmp_path, monkeypatch):
+  """No error in flight: a metrics flush that fails at the end (a full disk) is raised, not
+  only logged (the run's metrics may be lost); the last step's checkpoint is saved first."""
+  close = trainer.MetricsWriter.close
+
+  def close_on_a_full_disk(self):
+    close(self)
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(trainer.MetricsWriter, "close", close_on_a_full_disk)
+  with pytest.raises(OSError, match="No space left on device"):
+    _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 1"])
+  assert _steps(tmp_path) == [1]

@@ -855,3 +855,31 @@ def test_a_close_that_fails_after_a_run_that_did_not_is_raised(tmp_path, monkeyp
   with pytest.raises(OSError, match="No space left on device"):
     _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 1"])
   assert _steps(tmp_path) == [1]
+
+
+def test_a_refused_resume_quotes_the_first_line_of_the_restore_error(seq2seq_run, tmp_path,
+                                                                      monkeypatch):
+  """The ResumeError quotes the restore's error (a ValueError, KeyError or TypeError: shapes
+  or trees that differ) by its first line, at most 500 characters of it, without the '.', ':'
+  and spaces it ends with (the message goes on after it); by the error's type when it says
+  nothing."""
+  _copy_run(seq2seq_run, tmp_path)
+  prefix = f"the checkpoints in {tmp_path}/checkpoints do not fit this run's model and optimizer: "
+  suffix = (f". Nothing was changed in {tmp_path}; resume with the workdir's own config.gin, or "
+            "train in a new workdir")
+
+  def quoted(error):
+    def restore(self, *args, **kw):
+      raise error
+
+    monkeypatch.setattr(trainer.Run, "restore", restore)
+    with pytest.raises(trainer.ResumeError) as e:
+      _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 6"])
+    assert e.value.__cause__ is error
+    text = str(e.value)
+    assert text.startswith(prefix) and text.endswith(suffix), text
+    return text[len(prefix):-len(suffix)]
+
+  assert quoted(TypeError("tree differs at key X.: \n  and more")) == "tree differs at key X"
+  assert quoted(ValueError("")) == "ValueError"
+  assert quoted(KeyError("a" * 600)) == "'" + "a" * 499

@@ -883,3 +883,21 @@ def test_a_refused_resume_quotes_the_first_line_of_the_restore_error(seq2seq_run
   assert quoted(TypeError("tree differs at key X.: \n  and more")) == "tree differs at key X"
   assert quoted(ValueError("")) == "ValueError"
   assert quoted(KeyError("a" * 600)) == "'" + "a" * 499
+
+
+def test_validation_batches_are_read_once_in_multiples_of_the_batch_shards(monkeypatch):
+  """Run.validation_batches: TrainConfig.eval_batches batches of the validation sources, in
+  rows that split over the mesh's data x fsdp shards; read at the first call, then kept."""
+  calls = []
+
+  def batches(sources, dcfg, num_batches, multiple_of=1):
+    calls.append((sources, dcfg, num_batches, multiple_of))
+    return ["batch"]
+
+  monkeypatch.setattr(trainer.pipeline, "validation_batches", batches)
+  run = object.__new__(trainer.Run)  # the attributes validation_batches reads, no model
+  run.sources, run.dcfg, run._val_batches = "sources", "dcfg", None
+  run.tcfg = types.SimpleNamespace(eval_batches=3)
+  run.mesh = types.SimpleNamespace(shape={"data": 2, "fsdp": 4, "tensor": 3})
+  assert run.validation_batches() == ["batch"] and run.validation_batches() == ["batch"]
+  assert calls == [("sources", "dcfg", 3, 8)] and type(calls[0][3]) is int

@@ -901,3 +901,41 @@ def test_validation_batches_are_read_once_in_multiples_of_the_batch_shards(monke
   run.mesh = types.SimpleNamespace(shape={"data": 2, "fsdp": 4, "tensor": 3})
   assert run.validation_batches() == ["batch"] and run.validation_batches() == ["batch"]
   assert calls == [("sources", "dcfg", 3, 8)] and type(calls[0][3]) is int
+
+
+def test_a_run_warns_about_its_schedule_and_a_resume_about_the_rate_it_changed(tmp_path,
+                                                                               caplog):
+  """Before it trains, a run warns about a schedule that does not do what its numbers
+  suggest (inverse_sqrt: a warmup of 3 in a run of 1 step, a learning_rate below 0.01); a
+  resume under another rate warns about the rate at its checkpoint's update, then about its
+  own schedule. inverse_sqrt's rates depend on d_model (32 here), on both sides."""
+  from attnlab.config import TrainConfig
+  from attnlab.training import optim
+
+  def warnings(run):
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=trainer.__name__):
+      run()
+    return [r.getMessage() for r in caplog.records
+            if r.name == trainer.__name__ and r.levelno == logging.WARNING]
+
+  def surprises(**kw):
+    return warnings(lambda: trainer._warn_schedule_surprises(TrainConfig(**kw), 32))
+
+  first = dict(schedule="inverse_sqrt", warmup_steps=3, steps=1)
+  then = dict(first, steps=2, learning_rate=2e-3)
+  bindings = SEQ2SEQ_TINY + ["TrainConfig.schedule = 'inverse_sqrt'",
+                             "TrainConfig.warmup_steps = 3"]
+  expected = surprises(**first)
+  assert len(expected) == 2
+  assert warnings(lambda: _train(tmp_path, SEQ2SEQ, bindings + ["TrainConfig.steps = 1"])) \
+      == expected
+  before, after = (float(optim.make_schedule(TrainConfig(**kw), 32)(1)) for kw in (first, then))
+  expected = [
+      f"the learning rate at update 1 is now {after:.4g}, not {before:.4g} (TrainConfig."
+      "learning_rate: 0.001 -> 0.002, TrainConfig.steps: 1 -> 2): the resumed run follows the "
+      "new schedule from here, unlike a run of this config from step 0", *surprises(**then)]
+  assert len(expected) == 3
+  assert warnings(lambda: _train(tmp_path, SEQ2SEQ, bindings + [
+      "TrainConfig.steps = 2", "TrainConfig.learning_rate = 2e-3"])) == expected
+  assert "resumed from step 1" in caplog.messages

@@ -939,3 +939,24 @@ def test_a_run_warns_about_its_schedule_and_a_resume_about_the_rate_it_changed(t
   assert warnings(lambda: _train(tmp_path, SEQ2SEQ, bindings + [
       "TrainConfig.steps = 2", "TrainConfig.learning_rate = 2e-3"])) == expected
   assert "resumed from step 1" in caplog.messages
+
+
+def test_a_signal_during_the_steps_saves_that_step_and_stops(tmp_path, monkeypatch, capsys):
+  """SIGTERM during step 2 (sent here by the step-sleep hook): the run saves step 2, says so on
+  stderr and returns at step 2 with the metrics logged at step 2, training nothing more
+  (``test_train.py`` checks a real signal to a real process, and the resume)."""
+  naps = []
+
+  def nap(seconds):
+    naps.append(seconds)
+    if len(naps) == 2:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(trainer, "time", types.SimpleNamespace(sleep=nap,
+                                                             perf_counter=time.perf_counter))
+  monkeypatch.setenv(trainer.STEP_SLEEP_ENV, "0.01")
+  last = _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY)  # 4 steps, a log every 2, no checkpoint_every
+  assert (last["step"], last["metrics_step"], last["start_step"]) == (2, 2, 0)
+  assert _steps(tmp_path) == [2] and len(naps) == 2
+  assert capsys.readouterr().err.endswith(
+      f"attnlab train: received signal 15; checkpoint saved at step 2 in {tmp_path}/checkpoints\n")

@@ -104,6 +104,8 @@ def test_a_resume_as_another_model_whose_arrays_fit_is_refused(seq2seq_run, tmp_
       f"attnlab train: error: the checkpoints in {workdir}/checkpoints were trained as another "
       "model (ModelConfig.pos: 'sinusoidal' -> 'rope', ModelConfig.mlp: 'relu' -> 'gelu'; "
       "a resume may change only ModelConfig.attention_impl, "), err
+  assert err.endswith(f"ModelConfig.max_len). Nothing was changed in {workdir}; resume with the "
+                      "workdir's own config.gin, or train in a new workdir\n"), err
   assert (workdir / "config.gin").read_text() == config
   assert sorted(os.listdir(workdir / "checkpoints")) == ["2"]
   # The implementation, the dtypes, dropout, and the biases spelled another way (explicit

@@ -6,6 +6,7 @@ layout check, a weights-only checkpoint as the start of a run, and
 ``evaluate_workdir``'s errors. ``test_train.py`` runs the kills and resumes end
 to end."""
 
+import contextlib
 import functools
 import json
 import logging
@@ -405,6 +406,40 @@ def test_on_a_terminal_the_progress_is_a_bar_from_the_resumed_step(tmp_path, mon
   _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.progress = True",
                                            "TrainConfig.steps = 6"])
   assert " 4/6 " in term.text.split("\r")[1] and " 6/6 " in term.text.split("\r")[-1]
+
+
+def test_on_a_terminal_the_bar_is_as_wide_as_the_terminal_is_now(tmp_path, monkeypatch):
+  """The bar reads the terminal's width each time it draws: a window widened from 60 to 100
+  columns after step 1 gets bars of 99 columns from then on (a pseudo-terminal here)."""
+  termios = pytest.importorskip("termios")
+  import fcntl
+  import struct
+
+  master, slave = os.openpty()
+
+  def width(columns):
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+
+  width(60)
+  term = os.fdopen(slave, "w")
+  monkeypatch.setattr(trainer.sys, "stderr", term)
+  monkeypatch.setattr(trainer, "time", types.SimpleNamespace(sleep=lambda s: width(100),
+                                                             perf_counter=time.perf_counter))
+  monkeypatch.setenv(trainer.STEP_SLEEP_ENV, "0.01")
+  try:
+    _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.progress = True"])
+    term.flush()
+    os.set_blocking(master, False)
+    out = b""
+    with contextlib.suppress(BlockingIOError):
+      while chunk := os.read(master, 1 << 16):
+        out += chunk
+  finally:
+    term.close()
+    os.close(master)
+  frames = [f.rstrip("\n") for f in out.decode().replace("\r\n", "\n").split("\r") if f.strip()]
+  assert frames[0].startswith("train:   0%") and len(frames[0]) == 59, frames
+  assert " 4/4 " in frames[-1] and len(frames[-1]) == 99, frames
 
 
 def test_logged_throughput_is_the_window_tokens_over_its_time(tmp_path, monkeypatch):

@@ -995,3 +995,26 @@ def test_a_signal_during_the_steps_saves_that_step_and_stops(tmp_path, monkeypat
   assert _steps(tmp_path) == [2] and len(naps) == 2
   assert capsys.readouterr().err.endswith(
       f"attnlab train: received signal 15; checkpoint saved at step 2 in {tmp_path}/checkpoints\n")
+
+
+def test_an_old_data_position_without_a_config_gin_counts_batches_of_this_run(seq2seq_run,
+                                                                              tmp_path, caplog):
+  """A data state saved before 2026-12-03 (a batch index, no checksums then) in a workdir
+  without config.gin (a library run given no config_text): nothing says which batch size it
+  counted, so its index counts this run's batches and no batch size change is reported."""
+  _copy_run(seq2seq_run, tmp_path)
+  os.remove(tmp_path / "config.gin")
+  (data_file,) = [p for p in (tmp_path / "checkpoints" / "4" / "data").iterdir()
+                  if p.name == "metadata"]
+  data_file.write_text('{"index": 4}')
+  meta_file = tmp_path / "checkpoints" / "4" / "meta" / "metadata"
+  meta_file.write_text(json.dumps({k: v for k, v in json.loads(meta_file.read_text()).items()
+                                   if k != "checksums"}))
+  with caplog.at_level(logging.INFO, logger=trainer.__name__):
+    assert _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 5"])["step"] == 5
+  assert "resumed from step 4" in caplog.messages
+  assert not [m for m in caplog.messages if m.startswith("batch_size")]
+  ckpt = Checkpointer(str(tmp_path), read_only=True)
+  state = ckpt.restore_data(5)
+  ckpt.close()
+  assert (state["index"], state["example"], state["batch_size"]) == (5, 5 * 4, 4)

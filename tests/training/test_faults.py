@@ -30,12 +30,14 @@ def _train(workdir, extra=()):
 
 
 def test_without_a_tty_the_progress_is_one_plain_line_per_logged_step(tmp_path, monkeypatch):
+  """Each line is flushed as it is printed: a log file read while the run goes on (here
+  before the file is closed) holds every logged step so far."""
   log = tmp_path / "stderr.log"
   with open(log, "w") as f:
     assert not f.isatty()
     monkeypatch.setattr(sys, "stderr", f)
     _train(tmp_path / "w", ["TrainConfig.progress = True"])
-  text = log.read_text()
+    text = log.read_text()
   assert "\r" not in text  # no bar redrawing itself
   lines = [line for line in text.splitlines() if line.startswith("train step ")]
   assert [line.split(":")[0] for line in lines] == [

@@ -104,6 +104,8 @@ def test_a_resume_as_another_model_whose_arrays_fit_is_refused(seq2seq_run, tmp_
       f"attnlab train: error: the checkpoints in {workdir}/checkpoints were trained as another "
       "model (ModelConfig.pos: 'sinusoidal' -> 'rope', ModelConfig.mlp: 'relu' -> 'gelu'; "
       "a resume may change only ModelConfig.attention_impl, "), err
+  assert err.endswith(f"ModelConfig.max_len). Nothing was changed in {workdir}; resume with the "
+                      "workdir's own config.gin, or train in a new workdir\n"), err
   assert (workdir / "config.gin").read_text() == config
   assert sorted(os.listdir(workdir / "checkpoints")) == ["2"]
   # The implementation, the dtypes, dropout, and the biases spelled another way (explicit
@@ -131,6 +133,13 @@ def test_a_seq2seq_eval_that_cannot_write_its_predictions_is_one_line(seq2seq_ru
       f"attnlab eval: error: {workdir}/eval cannot be written (a read-only workdir?): a seq2seq "
       "eval writes its decoded examples there; evaluate a writable copy\n")
   assert not (workdir / "eval").exists()
+  # An eval folder that exists is the one checked (here it cannot be written, the workdir can).
+  (workdir / "eval").mkdir()
+  monkeypatch.setattr(os, "access", lambda path, mode: access(path, mode) and not (
+      mode & os.W_OK and str(path) == str(workdir / "eval")))
+  assert cli.main(["eval", "--workdir", str(workdir)]) == 2
+  assert capsys.readouterr().err.startswith(f"attnlab eval: error: {workdir}/eval cannot be")
+  assert os.listdir(workdir / "eval") == []
   monkeypatch.setattr(os, "access", access)
   assert cli.main(["eval", "--workdir", str(workdir)]) == 0
   assert json.loads(capsys.readouterr().out)["step"] == 2 and (workdir / "eval").is_dir()

@@ -6,6 +6,7 @@ layout check, a weights-only checkpoint as the start of a run, and
 ``evaluate_workdir``'s errors. ``test_train.py`` runs the kills and resumes end
 to end."""
 
+import contextlib
 import functools
 import json
 import logging
@@ -100,7 +101,9 @@ def test_seq2seq_eval_writes_its_predictions_to_workdir_eval(tmp_path, monkeypat
                                    "prediction_ids"} for r in rows)
   evals = [r for r in read_metrics(str(tmp_path)) if r["split"] == "eval"]
   assert [r["step"] for r in evals] == [2, 4]
-  assert all({"loss", "perplexity", "tokens", "exact_match"} <= set(r) for r in evals)
+  # Exact match, and no BLEU: that is translation's (task 'tsv'), not the reversal's.
+  assert all(set(r) == {"step", "split", "loss", "perplexity", "tokens", "exact_match"}
+             for r in evals)
 
 
 def test_an_lm_run_evaluates_loss_and_perplexity_only(tmp_path, monkeypatch):
@@ -126,7 +129,13 @@ def test_an_lm_run_evaluates_loss_and_perplexity_only(tmp_path, monkeypatch):
   assert [n for n, _ in seen] == [1, 1] and [r["tokens"] for r in evals] == [t for _, t in seen]
   assert all(set(r) == {"step", "split", "loss", "perplexity", "tokens"} for r in evals)
   assert not os.path.exists(tmp_path / "eval")
+  # It writes nothing, so a read-only workdir evaluates (``os.access`` says so, as on a
+  # read-only mount).
+  access = os.access
+  monkeypatch.setattr(os, "access", lambda path, mode: access(path, mode) and not (
+      mode & os.W_OK and str(path).startswith(str(tmp_path))))
   final = trainer.evaluate_workdir(str(tmp_path))
+  monkeypatch.setattr(os, "access", access)
   assert set(final) == {"step", "loss", "perplexity", "tokens"} and final["step"] == 4
   assert final["loss"] == pytest.approx(evals[-1]["loss"], rel=1e-6)
   assert final["perplexity"] == pytest.approx(np.exp(final["loss"]), rel=1e-6)
@@ -208,15 +217,23 @@ def test_a_signal_before_the_first_step_trains_nothing(tmp_path, capsys):
   with trainer.StopFlag():
     os.kill(os.getpid(), signal.SIGTERM)  # during the setup of a sweep's run
     last = _train(tmp_path, SEQ2SEQ, bindings)
-  assert last["step"] == 0 and _steps(tmp_path) == []
+  # No step, so no metrics: metrics_step is None (the JSON line's null), not a step.
+  assert last == {"metrics_step": None, "step": 0, "start_step": 0}
+  assert _steps(tmp_path) == []
   assert capsys.readouterr().err.endswith(
       "attnlab train: received signal 15 before training; stopped at step 0, nothing new to "
       "save\n")
+  # The config.gin it wrote has no checkpoint behind it: a run of another model there is no
+  # resume of a model trained as another (nothing was trained).
+  with trainer.StopFlag():
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert _train(tmp_path, SEQ2SEQ, bindings + ["ModelConfig.d_ff = 32"])["step"] == 0
   _train(tmp_path, SEQ2SEQ, bindings + ["TrainConfig.steps = 2"])  # a checkpoint at 2
   with trainer.StopFlag():
     os.kill(os.getpid(), signal.SIGINT)
     last = _train(tmp_path, SEQ2SEQ, bindings)
-  assert last["step"] == 2 and _steps(tmp_path) == [2]
+  assert last == {"metrics_step": None, "step": 2, "start_step": 2}
+  assert _steps(tmp_path) == [2]
   assert "received signal 2 before training; stopped at step 2" in capsys.readouterr().err
 
 
@@ -241,17 +258,25 @@ def test_the_stop_flag_off_the_main_thread_leaves_signals_alone():
 
 
 def test_evaluate_workdir_names_what_is_missing(seq2seq_run, tmp_path, warned):
+  """No config.gin, no such step, no checkpoint, none readable: each is named. It reads the
+  checkpoints read-only, deleting and creating nothing (a half-saved checkpoint may be the
+  save of a run still training in the workdir)."""
   with pytest.raises(FileNotFoundError, match="config.gin does not exist: not a training"):
     trainer.evaluate_workdir(str(tmp_path))
   _copy_run(seq2seq_run, tmp_path)
+  half = tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp"
+  (half / "params").mkdir(parents=True)
+  (half / "params" / "x").write_bytes(b"half written")
   with pytest.raises(ValueError, match=r"step=3 has no checkpoint in .*checkpoints; "
                                        r"saved steps: \[2, 4\]"):
     trainer.evaluate_workdir(str(tmp_path), step=3)
+  assert (half / "params" / "x").read_bytes() == b"half written"
   empty = tmp_path / "empty"
   empty.mkdir()
   (empty / "config.gin").write_text((tmp_path / "config.gin").read_text())
   with pytest.raises(FileNotFoundError, match=r"empty/checkpoints holds no checkpoint"):
     trainer.evaluate_workdir(str(empty))
+  assert sorted(os.listdir(empty)) == ["config.gin"]
   # Every checkpoint unreadable (its data state garbled): an error, not the metrics of an
   # untrained model at "step 0".
   for step in (2, 4):
@@ -267,7 +292,7 @@ def test_evaluate_workdir_names_what_is_missing(seq2seq_run, tmp_path, warned):
 
 
 def test_a_resume_under_a_model_the_checkpoints_do_not_fit_changes_nothing(seq2seq_run,
-                                                                           tmp_path):
+                                                                           tmp_path, caplog):
   """The restore fails with the changed fields named, and the workdir keeps its config.gin
   (which still describes its checkpoints: eval reads them) and its checkpoints."""
   _copy_run(seq2seq_run, tmp_path)
@@ -292,9 +317,11 @@ def test_a_resume_under_a_model_the_checkpoints_do_not_fit_changes_nothing(seq2s
   with pytest.raises(trainer.ResumeError, match=re.escape(
       f"the checkpoints in {tmp_path}/checkpoints were saved by a run reading other training "
       "data: the saved data position belongs to another training stream (DataConfig.max_len: "
-      "6 -> 5, DataConfig.seed: 0 -> 1). Nothing was changed in ")):
+      "6 -> 5, DataConfig.seed: 0 -> 1). Nothing was changed in ")) as e:
     _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["DataConfig.seed = 1", "DataConfig.max_len = 5",
                                               "TrainConfig.steps = 6"])
+  assert str(e.value).endswith(f"Nothing was changed in {tmp_path}; resume with the workdir's "
+                               "own DataConfig, or train in a new workdir")
   assert (tmp_path / "config.gin").read_text() == config and _steps(tmp_path) == [2, 4]
   # A resume that fits (more steps, another batch size, longer rows: none changes which
   # example comes next) writes its own config.gin, and the data goes on
@@ -307,9 +334,13 @@ def test_a_resume_under_a_model_the_checkpoints_do_not_fit_changes_nothing(seq2s
   meta_file = tmp_path / "checkpoints" / "4" / "meta" / "metadata"  # nor checksums then
   meta_file.write_text(json.dumps({k: v for k, v in json.loads(meta_file.read_text()).items()
                                    if k != "checksums"}))
-  assert _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + [
-      "TrainConfig.steps = 6", "DataConfig.batch_size = 8",
-      "DataConfig.seq_len = 10"])["step"] == 6
+  caplog.clear()
+  with caplog.at_level(logging.INFO, logger=trainer.__name__):
+    assert _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + [
+        "TrainConfig.steps = 6", "DataConfig.batch_size = 8",
+        "DataConfig.seq_len = 10"])["step"] == 6
+  # The new batch size is said, with the example the data goes on from (4 steps x 4 rows).
+  assert "batch_size 4 -> 8: the data continues at example 16" in caplog.messages
   assert "TrainConfig.steps = 6" in (tmp_path / "config.gin").read_text()
   ckpt = Checkpointer(str(tmp_path), read_only=True)
   state = ckpt.restore_data(6)
@@ -335,7 +366,8 @@ def test_progress_off_prints_nothing_and_the_step_sleep_hook_sleeps_each_step(
   monkeypatch.setenv(trainer.STEP_SLEEP_ENV, "0.25")
   _train(tmp_path / "a", SEQ2SEQ, SEQ2SEQ_TINY)
   assert naps == [0.25] * 4
-  assert "train step" not in capsys.readouterr().err
+  err = capsys.readouterr().err
+  assert "train step" not in err and "train:" not in err, err  # no plain line, no bar
   naps.clear()
   monkeypatch.setenv(trainer.STEP_SLEEP_ENV, "")
   _train(tmp_path / "b", SEQ2SEQ, SEQ2SEQ_TINY)
@@ -374,6 +406,40 @@ def test_on_a_terminal_the_progress_is_a_bar_from_the_resumed_step(tmp_path, mon
   _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.progress = True",
                                            "TrainConfig.steps = 6"])
   assert " 4/6 " in term.text.split("\r")[1] and " 6/6 " in term.text.split("\r")[-1]
+
+
+def test_on_a_terminal_the_bar_is_as_wide_as_the_terminal_is_now(tmp_path, monkeypatch):
+  """The bar reads the terminal's width each time it draws: a window widened from 60 to 100
+  columns after step 1 gets bars of 99 columns from then on (a pseudo-terminal here)."""
+  termios = pytest.importorskip("termios")
+  import fcntl
+  import struct
+
+  master, slave = os.openpty()
+
+  def width(columns):
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+
+  width(60)
+  term = os.fdopen(slave, "w")
+  monkeypatch.setattr(trainer.sys, "stderr", term)
+  monkeypatch.setattr(trainer, "time", types.SimpleNamespace(sleep=lambda s: width(100),
+                                                             perf_counter=time.perf_counter))
+  monkeypatch.setenv(trainer.STEP_SLEEP_ENV, "0.01")
+  try:
+    _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.progress = True"])
+    term.flush()
+    os.set_blocking(master, False)
+    out = b""
+    with contextlib.suppress(BlockingIOError):
+      while chunk := os.read(master, 1 << 16):
+        out += chunk
+  finally:
+    term.close()
+    os.close(master)
+  frames = [f.rstrip("\n") for f in out.decode().replace("\r\n", "\n").split("\r") if f.strip()]
+  assert frames[0].startswith("train:   0%") and len(frames[0]) == 59, frames
+  assert " 4/4 " in frames[-1] and len(frames[-1]) == 99, frames
 
 
 def test_logged_throughput_is_the_window_tokens_over_its_time(tmp_path, monkeypatch):
@@ -696,3 +762,259 @@ def test_a_schedule_that_does_not_do_what_its_numbers_suggest_is_warned_about(ca
              dict(steps=100, warmup_steps=99),
              dict(schedule="inverse_sqrt", steps=10000, warmup_steps=4000, learning_rate=1.0)):
     assert warned(**kw) == [], kw
+
+
+class _FailingSave:
+  """A Checkpointer whose save raises ``error`` (and records what it was asked to save)."""
+
+  directory = "/w/checkpoints"
+
+  def __init__(self, error):
+    self.error, self.saved = error, []
+
+  def save(self, step, state, data_state, meta):
+    self.saved.append((step, state, data_state, meta))
+    raise self.error
+
+
+def test_a_failed_save_names_its_reason_on_one_line_and_where_a_rerun_starts():
+  """The SaveError of a save that raised: the reason with its whitespace folded to single
+  spaces (orbax's messages run over lines), the error's type where it says nothing, a reason
+  over 300 characters cut to its first 150 and last 140 (the cause is at the end: "No space
+  left on device"); the rerun resumes from the last good checkpoint, or starts over."""
+  run = types.SimpleNamespace(state={"params": 1},
+                              data=types.SimpleNamespace(get_state=lambda: {"index": 3}))
+
+  def message(error, step, last_good):
+    ckpt = _FailingSave(error)
+    with pytest.raises(trainer.SaveError) as e:
+      trainer._save(ckpt, step, run, {"seed": 0}, last_good)
+    assert ckpt.saved == [(step, {"params": 1}, {"index": 3}, {"seed": 0})]
+    assert e.value.__cause__ is error
+    return str(e.value)
+
+  assert message(OSError("disk\n   full\t"), 1, None) == (
+      "saving checkpoint 1 in /w/checkpoints failed (OSError: disk full); the run stopped. "
+      "Last good checkpoint: none; free the space (or mend the cause) and rerun the same "
+      "command to start over")
+  assert message(ValueError(""), 4, 2) == (
+      "saving checkpoint 4 in /w/checkpoints failed (ValueError: ValueError); the run stopped. "
+      "Last good checkpoint: 2; free the space (or mend the cause) and rerun the same command "
+      "to resume from 2")
+  kept = "k" * 300  # 300 characters are kept whole
+  assert f"(ValueError: {kept});" in message(ValueError(kept), 4, 2)
+  long = "a" * 150 + "b" * 10 + "c" * 141
+  assert f"(ValueError: {'a' * 150} ... {'c' * 140});" in message(ValueError(long), 4, 2)
+
+
+def test_closing_runs_every_close_and_raises_the_first_failure_unless_one_propagates(caplog):
+  """_close_all: every close is called; after a normal end the first failure is raised once
+  all ran; while an error propagates (``failing``) each failure is a warning naming what
+  failed to close, and nothing is raised."""
+  calls = []
+
+  class Writer:
+    def close(self):
+      calls.append("writer")
+      raise OSError("flush failed")
+
+  class Saver:
+    def close(self):
+      calls.append("saver")
+      raise ValueError("second")
+
+  def bar():
+    calls.append("bar")
+
+  def broken():
+    calls.append("broken")
+    raise KeyError("k")
+
+  trainer._close_all([bar], failing=False)
+  with pytest.raises(OSError, match="^flush failed$"):
+    trainer._close_all([bar, Writer().close, Saver().close], failing=False)
+  assert calls == ["bar", "bar", "writer", "saver"]
+  calls.clear()
+  with caplog.at_level(logging.WARNING, logger=trainer.__name__):
+    trainer._close_all([Writer().close, broken, Saver().close, bar], failing=True)
+  assert calls == ["writer", "broken", "saver", "bar"]
+  assert [r.getMessage() for r in caplog.records if r.name == trainer.__name__] == [
+      f"while stopping after an error, closing the {name} failed too: {error}"
+      for name, error in (("Writer", "OSError: flush failed"), ("function", "KeyError: 'k'"),
+                          ("Saver", "ValueError: second"))]
+
+
+def test_the_plain_progress_line_names_the_step_loss_perplexity_rate_and_throughput():
+  assert trainer._log_line(3, 10, {"loss": 1.23456, "perplexity": 3.4567,
+                                   "learning_rate": 0.00012345, "tokens_per_s": 1234.56}) == (
+      "train step 3/10: loss 1.2346, perplexity 3.46, lr 0.000123, 1235 tokens/s")
+
+
+def test_a_crash_whose_save_fails_too_says_what_was_kept_and_raises_the_crash(
+    tmp_path, monkeypatch, capsys):
+  """An error outside the step (the eval of step 2) whose checkpoint save fails too (a full
+  disk): the save's failure is one stderr line naming the last good checkpoint, and the
+  crash itself is what propagates."""
+  def broken_eval(self, predictions_path=None):
+    raise RuntimeError("eval broke")
+
+  save = Checkpointer.save
+
+  def full_disk(self, step, *args, **kw):
+    if step == 2:
+      raise OSError(28, "No space left on device")
+    return save(self, step, *args, **kw)
+
+  monkeypatch.setattr(trainer.Run, "evaluate", broken_eval)
+  monkeypatch.setattr(Checkpointer, "save", full_disk)
+  with pytest.raises(RuntimeError, match="^eval broke$"):
+    _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.eval_every = 2",
+                                              "TrainConfig.checkpoint_every = 1"])
+  assert _steps(tmp_path) == [1]
+  assert capsys.readouterr().err.splitlines()[-1] == (
+      f"attnlab train: saving checkpoint 2 in {tmp_path}/checkpoints failed (OSError: [Errno 28] "
+      "No space left on device); the run stopped. Last good checkpoint: 1; free the space (or "
+      "mend the cause) and rerun the same command to resume from 1")
+
+
+def test_a_close_that_fails_after_a_run_that_did_not_is_raised(tmp_path, monkeypatch):
+  """No error in flight: a metrics flush that fails at the end (a full disk) is raised, not
+  only logged (the run's metrics may be lost); the last step's checkpoint is saved first."""
+  close = trainer.MetricsWriter.close
+
+  def close_on_a_full_disk(self):
+    close(self)
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(trainer.MetricsWriter, "close", close_on_a_full_disk)
+  with pytest.raises(OSError, match="No space left on device"):
+    _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 1"])
+  assert _steps(tmp_path) == [1]
+
+
+def test_a_refused_resume_quotes_the_first_line_of_the_restore_error(seq2seq_run, tmp_path,
+                                                                      monkeypatch):
+  """The ResumeError quotes the restore's error (a ValueError, KeyError or TypeError: shapes
+  or trees that differ) by its first line, at most 500 characters of it, without the '.', ':'
+  and spaces it ends with (the message goes on after it); by the error's type when it says
+  nothing."""
+  _copy_run(seq2seq_run, tmp_path)
+  prefix = f"the checkpoints in {tmp_path}/checkpoints do not fit this run's model and optimizer: "
+  suffix = (f". Nothing was changed in {tmp_path}; resume with the workdir's own config.gin, or "
+            "train in a new workdir")
+
+  def quoted(error):
+    def restore(self, *args, **kw):
+      raise error
+
+    monkeypatch.setattr(trainer.Run, "restore", restore)
+    with pytest.raises(trainer.ResumeError) as e:
+      _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 6"])
+    assert e.value.__cause__ is error
+    text = str(e.value)
+    assert text.startswith(prefix) and text.endswith(suffix), text
+    return text[len(prefix):-len(suffix)]
+
+  assert quoted(TypeError("tree differs at key X.: \n  and more")) == "tree differs at key X"
+  assert quoted(ValueError("")) == "ValueError"
+  assert quoted(KeyError("a" * 600)) == "'" + "a" * 499
+
+
+def test_validation_batches_are_read_once_in_multiples_of_the_batch_shards(monkeypatch):
+  """Run.validation_batches: TrainConfig.eval_batches batches of the validation sources, in
+  rows that split over the mesh's data x fsdp shards; read at the first call, then kept."""
+  calls = []
+
+  def batches(sources, dcfg, num_batches, multiple_of=1):
+    calls.append((sources, dcfg, num_batches, multiple_of))
+    return ["batch"]
+
+  monkeypatch.setattr(trainer.pipeline, "validation_batches", batches)
+  run = object.__new__(trainer.Run)  # the attributes validation_batches reads, no model
+  run.sources, run.dcfg, run._val_batches = "sources", "dcfg", None
+  run.tcfg = types.SimpleNamespace(eval_batches=3)
+  run.mesh = types.SimpleNamespace(shape={"data": 2, "fsdp": 4, "tensor": 3})
+  assert run.validation_batches() == ["batch"] and run.validation_batches() == ["batch"]
+  assert calls == [("sources", "dcfg", 3, 8)] and type(calls[0][3]) is int
+
+
+def test_a_run_warns_about_its_schedule_and_a_resume_about_the_rate_it_changed(tmp_path,
+                                                                               caplog):
+  """Before it trains, a run warns about a schedule that does not do what its numbers
+  suggest (inverse_sqrt: a warmup of 3 in a run of 1 step, a learning_rate below 0.01); a
+  resume under another rate warns about the rate at its checkpoint's update, then about its
+  own schedule. inverse_sqrt's rates depend on d_model (32 here), on both sides."""
+  from attnlab.config import TrainConfig
+  from attnlab.training import optim
+
+  def warnings(run):
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=trainer.__name__):
+      run()
+    return [r.getMessage() for r in caplog.records
+            if r.name == trainer.__name__ and r.levelno == logging.WARNING]
+
+  def surprises(**kw):
+    return warnings(lambda: trainer._warn_schedule_surprises(TrainConfig(**kw), 32))
+
+  first = dict(schedule="inverse_sqrt", warmup_steps=3, steps=1)
+  then = dict(first, steps=2, learning_rate=2e-3)
+  bindings = SEQ2SEQ_TINY + ["TrainConfig.schedule = 'inverse_sqrt'",
+                             "TrainConfig.warmup_steps = 3"]
+  expected = surprises(**first)
+  assert len(expected) == 2
+  assert warnings(lambda: _train(tmp_path, SEQ2SEQ, bindings + ["TrainConfig.steps = 1"])) \
+      == expected
+  before, after = (float(optim.make_schedule(TrainConfig(**kw), 32)(1)) for kw in (first, then))
+  expected = [
+      f"the learning rate at update 1 is now {after:.4g}, not {before:.4g} (TrainConfig."
+      "learning_rate: 0.001 -> 0.002, TrainConfig.steps: 1 -> 2): the resumed run follows the "
+      "new schedule from here, unlike a run of this config from step 0", *surprises(**then)]
+  assert len(expected) == 3
+  assert warnings(lambda: _train(tmp_path, SEQ2SEQ, bindings + [
+      "TrainConfig.steps = 2", "TrainConfig.learning_rate = 2e-3"])) == expected
+  assert "resumed from step 1" in caplog.messages
+
+
+def test_a_signal_during_the_steps_saves_that_step_and_stops(tmp_path, monkeypatch, capsys):
+  """SIGTERM during step 2 (sent here by the step-sleep hook): the run saves step 2, says so on
+  stderr and returns at step 2 with the metrics logged at step 2, training nothing more
+  (``test_train.py`` checks a real signal to a real process, and the resume)."""
+  naps = []
+
+  def nap(seconds):
+    naps.append(seconds)
+    if len(naps) == 2:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(trainer, "time", types.SimpleNamespace(sleep=nap,
+                                                             perf_counter=time.perf_counter))
+  monkeypatch.setenv(trainer.STEP_SLEEP_ENV, "0.01")
+  last = _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY)  # 4 steps, a log every 2, no checkpoint_every
+  assert (last["step"], last["metrics_step"], last["start_step"]) == (2, 2, 0)
+  assert _steps(tmp_path) == [2] and len(naps) == 2
+  assert capsys.readouterr().err.endswith(
+      f"attnlab train: received signal 15; checkpoint saved at step 2 in {tmp_path}/checkpoints\n")
+
+
+def test_an_old_data_position_without_a_config_gin_counts_batches_of_this_run(seq2seq_run,
+                                                                              tmp_path, caplog):
+  """A data state saved before 2026-12-03 (a batch index, no checksums then) in a workdir
+  without config.gin (a library run given no config_text): nothing says which batch size it
+  counted, so its index counts this run's batches and no batch size change is reported."""
+  _copy_run(seq2seq_run, tmp_path)
+  os.remove(tmp_path / "config.gin")
+  (data_file,) = [p for p in (tmp_path / "checkpoints" / "4" / "data").iterdir()
+                  if p.name == "metadata"]
+  data_file.write_text('{"index": 4}')
+  meta_file = tmp_path / "checkpoints" / "4" / "meta" / "metadata"
+  meta_file.write_text(json.dumps({k: v for k, v in json.loads(meta_file.read_text()).items()
+                                   if k != "checksums"}))
+  with caplog.at_level(logging.INFO, logger=trainer.__name__):
+    assert _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 5"])["step"] == 5
+  assert "resumed from step 4" in caplog.messages
+  assert not [m for m in caplog.messages if m.startswith("batch_size")]
+  ckpt = Checkpointer(str(tmp_path), read_only=True)
+  state = ckpt.restore_data(5)
+  ckpt.close()
+  assert (state["index"], state["example"], state["batch_size"]) == (5, 5 * 4, 4)

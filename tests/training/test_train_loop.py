@@ -410,7 +410,7 @@ def test_on_a_terminal_the_progress_is_a_bar_from_the_resumed_step(tmp_path, mon
 
 def test_on_a_terminal_the_bar_is_as_wide_as_the_terminal_is_now(tmp_path, monkeypatch):
   """The bar reads the terminal's width each time it draws: a window widened from 60 to 100
-  columns after step 1 gets bars of 99 columns from then on (a pseudo-terminal here)."""
+  columns after step 1 gets bars 40 columns wider from then on (a pseudo-terminal here)."""
   termios = pytest.importorskip("termios")
   import fcntl
   import struct
@@ -438,8 +438,9 @@ def test_on_a_terminal_the_bar_is_as_wide_as_the_terminal_is_now(tmp_path, monke
     term.close()
     os.close(master)
   frames = [f.rstrip("\n") for f in out.decode().replace("\r\n", "\n").split("\r") if f.strip()]
-  assert frames[0].startswith("train:   0%") and len(frames[0]) == 59, frames
-  assert " 4/4 " in frames[-1] and len(frames[-1]) == 99, frames
+  # As wide as the terminal allows (tqdm leaves the last column free: 59 and 99 today).
+  assert frames[0].startswith("train:   0%") and 50 <= len(frames[0]) <= 60, frames
+  assert " 4/4 " in frames[-1] and len(frames[-1]) == len(frames[0]) + 40, frames
 
 
 def test_logged_throughput_is_the_window_tokens_over_its_time(tmp_path, monkeypatch):

@@ -570,7 +570,9 @@ def test_generate_checks_eos_id_the_rng_and_the_length_penalty():
              (-1, f"eos_id=-1 is outside the vocabulary {not_eos}"),  # None means no eos
              ("2", f"eos_id='2' must be an integer token id in {not_eos}"),
              (2.0, f"eos_id=2.0 must be an integer token id in {not_eos}"),
-             (np.True_, f"eos_id=np.True_ must be an integer token id in {not_eos}")]
+             (np.True_, f"eos_id=np.True_ must be an integer token id in {not_eos}"),
+             # one of several stop ids, named by its place in the list
+             ([3, V + 1], f"eos_id[1]={V + 1} is outside the vocabulary [0, {V})")]
   for m in (model, encdec):
     for bad, message in bad_eos:
       with pytest.raises(GenerateInputError) as e:

@@ -16,7 +16,7 @@ from attnlab.decoding.generate import _release, _reserve
 from attnlab.decoding.paging import PageAllocator
 from attnlab.nn import kv_cache as cache_lib
 from tests import random_arrays
-from tests.decoding.tiny_models import decoder_model, random_tokens
+from tests.decoding.tiny_models import DECODER_CONFIGS, decoder_model, make_cfg, random_tokens
 
 P, B, M, C = 10, 3, 6, 2
 
@@ -200,3 +200,24 @@ def test_generate_with_exactly_enough_pages_decodes_like_contiguous():
   paged = attnlab.generate(model, prompt, max_new_tokens=5, cache="paged", page_size=4,
                            num_pages=4, eos_id=None)
   np.testing.assert_array_equal(np.asarray(paged), np.asarray(contiguous))
+
+
+def test_a_one_layer_model_decodes_paged_like_contiguous():
+  """One layer: the page table the loop reserves from and frees into is layer 0's, the only
+  one (every layer shares it), with a sequence that stops at its eos and frees its pages."""
+  import dataclasses
+
+  import attnlab
+
+  cfg = dataclasses.replace(make_cfg("decoder_only", DECODER_CONFIGS["gqa_sinusoidal"]),
+                            num_layers=1)
+  model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
+  prompt = random_tokens(22, (2, 4))
+  kw = dict(max_new_tokens=9, prompt_lengths_B=[2, 4])
+  free = np.asarray(attnlab.generate(model, prompt, eos_id=None, **kw))
+  eos = int(free[0, 2])  # row 0 stops at its third token (row 1 may too, later)
+  contiguous = np.asarray(attnlab.generate(model, prompt, eos_id=eos, **kw))
+  paged = np.asarray(attnlab.generate(model, prompt, eos_id=eos, cache="paged", page_size=4,
+                                      **kw))
+  np.testing.assert_array_equal(paged, contiguous)
+  assert contiguous[0, 2] == eos

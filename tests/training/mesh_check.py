@@ -17,7 +17,6 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
 
 from attnlab import config_gin as gin_config  # noqa: E402
 from attnlab.config import DataConfig, ModelConfig, TrainConfig  # noqa: E402
@@ -84,18 +83,6 @@ def main(workdir):
     out[f"grad_norm {shape}"] = grad_norms
     out[f"placement after training {shape}"] = placement(run.state)
     if shape == (2, 2, 2):
-      specs = {}
-      leaves = jax.tree.leaves(nnx.state(nnx.merge(run.setup.graphdef, run.state["params"],
-                                                   run.setup.rest), nnx.Param))
-      for leaf in leaves:
-        specs.setdefault(str(leaf.sharding.spec), 0)
-        specs[str(leaf.sharding.spec)] += 1
-      out["specs"] = specs
-      out["num_devices_of_q"] = len(
-          run.state["params"]["decoder"]["layers"][0]["self_attn"]["q_proj"]["w"]
-          .get_value().sharding.device_set)
-      mu = jax.tree.leaves(run.state["opt_state"])
-      out["opt_specs"] = sorted({str(x.sharding.spec) for x in mu})
       ckpt = Checkpointer(workdir)
       ckpt.save(tcfg.steps, run.state, run.data.get_state())
       saved = [np.asarray(x) for x in jax.tree.leaves(run.state["params"])]

@@ -230,12 +230,12 @@ def test_one_device_and_8_device_mesh_agree(tmp_path):
   assert one["tokens"] == eight["tokens"] > 0
   np.testing.assert_allclose(one["loss"], eight["loss"], rtol=1e-5)
   assert out["(1, 1, 1)"][-1] < out["(1, 1, 1)"][0]
-  specs = out["specs"]
-  assert "P('fsdp', 'tensor', None)" in specs  # q/k/v [embed, heads, head_dim]
-  assert "P('tensor', None, 'fsdp')" in specs  # o_proj [heads, head_dim, embed]
-  assert "P(None, 'fsdp')" in specs  # embedding: vocab 259 not divisible
-  assert out["num_devices_of_q"] == 8
-  assert "P('fsdp', 'tensor', None)" in out["opt_specs"]  # Adam moments too
+  trained = out["placement after training (2, 2, 2)"]  # {"part spec on N": leaves}
+  on_8 = lambda part, *spec: trained.get(f"{part} {P(*spec)} on 8", 0)
+  assert on_8("params", "fsdp", "tensor", None) == 3  # q/k/v [embed, heads, head_dim]
+  assert on_8("params", "tensor", None, "fsdp") == 1  # o_proj [heads, head_dim, embed]
+  assert on_8("params", None, "fsdp") == 1  # embedding: vocab 259 not divisible
+  assert on_8("opt_state", "fsdp", "tensor", None) == 6  # Adam moments too (mu, nu)
   assert out["restore_step"] == 6 and out["restore_equal"]
   assert out["restore_mesh"] == {"data": 1, "fsdp": 2, "tensor": 4}
   # The restored state lies where a fresh state on that mesh does.

@@ -403,6 +403,34 @@ def test_one_token_prompts_fill_max_len_and_cache_len_exactly():
   assert_greedy(decoder_forward(name, varied=True), room, [1, 1], np.asarray(got))
 
 
+def test_without_cache_len_the_cache_holds_exactly_the_slots_the_call_needs(monkeypatch):
+  """``cache_len=None``: a decoder-only call's cache has prompt + max_new_tokens - 1 slots (the
+  last token is never fed back), an encoder-decoder's max_new_tokens (its bos takes the
+  first); one slot where that is all a call needs, not a floor of more. The program is
+  not run: the cache length it would be compiled for is read from its call."""
+  from attnlab.decoding import generate as generate_lib
+
+  class Called(Exception):
+    pass
+
+  asked = []
+
+  def spy(*args, cache_len, **kwargs):
+    asked.append(cache_len)
+    raise Called
+
+  for program in ("_sample_decoder_only", "_sample_encoder_decoder"):
+    monkeypatch.setattr(generate_lib, program, spy)
+  decoder, encdec = decoder_model("mha_rope"), encdec_model("paper_gqa")
+  for model, prompt, new, want in ((decoder, random_tokens(6, (2, 1)), 1, 1),
+                                   (decoder, random_tokens(6, (2, 3)), 4, 6),
+                                   (encdec, SRC, 1, 1), (encdec, SRC, 5, 5)):
+    asked.clear()
+    with pytest.raises(Called):
+      attnlab.generate(model, prompt, max_new_tokens=new, eos_id=None)
+    assert asked == [want], (model.cfg.arch, prompt.shape, new)
+
+
 @pytest.mark.parametrize("kind", cache_lib.CACHE_KINDS)
 def test_generate_builds_its_cache_in_the_dtype_asked_for(monkeypatch, kind):
   """``cache_dtype`` reaches the cache ``generate`` decodes through: int8 buffers with

@@ -177,6 +177,42 @@ def test_interleaved_paged_sequences_equal_each_alone_in_contiguous_cache():
     np.testing.assert_allclose(np.stack(got[s]), want[s], atol=1e-5, rtol=1e-5)
 
 
+def test_reserve_zeroes_each_new_page_of_every_sequence_and_no_other_page():
+  """Three sequences take a page each in one decode step, and one row two pages in a
+  prefill into a used cache, while row 0 holds page 0 and after it gave page 0 back (which
+  it then takes): every page new to a sequence is zeroed in every layer (a page another
+  sequence left holds its values: NaN here) and every other page, page 0 held, keeps what
+  it held."""
+  cfg = decoder_model("mha_rope").cfg
+  cache = cache_lib.init_cache(cfg, "paged", B, 8, page_size=C, num_pages=P)
+  alloc, table_BM = PageAllocator.init(P).allocate(
+      cache[0].self_attn.page_table_BM, jnp.zeros(B, jnp.int32), jnp.array([2, 4, 2]), C)
+  np.testing.assert_array_equal(table_BM[:, :2], [[0, -1], [1, 2], [3, -1]])
+  cache = cache_lib.set_page_table(cache, table_BM, jnp.array([2, 4, 2], jnp.int32))
+  poison = lambda x: x + jnp.nan if x.ndim == 4 else x  # every page of every layer
+  cache = tuple(b.replace(self_attn=jax.tree.map(poison, b.self_attn)) for b in cache)
+  held = cache, alloc
+  released = _release(cache, alloc, jnp.array([True, False, False]))  # page 0 back
+  reserve = jax.jit(_reserve, static_argnames=("page_size", "fresh", "one_token"))
+  for (cache, alloc), num_new, one_token, want_new in (
+      (held, [1, 1, 1], True, [[4], [5], [6]]),
+      (held, [3, 0, 1], False, [[4, 5], [], [6]]),
+      (released, [1, 1, 1], True, [[0], [4], [5]]),
+      (released, [3, 0, 1], False, [[0, 4], [], [5]])):
+    old_BM = np.asarray(cache[0].self_attn.page_table_BM)
+    got_cache, _ = reserve(cache, alloc, jnp.array(num_new, jnp.int32), page_size=C,
+                           one_token=one_token)
+    new_BM = np.asarray(got_cache[0].self_attn.page_table_BM)
+    assert [sorted(set(n[n >= 0]) - set(o[o >= 0])) for o, n in zip(old_BM, new_BM)] == want_new
+    fresh = sorted(p for row in want_new for p in row)
+    for layer, blk in enumerate(got_cache):
+      for name in ("k_pages_PCKH", "v_pages_PCKH"):
+        pages = np.asarray(getattr(blk.self_attn, name))
+        zeroed = [p for p in range(P) if not np.isnan(pages[p]).any()]
+        assert zeroed == fresh, (num_new, layer, name)
+        assert not pages[fresh].any(), (num_new, layer, name)
+
+
 def test_generate_with_too_few_pages_raises():
   import attnlab
 

@@ -408,6 +408,34 @@ def test_on_a_terminal_the_progress_is_a_bar_from_the_resumed_step(tmp_path, mon
   assert " 4/6 " in term.text.split("\r")[1] and " 6/6 " in term.text.split("\r")[-1]
 
 
+def test_on_a_terminal_a_crash_closes_the_bar_before_its_error_propagates(tmp_path,
+                                                                         monkeypatch):
+  """A step that raises: the bar is closed first (its last frame drawn and its line ended),
+  so the traceback starts on a line of its own, not after the bar's carriage return; the bar
+  is not left to be closed when the caller drops the error."""
+  term = _Terminal()
+  monkeypatch.setattr(trainer.sys, "stderr", term)
+  make_train_step = trainer.steps_lib.make_train_step
+
+  def make(setup, tcfg):
+    step_fn, calls = make_train_step(setup, tcfg), []
+
+    def breaks_at_3(state, batch):
+      calls.append(1)
+      if len(calls) == 3:
+        raise RuntimeError("step 3 broke")
+      return step_fn(state, batch)
+
+    return breaks_at_3
+
+  monkeypatch.setattr(trainer.steps_lib, "make_train_step", make)
+  with pytest.raises(RuntimeError, match="^step 3 broke$") as e:
+    _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.progress = True"])
+  assert e.value.__traceback__ is not None  # the train frame (and its bar) still referenced
+  assert term.text.endswith("\n"), term.text[-200:]
+  assert " 2/4 " in term.text.split("\r")[-1]
+
+
 def test_on_a_terminal_the_bar_is_as_wide_as_the_terminal_is_now(tmp_path, monkeypatch):
   """The bar reads the terminal's width each time it draws: a window widened from 60 to 100
   columns after step 1 gets bars 40 columns wider from then on (a pseudo-terminal here)."""

@@ -7,6 +7,7 @@ layout check, a weights-only checkpoint as the start of a run, and
 to end."""
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -19,7 +20,9 @@ import time
 import types
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from attnlab import config_gin as gin_config
@@ -577,6 +580,17 @@ def test_a_resume_that_moves_the_learning_rate_warns_and_one_past_steps_is_refus
   with caplog.at_level(logging.WARNING, logger=trainer.__name__):
     _train(tmp_path / "constant", SEQ2SEQ, constant + ["TrainConfig.steps = 6"])
   assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
+  # The bound: a rate moved by float32 rounding (2e-7 relative; the check allows 1e-6) is
+  # no change, one moved by 0.2% is (rates below 1 are compared relatively, not as < 1).
+  saved = gin_config.read_workdir_config(str(tmp_path / "constant" / "config.gin"))[2]
+  count_3 = optax.scale_by_schedule(lambda c: c).init({})._replace(count=jnp.int32(3))
+  for factor, warns in ((1 + 2e-7, False), (1 + 2e-3, True)):
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=trainer.__name__):
+      trainer._warn_schedule_change(str(tmp_path / "constant"), dataclasses.replace(
+          saved, learning_rate=saved.learning_rate * factor), 32, count_3)
+    assert [r.getMessage().startswith("the learning rate at update 3 is now")
+            for r in caplog.records] == [True] * warns, factor
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # the 1e39

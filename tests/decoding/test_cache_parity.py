@@ -431,6 +431,34 @@ def test_without_cache_len_the_cache_holds_exactly_the_slots_the_call_needs(monk
     assert asked == [want], (model.cfg.arch, prompt.shape, new)
 
 
+def test_by_default_decoding_stops_at_the_tokenizers_eos_and_starts_from_its_bos():
+  """Without ``eos_id`` / ``bos_id``, ``generate`` and ``generate_requests`` stop at the
+  tokenizer's eos (2) and an encoder-decoder starts from its bos (1): this model emits 2 in
+  row 0 (which stops there: pad after it) and as row 3's last token."""
+  from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+  model = decoder_model("mha_rope", varied=True)
+  prompt = random_tokens(0, (4, 3))
+  free = np.asarray(attnlab.generate(model, prompt, max_new_tokens=12, eos_id=None))
+  want = free.copy()
+  for row in want:
+    if EOS_ID in row:
+      row[list(row).index(EOS_ID) + 1:] = PAD_ID
+  assert [EOS_ID in row for row in free] == [True, False, False, True]  # row 3: its last
+  assert (want != free).any(axis=1).tolist() == [True, False, False, False]
+  np.testing.assert_array_equal(attnlab.generate(model, prompt, max_new_tokens=12), want)
+  served = attnlab.generate_requests(model, list(prompt), 12, slots=2)
+  assert [r.tolist() for r in served] == [list(r[:list(r).index(EOS_ID) + 1]) if EOS_ID in r
+                                          else list(r) for r in want]
+  encdec = encdec_model("paper_gqa", varied=True)
+  np.testing.assert_array_equal(
+      attnlab.generate(encdec, SRC, max_new_tokens=6, eos_id=None),
+      attnlab.generate(encdec, SRC, max_new_tokens=6, eos_id=None, bos_id=BOS_ID))
+  assert not np.array_equal(
+      attnlab.generate(encdec, SRC, max_new_tokens=6, eos_id=None),
+      attnlab.generate(encdec, SRC, max_new_tokens=6, eos_id=None, bos_id=BOS_ID + 1))
+
+
 @pytest.mark.parametrize("kind", cache_lib.CACHE_KINDS)
 def test_generate_builds_its_cache_in_the_dtype_asked_for(monkeypatch, kind):
   """``cache_dtype`` reaches the cache ``generate`` decodes through: int8 buffers with

@@ -498,8 +498,9 @@ def test_generate_rejects_bad_prompts():
   with pytest.raises(ValueError, match=re.escape(
       "num_pages=4 is for cache='paged', got cache='contiguous'")):
     attnlab.generate(model, np.array([[5, 6]]), cache="contiguous", num_pages=4)
-  with pytest.raises(ValueError, match="sampling must be a Sampling, got NoneType"):
-    attnlab.generate(model, np.array([[5, 6]]), sampling=None)
+  for bad in (None, "greedy"):
+    with pytest.raises(ValueError, match=f"sampling must be a Sampling, got {type(bad).__name__}$"):
+      attnlab.generate(model, np.array([[5, 6]]), sampling=bad)
   with pytest.raises(ValueError, match=re.escape(
       "prompt_lengths_B=[2, 3] exceeds the prompt width T=2")):
     attnlab.generate(model, np.array([[5, 6], [5, 6]]), prompt_lengths_B=[2, 3])

@@ -14,7 +14,7 @@ import attnlab
 from attnlab.cli import main
 from attnlab.commands import decode as decode_command
 from attnlab.data.tokenizer import ByteTokenizer, HFJsonTokenizer
-from tests.decoding.tiny_models import decoder_model, encdec_model
+from tests.decoding.tiny_models import decoder_model, encdec_model, random_tokens
 
 
 def _run(argv, capsys):
@@ -529,6 +529,11 @@ def test_generate_rejects_bad_prompts():
     np.testing.assert_array_equal(
         attnlab.generate(encdec, padded, prompt_lengths_B=lengths, **kw),
         attnlab.generate(encdec, padded[:, :5], prompt_lengths_B=lengths, **kw))
+  # A source of exactly max_len tokens fits, padded past it or not.
+  full = np.zeros((1, encdec.cfg.max_len + 3), np.int32)
+  full[0, :encdec.cfg.max_len] = random_tokens(9, (encdec.cfg.max_len,))
+  np.testing.assert_array_equal(attnlab.generate(encdec, full, **kw),
+                                attnlab.generate(encdec, full[:, :encdec.cfg.max_len], **kw))
   # What the decoder-only path refuses, the encoder-decoder one refuses too.
   with pytest.raises(GenerateInputError, match=re.escape(
       "source 1 is empty (all padding, pad_id=0): give at least one token")):

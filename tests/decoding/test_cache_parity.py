@@ -431,6 +431,34 @@ def test_without_cache_len_the_cache_holds_exactly_the_slots_the_call_needs(monk
     assert asked == [want], (model.cfg.arch, prompt.shape, new)
 
 
+def test_a_prompts_padding_is_kept_while_the_call_fits_and_cut_where_it_would_not(monkeypatch):
+  """Padding past the longest prompt (width 10, prompts of 3 and 5) is the caller's: a call
+  that fits max_len (64) keeps its width, also at exactly 64 positions (10 + 55 - 1), so
+  calls of one width share one program; one position more (56 new tokens) cuts it to the
+  longest prompt, 5, rather than refuse the call. Read from the program's call, not run."""
+  from attnlab.decoding import generate as generate_lib
+
+  class Called(Exception):
+    pass
+
+  asked = []
+
+  def spy(model, prompt_BT, lengths_B, *args, cache_len, **kwargs):
+    asked.append((prompt_BT.shape[1], cache_len))
+    raise Called
+
+  monkeypatch.setattr(generate_lib, "_sample_decoder_only", spy)
+  model = decoder_model("mha_rope")
+  assert model.cfg.max_len == 64
+  prompt = np.zeros((2, 10), np.int32)
+  prompt[0, :3], prompt[1, :5] = [5, 6, 7], [5, 6, 7, 8, 9]
+  for new, want in ((4, (10, 13)), (55, (10, 64)), (56, (5, 60))):
+    asked.clear()
+    with pytest.raises(Called):
+      attnlab.generate(model, prompt, max_new_tokens=new, prompt_lengths_B=[3, 5], eos_id=None)
+    assert asked == [want], new
+
+
 def test_by_default_decoding_stops_at_the_tokenizers_eos_and_starts_from_its_bos():
   """Without ``eos_id`` / ``bos_id``, ``generate`` and ``generate_requests`` stop at the
   tokenizer's eos (2) and an encoder-decoder starts from its bos (1): this model emits 2 in

@@ -2,6 +2,7 @@
 each run, the result files and wall-time counter, the progress line's durations.
 (`test_ablate.py` runs sweeps end to end.)"""
 
+import io
 import json
 import os
 import re
@@ -376,3 +377,171 @@ def test_param_counts_are_the_built_models_and_attention_by_hand(arch, bias):
   state = nnx.state(build_model(mcfg, rngs=nnx.Rngs(0)), nnx.Param)
   total = sum(math.prod(x.shape) for x in jax.tree.leaves(state))
   assert sweep_lib.param_counts(mcfg) == (total, attentions * per_attention)
+
+
+def _sweep_of_3_arms_2_seeds():
+  """mha, mqa and uptrain-mean-mqa (5 steps of 20) over seeds 0 and 1, on a tiny copy task."""
+  sweep = Sweep(num_kv_heads=(8, 1), seeds=(0, 1), uptrain_num_kv_heads=(1,),
+                uptrain_methods=("mean",), uptrain_fraction=0.25)
+  cfgs = (base(), DataConfig(task="copy", seq_len=16, batch_size=2),
+          TrainConfig(steps=20, warmup_steps=2))
+  return sweep, sweep_lib.plan(sweep, cfgs[0]), cfgs
+
+
+def _ok(loss=1.5):
+  return {"status": "ok", "val_loss": loss, "curve": [[20, loss]], "wall_time_s": 1.0}
+
+
+def test_run_sweep_runs_each_unfinished_run_seed_by_seed_and_prints_its_progress(
+    tmp_path, monkeypatch, capsys):
+  """Finished runs ("ok") are skipped and counted; the rest run in seed order, each arm of a
+  seed in the plan's order, measured on prompts made once (OUT/prompts.json), the MHA arm
+  their uptraining source; every run prints a line before (the step it resumes from) and
+  after (how far it got, its loss or failure, the sweep's ETA from the steps done so far) on
+  stderr. ``only`` runs one arm's seeds."""
+  import types
+
+  out = str(tmp_path)
+  sweep, arms, cfgs = _sweep_of_3_arms_2_seeds()
+  mha, mqa, up = arms
+  for arm, seed, r in ((mha, 0, _ok()), (mqa, 0, {"status": "failed", "error": "E: x"})):
+    os.makedirs(sweep_lib.run_dir(out, arm, seed))
+    sweep_lib._write_json(os.path.join(sweep_lib.run_dir(out, arm, seed), "result.json"), r)
+  os.makedirs(os.path.join(sweep_lib.run_dir(out, mqa, 0), "checkpoints", "5"))
+  clock, calls = [1000.0], []
+  prompts = [[1, 2, 3]] * 8
+  monkeypatch.setattr(sweep_lib, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+  monkeypatch.setattr(sweep_lib, "prompt_set",
+                      lambda s, m, d: calls.append(("prompts", s, m, d)) or prompts)
+
+  def run_one(out_, sweep_, arm, seed, base_, prompts_, source=None, stop=None):
+    assert (out_, sweep_, base_, prompts_, stop.signum) == (out, sweep, cfgs, prompts, None)
+    calls.append((arm.name, seed, source.name))
+    clock[0] += 4.0 * (5 if arm.kind == "uptrain" else 20)  # 4 s a step
+    if (arm.name, seed) == ("mha", 1):
+      return {"status": "failed", "error": "RuntimeError: boom", "wall_time_s": 7.4}
+    return {**_ok(0.25 * seed + 1.0), "wall_time_s": 59.6}
+
+  monkeypatch.setattr(sweep_lib, "run_one", run_one)
+  assert sweep_lib.run_sweep(out, sweep, arms, cfgs) == {"ok": 4, "failed": 1, "skipped": 1}
+  assert calls == [("prompts", sweep, cfgs[0], cfgs[1]), ("mqa", 0, "mha"),
+                   ("uptrain-mean-mqa", 0, "mha"), ("mha", 1, "mha"), ("mqa", 1, "mha"),
+                   ("uptrain-mean-mqa", 1, "mha")]
+  with open(os.path.join(out, sweep_lib.PROMPTS_FILE)) as f:
+    assert json.load(f) == prompts
+  captured = capsys.readouterr()
+  assert captured.out == ""
+  # 70 steps to run (20 + 5 + 20 + 20 + 5), 4 s each: the ETA is 4 s a step left.
+  assert captured.err.splitlines() == [
+      "ablate [1/5] arm=mqa seed=0 step=5/20 resuming; sweep ETA ?",
+      "ablate [1/5] arm=mqa seed=0 step=20/20 val_loss=1.0000 (60 s); sweep ETA 3m20s",
+      "ablate [2/5] arm=uptrain-mean-mqa seed=0 step=0/5 starting; sweep ETA 3m20s",
+      "ablate [2/5] arm=uptrain-mean-mqa seed=0 step=5/5 val_loss=1.0000 (60 s); "
+      "sweep ETA 3m00s",
+      "ablate [3/5] arm=mha seed=1 step=0/20 starting; sweep ETA 3m00s",
+      "ablate [3/5] arm=mha seed=1 step=0/20 FAILED: RuntimeError: boom (7 s); "
+      "sweep ETA 1m40s",
+      "ablate [4/5] arm=mqa seed=1 step=0/20 starting; sweep ETA 1m40s",
+      "ablate [4/5] arm=mqa seed=1 step=20/20 val_loss=1.2500 (60 s); sweep ETA 0m20s",
+      "ablate [5/5] arm=uptrain-mean-mqa seed=1 step=0/5 starting; sweep ETA 0m20s",
+      "ablate [5/5] arm=uptrain-mean-mqa seed=1 step=5/5 val_loss=1.2500 (60 s); "
+      "sweep ETA 0m00s"]
+  # Written by the runs now: a rerun skips them; one arm's seeds alone.
+  for arm, seed in ((mqa, 0), (mqa, 1)):
+    os.makedirs(sweep_lib.run_dir(out, arm, seed), exist_ok=True)
+    sweep_lib._write_json(os.path.join(sweep_lib.run_dir(out, arm, seed), "result.json"), _ok())
+  calls.clear()
+  stream = io.StringIO()
+  assert sweep_lib.run_sweep(out, sweep, arms, cfgs, only="mqa", stream=stream) == {
+      "ok": 0, "failed": 0, "skipped": 2}
+  assert calls == [] and stream.getvalue() == ""
+  assert sweep_lib.run_sweep(out, sweep, arms, cfgs, only="mha", stream=stream) == {
+      "ok": 0, "failed": 1, "skipped": 1}  # mha seed 1 fails again
+  assert calls == [("prompts", sweep, cfgs[0], cfgs[1]), ("mha", 1, "mha")]
+  assert stream.getvalue().splitlines()[0] == (
+      "ablate [1/1] arm=mha seed=1 step=0/20 starting; sweep ETA ?")
+
+
+def test_a_signal_while_a_run_is_measured_stops_the_sweep_before_the_next(tmp_path,
+                                                                          monkeypatch):
+  """The sweep's own flag: a SIGTERM that came in a run's measuring (after its trainer's
+  flag) stops the sweep before the next run starts; the handler is gone after."""
+  import signal
+
+  out = str(tmp_path)
+  sweep, arms, cfgs = _sweep_of_3_arms_2_seeds()
+  monkeypatch.setattr(sweep_lib, "prompt_set", lambda s, m, d: [[1]] * 8)
+  ran = []
+
+  def run_one(out_, sweep_, arm, seed, base_, prompts_, source=None, stop=None):
+    ran.append(arm.name)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return _ok()
+
+  monkeypatch.setattr(sweep_lib, "run_one", run_one)
+  with pytest.raises(sweep_lib.SweepInterrupted) as e:
+    sweep_lib.run_sweep(out, sweep, arms, cfgs, stream=io.StringIO())
+  assert str(e.value) == f"signal {signal.SIGTERM} before arm mqa seed 0" and ran == ["mha"]
+  assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_stale_runs_are_those_trained_with_another_config_named_by_the_first_difference(
+    tmp_path):
+  """A run counts once it finished or saved a checkpoint past step 0; it is stale when its
+  config.gin is not what this sweep gives it, named by the first differing binding (field by
+  field when the file parses, line by line when it holds a field this attnlab lacks).
+  ``only`` checks that arm's runs; check_not_stale (and run_sweep, before any run) names
+  them all in one refusal."""
+  from attnlab import config_gin
+
+  out = str(tmp_path)
+  sweep, arms, cfgs = _sweep_of_3_arms_2_seeds()
+  mha, mqa, up = arms
+
+  def write(arm, seed, text, result=None, step=None):
+    workdir = sweep_lib.run_dir(out, arm, seed)
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.gin"), "w") as f:
+      f.write(text)
+    if result is not None:
+      sweep_lib._write_json(os.path.join(workdir, "result.json"), result)
+    if step is not None:
+      os.makedirs(os.path.join(workdir, "checkpoints", str(step)))
+
+  def text(arm, seed, old=None, new=None):
+    t = config_gin.operative_config(*sweep_lib.run_configs(sweep, arm, seed, *cfgs))
+    return t if old is None else t.replace(old, new)
+
+  for seed in (0, 1):  # as this sweep trains them
+    write(mha, seed, text(mha, seed), _ok())
+  write(mqa, 0, text(mqa, 0, "TrainConfig.steps = 20", "TrainConfig.steps = 30"), _ok())
+  # Started, without a step past 0 (an uptraining run's converted checkpoint): not counted.
+  write(up, 0, text(up, 0, "TrainConfig.seed = 0", "TrainConfig.seed = 9"), step=0)
+  # Cut short past step 1: counted. A field this attnlab lacks: the first differing line.
+  write(mqa, 1, text(mqa, 1) + "ModelConfig.bogus = 3\n", step=1)
+  lines = len(text(mqa, 1).splitlines())
+  assert sweep_lib.stale_runs(out, sweep, arms, cfgs) == [
+      f"{os.path.join('arms', 'mqa', 'seed_0')} has 'TrainConfig.steps = 30' where this "
+      "sweep gives 'TrainConfig.steps = 20'",
+      f"{os.path.join('arms', 'mqa', 'seed_1')} has '{lines + 1} lines' where this sweep "
+      f"gives '{lines} lines'"]  # every line the same up to the extra one
+  assert sweep_lib.stale_runs(out, sweep, arms, cfgs, only="mha") == []
+  assert len(sweep_lib.stale_runs(out, sweep, arms, cfgs, only="mqa")) == 2
+  write(up, 1, text(up, 1, "TrainConfig.learning_rate = 0.001", "TrainConfig.learning_rate = 0.5"),
+        _ok())
+  assert sweep_lib.stale_runs(out, sweep, arms, cfgs, only="uptrain-mean-mqa") == [
+      f"{os.path.join('arms', 'uptrain-mean-mqa', 'seed_1')} has "
+      "'TrainConfig.learning_rate = 0.5' where this sweep gives "
+      "'TrainConfig.learning_rate = 0.001'"]
+  sweep_lib.check_not_stale(out, sweep, arms, cfgs, only="mha")
+  stale = sweep_lib.stale_runs(out, sweep, arms, cfgs)
+  assert len(stale) == 3
+  message = (f"{out} holds 3 run(s) trained with another config than this sweep's "
+             f"({'; '.join(stale)}); use a new --out, or delete those runs to train them again")
+  with pytest.raises(ValueError) as e:
+    sweep_lib.check_not_stale(out, sweep, arms, cfgs)
+  assert str(e.value) == message
+  with pytest.raises(ValueError) as e:
+    sweep_lib.run_sweep(out, sweep, arms, cfgs, only="mqa")
+  assert str(e.value).startswith(f"{out} holds 2 run(s)")
+  assert not os.path.exists(os.path.join(out, sweep_lib.PROMPTS_FILE))  # nothing ran

@@ -2,6 +2,7 @@
 each run, the result files and wall-time counter, the progress line's durations.
 (`test_ablate.py` runs sweeps end to end.)"""
 
+import dataclasses
 import io
 import json
 import os
@@ -545,3 +546,149 @@ def test_stale_runs_are_those_trained_with_another_config_named_by_the_first_dif
     sweep_lib.run_sweep(out, sweep, arms, cfgs, only="mqa")
   assert str(e.value).startswith(f"{out} holds 2 run(s)")
   assert not os.path.exists(os.path.join(out, sweep_lib.PROMPTS_FILE))  # nothing ran
+
+
+def test_run_one_trains_measures_and_records_the_run(tmp_path, monkeypatch):
+  """run_one with the trainer, the conversion and the measuring stood in for: the run trains
+  its own configs (config.gin their operative text) in OUT/arms/NAME/seed_S, is measured on
+  the sweep's prompts, and its result (the measurements, "ok", its wall time, the arm) is
+  result.json. An uptraining run's curve starts at its converted checkpoint (step 0), the
+  best loss over all of it; a failing run records its error on one line (500 characters at
+  most) and error.txt its traceback; a stopped one records no result, only its wall time."""
+  import math
+  import types
+
+  from attnlab import config_gin
+
+  out = str(tmp_path)
+  sweep, arms, cfgs = _sweep_of_3_arms_2_seeds()
+  mha, mqa, up = arms
+  clock, calls = [100.0], []
+  monkeypatch.setattr(sweep_lib, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+  measured = {"val_loss": 2.5, "best_val_loss": 2.25, "best_val_ppl": math.exp(2.25),
+              "curve": [[0, 3.5], [2, 2.25], [5, 2.5]]}
+
+  def train(mcfg, tcfg, dcfg, workdir, *, config_text):
+    calls.append(("train", (mcfg, dcfg, tcfg), workdir, config_text))
+    clock[0] += 12.5
+    return {"step": tcfg.steps, "start_step": 0}
+
+  def measure(workdir, mcfg, dcfg, tcfg, sweep_, prompts):
+    calls.append(("measure", workdir, (mcfg, dcfg, tcfg), sweep_, prompts))
+    return json.loads(json.dumps(measured))
+
+  monkeypatch.setattr(sweep_lib.trainer, "train", train)
+  monkeypatch.setattr(sweep_lib, "measure", measure)
+  configs = sweep_lib.run_configs(sweep, mqa, 1, *cfgs)
+  workdir = sweep_lib.run_dir(out, mqa, 1)
+  r = sweep_lib.run_one(out, sweep, mqa, 1, cfgs, [[7]] * 8)
+  assert calls == [("train", configs, workdir, config_gin.operative_config(*configs)),
+                   ("measure", workdir, configs, sweep, [[7]] * 8)]
+  want = {**measured, "status": "ok", "wall_time_s": 12.5, "arm": "mqa", "kind": "scratch",
+          "method": "", "seed": 1, "num_kv_heads": 1}
+  assert r == want and sweep_lib.read_result(out, mqa, 1) == want
+  # An uptraining run: converted (once, by _prepare_uptrain) from the source's run.
+  prepared = []
+
+  def prepare(out_, arm, seed, source, configs_):
+    prepared.append((out_, arm, seed, source, configs_))
+    return {"val_loss_converted": converted, "source_step": 20, "method": "mean"}
+
+  monkeypatch.setattr(sweep_lib, "_prepare_uptrain", prepare)
+  for converted, best in ((2.0, 2.0), (3.0, 2.25), (float("nan"), 2.25)):
+    r = sweep_lib.run_one(out, sweep, up, 0, cfgs, [[7]] * 8, source=mha)
+    assert prepared[-1] == (out, up, 0, mha, sweep_lib.run_configs(sweep, up, 0, *cfgs))
+    assert r["curve"][1:] == [[2, 2.25], [5, 2.5]] and r["curve"][0][0] == 0
+    assert r["curve"][0][1] == converted or math.isnan(converted)
+    assert (r["best_val_loss"], r["best_val_ppl"]) == (best, math.exp(best))
+    assert (r["val_loss_converted"] == converted or math.isnan(converted)) and (
+        r["source_step"] == 20)
+    assert (r["status"], r["arm"], r["kind"], r["method"], r["num_kv_heads"]) == (
+        "ok", "uptrain-mean-mqa", "uptrain", "mean", 1)
+  # A failing run: the error on one line, cut to 500 characters; its traceback in error.txt.
+  def failing(message):
+    def train(*args, **kw):
+      clock[0] += 2.0
+      raise RuntimeError(message)
+
+    return train
+
+  for message, error in (("no\n  such   file", "RuntimeError: no such file"),
+                         ("", "RuntimeError: RuntimeError"),
+                         ("x" * 600, ("RuntimeError: " + "x" * 600)[:500])):
+    monkeypatch.setattr(sweep_lib.trainer, "train", failing(message))
+    r = sweep_lib.run_one(out, sweep, mha, 0, cfgs, None)
+    assert r == {"status": "failed", "error": error, "wall_time_s": r["wall_time_s"],
+                 "arm": "mha", "kind": "scratch", "method": "", "seed": 0, "num_kv_heads": 8}
+    assert sweep_lib.read_result(out, mha, 0) == r
+    with open(os.path.join(sweep_lib.run_dir(out, mha, 0), "error.txt")) as f:
+      assert f.read().startswith("Traceback (most recent call last):")
+  assert r["wall_time_s"] == 6.0  # its three attempts, 2 s each
+  # Stopped: before training, or after a step (a signal in the last step too): no result.
+  workdir = sweep_lib.run_dir(out, mqa, 0)
+  for last, signum, message in (
+      ({"step": 3, "start_step": 3}, None, "arm mqa seed 0 stopped before training, at step 3"),
+      ({"step": 3, "start_step": 3}, 15,
+       "arm mqa seed 0 stopped before training (signal 15), at step 3"),
+      ({"step": 7, "start_step": 3}, None, "arm mqa seed 0 stopped at step 7; checkpoint saved"),
+      ({"step": 20, "start_step": 3}, 2,
+       "arm mqa seed 0 stopped at step 20 (signal 2); checkpoint saved")):
+    monkeypatch.setattr(sweep_lib.trainer, "train",
+                        lambda *a, last=last, **kw: clock.__setitem__(0, clock[0] + 1) or last)
+    with pytest.raises(sweep_lib.SweepInterrupted) as e:
+      sweep_lib.run_one(out, sweep, mqa, 0, cfgs, None, stop=types.SimpleNamespace(
+          signum=signum))
+    assert str(e.value) == message
+    assert sweep_lib.read_result(out, mqa, 0) is None
+  with open(os.path.join(workdir, "wall_time_s")) as f:
+    assert f.read() == "4.000"
+
+
+def test_an_uptraining_run_converts_its_seeds_finished_mha_run_once(tmp_path, monkeypatch):
+  """_prepare_uptrain, the conversion and its evaluation stood in for: the seed's MHA run
+  must have finished ("ok"); a workdir a cut-short conversion left is cleared; the MHA run is
+  converted to the arm's K and method with the run's seed and its whole TrainConfig and
+  DataConfig.seed bound, evaluated at step 0, and the record (conversion.json) is what a
+  rerun goes on from without converting again."""
+  out = str(tmp_path)
+  sweep, arms, cfgs = _sweep_of_3_arms_2_seeds()
+  mha, _, up = arms
+  configs = sweep_lib.run_configs(sweep, up, 1, *cfgs)
+  workdir = sweep_lib.run_dir(out, up, 1)
+  calls = []
+
+  def convert(src, dst, num_kv_heads, method, **kw):
+    calls.append(("convert", src, dst, num_kv_heads, method, kw, os.path.exists(dst)))
+    os.makedirs(dst)
+    return {"source": src, "source_step": 20, "method": method, "num_kv_heads": num_kv_heads}
+
+  def evaluate(workdir_, step):
+    calls.append(("evaluate", workdir_, step))
+    return {"loss": 2.75, "exact_match": 0.5}
+
+  monkeypatch.setattr(sweep_lib, "write_converted_run", convert)
+  monkeypatch.setattr(sweep_lib.trainer, "evaluate_workdir", evaluate)
+  src = sweep_lib.run_dir(out, mha, 1)
+  message = ("arm 'uptrain-mean-mqa' converts the finished 'mha' run of seed 1, which has not "
+             "finished (run --arm mha first)")
+  for result in (None, {"status": "failed", "error": "E: x"}, {"status": "interrupted"}):
+    if result is not None:
+      os.makedirs(src, exist_ok=True)
+      sweep_lib._write_json(os.path.join(src, "result.json"), result)
+    with pytest.raises(RuntimeError) as e:
+      sweep_lib._prepare_uptrain(out, up, 1, mha, configs)
+    assert str(e.value) == message and calls == []
+  sweep_lib._write_json(os.path.join(src, "result.json"), _ok())
+  os.makedirs(os.path.join(workdir, "checkpoints", "0.orbax-checkpoint-tmp"))  # cut short
+  want = {"source": src, "source_step": 20, "method": "mean", "num_kv_heads": 1,
+          "val_loss_converted": 2.75}
+  assert sweep_lib._prepare_uptrain(out, up, 1, mha, configs) == want
+  tcfg = configs[2]
+  bindings = {"TrainConfig": {f.name: getattr(tcfg, f.name) for f in dataclasses.fields(tcfg)},
+              "DataConfig": {"seed": 1}}
+  assert calls == [("convert", src, workdir, 1, "mean", {"seed": 1, "bindings": bindings}, False),
+                   ("evaluate", workdir, 0)]
+  with open(os.path.join(workdir, sweep_lib.CONVERSION_FILE)) as f:
+    assert json.load(f) == want
+  calls.clear()
+  assert sweep_lib._prepare_uptrain(out, up, 1, mha, configs) == want and calls == []

@@ -214,6 +214,29 @@ def test_wall_time_adds_up_over_resumed_invocations(tmp_path):
     assert f.read() == "3.750"
 
 
+@pytest.mark.parametrize("content, shown", [
+    (b"", ""), (b"-5", "-5"), (b"nan", "nan"), (b"inf", "inf"), (b"3 s", "3 s"),
+    (b"\xff2", "\ufffd2"), (b"9" * 30 + b"x" * 30, "9" * 30 + "x" * 10)])
+def test_a_wall_time_file_without_a_number_of_seconds_counts_from_0(tmp_path, caplog, content,
+                                                                     shown):
+  """A run's wall_time_s that a kill cut off, or that holds no finite count of seconds >= 0,
+  counts from this invocation, with a warning naming it and (the first 40 characters of) what
+  it holds; 0 seconds is a count."""
+  import logging
+
+  path = tmp_path / "wall_time_s"
+  path.write_bytes(content)
+  with caplog.at_level(logging.WARNING, logger=sweep_lib.__name__):
+    assert sweep_lib._add_wall(str(tmp_path), 1.5) == 1.5
+  assert [r.getMessage() for r in caplog.records] == [
+      f"{path} holds {shown!r}, not a number of seconds: the run's wall time counts from this "
+      "invocation"]
+  assert path.read_text() == "1.500"
+  path.write_text("0.000")
+  caplog.clear()
+  assert sweep_lib._add_wall(str(tmp_path), 2.0) == 2.0 and caplog.records == []
+
+
 @pytest.mark.parametrize("seconds, text", [(0, "0m00s"), (59.4, "0m59s"), (59.6, "1m00s"),
                                            (61, "1m01s"), (3599, "59m59s"), (3600, "1h00m"),
                                            (3661, "1h01m"), (7140, "1h59m"),
@@ -262,7 +285,8 @@ def test_an_uptraining_runs_damaged_conversion_record_is_named(tmp_path, text, p
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
 def test_prompt_set_is_the_first_validation_rows_cycled_to_8(tmp_path, arch):
   """The decode benchmark's prompts: every validation example in order (none of the rows
-  that fill up the last batch), cut to decode_prompt_len tokens, cycled to 8 rows."""
+  that fill up the last batch), cut to decode_prompt_len tokens, cycled to 8 rows (the
+  first 8 of more)."""
   val = tmp_path / "val.tsv"
   val.write_text("".join(f"{c * 3}\tx\n" for c in "ABCD"))  # 4 rows, batches of 3
   dcfg = DataConfig(task="tsv", paths=(str(val), str(val)), seq_len=16, batch_size=3)
@@ -275,6 +299,17 @@ def test_prompt_set_is_the_first_validation_rows_cycled_to_8(tmp_path, arch):
   else:  # the source, pad tokens dropped, cut to 3
     rows = [list(tok.encode(c * 3)) for c in "ABCD"]
   assert got == rows * 2
+  # Prompts longer than the rows: a decoder-only prompt is the whole row, its padding kept
+  # (every prompt decode_prompt_len tokens, at most a row's, as check_benchmark counts); an
+  # encoder-decoder's the source with its eos, no padding. 10 examples: the first 8.
+  val.write_text("".join(f"{c * 3}\tx\n" for c in "ABCDEFGHIJ"))
+  got = sweep_lib.prompt_set(Sweep(decode_prompt_len=20), mcfg, dcfg)
+  if arch == "decoder_only":
+    rows = [[tok.bos_id, *tok.encode(c * 3), tok.eos_id, *tok.encode("x"), tok.eos_id]
+            + [tok.pad_id] * 9 for c in "ABCDEFGH"]
+  else:
+    rows = [[*tok.encode(c * 3), tok.eos_id] for c in "ABCDEFGH"]
+  assert got == rows
 
 
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
@@ -285,10 +320,14 @@ def test_the_decode_benchmark_must_fit_max_len(arch):
   dcfg = DataConfig(seq_len=16)
   fits = 64 - 16 + 1 if arch == "decoder_only" else 64  # prompts cut to 16 by seq_len
   sweep_lib.check_benchmark(Sweep(decode_prompt_len=100, decode_new_tokens=fits), mcfg, dcfg)
-  with pytest.raises(ValueError, match=re.escape(
-      "the decode benchmark needs 65 positions")):
+  what = ("prompts of 16 tokens (Sweep.decode_prompt_len, at most DataConfig.seq_len) and "
+          "Sweep.decode_new_tokens=50" if arch == "decoder_only" else "Sweep.decode_new_tokens")
+  with pytest.raises(ValueError) as e:
     sweep_lib.check_benchmark(Sweep(decode_prompt_len=100, decode_new_tokens=fits + 1), mcfg,
                               dcfg)
+  assert str(e.value) == (
+      f"the decode benchmark needs 65 positions ({what}), more than ModelConfig.max_len=64: "
+      "lower Sweep.decode_new_tokens or Sweep.decode_prompt_len")
 
 
 def test_a_failed_run_whose_retry_is_stopped_reads_as_interrupted(tmp_path, monkeypatch):

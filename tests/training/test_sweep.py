@@ -390,8 +390,10 @@ def test_a_prompts_file_that_is_not_utf8_is_named(tmp_path):
     with pytest.raises(ValueError) as e:
       sweep_lib.run_sweep(str(out), sweep, sweep_lib.plan(sweep, mcfg),
                           (mcfg, dcfg, TrainConfig(steps=2, warmup_steps=1)))
-    assert str(e.value).startswith(f"{path} holds other benchmark prompts than this sweep "
-                                   "makes"), str(e.value)
+    assert str(e.value) == (
+        f"{path} holds other benchmark prompts than this sweep makes (another "
+        "Sweep.decode_prompt_len or data, or an edited file): its runs were measured on them; "
+        "use a new --out, or delete it if no run has finished"), str(e.value)
   assert os.listdir(out) == [sweep_lib.PROMPTS_FILE]
 
 
@@ -577,6 +579,9 @@ def test_stale_runs_are_those_trained_with_another_config_named_by_the_first_dif
   sweep_lib.check_not_stale(out, sweep, arms, cfgs, only="mha")
   stale = sweep_lib.stale_runs(out, sweep, arms, cfgs)
   assert len(stale) == 3
+  # A run without config.gin (not started) before the stale ones: the rest still checked.
+  os.remove(os.path.join(sweep_lib.run_dir(out, mha, 0), "config.gin"))
+  assert sweep_lib.stale_runs(out, sweep, arms, cfgs) == stale
   message = (f"{out} holds 3 run(s) trained with another config than this sweep's "
              f"({'; '.join(stale)}); use a new --out, or delete those runs to train them again")
   with pytest.raises(ValueError) as e:

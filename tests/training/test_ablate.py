@@ -901,6 +901,8 @@ def test_an_out_of_another_base_config_is_refused(micro, sweep_file, tmp_path, c
   assert _ablate("--gin_file", sweep_file, "--out", out, "--report") == 2
   err = capsys.readouterr().err
   assert "holds a sweep of other settings" in err and "from_the_future" in err, err
+  assert err.strip().endswith("where this sweep gives 'a sweep file this attnlab reads'); use "
+                              "a new --out"), err
 
 
 def test_an_existing_out_its_report_and_its_arms(micro, sweep_file, tmp_path, capsys,

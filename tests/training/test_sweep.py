@@ -460,7 +460,9 @@ def test_run_sweep_runs_each_unfinished_run_seed_by_seed_and_prints_its_progress
     assert (out_, sweep_, base_, prompts_, stop.signum) == (out, sweep, cfgs, prompts, None)
     calls.append((arm.name, seed, source.name))
     clock[0] += 4.0 * (5 if arm.kind == "uptrain" else 20)  # 4 s a step
-    if (arm.name, seed) == ("mha", 1):
+    if (arm.name, seed) == ("mha", 1):  # failed past its checkpoint at step 3
+      os.makedirs(os.path.join(sweep_lib.run_dir(out, arm, seed), "checkpoints", "3"),
+                  exist_ok=True)
       return {"status": "failed", "error": "RuntimeError: boom", "wall_time_s": 7.4}
     return {**_ok(0.25 * seed + 1.0), "wall_time_s": 59.6}
 
@@ -481,7 +483,7 @@ def test_run_sweep_runs_each_unfinished_run_seed_by_seed_and_prints_its_progress
       "ablate [2/5] arm=uptrain-mean-mqa seed=0 step=5/5 val_loss=1.0000 (60 s); "
       "sweep ETA 3m00s",
       "ablate [3/5] arm=mha seed=1 step=0/20 starting; sweep ETA 3m00s",
-      "ablate [3/5] arm=mha seed=1 step=0/20 FAILED: RuntimeError: boom (7 s); "
+      "ablate [3/5] arm=mha seed=1 step=3/20 FAILED: RuntimeError: boom (7 s); "
       "sweep ETA 1m40s",
       "ablate [4/5] arm=mqa seed=1 step=0/20 starting; sweep ETA 1m40s",
       "ablate [4/5] arm=mqa seed=1 step=20/20 val_loss=1.2500 (60 s); sweep ETA 0m20s",
@@ -493,7 +495,16 @@ def test_run_sweep_runs_each_unfinished_run_seed_by_seed_and_prints_its_progress
     os.makedirs(sweep_lib.run_dir(out, arm, seed), exist_ok=True)
     sweep_lib._write_json(os.path.join(sweep_lib.run_dir(out, arm, seed), "result.json"), _ok())
   calls.clear()
-  stream = io.StringIO()
+
+  class Stream(io.StringIO):  # each progress line is flushed (a job's log shows it at once)
+    def __init__(self):
+      super().__init__()
+      self.flushed = []
+
+    def flush(self):
+      self.flushed.append(self.getvalue())
+
+  stream = Stream()
   assert sweep_lib.run_sweep(out, sweep, arms, cfgs, only="mqa", stream=stream) == {
       "ok": 0, "failed": 0, "skipped": 2}
   assert calls == [] and stream.getvalue() == ""
@@ -501,7 +512,9 @@ def test_run_sweep_runs_each_unfinished_run_seed_by_seed_and_prints_its_progress
       "ok": 0, "failed": 1, "skipped": 1}  # mha seed 1 fails again
   assert calls == [("prompts", sweep, cfgs[0], cfgs[1]), ("mha", 1, "mha")]
   assert stream.getvalue().splitlines()[0] == (
-      "ablate [1/1] arm=mha seed=1 step=0/20 starting; sweep ETA ?")
+      "ablate [1/1] arm=mha seed=1 step=3/20 resuming; sweep ETA ?")
+  lines = stream.getvalue().splitlines(keepends=True)
+  assert len(lines) == 2 and stream.flushed == [lines[0], lines[0] + lines[1]]
 
 
 def test_a_signal_while_a_run_is_measured_stops_the_sweep_before_the_next(tmp_path,

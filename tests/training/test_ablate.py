@@ -213,6 +213,9 @@ def test_a_signal_in_a_runs_last_step_or_its_measurement_stops_the_sweep(
 
   out = str(tmp_path / "out")
   capsys.readouterr()
+  # SIG_DFL, but not in mutmut's forked workers (mutmut's own handler): compared with it,
+  # not with SIG_DFL, which failed there for every mutant that reached this test.
+  sigterm_before = signal.getsignal(signal.SIGTERM)
   # A signal while mha is set up: it trains no step (it trained and saved one before).
   run_init = trainer.Run.__init__
 
@@ -248,7 +251,7 @@ def test_a_signal_in_a_runs_last_step_or_its_measurement_stops_the_sweep(
   assert sweep_lib.read_result(out, "mha", 0)["status"] == "ok"
   assert not os.path.exists(sweep_lib.run_dir(out, "mqa", 0))
   monkeypatch.setattr(sweep_lib, "measure", measure)
-  assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the sweep's handler is gone
+  assert signal.getsignal(signal.SIGTERM) == sigterm_before  # the sweep's handler is gone
   assert _ablate("--gin_file", sweep_file, "--out", out) == 0
   assert _stable(out) == _stable(micro)
 
@@ -898,6 +901,8 @@ def test_an_out_of_another_base_config_is_refused(micro, sweep_file, tmp_path, c
   assert _ablate("--gin_file", sweep_file, "--out", out, "--report") == 2
   err = capsys.readouterr().err
   assert "holds a sweep of other settings" in err and "from_the_future" in err, err
+  assert err.strip().endswith("where this sweep gives 'a sweep file this attnlab reads'); use "
+                              "a new --out"), err
 
 
 def test_an_existing_out_its_report_and_its_arms(micro, sweep_file, tmp_path, capsys,

@@ -2,6 +2,8 @@
 each run, the result files and wall-time counter, the progress line's durations.
 (`test_ablate.py` runs sweeps end to end.)"""
 
+import dataclasses
+import io
 import json
 import os
 import re
@@ -212,6 +214,29 @@ def test_wall_time_adds_up_over_resumed_invocations(tmp_path):
     assert f.read() == "3.750"
 
 
+@pytest.mark.parametrize("content, shown", [
+    (b"", ""), (b"-5", "-5"), (b"nan", "nan"), (b"inf", "inf"), (b"3 s", "3 s"),
+    (b"\xff2", "\ufffd2"), (b"9" * 30 + b"x" * 30, "9" * 30 + "x" * 10)])
+def test_a_wall_time_file_without_a_number_of_seconds_counts_from_0(tmp_path, caplog, content,
+                                                                     shown):
+  """A run's wall_time_s that a kill cut off, or that holds no finite count of seconds >= 0,
+  counts from this invocation, with a warning naming it and (the first 40 characters of) what
+  it holds; 0 seconds is a count."""
+  import logging
+
+  path = tmp_path / "wall_time_s"
+  path.write_bytes(content)
+  with caplog.at_level(logging.WARNING, logger=sweep_lib.__name__):
+    assert sweep_lib._add_wall(str(tmp_path), 1.5) == 1.5
+  assert [r.getMessage() for r in caplog.records] == [
+      f"{path} holds {shown!r}, not a number of seconds: the run's wall time counts from this "
+      "invocation"]
+  assert path.read_text() == "1.500"
+  path.write_text("0.000")
+  caplog.clear()
+  assert sweep_lib._add_wall(str(tmp_path), 2.0) == 2.0 and caplog.records == []
+
+
 @pytest.mark.parametrize("seconds, text", [(0, "0m00s"), (59.4, "0m59s"), (59.6, "1m00s"),
                                            (61, "1m01s"), (3599, "59m59s"), (3600, "1h00m"),
                                            (3661, "1h01m"), (7140, "1h59m"),
@@ -260,7 +285,8 @@ def test_an_uptraining_runs_damaged_conversion_record_is_named(tmp_path, text, p
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
 def test_prompt_set_is_the_first_validation_rows_cycled_to_8(tmp_path, arch):
   """The decode benchmark's prompts: every validation example in order (none of the rows
-  that fill up the last batch), cut to decode_prompt_len tokens, cycled to 8 rows."""
+  that fill up the last batch), cut to decode_prompt_len tokens, cycled to 8 rows (the
+  first 8 of more)."""
   val = tmp_path / "val.tsv"
   val.write_text("".join(f"{c * 3}\tx\n" for c in "ABCD"))  # 4 rows, batches of 3
   dcfg = DataConfig(task="tsv", paths=(str(val), str(val)), seq_len=16, batch_size=3)
@@ -273,6 +299,17 @@ def test_prompt_set_is_the_first_validation_rows_cycled_to_8(tmp_path, arch):
   else:  # the source, pad tokens dropped, cut to 3
     rows = [list(tok.encode(c * 3)) for c in "ABCD"]
   assert got == rows * 2
+  # Prompts longer than the rows: a decoder-only prompt is the whole row, its padding kept
+  # (every prompt decode_prompt_len tokens, at most a row's, as check_benchmark counts); an
+  # encoder-decoder's the source with its eos, no padding. 10 examples: the first 8.
+  val.write_text("".join(f"{c * 3}\tx\n" for c in "ABCDEFGHIJ"))
+  got = sweep_lib.prompt_set(Sweep(decode_prompt_len=20), mcfg, dcfg)
+  if arch == "decoder_only":
+    rows = [[tok.bos_id, *tok.encode(c * 3), tok.eos_id, *tok.encode("x"), tok.eos_id]
+            + [tok.pad_id] * 9 for c in "ABCDEFGH"]
+  else:
+    rows = [[*tok.encode(c * 3), tok.eos_id] for c in "ABCDEFGH"]
+  assert got == rows
 
 
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
@@ -283,10 +320,14 @@ def test_the_decode_benchmark_must_fit_max_len(arch):
   dcfg = DataConfig(seq_len=16)
   fits = 64 - 16 + 1 if arch == "decoder_only" else 64  # prompts cut to 16 by seq_len
   sweep_lib.check_benchmark(Sweep(decode_prompt_len=100, decode_new_tokens=fits), mcfg, dcfg)
-  with pytest.raises(ValueError, match=re.escape(
-      "the decode benchmark needs 65 positions")):
+  what = ("prompts of 16 tokens (Sweep.decode_prompt_len, at most DataConfig.seq_len) and "
+          "Sweep.decode_new_tokens=50" if arch == "decoder_only" else "Sweep.decode_new_tokens")
+  with pytest.raises(ValueError) as e:
     sweep_lib.check_benchmark(Sweep(decode_prompt_len=100, decode_new_tokens=fits + 1), mcfg,
                               dcfg)
+  assert str(e.value) == (
+      f"the decode benchmark needs 65 positions ({what}), more than ModelConfig.max_len=64: "
+      "lower Sweep.decode_new_tokens or Sweep.decode_prompt_len")
 
 
 def test_a_failed_run_whose_retry_is_stopped_reads_as_interrupted(tmp_path, monkeypatch):
@@ -349,8 +390,10 @@ def test_a_prompts_file_that_is_not_utf8_is_named(tmp_path):
     with pytest.raises(ValueError) as e:
       sweep_lib.run_sweep(str(out), sweep, sweep_lib.plan(sweep, mcfg),
                           (mcfg, dcfg, TrainConfig(steps=2, warmup_steps=1)))
-    assert str(e.value).startswith(f"{path} holds other benchmark prompts than this sweep "
-                                   "makes"), str(e.value)
+    assert str(e.value) == (
+        f"{path} holds other benchmark prompts than this sweep makes (another "
+        "Sweep.decode_prompt_len or data, or an edited file): its runs were measured on them; "
+        "use a new --out, or delete it if no run has finished"), str(e.value)
   assert os.listdir(out) == [sweep_lib.PROMPTS_FILE]
 
 
@@ -376,3 +419,334 @@ def test_param_counts_are_the_built_models_and_attention_by_hand(arch, bias):
   state = nnx.state(build_model(mcfg, rngs=nnx.Rngs(0)), nnx.Param)
   total = sum(math.prod(x.shape) for x in jax.tree.leaves(state))
   assert sweep_lib.param_counts(mcfg) == (total, attentions * per_attention)
+
+
+def _sweep_of_3_arms_2_seeds():
+  """mha, mqa and uptrain-mean-mqa (5 steps of 20) over seeds 0 and 1, on a tiny copy task."""
+  sweep = Sweep(num_kv_heads=(8, 1), seeds=(0, 1), uptrain_num_kv_heads=(1,),
+                uptrain_methods=("mean",), uptrain_fraction=0.25)
+  cfgs = (base(), DataConfig(task="copy", seq_len=16, batch_size=2),
+          TrainConfig(steps=20, warmup_steps=2))
+  return sweep, sweep_lib.plan(sweep, cfgs[0]), cfgs
+
+
+def _ok(loss=1.5):
+  return {"status": "ok", "val_loss": loss, "curve": [[20, loss]], "wall_time_s": 1.0}
+
+
+def test_run_sweep_runs_each_unfinished_run_seed_by_seed_and_prints_its_progress(
+    tmp_path, monkeypatch, capsys):
+  """Finished runs ("ok") are skipped and counted; the rest run in seed order, each arm of a
+  seed in the plan's order, measured on prompts made once (OUT/prompts.json), the MHA arm
+  their uptraining source; every run prints a line before (the step it resumes from) and
+  after (how far it got, its loss or failure, the sweep's ETA from the steps done so far) on
+  stderr. ``only`` runs one arm's seeds."""
+  import types
+
+  out = str(tmp_path)
+  sweep, arms, cfgs = _sweep_of_3_arms_2_seeds()
+  mha, mqa, up = arms
+  for arm, seed, r in ((mha, 0, _ok()), (mqa, 0, {"status": "failed", "error": "E: x"})):
+    os.makedirs(sweep_lib.run_dir(out, arm, seed))
+    sweep_lib._write_json(os.path.join(sweep_lib.run_dir(out, arm, seed), "result.json"), r)
+  os.makedirs(os.path.join(sweep_lib.run_dir(out, mqa, 0), "checkpoints", "5"))
+  clock, calls = [1000.0], []
+  prompts = [[1, 2, 3]] * 8
+  monkeypatch.setattr(sweep_lib, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+  monkeypatch.setattr(sweep_lib, "prompt_set",
+                      lambda s, m, d: calls.append(("prompts", s, m, d)) or prompts)
+
+  def run_one(out_, sweep_, arm, seed, base_, prompts_, source=None, stop=None):
+    assert (out_, sweep_, base_, prompts_, stop.signum) == (out, sweep, cfgs, prompts, None)
+    calls.append((arm.name, seed, source.name))
+    clock[0] += 4.0 * (5 if arm.kind == "uptrain" else 20)  # 4 s a step
+    if (arm.name, seed) == ("mha", 1):  # failed past its checkpoint at step 3
+      os.makedirs(os.path.join(sweep_lib.run_dir(out, arm, seed), "checkpoints", "3"),
+                  exist_ok=True)
+      return {"status": "failed", "error": "RuntimeError: boom", "wall_time_s": 7.4}
+    return {**_ok(0.25 * seed + 1.0), "wall_time_s": 59.6}
+
+  monkeypatch.setattr(sweep_lib, "run_one", run_one)
+  assert sweep_lib.run_sweep(out, sweep, arms, cfgs) == {"ok": 4, "failed": 1, "skipped": 1}
+  assert calls == [("prompts", sweep, cfgs[0], cfgs[1]), ("mqa", 0, "mha"),
+                   ("uptrain-mean-mqa", 0, "mha"), ("mha", 1, "mha"), ("mqa", 1, "mha"),
+                   ("uptrain-mean-mqa", 1, "mha")]
+  with open(os.path.join(out, sweep_lib.PROMPTS_FILE)) as f:
+    assert json.load(f) == prompts
+  captured = capsys.readouterr()
+  assert captured.out == ""
+  # 70 steps to run (20 + 5 + 20 + 20 + 5), 4 s each: the ETA is 4 s a step left.
+  assert captured.err.splitlines() == [
+      "ablate [1/5] arm=mqa seed=0 step=5/20 resuming; sweep ETA ?",
+      "ablate [1/5] arm=mqa seed=0 step=20/20 val_loss=1.0000 (60 s); sweep ETA 3m20s",
+      "ablate [2/5] arm=uptrain-mean-mqa seed=0 step=0/5 starting; sweep ETA 3m20s",
+      "ablate [2/5] arm=uptrain-mean-mqa seed=0 step=5/5 val_loss=1.0000 (60 s); "
+      "sweep ETA 3m00s",
+      "ablate [3/5] arm=mha seed=1 step=0/20 starting; sweep ETA 3m00s",
+      "ablate [3/5] arm=mha seed=1 step=3/20 FAILED: RuntimeError: boom (7 s); "
+      "sweep ETA 1m40s",
+      "ablate [4/5] arm=mqa seed=1 step=0/20 starting; sweep ETA 1m40s",
+      "ablate [4/5] arm=mqa seed=1 step=20/20 val_loss=1.2500 (60 s); sweep ETA 0m20s",
+      "ablate [5/5] arm=uptrain-mean-mqa seed=1 step=0/5 starting; sweep ETA 0m20s",
+      "ablate [5/5] arm=uptrain-mean-mqa seed=1 step=5/5 val_loss=1.2500 (60 s); "
+      "sweep ETA 0m00s"]
+  # Written by the runs now: a rerun skips them; one arm's seeds alone.
+  for arm, seed in ((mqa, 0), (mqa, 1)):
+    os.makedirs(sweep_lib.run_dir(out, arm, seed), exist_ok=True)
+    sweep_lib._write_json(os.path.join(sweep_lib.run_dir(out, arm, seed), "result.json"), _ok())
+  calls.clear()
+
+  class Stream(io.StringIO):  # each progress line is flushed (a job's log shows it at once)
+    def __init__(self):
+      super().__init__()
+      self.flushed = []
+
+    def flush(self):
+      self.flushed.append(self.getvalue())
+
+  stream = Stream()
+  assert sweep_lib.run_sweep(out, sweep, arms, cfgs, only="mqa", stream=stream) == {
+      "ok": 0, "failed": 0, "skipped": 2}
+  assert calls == [] and stream.getvalue() == ""
+  assert sweep_lib.run_sweep(out, sweep, arms, cfgs, only="mha", stream=stream) == {
+      "ok": 0, "failed": 1, "skipped": 1}  # mha seed 1 fails again
+  assert calls == [("prompts", sweep, cfgs[0], cfgs[1]), ("mha", 1, "mha")]
+  assert stream.getvalue().splitlines()[0] == (
+      "ablate [1/1] arm=mha seed=1 step=3/20 resuming; sweep ETA ?")
+  lines = stream.getvalue().splitlines(keepends=True)
+  assert len(lines) == 2 and stream.flushed == [lines[0], lines[0] + lines[1]]
+
+
+def test_a_signal_while_a_run_is_measured_stops_the_sweep_before_the_next(tmp_path,
+                                                                          monkeypatch):
+  """The sweep's own flag: a SIGTERM that came in a run's measuring (after its trainer's
+  flag) stops the sweep before the next run starts; the handler is gone after."""
+  import signal
+
+  out = str(tmp_path)
+  sweep, arms, cfgs = _sweep_of_3_arms_2_seeds()
+  monkeypatch.setattr(sweep_lib, "prompt_set", lambda s, m, d: [[1]] * 8)
+  ran = []
+
+  def run_one(out_, sweep_, arm, seed, base_, prompts_, source=None, stop=None):
+    ran.append(arm.name)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return _ok()
+
+  monkeypatch.setattr(sweep_lib, "run_one", run_one)
+  before = signal.getsignal(signal.SIGTERM)  # SIG_DFL; not under mutmut's forked workers
+  with pytest.raises(sweep_lib.SweepInterrupted) as e:
+    sweep_lib.run_sweep(out, sweep, arms, cfgs, stream=io.StringIO())
+  assert str(e.value) == f"signal {signal.SIGTERM} before arm mqa seed 0" and ran == ["mha"]
+  assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_stale_runs_are_those_trained_with_another_config_named_by_the_first_difference(
+    tmp_path):
+  """A run counts once it finished or saved a checkpoint past step 0; it is stale when its
+  config.gin is not what this sweep gives it, named by the first differing binding (field by
+  field when the file parses, line by line when it holds a field this attnlab lacks).
+  ``only`` checks that arm's runs; check_not_stale (and run_sweep, before any run) names
+  them all in one refusal."""
+  from attnlab import config_gin
+
+  out = str(tmp_path)
+  sweep, arms, cfgs = _sweep_of_3_arms_2_seeds()
+  mha, mqa, up = arms
+
+  def write(arm, seed, text, result=None, step=None):
+    workdir = sweep_lib.run_dir(out, arm, seed)
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.gin"), "w") as f:
+      f.write(text)
+    if result is not None:
+      sweep_lib._write_json(os.path.join(workdir, "result.json"), result)
+    if step is not None:
+      os.makedirs(os.path.join(workdir, "checkpoints", str(step)))
+
+  def text(arm, seed, old=None, new=None):
+    t = config_gin.operative_config(*sweep_lib.run_configs(sweep, arm, seed, *cfgs))
+    return t if old is None else t.replace(old, new)
+
+  for seed in (0, 1):  # as this sweep trains them
+    write(mha, seed, text(mha, seed), _ok())
+  write(mqa, 0, text(mqa, 0, "TrainConfig.steps = 20", "TrainConfig.steps = 30"), _ok())
+  # Started, without a step past 0 (an uptraining run's converted checkpoint): not counted.
+  write(up, 0, text(up, 0, "TrainConfig.seed = 0", "TrainConfig.seed = 9"), step=0)
+  # Cut short past step 1: counted. A field this attnlab lacks: the first differing line.
+  write(mqa, 1, text(mqa, 1) + "ModelConfig.bogus = 3\n", step=1)
+  lines = len(text(mqa, 1).splitlines())
+  assert sweep_lib.stale_runs(out, sweep, arms, cfgs) == [
+      f"{os.path.join('arms', 'mqa', 'seed_0')} has 'TrainConfig.steps = 30' where this "
+      "sweep gives 'TrainConfig.steps = 20'",
+      f"{os.path.join('arms', 'mqa', 'seed_1')} has '{lines + 1} lines' where this sweep "
+      f"gives '{lines} lines'"]  # every line the same up to the extra one
+  assert sweep_lib.stale_runs(out, sweep, arms, cfgs, only="mha") == []
+  assert len(sweep_lib.stale_runs(out, sweep, arms, cfgs, only="mqa")) == 2
+  write(up, 1, text(up, 1, "TrainConfig.learning_rate = 0.001", "TrainConfig.learning_rate = 0.5"),
+        _ok())
+  assert sweep_lib.stale_runs(out, sweep, arms, cfgs, only="uptrain-mean-mqa") == [
+      f"{os.path.join('arms', 'uptrain-mean-mqa', 'seed_1')} has "
+      "'TrainConfig.learning_rate = 0.5' where this sweep gives "
+      "'TrainConfig.learning_rate = 0.001'"]
+  sweep_lib.check_not_stale(out, sweep, arms, cfgs, only="mha")
+  stale = sweep_lib.stale_runs(out, sweep, arms, cfgs)
+  assert len(stale) == 3
+  # A run without config.gin (not started) before the stale ones: the rest still checked.
+  os.remove(os.path.join(sweep_lib.run_dir(out, mha, 0), "config.gin"))
+  assert sweep_lib.stale_runs(out, sweep, arms, cfgs) == stale
+  message = (f"{out} holds 3 run(s) trained with another config than this sweep's "
+             f"({'; '.join(stale)}); use a new --out, or delete those runs to train them again")
+  with pytest.raises(ValueError) as e:
+    sweep_lib.check_not_stale(out, sweep, arms, cfgs)
+  assert str(e.value) == message
+  with pytest.raises(ValueError) as e:
+    sweep_lib.run_sweep(out, sweep, arms, cfgs, only="mqa")
+  assert str(e.value).startswith(f"{out} holds 2 run(s)")
+  assert not os.path.exists(os.path.join(out, sweep_lib.PROMPTS_FILE))  # nothing ran
+
+
+def test_run_one_trains_measures_and_records_the_run(tmp_path, monkeypatch):
+  """run_one with the trainer, the conversion and the measuring stood in for: the run trains
+  its own configs (config.gin their operative text) in OUT/arms/NAME/seed_S, is measured on
+  the sweep's prompts, and its result (the measurements, "ok", its wall time, the arm) is
+  result.json. An uptraining run's curve starts at its converted checkpoint (step 0), the
+  best loss over all of it; a failing run records its error on one line (500 characters at
+  most) and error.txt its traceback; a stopped one records no result, only its wall time."""
+  import math
+  import types
+
+  from attnlab import config_gin
+
+  out = str(tmp_path)
+  sweep, arms, cfgs = _sweep_of_3_arms_2_seeds()
+  mha, mqa, up = arms
+  clock, calls = [100.0], []
+  monkeypatch.setattr(sweep_lib, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+  measured = {"val_loss": 2.5, "best_val_loss": 2.25, "best_val_ppl": math.exp(2.25),
+              "curve": [[0, 3.5], [2, 2.25], [5, 2.5]]}
+
+  def train(mcfg, tcfg, dcfg, workdir, *, config_text):
+    calls.append(("train", (mcfg, dcfg, tcfg), workdir, config_text))
+    clock[0] += 12.5
+    return {"step": tcfg.steps, "start_step": 0}
+
+  def measure(workdir, mcfg, dcfg, tcfg, sweep_, prompts):
+    calls.append(("measure", workdir, (mcfg, dcfg, tcfg), sweep_, prompts))
+    return json.loads(json.dumps(measured))
+
+  monkeypatch.setattr(sweep_lib.trainer, "train", train)
+  monkeypatch.setattr(sweep_lib, "measure", measure)
+  configs = sweep_lib.run_configs(sweep, mqa, 1, *cfgs)
+  workdir = sweep_lib.run_dir(out, mqa, 1)
+  r = sweep_lib.run_one(out, sweep, mqa, 1, cfgs, [[7]] * 8)
+  assert calls == [("train", configs, workdir, config_gin.operative_config(*configs)),
+                   ("measure", workdir, configs, sweep, [[7]] * 8)]
+  want = {**measured, "status": "ok", "wall_time_s": 12.5, "arm": "mqa", "kind": "scratch",
+          "method": "", "seed": 1, "num_kv_heads": 1}
+  assert r == want and sweep_lib.read_result(out, mqa, 1) == want
+  # An uptraining run: converted (once, by _prepare_uptrain) from the source's run.
+  prepared = []
+
+  def prepare(out_, arm, seed, source, configs_):
+    prepared.append((out_, arm, seed, source, configs_))
+    return {"val_loss_converted": converted, "source_step": 20, "method": "mean"}
+
+  monkeypatch.setattr(sweep_lib, "_prepare_uptrain", prepare)
+  for converted, best in ((2.0, 2.0), (3.0, 2.25), (float("nan"), 2.25)):
+    r = sweep_lib.run_one(out, sweep, up, 0, cfgs, [[7]] * 8, source=mha)
+    assert prepared[-1] == (out, up, 0, mha, sweep_lib.run_configs(sweep, up, 0, *cfgs))
+    assert r["curve"][1:] == [[2, 2.25], [5, 2.5]] and r["curve"][0][0] == 0
+    assert r["curve"][0][1] == converted or math.isnan(converted)
+    assert (r["best_val_loss"], r["best_val_ppl"]) == (best, math.exp(best))
+    assert (r["val_loss_converted"] == converted or math.isnan(converted)) and (
+        r["source_step"] == 20)
+    assert (r["status"], r["arm"], r["kind"], r["method"], r["num_kv_heads"]) == (
+        "ok", "uptrain-mean-mqa", "uptrain", "mean", 1)
+  # A failing run: the error on one line, cut to 500 characters; its traceback in error.txt.
+  def failing(message):
+    def train(*args, **kw):
+      clock[0] += 2.0
+      raise RuntimeError(message)
+
+    return train
+
+  for message, error in (("no\n  such   file", "RuntimeError: no such file"),
+                         ("", "RuntimeError: RuntimeError"),
+                         ("x" * 600, ("RuntimeError: " + "x" * 600)[:500])):
+    monkeypatch.setattr(sweep_lib.trainer, "train", failing(message))
+    r = sweep_lib.run_one(out, sweep, mha, 0, cfgs, None)
+    assert r == {"status": "failed", "error": error, "wall_time_s": r["wall_time_s"],
+                 "arm": "mha", "kind": "scratch", "method": "", "seed": 0, "num_kv_heads": 8}
+    assert sweep_lib.read_result(out, mha, 0) == r
+    with open(os.path.join(sweep_lib.run_dir(out, mha, 0), "error.txt")) as f:
+      assert f.read().startswith("Traceback (most recent call last):")
+  assert r["wall_time_s"] == 6.0  # its three attempts, 2 s each
+  # Stopped: before training, or after a step (a signal in the last step too): no result.
+  workdir = sweep_lib.run_dir(out, mqa, 0)
+  for last, signum, message in (
+      ({"step": 3, "start_step": 3}, None, "arm mqa seed 0 stopped before training, at step 3"),
+      ({"step": 3, "start_step": 3}, 15,
+       "arm mqa seed 0 stopped before training (signal 15), at step 3"),
+      ({"step": 7, "start_step": 3}, None, "arm mqa seed 0 stopped at step 7; checkpoint saved"),
+      ({"step": 20, "start_step": 3}, 2,
+       "arm mqa seed 0 stopped at step 20 (signal 2); checkpoint saved")):
+    monkeypatch.setattr(sweep_lib.trainer, "train",
+                        lambda *a, last=last, **kw: clock.__setitem__(0, clock[0] + 1) or last)
+    with pytest.raises(sweep_lib.SweepInterrupted) as e:
+      sweep_lib.run_one(out, sweep, mqa, 0, cfgs, None, stop=types.SimpleNamespace(
+          signum=signum))
+    assert str(e.value) == message
+    assert sweep_lib.read_result(out, mqa, 0) is None
+  with open(os.path.join(workdir, "wall_time_s")) as f:
+    assert f.read() == "4.000"
+
+
+def test_an_uptraining_run_converts_its_seeds_finished_mha_run_once(tmp_path, monkeypatch):
+  """_prepare_uptrain, the conversion and its evaluation stood in for: the seed's MHA run
+  must have finished ("ok"); a workdir a cut-short conversion left is cleared; the MHA run is
+  converted to the arm's K and method with the run's seed and its whole TrainConfig and
+  DataConfig.seed bound, evaluated at step 0, and the record (conversion.json) is what a
+  rerun goes on from without converting again."""
+  out = str(tmp_path)
+  sweep, arms, cfgs = _sweep_of_3_arms_2_seeds()
+  mha, _, up = arms
+  configs = sweep_lib.run_configs(sweep, up, 1, *cfgs)
+  workdir = sweep_lib.run_dir(out, up, 1)
+  calls = []
+
+  def convert(src, dst, num_kv_heads, method, **kw):
+    calls.append(("convert", src, dst, num_kv_heads, method, kw, os.path.exists(dst)))
+    os.makedirs(dst)
+    return {"source": src, "source_step": 20, "method": method, "num_kv_heads": num_kv_heads}
+
+  def evaluate(workdir_, step):
+    calls.append(("evaluate", workdir_, step))
+    return {"loss": 2.75, "exact_match": 0.5}
+
+  monkeypatch.setattr(sweep_lib, "write_converted_run", convert)
+  monkeypatch.setattr(sweep_lib.trainer, "evaluate_workdir", evaluate)
+  src = sweep_lib.run_dir(out, mha, 1)
+  message = ("arm 'uptrain-mean-mqa' converts the finished 'mha' run of seed 1, which has not "
+             "finished (run --arm mha first)")
+  for result in (None, {"status": "failed", "error": "E: x"}, {"status": "interrupted"}):
+    if result is not None:
+      os.makedirs(src, exist_ok=True)
+      sweep_lib._write_json(os.path.join(src, "result.json"), result)
+    with pytest.raises(RuntimeError) as e:
+      sweep_lib._prepare_uptrain(out, up, 1, mha, configs)
+    assert str(e.value) == message and calls == []
+  sweep_lib._write_json(os.path.join(src, "result.json"), _ok())
+  os.makedirs(os.path.join(workdir, "checkpoints", "0.orbax-checkpoint-tmp"))  # cut short
+  want = {"source": src, "source_step": 20, "method": "mean", "num_kv_heads": 1,
+          "val_loss_converted": 2.75}
+  assert sweep_lib._prepare_uptrain(out, up, 1, mha, configs) == want
+  tcfg = configs[2]
+  bindings = {"TrainConfig": {f.name: getattr(tcfg, f.name) for f in dataclasses.fields(tcfg)},
+              "DataConfig": {"seed": 1}}
+  assert calls == [("convert", src, workdir, 1, "mean", {"seed": 1, "bindings": bindings}, False),
+                   ("evaluate", workdir, 0)]
+  with open(os.path.join(workdir, sweep_lib.CONVERSION_FILE)) as f:
+    assert json.load(f) == want
+  calls.clear()
+  assert sweep_lib._prepare_uptrain(out, up, 1, mha, configs) == want and calls == []

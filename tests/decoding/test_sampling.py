@@ -142,10 +142,13 @@ def test_several_stop_ids_end_each_row_at_the_first_of_them(arch, cache):
   the first of its tokens that is any of them, the rest pad, as the free run cut there; one
   program for one id or several (the ids are traced, padded to MAX_STOP_IDS). Before
   2026-12-04 eos_id was one int."""
+  from attnlab.decoding import generate as generate_lib
   from attnlab.decoding.generate import MAX_STOP_IDS
 
+  program = getattr(generate_lib, f"_sample_{arch}")
   pad, run = _greedy_runs(arch, cache)
   free = run(None)
+  compiled = program._cache_size()
   # A stop that row 0 reaches late and one that row 1 reaches (or none it reaches).
   stops = [int(free[0, 5]), int(free[1, 2])]
   want = np.stack([_cut_at(r, stops, pad) for r in free])
@@ -155,6 +158,7 @@ def test_several_stop_ids_end_each_row_at_the_first_of_them(arch, cache):
   np.testing.assert_array_equal(run([stops[0]]), run(stops[0]))
   np.testing.assert_array_equal(run(list(range(MAX_STOP_IDS - 1)) + [stops[1]]), np.stack(
       [_cut_at(r, list(range(MAX_STOP_IDS - 1)) + [stops[1]], pad) for r in free]))
+  assert program._cache_size() == compiled  # no eos, one id or several: one program
 
 
 def test_pages_a_finished_sequence_frees_go_to_the_others():

@@ -403,11 +403,9 @@ def test_one_token_prompts_fill_max_len_and_cache_len_exactly():
   assert_greedy(decoder_forward(name, varied=True), room, [1, 1], np.asarray(got))
 
 
-def test_without_cache_len_the_cache_holds_exactly_the_slots_the_call_needs(monkeypatch):
-  """``cache_len=None``: a decoder-only call's cache has prompt + max_new_tokens - 1 slots (the
-  last token is never fed back), an encoder-decoder's max_new_tokens (its bos takes the
-  first); one slot where that is all a call needs, not a floor of more. The program is
-  not run: the cache length it would be compiled for is read from its call."""
+def _program_call(monkeypatch, model, prompt, **kw):
+  """(prompt width, cache_len) of the sampling program ``generate`` calls for ``prompt``:
+  read from the call, which raises; nothing is traced or compiled."""
   from attnlab.decoding import generate as generate_lib
 
   class Called(Exception):
@@ -415,48 +413,42 @@ def test_without_cache_len_the_cache_holds_exactly_the_slots_the_call_needs(monk
 
   asked = []
 
-  def spy(*args, cache_len, **kwargs):
-    asked.append(cache_len)
+  def spy(model, prompt_BT, *args, cache_len, **kwargs):
+    asked.append((prompt_BT.shape[1], cache_len))
     raise Called
 
   for program in ("_sample_decoder_only", "_sample_encoder_decoder"):
     monkeypatch.setattr(generate_lib, program, spy)
+  with pytest.raises(Called):
+    attnlab.generate(model, prompt, eos_id=None, **kw)
+  (call,) = asked
+  return call
+
+
+def test_without_cache_len_the_cache_holds_exactly_the_slots_the_call_needs(monkeypatch):
+  """``cache_len=None``: a decoder-only call's cache has prompt + max_new_tokens - 1 slots (the
+  last token is never fed back), an encoder-decoder's max_new_tokens (its bos takes the
+  first); one slot where that is all a call needs, not a floor of more."""
   decoder, encdec = decoder_model("mha_rope"), encdec_model("paper_gqa")
   for model, prompt, new, want in ((decoder, random_tokens(6, (2, 1)), 1, 1),
                                    (decoder, random_tokens(6, (2, 3)), 4, 6),
                                    (encdec, SRC, 1, 1), (encdec, SRC, 5, 5)):
-    asked.clear()
-    with pytest.raises(Called):
-      attnlab.generate(model, prompt, max_new_tokens=new, eos_id=None)
-    assert asked == [want], (model.cfg.arch, prompt.shape, new)
+    _, cache_len = _program_call(monkeypatch, model, prompt, max_new_tokens=new)
+    assert cache_len == want, (model.cfg.arch, prompt.shape, new)
 
 
 def test_a_prompts_padding_is_kept_while_the_call_fits_and_cut_where_it_would_not(monkeypatch):
   """Padding past the longest prompt (width 10, prompts of 3 and 5) is the caller's: a call
   that fits max_len (64) keeps its width, also at exactly 64 positions (10 + 55 - 1), so
   calls of one width share one program; one position more (56 new tokens) cuts it to the
-  longest prompt, 5, rather than refuse the call. Read from the program's call, not run."""
-  from attnlab.decoding import generate as generate_lib
-
-  class Called(Exception):
-    pass
-
-  asked = []
-
-  def spy(model, prompt_BT, lengths_B, *args, cache_len, **kwargs):
-    asked.append((prompt_BT.shape[1], cache_len))
-    raise Called
-
-  monkeypatch.setattr(generate_lib, "_sample_decoder_only", spy)
+  longest prompt, 5, rather than refuse the call."""
   model = decoder_model("mha_rope")
   assert model.cfg.max_len == 64
   prompt = np.zeros((2, 10), np.int32)
   prompt[0, :3], prompt[1, :5] = [5, 6, 7], [5, 6, 7, 8, 9]
   for new, want in ((4, (10, 13)), (55, (10, 64)), (56, (5, 60))):
-    asked.clear()
-    with pytest.raises(Called):
-      attnlab.generate(model, prompt, max_new_tokens=new, prompt_lengths_B=[3, 5], eos_id=None)
-    assert asked == [want], new
+    assert _program_call(monkeypatch, model, prompt, max_new_tokens=new,
+                         prompt_lengths_B=[3, 5]) == want, new
 
 
 def test_by_default_decoding_stops_at_the_tokenizers_eos_and_starts_from_its_bos():

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from attnlab.config import DataConfig, ModelConfig, Sweep, TrainConfig
@@ -657,10 +658,10 @@ def test_run_one_trains_measures_and_records_the_run(tmp_path, monkeypatch):
     r = sweep_lib.run_one(out, sweep, up, 0, cfgs, [[7]] * 8, source=mha)
     assert prepared[-1] == (out, up, 0, mha, sweep_lib.run_configs(sweep, up, 0, *cfgs))
     assert r["curve"][1:] == [[2, 2.25], [5, 2.5]] and r["curve"][0][0] == 0
-    assert r["curve"][0][1] == converted or math.isnan(converted)
+    got = np.array([r["curve"][0][1], r["val_loss_converted"]])
+    np.testing.assert_array_equal(got, [converted, converted])  # NaN equals NaN here
     assert (r["best_val_loss"], r["best_val_ppl"]) == (best, math.exp(best))
-    assert (r["val_loss_converted"] == converted or math.isnan(converted)) and (
-        r["source_step"] == 20)
+    assert r["source_step"] == 20
     assert (r["status"], r["arm"], r["kind"], r["method"], r["num_kv_heads"]) == (
         "ok", "uptrain-mean-mqa", "uptrain", "mean", 1)
   # A failing run: the error on one line, cut to 500 characters; its traceback in error.txt.

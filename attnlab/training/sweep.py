@@ -798,7 +798,7 @@ def run_sweep(out: str, sweep: Sweep, arms: list[Arm], base, *, only: str | None
       what = f"val_loss={r['val_loss']:.4f}" if ok else f"FAILED: {r['error']}"
       # A failed run got as far as its last checkpoint (0: it never saved one).
       reached = steps_of(arm) if ok else _latest_step(run_dir(out, arm, seed))
-      eta = _fmt_s(elapsed / max(done_steps, 1) * remaining)
+      eta = _fmt_s(elapsed / done_steps * remaining)  # done_steps >= 1: every run has a step
       print(f"ablate [{i + 1}/{len(todo)}] arm={arm.name} seed={seed} step={reached}/"
             f"{steps_of(arm)} {what} ({r['wall_time_s']:.0f} s); sweep ETA {eta}",
             file=stream, flush=True)

@@ -518,6 +518,31 @@ def test_run_sweep_runs_each_unfinished_run_seed_by_seed_and_prints_its_progress
   assert len(lines) == 2 and stream.flushed == [lines[0], lines[0] + lines[1]]
 
 
+def test_the_sweep_eta_after_one_step_runs_is_the_time_a_step_times_the_steps_left(
+    tmp_path, monkeypatch, capsys):
+  """Runs of one step each (steps=1; uptraining rounds up to one step): after the first, the
+  ETA is its time times the steps left (6 runs, 10 s each: 50 s, then 40 s, ...)."""
+  import types
+
+  sweep, arms, (mcfg, dcfg, _) = _sweep_of_3_arms_2_seeds()
+  cfgs = (mcfg, dcfg, TrainConfig(steps=1, warmup_steps=0))
+  assert sweep_lib.uptrain_steps(sweep, cfgs[2]) == 1
+  clock = [0.0]
+  monkeypatch.setattr(sweep_lib, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+  monkeypatch.setattr(sweep_lib, "prompt_set", lambda s, m, d: [[1, 2]] * 8)
+
+  def run_one(out_, sweep_, arm, seed, base_, prompts_, source=None, stop=None):
+    clock[0] += 10.0
+    return {**_ok(), "wall_time_s": 10.0}
+
+  monkeypatch.setattr(sweep_lib, "run_one", run_one)
+  assert sweep_lib.run_sweep(str(tmp_path), sweep, arms, cfgs) == {
+      "ok": 6, "failed": 0, "skipped": 0}
+  etas = [line.rsplit("sweep ETA ", 1)[1] for line in capsys.readouterr().err.splitlines()]
+  assert etas == ["?", "0m50s", "0m50s", "0m40s", "0m40s", "0m30s", "0m30s", "0m20s",
+                  "0m20s", "0m10s", "0m10s", "0m00s"]
+
+
 def test_a_signal_while_a_run_is_measured_stops_the_sweep_before_the_next(tmp_path,
                                                                           monkeypatch):
   """The sweep's own flag: a SIGTERM that came in a run's measuring (after its trainer's

@@ -50,6 +50,20 @@ rm -rf "$dir"; mkdir -p "$dir"
 cd "$dir"
 echo "${MUT_NAMES:-}" > names.txt  # what this round selects (empty: every mutant)
 rm -rf configs && cp -r attnlab/configs configs
+# mutmut's workers are forked from its fork server and inherit its signal handlers (SIGTERM:
+# kill the workers and exit 0; SIGINT ignored; SIGCHLD: wake the server). A test that sends
+# or checks a signal must see what a plain run has, or a mutant counts as killed (or survives)
+# for the handler, not the code: each worker puts back Python's defaults. (mutmut stops a
+# worker past its time with SIGXCPU / SIGKILL, which this leaves alone.)
+cat >> tests/conftest.py <<'EOT'
+
+
+def pytest_sessionstart(session):  # appended by tools/mutation.sh to its copy of the tree
+  import signal
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+  signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+EOT
 tests=$(printf '"%s", ' "$@"); tests="[${tests%, }]"
 printf '%s\n' jax jax.numpy numpy flax flax.nnx optax orbax.checkpoint einops chex pytest \
   hypothesis > preload.txt

@@ -85,6 +85,22 @@ def test_mesh_shape_fills_the_one_unknown_axis_and_may_use_fewer_devices():
   assert list(mesh.devices.flat) == jax.devices()[:1]
 
 
+def test_make_mesh_lays_out_the_devices_it_is_given(monkeypatch):
+  """The devices given (here 6 stand-ins; JAX's own when none are), the first of them
+  filling the shape in order: what train passes is what the mesh holds."""
+  monkeypatch.setattr(sharding, "Mesh", lambda grid, axes: (grid, axes))
+  devices = [f"dev{i}" for i in range(6)]
+  grid, axes = sharding.make_mesh((-1, 1, 2), devices=iter(devices))
+  assert axes == ("data", "fsdp", "tensor")
+  assert grid.tolist() == [[["dev0", "dev1"]], [["dev2", "dev3"]], [["dev4", "dev5"]]]
+  grid, _ = sharding.make_mesh((2, 1, 1), devices=devices)  # the first 2 of 6
+  assert grid.tolist() == [[["dev0"]], [["dev1"]]]
+  with pytest.raises(sharding.MeshShapeError, match=r"needs 8 devices, only 6 exist"):
+    sharding.make_mesh((2, 2, 2), devices=devices)
+  grid, _ = sharding.make_mesh()
+  assert grid.reshape(-1).tolist() == jax.devices()
+
+
 def test_a_model_axis_that_shards_no_parameter_is_named():
   """A mesh whose tensor (or fsdp) axis divides no dimension it could split replicates every
   parameter along it (correct, but its devices compute the same thing): named in a warning
@@ -105,6 +121,15 @@ def test_a_model_axis_that_shards_no_parameter_is_named():
       "8): it splits the batch only, as data does"]
   assert warnings(1, 4, 2) == [] and warnings(2, 2, 2) == [] and warnings(8, 1, 1) == []
   assert len(warnings(1, 8, 8)) == 2  # (a fake mesh: shapes only)
+  # An axis of 2 devices is a model axis too: dimensions that 2 divides none of.
+  model[:] = [(("vocab", "embed"), (259, 35)), (("embed", "heads", "head_dim"), (35, 3, 6)),
+              (("embed", "kv_heads", "head_dim"), (35, 1, 6)), (("embed", "mlp"), (35, 35))]
+  assert [w.split(" shards")[0] for w in warnings(1, 2, 2)] == [
+      "mesh axis 'fsdp' of 2 devices", "mesh axis 'tensor' of 2 devices"]
+  # An entry naming several mesh axes (the batch's) uses each of them.
+  mesh = _Mesh(2, 2, 2)
+  assert sharding.idle_axes([P(("data", "fsdp"), None), P(None, "tensor")], mesh) == []
+  assert sharding.idle_axes([P(("data", "tensor"))], mesh) == [warnings(1, 2, 2)[0]]
   # init_train logs them: mesh_check.py (8 devices) checks it.
 
 

@@ -560,9 +560,9 @@ def test_a_checkpoint_restored_in_another_dtype_is_not_taken_for_a_damaged_one(s
                                 _state(2)["params"]["big"].astype(jnp.bfloat16))
 
 
-def test_load_checkpoint_refuses_a_checkpoint_whose_bytes_changed(tmp_path):
-  """``load_checkpoint`` (``attnlab decode``, ``convert --to-hf``) of a named step whose
-  weights changed on disk raises, naming the array; it restored the other weights before."""
+def _model_workdir(workdir):
+  """A workdir holding the config.gin of a tiny seq2seq model (no checkpoint yet); its
+  ``ModelConfig`` and the model built with load_checkpoint's seeds."""
   from flax import nnx
 
   import attnlab
@@ -572,11 +572,25 @@ def test_load_checkpoint_refuses_a_checkpoint_whose_bytes_changed(tmp_path):
   configs = config_gin.parse([os.path.join(repo, "configs", "seq2seq_reverse.gin")], [
       "ModelConfig.d_model=16", "ModelConfig.d_ff=32", "ModelConfig.num_layers=1",
       "ModelConfig.num_encoder_layers=1"])
-  cfg = configs[0]
-  workdir = tmp_path / "w"
   workdir.mkdir()
   (workdir / "config.gin").write_text(config_gin.operative_config(*configs))
-  params = nnx.state(attnlab.build_model(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+  return configs[0], attnlab.build_model(configs[0], rngs=nnx.Rngs(params=0, dropout=1))
+
+
+def _key_data(x):
+  return jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+
+
+def test_load_checkpoint_refuses_a_checkpoint_whose_bytes_changed(tmp_path):
+  """``load_checkpoint`` (``attnlab decode``, ``convert --to-hf``) of a named step whose
+  weights changed on disk raises, naming the array; it restored the other weights before."""
+  from flax import nnx
+
+  import attnlab
+
+  workdir = tmp_path / "w"
+  cfg, built = _model_workdir(workdir)
+  params = nnx.state(built, nnx.Param)
   ckpt = Checkpointer(str(workdir))
   ckpt.save_params(3, params)
   ckpt.close()
@@ -587,13 +601,12 @@ def test_load_checkpoint_refuses_a_checkpoint_whose_bytes_changed(tmp_path):
   # (a new jit on every load compiled it again).
   assert checkpoint._init_rest.cache_info().misses == 1
   assert checkpoint._init_rest(cfg)._cache_size() == 1
-  data = lambda x: jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
   for loaded in (model, again):
     for want, got in ((params, nnx.state(loaded, nnx.Param)),
                       (nnx.state(model), nnx.state(loaded))):
       assert jax.tree.structure(want) == jax.tree.structure(got)
       for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
-        np.testing.assert_array_equal(data(g), data(w))
+        np.testing.assert_array_equal(_key_data(g), _key_data(w))
   _flip(_largest(str(workdir / "checkpoints" / "3"), "params"), 0.5)
   with pytest.raises(checkpoint.UnreadableCheckpointError,
                      match=r"checkpoints/3 could not be restored \(CorruptCheckpointError: .*"
@@ -604,3 +617,74 @@ def test_load_checkpoint_refuses_a_checkpoint_whose_bytes_changed(tmp_path):
   with pytest.raises(FileNotFoundError, match=r"no checkpoint in \S+/checkpoints could be read "
                                               r"\(saved steps: \[3\]\)"):
     attnlab.load_checkpoint(str(workdir))
+
+
+def test_load_checkpoint_takes_the_newest_step_onto_the_first_device_or_the_mesh_given(tmp_path):
+  """``load_checkpoint`` without a step reads the newest; without a mesh it places every
+  parameter on the first device, even one saved in a mesh's layout (what training saves:
+  orbax, given no sharding, restored the saved layout); with a mesh, in the training layout
+  on it. The rest of the model (the dropout RNG streams) is what building it with
+  ``Rngs(params=0, dropout=1)`` gives, and a reader deletes nothing (a half-saved
+  checkpoint may be a live run's save)."""
+  from flax import nnx
+
+  import attnlab
+  from attnlab.training import sharding
+
+  workdir = tmp_path / "w"
+  _, built = _model_workdir(workdir)
+  mesh = sharding.make_mesh((1, 1, 1))
+  params = nnx.state(built, nnx.Param)
+  ckpt = Checkpointer(str(workdir))
+  for step, scale in ((3, 1.0), (4, 2.0)):
+    scaled = jax.tree.map(lambda x, k=scale: x * k, params)
+    ckpt.save_params(step, jax.device_put(scaled, sharding.param_shardings(scaled, mesh)))
+  ckpt.close()
+  (workdir / "checkpoints" / "5.orbax-checkpoint-tmp" / "params").mkdir(parents=True)
+  one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  for step, scale, on in ((None, 2.0, None), (3, 1.0, mesh)):
+    model, _ = attnlab.load_checkpoint(str(workdir), step, mesh=on)
+    got = nnx.state(model, nnx.Param)
+    want = jax.tree.map(lambda x, k=scale: x * k, params)
+    places = [one_device] * len(jax.tree.leaves(got)) if on is None else jax.tree.leaves(
+        sharding.param_shardings(got, mesh))
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for g, w, s in zip(jax.tree.leaves(got), jax.tree.leaves(want), places, strict=True):
+      np.testing.assert_array_equal(g, w)
+      assert g.sharding == s, (step, g.sharding)
+    rest, want_rest = (nnx.state(m, nnx.Not(nnx.Param)) for m in (model, built))
+    assert jax.tree.structure(rest) == jax.tree.structure(want_rest)
+    for g, w in zip(jax.tree.leaves(rest), jax.tree.leaves(want_rest), strict=True):
+      np.testing.assert_array_equal(_key_data(g), _key_data(w))
+  assert _listing(workdir) == ["3", "4", "5.orbax-checkpoint-tmp"]
+
+
+def test_load_checkpoint_names_what_a_workdir_lacks(tmp_path):
+  """No config.gin, no checkpoints folder, an empty one, a step not saved: each its own
+  error naming the path (and the saved steps), before any model is built."""
+  import attnlab
+  from attnlab import config_gin
+
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  with pytest.raises(FileNotFoundError) as e:
+    attnlab.load_checkpoint(str(workdir))
+  assert str(e.value) == f"{workdir}/config.gin does not exist: not a training workdir"
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  configs = config_gin.parse([os.path.join(repo, "configs", "seq2seq_reverse.gin")], [])
+  (workdir / "config.gin").write_text(config_gin.operative_config(*configs))
+  with pytest.raises(FileNotFoundError) as e:
+    attnlab.load_checkpoint(str(workdir))
+  assert str(e.value) == f"{workdir}/checkpoints does not exist: no checkpoint saved yet"
+  (workdir / "checkpoints").mkdir()
+  with pytest.raises(FileNotFoundError) as e:
+    attnlab.load_checkpoint(str(workdir), 3)
+  assert str(e.value) == f"{workdir}/checkpoints holds no checkpoint"
+  ckpt = Checkpointer(str(workdir))
+  ckpt.save_params(3, {"w": jnp.zeros(2)})
+  ckpt.close()
+  for step in (2, 4):
+    with pytest.raises(ValueError) as e:
+      attnlab.load_checkpoint(str(workdir), step)
+    assert str(e.value) == (f"step={step} has no checkpoint in {workdir}/checkpoints; saved "
+                            "steps: [3]")

@@ -153,6 +153,24 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(saved, tmp_p
   assert not [w for w in recwarn if "could not be restored" in str(w.message)]  # once only
 
 
+def test_no_readable_checkpoint_restores_none_after_a_warning_for_each(saved, tmp_path, warned):
+  """``restore_latest`` (a resume) with every checkpoint damaged, or none saved: None (a
+  fresh start), each damaged one named in its own warning, nothing deleted."""
+  workdir = tmp_path / "w"
+  shutil.copytree(saved, workdir)
+  for step in ("1", "2"):
+    DAMAGE["missing item"](str(workdir / "checkpoints" / step))
+  for folder in (workdir, tmp_path / "nothing"):
+    ckpt = Checkpointer(str(folder))
+    try:
+      assert ckpt.restore_latest(_abstract(_state(0))) is None
+    finally:
+      ckpt.close()
+  assert [re.sub(r" \(.*", "", m) for m in warned()] == [
+      f"checkpoint {workdir}/checkpoints/{k} could not be restored" for k in (2, 1)]
+  assert _listing(workdir) == ["1", "2"]
+
+
 def test_healthy_checkpoint_restores_without_warning(saved, recwarn, warned):
   ckpt = Checkpointer(str(saved), read_only=True)
   try:
@@ -408,8 +426,10 @@ def test_weights_only_checkpoint_restores_its_params_and_the_rest_from_init_stat
     sums = {"params": checkpoint.checksums(checkpoint.flatten(_state(5)["params"]))}
     assert dict(meta) == {"step": 5, "source": "hf", "checksums": sums}
     init = _state(0)
-    with pytest.raises(ValueError, match="checkpoint 5 in .* holds weights only"):
+    with pytest.raises(ValueError) as e:
       ckpt.restore(5, _abstract(init))
+    assert str(e.value) == (f"checkpoint 5 in {tmp_path}/checkpoints holds weights only; "
+                            "restoring it needs a fresh init_state")
     state, data_state = ckpt.restore(5, _abstract(init), init)
     want = {"params": _state(5)["params"], "opt_state": init["opt_state"], "step": init["step"]}
     assert data_state is None

@@ -104,9 +104,9 @@ DAMAGE = {
 }
 
 
-CHANGED_IN_PLACE = ("bytes changed inside an array file",
-                    "bytes changed inside an optimizer array file",
-                    "another position in the data state")
+CHANGED_IN_PLACE = {"bytes changed inside an array file": "params array big",
+                    "bytes changed inside an optimizer array file": "opt_state array opt_state_big",
+                    "another position in the data state": "data state {'next_batch': 30}"}
 
 
 def _flip(path, where):
@@ -148,8 +148,10 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(saved, tmp_p
   m = re.fullmatch(r"checkpoint \S+/checkpoints/2 could not be restored \((\w+): (.+)\); "
                    r"falling back to the previous one", msg)
   assert m and m.group(1).endswith("Error") and m.group(2) != "None", msg
-  if damage in CHANGED_IN_PLACE:  # only the checksums tell these
+  if damage in CHANGED_IN_PLACE:  # only the checksums tell these, naming what changed
     assert m.group(1) == "CorruptCheckpointError", msg
+    what = CHANGED_IN_PLACE[damage]
+    assert m.group(2).startswith(f"checkpoint {workdir}/checkpoints/2's {what} "), msg
   assert not [w for w in recwarn if "could not be restored" in str(w.message)]  # once only
 
 
@@ -310,6 +312,12 @@ def _chained(outer, cause):
   return outer
 
 
+def _cycle(first, second):
+  """Two errors, each the other's cause."""
+  first.__cause__, second.__cause__ = second, first
+  return first
+
+
 def _in_handler(error, handled):
   """``error`` as raised inside ``except`` for ``handled`` (its context, not its cause)."""
   error.__context__ = handled
@@ -333,6 +341,9 @@ def _in_handler(error, handled):
     (ValueError('FAILED_PRECONDITION: Error reading "0000_w/0.0" in OCDBT database'), True),
     (_in_handler(ValueError("Requested shape: (3,)"), FileNotFoundError("x")), False),
     (ValueError("FAILED_PRECONDITION: something else"), False),
+    # A cycle of causes is followed once round (it looped for ever without the ids seen).
+    (_cycle(Exception("x"), RuntimeError("y")), False),
+    (_cycle(Exception("x"), ValueError("DATA_LOSS: y")), True),
 ])
 def test_is_unreadable_classifies_errors(error, unreadable):
   assert checkpoint.is_unreadable(error) is unreadable
@@ -461,6 +472,28 @@ def test_three_checkpoints_kept_by_default_and_a_step_saved_again_is_replaced(tm
                 {"opt_state": state4["opt_state"], "step": state4["step"]})),
             "data": checkpoint._data_digest({"next_batch": 4})}
     assert dict(meta) == {"step": 4, "seed": 7, "checksums": sums}
+  finally:
+    ckpt.close()
+
+
+def test_a_state_is_restored_in_the_layout_asked_for_not_the_one_it_was_saved_in(tmp_path):
+  """Parameters, optimizer state and step saved on a mesh (as training saves them, a
+  one-device mesh here) restore onto the one device the abstract state names, and back:
+  orbax, given no target, restored the saved layout."""
+  from attnlab.training import sharding
+
+  mesh = sharding.make_mesh((1, 1, 1))
+  on_mesh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  ckpt = Checkpointer(str(tmp_path))
+  try:
+    ckpt.save(1, jax.device_put(_state(1), on_mesh), {"next_batch": 1})
+    ckpt.save(2, _state(2), {"next_batch": 2})
+    state, _ = ckpt.restore(1, _abstract(_state(0)))
+    _assert_restored(state, _state(1))
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_mesh),
+                            _state(0))
+    state, _ = ckpt.restore(2, abstract)
+    assert all(x.sharding == on_mesh for x in jax.tree.leaves(state))
   finally:
     ckpt.close()
 

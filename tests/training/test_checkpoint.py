@@ -5,6 +5,7 @@ of turning into a warning and a fresh start."""
 
 import collections
 import json
+import logging
 import os
 import re
 import shutil
@@ -185,7 +186,8 @@ def test_healthy_checkpoint_restores_without_warning(saved, recwarn, warned):
   assert not [m for m in warned() if "could not be restored" in m]
 
 
-def test_a_reader_leaves_a_half_saved_checkpoint_and_a_writer_deletes_it_at_once(saved, tmp_path):
+def test_a_reader_leaves_a_half_saved_checkpoint_and_a_writer_deletes_it_at_once(saved, tmp_path,
+                                                                                caplog):
   """A save killed before its commit leaves ``<step>.orbax-checkpoint-tmp``. A
   read-only Checkpointer (load_checkpoint, attnlab eval, a sweep's progress
   check) deletes nothing: that directory may be the save of a run still
@@ -214,9 +216,12 @@ def test_a_reader_leaves_a_half_saved_checkpoint_and_a_writer_deletes_it_at_once
       reader.close()
     assert (half / "params" / "x").read_bytes() == b"half written"
   assert _listing(workdir) == ["1", "2", "3.orbax-checkpoint-tmp"]
-  writer = Checkpointer(str(workdir))
+  with caplog.at_level(logging.INFO, logger=checkpoint.__name__):
+    writer = Checkpointer(str(workdir))
   try:
     assert _listing(workdir) == ["1", "2"]
+    assert [r.getMessage() for r in caplog.records if r.name == checkpoint.__name__] == [
+        f"deleting {half}, a checkpoint left half-saved"]
     writer.save(3, _state(3), {"next_batch": 30})
     assert writer.steps() == [1, 2, 3]
   finally:

@@ -317,6 +317,27 @@ def test_a_state_of_other_shapes_or_arrays_is_refused_before_any_array_is_read(s
     checkpoint.check_fits(alike, {"0000_a_b": (2,)}, "x")
 
 
+def test_metadata_naming_no_array_of_the_state_is_left_to_orbaxs_restore(saved, monkeypatch):
+  """An item whose metadata names none of the state's arrays (a layout of another orbax
+  version) is not refused by the shape check: orbax's restore compares it (here it reads)."""
+  import orbax.checkpoint as ocp
+
+  class OtherLayout:
+    def metadata(self, path):
+      leaves = jax.tree.leaves(ocp.StandardCheckpointHandler().metadata(path))
+      return {"item": {f"leaf{i}": m for i, m in enumerate(leaves)}}
+
+  ckpt = Checkpointer(str(saved), read_only=True)
+  try:
+    monkeypatch.setattr(ckpt, "_ocp", type("Orbax", (), {"StandardCheckpointHandler": OtherLayout,
+                                                         "args": ocp.args}))
+    state, data_state = ckpt.restore(2, _abstract(_state(0)))
+    _assert_restored(state, _state(2))
+    assert data_state == {"next_batch": 20}
+  finally:
+    ckpt.close()
+
+
 def _chained(outer, cause):
   outer.__cause__ = cause
   return outer

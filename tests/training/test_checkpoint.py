@@ -306,6 +306,12 @@ def test_a_state_of_other_shapes_or_arrays_is_refused_before_any_array_is_read(s
     ckpt.close()
   checkpoint.check_fits({"0000_a_value": (2,), "0001_b": (3,)},
                         {"0001_a_value": (2,), "0000_b": (3,)}, "x")  # indices ignored
+  # An nnx parameter's path ends in its "value": the message names the parameter.
+  with pytest.raises(checkpoint.CheckpointMismatchError, match=re.escape(
+      "x holds arrays of other shapes: decoder_layers_0_mlp_w is (2,) there, (3,) in this "
+      "run") + "$"):
+    checkpoint.check_fits({"0003_decoder_layers_0_mlp_w_value": (2,)},
+                          {"0003_decoder_layers_0_mlp_w_value": (3,)}, "x")
   # Leaves whose paths read alike (keys "a.b" and "a_b") are still two arrays.
   alike = {"0000_a_b": (2,), "0001_a_b": (3,)}
   checkpoint.check_fits(alike, alike, "x")

@@ -175,13 +175,16 @@ def test_no_readable_checkpoint_restores_none_after_a_warning_for_each(saved, tm
 
 
 def test_healthy_checkpoint_restores_without_warning(saved, recwarn, warned):
+  """The whole state, or only its parameters (``load_checkpoint``), of a healthy one."""
   ckpt = Checkpointer(str(saved), read_only=True)
   try:
     step, state, data_state = ckpt.restore_latest(_abstract(_state(0)))
+    params = ckpt.restore_params(1, _abstract(_state(0))["params"])
   finally:
     ckpt.close()
   assert step == 2 and data_state == {"next_batch": 20}
   _assert_restored(state, _state(2))
+  _assert_restored(params, _state(1)["params"])
   assert not [w for w in recwarn if "could not be restored" in str(w.message)]
   assert not [m for m in warned() if "could not be restored" in m]
 

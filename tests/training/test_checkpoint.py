@@ -5,6 +5,7 @@ of turning into a warning and a fresh start."""
 
 import collections
 import json
+import logging
 import os
 import re
 import shutil
@@ -104,9 +105,9 @@ DAMAGE = {
 }
 
 
-CHANGED_IN_PLACE = ("bytes changed inside an array file",
-                    "bytes changed inside an optimizer array file",
-                    "another position in the data state")
+CHANGED_IN_PLACE = {"bytes changed inside an array file": "params array big",
+                    "bytes changed inside an optimizer array file": "opt_state array opt_state_big",
+                    "another position in the data state": "data state {'next_batch': 30}"}
 
 
 def _flip(path, where):
@@ -148,24 +149,48 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(saved, tmp_p
   m = re.fullmatch(r"checkpoint \S+/checkpoints/2 could not be restored \((\w+): (.+)\); "
                    r"falling back to the previous one", msg)
   assert m and m.group(1).endswith("Error") and m.group(2) != "None", msg
-  if damage in CHANGED_IN_PLACE:  # only the checksums tell these
+  if damage in CHANGED_IN_PLACE:  # only the checksums tell these, naming what changed
     assert m.group(1) == "CorruptCheckpointError", msg
+    what = CHANGED_IN_PLACE[damage]
+    assert m.group(2).startswith(f"checkpoint {workdir}/checkpoints/2's {what} "), msg
   assert not [w for w in recwarn if "could not be restored" in str(w.message)]  # once only
 
 
+def test_no_readable_checkpoint_restores_none_after_a_warning_for_each(saved, tmp_path, warned):
+  """``restore_latest`` (a resume) with every checkpoint damaged, or none saved: None (a
+  fresh start), each damaged one named in its own warning, nothing deleted."""
+  workdir = tmp_path / "w"
+  shutil.copytree(saved, workdir)
+  for step in ("1", "2"):
+    DAMAGE["missing item"](str(workdir / "checkpoints" / step))
+  for folder in (workdir, tmp_path / "nothing"):
+    ckpt = Checkpointer(str(folder))
+    try:
+      assert ckpt.restore_latest(_abstract(_state(0))) is None
+    finally:
+      ckpt.close()
+  assert [re.sub(r" \(.*", "", m) for m in warned()] == [
+      f"checkpoint {workdir}/checkpoints/{k} could not be restored" for k in (2, 1)]
+  assert _listing(workdir) == ["1", "2"]
+
+
 def test_healthy_checkpoint_restores_without_warning(saved, recwarn, warned):
+  """The whole state, or only its parameters (``load_checkpoint``), of a healthy one."""
   ckpt = Checkpointer(str(saved), read_only=True)
   try:
     step, state, data_state = ckpt.restore_latest(_abstract(_state(0)))
+    params = ckpt.restore_params(1, _abstract(_state(0))["params"])
   finally:
     ckpt.close()
   assert step == 2 and data_state == {"next_batch": 20}
   _assert_restored(state, _state(2))
+  _assert_restored(params, _state(1)["params"])
   assert not [w for w in recwarn if "could not be restored" in str(w.message)]
   assert not [m for m in warned() if "could not be restored" in m]
 
 
-def test_a_reader_leaves_a_half_saved_checkpoint_and_a_writer_deletes_it_at_once(saved, tmp_path):
+def test_a_reader_leaves_a_half_saved_checkpoint_and_a_writer_deletes_it_at_once(saved, tmp_path,
+                                                                                caplog):
   """A save killed before its commit leaves ``<step>.orbax-checkpoint-tmp``. A
   read-only Checkpointer (load_checkpoint, attnlab eval, a sweep's progress
   check) deletes nothing: that directory may be the save of a run still
@@ -194,9 +219,12 @@ def test_a_reader_leaves_a_half_saved_checkpoint_and_a_writer_deletes_it_at_once
       reader.close()
     assert (half / "params" / "x").read_bytes() == b"half written"
   assert _listing(workdir) == ["1", "2", "3.orbax-checkpoint-tmp"]
-  writer = Checkpointer(str(workdir))
+  with caplog.at_level(logging.INFO, logger=checkpoint.__name__):
+    writer = Checkpointer(str(workdir))
   try:
     assert _listing(workdir) == ["1", "2"]
+    assert [r.getMessage() for r in caplog.records if r.name == checkpoint.__name__] == [
+        f"deleting {half}, a checkpoint left half-saved"]
     writer.save(3, _state(3), {"next_batch": 30})
     assert writer.steps() == [1, 2, 3]
   finally:
@@ -248,25 +276,30 @@ def test_a_state_of_other_shapes_or_arrays_is_refused_before_any_array_is_read(s
   try:
     for change, message in (
         ({"w": jnp.zeros((4, 9)), "b": jnp.zeros(2), "big": BIG},
-         f"checkpoint {where}'s params holds arrays of other shapes: b is (3,) there, (2,) in "
-         "this run (and 1 more)"),
+         "holds arrays of other shapes: b is (3,) there, (2,) in this run (and 1 more)"),
         ({"w": jnp.zeros((4, 9)), "b": jnp.zeros(3), "big": BIG},
-         "params holds arrays of other shapes: w is (4, 8) there, (4, 9) in this run"),
+         "holds arrays of other shapes: w is (4, 8) there, (4, 9) in this run"),
         ({"w": jnp.zeros((4, 8)), "b": jnp.zeros(3), "big": BIG, "c": jnp.zeros(1)},
-         "params holds other arrays than this run: 1 of this run not in it (first: c)"),
+         "holds other arrays than this run: 1 of this run not in it (first: c)"),
         ({"w": jnp.zeros((4, 8)), "big": BIG},
-         "params holds other arrays than this run: 1 not in this run (first: b)")):
+         "holds other arrays than this run: 1 not in this run (first: b)"),
+        ({"w": jnp.zeros((4, 8)), "big": BIG, "c": jnp.zeros(1), "d": jnp.zeros(1)},
+         "holds other arrays than this run: 1 not in this run (first: b); 2 of this run not "
+         "in it (first: c)")):
       state = {**_state(0), "params": change}
-      with pytest.raises(checkpoint.CheckpointMismatchError, match=re.escape(message)):
+      message = f"checkpoint {where}'s params {message}"
+      with pytest.raises(checkpoint.CheckpointMismatchError) as e:
         ckpt.restore(2, _abstract(state))
-      with pytest.raises(checkpoint.CheckpointMismatchError, match=re.escape(message)):
+      assert str(e.value) == message
+      with pytest.raises(checkpoint.CheckpointMismatchError) as e:
         ckpt.restore_params(2, _abstract(change))
+      assert str(e.value) == message
     state = _state(0)
     state["opt_state"] = {"mu": jnp.zeros((4, 8)), "big": BIG, "nu": jnp.zeros((4, 8))}
-    with pytest.raises(checkpoint.CheckpointMismatchError, match=re.escape(
-        "opt_state holds other arrays than this run: 1 of this run not in it (first: "
-        "opt_state_nu)")):
+    with pytest.raises(checkpoint.CheckpointMismatchError) as e:
       ckpt.restore(2, _abstract(state))
+    assert str(e.value) == (f"checkpoint {where}'s opt_state holds other arrays than this run: "
+                            "1 of this run not in it (first: opt_state_nu)")
     assert read == []
     # Another dtype is not a mismatch (orbax casts).
     ckpt.restore(2, _abstract(jax.tree.map(lambda x: x.astype(jnp.bfloat16)
@@ -276,20 +309,53 @@ def test_a_state_of_other_shapes_or_arrays_is_refused_before_any_array_is_read(s
     ckpt.close()
   checkpoint.check_fits({"0000_a_value": (2,), "0001_b": (3,)},
                         {"0001_a_value": (2,), "0000_b": (3,)}, "x")  # indices ignored
+  # An nnx parameter's path ends in its "value": the message names the parameter.
+  with pytest.raises(checkpoint.CheckpointMismatchError, match=re.escape(
+      "x holds arrays of other shapes: decoder_layers_0_mlp_w is (2,) there, (3,) in this "
+      "run") + "$"):
+    checkpoint.check_fits({"0003_decoder_layers_0_mlp_w_value": (2,)},
+                          {"0003_decoder_layers_0_mlp_w_value": (3,)}, "x")
   # Leaves whose paths read alike (keys "a.b" and "a_b") are still two arrays.
   alike = {"0000_a_b": (2,), "0001_a_b": (3,)}
   checkpoint.check_fits(alike, alike, "x")
   with pytest.raises(checkpoint.CheckpointMismatchError, match=re.escape(
-      "x holds arrays of other shapes: a_b (2) is (3,) there, (4,) in this run")):
+      "x holds arrays of other shapes: a_b (2) is (3,) there, (4,) in this run") + "$"):
     checkpoint.check_fits(alike, {"0000_a_b": (2,), "0001_a_b": (4,)}, "x")
   with pytest.raises(checkpoint.CheckpointMismatchError, match=re.escape(
-      "x holds other arrays than this run: 1 not in this run (first: a_b (2))")):
+      "x holds other arrays than this run: 1 not in this run (first: a_b (2))") + "$"):
     checkpoint.check_fits(alike, {"0000_a_b": (2,)}, "x")
+
+
+def test_metadata_naming_no_array_of_the_state_is_left_to_orbaxs_restore(saved, monkeypatch):
+  """An item whose metadata names none of the state's arrays (a layout of another orbax
+  version) is not refused by the shape check: orbax's restore compares it (here it reads)."""
+  import orbax.checkpoint as ocp
+
+  class OtherLayout:
+    def metadata(self, path):
+      leaves = jax.tree.leaves(ocp.StandardCheckpointHandler().metadata(path))
+      return {"item": {f"leaf{i}": m for i, m in enumerate(leaves)}}
+
+  ckpt = Checkpointer(str(saved), read_only=True)
+  try:
+    monkeypatch.setattr(ckpt, "_ocp", type("Orbax", (), {"StandardCheckpointHandler": OtherLayout,
+                                                         "args": ocp.args}))
+    state, data_state = ckpt.restore(2, _abstract(_state(0)))
+    _assert_restored(state, _state(2))
+    assert data_state == {"next_batch": 20}
+  finally:
+    ckpt.close()
 
 
 def _chained(outer, cause):
   outer.__cause__ = cause
   return outer
+
+
+def _cycle(first, second):
+  """Two errors, each the other's cause."""
+  first.__cause__, second.__cause__ = second, first
+  return first
 
 
 def _in_handler(error, handled):
@@ -315,6 +381,9 @@ def _in_handler(error, handled):
     (ValueError('FAILED_PRECONDITION: Error reading "0000_w/0.0" in OCDBT database'), True),
     (_in_handler(ValueError("Requested shape: (3,)"), FileNotFoundError("x")), False),
     (ValueError("FAILED_PRECONDITION: something else"), False),
+    # A cycle of causes is followed once round (it looped for ever without the ids seen).
+    (_cycle(Exception("x"), RuntimeError("y")), False),
+    (_cycle(Exception("x"), ValueError("DATA_LOSS: y")), True),
 ])
 def test_is_unreadable_classifies_errors(error, unreadable):
   assert checkpoint.is_unreadable(error) is unreadable
@@ -408,8 +477,10 @@ def test_weights_only_checkpoint_restores_its_params_and_the_rest_from_init_stat
     sums = {"params": checkpoint.checksums(checkpoint.flatten(_state(5)["params"]))}
     assert dict(meta) == {"step": 5, "source": "hf", "checksums": sums}
     init = _state(0)
-    with pytest.raises(ValueError, match="checkpoint 5 in .* holds weights only"):
+    with pytest.raises(ValueError) as e:
       ckpt.restore(5, _abstract(init))
+    assert str(e.value) == (f"checkpoint 5 in {tmp_path}/checkpoints holds weights only; "
+                            "restoring it needs a fresh init_state")
     state, data_state = ckpt.restore(5, _abstract(init), init)
     want = {"params": _state(5)["params"], "opt_state": init["opt_state"], "step": init["step"]}
     assert data_state is None
@@ -441,6 +512,28 @@ def test_three_checkpoints_kept_by_default_and_a_step_saved_again_is_replaced(tm
                 {"opt_state": state4["opt_state"], "step": state4["step"]})),
             "data": checkpoint._data_digest({"next_batch": 4})}
     assert dict(meta) == {"step": 4, "seed": 7, "checksums": sums}
+  finally:
+    ckpt.close()
+
+
+def test_a_state_is_restored_in_the_layout_asked_for_not_the_one_it_was_saved_in(tmp_path):
+  """Parameters, optimizer state and step saved on a mesh (as training saves them, a
+  one-device mesh here) restore onto the one device the abstract state names, and back:
+  orbax, given no target, restored the saved layout."""
+  from attnlab.training import sharding
+
+  mesh = sharding.make_mesh((1, 1, 1))
+  on_mesh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  ckpt = Checkpointer(str(tmp_path))
+  try:
+    ckpt.save(1, jax.device_put(_state(1), on_mesh), {"next_batch": 1})
+    ckpt.save(2, _state(2), {"next_batch": 2})
+    state, _ = ckpt.restore(1, _abstract(_state(0)))
+    _assert_restored(state, _state(1))
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_mesh),
+                            _state(0))
+    state, _ = ckpt.restore(2, abstract)
+    assert all(x.sharding == on_mesh for x in jax.tree.leaves(state))
   finally:
     ckpt.close()
 
@@ -560,9 +653,9 @@ def test_a_checkpoint_restored_in_another_dtype_is_not_taken_for_a_damaged_one(s
                                 _state(2)["params"]["big"].astype(jnp.bfloat16))
 
 
-def test_load_checkpoint_refuses_a_checkpoint_whose_bytes_changed(tmp_path):
-  """``load_checkpoint`` (``attnlab decode``, ``convert --to-hf``) of a named step whose
-  weights changed on disk raises, naming the array; it restored the other weights before."""
+def _model_workdir(workdir):
+  """A workdir holding the config.gin of a tiny seq2seq model (no checkpoint yet); its
+  ``ModelConfig`` and the model built with load_checkpoint's seeds."""
   from flax import nnx
 
   import attnlab
@@ -572,11 +665,25 @@ def test_load_checkpoint_refuses_a_checkpoint_whose_bytes_changed(tmp_path):
   configs = config_gin.parse([os.path.join(repo, "configs", "seq2seq_reverse.gin")], [
       "ModelConfig.d_model=16", "ModelConfig.d_ff=32", "ModelConfig.num_layers=1",
       "ModelConfig.num_encoder_layers=1"])
-  cfg = configs[0]
-  workdir = tmp_path / "w"
   workdir.mkdir()
   (workdir / "config.gin").write_text(config_gin.operative_config(*configs))
-  params = nnx.state(attnlab.build_model(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+  return configs[0], attnlab.build_model(configs[0], rngs=nnx.Rngs(params=0, dropout=1))
+
+
+def _key_data(x):
+  return jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+
+
+def test_load_checkpoint_refuses_a_checkpoint_whose_bytes_changed(tmp_path):
+  """``load_checkpoint`` (``attnlab decode``, ``convert --to-hf``) of a named step whose
+  weights changed on disk raises, naming the array; it restored the other weights before."""
+  from flax import nnx
+
+  import attnlab
+
+  workdir = tmp_path / "w"
+  cfg, built = _model_workdir(workdir)
+  params = nnx.state(built, nnx.Param)
   ckpt = Checkpointer(str(workdir))
   ckpt.save_params(3, params)
   ckpt.close()
@@ -587,13 +694,12 @@ def test_load_checkpoint_refuses_a_checkpoint_whose_bytes_changed(tmp_path):
   # (a new jit on every load compiled it again).
   assert checkpoint._init_rest.cache_info().misses == 1
   assert checkpoint._init_rest(cfg)._cache_size() == 1
-  data = lambda x: jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
   for loaded in (model, again):
     for want, got in ((params, nnx.state(loaded, nnx.Param)),
                       (nnx.state(model), nnx.state(loaded))):
       assert jax.tree.structure(want) == jax.tree.structure(got)
       for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
-        np.testing.assert_array_equal(data(g), data(w))
+        np.testing.assert_array_equal(_key_data(g), _key_data(w))
   _flip(_largest(str(workdir / "checkpoints" / "3"), "params"), 0.5)
   with pytest.raises(checkpoint.UnreadableCheckpointError,
                      match=r"checkpoints/3 could not be restored \(CorruptCheckpointError: .*"
@@ -604,3 +710,74 @@ def test_load_checkpoint_refuses_a_checkpoint_whose_bytes_changed(tmp_path):
   with pytest.raises(FileNotFoundError, match=r"no checkpoint in \S+/checkpoints could be read "
                                               r"\(saved steps: \[3\]\)"):
     attnlab.load_checkpoint(str(workdir))
+
+
+def test_load_checkpoint_takes_the_newest_step_onto_the_first_device_or_the_mesh_given(tmp_path):
+  """``load_checkpoint`` without a step reads the newest; without a mesh it places every
+  parameter on the first device, even one saved in a mesh's layout (what training saves:
+  orbax, given no sharding, restored the saved layout); with a mesh, in the training layout
+  on it. The rest of the model (the dropout RNG streams) is what building it with
+  ``Rngs(params=0, dropout=1)`` gives, and a reader deletes nothing (a half-saved
+  checkpoint may be a live run's save)."""
+  from flax import nnx
+
+  import attnlab
+  from attnlab.training import sharding
+
+  workdir = tmp_path / "w"
+  _, built = _model_workdir(workdir)
+  mesh = sharding.make_mesh((1, 1, 1))
+  params = nnx.state(built, nnx.Param)
+  ckpt = Checkpointer(str(workdir))
+  for step, scale in ((3, 1.0), (4, 2.0)):
+    scaled = jax.tree.map(lambda x, k=scale: x * k, params)
+    ckpt.save_params(step, jax.device_put(scaled, sharding.param_shardings(scaled, mesh)))
+  ckpt.close()
+  (workdir / "checkpoints" / "5.orbax-checkpoint-tmp" / "params").mkdir(parents=True)
+  one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  for step, scale, on in ((None, 2.0, None), (3, 1.0, mesh)):
+    model, _ = attnlab.load_checkpoint(str(workdir), step, mesh=on)
+    got = nnx.state(model, nnx.Param)
+    want = jax.tree.map(lambda x, k=scale: x * k, params)
+    places = [one_device] * len(jax.tree.leaves(got)) if on is None else jax.tree.leaves(
+        sharding.param_shardings(got, mesh))
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for g, w, s in zip(jax.tree.leaves(got), jax.tree.leaves(want), places, strict=True):
+      np.testing.assert_array_equal(g, w)
+      assert g.sharding == s, (step, g.sharding)
+    rest, want_rest = (nnx.state(m, nnx.Not(nnx.Param)) for m in (model, built))
+    assert jax.tree.structure(rest) == jax.tree.structure(want_rest)
+    for g, w in zip(jax.tree.leaves(rest), jax.tree.leaves(want_rest), strict=True):
+      np.testing.assert_array_equal(_key_data(g), _key_data(w))
+  assert _listing(workdir) == ["3", "4", "5.orbax-checkpoint-tmp"]
+
+
+def test_load_checkpoint_names_what_a_workdir_lacks(tmp_path):
+  """No config.gin, no checkpoints folder, an empty one, a step not saved: each its own
+  error naming the path (and the saved steps), before any model is built."""
+  import attnlab
+  from attnlab import config_gin
+
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  with pytest.raises(FileNotFoundError) as e:
+    attnlab.load_checkpoint(str(workdir))
+  assert str(e.value) == f"{workdir}/config.gin does not exist: not a training workdir"
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  configs = config_gin.parse([os.path.join(repo, "configs", "seq2seq_reverse.gin")], [])
+  (workdir / "config.gin").write_text(config_gin.operative_config(*configs))
+  with pytest.raises(FileNotFoundError) as e:
+    attnlab.load_checkpoint(str(workdir))
+  assert str(e.value) == f"{workdir}/checkpoints does not exist: no checkpoint saved yet"
+  (workdir / "checkpoints").mkdir()
+  with pytest.raises(FileNotFoundError) as e:
+    attnlab.load_checkpoint(str(workdir), 3)
+  assert str(e.value) == f"{workdir}/checkpoints holds no checkpoint"
+  ckpt = Checkpointer(str(workdir))
+  ckpt.save_params(3, {"w": jnp.zeros(2)})
+  ckpt.close()
+  for step in (2, 4):
+    with pytest.raises(ValueError) as e:
+      attnlab.load_checkpoint(str(workdir), step)
+    assert str(e.value) == (f"step={step} has no checkpoint in {workdir}/checkpoints; saved "
+                            "steps: [3]")

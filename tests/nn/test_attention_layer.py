@@ -103,9 +103,25 @@ def test_heads_that_do_not_group_are_refused_by_name():
     Attention(D, 6, 4, H, rngs=nnx.Rngs(0))
   # A size of 0 (0 KV heads was a ZeroDivisionError) or not an int, named.
   for args, name in (((D, 4, 0, H), "num_kv_heads=0"), ((D, 0, 1, H), "num_heads=0"),
-                     ((D, 4, 2, 0), "head_dim=0"), ((D, 4, 2.0, H), "num_kv_heads=2.0")):
+                     ((D, 4, 2, 0), "head_dim=0"), ((D, 4, 2.0, H), "num_kv_heads=2.0"),
+                     ((0, 4, 2, H), "d_model=0")):
     with pytest.raises(ValueError, match=f"^{name} must be a positive integer$"):
       Attention(*args, rngs=nnx.Rngs(0))
+
+
+def test_the_layer_runs_the_attention_implementation_it_was_built_with(monkeypatch):
+  """``implementation`` reaches the op on every call without dropout (the implementations
+  agree to rounding, so parity cannot tell which ran: the op's arguments are recorded)."""
+  import attnlab.nn.attention as attention_module
+
+  seen, op = [], attention_module.attention
+  monkeypatch.setattr(attention_module, "attention",
+                      lambda *a, **kw: seen.append(kw.get("implementation")) or op(*a, **kw))
+  for impl in ("reference", "chunked", "xla"):
+    layer = Attention(D, N, K, H, causal=True, implementation=impl, rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(call(layer, _x()), _by_hand(layer, _x(), causal=True),
+                               atol=1e-5, rtol=1e-5)
+  assert seen == ["reference", "chunked", "xla"]
 
 
 @pytest.mark.parametrize("param_dtype", [jnp.float32, jnp.bfloat16])

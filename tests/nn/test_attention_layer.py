@@ -111,7 +111,8 @@ def test_heads_that_do_not_group_are_refused_by_name():
 
 def test_the_layer_runs_the_attention_implementation_it_was_built_with(monkeypatch):
   """``implementation`` reaches the op on every call without dropout (the implementations
-  agree to rounding, so parity cannot tell which ran: the op's arguments are recorded)."""
+  agree to rounding, so parity cannot tell which ran: the op's arguments are recorded; the
+  layer runs eagerly, as a program another test compiled would not call the op again)."""
   import attnlab.nn.attention as attention_module
 
   seen, op = [], attention_module.attention
@@ -119,7 +120,7 @@ def test_the_layer_runs_the_attention_implementation_it_was_built_with(monkeypat
                       lambda *a, **kw: seen.append(kw.get("implementation")) or op(*a, **kw))
   for impl in ("reference", "chunked", "xla"):
     layer = Attention(D, N, K, H, causal=True, implementation=impl, rngs=nnx.Rngs(0))
-    np.testing.assert_allclose(call(layer, _x()), _by_hand(layer, _x(), causal=True),
+    np.testing.assert_allclose(layer(_x()), _by_hand(layer, _x(), causal=True),
                                atol=1e-5, rtol=1e-5)
   assert seen == ["reference", "chunked", "xla"]
 

@@ -7,8 +7,10 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -751,3 +753,247 @@ def test_an_uptraining_run_converts_its_seeds_finished_mha_run_once(tmp_path, mo
     assert json.load(f) == want
   calls.clear()
   assert sweep_lib._prepare_uptrain(out, up, 1, mha, configs) == want and calls == []
+
+
+# --------------------------------------------------------------------------- conversion
+
+
+@pytest.fixture(scope="module")
+def source_run(tmp_path_factory):
+  """A 4-KV-head run with checkpoints at steps 2 and 4 (no training: the init states of two
+  seeds), its data position 4 and 8 examples in; and a weights-only copy of it at step 3
+  (``attnlab convert --from-hf``'s layout). (src, weights_only, (mcfg, dcfg, tcfg))."""
+  from attnlab import config_gin
+  from attnlab.data import pipeline
+  from attnlab.training import sharding as shd
+  from attnlab.training import steps as steps_lib
+  from attnlab.training.checkpoint import Checkpointer
+
+  root = tmp_path_factory.mktemp("source")
+  cfgs = (base(4), DataConfig(task="copy", seq_len=16, batch_size=2, seed=3),
+          TrainConfig(steps=4, warmup_steps=1, seed=3))
+  src, weights = str(root / "mha"), str(root / "weights")
+  for workdir in (src, weights):
+    os.makedirs(workdir)
+    with open(os.path.join(workdir, "config.gin"), "w") as f:
+      f.write(config_gin.operative_config(*cfgs, workdir=workdir))
+  mesh = shd.make_mesh()
+  ckpt = Checkpointer(src)
+  for step, seed in ((2, 11), (4, 12)):
+    _, state = steps_lib.init_train(cfgs[0], cfgs[2].replace(seed=seed), mesh)
+    ckpt.save(step, state, {"index": step, "example": 2 * step, "batch_size": 2,
+                            "stream": pipeline.stream_fields(cfgs[1])}, {"seed": 3})
+  ckpt.close()
+  ckpt = Checkpointer(weights)
+  ckpt.save_params(3, state["params"])
+  ckpt.close()
+  return src, weights, cfgs
+
+
+def _assert_trees_equal(a, b):
+  """Two ``checkpoint.flatten``s: the same names, bitwise equal arrays."""
+  assert sorted(a) == sorted(b)
+  for name in a:
+    np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]), err_msg=name)
+
+
+def _saved(workdir, step):
+  """(data state, meta) of checkpoint ``step`` of ``workdir``, and its saved steps."""
+  import orbax.checkpoint as ocp
+
+  from attnlab.training.checkpoint import Checkpointer
+
+  ckpt = Checkpointer(workdir, read_only=True)
+  try:
+    meta = ckpt.manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore()))["meta"]
+    return ckpt.restore_data(step), dict(meta), ckpt.steps()
+  finally:
+    ckpt.close()
+
+
+def test_write_converted_run_makes_a_run_at_step_0_of_the_converted_checkpoint(source_run,
+                                                                                tmp_path):
+  """The newest checkpoint converted (the random method seeded by ``seed``), saved as step 0
+  with a fresh optimizer state and the source's data position (the bindings' batch size);
+  config.gin is a header naming the conversion, then the source's configs with the new K and
+  the bindings; meta holds the run's seed and the conversion record, which is returned."""
+  import jax
+  from flax import nnx
+
+  import attnlab
+  from attnlab import config_gin
+  from attnlab.data import pipeline
+  from attnlab.training import sharding as shd
+  from attnlab.training import steps as steps_lib
+  from attnlab.training.checkpoint import Checkpointer, flatten
+
+  src, _, (mcfg, dcfg, tcfg) = source_run
+  dst = str(tmp_path / "gqa")
+  info = sweep_lib.write_converted_run(
+      src, dst, 2, "random", seed=7,
+      bindings={"TrainConfig": {"learning_rate": 0.005, "steps": 3},
+                "DataConfig": {"batch_size": 4}})
+  want = {"source": os.path.abspath(src), "source_step": 4, "method": "random",
+          "num_kv_heads": 2, "source_num_kv_heads": 4}
+  assert info == want and type(info["source_step"]) is int
+  new = (mcfg.replace(num_kv_heads=2), dataclasses.replace(dcfg, batch_size=4),
+         tcfg.replace(learning_rate=0.005, steps=3))
+  with open(os.path.join(dst, "config.gin")) as f:
+    assert f.read() == (
+        f"# Converted by `attnlab convert-heads` from {src} step 4 (4 -> 2 KV heads, method "
+        "random).\n" + config_gin.operative_config(*new, workdir=dst))
+  data, meta, steps = _saved(dst, 0)
+  assert steps == [0]
+  assert data == {"index": 0, "example": 8, "batch_size": 4,
+                  "stream": pipeline.stream_fields(new[1])}
+  assert (meta["step"], meta["seed"], meta["converted"]) == (0, 3, want)
+  source = attnlab.load_checkpoint(src, 4)[0]
+  converted = attnlab.convert_heads(source, 2, "random", rngs=steps_lib.model_rngs(7))
+  setup, fresh = steps_lib.init_train(new[0], new[2], shd.make_mesh())
+  ckpt = Checkpointer(dst, read_only=True)
+  try:
+    state, _ = ckpt.restore(0, fresh)
+  finally:
+    ckpt.close()
+  params = nnx.state(converted, nnx.Param)
+  _assert_trees_equal(flatten(state["params"]), flatten(params))
+  _assert_trees_equal(flatten(state["opt_state"]), flatten(jax.jit(setup.tx.init)(params)))
+  assert int(state["step"]) == 0
+
+
+def test_write_converted_run_takes_the_step_asked_for_and_the_data_position_it_can(source_run,
+                                                                                   tmp_path):
+  """``step`` picks an older checkpoint; a run under another data stream (another
+  DataConfig.seed bound) starts at its first example; a weights-only source (no data state
+  saved) at the first too, in batches of its size."""
+  import attnlab
+  from attnlab.data import pipeline
+  from attnlab.training.checkpoint import flatten
+
+  src, weights, (_, dcfg, _) = source_run
+  dst = str(tmp_path / "mqa")
+  info = sweep_lib.write_converted_run(src, dst, 1, "first", step=2)
+  assert (info["source_step"], info["method"], info["num_kv_heads"]) == (2, "first", 1)
+  want = attnlab.convert_heads(attnlab.load_checkpoint(src, 2)[0], 1, "first")
+  _assert_trees_equal(*(flatten(_param_state(m)) for m in (attnlab.load_checkpoint(dst, 0)[0],
+                                                           want)))
+  assert _saved(dst, 0)[0] == {"index": 0, "example": 4, "batch_size": 2,
+                               "stream": pipeline.stream_fields(dcfg)}
+  reseeded = str(tmp_path / "reseeded")
+  sweep_lib.write_converted_run(src, reseeded, 2, "mean", bindings={"DataConfig": {"seed": 5}})
+  assert _saved(reseeded, 0)[0] == {"index": 0, "example": 0, "batch_size": 2, "stream":
+                                    pipeline.stream_fields(dataclasses.replace(dcfg, seed=5))}
+  from_weights = str(tmp_path / "from_weights")
+  info = sweep_lib.write_converted_run(weights, from_weights, 2, "mean")
+  assert info["source_step"] == 3
+  assert _saved(from_weights, 0)[0] == {"index": 0, "example": 0, "batch_size": 2,
+                                        "stream": pipeline.stream_fields(dcfg)}
+
+
+def _param_state(model):
+  from flax import nnx
+
+  return nnx.state(model, nnx.Param)
+
+
+def test_write_converted_run_refuses_before_writing_anything(source_run, tmp_path):
+  """Each refusal names what to fix; none writes ``dst``. ``check_only`` runs every check
+  (the new run's mesh too) and writes nothing either."""
+  import jax
+
+  from attnlab.training import sharding as shd
+
+  src, _, _ = source_run
+  dst = str(tmp_path / "new")
+  not_a_run = str(tmp_path / "not_a_run")
+  os.makedirs(not_a_run)
+  no_checkpoint = str(tmp_path / "no_checkpoint")
+  os.makedirs(no_checkpoint)
+  shutil.copyfile(os.path.join(src, "config.gin"), os.path.join(no_checkpoint, "config.gin"))
+  for args, kw, error, message in (
+      ((not_a_run, dst, 2, "mean"), {}, FileNotFoundError,
+       f"{not_a_run}/config.gin does not exist: --from is not a training run"),
+      ((src, dst, 3, "mean"), {}, ValueError,
+       "num_kv_heads=3 must divide the source model's 4 KV heads"),
+      ((src, dst, 2, "median"), {}, ValueError,
+       "method='median' is not one of 'mean', 'first', 'random'"),
+      ((src, dst, 2, "mean"), {"seed": -1}, ValueError,
+       "seed=-1 must be an integer in [0, 2**63 - 1]"),
+      ((no_checkpoint, dst, 2, "mean"), {}, FileNotFoundError,
+       f"{no_checkpoint}/checkpoints does not exist: the source run saved no checkpoint"),
+      ((src, dst, 2, "mean"), {"step": 3}, ValueError,
+       f"step=3 has no checkpoint in {src}/checkpoints; saved steps: [2, 4]"),
+      ((src, dst, 2, "mean"), {"bindings": {"TrainConfig": {"steps": 0}}}, ValueError, None)):
+    with pytest.raises(error) as e:
+      sweep_lib.write_converted_run(*args, **kw)
+    assert message is None or str(e.value) == message, str(e.value)
+    assert not os.path.exists(dst)
+  assert sweep_lib.write_converted_run(src, dst, 2, "mean", check_only=True) == {}
+  assert not os.path.exists(dst)
+  os.makedirs(dst)  # an empty folder is a new run's
+  assert sweep_lib.write_converted_run(src, dst, 2, "mean", check_only=True) == {}
+  assert os.listdir(dst) == []
+  too_many = (len(jax.devices()) + 1, 1, 1)
+  with pytest.raises(ValueError) as want:
+    shd.make_mesh(too_many)
+  with pytest.raises(ValueError) as e:
+    sweep_lib.write_converted_run(src, dst, 2, "mean", check_only=True,
+                                  bindings={"TrainConfig": {"mesh_shape": too_many}})
+  assert str(e.value) == (
+      f"{want.value} (the new run's TrainConfig.mesh_shape, the source's unless bound: give "
+      "--gin.TrainConfig.mesh_shape=(D, F, T) for this machine's devices)")
+  with open(os.path.join(dst, "x"), "w") as f:
+    f.write("x")
+  file = str(tmp_path / "file")
+  with open(file, "w") as f:
+    f.write("x")
+  for path, what in ((dst, "is not empty"), (file, "is a file")):
+    with pytest.raises(ValueError) as e:
+      sweep_lib.write_converted_run(src, path, 2, "mean")
+    assert str(e.value) == f"--to {path} already exists and {what}: give a new directory"
+  assert os.listdir(dst) == ["x"]
+
+
+def test_copy_own_tokenizer_copies_a_tokenizer_inside_the_source_run(tmp_path):
+  """A tokenizer file inside ``src`` (a folder below it too) is copied to the same place in
+  ``dst`` and named there; with tokenizer="hf_json" the transformers files beside it that
+  exist are copied too. None named, a missing file or one outside ``src``: ``dcfg`` as it
+  is."""
+  src, dst, elsewhere = tmp_path / "src", tmp_path / "dst", tmp_path / "data"
+  for folder in (src / "tok", dst, elsewhere):
+    folder.mkdir(parents=True)
+  files = {"tokenizer.json": b"{\"t\": 1}", "tokenizer_config.json": b"{\"c\": 2}",
+           "special_tokens_map.json": b"{\"s\": 3}", "vocab.txt": b"v"}
+  for name, content in files.items():
+    (src / "tok" / name).write_bytes(content)
+    (elsewhere / name).write_bytes(content)
+  for dcfg in (DataConfig(), DataConfig(tokenizer_model=str(src / "tok" / "missing.json")),
+               DataConfig(tokenizer="hf_json", tokenizer_model=str(elsewhere / "tokenizer.json"))):
+    assert sweep_lib._copy_own_tokenizer(dcfg, str(src), str(dst)) is dcfg
+  assert os.listdir(dst) == []
+
+  def copied():
+    return {os.path.relpath(os.path.join(root, n), dst): (Path(root) / n).read_bytes()
+            for root, _, names in os.walk(dst) for n in names}
+
+  got = sweep_lib._copy_own_tokenizer(
+      DataConfig(tokenizer="hf_json", tokenizer_model=str(src / "tok" / "tokenizer.json")),
+      str(src), str(dst))
+  assert got == DataConfig(tokenizer="hf_json",
+                           tokenizer_model=os.path.join(str(dst), "tok", "tokenizer.json"))
+  assert copied() == {os.path.join("tok", n): files[n] for n in
+                      ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")}
+  shutil.rmtree(dst)
+  os.remove(src / "tok" / "special_tokens_map.json")
+  sweep_lib._copy_own_tokenizer(  # named by its other file: the tokenizer.json beside it too
+      DataConfig(tokenizer="hf_json", tokenizer_model=str(src / "tok" / "tokenizer_config.json")),
+      str(src), str(dst))
+  assert copied() == {os.path.join("tok", n): files[n]
+                      for n in ("tokenizer_config.json", "tokenizer.json")}
+  shutil.rmtree(dst)
+  got = sweep_lib._copy_own_tokenizer(
+      DataConfig(tokenizer="sentencepiece", tokenizer_model=str(src / "tok" / "vocab.txt")),
+      str(src), str(dst))  # not hf_json: the file alone
+  assert got.tokenizer_model == os.path.join(str(dst), "tok", "vocab.txt")
+  assert copied() == {os.path.join("tok", "vocab.txt"): b"v"}

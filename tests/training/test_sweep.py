@@ -997,3 +997,147 @@ def test_copy_own_tokenizer_copies_a_tokenizer_inside_the_source_run(tmp_path):
       str(src), str(dst))  # not hf_json: the file alone
   assert got.tokenizer_model == os.path.join(str(dst), "tok", "vocab.txt")
   assert copied() == {os.path.join("tok", "vocab.txt"): b"v"}
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def test_measure_reads_the_runs_records_and_times_both_decode_batches(tmp_path, monkeypatch):
+  """measure with the checkpoint load and the decode timing stood in for: the curve is the
+  last eval record of each step (a resume logs a step again), the final and best losses and
+  perplexities come from it, the train rate is train_rate's, the sizes are the configs' (the
+  parameters counted by hand), the final step's exact_match / bleu are copied, and the
+  newest checkpoint is timed at batches 1 and 8 on the prompts. A run without an eval record
+  of its last step is evaluated there; a nan loss is never the best."""
+  import math
+
+  workdir = str(tmp_path)
+  mcfg = base(num_kv_heads=2)
+  dcfg, tcfg = DataConfig(task="copy", seq_len=16, batch_size=2), TrainConfig(steps=20)
+  sweep = Sweep(decode_new_tokens=5, decode_repeats=3)
+  prompts = [[1, 2]] * 8
+  calls, model = [], object()
+
+  def load_checkpoint(workdir_, step):
+    calls.append(("load", workdir_, step))
+    return model, mcfg
+
+  def decode_tokens_per_s(model_, prompts_, batch, new_tokens, repeats):
+    assert model_ is model and prompts_ is prompts
+    calls.append(("decode", batch, new_tokens, repeats))
+    return 1000.0 + batch
+
+  def evaluate_workdir(workdir_, step):
+    calls.append(("evaluate", workdir_, step))
+    return {"loss": 2.25, "exact_match": 0.5, "bleu": 12}
+
+  monkeypatch.setattr(sweep_lib, "load_checkpoint", load_checkpoint)
+  monkeypatch.setattr(sweep_lib, "decode_tokens_per_s", decode_tokens_per_s)
+  monkeypatch.setattr(sweep_lib.trainer, "evaluate_workdir", evaluate_workdir)
+  flag = {"window_holds_compile": True}
+  records = [{"step": 5, "split": "train", "tokens_per_s": 1.0, **flag},
+             {"step": 10, "split": "train", "tokens_per_s": 100.0},
+             {"step": 10, "split": "eval", "loss": 3.0},
+             {"step": 15, "split": "train", "tokens_per_s": 300.0},
+             {"step": 10, "split": "eval", "loss": 1.75},  # resumed: the last record counts
+             {"step": 20, "split": "train", "tokens_per_s": 200.0},
+             {"step": 20, "split": "eval", "loss": 2, "exact_match": 1}]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  D, N, K, H, F, V = 32, 8, 2, 4, 64, 40
+  attn = D * N * H * 2 + D * K * H * 2
+  sizes = {"params": attn + V * D + 3 * D * F + 3 * D, "attention_params": attn, "d_ff": F,
+           "num_kv_heads": K, "kv_bytes_per_token": 2 * 1 * K * H * 4, "steps": 20,
+           "tokens_per_step": 2 * 16}
+  got = sweep_lib.measure(workdir, mcfg, dcfg, tcfg, sweep, prompts)
+  assert got == {**sizes, "val_loss": 2.0, "val_ppl": math.exp(2.0), "best_val_loss": 1.75,
+                 "best_val_ppl": math.exp(1.75), "train_tokens_per_s": 200.0,
+                 "curve": [[10, 1.75], [20, 2.0]], "exact_match": 1.0,
+                 "decode_tokens_per_s_b1": 1001.0, "decode_tokens_per_s_b8": 1008.0}
+  assert all(type(got[k]) is float for k in ("val_loss", "best_val_loss", "exact_match"))
+  assert [type(loss) for _, loss in got["curve"]] == [float, float]
+  assert calls == [("load", workdir, 20), ("decode", 1, 5, 3), ("decode", 8, 5, 3)]
+  calls.clear()
+  (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 10, "split": "eval",
+                                                      "loss": float("nan")}) + "\n")
+  got = sweep_lib.measure(workdir, mcfg, dcfg, tcfg, sweep, prompts)
+  curve = got.pop("curve")
+  assert got == {**sizes, "val_loss": 2.25, "val_ppl": math.exp(2.25), "best_val_loss": 2.25,
+                 "best_val_ppl": math.exp(2.25), "train_tokens_per_s": None,
+                 "exact_match": 0.5, "bleu": 12.0, "decode_tokens_per_s_b1": 1001.0,
+                 "decode_tokens_per_s_b8": 1008.0}
+  assert curve[1] == [20, 2.25] and curve[0][0] == 10 and math.isnan(curve[0][1])
+  assert type(got["bleu"]) is float
+  assert calls == [("evaluate", workdir, 20), ("load", workdir, 20), ("decode", 1, 5, 3),
+                   ("decode", 8, 5, 3)]
+
+
+def test_the_best_eval_step_skips_a_nan_loss():
+  """A validation loss over no counted token is nan (2026-12-04): never the best step, and
+  not in the way of the best when it comes first (min picked it: nan compares False). Equal
+  losses: the earlier step."""
+  nan = float("nan")
+  assert sweep_lib.best_eval_step({2: {"loss": nan}, 4: {"loss": 3.0}, 6: {"loss": 2.5}}) == 6
+  assert sweep_lib.best_eval_step({2: {"loss": 3.0}, 4: {"loss": nan}, 6: {"loss": 3.0}}) == 2
+  assert sweep_lib.best_eval_step({6: {"loss": 3.0}, 4: {"loss": 3.0}, 2: {"loss": 4.0}}) == 4
+  assert sweep_lib.best_eval_step({4: {"loss": 2.5}, 2: {"loss": 3.0}}) == 4
+  assert sweep_lib.best_eval_step({2: {"loss": nan}}) == 2
+  assert sweep_lib.best_eval_step({8: {"loss": "1.5"}, 2: {"loss": 2}}) == 8  # as float()
+
+
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_decode_tokens_per_s_is_the_best_timed_call_after_a_compile_call(monkeypatch, arch):
+  """generate and the clock stood in for: the first ``batch`` prompts, padded on the right
+  with pad_id (a decoder-only call gets their lengths), greedy without an eos, once to
+  compile and ``repeats`` times timed; tokens / s of the fastest."""
+  import types
+
+  cfg = base(arch=arch, pad_id=3, **({"num_encoder_layers": 1}
+                                     if arch == "encoder_decoder" else {}))
+  model = types.SimpleNamespace(cfg=cfg)
+  clock, calls = [0.0], []
+  durations = iter([100.0, 0.5, 0.25, 0.4])  # the compile call, then three timed ones
+
+  def generate(model_, prompt_BT, **kw):
+    assert model_ is model
+    calls.append((prompt_BT.tolist(), prompt_BT.dtype,
+                  {k: (v.tolist(), v.dtype) if isinstance(v, np.ndarray) else v
+                   for k, v in kw.items()}))
+    clock[0] += next(durations)
+    return np.zeros((2, 1), np.int32)
+
+  monkeypatch.setattr(sweep_lib, "generate", generate)
+  monkeypatch.setattr(sweep_lib, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+  prompts = [[5, 6, 7], [8], [9, 10, 11, 12]]
+  got = sweep_lib.decode_tokens_per_s(model, prompts, 2, 6, 3)
+  assert got == 2 * 6 / 0.25
+  kw = {"max_new_tokens": 6, "eos_id": None}
+  if arch == "decoder_only":
+    kw["prompt_lengths_B"] = ([3, 1], np.int32)
+  assert calls == [([[5, 6, 7], [8, 3, 3]], np.int32, kw)] * 4
+  calls.clear()
+  durations = iter([1.0, 2.0])
+  assert sweep_lib.decode_tokens_per_s(model, prompts, 1, 4, 1) == 1 * 4 / 2.0
+  assert [c[0] for c in calls] == [[[5, 6, 7]]] * 2
+
+
+def test_the_operative_sweep_config_reruns_the_sweep_on_its_own(tmp_path):
+  """The sweep file ``attnlab ablate`` writes: its own header, then every field of the sweep
+  (``base`` emptied) and of the three configs, as operative_config binds them; parsed back,
+  it is the same sweep and configs."""
+  from attnlab import config_gin
+
+  sweep = Sweep(base=("lm_stdlib_tiny.gin",), num_kv_heads=(8, 1), seeds=(0, 3),
+                uptrain_num_kv_heads=(1,), uptrain_fraction=0.25)
+  cfgs = (base(), DataConfig(task="copy", seq_len=16, batch_size=2),
+          TrainConfig(steps=20, warmup_steps=2))
+  text = sweep_lib.operative_sweep_config(sweep, *cfgs)
+  lines = config_gin.operative_config(dataclasses.replace(sweep, base=()), *cfgs).split("\n")
+  assert lines[2] == ""
+  assert text == "\n".join([
+      "# The operative sweep config, written by `attnlab ablate`.",
+      "# `attnlab ablate --gin_file THIS_FILE --out ...` reruns it. The seed of each run",
+      "# replaces TrainConfig.seed and DataConfig.seed.", *lines[2:]])
+  assert "Sweep.base = ()" in text.splitlines()
+  path = tmp_path / "sweep.gin"
+  path.write_text(text)
+  assert config_gin.parse_sweep(str(path), []) == (dataclasses.replace(sweep, base=()), *cfgs)

@@ -761,8 +761,9 @@ def test_an_uptraining_run_converts_its_seeds_finished_mha_run_once(tmp_path, mo
 @pytest.fixture(scope="module")
 def source_run(tmp_path_factory):
   """A 4-KV-head run with checkpoints at steps 2 and 4 (no training: the init states of two
-  seeds), its data position 4 and 8 examples in; and a weights-only copy of it at step 3
-  (``attnlab convert --from-hf``'s layout). (src, weights_only, (mcfg, dcfg, tcfg))."""
+  seeds), its data position 4 and 8 examples in, and step 6 half-saved; and a weights-only
+  copy of it at step 3 (``attnlab convert --from-hf``'s layout). (src, weights_only, (mcfg,
+  dcfg, tcfg))."""
   from attnlab import config_gin
   from attnlab.data import pipeline
   from attnlab.training import sharding as shd
@@ -784,10 +785,18 @@ def source_run(tmp_path_factory):
     ckpt.save(step, state, {"index": step, "example": 2 * step, "batch_size": 2,
                             "stream": pipeline.stream_fields(cfgs[1])}, {"seed": 3})
   ckpt.close()
+  # A save in progress (the run may still be training): the conversion only reads the run.
+  os.makedirs(os.path.join(src, "checkpoints", "6.orbax-checkpoint-tmp", "params"))
   ckpt = Checkpointer(weights)
   ckpt.save_params(3, state["params"])
   ckpt.close()
   return src, weights, cfgs
+
+
+def _param_state(model):
+  from flax import nnx
+
+  return nnx.state(model, nnx.Param)
 
 
 def _assert_trees_equal(a, b):
@@ -860,6 +869,7 @@ def test_write_converted_run_makes_a_run_at_step_0_of_the_converted_checkpoint(s
   _assert_trees_equal(flatten(state["params"]), flatten(params))
   _assert_trees_equal(flatten(state["opt_state"]), flatten(jax.jit(setup.tx.init)(params)))
   assert int(state["step"]) == 0
+  assert os.listdir(os.path.join(src, "checkpoints", "6.orbax-checkpoint-tmp")) == ["params"]
 
 
 def test_write_converted_run_takes_the_step_asked_for_and_the_data_position_it_can(source_run,
@@ -869,6 +879,7 @@ def test_write_converted_run_takes_the_step_asked_for_and_the_data_position_it_c
   saved) at the first too, in batches of its size."""
   import attnlab
   from attnlab.data import pipeline
+  from attnlab.training import steps as steps_lib
   from attnlab.training.checkpoint import flatten
 
   src, weights, (_, dcfg, _) = source_run
@@ -880,21 +891,46 @@ def test_write_converted_run_takes_the_step_asked_for_and_the_data_position_it_c
                                                            want)))
   assert _saved(dst, 0)[0] == {"index": 0, "example": 4, "batch_size": 2,
                                "stream": pipeline.stream_fields(dcfg)}
-  reseeded = str(tmp_path / "reseeded")
-  sweep_lib.write_converted_run(src, reseeded, 2, "mean", bindings={"DataConfig": {"seed": 5}})
+  reseeded = str(tmp_path / "reseeded")  # and the random method's seed, 0 by default
+  sweep_lib.write_converted_run(src, reseeded, 2, "random", bindings={"DataConfig": {"seed": 5}})
   assert _saved(reseeded, 0)[0] == {"index": 0, "example": 0, "batch_size": 2, "stream":
                                     pipeline.stream_fields(dataclasses.replace(dcfg, seed=5))}
+  want = attnlab.convert_heads(attnlab.load_checkpoint(src, 4)[0], 2, "random",
+                               rngs=steps_lib.model_rngs(0))
+  _assert_trees_equal(*(flatten(_param_state(m)) for m in (
+      attnlab.load_checkpoint(reseeded, 0)[0], want)))
   from_weights = str(tmp_path / "from_weights")
+  os.makedirs(from_weights)  # an empty folder is a new run's
   info = sweep_lib.write_converted_run(weights, from_weights, 2, "mean")
   assert info["source_step"] == 3
   assert _saved(from_weights, 0)[0] == {"index": 0, "example": 0, "batch_size": 2,
                                         "stream": pipeline.stream_fields(dcfg)}
 
 
-def _param_state(model):
-  from flax import nnx
+def test_write_converted_run_copies_a_tokenizer_inside_the_source_run(source_run, tmp_path):
+  """A run made by ``attnlab convert --from-hf`` holds its tokenizer.json (and the
+  transformers files beside it): the new run gets copies, named relative to it, so it does
+  not depend on the source's folder (``_copy_own_tokenizer``)."""
+  from attnlab import config_gin
 
-  return nnx.state(model, nnx.Param)
+  src, _, (mcfg, dcfg, tcfg) = source_run
+  own = str(tmp_path / "own")
+  shutil.copytree(src, own)
+  os.makedirs(os.path.join(own, "tok"))
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    with open(os.path.join(own, "tok", name), "w") as f:
+      f.write(f"{{\"{name}\": 1}}")
+  hf = dataclasses.replace(dcfg, tokenizer="hf_json",
+                           tokenizer_model=os.path.join(own, "tok", "tokenizer.json"))
+  with open(os.path.join(own, "config.gin"), "w") as f:
+    f.write(config_gin.operative_config(mcfg, hf, tcfg, workdir=own))
+  dst = str(tmp_path / "own_mqa")
+  sweep_lib.write_converted_run(own, dst, 1, "mean", step=2)
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    with open(os.path.join(dst, "tok", name)) as f:
+      assert f.read() == f"{{\"{name}\": 1}}"
+  with open(os.path.join(dst, "config.gin")) as f:
+    assert "DataConfig.tokenizer_model = 'tok/tokenizer.json'" in f.read().splitlines()
 
 
 def test_write_converted_run_refuses_before_writing_anything(source_run, tmp_path):

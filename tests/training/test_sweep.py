@@ -934,8 +934,9 @@ def test_write_converted_run_copies_a_tokenizer_inside_the_source_run(source_run
 
 
 def test_write_converted_run_refuses_before_writing_anything(source_run, tmp_path):
-  """Each refusal names what to fix; none writes ``dst``. ``check_only`` runs every check
-  (the new run's mesh too) and writes nothing either."""
+  """Each refusal names what to fix; none writes ``dst``. ``check_only`` (what
+  ``convert-heads`` calls first) runs every check, a step that was not saved and the new
+  run's mesh too, and writes nothing either."""
   import jax
 
   from attnlab.training import sharding as shd
@@ -961,10 +962,11 @@ def test_write_converted_run_refuses_before_writing_anything(source_run, tmp_pat
       ((src, dst, 2, "mean"), {"step": 3}, ValueError,
        f"step=3 has no checkpoint in {src}/checkpoints; saved steps: [2, 4]"),
       ((src, dst, 2, "mean"), {"bindings": {"TrainConfig": {"steps": 0}}}, ValueError, None)):
-    with pytest.raises(error) as e:
-      sweep_lib.write_converted_run(*args, **kw)
-    assert message is None or str(e.value) == message, str(e.value)
-    assert not os.path.exists(dst)
+    for check_only in (False, True):  # the same refusal from the checks alone
+      with pytest.raises(error) as e:
+        sweep_lib.write_converted_run(*args, **kw, check_only=check_only)
+      assert message is None or str(e.value) == message, str(e.value)
+      assert not os.path.exists(dst)
   assert sweep_lib.write_converted_run(src, dst, 2, "mean", check_only=True) == {}
   assert not os.path.exists(dst)
   os.makedirs(dst)  # an empty folder is a new run's

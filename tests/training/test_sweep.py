@@ -609,6 +609,47 @@ def test_stale_runs_are_those_trained_with_another_config_named_by_the_first_dif
   assert not os.path.exists(os.path.join(out, sweep_lib.PROMPTS_FILE))  # nothing ran
 
 
+def test_a_config_gin_of_another_attnlab_or_not_utf8_is_compared_as_it_reads(tmp_path,
+                                                                             monkeypatch):
+  """_config_difference: a config.gin that an older attnlab wrote (a field at its default
+  missing, the lines in another order, another comment, the data paths and tokenizer_model
+  the sweep names relative to the working directory written absolute) describes the same
+  run: not stale (the configs are compared, not the text). One that is not UTF-8 does not
+  stop the sweep: it is compared line by line, the byte shown as U+FFFD."""
+  from attnlab import config_gin
+
+  monkeypatch.chdir(tmp_path)
+  for name in ("a.tsv", "tok.model"):
+    (tmp_path / name).write_text("x\ty\n")
+  out = str(tmp_path / "out")
+  sweep, arms, (mcfg, _, tcfg) = _sweep_of_3_arms_2_seeds()
+  cfgs = (mcfg, DataConfig(task="tsv", paths=("a.tsv",), tokenizer="sentencepiece",
+                           tokenizer_model="tok.model", seq_len=16, batch_size=2), tcfg)
+  mha = arms[0]
+  workdir = sweep_lib.run_dir(out, mha, 0)
+  os.makedirs(workdir)
+  sweep_lib._write_json(os.path.join(workdir, "result.json"), _ok())
+  configs = sweep_lib.run_configs(sweep, mha, 0, *cfgs)
+  default = next(f for f in dataclasses.fields(ModelConfig) if f.default is not
+                 dataclasses.MISSING and getattr(configs[0], f.name) == f.default)
+  text = config_gin.operative_config(*configs, workdir=workdir)
+  assert f"DataConfig.paths = ('{tmp_path / 'a.tsv'}',)" in text.splitlines()
+  assert f"DataConfig.tokenizer_model = '{tmp_path / 'tok.model'}'" in text.splitlines()
+  lines = [line for line in text.splitlines()
+           if not line.startswith(f"ModelConfig.{default.name} =")]
+  path = os.path.join(workdir, "config.gin")
+  with open(path, "w") as f:
+    f.write("# written by attnlab 0.0\n" + "\n".join(reversed(lines)) + "\n")
+  assert sweep_lib.stale_runs(out, sweep, arms, cfgs) == []
+  text = config_gin.operative_config(*configs).replace("TrainConfig.steps = 20",
+                                                       "TrainConfig.steps = 20  # caf\xe9")
+  with open(path, "wb") as f:
+    f.write(text.encode("latin-1"))
+  assert sweep_lib.stale_runs(out, sweep, arms, cfgs) == [
+      f"{os.path.join('arms', 'mha', 'seed_0')} has 'TrainConfig.steps = 20  # caf\ufffd' "
+      "where this sweep gives 'TrainConfig.steps = 20'"]
+
+
 def test_run_one_trains_measures_and_records_the_run(tmp_path, monkeypatch):
   """run_one with the trainer, the conversion and the measuring stood in for: the run trains
   its own configs (config.gin their operative text) in OUT/arms/NAME/seed_S, is measured on

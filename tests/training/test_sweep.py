@@ -586,6 +586,14 @@ def test_stale_runs_are_those_trained_with_another_config_named_by_the_first_dif
       f"gives '{lines} lines'"]  # every line the same up to the extra one
   assert sweep_lib.stale_runs(out, sweep, arms, cfgs, only="mha") == []
   assert len(sweep_lib.stale_runs(out, sweep, arms, cfgs, only="mqa")) == 2
+  # An empty checkpoints/ is no step either; a save in progress (another job's run, its
+  # --arm) is only read: left where it is.
+  up_checkpoints = os.path.join(sweep_lib.run_dir(out, up, 0), "checkpoints")
+  os.rmdir(os.path.join(up_checkpoints, "0"))
+  saving = os.path.join(sweep_lib.run_dir(out, mqa, 1), "checkpoints", "2.orbax-checkpoint-tmp")
+  os.makedirs(os.path.join(saving, "params"))
+  assert len(sweep_lib.stale_runs(out, sweep, arms, cfgs)) == 2
+  assert os.listdir(up_checkpoints) == [] and os.listdir(saving) == ["params"]
   write(up, 1, text(up, 1, "TrainConfig.learning_rate = 0.001", "TrainConfig.learning_rate = 0.5"),
         _ok())
   assert sweep_lib.stale_runs(out, sweep, arms, cfgs, only="uptrain-mean-mqa") == [

@@ -1102,12 +1102,3 @@ def test_seed_noise_criterion_by_hand():
   # Only the seeds both finished count; one common seed is not enough.
   assert report_lib.noise_test({0: 2.0, 5: 1.0}, mha) == (pytest.approx(0.1), None, "n/a")
   assert report_lib.noise_test({}, mha) == (None, None, "n/a")
-
-
-def test_the_best_eval_step_skips_a_nan_loss():
-  """A validation loss over no counted token is nan (2026-12-04): never the best step, and
-  not in the way of the best when it comes first (min picked it: nan compares False)."""
-  nan = float("nan")
-  assert sweep_lib.best_eval_step({2: {"loss": nan}, 4: {"loss": 3.0}, 6: {"loss": 2.5}}) == 6
-  assert sweep_lib.best_eval_step({2: {"loss": 3.0}, 4: {"loss": nan}, 6: {"loss": 3.0}}) == 2
-  assert sweep_lib.best_eval_step({2: {"loss": nan}}) == 2

@@ -7,8 +7,10 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -609,6 +611,14 @@ def test_stale_runs_are_those_trained_with_another_config_named_by_the_first_dif
       f"gives '{lines} lines'"]  # every line the same up to the extra one
   assert sweep_lib.stale_runs(out, sweep, arms, cfgs, only="mha") == []
   assert len(sweep_lib.stale_runs(out, sweep, arms, cfgs, only="mqa")) == 2
+  # An empty checkpoints/ is no step either; a save in progress (another job's run, its
+  # --arm) is only read: left where it is.
+  up_checkpoints = os.path.join(sweep_lib.run_dir(out, up, 0), "checkpoints")
+  os.rmdir(os.path.join(up_checkpoints, "0"))
+  saving = os.path.join(sweep_lib.run_dir(out, mqa, 1), "checkpoints", "2.orbax-checkpoint-tmp")
+  os.makedirs(os.path.join(saving, "params"))
+  assert len(sweep_lib.stale_runs(out, sweep, arms, cfgs)) == 2
+  assert os.listdir(up_checkpoints) == [] and os.listdir(saving) == ["params"]
   write(up, 1, text(up, 1, "TrainConfig.learning_rate = 0.001", "TrainConfig.learning_rate = 0.5"),
         _ok())
   assert sweep_lib.stale_runs(out, sweep, arms, cfgs, only="uptrain-mean-mqa") == [
@@ -630,6 +640,47 @@ def test_stale_runs_are_those_trained_with_another_config_named_by_the_first_dif
     sweep_lib.run_sweep(out, sweep, arms, cfgs, only="mqa")
   assert str(e.value).startswith(f"{out} holds 2 run(s)")
   assert not os.path.exists(os.path.join(out, sweep_lib.PROMPTS_FILE))  # nothing ran
+
+
+def test_a_config_gin_of_another_attnlab_or_not_utf8_is_compared_as_it_reads(tmp_path,
+                                                                             monkeypatch):
+  """_config_difference: a config.gin that an older attnlab wrote (a field at its default
+  missing, the lines in another order, another comment, the data paths and tokenizer_model
+  the sweep names relative to the working directory written absolute) describes the same
+  run: not stale (the configs are compared, not the text). One that is not UTF-8 does not
+  stop the sweep: it is compared line by line, the byte shown as U+FFFD."""
+  from attnlab import config_gin
+
+  monkeypatch.chdir(tmp_path)
+  for name in ("a.tsv", "tok.model"):
+    (tmp_path / name).write_text("x\ty\n")
+  out = str(tmp_path / "out")
+  sweep, arms, (mcfg, _, tcfg) = _sweep_of_3_arms_2_seeds()
+  cfgs = (mcfg, DataConfig(task="tsv", paths=("a.tsv",), tokenizer="sentencepiece",
+                           tokenizer_model="tok.model", seq_len=16, batch_size=2), tcfg)
+  mha = arms[0]
+  workdir = sweep_lib.run_dir(out, mha, 0)
+  os.makedirs(workdir)
+  sweep_lib._write_json(os.path.join(workdir, "result.json"), _ok())
+  configs = sweep_lib.run_configs(sweep, mha, 0, *cfgs)
+  default = next(f for f in dataclasses.fields(ModelConfig) if f.default is not
+                 dataclasses.MISSING and getattr(configs[0], f.name) == f.default)
+  text = config_gin.operative_config(*configs, workdir=workdir)
+  assert f"DataConfig.paths = ('{tmp_path / 'a.tsv'}',)" in text.splitlines()
+  assert f"DataConfig.tokenizer_model = '{tmp_path / 'tok.model'}'" in text.splitlines()
+  lines = [line for line in text.splitlines()
+           if not line.startswith(f"ModelConfig.{default.name} =")]
+  path = os.path.join(workdir, "config.gin")
+  with open(path, "w") as f:
+    f.write("# written by attnlab 0.0\n" + "\n".join(reversed(lines)) + "\n")
+  assert sweep_lib.stale_runs(out, sweep, arms, cfgs) == []
+  text = config_gin.operative_config(*configs).replace("TrainConfig.steps = 20",
+                                                       "TrainConfig.steps = 20  # caf\xe9")
+  with open(path, "wb") as f:
+    f.write(text.encode("latin-1"))
+  assert sweep_lib.stale_runs(out, sweep, arms, cfgs) == [
+      f"{os.path.join('arms', 'mha', 'seed_0')} has 'TrainConfig.steps = 20  # caf\ufffd' "
+      "where this sweep gives 'TrainConfig.steps = 20'"]
 
 
 def test_run_one_trains_measures_and_records_the_run(tmp_path, monkeypatch):
@@ -776,3 +827,429 @@ def test_an_uptraining_run_converts_its_seeds_finished_mha_run_once(tmp_path, mo
     assert json.load(f) == want
   calls.clear()
   assert sweep_lib._prepare_uptrain(out, up, 1, mha, configs) == want and calls == []
+
+
+# --------------------------------------------------------------------------- conversion
+
+
+@pytest.fixture(scope="module")
+def source_run(tmp_path_factory):
+  """A 4-KV-head run with checkpoints at steps 2 and 4 (no training: the init states of two
+  seeds), its data position 4 and 8 examples in, and step 6 half-saved; and a weights-only
+  copy of it at step 3 (``attnlab convert --from-hf``'s layout). (src, weights_only, (mcfg,
+  dcfg, tcfg))."""
+  from attnlab import config_gin
+  from attnlab.data import pipeline
+  from attnlab.training import sharding as shd
+  from attnlab.training import steps as steps_lib
+  from attnlab.training.checkpoint import Checkpointer
+
+  root = tmp_path_factory.mktemp("source")
+  cfgs = (base(4), DataConfig(task="copy", seq_len=16, batch_size=2, seed=3),
+          TrainConfig(steps=4, warmup_steps=1, seed=3))
+  src, weights = str(root / "mha"), str(root / "weights")
+  for workdir in (src, weights):
+    os.makedirs(workdir)
+    with open(os.path.join(workdir, "config.gin"), "w") as f:
+      f.write(config_gin.operative_config(*cfgs, workdir=workdir))
+  mesh = shd.make_mesh()
+  ckpt = Checkpointer(src)
+  for step, seed in ((2, 11), (4, 12)):
+    _, state = steps_lib.init_train(cfgs[0], cfgs[2].replace(seed=seed), mesh)
+    ckpt.save(step, state, {"index": step, "example": 2 * step, "batch_size": 2,
+                            "stream": pipeline.stream_fields(cfgs[1])}, {"seed": 3})
+  ckpt.close()
+  # A save in progress (the run may still be training): the conversion only reads the run.
+  os.makedirs(os.path.join(src, "checkpoints", "6.orbax-checkpoint-tmp", "params"))
+  ckpt = Checkpointer(weights)
+  ckpt.save_params(3, state["params"])
+  ckpt.close()
+  return src, weights, cfgs
+
+
+def _param_state(model):
+  from flax import nnx
+
+  return nnx.state(model, nnx.Param)
+
+
+def _assert_trees_equal(a, b):
+  """Two ``checkpoint.flatten``s: the same names, bitwise equal arrays."""
+  assert sorted(a) == sorted(b)
+  for name in a:
+    np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]), err_msg=name)
+
+
+def _saved(workdir, step):
+  """(data state, meta) of checkpoint ``step`` of ``workdir``, and its saved steps."""
+  import orbax.checkpoint as ocp
+
+  from attnlab.training.checkpoint import Checkpointer
+
+  ckpt = Checkpointer(workdir, read_only=True)
+  try:
+    meta = ckpt.manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore()))["meta"]
+    return ckpt.restore_data(step), dict(meta), ckpt.steps()
+  finally:
+    ckpt.close()
+
+
+def test_write_converted_run_makes_a_run_at_step_0_of_the_converted_checkpoint(source_run,
+                                                                                tmp_path):
+  """The newest checkpoint converted (the random method seeded by ``seed``), saved as step 0
+  with a fresh optimizer state and the source's data position (the bindings' batch size);
+  config.gin is a header naming the conversion, then the source's configs with the new K and
+  the bindings; meta holds the run's seed and the conversion record, which is returned."""
+  import jax
+  from flax import nnx
+
+  import attnlab
+  from attnlab import config_gin
+  from attnlab.data import pipeline
+  from attnlab.training import sharding as shd
+  from attnlab.training import steps as steps_lib
+  from attnlab.training.checkpoint import Checkpointer, flatten
+
+  src, _, (mcfg, dcfg, tcfg) = source_run
+  dst = str(tmp_path / "gqa")
+  info = sweep_lib.write_converted_run(
+      src, dst, 2, "random", seed=7,
+      bindings={"TrainConfig": {"learning_rate": 0.005, "steps": 3},
+                "DataConfig": {"batch_size": 4}})
+  want = {"source": os.path.abspath(src), "source_step": 4, "method": "random",
+          "num_kv_heads": 2, "source_num_kv_heads": 4}
+  assert info == want and type(info["source_step"]) is int
+  new = (mcfg.replace(num_kv_heads=2), dataclasses.replace(dcfg, batch_size=4),
+         tcfg.replace(learning_rate=0.005, steps=3))
+  with open(os.path.join(dst, "config.gin")) as f:
+    assert f.read() == (
+        f"# Converted by `attnlab convert-heads` from {src} step 4 (4 -> 2 KV heads, method "
+        "random).\n" + config_gin.operative_config(*new, workdir=dst))
+  data, meta, steps = _saved(dst, 0)
+  assert steps == [0]
+  assert data == {"index": 0, "example": 8, "batch_size": 4,
+                  "stream": pipeline.stream_fields(new[1])}
+  assert (meta["step"], meta["seed"], meta["converted"]) == (0, 3, want)
+  source = attnlab.load_checkpoint(src, 4)[0]
+  converted = attnlab.convert_heads(source, 2, "random", rngs=steps_lib.model_rngs(7))
+  setup, fresh = steps_lib.init_train(new[0], new[2], shd.make_mesh())
+  ckpt = Checkpointer(dst, read_only=True)
+  try:
+    state, _ = ckpt.restore(0, fresh)
+  finally:
+    ckpt.close()
+  params = nnx.state(converted, nnx.Param)
+  _assert_trees_equal(flatten(state["params"]), flatten(params))
+  _assert_trees_equal(flatten(state["opt_state"]), flatten(jax.jit(setup.tx.init)(params)))
+  assert int(state["step"]) == 0
+  assert os.listdir(os.path.join(src, "checkpoints", "6.orbax-checkpoint-tmp")) == ["params"]
+
+
+def test_write_converted_run_takes_the_step_asked_for_and_the_data_position_it_can(source_run,
+                                                                                   tmp_path):
+  """``step`` picks an older checkpoint; a run under another data stream (another
+  DataConfig.seed bound) starts at its first example; a weights-only source (no data state
+  saved) at the first too, in batches of its size."""
+  import attnlab
+  from attnlab.data import pipeline
+  from attnlab.training import steps as steps_lib
+  from attnlab.training.checkpoint import flatten
+
+  src, weights, (_, dcfg, _) = source_run
+  dst = str(tmp_path / "mqa")
+  info = sweep_lib.write_converted_run(src, dst, 1, "first", step=2)
+  assert (info["source_step"], info["method"], info["num_kv_heads"]) == (2, "first", 1)
+  want = attnlab.convert_heads(attnlab.load_checkpoint(src, 2)[0], 1, "first")
+  _assert_trees_equal(*(flatten(_param_state(m)) for m in (attnlab.load_checkpoint(dst, 0)[0],
+                                                           want)))
+  assert _saved(dst, 0)[0] == {"index": 0, "example": 4, "batch_size": 2,
+                               "stream": pipeline.stream_fields(dcfg)}
+  reseeded = str(tmp_path / "reseeded")  # and the random method's seed, 0 by default
+  sweep_lib.write_converted_run(src, reseeded, 2, "random", bindings={"DataConfig": {"seed": 5}})
+  assert _saved(reseeded, 0)[0] == {"index": 0, "example": 0, "batch_size": 2, "stream":
+                                    pipeline.stream_fields(dataclasses.replace(dcfg, seed=5))}
+  want = attnlab.convert_heads(attnlab.load_checkpoint(src, 4)[0], 2, "random",
+                               rngs=steps_lib.model_rngs(0))
+  _assert_trees_equal(*(flatten(_param_state(m)) for m in (
+      attnlab.load_checkpoint(reseeded, 0)[0], want)))
+  from_weights = str(tmp_path / "from_weights")
+  os.makedirs(from_weights)  # an empty folder is a new run's
+  info = sweep_lib.write_converted_run(weights, from_weights, 2, "mean")
+  assert info["source_step"] == 3
+  assert _saved(from_weights, 0)[0] == {"index": 0, "example": 0, "batch_size": 2,
+                                        "stream": pipeline.stream_fields(dcfg)}
+
+
+def test_write_converted_run_copies_a_tokenizer_inside_the_source_run(source_run, tmp_path):
+  """A run made by ``attnlab convert --from-hf`` holds its tokenizer.json (and the
+  transformers files beside it): the new run gets copies, named relative to it, so it does
+  not depend on the source's folder (``_copy_own_tokenizer``)."""
+  from attnlab import config_gin
+
+  src, _, (mcfg, dcfg, tcfg) = source_run
+  own = str(tmp_path / "own")
+  shutil.copytree(src, own)
+  os.makedirs(os.path.join(own, "tok"))
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    with open(os.path.join(own, "tok", name), "w") as f:
+      f.write(f"{{\"{name}\": 1}}")
+  hf = dataclasses.replace(dcfg, tokenizer="hf_json",
+                           tokenizer_model=os.path.join(own, "tok", "tokenizer.json"))
+  with open(os.path.join(own, "config.gin"), "w") as f:
+    f.write(config_gin.operative_config(mcfg, hf, tcfg, workdir=own))
+  dst = str(tmp_path / "own_mqa")
+  sweep_lib.write_converted_run(own, dst, 1, "mean", step=2)
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    with open(os.path.join(dst, "tok", name)) as f:
+      assert f.read() == f"{{\"{name}\": 1}}"
+  with open(os.path.join(dst, "config.gin")) as f:
+    assert "DataConfig.tokenizer_model = 'tok/tokenizer.json'" in f.read().splitlines()
+
+
+def test_write_converted_run_refuses_before_writing_anything(source_run, tmp_path):
+  """Each refusal names what to fix; none writes ``dst``. ``check_only`` (what
+  ``convert-heads`` calls first) runs every check, a step that was not saved and the new
+  run's mesh too, and writes nothing either."""
+  import jax
+
+  from attnlab.training import sharding as shd
+
+  src, _, _ = source_run
+  dst = str(tmp_path / "new")
+  not_a_run = str(tmp_path / "not_a_run")
+  os.makedirs(not_a_run)
+  no_checkpoint = str(tmp_path / "no_checkpoint")
+  os.makedirs(no_checkpoint)
+  shutil.copyfile(os.path.join(src, "config.gin"), os.path.join(no_checkpoint, "config.gin"))
+  for args, kw, error, message in (
+      ((not_a_run, dst, 2, "mean"), {}, FileNotFoundError,
+       f"{not_a_run}/config.gin does not exist: --from is not a training run"),
+      ((src, dst, 3, "mean"), {}, ValueError,
+       "num_kv_heads=3 must divide the source model's 4 KV heads"),
+      ((src, dst, 2, "median"), {}, ValueError,
+       "method='median' is not one of 'mean', 'first', 'random'"),
+      ((src, dst, 2, "mean"), {"seed": -1}, ValueError,
+       "seed=-1 must be an integer in [0, 2**63 - 1]"),
+      ((no_checkpoint, dst, 2, "mean"), {}, FileNotFoundError,
+       f"{no_checkpoint}/checkpoints does not exist: the source run saved no checkpoint"),
+      ((src, dst, 2, "mean"), {"step": 3}, ValueError,
+       f"step=3 has no checkpoint in {src}/checkpoints; saved steps: [2, 4]"),
+      ((src, dst, 2, "mean"), {"bindings": {"TrainConfig": {"steps": 0}}}, ValueError, None)):
+    for check_only in (False, True):  # the same refusal from the checks alone
+      with pytest.raises(error) as e:
+        sweep_lib.write_converted_run(*args, **kw, check_only=check_only)
+      assert message is None or str(e.value) == message, str(e.value)
+      assert not os.path.exists(dst)
+  assert sweep_lib.write_converted_run(src, dst, 2, "mean", check_only=True) == {}
+  assert not os.path.exists(dst)
+  os.makedirs(dst)  # an empty folder is a new run's
+  assert sweep_lib.write_converted_run(src, dst, 2, "mean", check_only=True) == {}
+  assert os.listdir(dst) == []
+  too_many = (len(jax.devices()) + 1, 1, 1)
+  with pytest.raises(ValueError) as want:
+    shd.make_mesh(too_many)
+  with pytest.raises(ValueError) as e:
+    sweep_lib.write_converted_run(src, dst, 2, "mean", check_only=True,
+                                  bindings={"TrainConfig": {"mesh_shape": too_many}})
+  assert str(e.value) == (
+      f"{want.value} (the new run's TrainConfig.mesh_shape, the source's unless bound: give "
+      "--gin.TrainConfig.mesh_shape=(D, F, T) for this machine's devices)")
+  with open(os.path.join(dst, "x"), "w") as f:
+    f.write("x")
+  file = str(tmp_path / "file")
+  with open(file, "w") as f:
+    f.write("x")
+  for path, what in ((dst, "is not empty"), (file, "is a file")):
+    with pytest.raises(ValueError) as e:
+      sweep_lib.write_converted_run(src, path, 2, "mean")
+    assert str(e.value) == f"--to {path} already exists and {what}: give a new directory"
+  assert os.listdir(dst) == ["x"]
+
+
+def test_copy_own_tokenizer_copies_a_tokenizer_inside_the_source_run(tmp_path):
+  """A tokenizer file inside ``src`` (a folder below it too) is copied to the same place in
+  ``dst`` and named there; with tokenizer="hf_json" the transformers files beside it that
+  exist are copied too. None named, a missing file or one outside ``src``: ``dcfg`` as it
+  is."""
+  src, dst, elsewhere = tmp_path / "src", tmp_path / "dst", tmp_path / "data"
+  for folder in (src / "tok", dst, elsewhere):
+    folder.mkdir(parents=True)
+  files = {"tokenizer.json": b"{\"t\": 1}", "tokenizer_config.json": b"{\"c\": 2}",
+           "special_tokens_map.json": b"{\"s\": 3}", "vocab.txt": b"v"}
+  for name, content in files.items():
+    (src / "tok" / name).write_bytes(content)
+    (elsewhere / name).write_bytes(content)
+  for dcfg in (DataConfig(), DataConfig(tokenizer_model=str(src / "tok" / "missing.json")),
+               DataConfig(tokenizer="hf_json", tokenizer_model=str(elsewhere / "tokenizer.json"))):
+    assert sweep_lib._copy_own_tokenizer(dcfg, str(src), str(dst)) is dcfg
+  assert os.listdir(dst) == []
+
+  def copied():
+    return {os.path.relpath(os.path.join(root, n), dst): (Path(root) / n).read_bytes()
+            for root, _, names in os.walk(dst) for n in names}
+
+  got = sweep_lib._copy_own_tokenizer(
+      DataConfig(tokenizer="hf_json", tokenizer_model=str(src / "tok" / "tokenizer.json")),
+      str(src), str(dst))
+  assert got == DataConfig(tokenizer="hf_json",
+                           tokenizer_model=os.path.join(str(dst), "tok", "tokenizer.json"))
+  assert copied() == {os.path.join("tok", n): files[n] for n in
+                      ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")}
+  shutil.rmtree(dst)
+  os.remove(src / "tok" / "special_tokens_map.json")
+  sweep_lib._copy_own_tokenizer(  # named by its other file: the tokenizer.json beside it too
+      DataConfig(tokenizer="hf_json", tokenizer_model=str(src / "tok" / "tokenizer_config.json")),
+      str(src), str(dst))
+  assert copied() == {os.path.join("tok", n): files[n]
+                      for n in ("tokenizer_config.json", "tokenizer.json")}
+  shutil.rmtree(dst)
+  got = sweep_lib._copy_own_tokenizer(
+      DataConfig(tokenizer="sentencepiece", tokenizer_model=str(src / "tok" / "vocab.txt")),
+      str(src), str(dst))  # not hf_json: the file alone
+  assert got.tokenizer_model == os.path.join(str(dst), "tok", "vocab.txt")
+  assert copied() == {os.path.join("tok", "vocab.txt"): b"v"}
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def test_measure_reads_the_runs_records_and_times_both_decode_batches(tmp_path, monkeypatch):
+  """measure with the checkpoint load and the decode timing stood in for: the curve is the
+  last eval record of each step (a resume logs a step again), the final and best losses and
+  perplexities come from it, the train rate is train_rate's, the sizes are the configs' (the
+  parameters counted by hand), the final step's exact_match / bleu are copied, and the
+  newest checkpoint is timed at batches 1 and 8 on the prompts. A run without an eval record
+  of its last step is evaluated there; a nan loss is never the best."""
+  import math
+
+  workdir = str(tmp_path)
+  mcfg = base(num_kv_heads=2)
+  dcfg, tcfg = DataConfig(task="copy", seq_len=16, batch_size=2), TrainConfig(steps=20)
+  sweep = Sweep(decode_new_tokens=5, decode_repeats=3)
+  prompts = [[1, 2]] * 8
+  calls, model = [], object()
+
+  def load_checkpoint(workdir_, step):
+    calls.append(("load", workdir_, step))
+    return model, mcfg
+
+  def decode_tokens_per_s(model_, prompts_, batch, new_tokens, repeats):
+    assert model_ is model and prompts_ is prompts
+    calls.append(("decode", batch, new_tokens, repeats))
+    return 1000.0 + batch
+
+  def evaluate_workdir(workdir_, step):
+    calls.append(("evaluate", workdir_, step))
+    return {"loss": 2.25, "exact_match": 0.5, "bleu": 12}
+
+  monkeypatch.setattr(sweep_lib, "load_checkpoint", load_checkpoint)
+  monkeypatch.setattr(sweep_lib, "decode_tokens_per_s", decode_tokens_per_s)
+  monkeypatch.setattr(sweep_lib.trainer, "evaluate_workdir", evaluate_workdir)
+  flag = {"window_holds_compile": True}
+  records = [{"step": 5, "split": "train", "tokens_per_s": 1.0, **flag},
+             {"step": 10, "split": "train", "tokens_per_s": 100.0},
+             {"step": 10, "split": "eval", "loss": 3.0},
+             {"step": 15, "split": "train", "tokens_per_s": 300.0},
+             {"step": 10, "split": "eval", "loss": 1.75},  # resumed: the last record counts
+             {"step": 20, "split": "train", "tokens_per_s": 200.0},
+             {"step": 20, "split": "eval", "loss": 2, "exact_match": 1}]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  D, N, K, H, F, V = 32, 8, 2, 4, 64, 40
+  attn = D * N * H * 2 + D * K * H * 2
+  sizes = {"params": attn + V * D + 3 * D * F + 3 * D, "attention_params": attn, "d_ff": F,
+           "num_kv_heads": K, "kv_bytes_per_token": 2 * 1 * K * H * 4, "steps": 20,
+           "tokens_per_step": 2 * 16}
+  got = sweep_lib.measure(workdir, mcfg, dcfg, tcfg, sweep, prompts)
+  assert got == {**sizes, "val_loss": 2.0, "val_ppl": math.exp(2.0), "best_val_loss": 1.75,
+                 "best_val_ppl": math.exp(1.75), "train_tokens_per_s": 200.0,
+                 "curve": [[10, 1.75], [20, 2.0]], "exact_match": 1.0,
+                 "decode_tokens_per_s_b1": 1001.0, "decode_tokens_per_s_b8": 1008.0}
+  assert all(type(got[k]) is float for k in ("val_loss", "best_val_loss", "exact_match"))
+  assert [type(loss) for _, loss in got["curve"]] == [float, float]
+  assert calls == [("load", workdir, 20), ("decode", 1, 5, 3), ("decode", 8, 5, 3)]
+  calls.clear()
+  (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 10, "split": "eval",
+                                                      "loss": float("nan")}) + "\n")
+  got = sweep_lib.measure(workdir, mcfg, dcfg, tcfg, sweep, prompts)
+  curve = got.pop("curve")
+  assert got == {**sizes, "val_loss": 2.25, "val_ppl": math.exp(2.25), "best_val_loss": 2.25,
+                 "best_val_ppl": math.exp(2.25), "train_tokens_per_s": None,
+                 "exact_match": 0.5, "bleu": 12.0, "decode_tokens_per_s_b1": 1001.0,
+                 "decode_tokens_per_s_b8": 1008.0}
+  assert curve[1] == [20, 2.25] and curve[0][0] == 10 and math.isnan(curve[0][1])
+  assert type(got["bleu"]) is float
+  assert calls == [("evaluate", workdir, 20), ("load", workdir, 20), ("decode", 1, 5, 3),
+                   ("decode", 8, 5, 3)]
+
+
+def test_the_best_eval_step_skips_a_nan_loss():
+  """A validation loss over no counted token is nan (2026-12-04): never the best step, and
+  not in the way of the best when it comes first (min picked it: nan compares False). Equal
+  losses: the earlier step."""
+  nan = float("nan")
+  assert sweep_lib.best_eval_step({2: {"loss": nan}, 4: {"loss": 3.0}, 6: {"loss": 2.5}}) == 6
+  assert sweep_lib.best_eval_step({2: {"loss": 3.0}, 4: {"loss": nan}, 6: {"loss": 3.0}}) == 2
+  assert sweep_lib.best_eval_step({6: {"loss": 3.0}, 4: {"loss": 3.0}, 2: {"loss": 4.0}}) == 4
+  assert sweep_lib.best_eval_step({4: {"loss": 2.5}, 2: {"loss": 3.0}}) == 4
+  assert sweep_lib.best_eval_step({2: {"loss": nan}}) == 2
+  assert sweep_lib.best_eval_step({8: {"loss": "1.5"}, 2: {"loss": 2}}) == 8  # as float()
+
+
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_decode_tokens_per_s_is_the_best_timed_call_after_a_compile_call(monkeypatch, arch):
+  """generate and the clock stood in for: the first ``batch`` prompts, padded on the right
+  with pad_id (a decoder-only call gets their lengths), greedy without an eos, once to
+  compile and ``repeats`` times timed; tokens / s of the fastest."""
+  import types
+
+  cfg = base(arch=arch, pad_id=3, **({"num_encoder_layers": 1}
+                                     if arch == "encoder_decoder" else {}))
+  model = types.SimpleNamespace(cfg=cfg)
+  clock, calls = [0.0], []
+  durations = iter([100.0, 0.5, 0.25, 0.4])  # the compile call, then three timed ones
+
+  def generate(model_, prompt_BT, **kw):
+    assert model_ is model
+    calls.append((prompt_BT.tolist(), prompt_BT.dtype,
+                  {k: (v.tolist(), v.dtype) if isinstance(v, np.ndarray) else v
+                   for k, v in kw.items()}))
+    clock[0] += next(durations)
+    return np.zeros((2, 1), np.int32)
+
+  monkeypatch.setattr(sweep_lib, "generate", generate)
+  monkeypatch.setattr(sweep_lib, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+  prompts = [[5, 6, 7], [8], [9, 10, 11, 12]]
+  got = sweep_lib.decode_tokens_per_s(model, prompts, 2, 6, 3)
+  assert got == 2 * 6 / 0.25
+  kw = {"max_new_tokens": 6, "eos_id": None}
+  if arch == "decoder_only":
+    kw["prompt_lengths_B"] = ([3, 1], np.int32)
+  assert calls == [([[5, 6, 7], [8, 3, 3]], np.int32, kw)] * 4
+  calls.clear()
+  durations = iter([1.0, 2.0])
+  assert sweep_lib.decode_tokens_per_s(model, prompts, 1, 4, 1) == 1 * 4 / 2.0
+  assert [c[0] for c in calls] == [[[5, 6, 7]]] * 2
+
+
+def test_the_operative_sweep_config_reruns_the_sweep_on_its_own(tmp_path):
+  """The sweep file ``attnlab ablate`` writes: its own header, then every field of the sweep
+  (``base`` emptied) and of the three configs, as operative_config binds them; parsed back,
+  it is the same sweep and configs."""
+  from attnlab import config_gin
+
+  sweep = Sweep(base=("lm_stdlib_tiny.gin",), num_kv_heads=(8, 1), seeds=(0, 3),
+                uptrain_num_kv_heads=(1,), uptrain_fraction=0.25)
+  cfgs = (base(), DataConfig(task="copy", seq_len=16, batch_size=2),
+          TrainConfig(steps=20, warmup_steps=2))
+  text = sweep_lib.operative_sweep_config(sweep, *cfgs)
+  lines = config_gin.operative_config(dataclasses.replace(sweep, base=()), *cfgs).split("\n")
+  assert lines[2] == ""
+  assert text == "\n".join([
+      "# The operative sweep config, written by `attnlab ablate`.",
+      "# `attnlab ablate --gin_file THIS_FILE --out ...` reruns it. The seed of each run",
+      "# replaces TrainConfig.seed and DataConfig.seed.", *lines[2:]])
+  assert "Sweep.base = ()" in text.splitlines()
+  path = tmp_path / "sweep.gin"
+  path.write_text(text)
+  assert config_gin.parse_sweep(str(path), []) == (dataclasses.replace(sweep, base=()), *cfgs)

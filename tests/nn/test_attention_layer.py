@@ -114,6 +114,7 @@ def test_the_layer_runs_the_attention_implementation_it_was_built_with(monkeypat
   agree to rounding, so parity cannot tell which ran: the op's arguments are recorded; the
   layer runs eagerly, as a program another test compiled would not call the op again)."""
   import attnlab.nn.attention as attention_module
+  from attnlab.nn import kv_cache
 
   seen, op = [], attention_module.attention
   monkeypatch.setattr(attention_module, "attention",
@@ -123,6 +124,20 @@ def test_the_layer_runs_the_attention_implementation_it_was_built_with(monkeypat
     np.testing.assert_allclose(layer(_x()), _by_hand(layer, _x(), causal=True),
                                atol=1e-5, rtol=1e-5)
   assert seen == ["reference", "chunked", "xla"]
+  # Over a cache: a prefill (a cache flagged empty, as ``kv_cache.as_empty`` makes: the op),
+  # a step over the cache and over a cross-attention cache
+  # (their own ``attend``), the same implementation each time.
+  for cls in (kv_cache.KVCache, kv_cache.CrossKVCache):
+    monkeypatch.setattr(cls, "attend", lambda self, *a, _attend=cls.attend, **kw: (
+        seen.append((type(self).__name__, kw["implementation"])) or _attend(self, *a, **kw)))
+  seen.clear()
+  layer = Attention(D, N, K, H, causal=True, implementation="chunked", rngs=nnx.Rngs(0))
+  x, ctx = _x(B=2, T=3, seed=14), _x(B=2, T=5, seed=15)
+  _, cache = layer(x, cache=KVCache.init(2, 8, K, H).replace(empty=True))
+  layer(x, cache=cache)
+  layer(x, cache=kv_cache.CrossKVCache(layer.k_proj(ctx), layer.v_proj(ctx),
+                                       jnp.ones((2, 5), jnp.int32)))
+  assert seen == ["chunked", ("KVCache", "chunked"), ("CrossKVCache", "chunked")]
 
 
 @pytest.mark.parametrize("param_dtype", [jnp.float32, jnp.bfloat16])

@@ -282,6 +282,22 @@ def test_with_a_cache_right_padding_is_not_stored():
   np.testing.assert_array_equal(cache.lengths_B, [3, 2])
 
 
+def test_a_prefills_segment_ids_only_mark_its_right_padding():
+  """In a prefill (a cache flagged empty) every nonzero id is the one sequence the cache
+  holds: ids 1, 2, 2, 0 attend as 1, 1, 1, 0 do, and as the uncached layer over the three
+  real tokens; the cache stores those three."""
+  layer = Attention(D, N, K, H, causal=True, rope_theta=100.0, rngs=nnx.Rngs(13))
+  x = _x(B=2, T=4, seed=13)
+  out = {}
+  for ids in ([[1, 2, 2, 0], [3, 3, 5, 5]], [[1, 1, 1, 0], [1, 1, 1, 1]]):
+    out[ids[0][1]], cache = call(layer, x, segment_ids_BT=jnp.array(ids),
+                                 cache=KVCache.init(2, 8, K, H).replace(empty=True))
+    np.testing.assert_array_equal(cache.lengths_B, [3, 4])
+  np.testing.assert_array_equal(out[2], out[1])
+  np.testing.assert_allclose(out[2][0, :3], call(layer, x[:1, :3])[0], atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(out[2][1], call(layer, x[1:])[0], atol=1e-5, rtol=1e-5)
+
+
 def test_projections_carry_their_logical_axes_and_fan_in_init():
   """Logical axes (mapped onto the mesh by the training code) and a variance of
   1 / fan-in: D for q / k / v, N x H for the output projection."""

@@ -162,7 +162,9 @@ def test_no_readable_checkpoint_restores_none_after_a_warning_for_each(saved, tm
   workdir = tmp_path / "w"
   shutil.copytree(saved, workdir)
   for step in ("1", "2"):
-    DAMAGE["missing item"](str(workdir / "checkpoints" / step))
+    # (Not "missing item": orbax's restore then leaves the other item's reads unawaited, and
+    # their coroutines print "Exception ignored" warnings when collected.)
+    DAMAGE["truncated metadata"](str(workdir / "checkpoints" / step))
   for folder in (workdir, tmp_path / "nothing"):
     ckpt = Checkpointer(str(folder))
     try:

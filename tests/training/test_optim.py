@@ -197,3 +197,52 @@ def test_the_optimizer_follows_the_schedule_of_its_config():
                      learning_rate=2.0, grad_clip=0.0)
   (u,) = updates(tcfg, PARAMS, g)
   np.testing.assert_allclose(u["w"], -2.0 * 64**-0.5 * 4**-1.5, rtol=1e-6)  # d_model = 64
+
+
+def test_a_vector_weight_is_not_decayed_whatever_its_name():
+  """AdamW decays the weights of two or more dimensions only: a 1-D weight that is no bias
+  or norm scale by name is left alone too (``decay_mask``)."""
+  params = {**PARAMS, "v": jnp.full((4,), 2.0)}
+  zero = jax.tree.map(jnp.zeros_like, params)
+  (u,) = updates(TrainConfig(optimizer="adamw", weight_decay=0.5, **LR), params, zero)
+  np.testing.assert_allclose(u["w"], -0.1 * 0.5 * 2.0, rtol=1e-6)
+  np.testing.assert_array_equal(u["v"], 0.0)
+
+
+def test_float16_parameters_are_updated_in_float32_and_others_in_their_own_dtype():
+  """Adam's state and updates of float16 parameters are float32 (``in_float32``): a gradient
+  of 1e-4 squares to 0 in float16 and eps=1e-9 rounds to 0, so the update would be inf.
+  bfloat16 and float32 parameters keep their own dtype."""
+  for dtype, want in ((jnp.float16, jnp.float32), (jnp.bfloat16, jnp.bfloat16),
+                      (jnp.float32, jnp.float32)):
+    want = jnp.dtype(want)
+    params = jax.tree.map(lambda x, dtype=dtype: x.astype(dtype), PARAMS)
+    g = {"w": jnp.full((2, 3), 1e-4, dtype), "b": jnp.full((3,), -1e-4, dtype)}
+    tx, _ = make_optimizer(TrainConfig(optimizer="adam", eps=1e-9, **LR), 64)
+    state = tx.init(params)
+    moments = [x for x in jax.tree.leaves(state) if x.ndim]
+    assert len(moments) == 4 and {x.dtype for x in moments} == {want}, dtype
+    u, _ = tx.update(g, state, params)
+    assert {x.dtype for x in jax.tree.leaves(u)} == {want}, dtype
+    np.testing.assert_allclose(np.asarray(u["w"], np.float32), -0.1, rtol=1e-2)
+    np.testing.assert_allclose(np.asarray(u["b"], np.float32), 0.1, rtol=1e-2)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+def test_schedule_count_is_the_number_of_updates_applied(optimizer):
+  """``schedule_count`` reads the schedule's own count (``ScaleByScheduleState``), behind
+  the clip and inside ``in_float32``; a state without one is refused by name."""
+  import optax
+
+  from attnlab.training.optim import schedule_count
+
+  tx, _ = make_optimizer(TrainConfig(optimizer=optimizer, **{**LR, "grad_clip": 1.0}), 64)
+  state = tx.init(PARAMS)
+  g = {"w": jnp.ones((2, 3)), "b": jnp.ones((3,))}
+  for k in range(3):
+    assert int(schedule_count(state)) == k
+    _, state = tx.update(g, state, PARAMS)
+  assert int(schedule_count(state)) == 3
+  with pytest.raises(ValueError, match=r"^the optimizer state has no schedule count "
+                                       r"\(found 1 counts\)$"):
+    schedule_count(optax.adam(0.1).init(PARAMS))

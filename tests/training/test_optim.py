@@ -246,3 +246,14 @@ def test_schedule_count_is_the_number_of_updates_applied(optimizer):
   with pytest.raises(ValueError, match=r"^the optimizer state has no schedule count "
                                        r"\(found 1 counts\)$"):
     schedule_count(optax.adam(0.1).init(PARAMS))
+
+
+def test_without_smoothing_a_token_of_probability_zero_elsewhere_leaves_the_loss_finite():
+  """A -inf logit (a vocabulary entry masked out) away from the target: without label
+  smoothing the loss is the target's negative log-likelihood, finite; the smoothing term
+  (the mean log-probability, -inf here) is not added times 0 (which is NaN)."""
+  logits = jnp.asarray([[[0.0, 1.0, -jnp.inf, 2.0]]])
+  loss, nll, w = cross_entropy(logits, jnp.asarray([[1]]), jnp.ones((1, 1)))
+  want = -jax.nn.log_softmax(jnp.asarray([0.0, 1.0, 2.0]))[1]
+  np.testing.assert_allclose([loss, nll], [want, want], rtol=1e-6)
+  assert float(w) == 1

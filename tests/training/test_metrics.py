@@ -97,8 +97,9 @@ def test_a_line_cut_short_is_skipped_with_a_warning_and_the_next_record_starts_a
     records = metrics.read_metrics(str(tmp_path))
   assert records == [{"step": 1, "split": "train", "loss": 2.0},
                      {"step": 2, "split": "train", "loss": 1.5}]
-  assert [r.getMessage() for r in caplog.records] == [
-      f"{path}: skipped 1 line(s) that are not metrics records (line 2): a write cut short?"]
+  assert [(r.name, r.getMessage()) for r in caplog.records] == [
+      ("attnlab.training.metrics",
+       f"{path}: skipped 1 line(s) that are not metrics records (line 2): a write cut short?")]
   # A line that is JSON but no record (an edit) is skipped alike; a file ending in a
   # newline gets none added.
   path.write_text('[1, 2]\n{"step": 3}\n')
@@ -107,6 +108,41 @@ def test_a_line_cut_short_is_skipped_with_a_warning_and_the_next_record_starts_a
   w.close()
   assert path.read_text().splitlines()[2] == '{"step": 4, "split": "eval", "loss": 1.0}'
   assert metrics.read_metrics(str(tmp_path)) == [{"step": 4, "split": "eval", "loss": 1.0}]
+
+
+def test_a_file_of_one_torn_byte_gets_the_record_on_a_line_of_its_own(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  path.write_text("{")
+  w = metrics.MetricsWriter(str(tmp_path), enabled=True)
+  w.write(1, "train", {"loss": 2.0})
+  w.close()
+  assert path.read_text() == '{\n{"step": 1, "split": "train", "loss": 2.0}\n'
+
+
+def test_bytes_that_are_not_utf8_only_cost_their_line(tmp_path, caplog):
+  """A write cut inside a character, or a stray byte: that line is skipped, not the file."""
+  path = tmp_path / "metrics.jsonl"
+  path.write_bytes(b'{"step": 1, "split": "train", "loss": 2.0}\n{"step": 2, "sp\xe2\x82\n'
+                   b'\xff\xfe\n{"step": 3, "split": "eval", "loss": 1.0}\n')
+  with caplog.at_level("WARNING"):
+    records = metrics.read_metrics(str(tmp_path))
+  assert records == [{"step": 1, "split": "train", "loss": 2.0},
+                     {"step": 3, "split": "eval", "loss": 1.0}]
+  assert [r.getMessage() for r in caplog.records] == [
+      f"{path}: skipped 2 line(s) that are not metrics records (line 2, 3): a write cut short?"]
+
+
+@pytest.mark.parametrize("bad, listed", [(10, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10"),
+                                         (11, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, ..."),
+                                         (12, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, ...")])
+def test_the_warning_lists_the_first_ten_skipped_lines(tmp_path, caplog, bad, listed):
+  path = tmp_path / "metrics.jsonl"
+  path.write_text("x\n" * bad + '{"step": 1, "split": "train"}\n')
+  with caplog.at_level("WARNING"):
+    assert metrics.read_metrics(str(tmp_path)) == [{"step": 1, "split": "train"}]
+  assert [r.getMessage() for r in caplog.records] == [
+      f"{path}: skipped {bad} line(s) that are not metrics records (line {listed}): "
+      "a write cut short?"]
 
 
 @pytest.mark.parametrize("nll", [0.0, 1.25, 49.5, 50.0])
@@ -120,7 +156,8 @@ def test_perplexity_is_capped_at_exp_50(nll):
   assert metrics.perplexity(nll) == math.exp(50.0)
 
 
-def test_summary_writer_hides_torch_only_while_importing_and_only_if_absent(monkeypatch):
+def test_summary_writer_hides_torch_only_while_importing_and_only_if_absent(monkeypatch,
+                                                                            tmp_path):
   sentinel = object()
   monkeypatch.setitem(sys.modules, "torch", sentinel)
   metrics._summary_writer()
@@ -129,3 +166,18 @@ def test_summary_writer_hides_torch_only_while_importing_and_only_if_absent(monk
   writer_cls = metrics._summary_writer()
   assert "torch" not in sys.modules  # not left as None: `import torch` works afterwards
   assert writer_cls.__name__ == "SummaryWriter"
+  # What tensorboardX's import sees: `torch` set to None (an ImportError) while torch is
+  # not imported, an imported torch as it is. A stand-in package records it.
+  (tmp_path / "tensorboardX").mkdir()
+  (tmp_path / "tensorboardX" / "__init__.py").write_text(
+      "import sys\nSEEN = sys.modules.get('torch', 'absent')\nclass SummaryWriter:\n  pass\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  for present in (False, True):
+    monkeypatch.delitem(sys.modules, "tensorboardX", raising=False)
+    if present:
+      monkeypatch.setitem(sys.modules, "torch", sentinel)
+    stand_in = metrics._summary_writer()
+    seen = sys.modules["tensorboardX"].SEEN
+    assert stand_in is sys.modules["tensorboardX"].SummaryWriter
+    assert seen is (sentinel if present else None), (present, seen)
+    assert sys.modules.get("torch") is (sentinel if present else None)

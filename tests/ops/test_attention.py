@@ -803,8 +803,25 @@ def test_cudnn_without_gpu_is_a_clear_error():
   if jax.default_backend() == "gpu":
     pytest.skip("has a GPU")
   q, k, v = make_qkv(1, 4, 4, 2, 2, 8)
-  with pytest.raises(ValueError, match="cudnn.*GPU"):
+  with pytest.raises(ValueError) as e:
     attention(q, k, v, implementation="cudnn")
+  assert str(e.value) == (f"implementation='cudnn' needs a CUDA GPU; the default backend is "
+                          f"{jax.default_backend()!r}. Use 'xla', 'chunked' or 'reference'.")
+
+
+def test_xla_in_float16_takes_every_argument():
+  """float16 "xla" (on the CPU, XLA has no float16 dot with a float32 result: the op runs
+  in float32 and casts back): every case's window, segment ids, offset and scale reach
+  it, in one program, against the naive loop on the same float16 inputs."""
+  cases = [(case, *naive_case(case, 4, 2, seed=5, dtype=jnp.float16))
+           for case in NAIVE_CASES if not case.get("positions")]
+  gots = jax.jit(lambda qkvs: [attention(*qkv, implementation="xla", **kw)
+                               for qkv, (_, _, kw, _) in zip(qkvs, cases, strict=True)])(
+      [qkv for _, qkv, _, _ in cases])
+  for (case, _, _, want), got in zip(cases, gots, strict=True):
+    assert got.dtype == jnp.float16, case
+    np.testing.assert_allclose(got.astype(jnp.float32), want, atol=2e-3, rtol=2e-3,
+                               err_msg=str(case))
 
 
 BLOCKED_CASES = [

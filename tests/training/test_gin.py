@@ -398,6 +398,14 @@ def test_include_cycles_imports_and_unparsable_file_values_are_one_line(tmp_path
       (["imp.gin"], [], "No module named 'nosuchmodule_of_attnlab'"),
       (["bare.gin"], [], f"gin file {str(tmp_path / 'bare.gin')!r}, line 2: 'DataConfig.task = "
                          "reverse': its value does not parse (a string needs quotes"),
+      # gin reads the files before the bindings: a binding that does not parse either, or
+      # that includes the file, was named instead until 2026-12-06.
+      (["bare.gin"], ["TrainConfig.schedule = cosine"],
+       f"gin file {str(tmp_path / 'bare.gin')!r}, line 2: 'DataConfig.task = reverse': its value "
+       "does not parse (a string needs quotes"),
+      ([], ["TrainConfig.steps = 3", f"include {str(tmp_path / 'bare.gin')!r}"],
+       f"gin file {str(tmp_path / 'bare.gin')!r}, line 2: 'DataConfig.task = reverse': its value "
+       "does not parse (a string needs quotes"),
       # A tokenize.TokenError traceback, and gin's "Unexpected token", until 2026-12-05.
       (["open.gin"], [], "a gin file or binding ends inside an open bracket or string (EOF in "
                          "multi-line statement, line 3)"),

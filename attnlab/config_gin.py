@@ -237,8 +237,9 @@ def _unused_macro_binding(bindings, gin_files, folders, classes) -> str | None:
     if texts is None:  # the files, what they include and what the bindings include
       texts = _texts(list(gin_files) + _included("\n".join(lines), folders), folders)
     others = "\n".join(texts + lines[:i] + lines[i + 1:])
-    if "/" not in name and re.search(rf"%{re.escape(name)}(?![\w.])", others):
-      continue  # a macro that a file, an include or another binding reads
+    if re.search(rf"%{re.escape(name)}(?![\w.])", others):
+      continue  # a macro that a file, an include or another binding reads (a scoped one
+      # too: %train/LR reads train/LR = ..., which was refused as unread until 2026-12-06)
     field = name.rsplit("/", 1)[-1]
     owners = [cls.__name__ for cls in classes
               if field in {f.name for f in dataclasses.fields(cls)}]

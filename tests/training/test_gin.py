@@ -368,6 +368,9 @@ def test_a_binding_that_gin_reads_as_an_unused_macro_is_refused(tmp_path):
   # A macro that a binding, a file or a file it includes reads is a macro.
   assert gin_config.parse([], ["LR = 0.5", "TrainConfig.learning_rate = %LR"])[2] \
       .learning_rate == 0.5
+  # A scoped macro too (refused as unread until 2026-12-06: gin reads %train/LR).
+  assert gin_config.parse([], ["train/LR = 0.25", "TrainConfig.learning_rate = %train/LR"])[2] \
+      .learning_rate == 0.25
   (tmp_path / "inner.gin").write_text("TrainConfig.steps = %STEPS\n")
   (tmp_path / "outer.gin").write_text("include 'inner.gin'\n")
   assert gin_config.parse([str(tmp_path / "outer.gin")], ["STEPS = 4"])[2].steps == 4

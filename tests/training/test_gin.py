@@ -293,6 +293,9 @@ def test_includes_resolve_beside_this_calls_files_before_the_working_directory(
     ([], ["train/ModelConfig.d_model = 64", "ModelConfig.d_ff = 64", "x/TrainConfig.steps = 1"],
      "scoped bindings train/ModelConfig.d_model, x/TrainConfig.steps: attnlab builds each "
      "config once, without a scope: bind it as Name.field"),
+    ([], ["ModelConfig.d_ff = 64", "train/ModelConfig.d_model = 64"],
+     "scoped binding train/ModelConfig.d_model: attnlab builds each config once, without a "
+     "scope: bind it as Name.field"),
 ])
 def test_parse_errors_are_one_line_gin_config_errors(files, bindings, message):
   with pytest.raises(gin_config.GinConfigError) as e:
@@ -314,6 +317,10 @@ def test_a_refused_value_is_its_message_without_gins_context():
       # A misspelt name gets the nearest one attnlab has, or where the names are (gin's
       # message alone until 2026-12-04).
       (["TrainConfig.stepz = 3"],
+       "Configurable 'TrainConfig' doesn't have a parameter named 'stepz'. "
+       "TrainConfig.stepz = 3 (did you mean TrainConfig.steps?)"),
+      # ... also beside a macro still unbound when gin stopped (not the macro's message).
+      (["TrainConfig.learning_rate = %LR", "TrainConfig.stepz = 3"],
        "Configurable 'TrainConfig' doesn't have a parameter named 'stepz'. "
        "TrainConfig.stepz = 3 (did you mean TrainConfig.steps?)"),
       (["ModelConfig.zzzzzz = 3"],

@@ -58,6 +58,11 @@ INVALID = [
      "rope_theta=1e-300 is too small: RoPE's highest frequency, rope_theta ** -(32 - 2) / 32, "
      "times the last position (max_len=2048) overflows float32 (RoPE's base is 10000 in the "
      "paper)"),
+    # At the edge: 2048 x 2.7e-38 ** -(30 / 32) overflows float32 (2048 x 2.71e-38 ** ... not).
+    (dict(rope_theta=2.7e-38),
+     "rope_theta=2.7e-38 is too small: RoPE's highest frequency, rope_theta ** -(32 - 2) / 32, "
+     "times the last position (max_len=2048) overflows float32 (RoPE's base is 10000 in the "
+     "paper)"),
     # The angle is position x frequency: 1e37 x 512 positions overflows (a review found it).
     (dict(d_model=256, num_heads=1, rope_theta=5e-38, max_len=512),
      "rope_theta=5e-38 is too small: RoPE's highest frequency, rope_theta ** -(256 - 2) / 256, "
@@ -433,6 +438,7 @@ def test_an_invalid_value_raises_a_value_error_naming_it(cls, kwargs, message):
 
 VALID_EDGES = [
     (DataConfig, dict(task="add", max_len=2)),  # 1-digit operands; min_len does not apply
+    (ModelConfig, dict(rope_theta=2.71e-38)),  # the highest frequency x 2048 stays finite
     (DataConfig, dict(task="add", max_len=37)),  # 18-digit operands, the most int64 holds
     (TrainConfig, dict(optimizer="sgd", eps=0.0)),  # sgd has no eps
     (TrainConfig, dict(optimizer="adamw", weight_decay=0.1)),

@@ -453,6 +453,9 @@ def test_include_cycles_imports_and_unparsable_file_values_are_one_line(tmp_path
   (tmp_path / "bare.gin").write_text("ModelConfig.d_model = 32\nDataConfig.task = reverse\n")
   (tmp_path / "open.gin").write_text("ModelConfig.d_model = 32\nDataConfig.task = (1,\n")
   (tmp_path / "bom.gin").write_bytes(b"\xef\xbb\xbfModelConfig.d_model = 32\n")
+  (tmp_path / "nosep.gin").write_text("ModelConfig.d_model 32\n")
+  (tmp_path / "latin.gin").write_bytes(b"# caf\xe9\n")
+  (tmp_path / "early.gin").write_text("ModelConfig.d_modle = 1\ninclude 'latin.gin'\n")
   cycle = ("gin config recursion: a gin file includes itself (directly or through the files "
            "it includes), or a binding's value refers to its own configurable")
   for files, bindings, message in (
@@ -460,7 +463,14 @@ def test_include_cycles_imports_and_unparsable_file_values_are_one_line(tmp_path
       ([], ["ModelConfig.dtype = @ModelConfig()"], cycle),
       (["imp.gin"], [], "No module named 'nosuchmodule_of_attnlab'"),
       (["bare.gin"], [], f"gin file {str(tmp_path / 'bare.gin')!r}, line 2: 'DataConfig.task = "
-                         "reverse': its value does not parse (a string needs quotes"),
+                         "reverse': its value does not parse (a string needs quotes, a tuple "
+                         "parentheses: TrainConfig.schedule = 'cosine', TrainConfig.mesh_shape = "
+                         "(2, 1, 1))"),
+      # Another fault of a line's syntax: gin's own message, which names the file and line.
+      (["nosep.gin"], [], "Couldn't parse statement, expected ':' or '='. (nosep.gin, line 1)"),
+      # gin stopped at the misspelt field before it read the include that is not UTF-8.
+      (["early.gin"], [], "Configurable 'ModelConfig' doesn't have a parameter named 'd_modle'. "
+                          "ModelConfig.d_modle = 1 (did you mean ModelConfig.d_model?)"),
       # gin reads the files before the bindings: a binding that does not parse either, or
       # that includes the file, was named instead until 2026-12-06.
       (["bare.gin"], ["TrainConfig.schedule = cosine"],

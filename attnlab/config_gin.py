@@ -165,7 +165,10 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES, *,
       path, includer, err = found
       raise GinConfigError(f"gin file {path!r}, included by {includer!r}, is not UTF-8 text "
                            f"({err.reason} at byte {err.start})") from e
-    bad = _unparsable_binding(bindings) if isinstance(e, SyntaxError) else None
+    # gin reads the files first: a SyntaxError with a file name is the file's (until
+    # 2026-12-06 a binding that did not parse either, or included that file, was named).
+    bad = (_unparsable_binding(bindings) if isinstance(e, SyntaxError) and not e.filename
+           else None)
     if bad is not None:  # gin's message names neither the binding nor its flag
       raise GinConfigError(
           f"binding {bad!r}: its value does not parse (a string needs quotes, a tuple "
@@ -234,8 +237,9 @@ def _unused_macro_binding(bindings, gin_files, folders, classes) -> str | None:
     if texts is None:  # the files, what they include and what the bindings include
       texts = _texts(list(gin_files) + _included("\n".join(lines), folders), folders)
     others = "\n".join(texts + lines[:i] + lines[i + 1:])
-    if "/" not in name and re.search(rf"%{re.escape(name)}(?![\w.])", others):
-      continue  # a macro that a file, an include or another binding reads
+    if re.search(rf"%{re.escape(name)}(?![\w.])", others):
+      continue  # a macro that a file, an include or another binding reads (a scoped one
+      # too: %train/LR reads train/LR = ..., which was refused as unread until 2026-12-06)
     field = name.rsplit("/", 1)[-1]
     owners = [cls.__name__ for cls in classes
               if field in {f.name for f in dataclasses.fields(cls)}]

@@ -58,6 +58,11 @@ INVALID = [
      "rope_theta=1e-300 is too small: RoPE's highest frequency, rope_theta ** -(32 - 2) / 32, "
      "times the last position (max_len=2048) overflows float32 (RoPE's base is 10000 in the "
      "paper)"),
+    # At the edge: 2048 x 2.7e-38 ** -(30 / 32) overflows float32 (2048 x 2.71e-38 ** ... not).
+    (dict(rope_theta=2.7e-38),
+     "rope_theta=2.7e-38 is too small: RoPE's highest frequency, rope_theta ** -(32 - 2) / 32, "
+     "times the last position (max_len=2048) overflows float32 (RoPE's base is 10000 in the "
+     "paper)"),
     # The angle is position x frequency: 1e37 x 512 positions overflows (a review found it).
     (dict(d_model=256, num_heads=1, rope_theta=5e-38, max_len=512),
      "rope_theta=5e-38 is too small: RoPE's highest frequency, rope_theta ** -(256 - 2) / 256, "
@@ -400,6 +405,12 @@ SWEEP_INVALID = [
      "uptrain_fraction='0.1' must be a number"),
     (dict(uptrain_learning_rate='1e-4'),
      "uptrain_learning_rate='1e-4' must be a number or None"),
+    (dict(uptrain_learning_rate=0.0),
+     "uptrain_learning_rate=0.0 must be a positive number (or None: the base run's "
+     "learning_rate)"),
+    (dict(uptrain_learning_rate=-1e-4),
+     "uptrain_learning_rate=-0.0001 must be a positive number (or None: the base run's "
+     "learning_rate)"),
     (dict(curve_points=0),
      'curve_points=0 must be a positive integer'),
     (dict(decode_prompt_len=0),
@@ -427,6 +438,8 @@ def test_an_invalid_value_raises_a_value_error_naming_it(cls, kwargs, message):
 
 VALID_EDGES = [
     (DataConfig, dict(task="add", max_len=2)),  # 1-digit operands; min_len does not apply
+    (ModelConfig, dict(rope_theta=2.71e-38)),  # the highest frequency x 2048 stays finite
+    (DataConfig, dict(task="add", max_len=37)),  # 18-digit operands, the most int64 holds
     (TrainConfig, dict(optimizer="sgd", eps=0.0)),  # sgd has no eps
     (TrainConfig, dict(optimizer="adamw", weight_decay=0.1)),
     (ModelConfig, dict(pos="sinusoidal", d_model=32, num_heads=4)),
@@ -454,8 +467,10 @@ VALID_EDGES = [
     (DecodeConfig, dict(temperature=0.0, length_penalty=0.0, seed=0, num_pages=1)),
     (TrainConfig, dict(seed=2**63 - 1)), (DataConfig, dict(seed=2**63 - 1)),  # MAX_SEED
     (DecodeConfig, dict(temperature=1e-6, top_k=1, top_p=1.0)),
+    (DecodeConfig, dict(beam_size=4, temperature=0.0, length_penalty=1.0)),  # beam: greedy
     (Sweep, dict(num_kv_heads=[4, 1], seeds=[0], uptrain_num_kv_heads=[1],
                  uptrain_methods=["first"], uptrain_fraction=1.0)),
+    (Sweep, dict(seeds=[0, 2**63 - 1], uptrain_learning_rate=1e-30)),  # MAX_SEED
 ]
 
 
@@ -550,8 +565,9 @@ NUMPY_AS_PYTHON = [
                         length_penalty=np.int64(1), num_pages=np.int16(4)),
      dict(temperature=0.5, top_k=40, top_p=0.5, length_penalty=1, num_pages=4)),
     (Sweep, dict(num_kv_heads=[np.int64(4), 1], seeds=[np.int64(0), 1],
-                 uptrain_learning_rate=np.float32(0.5)),
-     dict(num_kv_heads=[4, 1], seeds=[0, 1], uptrain_learning_rate=0.5)),
+                 uptrain_num_kv_heads=[np.int64(2), 1], uptrain_learning_rate=np.float32(0.5)),
+     dict(num_kv_heads=[4, 1], seeds=[0, 1], uptrain_num_kv_heads=[2, 1],
+          uptrain_learning_rate=0.5)),
 ]
 
 
@@ -567,6 +583,12 @@ def test_numpy_scalars_are_accepted_and_stored_as_the_python_numbers_they_hold(
     assert all(type(x) in (int, float) for x in items), (name, stored)
   # The gin text a run writes (config.gin) is the text of the Python numbers.
   assert operative_config(got) == operative_config(want)
+
+
+def test_a_sweeps_arm_list_may_be_a_numpy_array_or_any_iterable_of_ints():
+  for given in (np.array([4, 1]), (k for k in (4, 1)), range(4, 0, -3)):
+    sweep = Sweep(num_kv_heads=given)
+    assert sweep.num_kv_heads == (4, 1) and all(type(k) is int for k in sweep.num_kv_heads)
 
 
 @pytest.mark.parametrize("cls,kwargs,message", [

@@ -162,6 +162,20 @@ def test_the_operative_config_names_a_tokenizer_inside_the_workdir_relative_to_i
         gin_config.operative_config(relative, workdir=where).splitlines()
 
 
+def test_with_a_workdir_relative_data_paths_are_written_absolute_and_absolute_ones_as_given(
+    tmp_path, monkeypatch):
+  """config.gin names the corpus files wherever it is read from: a relative path (``~``
+  and ``..`` too) is written from the working directory, normalized; an absolute one as
+  given. Without a workdir they are written as given (the test above)."""
+  (tmp_path / "cwd").mkdir()
+  monkeypatch.chdir(tmp_path / "cwd")
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  dcfg = DataConfig(paths=("corpus/*.txt", "~/v.txt", "../up/./x.txt", "/data/./valid.txt"))
+  text = gin_config.operative_config(dcfg, workdir=str(tmp_path / "run"))
+  assert (f"DataConfig.paths = ('{tmp_path}/cwd/corpus/*.txt', '{tmp_path}/home/v.txt', "
+          f"'{tmp_path}/up/x.txt', '/data/./valid.txt')") in text.splitlines()
+
+
 def test_a_relative_tokenizer_is_found_beside_the_last_gin_file_else_as_given(tmp_path,
                                                                               monkeypatch):
   a, b, cwd = tmp_path / "a", tmp_path / "b", tmp_path / "cwd"
@@ -260,6 +274,9 @@ def test_includes_resolve_beside_this_calls_files_before_the_working_directory(
     ([], ["TrainConfig.learning_rate = %LR"],
      "gin macro %LR is used but never bound: bind it in a gin file (LR = ...) or with "
      "--gin.LR=..."),
+    ([], ["TrainConfig.learning_rate = %lr"],  # a name in lower case is a macro too
+     "gin macro %lr is used but never bound: bind it in a gin file (lr = ...) or with "
+     "--gin.lr=..."),
     ([], ["LR = 0.1", "TrainConfig.learning_rate = %LR", "ModelConfig.d_model = %D_MODEL",
           "TrainConfig.seed = %SEED"],
      "gin macros %D_MODEL, %SEED are used but never bound: bind each in a gin file "
@@ -276,6 +293,9 @@ def test_includes_resolve_beside_this_calls_files_before_the_working_directory(
     ([], ["train/ModelConfig.d_model = 64", "ModelConfig.d_ff = 64", "x/TrainConfig.steps = 1"],
      "scoped bindings train/ModelConfig.d_model, x/TrainConfig.steps: attnlab builds each "
      "config once, without a scope: bind it as Name.field"),
+    ([], ["ModelConfig.d_ff = 64", "train/ModelConfig.d_model = 64"],
+     "scoped binding train/ModelConfig.d_model: attnlab builds each config once, without a "
+     "scope: bind it as Name.field"),
 ])
 def test_parse_errors_are_one_line_gin_config_errors(files, bindings, message):
   with pytest.raises(gin_config.GinConfigError) as e:
@@ -299,6 +319,10 @@ def test_a_refused_value_is_its_message_without_gins_context():
       (["TrainConfig.stepz = 3"],
        "Configurable 'TrainConfig' doesn't have a parameter named 'stepz'. "
        "TrainConfig.stepz = 3 (did you mean TrainConfig.steps?)"),
+      # ... also beside a macro still unbound when gin stopped (not the macro's message).
+      (["TrainConfig.learning_rate = %LR", "TrainConfig.stepz = 3"],
+       "Configurable 'TrainConfig' doesn't have a parameter named 'stepz'. "
+       "TrainConfig.stepz = 3 (did you mean TrainConfig.steps?)"),
       (["ModelConfig.zzzzzz = 3"],
        "Configurable 'ModelConfig' doesn't have a parameter named 'zzzzzz'. "
        "ModelConfig.zzzzzz = 3 (ModelConfig's fields are documented in attnlab/config.py)"),
@@ -316,6 +340,11 @@ def test_a_refused_value_is_its_message_without_gins_context():
   assert gin_config._with_hint("No configurable matching 'Sweep'. Sweep.seeds = [0]") == (
       "No configurable matching 'Sweep'. Sweep.seeds = [0] (Sweep.* belongs to a sweep file: "
       "run it with attnlab ablate)")
+  # ... also named with its module, as attnlab registers it or as the module it is in.
+  for name in ("attnlab.Sweep", "attnlab.config.Sweep"):
+    assert gin_config._with_hint(f"No configurable matching '{name}'. {name}.seeds = [0]") == (
+        f"No configurable matching '{name}'. {name}.seeds = [0] (Sweep.* belongs to a sweep "
+        "file: run it with attnlab ablate)")
 
 
 def test_a_gin_file_that_is_not_utf8_is_named(tmp_path):
@@ -341,6 +370,21 @@ def test_an_included_gin_file_that_is_not_utf8_is_named_with_its_includer(tmp_pa
   assert gin_config.parse([str(tmp_path / "a.gin")], [])[0].d_model == 32
 
 
+def test_a_non_utf8_include_is_found_past_a_file_included_twice_and_a_missing_include(tmp_path):
+  """The include walk visits a file that two files include once and goes on past it, and
+  skips an include that does not exist (gin stopped at the non-UTF-8 file before it)."""
+  (tmp_path / "top.gin").write_text("include 'common.gin'\ninclude 'x.gin'\n")
+  (tmp_path / "common.gin").write_text("ModelConfig.d_model = 32\n")
+  (tmp_path / "x.gin").write_text("include 'common.gin'\ninclude 'bad.gin'\n"
+                                  "include 'missing.gin'\n")
+  (tmp_path / "bad.gin").write_bytes(b"# caf\xe9\n")
+  with pytest.raises(gin_config.GinConfigError) as e:
+    gin_config.parse([str(tmp_path / "top.gin")], [])
+  assert str(e.value) == (
+      f"gin file {str(tmp_path / 'bad.gin')!r}, included by {str(tmp_path / 'x.gin')!r}, is "
+      "not UTF-8 text (invalid continuation byte at byte 5)")
+
+
 def test_an_unbound_macro_in_a_gin_file_is_named(tmp_path):
   (tmp_path / "x.gin").write_text("TrainConfig.warmup_steps = %WARMUP\n")
   with pytest.raises(gin_config.GinConfigError, match=re.escape("gin macro %WARMUP is used")):
@@ -359,6 +403,7 @@ def test_a_binding_that_gin_reads_as_an_unused_macro_is_refused(tmp_path):
   an audit), as did a scoped ``TrainConfig/steps = 1``."""
   for binding, hint in (("steps = 1", "did you mean TrainConfig.steps?"),
                         ("TrainConfig/steps = 9", "did you mean TrainConfig.steps?"),
+                        ("x/TrainConfig/steps = 2", "did you mean TrainConfig.steps?"),
                         ("d_mdl = 3", "a field is bound as Name.field, e.g. TrainConfig.steps")):
     with pytest.raises(gin_config.GinConfigError) as e:
       gin_config.parse([], ["ModelConfig.d_model = 32", binding])
@@ -368,6 +413,9 @@ def test_a_binding_that_gin_reads_as_an_unused_macro_is_refused(tmp_path):
   # A macro that a binding, a file or a file it includes reads is a macro.
   assert gin_config.parse([], ["LR = 0.5", "TrainConfig.learning_rate = %LR"])[2] \
       .learning_rate == 0.5
+  # A scoped macro too (refused as unread until 2026-12-06: gin reads %train/LR).
+  assert gin_config.parse([], ["train/LR = 0.25", "TrainConfig.learning_rate = %train/LR"])[2] \
+      .learning_rate == 0.25
   (tmp_path / "inner.gin").write_text("TrainConfig.steps = %STEPS\n")
   (tmp_path / "outer.gin").write_text("include 'inner.gin'\n")
   assert gin_config.parse([str(tmp_path / "outer.gin")], ["STEPS = 4"])[2].steps == 4
@@ -375,9 +423,24 @@ def test_a_binding_that_gin_reads_as_an_unused_macro_is_refused(tmp_path):
   # found both refused in a first version); each line of such a binding is checked.
   inner = str(tmp_path / "inner.gin")
   assert gin_config.parse([], [f"include {inner!r}", "STEPS = 6"])[2].steps == 6
+  assert gin_config.parse([], ["STEPS = 5", f"include {inner!r}"])[2].steps == 5
   assert gin_config.parse([], ["X = 3\nTrainConfig.steps = %X"])[2].steps == 3
   with pytest.raises(gin_config.GinConfigError, match="binding 'steps = 3' sets nothing"):
     gin_config.parse([], ["ModelConfig.d_model = 32\nsteps = 3"])
+  # Spelt without spaces (as --gin.steps=1 comes), with a '=' in its value, or after a
+  # comment line: refused alike; a line of a value (a tuple over several lines) is no binding.
+  for bindings, name, field, owner in (
+      (["steps=1"], "steps", "steps", "TrainConfig"),
+      (["tokenizer_model = 'a=b.json'"], "tokenizer_model", "tokenizer_model", "DataConfig"),
+      (["# the run", "steps = 3"], "steps", "steps", "TrainConfig"),
+      (["# the run\nsteps = 3"], "steps", "steps", "TrainConfig")):
+    with pytest.raises(gin_config.GinConfigError) as e:
+      gin_config.parse([], bindings)
+    assert str(e.value) == (f"binding {bindings[-1].splitlines()[-1]!r} sets nothing: {name!r} is "
+                            f"no config field, and no %{field} macro reads it (did you mean "
+                            f"{owner}.{field}?)")
+  assert gin_config.parse([], ["TrainConfig.mesh_shape = (\n1,\n1,\n1\n)"])[2].mesh_shape == (
+      1, 1, 1)
 
 
 def test_include_cycles_imports_and_unparsable_file_values_are_one_line(tmp_path):
@@ -390,6 +453,9 @@ def test_include_cycles_imports_and_unparsable_file_values_are_one_line(tmp_path
   (tmp_path / "bare.gin").write_text("ModelConfig.d_model = 32\nDataConfig.task = reverse\n")
   (tmp_path / "open.gin").write_text("ModelConfig.d_model = 32\nDataConfig.task = (1,\n")
   (tmp_path / "bom.gin").write_bytes(b"\xef\xbb\xbfModelConfig.d_model = 32\n")
+  (tmp_path / "nosep.gin").write_text("ModelConfig.d_model 32\n")
+  (tmp_path / "latin.gin").write_bytes(b"# caf\xe9\n")
+  (tmp_path / "early.gin").write_text("ModelConfig.d_modle = 1\ninclude 'latin.gin'\n")
   cycle = ("gin config recursion: a gin file includes itself (directly or through the files "
            "it includes), or a binding's value refers to its own configurable")
   for files, bindings, message in (
@@ -397,7 +463,22 @@ def test_include_cycles_imports_and_unparsable_file_values_are_one_line(tmp_path
       ([], ["ModelConfig.dtype = @ModelConfig()"], cycle),
       (["imp.gin"], [], "No module named 'nosuchmodule_of_attnlab'"),
       (["bare.gin"], [], f"gin file {str(tmp_path / 'bare.gin')!r}, line 2: 'DataConfig.task = "
-                         "reverse': its value does not parse (a string needs quotes"),
+                         "reverse': its value does not parse (a string needs quotes, a tuple "
+                         "parentheses: TrainConfig.schedule = 'cosine', TrainConfig.mesh_shape = "
+                         "(2, 1, 1))"),
+      # Another fault of a line's syntax: gin's own message, which names the file and line.
+      (["nosep.gin"], [], "Couldn't parse statement, expected ':' or '='. (nosep.gin, line 1)"),
+      # gin stopped at the misspelt field before it read the include that is not UTF-8.
+      (["early.gin"], [], "Configurable 'ModelConfig' doesn't have a parameter named 'd_modle'. "
+                          "ModelConfig.d_modle = 1 (did you mean ModelConfig.d_model?)"),
+      # gin reads the files before the bindings: a binding that does not parse either, or
+      # that includes the file, was named instead until 2026-12-06.
+      (["bare.gin"], ["TrainConfig.schedule = cosine"],
+       f"gin file {str(tmp_path / 'bare.gin')!r}, line 2: 'DataConfig.task = reverse': its value "
+       "does not parse (a string needs quotes"),
+      ([], ["TrainConfig.steps = 3", f"include {str(tmp_path / 'bare.gin')!r}"],
+       f"gin file {str(tmp_path / 'bare.gin')!r}, line 2: 'DataConfig.task = reverse': its value "
+       "does not parse (a string needs quotes"),
       # A tokenize.TokenError traceback, and gin's "Unexpected token", until 2026-12-05.
       (["open.gin"], [], "a gin file or binding ends inside an open bracket or string (EOF in "
                          "multi-line statement, line 3)"),

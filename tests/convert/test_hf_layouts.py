@@ -20,6 +20,7 @@ transformers itself (torch); this file is the fast one, and the one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -261,6 +262,22 @@ def test_config_fields_map_one_to_one():
       "float16")
 
 
+def test_keys_a_config_json_leaves_out_take_the_familys_defaults():
+  """transformers' config classes' defaults, which differ by family (test_hf.py holds them to
+  AutoConfig.for_model; this runs without torch): Llama is MHA with 2048 positions, Mistral
+  has 8 KV heads, 131072 positions and a 4096 window, Qwen2 32 KV heads and 32768 positions.
+  A null num_key_value_heads is MHA and a null sliding_window none."""
+  base = dict(vocab_size=V, hidden_size=128, intermediate_size=F, num_hidden_layers=1,
+              num_attention_heads=64)
+  want = {"llama": (64, 2048, None), "mistral": (8, 131072, 4096), "qwen2": (32, 32768, None)}
+  for family, (kv_heads, max_len, window) in want.items():
+    cfg = hf.from_hf_config(dict(base, model_type=family))[1]
+    assert (cfg.num_kv_heads, cfg.max_len, cfg.window) == (kv_heads, max_len, window), family
+    cfg = hf.from_hf_config(dict(base, model_type=family, num_key_value_heads=None,
+                                 sliding_window=None))[1]
+    assert (cfg.num_kv_heads, cfg.max_len, cfg.window) == (64, max_len, None), family
+
+
 def test_to_hf_config_writes_each_family_own_fields():
   llama = hf.to_hf_config(hf.from_hf_config(FAMILY_CONFIGS["llama_bias_head_dim"])[1])
   assert (llama["attention_bias"], llama["mlp_bias"], llama["head_dim"]) == (True, True, 16)
@@ -312,6 +329,27 @@ def test_special_ids():
       "bos": None, "eos": None, "pad": None}
   assert hf.special_ids(dict(model_type="qwen2", vocab_size=10)) == {
       "bos": None, "eos": None, "pad": None}
+  # A vocab_size that is no int (text, a bool: true is no size of 1) holds no id, and a bool
+  # is no id: None, not a TypeError or id 0.
+  for vocab in ("10", True, 10.0):
+    assert hf.special_ids(dict(vocab_size=vocab, bos_token_id=0, eos_token_id=1,
+                               pad_token_id=0)) == {"bos": None, "eos": None, "pad": None}
+    assert hf.eos_ids(dict(vocab_size=vocab, eos_token_id=[0, 1])) == []
+  assert hf.special_ids(dict(vocab_size=10, bos_token_id=True, eos_token_id=[False, 3],
+                             pad_token_id=False)) == {"bos": None, "eos": None, "pad": None}
+
+
+def test_eos_ids():
+  """Every eos id of config.json in the vocabulary, in its order, once; one id or a list."""
+  assert hf.eos_ids(dict(vocab_size=10, eos_token_id=[4, 2, 4, 10, -1, True, "3", 9])) == [
+      4, 2, 9]
+  assert hf.eos_ids(dict(vocab_size=10, eos_token_id=7)) == [7]
+  assert hf.eos_ids(dict(vocab_size=10, eos_token_id=10)) == []
+  # No key or a null: none (not the family default, which special_ids' eos gives; the import
+  # writes a generation_config.json only for several ids).
+  assert hf.eos_ids(dict(model_type="llama", vocab_size=10)) == []
+  assert hf.eos_ids(dict(vocab_size=10, eos_token_id=None)) == []
+  assert hf.eos_ids(dict(eos_token_id=[0])) == []  # no vocab_size: no id fits
 
 
 # The refusals: (config.json changes, the message). Each would change the math if ignored.
@@ -617,6 +655,15 @@ def test_buffers_and_a_tied_head_are_not_refused(tmp_path):
   with pytest.raises(hf.ConversionError, match="lm_head.weight differs"):
     hf._check_tied_head(hf.tensor_files(src), "model.embed_tokens.weight", rows=8)
   hf._check_tied_head(hf.tensor_files(tmp_path / "llama"), "model.embed_tokens.weight", rows=8)
+  # A head of another shape differs too (its rows are not read past the embedding's end).
+  longer = np.concatenate([tensors["model.embed_tokens.weight"], np.zeros((1, D), np.float32)])
+  src = write_checkpoint(tmp_path / "llama_longer", c, tensors | {"lm_head.weight": longer})
+  with pytest.raises(hf.ConversionError) as e:
+    hf.check_tensors(*hf.from_hf_config(c), hf.tensor_files(src))
+  assert str(e.value) == (
+      "config.json ties the embeddings (tie_word_embeddings true), but the checkpoint's "
+      "lm_head.weight differs from model.embed_tokens.weight: transformers would use that "
+      "head untied; set tie_word_embeddings to false in config.json to import it")
   g = FAMILY_CONFIGS["gpt2"]
   tensors = random_tensors(shapes_of(g), seed=8)
   extra = {"transformer.h.0.attn.bias": np.ones((1, 1, 4, 4), np.float32),
@@ -625,8 +672,63 @@ def test_buffers_and_a_tied_head_are_not_refused(tmp_path):
   src = write_checkpoint(tmp_path / "gpt2", g, tensors | extra)
   rules = hf.check_tensors(family, cfg, hf.tensor_files(src))
   assert {n for r in rules for n in r.hf_names} == set(tensors)
+  # GPT-2 (tied by default) with a stored lm_head.weight: compared with wte.weight.
+  head = {"lm_head.weight": tensors["transformer.wte.weight"].copy()}
+  src = write_checkpoint(tmp_path / "gpt2_head", g, tensors | head)
+  assert hf.check_tensors(family, cfg, hf.tensor_files(src))
+  head["lm_head.weight"][0, 0] += 1.0
+  src = write_checkpoint(tmp_path / "gpt2_other_head", g, tensors | head)
+  with pytest.raises(hf.ConversionError, match=re.escape(
+      "lm_head.weight differs from transformer.wte.weight: transformers would use that head "
+      "untied")):
+    hf.check_tensors(family, cfg, hf.tensor_files(src))
   # untied, lm_head.weight is a weight like any other: required
   untied = dict(c, tie_word_embeddings=False)
   with pytest.raises(hf.ConversionError, match="tensor lm_head.weight is missing"):
     hf.check_tensors(*hf.from_hf_config(untied), hf.tensor_files(
         write_checkpoint(tmp_path / "untied", untied, random_tensors(shapes_of(c)))))
+
+
+def test_the_tied_head_is_compared_a_block_of_rows_at_a_time(monkeypatch):
+  """``_check_tied_head`` reads the head and the embedding ``rows`` rows at a time (4096 by
+  default), each row once, first to last: neither tensor is held whole, and a difference in
+  any row, the first and the last included, is found. (The files are stand-ins that record
+  the slices read.)"""
+  emb = np.arange(10000 * 2, dtype=np.float32).reshape(10000, 2)
+  tensors = {"lm_head.weight": emb.copy(), "model.embed_tokens.weight": emb}
+  read = []
+
+  class Slice:
+    def __init__(self, name):
+      self.name = name
+
+    def get_shape(self):
+      return list(tensors[self.name].shape)
+
+    def __getitem__(self, key):
+      read.append((self.name, key.start, key.stop, key.step))
+      return tensors[self.name][key]
+
+  class File:
+    def get_slice(self, name):
+      return Slice(name)
+
+  @contextlib.contextmanager
+  def stand_in(path):
+    yield File()
+
+  monkeypatch.setattr(hf, "_safetensors", stand_in)
+  files = {"lm_head.weight": "head.safetensors", "model.embed_tokens.weight": "emb.safetensors"}
+  hf._check_tied_head(files, "model.embed_tokens.weight")
+  assert read == [(name, start, stop, None)
+                  for start, stop in ((0, 4096), (4096, 8192), (8192, 10000))
+                  for name in ("lm_head.weight", "model.embed_tokens.weight")]
+  for row in (0, 7, 8, 9999):
+    tensors["lm_head.weight"] = emb.copy()
+    tensors["lm_head.weight"][row, 1] = -1.0
+    del read[:]
+    with pytest.raises(hf.ConversionError, match="lm_head.weight differs from "
+                       "model.embed_tokens.weight"):
+      hf._check_tied_head(files, "model.embed_tokens.weight", rows=8)
+    assert read[-2:] == [(name, row // 8 * 8, row // 8 * 8 + 8, None)
+                         for name in ("lm_head.weight", "model.embed_tokens.weight")], row

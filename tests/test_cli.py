@@ -4,6 +4,7 @@ the one-line error of a ``CommandError``, and ``attnlab --help`` without JAX."""
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import subprocess
 import sys
 import types
@@ -243,3 +244,34 @@ def test_attribute_chains_into_the_subpackages_work_after_a_bare_import():
           "    if (p.suffix == '.py' and p.stem != '__init__') or (p / '__init__.py').exists())\n"
           "print('ok')\n")
   assert _last_line_in_a_fresh_python(code) == "ok"
+
+
+def test_check_can_make_follows_links_to_folders_and_names_what_stops_it(tmp_path, monkeypatch):
+  """The commands' output-folder check (``--workdir``, ``--out``, ``--compilation_cache``):
+  a path at or under a symbolic link to a folder can be made; one under a file, a link to
+  nothing or a folder it cannot write is refused, naming the flag, the path and why.
+  (test_convert_command.py runs the refusals through ``attnlab convert``.)"""
+  from attnlab.commands._common import check_can_make
+
+  (tmp_path / "folder").mkdir()
+  (tmp_path / "link").symlink_to(tmp_path / "folder")
+  (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+  (tmp_path / "file").write_text("")
+  for path in ("link", "link/new/deeper", "folder/new", "new"):
+    check_can_make("--workdir", str(tmp_path / path))
+  why = {"file/new": "file is a file",
+         "dangling/new": f"dangling is a symbolic link to {tmp_path}/gone, which does not exist"}
+  for path, reason in why.items():
+    with pytest.raises(CommandError) as e:
+      check_can_make("--out", str(tmp_path / path))
+    reason = reason.replace(reason.split()[0], str(tmp_path / reason.split()[0]), 1)
+    assert str(e.value) == f"--out {tmp_path / path}: cannot make this directory ({reason})"
+  # Not writable (as root every folder is, so os.access is a stand-in): it asks for write and
+  # search permission on the nearest existing folder.
+  asked = []
+  monkeypatch.setattr("os.access", lambda at, mode: asked.append((at, mode)) and False)
+  with pytest.raises(CommandError) as e:
+    check_can_make("--workdir", str(tmp_path / "folder" / "a" / "b"))
+  assert asked == [(str(tmp_path / "folder"), os.W_OK | os.X_OK)]
+  assert str(e.value) == (f"--workdir {tmp_path}/folder/a/b: cannot make this directory "
+                          f"({tmp_path}/folder is not writable)")

@@ -4,6 +4,7 @@ cache option), the JSON line a run prints, a workdir that trains from its own co
 the exits (2: bad input before anything is written; 1: a non-finite stop), the gin flag
 forms and the byte units."""
 
+import dataclasses
 import json
 import os
 import re
@@ -359,6 +360,17 @@ def test_the_run_check_reads_each_kind_of_source(tmp_path, monkeypatch):
   (lm_sources, lm_tok), (sources, tok) = returned
   assert lm_sources is None and lm_tok.vocab_size == 259
   assert seen == ["lm_files", ("build_sources", "reverse", tok)] and sources == "reverse sources"
+  # An hf_json tokenizer gets its file and DataConfig's special ids (the run trains with the
+  # tokenizer the check built).
+  from tests.data.hf_tokenizer import word_level_tokenizer_json
+
+  path = word_level_tokenizer_json(tmp_path / "tokenizer.json", ["<pad>", "a", "b", "c"])
+  mcfg, dcfg, tcfg = config_gin.parse([LM], [])
+  dcfg = dataclasses.replace(dcfg, tokenizer="hf_json", tokenizer_model=path, bos_id=2,
+                             eos_id=3)
+  _, hf_tok = train_command.trainer_run_check(mcfg, tcfg, dcfg)
+  assert (type(hf_tok).__name__, hf_tok.bos_id, hf_tok.eos_id, hf_tok.vocab_size) == (
+      "HFJsonTokenizer", 2, 3, 4)
 
 
 def test_eval_reads_the_step_and_cache_flags(tmp_path, capsys, monkeypatch, recorded):

@@ -330,9 +330,10 @@ def operative_config(*configs, workdir: str | None = None) -> str:
   means the same from any working directory (``read_workdir_config`` looks for a relative
   one beside the file; until 2026-12-04 it was written as given, relative to where the
   run trained).
-  Relative ``DataConfig.paths`` are written absolute for the same reason (until
-  2026-12-04 an ``attnlab eval`` run from another folder read that folder's files of the
-  same names as the validation text, without a word).
+  Relative ``DataConfig.paths`` are written absolute for the same reason, with or without
+  ``workdir`` (until 2026-12-04 an ``attnlab eval`` run from another folder read that
+  folder's files of the same names as the validation text, without a word; until
+  2026-12-06 a sweep's runs, written without ``workdir``, still named them relative).
   """
   lines = ["# The operative config of this run, written by `attnlab train`.",
            "# `attnlab train --gin_file THIS_FILE --workdir ...` reproduces it.", ""]
@@ -343,7 +344,7 @@ def operative_config(*configs, workdir: str | None = None) -> str:
         cfg = dataclasses.replace(cfg, tokenizer_model=rel)
       elif not os.path.isabs(cfg.tokenizer_model):
         cfg = dataclasses.replace(cfg, tokenizer_model=os.path.abspath(cfg.tokenizer_model))
-    if workdir is not None and isinstance(cfg, DataConfig) and cfg.paths:
+    if isinstance(cfg, DataConfig) and cfg.paths:
       cfg = dataclasses.replace(cfg, paths=tuple(
           p if os.path.isabs(p) else absolute_path(p) for p in cfg.paths))
     name = type(cfg).__name__

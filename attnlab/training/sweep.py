@@ -596,7 +596,7 @@ def run_one(out: str, sweep: Sweep, arm: Arm, seed: int, base, prompts, source=N
     if arm.kind == "uptrain":
       extra = _prepare_uptrain(out, arm, seed, source, configs)
     last = trainer.train(mcfg, tcfg, dcfg, workdir,
-                         config_text=config_gin.operative_config(*configs))
+                         config_text=config_gin.operative_config(*configs, workdir=workdir))
     signum = None if stop is None else stop.signum
     # The step the trainer resumed from, not the newest on disk: a corrupted newest
     # checkpoint is skipped (it restores the one before).
@@ -693,7 +693,8 @@ def _config_difference(path: str, want_configs) -> tuple[str, str] | None:
   difference as (that file's line, the line ``want_configs`` give)."""
   with open(path, encoding="utf-8", errors="replace") as f:
     have = f.read().splitlines()
-  want = config_gin.operative_config(*want_configs).splitlines()
+  want = config_gin.operative_config(*want_configs,
+                                     workdir=os.path.dirname(path)).splitlines()
   if have == want:
     return None
   try:  # Another attnlab's text (fields added since take their defaults) or a moved file.

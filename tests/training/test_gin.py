@@ -104,13 +104,13 @@ def test_gin_values_read_back_as_written():
                                             "x", -1)] == [
       "()", "(1,)", "('a',)", "(1, (2,), 'b')", "None", "True", "0.5", "'x'", "-1"]
   # A one-element tuple stays a tuple through config.gin (not a parenthesized string).
-  configs = (ModelConfig(d_model=32, num_heads=4, d_ff=64), DataConfig(paths=("a.txt",)),
+  configs = (ModelConfig(d_model=32, num_heads=4, d_ff=64), DataConfig(paths=("/d/a.txt",)),
              TrainConfig(mesh_shape=(1, -1, 1)))
   text = gin_config.operative_config(*configs)
   assert text.splitlines()[:3] == [
       "# The operative config of this run, written by `attnlab train`.",
       "# `attnlab train --gin_file THIS_FILE --workdir ...` reproduces it.", ""]
-  assert "DataConfig.paths = ('a.txt',)" in text.splitlines()
+  assert "DataConfig.paths = ('/d/a.txt',)" in text.splitlines()
   assert text.endswith("\n") and "\n\n" in text
   assert gin_config.parse([], text.splitlines()) == configs
 
@@ -166,14 +166,17 @@ def test_with_a_workdir_relative_data_paths_are_written_absolute_and_absolute_on
     tmp_path, monkeypatch):
   """config.gin names the corpus files wherever it is read from: a relative path (``~``
   and ``..`` too) is written from the working directory, normalized; an absolute one as
-  given. Without a workdir they are written as given (the test above)."""
+  given. Without a workdir too (a sweep's runs and its sweep.gin): until 2026-12-06 they were
+  written as given there, so ``attnlab eval`` on a sweep's run from another folder read that
+  folder's files."""
   (tmp_path / "cwd").mkdir()
   monkeypatch.chdir(tmp_path / "cwd")
   monkeypatch.setenv("HOME", str(tmp_path / "home"))
   dcfg = DataConfig(paths=("corpus/*.txt", "~/v.txt", "../up/./x.txt", "/data/./valid.txt"))
-  text = gin_config.operative_config(dcfg, workdir=str(tmp_path / "run"))
-  assert (f"DataConfig.paths = ('{tmp_path}/cwd/corpus/*.txt', '{tmp_path}/home/v.txt', "
-          f"'{tmp_path}/up/x.txt', '/data/./valid.txt')") in text.splitlines()
+  for workdir in (str(tmp_path / "run"), None):
+    text = gin_config.operative_config(dcfg, workdir=workdir)
+    assert (f"DataConfig.paths = ('{tmp_path}/cwd/corpus/*.txt', '{tmp_path}/home/v.txt', "
+            f"'{tmp_path}/up/x.txt', '/data/./valid.txt')") in text.splitlines()
 
 
 def test_a_relative_tokenizer_is_found_beside_the_last_gin_file_else_as_given(tmp_path,

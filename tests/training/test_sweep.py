@@ -437,6 +437,45 @@ def _ok(loss=1.5):
   return {"status": "ok", "val_loss": loss, "curve": [[20, loss]], "wall_time_s": 1.0}
 
 
+def test_a_sweep_run_names_its_data_files_absolute_in_its_config_gin(tmp_path, monkeypatch):
+  """A run's config.gin names relative ``DataConfig.paths`` from the sweep's working
+  directory, as ``attnlab train``'s does (until 2026-12-06 a sweep wrote them as given, so
+  ``attnlab eval`` of the run from another folder read that folder's files of those names),
+  and the sweep does not call the run stale for it."""
+  import math
+
+  from attnlab import config_gin
+
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "a.tsv").write_text("x\ty\n")
+  out = str(tmp_path / "out")
+  sweep, arms, (mcfg, _, tcfg) = _sweep_of_3_arms_2_seeds()
+  cfgs = (mcfg, DataConfig(task="tsv", paths=("a.tsv",), seq_len=16, batch_size=2), tcfg)
+  mha = arms[0]
+
+  def train(mcfg_, tcfg_, dcfg_, workdir, *, config_text):
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.gin"), "w") as f:
+      f.write(config_text)
+    return {"step": tcfg_.steps, "start_step": 0}
+
+  monkeypatch.setattr(sweep_lib.trainer, "train", train)
+  monkeypatch.setattr(sweep_lib, "measure", lambda *a: {
+      "val_loss": 1.0, "best_val_loss": 1.0, "best_val_ppl": math.e, "curve": [[20, 1.0]]})
+  sweep_lib.run_one(out, sweep, mha, 0, cfgs, [[7]] * 8)
+  path = os.path.join(sweep_lib.run_dir(out, mha, 0), "config.gin")
+  with open(path) as f:
+    assert f"DataConfig.paths = ('{tmp_path / 'a.tsv'}',)" in f.read().splitlines()
+  elsewhere = tmp_path / "elsewhere"
+  elsewhere.mkdir()
+  (elsewhere / "a.tsv").write_text("other\tfile\n")
+  monkeypatch.chdir(elsewhere)
+  assert config_gin.read_workdir_config(path)[1].paths == (str(tmp_path / "a.tsv"),)
+  monkeypatch.chdir(tmp_path)
+  assert sweep_lib._config_difference(path, sweep_lib.run_configs(sweep, mha, 0, *cfgs)) is None
+  assert sweep_lib.stale_runs(out, sweep, arms, cfgs) == []
+
+
 def test_run_sweep_runs_each_unfinished_run_seed_by_seed_and_prints_its_progress(
     tmp_path, monkeypatch, capsys):
   """Finished runs ("ok") are skipped and counted; the rest run in seed order, each arm of a

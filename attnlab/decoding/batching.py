@@ -65,6 +65,7 @@ from attnlab.decoding.generate import (
   _reserve,
   as_key,
   check_cache_dtype,
+  check_page_size,
   check_stop_ids,
   new_pages,
   positive_int,
@@ -278,6 +279,8 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
   positive_int("slots", slots)
   positive_int("page_size", page_size)
   positive_int("decode_chunk", decode_chunk)
+  if cache == "paged":
+    check_page_size(page_size, cfg.max_len)
   if cache not in CACHE_KINDS:
     raise GenerateInputError(f"cache={cache!r} is not one of {', '.join(map(repr, CACHE_KINDS))}")
   if cache == "ring" and cfg.window is None:

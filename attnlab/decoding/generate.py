@@ -130,8 +130,10 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     beam_size = positive_int("beam_size", beam_size)
   if not isinstance(sampling, Sampling):
     raise GenerateInputError(f"sampling must be a Sampling, got {type(sampling).__name__}")
-  positive_int("page_size", page_size)
-  if cache != "paged":  # the other caches have no pages: one program whatever page_size says
+  if cache == "paged":
+    page_size = check_page_size(page_size, cfg.max_len)
+  else:  # the other caches have no pages: one program whatever page_size says
+    positive_int("page_size", page_size)
     page_size = _DEFAULTS.page_size
   if cache_len is not None:
     if cache == "ring":
@@ -225,6 +227,20 @@ def positive_int(name, value) -> int:
   except ValueError as e:
     raise GenerateInputError(str(e)) from None
   return int(value)
+
+
+def check_page_size(page_size, max_len: int) -> int:
+  """``page_size`` as an int; a GenerateInputError unless it is a positive integer of at
+  most the smallest power of two >= ``max_len`` (the model's; 16 at least, the default and
+  the GPU kernel's smallest page). A longer page is never filled; until 2026-12-06 a huge
+  one allocated that many slots per sequence (an OverflowError from inside JAX past 2**31)."""
+  page_size = positive_int("page_size", page_size)
+  most = max(16, 1 << (max_len - 1).bit_length())
+  if page_size > most:
+    raise GenerateInputError(
+        f"page_size={page_size} is more than {most}: the model's max_len={max_len} never fills "
+        f"such a page; give at most {most} (the smallest power of two >= max_len, 16 at least)")
+  return page_size
 
 
 # The stop ids a decode program takes: up to this many, padded with -1 (no token), so that

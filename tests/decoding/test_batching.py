@@ -274,6 +274,11 @@ def test_prefill_buckets_hold_the_prompt_with_less_than_half_of_it_as_padding():
      r"max_new_tokens must be one int or one per request, got an array of shape \(2, 1\)"),
     (dict(slots=0), "slots=0"),
     (dict(page_size=0), "page_size=0 must be a positive integer"),
+    # max_len = 64: a longer page is never filled (2**31 was an OverflowError inside JAX)
+    (dict(page_size=65), r"^page_size=65 is more than 64: the model's max_len=64 never fills "
+                         r"such a page; give at most 64 \(the smallest power of two >= "
+                         r"max_len, 16 at least\)$"),
+    (dict(page_size=2**31), r"^page_size=2147483648 is more than 64"),
     (dict(decode_chunk=0), "decode_chunk=0 must be a positive integer"),
     (dict(num_pages=0), "num_pages=0 must be a positive integer"),
     (dict(sampling="greedy"), "sampling must be a Sampling, got str"),

@@ -495,6 +495,29 @@ def test_generate_rejects_bad_prompts():
   for name, bad in (("page_size", 0), ("page_size", -4), ("num_pages", 0), ("num_pages", 2.5)):
     with pytest.raises(ValueError, match=re.escape(f"{name}={bad!r} must be a positive integer")):
       attnlab.generate(model, np.array([[5, 6]]), cache="paged", **{name: bad})
+  # A page longer than max_len = 64 is never filled: refused before a cache of that size is
+  # allocated (until 2026-12-06 a page of 2**31 was an OverflowError from inside JAX); the
+  # other caches ignore page_size.
+  for bad in (65, 2**31):
+    with pytest.raises(ValueError) as e:
+      attnlab.generate(model, np.array([[5, 6]]), cache="paged", page_size=bad)
+    assert str(e.value) == (f"page_size={bad} is more than 64: the model's max_len=64 never "
+                            "fills such a page; give at most 64 (the smallest power of two >= "
+                            "max_len, 16 at least)")
+  # The bound is max_len rounded up to a power of two, 16 at least (the default page and the
+  # GPU kernel's smallest, whatever max_len).
+  from attnlab.decoding.generate import check_page_size
+  assert [check_page_size(c, n) for c, n in ((16, 1), (16, 8), (64, 48), (64, 33), (7, 7))] == [
+      16, 16, 64, 64, 7]
+  for c, n, most in ((17, 8, 16), (65, 48, 64), (33, 32, 32)):
+    with pytest.raises(ValueError, match=f"^page_size={c} is more than {most}: the model's "
+                                         f"max_len={n} never"):
+      check_page_size(c, n)
+  want = attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=2, cache="contiguous",
+                          page_size=2**31)
+  got = attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=2, cache="paged",
+                         page_size=64)  # one page of max_len
+  np.testing.assert_array_equal(got, want)
   with pytest.raises(ValueError, match=re.escape(
       "num_pages=4 is for cache='paged', got cache='contiguous'")):
     attnlab.generate(model, np.array([[5, 6]]), cache="contiguous", num_pages=4)

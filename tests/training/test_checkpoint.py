@@ -192,7 +192,8 @@ def test_healthy_checkpoint_restores_without_warning(saved, recwarn, warned):
 
 
 def test_a_reader_leaves_a_half_saved_checkpoint_and_a_writer_deletes_it_at_once(saved, tmp_path,
-                                                                                caplog):
+                                                                                caplog,
+                                                                                monkeypatch):
   """A save killed before its commit leaves ``<step>.orbax-checkpoint-tmp``. A
   read-only Checkpointer (load_checkpoint, attnlab eval, a sweep's progress
   check) deletes nothing: that directory may be the save of a run still
@@ -220,6 +221,19 @@ def test_a_reader_leaves_a_half_saved_checkpoint_and_a_writer_deletes_it_at_once
     finally:
       reader.close()
     assert (half / "params" / "x").read_bytes() == b"half written"
+  assert _listing(workdir) == ["1", "2", "3.orbax-checkpoint-tmp"]
+
+  # On several hosts only process 0 deletes it (the others would race it on the shared
+  # directory): a writer on process 1 leaves it.
+  class OnProcess1:
+    process_index = staticmethod(lambda: 1)
+
+    def __getattr__(self, name):
+      return getattr(jax, name)
+
+  with monkeypatch.context() as m:
+    m.setattr(checkpoint, "jax", OnProcess1())
+    Checkpointer(str(workdir)).close()
   assert _listing(workdir) == ["1", "2", "3.orbax-checkpoint-tmp"]
   with caplog.at_level(logging.INFO, logger=checkpoint.__name__):
     writer = Checkpointer(str(workdir))

@@ -170,6 +170,15 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES, *,
     bad = (_unparsable_binding(bindings) if isinstance(e, SyntaxError) and not e.filename
            else None)
     if bad is not None:  # gin's message names neither the binding nor its flag
+      name = bad.split("=", 1)[0].strip()
+      if "=" not in bad:  # until 2026-12-06 "its value does not parse", as for the next
+        raise GinConfigError(f"binding {bad!r} has no '=' (a binding is NAME = VALUE: "
+                             "TrainConfig.steps = 100)") from e
+      if not _GIN_NAME.fullmatch(name):
+        raise GinConfigError(
+            f"binding {bad!r}: {name!r} is not a gin name (a binding is NAME = VALUE, NAME a "
+            "field or a macro, after scopes without dots if any: TrainConfig.steps = 100, "
+            "train/LR = 0.5)") from e
       raise GinConfigError(
           f"binding {bad!r}: its value does not parse (a string needs quotes, a tuple "
           "parentheses: TrainConfig.schedule = 'cosine', TrainConfig.mesh_shape = (2, 1, 1))"
@@ -248,6 +257,11 @@ def _unused_macro_binding(bindings, gin_files, folders, classes) -> str | None:
     return (f"binding {binding!r} sets nothing: {name!r} is no config field, and no %{field} "
             f"macro reads it{hint}")
   return None
+
+
+# What gin parses left of a binding's "=": scopes (names without dots) joined by "/", then a
+# macro or a dotted configurable.field.
+_GIN_NAME = re.compile(r"(?:[A-Za-z_]\w*/)*[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 
 
 def _unparsable_binding(bindings: list[str]) -> str | None:

@@ -291,6 +291,23 @@ def test_includes_resolve_beside_this_calls_files_before_the_working_directory(
      "a tuple parentheses: TrainConfig.schedule = 'cosine', TrainConfig.mesh_shape = (2, 1, 1))"),
     ([], ["TrainConfig.mesh_shape = 2,1,1"], "binding 'TrainConfig.mesh_shape = 2,1,1': its value "
      "does not parse"),
+    ([], ["TrainConfig.steps = )"], "binding 'TrainConfig.steps = )': its value does not parse"),
+    # ... and one whose name does not parse: named as such (until 2026-12-06 "its value").
+    ([], ["a.b/TrainConfig.steps = 1"], "binding 'a.b/TrainConfig.steps = 1': "
+     "'a.b/TrainConfig.steps' is not a gin name (a binding is NAME = VALUE, NAME a field or a "
+     "macro, after scopes without dots if any: TrainConfig.steps = 100, train/LR = 0.5)"),
+    ([], ["TrainConfig..steps = 1"], "binding 'TrainConfig..steps = 1': 'TrainConfig..steps' is "
+     "not a gin name"),
+    ([], ["Train Config.steps = 1"], "binding 'Train Config.steps = 1': 'Train Config.steps' is "
+     "not a gin name"),
+    ([], [".a/TrainConfig.steps = 1"], "binding '.a/TrainConfig.steps = 1': "
+     "'.a/TrainConfig.steps' is not a gin name"),
+    ([], ["TrainConfig.steps 1"], "binding 'TrainConfig.steps 1' has no '=' (a binding is "
+     "NAME = VALUE: TrainConfig.steps = 100)"),
+    ([], ["TrainConfig.steps"], "binding 'TrainConfig.steps' has no '='"),
+    # A module-qualified name is a gin name: its value is what does not parse.
+    ([], ["attnlab.config.TrainConfig.schedule = cosine"],
+     "binding 'attnlab.config.TrainConfig.schedule = cosine': its value does not parse"),
     # A scope: the configs are built unscoped, and gin dropped these without a word until
     # 2026-12-04 (found by a review).
     ([], ["train/ModelConfig.d_model = 64", "ModelConfig.d_ff = 64", "x/TrainConfig.steps = 1"],

@@ -168,6 +168,12 @@ def test_read_text_replaces_bad_utf8_and_drops_a_byte_order_mark(tmp_path, warne
   # document); one elsewhere is a character like any other.
   path.write_bytes("\ufeffdef f():\n  x = '\ufeff'\n".encode())
   assert text.read_text(str(path)) == "def f():\n  x = '\ufeff'\n"
+  # ... also in a file with bytes that are not UTF-8, whose first bad byte is counted in the
+  # file's bytes, the mark's three too (until 2026-12-06 from after the mark: "byte 2").
+  path.write_bytes("\ufeffab".encode() + b"\xffc")
+  assert text.read_text(str(path)) == "ab\ufffdc"
+  assert warned()[-1] == (f"{path} is not UTF-8 text (invalid start byte at byte 5): 1 byte "
+                          "sequence(s) read as U+FFFD")
 
 
 def test_read_tsv_keeps_fields_as_written_and_names_bad_lines(tmp_path, warned):
@@ -231,6 +237,9 @@ def test_tsv_splits_by_a_second_file_or_by_line(tmp_path):
   few.write_text("".join(f"{s}\t{t}\n" for s, t in lines[:4]))
   assert all(text.in_validation(str(i), 99) for i in range(4))
   assert text.tsv_splits([str(few)], 99) == {"train": lines[1:4], "validation": lines[:1]}
+  # Two pairs, both held out: the second trains (the smallest file this applies to).
+  few.write_text("".join(f"{s}\t{t}\n" for s, t in lines[:2]))
+  assert text.tsv_splits([str(few)], 99) == {"train": lines[1:2], "validation": lines[:1]}
   two = tmp_path / "two.tsv"
   two.write_text("v\tw\n")
   assert text.tsv_splits([str(one), str(two)], 10) == {"train": lines,

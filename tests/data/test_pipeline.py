@@ -486,6 +486,10 @@ def test_the_bos_a_post_processor_puts_in_front(tmp_path):
   # ... but a later probe that encodes finds the bos.
   assert bos_of("bpe0", bpe({"<s>": 0, "</s>": 1, "0": 2}),
                 template(single="<s> $A", special_tokens=[("<s>", 0)])) == 0
+  # Lower-case letters alone (a text in upper case encodes to nothing): "a", then "hello".
+  bos_first = template(single="<s> $A", special_tokens=[("<s>", 0)])
+  assert bos_of("bpe_a", bpe({"<s>": 0, "a": 1}), bos_first) == 0
+  assert bos_of("bpe_hello", bpe({"<s>": 0, "h": 1, "e": 2, "l": 3, "o": 4}), bos_first) == 0
 
 
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])

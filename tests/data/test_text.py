@@ -294,6 +294,10 @@ def test_make_tokenizer_builds_the_kind_named(tmp_path):
   path = word_level_tokenizer_json(tmp_path / "tokenizer.json", ["<pad>", "a"])
   hf = make_tokenizer("hf_json", path, bos_id=5, eos_id=6)
   assert isinstance(hf, HFJsonTokenizer) and (hf.bos_id, hf.eos_id, hf.vocab_size) == (5, 6, 2)
+  # No model file given: the refusal names the empty path.
+  with pytest.raises(ValueError, match="^" + re.escape(
+      "tokenizer_model='' is not a readable tokenizer.json: ")):
+    make_tokenizer("hf_json")
   with pytest.raises(ValueError, match=re.escape(
       "tokenizer='bpe' is not one of 'byte', 'sentencepiece', 'hf_json'")):
     make_tokenizer("bpe", "m.model")
@@ -313,6 +317,21 @@ def test_hf_json_tokenizer_ids_vocabulary_and_bad_files(tmp_path):
   with pytest.raises(ValueError, match=re.escape(
       f"tokenizer_model={str(bad)!r} is not a readable tokenizer.json: ")):
     HFJsonTokenizer(str(bad))
+
+
+def test_the_named_pad_is_tokenizer_configs_else_special_tokens_maps(tmp_path):
+  """``named_pad_id`` reads special_tokens_map.json when tokenizer_config.json is absent or
+  unreadable, or names no pad (the files transformers writes beside tokenizer.json)."""
+  path = word_level_tokenizer_json(tmp_path / "tokenizer.json", ["<pad>", "a", "w1"])
+  hf = HFJsonTokenizer(path)
+  assert hf.named_pad_id(path) is None
+  (tmp_path / "special_tokens_map.json").write_text('{"pad_token": "w1"}')
+  assert hf.named_pad_id(path) == 2
+  for config in ("{not json", "[1]", '{"pad_token": null}'):
+    (tmp_path / "tokenizer_config.json").write_text(config)
+    assert hf.named_pad_id(path) == 2, config
+  (tmp_path / "tokenizer_config.json").write_text('{"pad_token": {"content": "a"}}')
+  assert hf.named_pad_id(path) == 1
 
 
 @pytest.mark.parametrize("module,build,message", [

@@ -206,6 +206,10 @@ def test_validation_reads_every_row_in_order_and_fills_up_the_last_batch():
   assert [r for r, _, _ in _rows(pipeline.validation_batches(val, dcfg, num_batches=5,
                                                              multiple_of=4))] == [
       [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1]]
+  # As many rows as a batch is not fewer: batch_size rows, whatever multiple_of says.
+  assert [r for r, _, _ in _rows(pipeline.validation_batches({"validation": MaskedRows(4)},
+                                                             dcfg, 5, multiple_of=3))] == [
+      [0, 1, 2, 3]]
   endless = pipeline.validation_batches({"validation": MaskedRows(None)}, dcfg, num_batches=2)
   assert _rows(endless) == [([0, 1, 2, 3], [True] * 4, [3.0] * 4),
                             ([4, 5, 6, 7], [True] * 4, [3.0] * 4)]

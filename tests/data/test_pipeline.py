@@ -84,8 +84,11 @@ def test_fits_tells_the_examples_the_layout_cuts(arch):
   want = [True, False, False, True] if arch == "encoder_decoder" else [True, False, True, False]
   assert src.fits([0, 1, 2, 3]).tolist() == want and src.fits([3, 0]).tolist() == want[::-3]
   assert src.fits(lengths=src.lengths([0, 1, 2, 3])).tolist() == want
+  lengths = src.lengths([0, 1, 2, 3])
+  assert lengths.dtype == np.int32 and lengths.tolist() == [[len(s), len(t)] for s, t in pairs]
   for bad in (dict(), dict(indices=[0], lengths=src.lengths([0]))):  # one of the two
-    with pytest.raises(ValueError, match="takes the examples' indices or their lengths"):
+    with pytest.raises(ValueError, match="^" + re.escape(
+        "PairBatches.fits takes the examples' indices or their lengths (one)") + "$"):
       src.fits(**bad)
   if arch == "decoder_only":
     batch = src.batch([0, 1, 2, 3])
@@ -372,6 +375,21 @@ def test_a_split_that_holds_nothing_out_holds_out_the_last_line_or_says_so(tmp_p
       "fewer than one row of seq_len=64 needs (65)")):
     pipeline.build_sources(DataConfig(task="lm", paths=(str(lm),), seq_len=64, batch_size=1),
                            decoder)
+
+
+def test_a_split_of_many_files_too_short_for_a_row_names_three_of_them(tmp_path):
+  """The split's first three files and how many it has, in the refusal of a split shorter
+  than one row."""
+  for i in range(8):
+    (tmp_path / f"f{i}.txt").write_text("x\n")
+  dcfg = DataConfig(task="lm", paths=(str(tmp_path / "*.txt"),), seq_len=64, batch_size=1,
+                    validation_percent=20)
+  train = text.lm_files(dcfg.paths, validation_percent=20)["train"]
+  assert len(train) > 3
+  with pytest.raises(ValueError, match="^" + re.escape(
+      f"the train split ({', '.join(train[:3])}, ... ({len(train)} files); "
+      "validation_percent=20) has ")):
+    pipeline.build_sources(dcfg, ModelConfig(arch="decoder_only"))
 
 
 def _llama_like_tokenizer(tmp_path):

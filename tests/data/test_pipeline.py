@@ -377,18 +377,20 @@ def test_a_split_that_holds_nothing_out_holds_out_the_last_line_or_says_so(tmp_p
                            decoder)
 
 
-def test_a_split_of_many_files_too_short_for_a_row_names_three_of_them(tmp_path):
-  """The split's first three files and how many it has, in the refusal of a split shorter
-  than one row."""
-  for i in range(8):
-    (tmp_path / f"f{i}.txt").write_text("x\n")
+@pytest.mark.parametrize("n", [3, 4, 8])
+def test_a_split_of_many_files_too_short_for_a_row_names_three_of_them(tmp_path, n):
+  """A split shorter than one row is refused naming its first three files, and how many it
+  has when there are more (validation_percent=0: every file is a training file)."""
+  files = [tmp_path / f"f{i}.txt" for i in range(n)]
+  for f in files:
+    f.write_text("x\n")
+  files = [str(f) for f in files]
   dcfg = DataConfig(task="lm", paths=(str(tmp_path / "*.txt"),), seq_len=64, batch_size=1,
-                    validation_percent=20)
-  train = text.lm_files(dcfg.paths, validation_percent=20)["train"]
-  assert len(train) > 3
+                    validation_percent=0)
+  shown = ", ".join(files[:3]) + (f", ... ({n} files)" if n > 3 else "")
   with pytest.raises(ValueError, match="^" + re.escape(
-      f"the train split ({', '.join(train[:3])}, ... ({len(train)} files); "
-      "validation_percent=20) has ")):
+      f"the train split ({shown}; validation_percent=0) has {4 * n} tokens, fewer than "
+      "one row of seq_len=64 needs (65)") + "$"):
     pipeline.build_sources(dcfg, ModelConfig(arch="decoder_only"))
 
 

@@ -103,14 +103,16 @@ def test_fits_tells_the_examples_the_layout_cuts(arch):
 def test_a_cut_encoder_decoder_target_is_not_trained_to_end_at_the_cut():
   """A target longer than its row keeps an eos at the cut (the layout's shape), but that eos
   is no label: the target does not end there (until 2026-12-04 it trained the model to stop
-  early on long pairs). A target that fits keeps its eos a label."""
-  src = pipeline.PairBatches([("ab", "xyzuvw"), ("ab", "xyz")], TOK, seq_len=4,
-                             arch="encoder_decoder", loss_on_prompt=False)
-  batch = src.batch([0, 1])
+  early on long pairs). A target that fits keeps its eos a label; one a token or two longer
+  (T or T + 1 tokens) is cut like a longer one."""
+  src = pipeline.PairBatches([("ab", "xyzuvw"), ("ab", "xyz"), ("ab", "xyzu"), ("ab", "xyzuv")],
+                             TOK, seq_len=4, arch="encoder_decoder", loss_on_prompt=False)
+  batch = src.batch([0, 1, 2, 3])
   x, y, z = TOK.encode("xyz").tolist()
-  assert batch["targets_BT"].tolist() == [[x, y, z, EOS], [x, y, z, EOS]]
-  assert batch["loss_mask_BT"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
-  assert src.fits([0, 1]).tolist() == [False, True]
+  assert batch["targets_BT"].tolist() == [[x, y, z, EOS]] * 4
+  assert batch["loss_mask_BT"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 0],
+                                            [1, 1, 1, 0]]
+  assert src.fits([0, 1, 2, 3]).tolist() == [False, True, False, False]
 
 
 def test_packed_rows_dtypes_and_the_rows_a_stream_holds():

@@ -262,12 +262,30 @@ def test_build_sources_passes_loss_on_prompt():
   assert sources["train"].batch([0])["loss_mask_BT"][0, 0] == 1.0
 
 
+def test_build_sources_lays_out_with_the_tokenizer_it_is_given(tmp_path):
+  """A caller's tokenizer is the one used and handed back (the run's check made it, and
+  a tokenizer model file is read once), not one made again from the config."""
+
+  class Reversed(ByteTokenizer):
+    def encode(self, text, **kw):
+      return super().encode(text[::-1], **kw)
+
+  tok = Reversed()
+  pairs = tmp_path / "pairs.tsv"
+  pairs.write_text("abc\tx\n")
+  sources, got = pipeline.build_sources(DataConfig(task="tsv", paths=(str(pairs),), seq_len=8),
+                                        ModelConfig(arch="encoder_decoder"), tok)
+  assert got is tok
+  assert sources["train"].batch([0])["src_BS"][0, :4].tolist() == [*TOK.encode("cba"), EOS]
+
+
 def test_lm_task_needs_a_decoder_only_model():
   with pytest.raises(ValueError, match=r"^task='lm' needs arch='decoder_only'$"):
     pipeline.build_sources(DataConfig(task="lm"), ModelConfig(arch="encoder_decoder"))
   # Nor does loss_on_prompt apply to an encoder-decoder (ignored until 2026-12-04).
-  with pytest.raises(ValueError, match=r"^DataConfig.loss_on_prompt=True does not apply to an "
-                                       r"encoder-decoder"):
+  with pytest.raises(ValueError, match="^" + re.escape(
+      "DataConfig.loss_on_prompt=True does not apply to an encoder-decoder (its source is the "
+      "encoder's input, never a target); it is for a decoder-only model") + "$"):
     pipeline.build_sources(DataConfig(task="copy", loss_on_prompt=True),
                            ModelConfig(arch="encoder_decoder"))
 

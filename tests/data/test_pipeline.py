@@ -243,9 +243,9 @@ def test_synthetic_tasks_need_seq_len_for_their_longest_example(arch, task, max_
   lengths = dict(max_len=max_len) | ({} if task == "add" else dict(min_len=1))
   sources, _ = pipeline.build_sources(DataConfig(task=task, seq_len=need, **lengths), mcfg)
   assert sources["train"].arch == arch
-  with pytest.raises(ValueError, match=re.escape(
+  with pytest.raises(ValueError, match="^" + re.escape(
       f"DataConfig.seq_len={need - 1} is too short for task={task!r} with DataConfig.max_len="
-      f"{max_len}: needs {need}")):
+      f"{max_len}: needs {need}") + "$"):
     pipeline.build_sources(DataConfig(task=task, seq_len=need - 1, **lengths), mcfg)
 
 

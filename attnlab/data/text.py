@@ -100,8 +100,9 @@ def split_lines(doc: str, percent: int) -> tuple[str, str]:
 
 def read_text(path: str) -> str:
   """A corpus file's text: bytes that are not UTF-8 are replaced (U+FFFD) with a warning
-  naming the file, where the first one is and how many were replaced (silent until
-  2026-12-04: a glob that caught a binary file trained on it as text), a UTF-8 byte order
+  naming the file, where the first one is (its byte offset in the file, a byte order mark
+  counted) and how many were replaced (silent until 2026-12-04: a glob that caught a binary
+  file trained on it as text), a UTF-8 byte order
   mark at the start is not text, and line ends are "\n" (Python's universal newlines:
   "\r\n" and a lone "\r" read as "\n", so one corpus packs alike whichever system wrote
   it)."""
@@ -112,8 +113,10 @@ def read_text(path: str) -> str:
   except UnicodeDecodeError as e:
     out = data.decode("utf-8-sig", errors="replace")
     replaced = out.count("\ufffd") - data.count("\ufffd".encode())
+    # "utf-8-sig" counts positions from after a byte order mark: the file's byte is past it.
+    mark = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     log.warning("%s is not UTF-8 text (%s at byte %d): %d byte sequence(s) read as U+FFFD",
-                path, e.reason, e.start, replaced)
+                path, e.reason, mark + e.start, replaced)
   return out.replace("\r\n", "\n").replace("\r", "\n")
 
 

@@ -84,8 +84,11 @@ def test_fits_tells_the_examples_the_layout_cuts(arch):
   want = [True, False, False, True] if arch == "encoder_decoder" else [True, False, True, False]
   assert src.fits([0, 1, 2, 3]).tolist() == want and src.fits([3, 0]).tolist() == want[::-3]
   assert src.fits(lengths=src.lengths([0, 1, 2, 3])).tolist() == want
+  lengths = src.lengths([0, 1, 2, 3])
+  assert lengths.dtype == np.int32 and lengths.tolist() == [[len(s), len(t)] for s, t in pairs]
   for bad in (dict(), dict(indices=[0], lengths=src.lengths([0]))):  # one of the two
-    with pytest.raises(ValueError, match="takes the examples' indices or their lengths"):
+    with pytest.raises(ValueError, match="^" + re.escape(
+        "PairBatches.fits takes the examples' indices or their lengths (one)") + "$"):
       src.fits(**bad)
   if arch == "decoder_only":
     batch = src.batch([0, 1, 2, 3])
@@ -100,14 +103,16 @@ def test_fits_tells_the_examples_the_layout_cuts(arch):
 def test_a_cut_encoder_decoder_target_is_not_trained_to_end_at_the_cut():
   """A target longer than its row keeps an eos at the cut (the layout's shape), but that eos
   is no label: the target does not end there (until 2026-12-04 it trained the model to stop
-  early on long pairs). A target that fits keeps its eos a label."""
-  src = pipeline.PairBatches([("ab", "xyzuvw"), ("ab", "xyz")], TOK, seq_len=4,
-                             arch="encoder_decoder", loss_on_prompt=False)
-  batch = src.batch([0, 1])
+  early on long pairs). A target that fits keeps its eos a label; one a token or two longer
+  (T or T + 1 tokens) is cut like a longer one."""
+  src = pipeline.PairBatches([("ab", "xyzuvw"), ("ab", "xyz"), ("ab", "xyzu"), ("ab", "xyzuv")],
+                             TOK, seq_len=4, arch="encoder_decoder", loss_on_prompt=False)
+  batch = src.batch([0, 1, 2, 3])
   x, y, z = TOK.encode("xyz").tolist()
-  assert batch["targets_BT"].tolist() == [[x, y, z, EOS], [x, y, z, EOS]]
-  assert batch["loss_mask_BT"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
-  assert src.fits([0, 1]).tolist() == [False, True]
+  assert batch["targets_BT"].tolist() == [[x, y, z, EOS]] * 4
+  assert batch["loss_mask_BT"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 0],
+                                            [1, 1, 1, 0]]
+  assert src.fits([0, 1, 2, 3]).tolist() == [False, True, False, False]
 
 
 def test_packed_rows_dtypes_and_the_rows_a_stream_holds():
@@ -206,6 +211,10 @@ def test_validation_reads_every_row_in_order_and_fills_up_the_last_batch():
   assert [r for r, _, _ in _rows(pipeline.validation_batches(val, dcfg, num_batches=5,
                                                              multiple_of=4))] == [
       [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1]]
+  # As many rows as a batch is not fewer: batch_size rows, whatever multiple_of says.
+  assert [r for r, _, _ in _rows(pipeline.validation_batches({"validation": MaskedRows(4)},
+                                                             dcfg, 5, multiple_of=3))] == [
+      [0, 1, 2, 3]]
   endless = pipeline.validation_batches({"validation": MaskedRows(None)}, dcfg, num_batches=2)
   assert _rows(endless) == [([0, 1, 2, 3], [True] * 4, [3.0] * 4),
                             ([4, 5, 6, 7], [True] * 4, [3.0] * 4)]
@@ -234,9 +243,9 @@ def test_synthetic_tasks_need_seq_len_for_their_longest_example(arch, task, max_
   lengths = dict(max_len=max_len) | ({} if task == "add" else dict(min_len=1))
   sources, _ = pipeline.build_sources(DataConfig(task=task, seq_len=need, **lengths), mcfg)
   assert sources["train"].arch == arch
-  with pytest.raises(ValueError, match=re.escape(
+  with pytest.raises(ValueError, match="^" + re.escape(
       f"DataConfig.seq_len={need - 1} is too short for task={task!r} with DataConfig.max_len="
-      f"{max_len}: needs {need}")):
+      f"{max_len}: needs {need}") + "$"):
     pipeline.build_sources(DataConfig(task=task, seq_len=need - 1, **lengths), mcfg)
 
 
@@ -253,12 +262,30 @@ def test_build_sources_passes_loss_on_prompt():
   assert sources["train"].batch([0])["loss_mask_BT"][0, 0] == 1.0
 
 
+def test_build_sources_lays_out_with_the_tokenizer_it_is_given(tmp_path):
+  """A caller's tokenizer is the one used and handed back (the run's check made it, and
+  a tokenizer model file is read once), not one made again from the config."""
+
+  class Reversed(ByteTokenizer):
+    def encode(self, text, **kw):
+      return super().encode(text[::-1], **kw)
+
+  tok = Reversed()
+  pairs = tmp_path / "pairs.tsv"
+  pairs.write_text("abc\tx\n")
+  sources, got = pipeline.build_sources(DataConfig(task="tsv", paths=(str(pairs),), seq_len=8),
+                                        ModelConfig(arch="encoder_decoder"), tok)
+  assert got is tok
+  assert sources["train"].batch([0])["src_BS"][0, :4].tolist() == [*TOK.encode("cba"), EOS]
+
+
 def test_lm_task_needs_a_decoder_only_model():
   with pytest.raises(ValueError, match=r"^task='lm' needs arch='decoder_only'$"):
     pipeline.build_sources(DataConfig(task="lm"), ModelConfig(arch="encoder_decoder"))
   # Nor does loss_on_prompt apply to an encoder-decoder (ignored until 2026-12-04).
-  with pytest.raises(ValueError, match=r"^DataConfig.loss_on_prompt=True does not apply to an "
-                                       r"encoder-decoder"):
+  with pytest.raises(ValueError, match="^" + re.escape(
+      "DataConfig.loss_on_prompt=True does not apply to an encoder-decoder (its source is the "
+      "encoder's input, never a target); it is for a decoder-only model") + "$"):
     pipeline.build_sources(DataConfig(task="copy", loss_on_prompt=True),
                            ModelConfig(arch="encoder_decoder"))
 
@@ -368,6 +395,23 @@ def test_a_split_that_holds_nothing_out_holds_out_the_last_line_or_says_so(tmp_p
       "fewer than one row of seq_len=64 needs (65)")):
     pipeline.build_sources(DataConfig(task="lm", paths=(str(lm),), seq_len=64, batch_size=1),
                            decoder)
+
+
+@pytest.mark.parametrize("n", [3, 4, 8])
+def test_a_split_of_many_files_too_short_for_a_row_names_three_of_them(tmp_path, n):
+  """A split shorter than one row is refused naming its first three files, and how many it
+  has when there are more (validation_percent=0: every file is a training file)."""
+  files = [tmp_path / f"f{i}.txt" for i in range(n)]
+  for f in files:
+    f.write_text("x\n")
+  files = [str(f) for f in files]
+  dcfg = DataConfig(task="lm", paths=(str(tmp_path / "*.txt"),), seq_len=64, batch_size=1,
+                    validation_percent=0)
+  shown = ", ".join(files[:3]) + (f", ... ({n} files)" if n > 3 else "")
+  with pytest.raises(ValueError, match="^" + re.escape(
+      f"the train split ({shown}; validation_percent=0) has {4 * n} tokens, fewer than "
+      "one row of seq_len=64 needs (65)") + "$"):
+    pipeline.build_sources(dcfg, ModelConfig(arch="decoder_only"))
 
 
 def _llama_like_tokenizer(tmp_path):
@@ -486,6 +530,10 @@ def test_the_bos_a_post_processor_puts_in_front(tmp_path):
   # ... but a later probe that encodes finds the bos.
   assert bos_of("bpe0", bpe({"<s>": 0, "</s>": 1, "0": 2}),
                 template(single="<s> $A", special_tokens=[("<s>", 0)])) == 0
+  # Lower-case letters alone (a text in upper case encodes to nothing): "a", then "hello".
+  bos_first = template(single="<s> $A", special_tokens=[("<s>", 0)])
+  assert bos_of("bpe_a", bpe({"<s>": 0, "a": 1}), bos_first) == 0
+  assert bos_of("bpe_hello", bpe({"<s>": 0, "h": 1, "e": 2, "l": 3, "o": 4}), bos_first) == 0
 
 
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])

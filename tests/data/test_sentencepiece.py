@@ -42,6 +42,7 @@ def test_special_ids_and_exact_round_trip(corpus):
   proc = spm.SentencePieceProcessor(model_file=model)
   assert [proc.id_to_piece(i) for i in (tok.pad_id, tok.bos_id, tok.eos_id)] == [
       "<pad>", "<s>", "</s>"]
+  assert (proc.unk_id(), proc.id_to_piece(3)) == (3, "<unk>")  # right after the specials
   text = "def f(a):\n\n    if a:\n        return  a  # déjà ✓\n"
   ids = tok.encode(text)
   assert ids.dtype == np.int32 and ids.min() > tok.eos_id and ids.max() < VOCAB
@@ -50,6 +51,7 @@ def test_special_ids_and_exact_round_trip(corpus):
   assert tok.decode(np.concatenate([[1], ids, [2, 0, 0]])) == text
   # Ids past the vocabulary (a model's extra rows can sample them) are dropped, not an error.
   assert tok.decode(np.concatenate([ids, [tok.vocab_size, 10**6]])) == text
+  assert tok.decode(ids[None]) == text  # a row with its batch axis
   # Subword pieces: fewer tokens than bytes on text like the corpus.
   assert len(tok.encode("def function_7(x, y):\n")) < len(b"def function_7(x, y):\n")
 
@@ -101,6 +103,19 @@ def test_an_unreadable_model_file_is_a_value_error_naming_it(tmp_path):
   with pytest.raises(ValueError, match="^" + re.escape(
       f"tokenizer_model={str(garbage)!r} is not a readable sentencepiece model: ")):
     pipeline.make_tokenizer("sentencepiece", str(garbage))
+
+
+def test_train_defaults_to_a_vocabulary_of_4096(monkeypatch, tmp_path):
+  """``SentencePieceTokenizer.train(files, prefix)`` asks sentencepiece for 4096 pieces
+  (the trainer is stubbed: a corpus for 4096 pieces would take seconds to train)."""
+  from attnlab.data.tokenizer import SentencePieceTokenizer
+
+  seen = {}
+  monkeypatch.setattr(spm.SentencePieceTrainer, "train", lambda **kw: seen.update(kw))
+  prefix = str(tmp_path / "spm")
+  assert SentencePieceTokenizer.train(["a.txt", "b.txt"], prefix) == prefix + ".model"
+  assert (seen["input"], seen["model_prefix"], seen["vocab_size"]) == (
+      "a.txt,b.txt", prefix, 4096)
 
 
 def _train_spm(files, prefix, **ids):

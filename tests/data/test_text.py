@@ -168,6 +168,12 @@ def test_read_text_replaces_bad_utf8_and_drops_a_byte_order_mark(tmp_path, warne
   # document); one elsewhere is a character like any other.
   path.write_bytes("\ufeffdef f():\n  x = '\ufeff'\n".encode())
   assert text.read_text(str(path)) == "def f():\n  x = '\ufeff'\n"
+  # ... also in a file with bytes that are not UTF-8, whose first bad byte is counted in the
+  # file's bytes, the mark's three too (until 2026-12-06 from after the mark: "byte 2").
+  path.write_bytes("\ufeffab".encode() + b"\xffc")
+  assert text.read_text(str(path)) == "ab\ufffdc"
+  assert warned()[-1] == (f"{path} is not UTF-8 text (invalid start byte at byte 5): 1 byte "
+                          "sequence(s) read as U+FFFD")
 
 
 def test_read_tsv_keeps_fields_as_written_and_names_bad_lines(tmp_path, warned):
@@ -231,6 +237,9 @@ def test_tsv_splits_by_a_second_file_or_by_line(tmp_path):
   few.write_text("".join(f"{s}\t{t}\n" for s, t in lines[:4]))
   assert all(text.in_validation(str(i), 99) for i in range(4))
   assert text.tsv_splits([str(few)], 99) == {"train": lines[1:4], "validation": lines[:1]}
+  # Two pairs, both held out: the second trains (the smallest file this applies to).
+  few.write_text("".join(f"{s}\t{t}\n" for s, t in lines[:2]))
+  assert text.tsv_splits([str(few)], 99) == {"train": lines[1:2], "validation": lines[:1]}
   two = tmp_path / "two.tsv"
   two.write_text("v\tw\n")
   assert text.tsv_splits([str(one), str(two)], 10) == {"train": lines,
@@ -285,6 +294,10 @@ def test_make_tokenizer_builds_the_kind_named(tmp_path):
   path = word_level_tokenizer_json(tmp_path / "tokenizer.json", ["<pad>", "a"])
   hf = make_tokenizer("hf_json", path, bos_id=5, eos_id=6)
   assert isinstance(hf, HFJsonTokenizer) and (hf.bos_id, hf.eos_id, hf.vocab_size) == (5, 6, 2)
+  # No model file given: the refusal names the empty path.
+  with pytest.raises(ValueError, match="^" + re.escape(
+      "tokenizer_model='' is not a readable tokenizer.json: ")):
+    make_tokenizer("hf_json")
   with pytest.raises(ValueError, match=re.escape(
       "tokenizer='bpe' is not one of 'byte', 'sentencepiece', 'hf_json'")):
     make_tokenizer("bpe", "m.model")
@@ -304,6 +317,21 @@ def test_hf_json_tokenizer_ids_vocabulary_and_bad_files(tmp_path):
   with pytest.raises(ValueError, match=re.escape(
       f"tokenizer_model={str(bad)!r} is not a readable tokenizer.json: ")):
     HFJsonTokenizer(str(bad))
+
+
+def test_the_named_pad_is_tokenizer_configs_else_special_tokens_maps(tmp_path):
+  """``named_pad_id`` reads special_tokens_map.json when tokenizer_config.json is absent or
+  unreadable, or names no pad (the files transformers writes beside tokenizer.json)."""
+  path = word_level_tokenizer_json(tmp_path / "tokenizer.json", ["<pad>", "a", "w1"])
+  hf = HFJsonTokenizer(path)
+  assert hf.named_pad_id(path) is None
+  (tmp_path / "special_tokens_map.json").write_text('{"pad_token": "w1"}')
+  assert hf.named_pad_id(path) == 2
+  for config in ("{not json", "[1]", '{"pad_token": null}'):
+    (tmp_path / "tokenizer_config.json").write_text(config)
+    assert hf.named_pad_id(path) == 2, config
+  (tmp_path / "tokenizer_config.json").write_text('{"pad_token": {"content": "a"}}')
+  assert hf.named_pad_id(path) == 1
 
 
 @pytest.mark.parametrize("module,build,message", [

@@ -1224,6 +1224,10 @@ def test_prompts_are_laid_out_as_the_training_data_was(tmp_path):
   for task in ("tsv", "reverse"):
     assert lay(tok, "ab", "decoder_only", task) == [tok.bos_id, *text, tok.eos_id]
   assert lay(tok, "ab", "encoder_decoder", "reverse") == [*text, tok.eos_id]
+  # int32, as the training rows are (a list of int32 ids and an int eos was int64 to NumPy).
+  assert {pipeline.prompt_ids(tok, "ab", arch, task).dtype for arch, task in (
+      ("decoder_only", "lm"), ("decoder_only", "tsv"), ("encoder_decoder", "tsv"))} == {
+          np.dtype(np.int32)}
   # ... which is how the training layouts begin an example.
   assert list(pipeline.PackedText(["ab"], tok, seq_len=3, seed=0).tokens_Y[:3]) == lay(
       tok, "ab", "decoder_only", "lm")

@@ -8,6 +8,7 @@ the same name (attnlab/config.py), the one place decoding defaults live.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import sys
@@ -283,14 +284,21 @@ def _read_prompts(args):
     prompts, line_of = [args.prompt], lambda i: "the prompt"
   else:
     try:
-      # utf-8-sig: a byte order mark (Windows editors write one) is not text of the prompt.
-      with open(args.prompts_file, encoding="utf-8-sig") as f:
-        numbered = [(n, line.rstrip("\n")) for n, line in enumerate(f, 1) if line.strip()]
+      with open(args.prompts_file, "rb") as f:
+        data = f.read()
     except OSError as e:
       raise CommandError(f"cannot read --prompts_file: {e}") from None
+    try:
+      # utf-8-sig: a byte order mark (Windows editors write one) is not text of the prompt.
+      text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
+      # The byte's offset in the file: "utf-8-sig" counts from after a byte order mark (and
+      # a file read line by line, as until 2026-12-06, from the start of an 8 KiB chunk).
+      mark = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
       raise CommandError(f"--prompts_file {args.prompts_file} is not UTF-8 text ({e.reason} at "
-                         f"byte {e.start})") from None
+                         f"byte {mark + e.start})") from None
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # as text mode reads
+    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
     if not numbered:
       raise CommandError(f"--prompts_file {args.prompts_file} holds no prompt")
     prompts = [p for _, p in numbered]

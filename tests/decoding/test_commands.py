@@ -285,6 +285,10 @@ def test_a_prompts_file_prints_one_escaped_line_per_prompt(workdir, monkeypatch,
   rc, out, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts)], capsys)
   assert rc == 0 and out.splitlines() == [f"a\\tb\t{escaped}"], err
   assert seen[-1][0, :4].tolist() == [tok.bos_id, *tok.encode("a\tb")]
+  # Windows and old Mac line ends end a prompt as "\n" does; blank lines are skipped.
+  prompts.write_bytes(b"a\tb\r\n\r\nc\rd\n")
+  rc, out, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts)], capsys)
+  assert rc == 0 and out.splitlines() == [f"{p}\t{escaped}" for p in ("a\\tb", "c", "d")], err
   # Bytes of an argument that are not UTF-8 (Python keeps them as surrogates): one line, exit
   # 2 (a UnicodeEncodeError traceback before).
   rc, out, err = _run(["decode", "--workdir", workdir, "--prompt", "a\udcff"], capsys)
@@ -1176,6 +1180,16 @@ def test_decode_prompt_sources_and_their_errors(workdir, capsys, tmp_path):
   assert rc == 2 and err.strip() == (f"attnlab decode: error: --prompts_file "
                                      f"{tmp_path / 'latin1.txt'} is not UTF-8 text (invalid "
                                      "continuation byte at byte 3)"), err
+  # The byte is counted in the file: a byte order mark's three bytes too, and past the first
+  # 8 KiB (until 2026-12-06 "byte 2" and "byte 1809": counted from after the mark, and from
+  # the start of the chunk the line reader was in).
+  for data, at in (("\ufeffab".encode() + b"\xffc\n", 5),
+                   (b"x" * 9999 + b"\n" + b"\xff\n", 10000)):
+    (tmp_path / "bad.txt").write_bytes(data)
+    rc, _, err = _run(base + ["--prompts_file", str(tmp_path / "bad.txt")], capsys)
+    assert rc == 2 and err.strip() == (f"attnlab decode: error: --prompts_file "
+                                       f"{tmp_path / 'bad.txt'} is not UTF-8 text (invalid "
+                                       f"start byte at byte {at})"), err
   (tmp_path / "blank.txt").write_text("\n  \n")
   rc, _, err = _run(base + ["--prompts_file", str(tmp_path / "blank.txt")], capsys)
   assert rc == 2 and err.strip() == (f"attnlab decode: error: --prompts_file "

@@ -230,17 +230,18 @@ def test_decode_slots_pass_every_flag_to_generate_requests(workdir, monkeypatch,
 def test_a_prompt_too_long_in_a_prompts_file_is_named(workdir, capsys, tmp_path):
   """The batch is as wide as its longest prompt: the refusal names that prompt (its line in
   the file, blank lines counted: it was its number among the prompts; its tokens with the
-  bos, its start)."""
+  bos, its start). A Windows or old Mac line end counts as one line end."""
   _, cfg = attnlab.load_checkpoint(workdir)
   prompts = tmp_path / "p.txt"
-  prompts.write_text("ab\n\n  \n" + "x" * (cfg.max_len - 3) + "\ncd\n")
-  rc, out, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts),
-                       "--max_new_tokens", "4"], capsys)
-  assert rc == 2 and out == ""
-  assert err.strip() == (
-      f"attnlab decode: error: the prompt plus max_new_tokens needs {cfg.max_len + 1} "
-      f"positions, more than the model's max_len={cfg.max_len} (the longest is line 4 of "
-      f"{prompts}, {cfg.max_len - 2} tokens: {'x' * 40!r})"), err
+  for end in ("\n", "\r\n", "\r"):
+    prompts.write_bytes(end.join(["ab", "", "  ", "x" * (cfg.max_len - 3), "cd", ""]).encode())
+    rc, out, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts),
+                         "--max_new_tokens", "4"], capsys)
+    assert rc == 2 and out == ""
+    assert err.strip() == (
+        f"attnlab decode: error: the prompt plus max_new_tokens needs {cfg.max_len + 1} "
+        f"positions, more than the model's max_len={cfg.max_len} (the longest is line 4 of "
+        f"{prompts}, {cfg.max_len - 2} tokens: {'x' * 40!r})"), (repr(end), err)
 
 
 def test_a_prompts_file_prints_one_escaped_line_per_prompt(workdir, monkeypatch, capsys,

@@ -79,6 +79,9 @@ def test_from_hf_writes_a_workdir_whose_model_computes_the_checkpoint(name, tmp_
   got = np.asarray(jax.jit(lambda t: model(t))(tokens[None]))[0]
   np.testing.assert_allclose(got, want, atol=2e-4, rtol=0)
   assert not (work / "generation_config.json").exists()  # one eos id: nothing to add
+  # The checkpoint records where its weights came from.
+  meta = json.loads((work / "checkpoints" / "0" / "meta" / "metadata").read_text())
+  assert (meta["converted_from"], meta["family"]) == (os.path.abspath(src), c["model_type"])
   text = (work / "config.gin").read_text()
   assert text.startswith(f"# Converted by `attnlab convert --from-hf {os.path.abspath(src)}`.\n"
                          "# Fine-tune: attnlab train --gin_file THIS_FILE --workdir ")
@@ -384,7 +387,26 @@ BAD_FLAGS = {
     # A config.gin that no longer describes the checkpoint (was a traceback, exit 1).
     "edited_config_gin": (["--to-hf", "--workdir", "EDITED", "--out", "NEW"],
                           "params holds arrays of other shapes: "),
+    # A tokenizer file that does not read: its own error, one line.
+    "unreadable_tokenizer": (["--to-hf", "--workdir", "BADTOK", "--out", "NEW"],
+                             "tokenizer_model='BADTOK/tokenizer.json' is not a readable "
+                             "tokenizer.json: "),
 }
+
+
+def _copy_with_a_bad_tokenizer(work, dst) -> str:
+  """``work`` naming a tokenizer.json beside it that is no tokenizer."""
+  shutil.copytree(work, dst)
+  (dst / "tokenizer.json").write_text("not json")
+  path = os.path.join(dst, "config.gin")
+  with open(path) as f:
+    text = f.read()
+  text = re.sub(r"DataConfig.tokenizer = .*", "DataConfig.tokenizer = 'hf_json'", text)
+  text = re.sub(r"DataConfig.tokenizer_model = .*",
+                f"DataConfig.tokenizer_model = '{dst / 'tokenizer.json'}'", text)
+  with open(path, "w") as f:
+    f.write(text)
+  return str(dst)
 
 
 def _edited_copy(work, dst) -> str:
@@ -425,6 +447,8 @@ def test_bad_flags_and_paths_exit_2_and_write_nothing(case, converted, tmp_path,
            "FILE": str(tmp_path / "file")}
   if "EDITED" in argv:
     subst["EDITED"] = _edited_copy(work, tmp_path / "edited")
+  if "BADTOK" in argv:
+    subst["BADTOK"] = _copy_with_a_bad_tokenizer(work, tmp_path / "badtok")
   argv = [subst.get(a, a) for a in argv]
   for key in sorted(subst, key=len, reverse=True):
     message = message.replace(key, subst[key])

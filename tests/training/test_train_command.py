@@ -260,6 +260,21 @@ def test_a_resume_that_does_not_fit_is_one_error_line(tmp_path, capsys, monkeypa
       "attnlab train: error: the checkpoints in w do not fit this run's model")
 
 
+def test_a_run_short_of_its_steps_exits_75_and_a_finished_one_0(tmp_path, capsys, monkeypatch):
+  """The trainer returns short of TrainConfig.steps only when a signal stopped the run (its
+  step saved): exit 75 (EXIT_STOPPED; the same command resumes), the summary printed all
+  the same."""
+  from attnlab.commands import EXIT_STOPPED
+
+  for step, rc in ((2, EXIT_STOPPED), (3, 0)):
+    monkeypatch.setattr(train_command.trainer, "train",
+                        lambda *args, step=step, **kw: {"step": step, "loss": 1.5})
+    assert cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--gin.TrainConfig.steps=3",
+                     "--workdir", str(tmp_path / "w")]) == rc
+    assert json.loads(capsys.readouterr().out) == {"workdir": str(tmp_path / "w"),
+                                                   "step": step, "loss": 1.5}
+
+
 def test_what_cannot_run_or_be_written_is_refused_before_the_workdir(tmp_path, capsys):
   """A cudnn model off a GPU is refused by the run check (until 2026-12-04 it wrote the
   workdir, then the first step's trace raised); a workdir under a file is one line (a

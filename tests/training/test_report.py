@@ -510,6 +510,8 @@ def test_runs_outside_the_plan_are_listed_not_averaged_and_the_folder_names_the_
   with open(os.path.join(sweep_lib.run_dir(out, "mqa", 1), sweep_lib.RESULT_FILE), "w") as f:
     f.write("{")
   os.makedirs(sweep_lib.run_dir(out, "gqa2", 7))  # no result.json: not a run's result
+  with open(os.path.join(out, sweep_lib.ARMS_DIR, "a_note.txt"), "w") as f:
+    f.write("rerun on the big box\n")  # a note beside the arms, listed before them: skipped
   counts = report_lib.write_report(out, sweep, arms, BASE, plots=False)
   assert counts == {"ok": 4, "failed": 0, "interrupted": 0, "pending": 0, "outside_plan": 4}
   assert [(r["arm"], r["seed"]) for r in read_csv(out, "results.csv")] == [

@@ -722,6 +722,10 @@ def test_convert_heads_command_bindings_seed_and_summary(micro, tmp_path, capsys
                                 np.asarray(_logits(want, TOKENS)))
   assert not np.array_equal(np.asarray(_logits(want, TOKENS)),
                             np.asarray(_logits(other, TOKENS)))
+  # Without --seed: seed 0.
+  np.testing.assert_array_equal(
+      np.asarray(_logits(attnlab.load_checkpoint(reseeded)[0], TOKENS)),
+      np.asarray(_logits(other, TOKENS)))
 
 
 def test_match_params_arms_are_within_one_percent():

@@ -520,3 +520,38 @@ def test_convert_heads_of_a_workdir_its_config_gin_no_longer_describes(converted
   assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
   assert "params holds arrays of other shapes: " in err, err
   assert not (tmp_path / "mqa").exists()
+
+
+def test_filled_params_names_a_missing_mismatched_or_extra_parameter():
+  """``filled_params`` (what the import saves, and the test checkpoints' builder) takes
+  every parameter with the model's shape and dtype, consuming the dict; a parameter no
+  rule fills, one of another shape or dtype, or one the model lacks is named."""
+  from flax import nnx
+
+  from attnlab.commands.convert import filled_params
+
+  mcfg = attnlab.ModelConfig(vocab_size=16, d_model=8, num_heads=2, num_layers=1, d_ff=16,
+                             max_len=8)
+  abstract = nnx.state(nnx.eval_shape(lambda: attnlab.build_model(mcfg, rngs=nnx.Rngs(0))),
+                       nnx.Param)
+  full = {tuple(p): np.full(v.shape, i, v.dtype)
+          for i, (p, v) in enumerate(nnx.to_flat_state(abstract))}
+  given = dict(full)
+  state, n = filled_params(mcfg, given)
+  assert given == {} and n == sum(x.size for x in full.values())
+  for p, v in nnx.to_flat_state(state):
+    np.testing.assert_array_equal(np.asarray(v.get_value()), full[tuple(p)])
+  first = next(iter(full))
+  name, shape = "/".join(map(str, first)), full[first].shape
+  cases = [
+      ({k: v for k, v in full.items() if k != first}, f"no rule fills the parameter {name}"),
+      ({**full, first: full[first].astype(np.float16)},
+       f"parameter {name}: {shape} float16, the model has {shape} float32"),
+      ({**full, first: np.zeros((*shape, 1), np.float32)},
+       f"parameter {name}: {(*shape, 1)} float32, the model has {shape} float32"),
+      ({**full, ("extra", "w"): np.zeros(1, np.float32)},
+       "rules fill parameters the model lacks: [('extra', 'w')]")]
+  for params, message in cases:
+    with pytest.raises(AssertionError) as e:
+      filled_params(mcfg, params)
+    assert str(e.value) == message

@@ -549,8 +549,9 @@ def test_filled_params_names_a_missing_mismatched_or_extra_parameter():
        f"parameter {name}: {shape} float16, the model has {shape} float32"),
       ({**full, first: np.zeros((*shape, 1), np.float32)},
        f"parameter {name}: {(*shape, 1)} float32, the model has {shape} float32"),
-      ({**full, ("extra", "w"): np.zeros(1, np.float32)},
-       "rules fill parameters the model lacks: [('extra', 'w')]")]
+      ({**full, **{("extra", c): np.zeros(1, np.float32) for c in "dcba"}},  # the first 3
+       "rules fill parameters the model lacks: [('extra', 'a'), ('extra', 'b'), ('extra', "
+       "'c')]")]
   for params, message in cases:
     with pytest.raises(AssertionError) as e:
       filled_params(mcfg, params)

@@ -587,6 +587,30 @@ def test_the_report_is_utf8_whatever_the_locale(report):
   assert "± " in text and "Δ loss vs MHA" in text
 
 
+def test_the_csvs_and_report_are_utf8_under_an_ascii_locale(tmp_path):
+  """A failed run's error as written (a path with an "é"), in results.csv and report.md
+  under an ASCII locale too (README: UTF-8 whatever the locale): the in-process twin of the
+  test above, whose subprocess mutation testing does not see."""
+  import locale
+
+  out = str(tmp_path)
+  sweep = Sweep(num_kv_heads=(4,), seeds=(0, 1))
+  arms = sweep_lib.plan(sweep, MCFG)
+  write_result(out, arms[0], 0, result(arms[0], 0, 2.0))
+  error = "OSError: /données/run is full"
+  write_result(out, arms[0], 1, dict(status="failed", error=error, wall_time_s=1.0))
+  before = locale.setlocale(locale.LC_CTYPE)
+  locale.setlocale(locale.LC_CTYPE, "C")
+  try:
+    assert "utf" not in locale.getpreferredencoding(False).lower()
+    report_lib.write_report(out, sweep, arms, BASE, plots=False)
+  finally:
+    locale.setlocale(locale.LC_CTYPE, before)
+  with open(os.path.join(out, "results.csv"), encoding="utf-8", newline="") as f:
+    assert [r["error"] for r in csv.DictReader(f)] == ["", error]
+  assert f"- mha seed 1: failed ({error})\n" in read_report(out)
+
+
 def test_train_rate_leaves_out_every_window_that_holds_a_compilation():
   """The first window of each process (a new run, a resume) is flagged by the trainer and
   left out of the median; a resume's records of a step replace the killed run's; records

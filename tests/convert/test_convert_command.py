@@ -456,6 +456,8 @@ def test_bad_flags_and_paths_exit_2_and_write_nothing(case, converted, tmp_path,
   rc, out, err = _convert(capsys, *argv)
   assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
   assert message in err, err
+  if case not in ("both_ways", "bad_config_gin", "edited_config_gin", "unreadable_tokenizer"):
+    assert err == f"attnlab convert: error: {message}\n", err  # the whole line
   assert {d: sorted(os.listdir(d)) for d in before} == before
 
 

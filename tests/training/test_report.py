@@ -680,7 +680,8 @@ def test_an_encoder_decoders_kv_bytes_are_self_attention_and_cross_attention_apa
   # 2 (K and V) x 1 decoder layer x 1 KV head x head dim 8 x 4 bytes, per token either way.
   assert f"| mqa | 1 | {params:,} | {attn:,} | 64 | 64 | 2.0000 | " in text
   assert "| mha | 4 | " in text and " | 256 | 256 | 2.0000 | " in text
-  assert ("KV bytes: K and V cached per token over the decoder's self-attention layers "
+  assert ("failure adds to it). KV bytes: K and V cached per token over the decoder's "
+          "self-attention layers "  # the notes' paragraph, after its last sentence
           "(self-attn, per decoder token) and its cross-attention layers "
           "(cross-attn, per source token, computed once per source), 2 x layers x K x head "
           "dim x float32 bytes each.") in text

@@ -521,7 +521,9 @@ def test_runs_outside_the_plan_are_listed_not_averaged_and_the_folder_names_the_
   assert summary["gqa2"]["val_loss_diff_vs_mha"] == report_lib._fmt(0.0)
   text = read_report(out)
   assert ("\n\n## Runs under arms/ outside this plan\n\n4 run(s) with a result.json that this "
-          "sweep's arms and seeds (0, 1) do not include") in text
+          "sweep's arms and seeds (0, 1) do not include; they are in none of the tables and "
+          "plots above (rerun with the Sweep.seeds / Sweep.num_kv_heads that ran them to "
+          "include them):\n\n- gqa2 seed 2: ok\n") in text
   assert ("\n- gqa2 seed 2: ok\n- gqa2 seed 10: ok\n- mqa seed 0: ok\n- mqa seed 1: "
           "unreadable result.json\n") in text  # seeds in numeric order
   assert "| 2/2 |" in text and "Finished runs: 4 of 4." in text

@@ -696,6 +696,29 @@ def test_an_encoder_decoders_kv_bytes_are_self_attention_and_cross_attention_apa
   assert report_lib.cross_kv_bytes_per_source_token(MCFG) is None
 
 
+def test_an_encoder_decoders_cache_figure_names_the_self_attention_cache(tmp_path,
+                                                                         monkeypatch):
+  """The cache-memory figure's x axis of an encoder-decoder sweep is its self-attention
+  cache per token (the decoder-only label is checked above)."""
+  pytest.importorskip("matplotlib")
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  closed = []
+  close = plt.close
+  monkeypatch.setattr(plt, "close", lambda fig=None: closed.append(fig) or close(fig))
+  out = str(tmp_path)
+  mcfg = MCFG.replace(arch="encoder_decoder")
+  sweep = Sweep(num_kv_heads=(4, 1), seeds=(0,))
+  arms = sweep_lib.plan(sweep, mcfg)
+  for arm in arms:
+    write_result(out, arm, 0, result(arm, 0, 2.0))
+  report_lib.write_report(out, sweep, arms, (mcfg, BASE[1], BASE[2]))
+  assert closed[1].axes[0].get_xlabel() == "self-attention KV-cache bytes per token"
+
+
 def test_decoder_only_csvs_keep_their_columns_and_append_the_new_ones(report):
   """The CSVs' columns of before 2026-12-04 keep their places (experiments/ and scripts read
   them); learning_rate, warmup_steps and cross_kv_bytes_per_source_token come last."""

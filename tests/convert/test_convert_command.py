@@ -79,6 +79,9 @@ def test_from_hf_writes_a_workdir_whose_model_computes_the_checkpoint(name, tmp_
   got = np.asarray(jax.jit(lambda t: model(t))(tokens[None]))[0]
   np.testing.assert_allclose(got, want, atol=2e-4, rtol=0)
   assert not (work / "generation_config.json").exists()  # one eos id: nothing to add
+  # The checkpoint records where its weights came from.
+  meta = json.loads((work / "checkpoints" / "0" / "meta" / "metadata").read_text())
+  assert (meta["converted_from"], meta["family"]) == (os.path.abspath(src), c["model_type"])
   text = (work / "config.gin").read_text()
   assert text.startswith(f"# Converted by `attnlab convert --from-hf {os.path.abspath(src)}`.\n"
                          "# Fine-tune: attnlab train --gin_file THIS_FILE --workdir ")
@@ -384,7 +387,26 @@ BAD_FLAGS = {
     # A config.gin that no longer describes the checkpoint (was a traceback, exit 1).
     "edited_config_gin": (["--to-hf", "--workdir", "EDITED", "--out", "NEW"],
                           "params holds arrays of other shapes: "),
+    # A tokenizer file that does not read: its own error, one line.
+    "unreadable_tokenizer": (["--to-hf", "--workdir", "BADTOK", "--out", "NEW"],
+                             "tokenizer_model='BADTOK/tokenizer.json' is not a readable "
+                             "tokenizer.json: "),
 }
+
+
+def _copy_with_a_bad_tokenizer(work, dst) -> str:
+  """``work`` naming a tokenizer.json beside it that is no tokenizer."""
+  shutil.copytree(work, dst)
+  (dst / "tokenizer.json").write_text("not json")
+  path = os.path.join(dst, "config.gin")
+  with open(path) as f:
+    text = f.read()
+  text = re.sub(r"DataConfig.tokenizer = .*", "DataConfig.tokenizer = 'hf_json'", text)
+  text = re.sub(r"DataConfig.tokenizer_model = .*",
+                f"DataConfig.tokenizer_model = '{dst / 'tokenizer.json'}'", text)
+  with open(path, "w") as f:
+    f.write(text)
+  return str(dst)
 
 
 def _edited_copy(work, dst) -> str:
@@ -425,6 +447,8 @@ def test_bad_flags_and_paths_exit_2_and_write_nothing(case, converted, tmp_path,
            "FILE": str(tmp_path / "file")}
   if "EDITED" in argv:
     subst["EDITED"] = _edited_copy(work, tmp_path / "edited")
+  if "BADTOK" in argv:
+    subst["BADTOK"] = _copy_with_a_bad_tokenizer(work, tmp_path / "badtok")
   argv = [subst.get(a, a) for a in argv]
   for key in sorted(subst, key=len, reverse=True):
     message = message.replace(key, subst[key])
@@ -432,6 +456,8 @@ def test_bad_flags_and_paths_exit_2_and_write_nothing(case, converted, tmp_path,
   rc, out, err = _convert(capsys, *argv)
   assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
   assert message in err, err
+  if case not in ("both_ways", "bad_config_gin", "edited_config_gin", "unreadable_tokenizer"):
+    assert err == f"attnlab convert: error: {message}\n", err  # the whole line
   assert {d: sorted(os.listdir(d)) for d in before} == before
 
 
@@ -496,3 +522,39 @@ def test_convert_heads_of_a_workdir_its_config_gin_no_longer_describes(converted
   assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
   assert "params holds arrays of other shapes: " in err, err
   assert not (tmp_path / "mqa").exists()
+
+
+def test_filled_params_names_a_missing_mismatched_or_extra_parameter():
+  """``filled_params`` (what the import saves, and the test checkpoints' builder) takes
+  every parameter with the model's shape and dtype, consuming the dict; a parameter no
+  rule fills, one of another shape or dtype, or one the model lacks is named."""
+  from flax import nnx
+
+  from attnlab.commands.convert import filled_params
+
+  mcfg = attnlab.ModelConfig(vocab_size=16, d_model=8, num_heads=2, num_layers=1, d_ff=16,
+                             max_len=8)
+  abstract = nnx.state(nnx.eval_shape(lambda: attnlab.build_model(mcfg, rngs=nnx.Rngs(0))),
+                       nnx.Param)
+  full = {tuple(p): np.full(v.shape, i, v.dtype)
+          for i, (p, v) in enumerate(nnx.to_flat_state(abstract))}
+  given = dict(full)
+  state, n = filled_params(mcfg, given)
+  assert given == {} and n == sum(x.size for x in full.values())
+  for p, v in nnx.to_flat_state(state):
+    np.testing.assert_array_equal(np.asarray(v.get_value()), full[tuple(p)])
+  first = next(iter(full))
+  name, shape = "/".join(map(str, first)), full[first].shape
+  cases = [
+      ({k: v for k, v in full.items() if k != first}, f"no rule fills the parameter {name}"),
+      ({**full, first: full[first].astype(np.float16)},
+       f"parameter {name}: {shape} float16, the model has {shape} float32"),
+      ({**full, first: np.zeros((*shape, 1), np.float32)},
+       f"parameter {name}: {(*shape, 1)} float32, the model has {shape} float32"),
+      ({**full, **{("extra", c): np.zeros(1, np.float32) for c in "dcba"}},  # the first 3
+       "rules fill parameters the model lacks: [('extra', 'a'), ('extra', 'b'), ('extra', "
+       "'c')]")]
+  for params, message in cases:
+    with pytest.raises(AssertionError) as e:
+      filled_params(mcfg, params)
+    assert str(e.value) == message

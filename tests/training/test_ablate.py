@@ -722,6 +722,10 @@ def test_convert_heads_command_bindings_seed_and_summary(micro, tmp_path, capsys
                                 np.asarray(_logits(want, TOKENS)))
   assert not np.array_equal(np.asarray(_logits(want, TOKENS)),
                             np.asarray(_logits(other, TOKENS)))
+  # Without --seed: seed 0.
+  np.testing.assert_array_equal(
+      np.asarray(_logits(attnlab.load_checkpoint(reseeded)[0], TOKENS)),
+      np.asarray(_logits(other, TOKENS)))
 
 
 def test_match_params_arms_are_within_one_percent():
@@ -1102,3 +1106,7 @@ def test_seed_noise_criterion_by_hand():
   # Only the seeds both finished count; one common seed is not enough.
   assert report_lib.noise_test({0: 2.0, 5: 1.0}, mha) == (pytest.approx(0.1), None, "n/a")
   assert report_lib.noise_test({}, mha) == (None, None, "n/a")
+  # "Exceeds" is strict: d = (3, 1) has mean 2 and se sqrt(2) / sqrt(2) = 1, exactly the
+  # bound (2 x se), so it is inside the noise.
+  assert report_lib.noise_test({0: 3.0, 1: 1.0}, {0: 0.0, 1: 0.0}) == (2.0, 1.0, "no")
+  assert report_lib.noise_test({0: 3.0, 1: 1.5}, {0: 0.0, 1: 0.0})[2] == "yes"

@@ -510,6 +510,8 @@ def test_runs_outside_the_plan_are_listed_not_averaged_and_the_folder_names_the_
   with open(os.path.join(sweep_lib.run_dir(out, "mqa", 1), sweep_lib.RESULT_FILE), "w") as f:
     f.write("{")
   os.makedirs(sweep_lib.run_dir(out, "gqa2", 7))  # no result.json: not a run's result
+  with open(os.path.join(out, sweep_lib.ARMS_DIR, "a_note.txt"), "w") as f:
+    f.write("rerun on the big box\n")  # a note beside the arms, listed before them: skipped
   counts = report_lib.write_report(out, sweep, arms, BASE, plots=False)
   assert counts == {"ok": 4, "failed": 0, "interrupted": 0, "pending": 0, "outside_plan": 4}
   assert [(r["arm"], r["seed"]) for r in read_csv(out, "results.csv")] == [
@@ -518,8 +520,10 @@ def test_runs_outside_the_plan_are_listed_not_averaged_and_the_folder_names_the_
   assert float(summary["gqa2"]["val_loss_mean"]) == pytest.approx(2.05)  # not 3.5, not 2.0
   assert summary["gqa2"]["val_loss_diff_vs_mha"] == report_lib._fmt(0.0)
   text = read_report(out)
-  assert ("## Runs under arms/ outside this plan\n\n4 run(s) with a result.json that this "
-          "sweep's arms and seeds (0, 1) do not include") in text
+  assert ("\n\n## Runs under arms/ outside this plan\n\n4 run(s) with a result.json that this "
+          "sweep's arms and seeds (0, 1) do not include; they are in none of the tables and "
+          "plots above (rerun with the Sweep.seeds / Sweep.num_kv_heads that ran them to "
+          "include them):\n\n- gqa2 seed 2: ok\n") in text
   assert ("\n- gqa2 seed 2: ok\n- gqa2 seed 10: ok\n- mqa seed 0: ok\n- mqa seed 1: "
           "unreadable result.json\n") in text  # seeds in numeric order
   assert "| 2/2 |" in text and "Finished runs: 4 of 4." in text
@@ -585,6 +589,30 @@ def test_the_report_is_utf8_whatever_the_locale(report):
   assert "± " in text and "Δ loss vs MHA" in text
 
 
+def test_the_csvs_and_report_are_utf8_under_an_ascii_locale(tmp_path):
+  """A failed run's error as written (a path with an "é"), in results.csv and report.md
+  under an ASCII locale too (README: UTF-8 whatever the locale): the in-process twin of the
+  test above, whose subprocess mutation testing does not see."""
+  import locale
+
+  out = str(tmp_path)
+  sweep = Sweep(num_kv_heads=(4,), seeds=(0, 1))
+  arms = sweep_lib.plan(sweep, MCFG)
+  write_result(out, arms[0], 0, result(arms[0], 0, 2.0))
+  error = "OSError: /données/run is full"
+  write_result(out, arms[0], 1, dict(status="failed", error=error, wall_time_s=1.0))
+  before = locale.setlocale(locale.LC_CTYPE)
+  locale.setlocale(locale.LC_CTYPE, "C")
+  try:
+    assert "utf" not in locale.getpreferredencoding(False).lower()
+    report_lib.write_report(out, sweep, arms, BASE, plots=False)
+  finally:
+    locale.setlocale(locale.LC_CTYPE, before)
+  with open(os.path.join(out, "results.csv"), encoding="utf-8", newline="") as f:
+    assert [r["error"] for r in csv.DictReader(f)] == ["", error]
+  assert f"- mha seed 1: failed ({error})\n" in read_report(out)
+
+
 def test_train_rate_leaves_out_every_window_that_holds_a_compilation():
   """The first window of each process (a new run, a resume) is flagged by the trainer and
   left out of the median; a resume's records of a step replace the killed run's; records
@@ -602,8 +630,8 @@ def test_train_rate_leaves_out_every_window_that_holds_a_compilation():
 
 
 @pytest.mark.parametrize("lengths, text", [
-    ([8, 8, 8, 5, 5, 8, 7, 8], "64 new tokens after source prompts of 5-8 tokens (mean 7.1; "
-                               "batch 1 decodes the first, of 8), best of 3;"),
+    ([7, 8, 8, 5, 5, 8, 8, 8], "64 new tokens after source prompts of 5-8 tokens (mean 7.1; "
+                               "batch 1 decodes the first, of 7), best of 3;"),
     ([6] * 8, "64 new tokens after 6-token source prompts, best of 3;"),
     (None, "64 new tokens after source prompts of at most 16 tokens (their lengths unknown: no "
            "readable prompts.json), best of 3;"),
@@ -654,7 +682,8 @@ def test_an_encoder_decoders_kv_bytes_are_self_attention_and_cross_attention_apa
   # 2 (K and V) x 1 decoder layer x 1 KV head x head dim 8 x 4 bytes, per token either way.
   assert f"| mqa | 1 | {params:,} | {attn:,} | 64 | 64 | 2.0000 | " in text
   assert "| mha | 4 | " in text and " | 256 | 256 | 2.0000 | " in text
-  assert ("KV bytes: K and V cached per token over the decoder's self-attention layers "
+  assert ("failure adds to it). KV bytes: K and V cached per token over the decoder's "
+          "self-attention layers "  # the notes' paragraph, after its last sentence
           "(self-attn, per decoder token) and its cross-attention layers "
           "(cross-attn, per source token, computed once per source), 2 x layers x K x head "
           "dim x float32 bytes each.") in text
@@ -665,6 +694,29 @@ def test_an_encoder_decoders_kv_bytes_are_self_attention_and_cross_attention_apa
   # Two encoder layers: the cross-attention cache is the decoder's (1 layer), not theirs.
   assert report_lib.cross_kv_bytes_per_source_token(mcfg.replace(num_encoder_layers=2)) == 256
   assert report_lib.cross_kv_bytes_per_source_token(MCFG) is None
+
+
+def test_an_encoder_decoders_cache_figure_names_the_self_attention_cache(tmp_path,
+                                                                         monkeypatch):
+  """The cache-memory figure's x axis of an encoder-decoder sweep is its self-attention
+  cache per token (the decoder-only label is checked above)."""
+  pytest.importorskip("matplotlib")
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  closed = []
+  close = plt.close
+  monkeypatch.setattr(plt, "close", lambda fig=None: closed.append(fig) or close(fig))
+  out = str(tmp_path)
+  mcfg = MCFG.replace(arch="encoder_decoder")
+  sweep = Sweep(num_kv_heads=(4, 1), seeds=(0,))
+  arms = sweep_lib.plan(sweep, mcfg)
+  for arm in arms:
+    write_result(out, arm, 0, result(arm, 0, 2.0))
+  report_lib.write_report(out, sweep, arms, (mcfg, BASE[1], BASE[2]))
+  assert closed[1].axes[0].get_xlabel() == "self-attention KV-cache bytes per token"
 
 
 def test_decoder_only_csvs_keep_their_columns_and_append_the_new_ones(report):

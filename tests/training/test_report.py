@@ -659,6 +659,16 @@ def test_the_decode_prompts_are_named_by_the_lengths_the_benchmark_used(tmp_path
   assert text in read_report(out)
 
 
+def _encoder_decoder_results(out):
+  """An encoder-decoder sweep of MHA and MQA (one seed each), its results written in OUT."""
+  mcfg = MCFG.replace(arch="encoder_decoder")
+  sweep = Sweep(num_kv_heads=(4, 1), seeds=(0,))
+  arms = sweep_lib.plan(sweep, mcfg)
+  for arm in arms:
+    write_result(out, arm, 0, result(arm, 0, 2.0))
+  return mcfg, sweep, arms
+
+
 def test_an_encoder_decoders_kv_bytes_are_self_attention_and_cross_attention_apart(tmp_path):
   """kv_bytes_per_token is the decoder's self-attention cache per token; an encoder-decoder
   also caches cross-attention K/V per source token, which shrink with K too: report.md
@@ -666,11 +676,7 @@ def test_an_encoder_decoders_kv_bytes_are_self_attention_and_cross_attention_apa
   cross_kv_bytes_per_source_token (empty for a decoder-only model). Until 2026-12-04 the
   column read "KV bytes/token" and the cross-attention cache was in no figure."""
   out = str(tmp_path)
-  mcfg = MCFG.replace(arch="encoder_decoder")
-  sweep = Sweep(num_kv_heads=(4, 1), seeds=(0,))
-  arms = sweep_lib.plan(sweep, mcfg)
-  for arm in arms:
-    write_result(out, arm, 0, result(arm, 0, 2.0))
+  mcfg, sweep, arms = _encoder_decoder_results(out)
   report_lib.write_report(out, sweep, arms, (mcfg, BASE[1], BASE[2]), plots=False)
   text = read_report(out)
   assert ("| arm | K | params | attention params | self-attn KV bytes/token | cross-attn KV "
@@ -710,11 +716,7 @@ def test_an_encoder_decoders_cache_figure_names_the_self_attention_cache(tmp_pat
   close = plt.close
   monkeypatch.setattr(plt, "close", lambda fig=None: closed.append(fig) or close(fig))
   out = str(tmp_path)
-  mcfg = MCFG.replace(arch="encoder_decoder")
-  sweep = Sweep(num_kv_heads=(4, 1), seeds=(0,))
-  arms = sweep_lib.plan(sweep, mcfg)
-  for arm in arms:
-    write_result(out, arm, 0, result(arm, 0, 2.0))
+  mcfg, sweep, arms = _encoder_decoder_results(out)
   report_lib.write_report(out, sweep, arms, (mcfg, BASE[1], BASE[2]))
   assert closed[1].axes[0].get_xlabel() == "self-attention KV-cache bytes per token"
 

@@ -292,6 +292,8 @@ def test_includes_resolve_beside_this_calls_files_before_the_working_directory(
     ([], ["TrainConfig.mesh_shape = 2,1,1"], "binding 'TrainConfig.mesh_shape = 2,1,1': its value "
      "does not parse"),
     ([], ["TrainConfig.steps = )"], "binding 'TrainConfig.steps = )': its value does not parse"),
+    ([], ["TrainConfig.steps == 1"], "binding 'TrainConfig.steps == 1': its value does not "
+     "parse"),  # the name ends at the first "="
     # ... and one whose name does not parse: named as such (until 2026-12-06 "its value").
     ([], ["a.b/TrainConfig.steps = 1"], "binding 'a.b/TrainConfig.steps = 1': "
      "'a.b/TrainConfig.steps' is not a gin name (a binding is NAME = VALUE, NAME a field or a "

@@ -154,8 +154,9 @@ def test_the_operative_config_names_a_tokenizer_inside_the_workdir_relative_to_i
   (tmp_path / "tokenizer.json").unlink()
   _, dcfg, _ = gin_config.read_workdir_config(str(workdir / "config.gin"))
   assert dcfg.tokenizer_model == str(workdir / "tokenizer.json") and len(warned()) == 1
-  # A relative path outside the workdir (or with no workdir: a sweep's runs) is written
-  # absolute: it named the training's working directory until 2026-12-04.
+  # A relative path outside the workdir (or with no workdir, as a sweep's runs had until
+  # 2026-12-06) is written absolute: it named the training's working directory until
+  # 2026-12-04.
   relative = dataclasses.replace(inside, tokenizer_model="elsewhere.json")
   for where in (str(workdir), None):
     assert f"DataConfig.tokenizer_model = {str(tmp_path / 'elsewhere.json')!r}" in \

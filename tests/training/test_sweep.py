@@ -441,7 +441,8 @@ def test_a_sweep_run_names_its_data_files_absolute_in_its_config_gin(tmp_path, m
   """A run's config.gin names relative ``DataConfig.paths`` from the sweep's working
   directory, as ``attnlab train``'s does (until 2026-12-06 a sweep wrote them as given, so
   ``attnlab eval`` of the run from another folder read that folder's files of those names),
-  and the sweep does not call the run stale for it."""
+  and the sweep does not call the run stale for it. As there, a tokenizer inside the run's
+  folder is named relative to it (found beside config.gin wherever the run moves)."""
   import math
 
   from attnlab import config_gin
@@ -450,8 +451,13 @@ def test_a_sweep_run_names_its_data_files_absolute_in_its_config_gin(tmp_path, m
   (tmp_path / "a.tsv").write_text("x\ty\n")
   out = str(tmp_path / "out")
   sweep, arms, (mcfg, _, tcfg) = _sweep_of_3_arms_2_seeds()
-  cfgs = (mcfg, DataConfig(task="tsv", paths=("a.tsv",), seq_len=16, batch_size=2), tcfg)
   mha = arms[0]
+  tokenizer = os.path.join(sweep_lib.run_dir(out, mha, 0), "tok", "t.model")
+  os.makedirs(os.path.dirname(tokenizer))
+  with open(tokenizer, "w") as f:
+    f.write("not read here")
+  cfgs = (mcfg, DataConfig(task="tsv", paths=("a.tsv",), seq_len=16, batch_size=2,
+                           tokenizer="sentencepiece", tokenizer_model=tokenizer), tcfg)
 
   def train(mcfg_, tcfg_, dcfg_, workdir, *, config_text):
     os.makedirs(workdir, exist_ok=True)
@@ -465,7 +471,9 @@ def test_a_sweep_run_names_its_data_files_absolute_in_its_config_gin(tmp_path, m
   sweep_lib.run_one(out, sweep, mha, 0, cfgs, [[7]] * 8)
   path = os.path.join(sweep_lib.run_dir(out, mha, 0), "config.gin")
   with open(path) as f:
-    assert f"DataConfig.paths = ('{tmp_path / 'a.tsv'}',)" in f.read().splitlines()
+    lines = f.read().splitlines()
+  assert f"DataConfig.paths = ('{tmp_path / 'a.tsv'}',)" in lines
+  assert "DataConfig.tokenizer_model = 'tok/t.model'" in lines
   elsewhere = tmp_path / "elsewhere"
   elsewhere.mkdir()
   (elsewhere / "a.tsv").write_text("other\tfile\n")

@@ -8,7 +8,6 @@ the same name (attnlab/config.py), the one place decoding defaults live.
 
 from __future__ import annotations
 
-import codecs
 import json
 import os
 import sys
@@ -26,6 +25,7 @@ from attnlab.commands._common import (
 )
 from attnlab.config import CACHE_DTYPES, CACHE_KINDS, DecodeConfig, is_integer, seed_key
 from attnlab.data import pipeline
+from attnlab.data.text import utf8_text
 from attnlab.data.tokenizer import make_tokenizer
 from attnlab.decoding import batching
 from attnlab.decoding.generate import (
@@ -289,16 +289,14 @@ def _read_prompts(args):
     except OSError as e:
       raise CommandError(f"cannot read --prompts_file: {e}") from None
     try:
-      # utf-8-sig: a byte order mark (Windows editors write one) is not text of the prompt.
-      text = data.decode("utf-8-sig")
+      # A byte order mark (Windows editors write one) is not text of the prompt; the bad
+      # byte is named by its offset in the file (until 2026-12-06 counted after the mark,
+      # and from the start of the 8 KiB chunk a line reader was in).
+      text = utf8_text(data)
     except UnicodeDecodeError as e:
-      # The byte's offset in the file: "utf-8-sig" counts from after a byte order mark (and
-      # a file read line by line, as until 2026-12-06, from the start of an 8 KiB chunk).
-      mark = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
       raise CommandError(f"--prompts_file {args.prompts_file} is not UTF-8 text ({e.reason} at "
-                         f"byte {mark + e.start})") from None
-    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # as text mode reads
-    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+                         f"byte {e.start})") from None
+    numbered = [(n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
     if not numbered:
       raise CommandError(f"--prompts_file {args.prompts_file} holds no prompt")
     prompts = [p for _, p in numbered]

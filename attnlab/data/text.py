@@ -109,15 +109,26 @@ def read_text(path: str) -> str:
   with open(path, "rb") as f:
     data = f.read()
   try:
-    out = data.decode("utf-8-sig")
+    return utf8_text(data)
   except UnicodeDecodeError as e:
-    out = data.decode("utf-8-sig", errors="replace")
+    out = utf8_text(data, errors="replace")
     replaced = out.count("\ufffd") - data.count("\ufffd".encode())
-    # "utf-8-sig" counts positions from after a byte order mark: the file's byte is past it.
-    mark = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     log.warning("%s is not UTF-8 text (%s at byte %d): %d byte sequence(s) read as U+FFFD",
-                path, e.reason, mark + e.start, replaced)
-  return out.replace("\r\n", "\n").replace("\r", "\n")
+                path, e.reason, e.start, replaced)
+    return out
+
+
+def utf8_text(data: bytes, errors: str = "strict") -> str:
+  """``data`` (a file's bytes) as text: a UTF-8 byte order mark at the start is not text,
+  and line ends are "\n" (Python's universal newlines: "\r\n" and a lone "\r" too). A
+  UnicodeDecodeError places the bad byte in ``data`` itself, the mark counted
+  (``decode("utf-8-sig")`` counts from after it)."""
+  mark = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+  try:
+    text = data[mark:].decode("utf-8", errors)
+  except UnicodeDecodeError as e:
+    raise UnicodeDecodeError(e.encoding, data, mark + e.start, mark + e.end, e.reason) from None
+  return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def lm_files(patterns, *, validation_percent: int, max_files: int = 0) -> dict[str, list[str]]:

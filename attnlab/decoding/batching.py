@@ -277,10 +277,11 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
     raise GenerateInputError(f"generate_requests needs a decoder-only model, got arch={cfg.arch!r}")
   prompts, budgets = _check_requests(cfg, prompts, max_new_tokens)
   positive_int("slots", slots)
-  positive_int("page_size", page_size)
-  positive_int("decode_chunk", decode_chunk)
   if cache == "paged":
     check_page_size(page_size, cfg.max_len)
+  else:
+    positive_int("page_size", page_size)
+  positive_int("decode_chunk", decode_chunk)
   if cache not in CACHE_KINDS:
     raise GenerateInputError(f"cache={cache!r} is not one of {', '.join(map(repr, CACHE_KINDS))}")
   if cache == "ring" and cfg.window is None:

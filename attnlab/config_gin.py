@@ -82,6 +82,33 @@ def _with_hint(message: str) -> str:
   return message
 
 
+def builtin_configs() -> list[str]:
+  """The built-in gin files, as paths relative to ``CONFIGS_DIR`` ("models/llama_tiny.gin")."""
+  return sorted(os.path.relpath(os.path.join(folder, name), CONFIGS_DIR)
+                for folder, _, names in os.walk(CONFIGS_DIR)
+                for name in names if name.endswith(".gin"))
+
+
+def find_gin_file(path: str) -> str:
+  """``path`` if it exists as given; else the built-in config of that relative name
+  (``lm_stdlib_tiny.gin``, ``models/llama_tiny.gin``, or ``configs/...`` as a checkout spells
+  it), so an installed attnlab runs its own configs from any directory.
+
+  Raises:
+    GinConfigError: neither exists; the message lists the built-in configs.
+  """
+  if os.path.exists(path) or os.path.isabs(path):
+    if not os.path.exists(path):
+      raise GinConfigError(f"gin file {path!r} does not exist")
+    return path
+  parts = os.path.normpath(path).split(os.sep)
+  for rel in (parts, parts[1:] if parts[0] == "configs" and len(parts) > 1 else None):
+    if rel and os.path.isfile(builtin := os.path.join(CONFIGS_DIR, *rel)):
+      return builtin
+  raise GinConfigError(f"gin file {path!r} does not exist, as given or among the built-in "
+                       f"configs ({', '.join(builtin_configs())})")
+
+
 def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES, *,
           check_macros: bool = True) -> tuple[
     ModelConfig, DataConfig, TrainConfig]:
@@ -100,11 +127,10 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES, *,
   """
   wrapped = _register(classes)
   gin.clear_config()
+  gin_files = [find_gin_file(p) for p in gin_files]
   for path in gin_files:
     if os.path.isdir(path):
       raise GinConfigError(f"gin file {path!r} is a directory, not a file")
-    if not os.path.isfile(path):
-      raise GinConfigError(f"gin file {path!r} does not exist")
     try:
       with open(path, encoding="utf-8") as f:
         text = f.read()
@@ -415,6 +441,7 @@ def parse_sweep(sweep_file: str, bindings: list[str]):
     GinConfigError: as ``parse``, also for an unknown ``Sweep.*`` binding.
   """
   _register((Sweep,))
+  sweep_file = find_gin_file(sweep_file)
   # Without the macro check: a macro a binding sets may be read by a base file, which the
   # second call reads (and checks).
   (sweep,) = parse([sweep_file], bindings, classes=(Sweep,), check_macros=False)

@@ -1,5 +1,5 @@
 """The built-in configs ship in the package: a non-editable install resolves
-``include 'models/...'`` from a user's gin file anywhere."""
+``include 'models/...'`` from a user's gin file anywhere, and a built-in config by name."""
 
 import glob
 import os
@@ -39,8 +39,11 @@ def test_wheel_ships_configs_and_an_installed_copy_resolves_includes(tmp_path):
   user = tmp_path / "user"
   user.mkdir()
   (user / "mine.gin").write_text("include 'models/llama_tiny.gin'\nModelConfig.d_model = 64\n")
+  # ... and runs a built-in config by its name, or spelt configs/... as in a checkout.
   code = ("import attnlab.config_gin as g; m, _, _ = g.parse(['mine.gin'], []); "
-          "print(g.__file__); print(m.num_kv_heads, m.d_model, m.head_dim)")
+          "print(g.__file__); print(m.num_kv_heads, m.d_model, m.head_dim); "
+          "print(g.parse(['seq2seq_sort.gin'], [])[1].task, "
+          "g.parse(['configs/seq2seq_add.gin'], [])[1].task)")
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
   env["PYTHONPATH"] = str(site)
   res = subprocess.run([sys.executable, "-c", code], cwd=user, env=env, capture_output=True,
@@ -48,4 +51,5 @@ def test_wheel_ships_configs_and_an_installed_copy_resolves_includes(tmp_path):
   assert res.returncode == 0, res.stderr[-2000:]
   where, values = res.stdout.split()[:1], res.stdout.split()[1:]
   assert where[0].startswith(str(site))
-  assert values == ["2", "64", "32"]  # llama_tiny's GQA and head dim, the user's d_model
+  # llama_tiny's GQA and head dim, the user's d_model; the built-in configs' tasks
+  assert values == ["2", "64", "32", "sort", "add"]

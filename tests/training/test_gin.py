@@ -554,6 +554,38 @@ def test_sweep_base_files_are_found_as_given_beside_the_sweep_or_in_configs(tmp_
                           f"{sweep_file}, or in {gin_config.CONFIGS_DIR})")
 
 
+def test_a_gin_file_missing_as_given_is_the_built_in_config_of_that_name(tmp_path, monkeypatch):
+  """An installed attnlab runs its own configs from any directory: by name, by a path under
+  models/, or spelt configs/... as in a checkout. A file as given wins; a name that is
+  neither is refused with the built-in names."""
+  monkeypatch.chdir(tmp_path)
+  builtin = gin_config.parse([os.path.join(gin_config.CONFIGS_DIR, "seq2seq_reverse.gin")], [])
+  assert builtin[1].task == "reverse"
+  for name in ("seq2seq_reverse.gin", "configs/seq2seq_reverse.gin",
+               os.path.join("configs", "models", "..", "seq2seq_reverse.gin")):
+    assert gin_config.find_gin_file(name) == os.path.join(gin_config.CONFIGS_DIR,
+                                                          "seq2seq_reverse.gin")
+    assert gin_config.parse([name], []) == builtin
+  assert gin_config.find_gin_file("models/llama_tiny.gin") == os.path.join(
+      gin_config.CONFIGS_DIR, "models", "llama_tiny.gin")
+  assert gin_config.parse(["models/llama_tiny.gin"], [])[0].num_kv_heads == 2
+  # With the sweep's own file too (its Sweep.base is found beside the built-in file).
+  assert gin_config.parse_sweep("seq2seq_reverse.gin", [])[2].task == "reverse"
+  (tmp_path / "seq2seq_reverse.gin").write_text("DataConfig.task = 'sort'\n")
+  assert gin_config.find_gin_file("seq2seq_reverse.gin") == "seq2seq_reverse.gin"
+  assert gin_config.parse(["seq2seq_reverse.gin"], [])[1].task == "sort"
+  assert gin_config.builtin_configs()[:2] == ["lm_stdlib.gin", "lm_stdlib_tiny.gin"]
+  assert "models/llama_tiny.gin" in gin_config.builtin_configs()
+  for missing in ("lm_stdlib_tiny", "configs", "models", "config/lm_stdlib.gin"):
+    with pytest.raises(gin_config.GinConfigError) as e:
+      gin_config.parse([missing], [])
+    assert str(e.value) == (f"gin file {missing!r} does not exist, as given or among the "
+                            f"built-in configs ({', '.join(gin_config.builtin_configs())})")
+  with pytest.raises(gin_config.GinConfigError) as e:  # an absolute path is only itself
+    gin_config.parse([str(tmp_path / "lm_stdlib.gin")], [])
+  assert str(e.value) == f"gin file {str(tmp_path / 'lm_stdlib.gin')!r} does not exist"
+
+
 def test_the_configurables_also_answer_to_their_module_qualified_names():
   """``attnlab.ModelConfig`` names the same configurable as ``ModelConfig`` (and keeps a
   user's own ``ModelConfig`` configurable apart)."""

@@ -102,7 +102,7 @@ def find_gin_file(path: str) -> str:
       raise GinConfigError(f"gin file {path!r} does not exist")
     return path
   parts = os.path.normpath(path).split(os.sep)
-  for rel in (parts, parts[1:] if parts[0] == "configs" and len(parts) > 1 else None):
+  for rel in (parts, parts[1:] if parts[0] == "configs" else []):
     if rel and os.path.isfile(builtin := os.path.join(CONFIGS_DIR, *rel)):
       return builtin
   raise GinConfigError(f"gin file {path!r} does not exist, as given or among the built-in "

@@ -125,7 +125,9 @@ def blocked_attention(
       program's size and its compile time).
   """
   if not is_integer(q_offset):
-    raise ValueError(f"implementation='blocked' needs an int q_offset, got {type(q_offset)}")
+    raise ValueError(f"implementation='blocked' needs an int q_offset, got {type(q_offset)}: "
+                     "its query blocks are cut when traced; 'reference' and 'chunked' take "
+                     "an array (one per row, or traced)")
   q_offset = int(q_offset)
   window = checks.check_window(window)
   checks.check_query_heads(q_BTNH, num_kv_heads=k_BSKH.shape[2], head_dim=k_BSKH.shape[3])

@@ -413,9 +413,16 @@ def test_blocked_visits_each_query_block_against_exactly_the_keys_it_sees(monkey
 
 def test_blocked_needs_a_python_int_offset():
   q, k, v = make_qkv(1, 4, 4, 1, 1, 4)
-  with pytest.raises(ValueError, match=r"^implementation='blocked' needs an int q_offset, "
-                                       r"got <class 'jax.*Array.*'>$"):
+  advice = ("its query blocks are cut when traced; 'reference' and 'chunked' take an array "
+            "(one per row, or traced)")
+  with pytest.raises(ValueError) as e:
     blocked_attention(q, k, v, causal=True, q_offset=jnp.int32(2))
+  assert re.fullmatch(r"implementation='blocked' needs an int q_offset, "
+                      r"got <class 'jax.*Array.*'>: " + re.escape(advice), str(e.value)), e.value
+  with pytest.raises(ValueError) as e:  # one per row, through the dispatcher too
+    attention(q, k, v, causal=True, q_offset=np.array([2]), implementation="blocked")
+  assert str(e.value) == ("implementation='blocked' needs an int q_offset, got <class "
+                          f"'numpy.ndarray'>: {advice}")
 
 
 def test_chunked_bfloat16_close_to_float32_reference():

@@ -64,6 +64,7 @@ from attnlab.decoding.generate import (
   _release,
   _reserve,
   as_key,
+  bucket_length,
   check_cache_dtype,
   check_page_size,
   check_stop_ids,
@@ -76,7 +77,6 @@ from attnlab.decoding.sampling import Sampling, is_stop, sample_rows
 from attnlab.nn import kv_cache as cache_lib
 
 POLICIES = ("continuous", "static")
-MIN_BUCKET = 16
 
 
 class UnservableRequests(RuntimeError):
@@ -251,21 +251,6 @@ def _check_requests(cfg, prompts, max_new_tokens):
   for i, n in enumerate(budgets):
     positive_int(f"max_new_tokens[{i}]", n)
   return [p.astype(np.int32) for p in prompts], [int(n) for n in budgets]
-
-
-def bucket_length(n: int, max_len: int) -> int:
-  """The prefill length bucket of an n-token prompt, capped at max_len: the least of
-  16, 24, 32, 48, 64, 96, ... (powers of two and 1.5x them) that holds it.
-
-  A prompt over 16 tokens is padded by less than half its length (powers of
-  two alone pad by up to its length again): tools/bench_prefill_buckets.py
-  measures the prefills of tools/bench_serve.py's prompts both ways (1.20x and
-  1.25x faster with these, paged and contiguous, 2026-12-01 on the 2-core AMD
-  EPYC box), for up to twice the programs to compile.
-  """
-  p = max(MIN_BUCKET, 1 << (n - 1).bit_length())
-  bucket = 3 * p // 4 if p > MIN_BUCKET and n <= 3 * p // 4 else p
-  return min(bucket, max(max_len, n))
 
 
 def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", page_size=16,

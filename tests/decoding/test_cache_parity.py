@@ -427,28 +427,78 @@ def _program_call(monkeypatch, model, prompt, **kw):
 
 def test_without_cache_len_the_cache_holds_exactly_the_slots_the_call_needs(monkeypatch):
   """``cache_len=None``: a decoder-only call's cache has prompt + max_new_tokens - 1 slots (the
-  last token is never fed back), an encoder-decoder's max_new_tokens (its bos takes the
-  first); one slot where that is all a call needs, not a floor of more."""
+  last token is never fed back; the prompt padded to its bucket, 16 for up to 16 tokens), an
+  encoder-decoder's max_new_tokens (its bos takes the first; its source is padded, not its
+  cache); one slot where that is all a call needs, not a floor of more."""
   decoder, encdec = decoder_model("mha_rope"), encdec_model("paper_gqa")
-  for model, prompt, new, want in ((decoder, random_tokens(6, (2, 1)), 1, 1),
-                                   (decoder, random_tokens(6, (2, 3)), 4, 6),
-                                   (encdec, SRC, 1, 1), (encdec, SRC, 5, 5)):
-    _, cache_len = _program_call(monkeypatch, model, prompt, max_new_tokens=new)
-    assert cache_len == want, (model.cfg.arch, prompt.shape, new)
+  assert SRC.shape[1] < 16 <= encdec.cfg.max_len
+  for model, prompt, new, want in ((decoder, random_tokens(6, (2, 1)), 1, (16, 16)),
+                                   (decoder, random_tokens(6, (2, 3)), 4, (16, 19)),
+                                   (encdec, SRC, 1, (16, 1)), (encdec, SRC, 5, (16, 5))):
+    assert _program_call(monkeypatch, model, prompt, max_new_tokens=new) == want, (
+        model.cfg.arch, prompt.shape, new)
 
 
 def test_a_prompts_padding_is_kept_while_the_call_fits_and_cut_where_it_would_not(monkeypatch):
   """Padding past the longest prompt (width 10, prompts of 3 and 5) is the caller's: a call
-  that fits max_len (64) keeps its width, also at exactly 64 positions (10 + 55 - 1), so
-  calls of one width share one program; one position more (56 new tokens) cuts it to the
-  longest prompt, 5, rather than refuse the call."""
+  that fits max_len (64) keeps it, padded further to its bucket (16) where the call still
+  fits, so calls of widths 1 to 16 share one program; at exactly 64 positions (10 + 55 - 1)
+  it keeps its width alone; one position more (56 new tokens) cuts it to the longest prompt,
+  5, rather than refuse the call, and pads that up to the room left (9 + 56 - 1 = 64)."""
   model = decoder_model("mha_rope")
   assert model.cfg.max_len == 64
   prompt = np.zeros((2, 10), np.int32)
   prompt[0, :3], prompt[1, :5] = [5, 6, 7], [5, 6, 7, 8, 9]
-  for new, want in ((4, (10, 13)), (55, (10, 64)), (56, (5, 60))):
+  for new, want in ((4, (16, 19)), (49, (16, 64)), (50, (15, 64)), (55, (10, 64)),
+                    (56, (9, 64)), (60, (5, 64))):
     assert _program_call(monkeypatch, model, prompt, max_new_tokens=new,
                          prompt_lengths_B=[3, 5]) == want, new
+  # A wider bucket: 17 tokens take 24 slots, 40 take 48; bucket_prompt=False keeps the
+  # width given (a caller whose calls are all of one width).
+  for width, want in ((17, 24), (40, 48)):
+    wide = np.full((1, width), 5, np.int32)
+    assert _program_call(monkeypatch, model, wide, max_new_tokens=2) == (want, want + 1)
+    assert _program_call(monkeypatch, model, wide, max_new_tokens=2,
+                         bucket_prompt=False) == (width, width + 1)
+  assert _program_call(monkeypatch, model, prompt, max_new_tokens=4, prompt_lengths_B=[3, 5],
+                       bucket_prompt=np.bool_(False)) == (10, 13)
+  encdec = encdec_model("paper_gqa")
+  assert _program_call(monkeypatch, encdec, SRC, max_new_tokens=2, bucket_prompt=False) == (9, 2)
+  for bad in (1, "no", None):
+    with pytest.raises(attnlab.decoding.generate.GenerateInputError) as e:
+      attnlab.generate(model, prompt, max_new_tokens=2, bucket_prompt=bad)
+    assert str(e.value) == f"bucket_prompt={bad!r} must be True or False"
+
+
+def test_prompts_of_many_widths_share_one_program_and_decode_as_if_unpadded():
+  """Greedy decoding of prompts 1 to 16 tokens wide, one call each (decoder-only, and the
+  sources of an encoder-decoder): one compiled program per model, not one per width, and
+  every call's tokens are the cache-free argmax of every prefix (the padding seen by none)."""
+  from attnlab.decoding import generate as generate_lib
+
+  name = "mha_rope"
+  model, forward = decoder_model(name, varied=True), decoder_forward(name, varied=True)
+  attnlab.generate(model, random_tokens(7, (2, 16)), max_new_tokens=5, eos_id=None)
+  compiled = generate_lib._sample_decoder_only._cache_size()
+  for width in range(1, 17):
+    prompt = random_tokens(8 + width, (2, width))
+    got = np.asarray(attnlab.generate(model, prompt, max_new_tokens=5, eos_id=None))
+    room = np.zeros((2, width + 4), np.int32)
+    room[:, :width] = prompt
+    assert_greedy(forward, room, [width, width], got)
+  assert generate_lib._sample_decoder_only._cache_size() == compiled
+
+  encdec, bos = encdec_model("paper_gqa", varied=True), 1
+  program = generate_lib._sample_encoder_decoder
+  attnlab.generate(encdec, SRC, max_new_tokens=4, eos_id=None, bos_id=bos)
+  compiled = program._cache_size()
+  assert SRC.shape[1] == 9  # row 1 padded from 6 on
+  for width in range(1, 10):
+    src = SRC[:, :width]
+    got = np.asarray(attnlab.generate(encdec, src, max_new_tokens=4, eos_id=None, bos_id=bos))
+    assert_greedy(lambda t, src=src: encdec_forward("paper_gqa", varied=True)(src, t),
+                  np.full((2, 4), bos, np.int32), [1, 1], got)
+  assert program._cache_size() == compiled
 
 
 def test_by_default_decoding_stops_at_the_tokenizers_eos_and_starts_from_its_bos():

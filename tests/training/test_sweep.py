@@ -1300,3 +1300,30 @@ def test_the_operative_sweep_config_reruns_the_sweep_on_its_own(tmp_path):
   path = tmp_path / "sweep.gin"
   path.write_text(text)
   assert config_gin.parse_sweep(str(path), []) == (dataclasses.replace(sweep, base=()), *cfgs)
+
+
+def test_decode_throughput_times_the_prompts_at_their_width(monkeypatch):
+  """``decode_tokens_per_s`` hands ``generate`` the first ``batch`` prompts right-padded to
+  the longest, their lengths (decoder-only), no eos and no bucket padding (every call is of
+  one width: the padding would only be timed), once to compile and ``repeats`` times."""
+  calls = []
+
+  def generate(model, prompt_BT, **kw):
+    calls.append((prompt_BT.copy(), kw))
+    return prompt_BT
+
+  monkeypatch.setattr(sweep_lib, "generate", generate)
+  for arch in ("decoder_only", "encoder_decoder"):
+    calls.clear()
+    model = type("M", (), {"cfg": ModelConfig(arch=arch, vocab_size=16, d_model=8, num_layers=1,
+                                              num_heads=1, head_dim=8, d_ff=8)})()
+    rate = sweep_lib.decode_tokens_per_s(model, [[5, 6, 7], [8], [9, 9]], 2, 4, 3)
+    assert rate > 0 and len(calls) == 4
+    for prompt, kw in calls:
+      np.testing.assert_array_equal(prompt, [[5, 6, 7], [8, 0, 0]])
+      lengths = kw.pop("prompt_lengths_B", None)
+      assert kw == dict(max_new_tokens=4, eos_id=None, bucket_prompt=False)
+      if arch == "decoder_only":
+        np.testing.assert_array_equal(lengths, [3, 1])
+      else:
+        assert lengths is None

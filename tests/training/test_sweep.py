@@ -1246,7 +1246,8 @@ def test_the_best_eval_step_skips_a_nan_loss():
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
 def test_decode_tokens_per_s_is_the_best_timed_call_after_a_compile_call(monkeypatch, arch):
   """generate and the clock stood in for: the first ``batch`` prompts, padded on the right
-  with pad_id (a decoder-only call gets their lengths), greedy without an eos, once to
+  with pad_id to the longest, not to a bucket (a decoder-only call gets their lengths),
+  greedy without an eos, once to
   compile and ``repeats`` times timed; tokens / s of the fastest."""
   import types
 
@@ -1269,7 +1270,8 @@ def test_decode_tokens_per_s_is_the_best_timed_call_after_a_compile_call(monkeyp
   prompts = [[5, 6, 7], [8], [9, 10, 11, 12]]
   got = sweep_lib.decode_tokens_per_s(model, prompts, 2, 6, 3)
   assert got == 2 * 6 / 0.25
-  kw = {"max_new_tokens": 6, "eos_id": None}
+  # One width every call: no bucket padding, which would only be timed.
+  kw = {"max_new_tokens": 6, "eos_id": None, "bucket_prompt": False}
   if arch == "decoder_only":
     kw["prompt_lengths_B"] = ([3, 1], np.int32)
   assert calls == [([[5, 6, 7], [8, 3, 3]], np.int32, kw)] * 4
@@ -1301,29 +1303,3 @@ def test_the_operative_sweep_config_reruns_the_sweep_on_its_own(tmp_path):
   path.write_text(text)
   assert config_gin.parse_sweep(str(path), []) == (dataclasses.replace(sweep, base=()), *cfgs)
 
-
-def test_decode_throughput_times_the_prompts_at_their_width(monkeypatch):
-  """``decode_tokens_per_s`` hands ``generate`` the first ``batch`` prompts right-padded to
-  the longest, their lengths (decoder-only), no eos and no bucket padding (every call is of
-  one width: the padding would only be timed), once to compile and ``repeats`` times."""
-  calls = []
-
-  def generate(model, prompt_BT, **kw):
-    calls.append((prompt_BT.copy(), kw))
-    return prompt_BT
-
-  monkeypatch.setattr(sweep_lib, "generate", generate)
-  for arch in ("decoder_only", "encoder_decoder"):
-    calls.clear()
-    model = type("M", (), {"cfg": ModelConfig(arch=arch, vocab_size=16, d_model=8, num_layers=1,
-                                              num_heads=1, head_dim=8, d_ff=8)})()
-    rate = sweep_lib.decode_tokens_per_s(model, [[5, 6, 7], [8], [9, 9]], 2, 4, 3)
-    assert rate > 0 and len(calls) == 4
-    for prompt, kw in calls:
-      np.testing.assert_array_equal(prompt, [[5, 6, 7], [8, 0, 0]])
-      lengths = kw.pop("prompt_lengths_B", None)
-      assert kw == dict(max_new_tokens=4, eos_id=None, bucket_prompt=False)
-      if arch == "decoder_only":
-        np.testing.assert_array_equal(lengths, [3, 1])
-      else:
-        assert lengths is None

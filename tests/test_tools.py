@@ -111,7 +111,7 @@ def test_a_tool_given_a_folder_that_is_no_workdir_says_so_in_one_line(tool, tmp_
 
 COUNT_FLAGS = ("iters", "rounds", "repeats", "batches", "files", "tokens", "requests", "slots",
                "steps", "new_tokens", "batch", "top", "prompts", "gpu_batch", "tpu_batch",
-               "decode_batch", "recompute_tokens", "decode_chunk")
+               "decode_batch", "recompute_tokens", "decode_chunk", "widths", "steady_width")
 
 
 def test_count_flags_take_positive_integers_only():
@@ -135,3 +135,22 @@ def test_count_flags_take_positive_integers_only():
   res = _run(["tools/bench_prefill_buckets.py", "--cache", "paged,bogus"])
   assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
       "bench_prefill_buckets.py: error: --cache: 'bogus' is not paged or contiguous")
+
+
+def test_fuzz_parity_runs_a_trial_and_refuses_a_bad_budget_or_seed():
+  """One attention trial (the budget is checked between trials): every CPU implementation
+  against the float64 oracle, one JSON summary line, exit 0; a budget of no time or a
+  negative seed is the usage's one line."""
+  import json
+
+  res = _run(["tools/fuzz_parity.py", "--check", "attention", "--seconds", "0.001"])
+  assert res.returncode == 0, res.stderr[-2000:]
+  summary = json.loads(res.stdout.strip().splitlines()[-1])
+  assert (summary["check"], summary["seed"], summary["trials"], summary["mismatches"]) == (
+      "attention", 0, 1, 0)
+  for flag, value, why in (("--seconds", "0", "0 is not a positive number of seconds"),
+                           ("--seconds", "nan", "nan is not a positive number of seconds"),
+                           ("--seed", "-1", "-1 is not an integer >= 0")):
+    res = _run(["tools/fuzz_parity.py", "--check", "gradients", flag, value])
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+        f"fuzz_parity.py: error: argument {flag}: {why}"), res.stderr

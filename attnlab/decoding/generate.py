@@ -89,10 +89,8 @@ def bucket_length(n: int, max_len: int) -> int:
 
 
 def _pad_width(array_BT, width: int, value: int):
-  """``array_BT`` right-padded with ``value`` to ``width`` columns (as it is if as wide)."""
-  extra = width - array_BT.shape[1]
-  return array_BT if extra <= 0 else np.pad(array_BT, ((0, 0), (0, extra)),
-                                             constant_values=value)
+  """``array_BT`` right-padded with ``value`` to ``width`` (>= its width) columns."""
+  return np.pad(array_BT, ((0, 0), (0, width - array_BT.shape[1])), constant_values=value)
 
 
 def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens,

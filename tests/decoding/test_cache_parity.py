@@ -453,6 +453,16 @@ def test_a_prompts_padding_is_kept_while_the_call_fits_and_cut_where_it_would_no
                     (56, (9, 64)), (60, (5, 64))):
     assert _program_call(monkeypatch, model, prompt, max_new_tokens=new,
                          prompt_lengths_B=[3, 5]) == want, new
+  # The room is the cache's where cache_len is given (10 + 4 - 1 fits 14: padded to 11).
+  assert _program_call(monkeypatch, model, prompt, max_new_tokens=4, prompt_lengths_B=[3, 5],
+                       cache_len=14) == (11, 14)
+  # Padding past the longest prompt that fits is kept, and padded to the room left (20 + 44 -
+  # 1 = 63 of 64: 21), not cut to the longest prompt and padded to its bucket (16).
+  wider = np.zeros((2, 20), np.int32)
+  wider[:, :10] = prompt
+  for new, want in ((45, (20, 64)), (44, (21, 64)), (46, (16, 61))):
+    assert _program_call(monkeypatch, model, wider, max_new_tokens=new,
+                         prompt_lengths_B=[3, 5]) == want, new
   # A wider bucket: 17 tokens take 24 slots, 40 take 48; bucket_prompt=False keeps the
   # width given (a caller whose calls are all of one width).
   for width, want in ((17, 24), (40, 48)):

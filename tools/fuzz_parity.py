@@ -6,8 +6,8 @@ Each trial draws a fresh case from ``--seed``; a mismatch prints the case on one
              (reference, blocked, chunked, xla, pallas in interpret mode) against a float64
              NumPy loop over (batch, query, head): random B, T, S, GQA groups, head dims,
              causal, windows, segment ids, q_offset (one, or one per row), scale. Max error
-             2e-5. An implementation that refuses the case (blocked: a per-row offset) with
-             its documented ValueError is counted, not failed.
+             2e-5. An implementation that refuses the case with a documented ValueError
+             (blocked before 2026-12-06: a per-row offset) is counted, not failed.
   gradients  the gradients of blocked, chunked, xla and pallas against those of reference
              (jax.grad of a random projection of the output), relative error 1e-5.
   generate   greedy ``attnlab.generate`` (contiguous, paged with a random page size, ring

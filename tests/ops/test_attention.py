@@ -411,18 +411,40 @@ def test_blocked_visits_each_query_block_against_exactly_the_keys_it_sees(monkey
       np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32))[:, blind], 0.0)
 
 
-def test_blocked_needs_a_python_int_offset():
-  q, k, v = make_qkv(1, 4, 4, 1, 1, 4)
-  advice = ("its query blocks are cut when traced; 'reference' and 'chunked' take an array "
-            "(one per row, or traced)")
+def test_blocked_takes_one_offset_per_row_as_a_numpy_array_and_refuses_a_jax_one():
+  """Per-row NumPy offsets far apart (a block's key range is the union of its rows'):
+  blocked equals the reference for causal, windowed and plain attention, blocks of 8 and
+  of all the queries, with segment ids, GQA, and a row whose queries see no key; a JAX
+  array (traced or not) is refused naming why and the implementations that take one."""
+  q, k, v = make_qkv(3, 20, 40, 4, 2, 8, seed=5)
+  seg_q = jnp.asarray(np.repeat([[1] * 12 + [2] * 8], 3, axis=0))
+  seg_k = jnp.asarray(np.repeat([[1] * 25 + [2] * 15], 3, axis=0))
+  for offsets in (np.array([0, 15, 3]), np.array([25, 0, 50], np.int64), np.array(7)):
+    for kw in (dict(causal=True), dict(causal=True, window=4), dict(window=6), dict(),
+               dict(causal=True, q_segment_ids=seg_q, kv_segment_ids=seg_k)):
+      want = jit_call(reference_attention, q, k, v, q_offset=offsets, **kw)
+      for block_q in (8, None):
+        got = jit_call(blocked_attention, q, k, v, q_offset=offsets, block_q=block_q, **kw)
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-6,
+                                   err_msg=f"{offsets} {kw} {block_q}")
+  # Row 2 at offset 50 with a window of 4 sees no key of 40: zeros.
+  got = jit_call(blocked_attention, q, k, v, q_offset=np.array([0, 15, 50]), causal=True,
+                 window=4)
+  np.testing.assert_array_equal(np.asarray(got)[2], 0.0)
+  advice = ("its query blocks are cut when traced; 'reference' and 'chunked' take a JAX "
+            "array (traced too)")
   with pytest.raises(ValueError) as e:
     blocked_attention(q, k, v, causal=True, q_offset=jnp.int32(2))
-  assert re.fullmatch(r"implementation='blocked' needs an int q_offset, "
-                      r"got <class 'jax.*Array.*'>: " + re.escape(advice), str(e.value)), e.value
-  with pytest.raises(ValueError) as e:  # one per row, through the dispatcher too
-    attention(q, k, v, causal=True, q_offset=np.array([2]), implementation="blocked")
-  assert str(e.value) == ("implementation='blocked' needs an int q_offset, got <class "
-                          f"'numpy.ndarray'>: {advice}")
+  assert re.fullmatch(r"implementation='blocked' needs an int q_offset or a NumPy array of "
+                      r"them, got <class 'jax.*Array.*'>: " + re.escape(advice),
+                      str(e.value)), e.value
+  with pytest.raises(ValueError) as e:  # traced, through the dispatcher
+    jax.jit(lambda o: attention(q, k, v, causal=True, q_offset=o,
+                                implementation="blocked"))(jnp.array([1, 2, 3]))
+  assert "needs an int q_offset or a NumPy array of them" in str(e.value)
+  assert str(e.value).endswith(advice)
+  with pytest.raises(ValueError, match=r"^q_offset shape \(2,\) must be \(\) or \[B\] = \(3,\)$"):
+    blocked_attention(q, k, v, causal=True, q_offset=np.array([1, 2]))
 
 
 def test_chunked_bfloat16_close_to_float32_reference():

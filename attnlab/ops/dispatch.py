@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 import jax
+import numpy as np
 
 from attnlab.config import IMPLEMENTATIONS
 from attnlab.ops import checks
@@ -84,7 +85,10 @@ def attention(
     scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
   if implementation == "auto":
     implementation = auto_implementation(q_BTNH.shape[1], k_BSKH.shape[1])
-    static = isinstance(q_offset, int) and q_positions is None and kv_positions is None
+    # Key ranges known when traced: an int offset, or a NumPy one per row ("blocked" reads
+    # the union of the rows' ranges); not a JAX array or explicit positions.
+    static = (isinstance(q_offset, int | np.ndarray) and q_positions is None
+              and kv_positions is None)
     if implementation == "chunked" and not _is_constant(scale):
       # A traced scale (a learned temperature), which "chunked" compiles in: query blocks
       # bound the memory too; the reference where blocks cannot be cut (a traced offset).

@@ -923,6 +923,8 @@ AUTO_CASES = [
     (150, 150, dict(causal=True, q_offset=7), "blocked"),
     (200, 200, dict(), "reference"),  # no band to skip
     (20, 20, dict(causal=True, q_offset=jnp.array([3, 0])), "reference"),  # traced offset
+    (150, 150, dict(causal=True, q_offset=np.array([7, 40])), "blocked"),  # NumPy, per row
+    (150, 150, dict(q_offset=np.array([7, 40])), "reference"),  # no band
     (64, 65600, dict(), "chunked"),  # T * S > 2048^2
     (64, 65600, dict(causal=True, q_offset=65536), "chunked"),
     (200, 200, dict(window=30), "blocked"),  # a window alone is a band too

@@ -3,7 +3,7 @@
 The tools/bench_decode.py model (``_bench.MODEL``, float32), B=1, greedy, contiguous
 cache, ``--new_tokens`` per call: one call for each prompt width 1..``--widths``, in a
 fresh program cache, first with ``generate``'s buckets (every width padded to 16, one
-program), then with each call at its own width (``bucket_prompt=False``: one program per
+program), then with each call at its own width (``bucket=False``: one program per
 width). Prints the wall time of each loop (compiles included),
 the programs compiled and the ratio. Then what the padding costs a compiled call: the best
 of ``--iters`` calls with a ``--steady_width``-token prompt (default 200, bucket 256) each way.
@@ -40,10 +40,10 @@ def main():
   program = generate_lib._sample_decoder_only
   out = {"cpu": _bench.cpu_name(), "widths": args.widths, "new_tokens": args.new_tokens}
   steady = (np.arange(args.steady_width, dtype=np.int32) % 200 + 3)[None]
-  for scheme, bucket_prompt in (("buckets", True), ("own_width", False)):
+  for scheme, bucket in (("buckets", True), ("own_width", False)):
     jax.clear_caches()
-    generate = lambda prompt, bucket_prompt=bucket_prompt: np.asarray(attnlab.generate(
-        model, prompt, max_new_tokens=args.new_tokens, eos_id=None, bucket_prompt=bucket_prompt))
+    generate = lambda prompt, bucket=bucket: np.asarray(attnlab.generate(
+        model, prompt, max_new_tokens=args.new_tokens, eos_id=None, bucket=bucket))
     start = time.perf_counter()
     for width in range(1, args.widths + 1):
       generate(np.arange(3, 3 + width, dtype=np.int32)[None])

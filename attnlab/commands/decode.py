@@ -240,7 +240,7 @@ def main(argv: list[str]) -> int:
   bos_id = 1 if tokenizer.bos_id is None else tokenizer.bos_id
   kwargs = dict(max_new_tokens=dcfg.max_new_tokens, cache=dcfg.cache, eos_id=stops,
                 bos_id=bos_id, cache_dtype=args.cache_dtype, page_size=dcfg.page_size,
-                num_pages=dcfg.num_pages, bucket_prompt=False,  # one call: no program to share
+                num_pages=dcfg.num_pages, bucket=False,  # one call: no program to share
                 rng=seed_key(dcfg.seed),
                 sampling=Sampling(temperature=dcfg.temperature, top_k=dcfg.top_k,
                                   top_p=dcfg.top_p))

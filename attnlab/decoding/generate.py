@@ -88,6 +88,12 @@ def bucket_length(n: int, max_len: int) -> int:
   return min(bucket, max(max_len, n))
 
 
+def _capacity(max_new_tokens: int, most: int) -> int:
+  """The token buffer of a sampling program for ``max_new_tokens``: its bucket, as far as
+  ``most`` allows (never less than ``max_new_tokens``)."""
+  return max(max_new_tokens, min(bucket_length(max_new_tokens, most), most))
+
+
 def _pad_width(array_BT, width: int, value: int):
   """``array_BT`` right-padded with ``value`` to ``width`` (>= its width) columns."""
   return np.pad(array_BT, ((0, 0), (0, width - array_BT.shape[1])), constant_values=value)
@@ -98,7 +104,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
              prompt_lengths_B=None, eos_id: int | Sequence[int] | None = 2, bos_id: int = 1,
              beam_size: int | None = None, length_penalty: float = _DEFAULTS.length_penalty,
              page_size: int = _DEFAULTS.page_size, num_pages: int | None = _DEFAULTS.num_pages,
-             cache_len: int | None = None, cache_dtype=None, bucket_prompt: bool = True):
+             cache_len: int | None = None, cache_dtype=None, bucket: bool = True):
   """Generate up to ``max_new_tokens`` tokens per sequence.
 
   Args:
@@ -135,11 +141,13 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     cache_dtype: dtype of the cached K/V ("float32", "bfloat16", "float16",
       "int8"); None = the model's compute dtype. "int8" stores K/V quantized
       with one float32 scale per token and KV head (every cache kind).
-    bucket_prompt: pad the prompt (an encoder-decoder's source) to its length bucket
-      (``bucket_length``; a decoder-only prompt as far as the cache has room), so that
-      calls with prompts of many widths share a compiled program. False keeps the width
-      given: for a caller whose calls are all of one width (evaluation, a benchmark),
-      which the padding only slows.
+    bucket: pad the prompt (an encoder-decoder's source) to its length bucket
+      (``bucket_length``; a decoder-only prompt as far as the cache has room) and, without
+      beam search, size the token buffer and the default cache for the bucket of
+      ``max_new_tokens`` (the loop still stops at it), so that calls with prompts of many
+      widths and many budgets share a compiled program. False keeps the shapes given: for
+      a caller whose calls are all of one shape (evaluation, a benchmark), which the
+      padding only slows.
 
   Returns:
     int32 [B, max_new_tokens]: the generated tokens (eos included).
@@ -172,8 +180,8 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     if cache != "paged":
       raise GenerateInputError(f"num_pages={num_pages} is for cache='paged', got cache={cache!r}")
     positive_int("num_pages", num_pages)
-  if not isinstance(bucket_prompt, bool | np.bool_):
-    raise GenerateInputError(f"bucket_prompt={bucket_prompt!r} must be True or False")
+  if not isinstance(bucket, bool | np.bool_):
+    raise GenerateInputError(f"bucket={bucket!r} must be True or False")
   B, T = prompt_BT.shape
   if beam_size is not None and sampling != GREEDY:
     raise GenerateInputError(f"beam search (beam_size={beam_size}) is deterministic: sampling="
@@ -196,13 +204,19 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
         raise PromptTooLongError(f"the source has {used} positions, more than the model's "
                                  f"max_len={cfg.max_len}")
       prompt_BT, src_seg_BS = prompt_BT[:, :used], src_seg_BS[:, :used]
-    if bucket_prompt:  # sources of many widths share a program (padding is segment 0)
+    if bucket:  # sources of many widths share a program (padding is segment 0)
       width = bucket_length(prompt_BT.shape[1], cfg.max_len)
       prompt_BT = _pad_width(prompt_BT, width, cfg.pad_id)
       src_seg_BS = _pad_width(src_seg_BS, width, 0)
     bos_id = check_token_id("bos_id", bos_id, cfg.vocab_size)
     needed = max_new_tokens
+    given_cache_len = cache_len
     cache_len = _check_cache_len(cfg, cache_len, needed, "max_new_tokens", GenerateInputError)
+    if bucket and beam_size is None:  # budgets of many sizes share a program
+      capacity = _capacity(max_new_tokens, cfg.max_len)
+      static["max_new_tokens"] = capacity
+      if given_cache_len is None:
+        cache_len = capacity
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
     if beam_size is not None:
       _check_beam(cache, length_penalty)
@@ -212,7 +226,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
                                    cache_len=cache_len, **static)
     tokens_BT, exhausted = _sample_encoder_decoder(
         model, jnp.asarray(prompt_BT), jnp.asarray(src_seg_BS), rng, eos, jnp.int32(bos_id),
-        sampling=sampling,
+        sampling=sampling, budget=jnp.int32(max_new_tokens),
         cache_len=cache_len, num_pages=num_pages, **static)
   else:
     lengths_B = _prompt_lengths(cfg, prompt_BT, prompt_lengths_B)
@@ -222,12 +236,18 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     if T + max_new_tokens - 1 > room and int(lengths_B.max()) < T:
       T = int(lengths_B.max())
       prompt_BT = prompt_BT[:, :T]
-    if bucket_prompt:  # where the cache has room: prompts of many widths share a program
+    if bucket:  # where the cache has room: prompts of many widths share a program
       # (each row's own length is passed; padding past it takes no position)
       T = max(T, min(bucket_length(T, cfg.max_len), room - (max_new_tokens - 1)))
       prompt_BT = _pad_width(prompt_BT, T, cfg.pad_id)
+    given_cache_len = cache_len
     cache_len = _check_cache_len(cfg, cache_len, T + max_new_tokens - 1,
                                  "the prompt plus max_new_tokens", PromptTooLongError)
+    if bucket and beam_size is None:  # budgets of many sizes share a program, room allowing
+      capacity = _capacity(max_new_tokens, room - T + 1)
+      static["max_new_tokens"] = capacity
+      if given_cache_len is None:
+        cache_len = T + capacity - 1
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
     if beam_size is not None:
       _check_beam(cache, length_penalty)
@@ -236,12 +256,13 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
                                 cache_len=cache_len, **static)
     tokens_BT, exhausted = _sample_decoder_only(
         model, jnp.asarray(prompt_BT), jnp.asarray(lengths_B), rng, eos,
-        sampling=sampling, cache_len=cache_len, num_pages=num_pages, **static)
+        sampling=sampling, budget=jnp.int32(max_new_tokens), cache_len=cache_len,
+        num_pages=num_pages, **static)
   if bool(exhausted):
     raise PagesExhaustedError(
         f"the paged cache ran out of pages (num_pages={num_pages}, page_size={page_size}); "
         "pass a larger num_pages or fewer / shorter sequences")
-  return tokens_BT
+  return tokens_BT if tokens_BT.shape[1] == max_new_tokens else tokens_BT[:, :max_new_tokens]
 
 
 # ----------------------------------------------------------------------------
@@ -471,13 +492,16 @@ def _eval_model(graphdef, state):
 
 
 def _sampling_loop(forward, cache, alloc, first_logits_BV, rng, *, max_new_tokens, eos_id,
-                   sampling, page_size, pad_id):
+                   sampling, page_size, pad_id, budget=None):
   """Sample the first token from ``first_logits_BV``, then step until done.
 
   ``forward(tokens_BT, segment_ids_BT, cache) -> (logits_BTV, cache)``; ``eos_id``
-  is the traced ``stop_array`` of the stop ids.
+  is the traced ``stop_array`` of the stop ids; ``budget`` (traced, at most
+  ``max_new_tokens``; default ``max_new_tokens``) the tokens to make: the rest of the
+  buffer stays ``pad_id``.
   Returns (tokens [B, max_new_tokens], exhausted).
   """
+  budget = max_new_tokens if budget is None else budget
   B = first_logits_BV.shape[0]
   paged = alloc is not None
 
@@ -497,7 +521,7 @@ def _sampling_loop(forward, cache, alloc, first_logits_BV, rng, *, max_new_token
 
   def cond(carry):
     step, _, done_B, *_ = carry
-    return (step < max_new_tokens) & ~jnp.all(done_B)
+    return (step < budget) & ~jnp.all(done_B)
 
   def body(carry):
     step, token_B, done_B, out_BJ, cache, alloc, rng = carry
@@ -567,7 +591,8 @@ def _prefill(model, prompt_BT, lengths_B, cache):
 
 
 def _sample_decoder_only_impl(model, prompt_BT, lengths_B, rng, eos_id, *, max_new_tokens,
-                              kind, page_size, sampling, cache_len, num_pages, cache_dtype):
+                              kind, page_size, sampling, cache_len, num_pages, cache_dtype,
+                              budget=None):
   model = _in_eval_mode(model)
   cfg = model.cfg
   B = prompt_BT.shape[0]
@@ -577,7 +602,8 @@ def _sample_decoder_only_impl(model, prompt_BT, lengths_B, rng, eos_id, *, max_n
   last_BV, cache = _prefill(model, prompt_BT, lengths_B, cache)
   forward = lambda tokens_BT, seg_BT, cache: model(tokens_BT, segment_ids_BT=seg_BT, cache=cache)
   return _sampling_loop(forward, cache, alloc, last_BV, rng, max_new_tokens=max_new_tokens,
-                        eos_id=eos_id, sampling=sampling, page_size=page_size, pad_id=cfg.pad_id)
+                        eos_id=eos_id, sampling=sampling, page_size=page_size, pad_id=cfg.pad_id,
+                        budget=budget)
 
 
 def _beam_decoder_only_impl(model, prompt_BT, lengths_B, eos_id, *, max_new_tokens, kind,
@@ -612,7 +638,7 @@ def _decoder_forward(model):
 
 def _sample_encoder_decoder_impl(model, src_BS, src_seg_BS, rng, eos_id, bos_id, *,
                                  max_new_tokens, kind, page_size, sampling, cache_len, num_pages,
-                                 cache_dtype):
+                                 cache_dtype, budget=None):
   model = _in_eval_mode(model)
   cfg = model.cfg
   B = src_BS.shape[0]
@@ -629,7 +655,7 @@ def _sample_encoder_decoder_impl(model, src_BS, src_seg_BS, rng, eos_id, bos_id,
                               cache_lib.as_empty(cache))
   return _sampling_loop(forward, cache, alloc, logits_B1V[:, 0], rng,
                         max_new_tokens=max_new_tokens, eos_id=eos_id, sampling=sampling,
-                        page_size=page_size, pad_id=cfg.pad_id)
+                        page_size=page_size, pad_id=cfg.pad_id, budget=budget)
 
 
 def _beam_encoder_decoder_impl(model, src_BS, src_seg_BS, eos_id, bos_id, *, max_new_tokens,

@@ -194,7 +194,7 @@ def decode_batches(model, batches: list[dict], *, eos_id: int, bos_id: int,
     T = np.shape(batch["targets_BT"])[1]
     decode = lambda prompt_BT, lengths_B, max_new: np.asarray(generate(
         model, prompt_BT, max_new_tokens=max_new, prompt_lengths_B=lengths_B, eos_id=eos_id,
-        bos_id=bos_id, beam_size=beam_size, length_penalty=length_penalty, bucket_prompt=False))
+        bos_id=bos_id, beam_size=beam_size, length_penalty=length_penalty, bucket=False))
     # A reference fits in its row (with its eos): an encoder-decoder's target row,
     # which need not be as wide as the source; a decoder-only prompt of width W
     # leaves max_len - W + 1 positions to generate into.

@@ -405,7 +405,7 @@ def decode_tokens_per_s(model, prompts: list[list[int]], batch: int, new_tokens:
   prompt_BT = np.full((batch, width), cfg.pad_id, np.int32)
   for b, r in enumerate(rows):
     prompt_BT[b, :len(r)] = r
-  kwargs = dict(max_new_tokens=new_tokens, eos_id=None, bucket_prompt=False)  # one width
+  kwargs = dict(max_new_tokens=new_tokens, eos_id=None, bucket=False)  # one width
   if cfg.arch == "decoder_only":
     kwargs["prompt_lengths_B"] = np.array([len(r) for r in rows], np.int32)
   jax.block_until_ready(generate(model, prompt_BT, **kwargs))

@@ -426,17 +426,23 @@ def _program_call(monkeypatch, model, prompt, **kw):
 
 
 def test_without_cache_len_the_cache_holds_exactly_the_slots_the_call_needs(monkeypatch):
-  """``cache_len=None``: a decoder-only call's cache has prompt + max_new_tokens - 1 slots (the
-  last token is never fed back; the prompt padded to its bucket, 16 for up to 16 tokens), an
-  encoder-decoder's max_new_tokens (its bos takes the first; its source is padded, not its
-  cache); one slot where that is all a call needs, not a floor of more."""
+  """``cache_len=None``, ``bucket=False``: a decoder-only call's cache has prompt +
+  max_new_tokens - 1 slots (the last token is never fed back), an encoder-decoder's
+  max_new_tokens (its bos takes the first); one slot where that is all a call needs, not a
+  floor of more. With the buckets (the default) the prompt is padded to its bucket (16 for up
+  to 16 tokens) and the cache is the slots of the budget's bucket (16 for up to 16 tokens)."""
   decoder, encdec = decoder_model("mha_rope"), encdec_model("paper_gqa")
-  assert SRC.shape[1] < 16 <= encdec.cfg.max_len
-  for model, prompt, new, want in ((decoder, random_tokens(6, (2, 1)), 1, (16, 16)),
-                                   (decoder, random_tokens(6, (2, 3)), 4, (16, 19)),
-                                   (encdec, SRC, 1, (16, 1)), (encdec, SRC, 5, (16, 5))):
-    assert _program_call(monkeypatch, model, prompt, max_new_tokens=new) == want, (
-        model.cfg.arch, prompt.shape, new)
+  assert SRC.shape[1] < 16 and encdec.cfg.max_len >= 32
+  for model, prompt, new, exact, bucketed in (
+      (decoder, random_tokens(6, (2, 1)), 1, (1, 1), (16, 31)),
+      (decoder, random_tokens(6, (2, 3)), 4, (3, 6), (16, 31)),
+      (decoder, random_tokens(6, (2, 3)), 17, (3, 19), (16, 39)),
+      (encdec, SRC, 1, (9, 1), (16, 16)), (encdec, SRC, 5, (9, 5), (16, 16)),
+      (encdec, SRC, 17, (9, 17), (16, 24))):
+    what = (model.cfg.arch, prompt.shape, new)
+    assert _program_call(monkeypatch, model, prompt, max_new_tokens=new,
+                         bucket=False) == exact, what
+    assert _program_call(monkeypatch, model, prompt, max_new_tokens=new) == bucketed, what
 
 
 def test_a_prompts_padding_is_kept_while_the_call_fits_and_cut_where_it_would_not(monkeypatch):
@@ -449,7 +455,7 @@ def test_a_prompts_padding_is_kept_while_the_call_fits_and_cut_where_it_would_no
   assert model.cfg.max_len == 64
   prompt = np.zeros((2, 10), np.int32)
   prompt[0, :3], prompt[1, :5] = [5, 6, 7], [5, 6, 7, 8, 9]
-  for new, want in ((4, (16, 19)), (49, (16, 64)), (50, (15, 64)), (55, (10, 64)),
+  for new, want in ((4, (16, 31)), (49, (16, 64)), (50, (15, 64)), (55, (10, 64)),
                     (56, (9, 64)), (60, (5, 64))):
     assert _program_call(monkeypatch, model, prompt, max_new_tokens=new,
                          prompt_lengths_B=[3, 5]) == want, new
@@ -460,24 +466,24 @@ def test_a_prompts_padding_is_kept_while_the_call_fits_and_cut_where_it_would_no
   # 1 = 63 of 64: 21), not cut to the longest prompt and padded to its bucket (16).
   wider = np.zeros((2, 20), np.int32)
   wider[:, :10] = prompt
-  for new, want in ((45, (20, 64)), (44, (21, 64)), (46, (16, 61))):
+  for new, want in ((45, (20, 64)), (44, (21, 64)), (46, (16, 63))):
     assert _program_call(monkeypatch, model, wider, max_new_tokens=new,
                          prompt_lengths_B=[3, 5]) == want, new
-  # A wider bucket: 17 tokens take 24 slots, 40 take 48; bucket_prompt=False keeps the
+  # A wider bucket: 17 tokens take 24 slots, 40 take 48; bucket=False keeps the
   # width given (a caller whose calls are all of one width).
-  for width, want in ((17, 24), (40, 48)):
+  for width, want in ((17, (24, 39)), (40, (48, 63))):
     wide = np.full((1, width), 5, np.int32)
-    assert _program_call(monkeypatch, model, wide, max_new_tokens=2) == (want, want + 1)
+    assert _program_call(monkeypatch, model, wide, max_new_tokens=2) == want
     assert _program_call(monkeypatch, model, wide, max_new_tokens=2,
-                         bucket_prompt=False) == (width, width + 1)
+                         bucket=False) == (width, width + 1)
   assert _program_call(monkeypatch, model, prompt, max_new_tokens=4, prompt_lengths_B=[3, 5],
-                       bucket_prompt=np.bool_(False)) == (10, 13)
+                       bucket=np.bool_(False)) == (10, 13)
   encdec = encdec_model("paper_gqa")
-  assert _program_call(monkeypatch, encdec, SRC, max_new_tokens=2, bucket_prompt=False) == (9, 2)
+  assert _program_call(monkeypatch, encdec, SRC, max_new_tokens=2, bucket=False) == (9, 2)
   for bad in (1, "no", None):
     with pytest.raises(attnlab.decoding.generate.GenerateInputError) as e:
-      attnlab.generate(model, prompt, max_new_tokens=2, bucket_prompt=bad)
-    assert str(e.value) == f"bucket_prompt={bad!r} must be True or False"
+      attnlab.generate(model, prompt, max_new_tokens=2, bucket=bad)
+    assert str(e.value) == f"bucket={bad!r} must be True or False"
 
 
 def test_prompts_of_many_widths_share_one_program_and_decode_as_if_unpadded():
@@ -508,6 +514,58 @@ def test_prompts_of_many_widths_share_one_program_and_decode_as_if_unpadded():
     got = np.asarray(attnlab.generate(encdec, src, max_new_tokens=4, eos_id=None, bos_id=bos))
     assert_greedy(lambda t, src=src: encdec_forward("paper_gqa", varied=True)(src, t),
                   np.full((2, 4), bos, np.int32), [1, 1], got)
+  assert program._cache_size() == compiled
+
+
+def test_budgets_of_many_sizes_share_one_program_and_stop_at_their_own():
+  """``max_new_tokens`` 1 to 16 (one bucket): one compiled program per model and sampling,
+  each call's tokens the first that many of the 16-token call's, greedy (decoder-only and
+  encoder-decoder, and against the cache-free argmax) and sampled with one key; with an eos,
+  the tokens after it are pad, as ever; ``bucket=False`` compiles a program per budget."""
+  from attnlab.decoding import generate as generate_lib
+
+  name = "mha_rope"
+  model = decoder_model(name, varied=True)
+  prompt = random_tokens(3, (2, 5))
+  program = generate_lib._sample_decoder_only
+  sampled = attnlab.Sampling(temperature=1.0)
+  full = np.asarray(attnlab.generate(model, prompt, max_new_tokens=16, eos_id=None))
+  full_sampled = np.asarray(attnlab.generate(model, prompt, max_new_tokens=16, eos_id=None,
+                                             sampling=sampled, rng=3))
+  room = np.zeros((2, 5 + 15), np.int32)
+  room[:, :5] = prompt
+  assert_greedy(decoder_forward(name, varied=True), room, [5, 5], full)
+  compiled = program._cache_size()
+  for new in range(1, 16):
+    got = np.asarray(attnlab.generate(model, prompt, max_new_tokens=new, eos_id=None))
+    assert got.shape == (2, new)
+    np.testing.assert_array_equal(got, full[:, :new])
+    got = np.asarray(attnlab.generate(model, prompt, max_new_tokens=new, eos_id=None,
+                                      sampling=sampled, rng=3))
+    np.testing.assert_array_equal(got, full_sampled[:, :new])
+  assert program._cache_size() == compiled
+  eos = int(full[0, 3])  # row 0 stops at its 4th token
+  got = np.asarray(attnlab.generate(model, prompt, max_new_tokens=9, eos_id=eos))
+  stop = [list(row).index(eos) + 1 if eos in row else 9 for row in full[:, :9]]
+  for b in range(2):
+    np.testing.assert_array_equal(got[b, :stop[b]], full[b, :stop[b]])
+    assert (got[b, stop[b]:] == model.cfg.pad_id).all()
+  # The loop stops at the budget, not the buffer: pages for 5 + 3 - 1 slots a row suffice.
+  got = np.asarray(attnlab.generate(model, prompt, max_new_tokens=3, eos_id=None,
+                                    cache="paged", page_size=4, num_pages=4))
+  np.testing.assert_array_equal(got, full[:, :3])
+  before = program._cache_size()
+  for new in (3, 4):
+    attnlab.generate(model, prompt, max_new_tokens=new, eos_id=None, bucket=False)
+  assert program._cache_size() == before + 2
+
+  encdec = encdec_model("paper_gqa", varied=True)
+  program = generate_lib._sample_encoder_decoder
+  full = np.asarray(attnlab.generate(encdec, SRC, max_new_tokens=16, eos_id=None))
+  compiled = program._cache_size()
+  for new in (1, 5, 15):
+    got = np.asarray(attnlab.generate(encdec, SRC, max_new_tokens=new, eos_id=None))
+    np.testing.assert_array_equal(got, full[:, :new])
   assert program._cache_size() == compiled
 
 

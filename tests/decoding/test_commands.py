@@ -1018,7 +1018,7 @@ def test_decode_hands_every_flag_to_generate(workdir, monkeypatch, capsys, tmp_p
   np.testing.assert_array_equal(jax.random.key_data(rng), jax.random.key_data(jax.random.key(9)))
   # One call: no program to share, so the prompts keep their width (no bucket padding).
   assert kw == dict(max_new_tokens=3, cache="paged", eos_id=tok.eos_id, bos_id=tok.bos_id,
-                    cache_dtype="int8", page_size=8, num_pages=7, bucket_prompt=False)
+                    cache_dtype="int8", page_size=8, num_pages=7, bucket=False)
   spy.calls.clear()
   # Its arguments alone are checked here: the defaults (all but max_new_tokens) decode for
   # real in test_decode_prompt_sources_and_their_errors.

@@ -363,7 +363,7 @@ def test_decode_batches_asks_generate_for_room_to_the_row_width(monkeypatch, arc
     prompt, kw = calls[0]
     new = T if arch == "encoder_decoder" else want_new
     assert kw["max_new_tokens"] == new and kw["eos_id"] == EOS and kw["bos_id"] == BOS
-    assert kw["bucket_prompt"] is False  # one width per run: padding would only slow it
+    assert kw["bucket"] is False  # one width per run: padding would only slow it
     if arch == "decoder_only":
       np.testing.assert_array_equal(kw["prompt_lengths_B"], [3, 4])
       np.testing.assert_array_equal(prompt, [[BOS, 5, EOS, PAD], [BOS, 5, 6, EOS]])

@@ -1271,7 +1271,7 @@ def test_decode_tokens_per_s_is_the_best_timed_call_after_a_compile_call(monkeyp
   got = sweep_lib.decode_tokens_per_s(model, prompts, 2, 6, 3)
   assert got == 2 * 6 / 0.25
   # One width every call: no bucket padding, which would only be timed.
-  kw = {"max_new_tokens": 6, "eos_id": None, "bucket_prompt": False}
+  kw = {"max_new_tokens": 6, "eos_id": None, "bucket": False}
   if arch == "decoder_only":
     kw["prompt_lengths_B"] = ([3, 1], np.int32)
   assert calls == [([[5, 6, 7], [8, 3, 3]], np.int32, kw)] * 4

@@ -550,10 +550,11 @@ def test_budgets_of_many_sizes_share_one_program_and_stop_at_their_own():
   for b in range(2):
     np.testing.assert_array_equal(got[b, :stop[b]], full[b, :stop[b]])
     assert (got[b, stop[b]:] == model.cfg.pad_id).all()
-  # The loop stops at the budget, not the buffer: pages for 5 + 3 - 1 slots a row suffice.
-  got = np.asarray(attnlab.generate(model, prompt, max_new_tokens=3, eos_id=None,
+  # The loop stops at the budget, not the buffer (nor one step past it): pages for exactly
+  # 5 + 4 - 1 = 8 slots a row suffice.
+  got = np.asarray(attnlab.generate(model, prompt, max_new_tokens=4, eos_id=None,
                                     cache="paged", page_size=4, num_pages=4))
-  np.testing.assert_array_equal(got, full[:, :3])
+  np.testing.assert_array_equal(got, full[:, :4])
   before = program._cache_size()
   for new in (3, 4):
     attnlab.generate(model, prompt, max_new_tokens=new, eos_id=None, bucket=False)

@@ -209,14 +209,12 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
       prompt_BT = _pad_width(prompt_BT, width, cfg.pad_id)
       src_seg_BS = _pad_width(src_seg_BS, width, 0)
     bos_id = check_token_id("bos_id", bos_id, cfg.vocab_size)
-    needed = max_new_tokens
-    given_cache_len = cache_len
-    cache_len = _check_cache_len(cfg, cache_len, needed, "max_new_tokens", GenerateInputError)
-    if bucket and beam_size is None:  # budgets of many sizes share a program
-      capacity = _capacity(max_new_tokens, cfg.max_len)
-      static["max_new_tokens"] = capacity
-      if given_cache_len is None:
-        cache_len = capacity
+    # Budgets of many sizes share a program: its buffer (and default cache) is their bucket.
+    capacity = (_capacity(max_new_tokens, cfg.max_len) if bucket and beam_size is None
+                else max_new_tokens)
+    cache_len = _check_cache_len(cfg, cache_len, max_new_tokens, "max_new_tokens",
+                                 GenerateInputError, default=capacity)
+    static["max_new_tokens"] = capacity
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
     if beam_size is not None:
       _check_beam(cache, length_penalty)
@@ -240,14 +238,13 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
       # (each row's own length is passed; padding past it takes no position)
       T = max(T, min(bucket_length(T, cfg.max_len), room - (max_new_tokens - 1)))
       prompt_BT = _pad_width(prompt_BT, T, cfg.pad_id)
-    given_cache_len = cache_len
+    # Budgets of many sizes share a program, room allowing (as for the encoder-decoder).
+    capacity = (_capacity(max_new_tokens, room - T + 1) if bucket and beam_size is None
+                else max_new_tokens)
     cache_len = _check_cache_len(cfg, cache_len, T + max_new_tokens - 1,
-                                 "the prompt plus max_new_tokens", PromptTooLongError)
-    if bucket and beam_size is None:  # budgets of many sizes share a program, room allowing
-      capacity = _capacity(max_new_tokens, room - T + 1)
-      static["max_new_tokens"] = capacity
-      if given_cache_len is None:
-        cache_len = T + capacity - 1
+                                 "the prompt plus max_new_tokens", PromptTooLongError,
+                                 default=T + capacity - 1)
+    static["max_new_tokens"] = capacity
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
     if beam_size is not None:
       _check_beam(cache, length_penalty)
@@ -419,11 +416,13 @@ def _prompt_lengths(cfg, prompt_BT, prompt_lengths_B, what="prompt"):
   return lengths_B.astype(np.int32)
 
 
-def _check_cache_len(cfg, cache_len, needed, what, error):
+def _check_cache_len(cfg, cache_len, needed, what, error, *, default):
+  """``cache_len`` checked against the ``needed`` slots; ``default`` (>= needed, <= max_len
+  once needed fits) where it is None."""
   if needed > cfg.max_len:
     raise error(f"{what} needs {needed} positions, more than the model's max_len={cfg.max_len}")
   if cache_len is None:
-    return max(needed, 1)
+    return default
   if needed > cache_len:
     raise error(f"{what} needs {needed} cache slots, more than cache_len={cache_len}")
   # No position past max_len is ever written: a longer cache_len holds max_len slots

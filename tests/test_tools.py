@@ -154,3 +154,31 @@ def test_fuzz_parity_runs_a_trial_and_refuses_a_bad_budget_or_seed():
     res = _run(["tools/fuzz_parity.py", "--check", "gradients", flag, value])
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
         f"fuzz_parity.py: error: argument {flag}: {why}"), res.stderr
+
+
+@pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
+def test_profile_decode_step_counts_the_loop_body_and_the_weights_made_float32_before_it(
+    param_dtype, monkeypatch):
+  """profile_decode_step.py reads XLA's optimized HLO of ``generate``'s program: the loop
+  body's instructions (none weight-sized: no weight copied in a step), and the weights
+  converted to float32 outside the loop, which is where XLA:CPU puts a bfloat16 weight's
+  conversion (so its loop reads float32 copies): one per weight matrix at least, and none
+  for float32 parameters."""
+  from flax import nnx
+
+  import attnlab
+
+  monkeypatch.syspath_prepend(os.path.join(REPO, "tools"))
+  import _bench
+  import profile_decode_step as tool
+
+  # The benchmarks' model itself: at tiny dims activations would share the weights' sizes.
+  cfg = _bench.attnlab_config(max_len=512, param_dtype=param_dtype)
+  model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
+  kinds, converted = tool.loop_body_ops(model, cfg)
+  assert "weight-sized" not in kinds and kinds.get("fusion(kLoop)", 0) > 0, kinds
+  matrices = 7 * cfg.num_layers + 1  # q, k, v, o, gate, up, down per layer; the embedding
+  if param_dtype == "float32":
+    assert converted == 0
+  else:
+    assert converted >= matrices, converted

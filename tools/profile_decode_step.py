@@ -35,7 +35,10 @@ run, each the best of ``--iters`` calls:
   * ops: the instructions of each compiled decode loop's body (fusions,
     library calls, copies; "weight-sized": those that make an array of a
     weight's size, i.e. a weight copied into another layout in every step),
-    from XLA's optimized HLO;
+    from XLA's optimized HLO; and the conversions of a weight to float32 outside
+    the loop (``--param_dtype bfloat16``: XLA:CPU computes a bfloat16 matrix-vector
+    product in float32 and hoists the weight's conversion out of the loop, so the
+    loop reads float32 copies, not the bfloat16 bytes);
   * with ``--torch_python`` (a venv with torch + transformers; by default this
     Python, when it has both): transformers'
     decode step the same way (its greedy ``generate``, 240 new tokens against 16),
@@ -52,6 +55,7 @@ run, each the best of ``--iters`` calls:
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import time
 
@@ -258,9 +262,26 @@ def loop_body_ops(model, cfg):
       jnp.int32(-1), sampling=gen.GREEDY, cache_len=PROMPT + LONG - 1, num_pages=None,
       max_new_tokens=LONG, kind="contiguous", page_size=16, cache_dtype=None,
   ).lower().compile().as_text()
+  weight_sizes = {int(np.prod(x.shape)) for x in jax.tree.leaves(state) if x.ndim >= 2}
+  return op_counts(text, weight_sizes)
+
+
+def _f32_size(line):
+  """The element count of a line's float32 result, or None."""
+  shape = re.match(r"\s*(?:ROOT )?\S+ = f32\[([\d,]+)\]", line)
+  return None if shape is None else math.prod(int(d) for d in shape.group(1).split(","))
+
+
+def op_counts(text, weight_sizes):
+  """(kinds, converted) of a compiled program's HLO text: ``kinds`` counts the top-level
+  instructions of its largest while-loop body by kind ("weight-sized": those that make a
+  float32 array of a weight's size, i.e. a weight copied in every step); ``converted``
+  counts the conversions to a weight-sized float32 array outside every loop body (a
+  weight stored in another dtype made float32 before the loop, so that the loop reads
+  float32 copies: what XLA:CPU does with bfloat16 parameters)."""
   bodies = _while_bodies(text)
   body = max(bodies, key=len) if bodies else []
-  weight_sizes = {int(np.prod(x.shape)) for x in jax.tree.leaves(state) if x.ndim >= 2}
+  in_loops = {line for b in bodies for line in b}
   kinds: dict[str, int] = {}
   for line in body:
     m = re.match(r"\s*(?:ROOT )?\S+ = \S+ (\w[\w-]*)\(", line)
@@ -269,15 +290,17 @@ def loop_body_ops(model, cfg):
     op = m.group(1)
     if op in ("parameter", "get-tuple-element", "tuple", "constant", "bitcast"):
       continue
-    shape = re.match(r"\s*(?:ROOT )?\S+ = f32\[([\d,]+)\]", line)
-    if shape and int(np.prod([int(d) for d in shape.group(1).split(",")])) in weight_sizes:
+    if _f32_size(line) in weight_sizes:
       # A weight-sized array made in the loop: a weight copied into another layout.
       kinds["weight-sized"] = kinds.get("weight-sized", 0) + 1
     if op == "fusion":
       kind = re.search(r"kind=(\w+)", line)
       op = f"fusion({kind.group(1) if kind else '?'})"
     kinds[op] = kinds.get(op, 0) + 1
-  return kinds
+  converted = sum(1 for line in text.splitlines()
+                  if line not in in_loops and re.search(r"= f32\[[\d,]*\]\S* convert\(", line)
+                  and _f32_size(line) in weight_sizes)
+  return kinds, converted
 
 
 def _while_bodies(text):
@@ -343,12 +366,13 @@ def main():
         f"prompt {PROMPT}, contiguous cache of {PROMPT + LONG - 1}; best of {args.iters}")
   print(f"weights {weight_bytes / 2**20:.1f} MiB, cache {cache_bytes / 2**20:.2f} MiB")
   for impl, (seconds, m, first, busy) in steps.items():
-    ops = loop_body_ops(m, cfg.replace(attention_impl=impl))
+    ops, converted = loop_body_ops(m, cfg.replace(attention_impl=impl))
     total = sum(v for k, v in ops.items() if k != "weight-sized")
     print(f"decode step, {impl + ':':8s}      {us(seconds)}  ({1 / seconds:.0f} tok/s); first "
           f"call {first:.2f} s (trace + compile + run); {busy:.2f} cores busy; loop body {total} "
           "instructions: "
-          + ", ".join(f"{k} {v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])))
+          + ", ".join(f"{k} {v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1]))
+          + f"; weight-sized conversions to float32 outside the loop: {converted}")
   print(f"auto vs chunked: {steps['chunked'][0] / step:.2f}x faster")
   print(f"stream weights + cache once: {us(stream)}  "
         f"({(weight_bytes + cache_bytes) / stream / 1e9:.1f} GB/s)")

@@ -12,6 +12,7 @@ import os
 from attnlab import config_gin
 from attnlab.commands import CommandError
 from attnlab.config import DataConfig, ModelConfig, TrainConfig, check_mesh_shape
+from attnlab.training import checkpoint
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -61,9 +62,8 @@ def parse_gin(gin_files: list[str], bindings: list[str]) -> tuple[ModelConfig, D
     raise CommandError(str(e)) from None
 
 
-# transformers' generation settings (sampling defaults, eos ids), which an HF import keeps
-# in the workdir: the export gives it back, decode reads its eos ids.
-GENERATION_CONFIG = "generation_config.json"
+# transformers' generation settings in a workdir (defined beside the workdir's other files).
+GENERATION_CONFIG = checkpoint.GENERATION_CONFIG
 
 
 def log_attnlab_info() -> None:

@@ -219,7 +219,8 @@ def from_hf_config(hf: dict, *, dtype: str | None = None) -> tuple[str, ModelCon
     cfg = ModelConfig(
         **common, d_model=d_model, num_layers=_get(hf, "num_hidden_layers", required=True),
         num_heads=num_heads, num_kv_heads=num_heads if num_kv_heads is None else num_kv_heads,
-        head_dim=None if head_dim in (None, d_model // num_heads) else head_dim,
+        # An explicit head_dim is kept unless it is the one d_model / num_heads gives.
+        head_dim=None if head_dim is None or head_dim * num_heads == d_model else head_dim,
         d_ff=_get(hf, "intermediate_size", required=True), pos="rope",
         rope_theta=_rope_theta(hf), rope_pairing="half", window=window, norm="rmsnorm",
         norm_eps=float(_get(hf, "rms_norm_eps", 1e-6)), mlp="swiglu", use_bias=False, **bias,
@@ -303,6 +304,14 @@ def hf_family(cfg: ModelConfig) -> str:
     return "qwen2"
   if qkv != o:
     refuse("o_bias", "llama's attention_bias covers q, k, v and o together; qwen2 is q/k/v only")
+  if cfg.d_model % cfg.num_heads:
+    # transformers' LlamaConfig refuses a hidden_size that is no multiple of the heads, even
+    # with head_dim given; MistralConfig takes it, and Mistral without a window computes
+    # what Llama does.
+    if qkv or mlp:
+      refuse("d_model", "transformers' llama needs a multiple of num_heads, and mistral, "
+             "which does not, has no biases")
+    return "mistral"
   return "llama"
 
 

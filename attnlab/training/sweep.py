@@ -56,6 +56,7 @@ from attnlab.training import trainer
 from attnlab.training.checkpoint import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
+    GENERATION_CONFIG,
     Checkpointer,
     abstract_model,
     load_checkpoint,
@@ -271,7 +272,9 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
   ``num_kv_heads`` and ``bindings``: ``{"TrainConfig": {...}, "DataConfig":
   {...}}`` field overrides), so ``attnlab train --workdir dst`` uptrains it. A
   tokenizer file inside ``src`` (an HF-converted run's tokenizer.json) is
-  copied into ``dst`` and named relative to it.
+  copied into ``dst`` and named relative to it, and so is an HF import's
+  ``generation_config.json`` (its eos ids: decode stops at them, the export
+  gives them back).
 
   Everything is checked before anything is written; ``check_only`` stops
   there.
@@ -343,6 +346,8 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
   finally:
     ckpt.close()
   dcfg = _copy_own_tokenizer(dcfg, src, dst)
+  if os.path.isfile(os.path.join(src, GENERATION_CONFIG)):  # an HF import's eos ids
+    shutil.copyfile(os.path.join(src, GENERATION_CONFIG), os.path.join(dst, GENERATION_CONFIG))
   text = config_gin.operative_config(new_mcfg, dcfg, tcfg, workdir=dst)
   header = (f"# Converted by `attnlab convert-heads` from {info['source']} step {step} "
             f"({info['source_num_kv_heads']} -> {num_kv_heads} KV heads, method {method}).\n")

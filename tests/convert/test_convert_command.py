@@ -136,6 +136,33 @@ def test_a_generation_config_comes_in_with_the_workdir_and_goes_back_out(tmp_pat
   assert (back / "generation_config.json").read_text() == text
 
 
+def test_convert_heads_keeps_an_hf_imports_stop_ids(tmp_path, capsys):
+  """convert-heads of an HF import copies its generation_config.json into the new run:
+  decode stops at all of its eos ids, and the export gives them back (until 2026-12-06 the
+  new run had none: it stopped at DataConfig.eos_id alone, and so did its export). A run
+  without one gets none."""
+  src, _, _ = _hf_dir(tmp_path, eos_token_id=[2, 5])  # 2 KV heads
+  work, mqa, back = tmp_path / "work", tmp_path / "mqa", tmp_path / "back"
+  rc, _, err = _convert(capsys, "--from-hf", src, "--workdir", str(work))
+  assert rc == 0, err
+  rc, _, err = _convert_heads(capsys, "--from", str(work), "--to", str(mqa),
+                              "--num_kv_heads", "1", "--method", "mean")
+  assert rc == 0, err
+  text = (work / "generation_config.json").read_text()
+  assert json.loads(text) == {"eos_token_id": [2, 5]}
+  assert (mqa / "generation_config.json").read_text() == text
+  _, dcfg, _ = gin_config.read_workdir_config(str(mqa / "config.gin"))
+  assert decode_command.stop_ids(str(mqa), dcfg.eos_id, V) == [2, 5]
+  rc, _, err = _convert(capsys, "--to-hf", "--workdir", str(mqa), "--out", str(back))
+  assert rc == 0, err
+  assert (back / "generation_config.json").read_text() == text
+  os.remove(work / "generation_config.json")
+  rc, _, err = _convert_heads(capsys, "--from", str(work), "--to", str(tmp_path / "mqa2"),
+                              "--num_kv_heads", "1", "--method", "mean")
+  assert rc == 0, err
+  assert not (tmp_path / "mqa2" / "generation_config.json").exists()
+
+
 def test_a_tokenizer_json_comes_in_with_its_ids_and_goes_back_out(tmp_path, capsys):
   # bos / eos ids other than the byte tokenizer's (1, 2): the export must take these.
   src, c, _ = _hf_dir(tmp_path, "llama_mqa_tied", bos_token_id=3, eos_token_id=[4, 2])

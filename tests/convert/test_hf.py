@@ -194,15 +194,19 @@ ATTNLAB_CONFIGS = {
     "mqa_head_dim": dict(num_kv_heads=1, head_dim=8, window=5),
     "qkv_bias": dict(num_kv_heads=2, qkv_bias=True),
     "gpt2_like": dict(pos="learned", norm="layernorm", mlp="gelu", use_bias=True),
+    # head_dim 16 = floor(66 / 4), yet 4 x 16 != 66: explicit (the import refused it as
+    # "d_model=66 must be divisible by num_heads=4" until 2026-12-06)
+    "head_dim_floor": dict(d_model=66, num_kv_heads=2, head_dim=16),
 }
-# The transformers models above already check the other layouts' logits; this
-# combination (MQA, head_dim != d_model / num_heads, a window) is new here.
-CHECK_LOGITS = ("mqa_head_dim",)
+# The transformers models above already check the other layouts' logits; these
+# combinations (MQA, head_dim != d_model / num_heads, a window; a d_model no multiple of
+# the heads) are new here.
+CHECK_LOGITS = ("mqa_head_dim", "head_dim_floor")
 
 
 @pytest.mark.parametrize("name", list(ATTNLAB_CONFIGS))
 def test_attnlab_to_hf_to_attnlab_is_bitwise(name, tmp_path):
-  cfg = attnlab.ModelConfig(**BASE, **ATTNLAB_CONFIGS[name])
+  cfg = attnlab.ModelConfig(**{**BASE, **ATTNLAB_CONFIGS[name]})
   src = _attnlab_workdir(tmp_path / "src", cfg, seed=4)
   hf_dir, again = tmp_path / "hf", tmp_path / "again"
   assert _convert(["--to-hf", "--workdir", src, "--out", str(hf_dir)]) == 0
@@ -212,8 +216,8 @@ def test_attnlab_to_hf_to_attnlab_is_bitwise(name, tmp_path):
   for path in want:
     np.testing.assert_array_equal(got[path], want[path], err_msg=str(path))
   _, cfg_again = attnlab.load_checkpoint(again)
-  for field in ("num_heads", "window", "rope_theta", "norm_eps", "pos", "mlp", "norm",
-                "tie_embeddings", "max_len"):
+  for field in ("d_model", "num_heads", "head_dim", "window", "rope_theta", "norm_eps", "pos",
+                "mlp", "norm", "tie_embeddings", "max_len"):
     assert getattr(cfg_again, field) == getattr(cfg, field), field
   if name not in CHECK_LOGITS:
     return

@@ -224,6 +224,9 @@ def test_config_fields_map_one_to_one():
   # head_dim = d_model / num_heads is the default, stored as None
   _, cfg = hf.from_hf_config(dict(LLAMA, head_dim=D // N))
   assert cfg.head_dim == D // N and hf.from_hf_config(LLAMA)[1] == cfg
+  # ... but floor(d_model / num_heads) with a remainder is an explicit head_dim
+  _, cfg = hf.from_hf_config(dict(LLAMA, hidden_size=D + 2, head_dim=(D + 2) // N))
+  assert (cfg.d_model, cfg.head_dim) == (D + 2, D // N)
   # defaults of fields transformers may leave out
   minimal = {k: LLAMA[k] for k in ("model_type", "vocab_size", "hidden_size",
                                    "intermediate_size", "num_hidden_layers",
@@ -453,6 +456,10 @@ EXPORT_REFUSALS = {
                     "layout here (mistral, the sliding-window layout, has no biases)"),
     "window_mlp_bias": (dict(window=4, mlp_bias=True), "ModelConfig.window=4"),
     "window_o_bias": (dict(window=4, o_bias=True), "ModelConfig.window=4"),
+    "d_model_bias": (dict(d_model=D + 2, head_dim=8, use_bias=True), "ModelConfig.d_model="
+                     f"{D + 2} has no transformers layout here (transformers' llama needs a "
+                     "multiple of num_heads, and mistral, which does not, has no biases)"),
+    "d_model_mlp_bias": (dict(d_model=D + 2, head_dim=8, mlp_bias=True), "ModelConfig.d_model="),
     "o_only": (dict(o_bias=True), "ModelConfig.o_bias=True has no transformers layout here "
                "(llama's attention_bias covers q, k, v and o together"),
     "qkv_mlp": (dict(qkv_bias=True, mlp_bias=True), "ModelConfig.o_bias="),
@@ -483,7 +490,7 @@ def test_export_refusals_name_the_field(case):
   change, message = EXPORT_REFUSALS[case]
   base = dict(vocab_size=V, d_model=D, num_layers=L, num_heads=N, d_ff=F)
   with pytest.raises(hf.ConversionError) as e:
-    hf.hf_family(ModelConfig(**base, **change))
+    hf.hf_family(ModelConfig(**{**base, **change}))
   assert message in str(e.value)
 
 
@@ -494,6 +501,11 @@ def test_export_families():
   assert hf.hf_family(ModelConfig(**base, qkv_bias=True, o_bias=True)) == "llama"
   assert hf.hf_family(ModelConfig(**base, qkv_bias=True)) == "qwen2"
   assert hf.hf_family(ModelConfig(**base, window=5)) == "mistral"
+  # transformers' LlamaConfig refuses a hidden_size no multiple of the heads; Mistral's
+  # without a window is the same model
+  assert hf.hf_family(ModelConfig(**dict(base, d_model=D + 2), head_dim=8)) == "mistral"
+  assert hf.hf_family(ModelConfig(**dict(base, d_model=D + 2), head_dim=8,
+                                  qkv_bias=True)) == "qwen2"
   assert hf.hf_family(ModelConfig(**base, pos="learned", norm="layernorm", mlp="gelu",
                                   use_bias=True)) == "gpt2"
 

@@ -146,8 +146,8 @@ def _vocab_size(hf: dict) -> int:
 
 def _special_id(hf: dict, key: str, vocab_size: int, default: int | None = None) -> int | None:
   value = hf.get(key, default)  # a null is None; a missing key the family's default
-  if isinstance(value, list):  # several eos ids (Llama 3): attnlab stops on the first
-    value = value[0] if value else None
+  if isinstance(value, list):  # several eos ids (Llama 3): the first in the vocabulary
+    return next((v for v in value if _in_vocab(v, vocab_size)), None)
   return value if _in_vocab(value, vocab_size) else None
 
 

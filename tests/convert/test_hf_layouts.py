@@ -338,8 +338,14 @@ def test_special_ids():
     assert hf.special_ids(dict(vocab_size=vocab, bos_token_id=0, eos_token_id=1,
                                pad_token_id=0)) == {"bos": None, "eos": None, "pad": None}
     assert hf.eos_ids(dict(vocab_size=vocab, eos_token_id=[0, 1])) == []
-  assert hf.special_ids(dict(vocab_size=10, bos_token_id=True, eos_token_id=[False, 3],
+  assert hf.special_ids(dict(vocab_size=10, bos_token_id=True, eos_token_id=[False],
                              pad_token_id=False)) == {"bos": None, "eos": None, "pad": None}
+  # Of several eos ids, the first in the vocabulary, i.e. eos_ids' first (until 2026-12-06
+  # the first listed or none: [10, 5] gave no eos, and as eos_ids then held only 5, the
+  # import wrote no generation_config.json either, so decode never stopped).
+  for ids, eos in (([10, 5, 3], 5), ([False, 3], 3), ([-1, "2", 10], None)):
+    config = dict(vocab_size=10, eos_token_id=ids)
+    assert hf.special_ids(config)["eos"] == eos == (hf.eos_ids(config) or [None])[0], ids
 
 
 def test_eos_ids():

@@ -525,6 +525,11 @@ def tensor_files(src_dir: str) -> dict[str, str]:
   for file in files:
     with _safetensors(os.path.join(src_dir, file)) as f:
       for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+        if name in out:  # two saves in one folder: which is the model is not ours to guess
+          raise ConversionError(
+              f"tensor {name} is in both {os.path.basename(out[name])} and {file} of "
+              f"{src_dir} (and no model.safetensors.index.json says which to read): remove "
+              "the stale file")
         out[name] = os.path.join(src_dir, file)
   return out
 

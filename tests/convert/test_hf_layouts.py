@@ -564,6 +564,15 @@ def test_tensor_files_errors(tmp_path, monkeypatch):
   assert hf.tensor_files(str(tmp_path)) == {"a": str(tmp_path / "one.safetensors"),
                                             "b": str(tmp_path / "two.safetensors"),
                                             "c": str(tmp_path / "two.safetensors")}
+  # A tensor in two files (two saves in one folder, no index) is refused, naming both (until
+  # 2026-12-06 the later file in sorted order was read, silently).
+  save_file({"c": np.zeros(1, np.float32)}, str(tmp_path / "three.safetensors"))
+  with pytest.raises(hf.ConversionError) as e:
+    hf.tensor_files(str(tmp_path))
+  assert str(e.value) == (f"tensor c is in both three.safetensors and two.safetensors of "
+                          f"{tmp_path} (and no model.safetensors.index.json says which to "
+                          "read): remove the stale file")
+  (tmp_path / "three.safetensors").unlink()
   # A damaged file (cut short: its header no longer covers it) is named, not a traceback.
   whole = (tmp_path / "two.safetensors").read_bytes()
   (tmp_path / "two.safetensors").write_bytes(whole[:len(whole) // 2])

@@ -61,6 +61,7 @@ from attnlab.decoding.generate import (
   GREEDY,
   GenerateInputError,
   _eval_model,
+  _prompt_lengths,
   _release,
   _reserve,
   as_key,
@@ -178,7 +179,8 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
   Args:
     model: a decoder-only model (``attnlab.build_model``).
     prompts: token-id lists of any (non-zero) lengths, or a [requests, length] integer
-      array (a prompt per row).
+      array (a prompt per row, right-padded with ``cfg.pad_id`` as ``generate`` reads it:
+      a row ends at its last token that is not padding; a list keeps every id).
     max_new_tokens: a positive int, or one per request.
     slots: sequences decoding together.
     cache: "paged" | "contiguous" | "ring" (a sliding-window model): see the
@@ -194,7 +196,8 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
       ``slots``, ``cache``, ``policy`` or the other requests.
     eos_id: a request stops after emitting it (a token id in [0, vocab_size), or a
       sequence of up to ``MAX_STOP_IDS`` ids: any of them); None = always its budget.
-    on_result: called as ``on_result(index, tokens)`` when a request completes.
+    on_result: called as ``on_result(index, tokens)`` when a request completes, in the
+      order they complete (those that end in one decode call by the step they ended at).
     policy: "continuous", or "static" (a new batch only when all slots are free).
     decode_chunk: decode steps per device call at most.
 
@@ -218,7 +221,14 @@ def _check_requests(cfg, prompts, max_new_tokens):
     if prompts.ndim != 2:                            # generate takes them (refused until
       raise GenerateInputError(                      # 2026-12-04)
           f"prompts as an array must be [requests, length], got shape {prompts.shape}")
-    prompts = list(np.asarray(prompts))
+    rows = np.asarray(prompts)
+    if np.issubdtype(rows.dtype, np.integer) and rows.size:
+      # Right-padded with cfg.pad_id, as generate reads them: a row ends at its last token
+      # that is not padding (until 2026-12-06 the padding was part of the prompt).
+      lengths = _prompt_lengths(cfg, rows, None)
+      prompts = [row[:n] for row, n in zip(rows, lengths, strict=True)]
+    else:  # the per-row checks below name what is wrong
+      prompts = list(rows)
   if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence):
     raise GenerateInputError(
         f"prompts must be a non-empty list of token-id lists, got {type(prompts)}")
@@ -241,8 +251,12 @@ def _check_requests(cfg, prompts, max_new_tokens):
                                f"array of shape {budgets.shape}")
     # One budget per request, or one for all (a 0-d array), as Python numbers.
     max_new_tokens = budgets.tolist()
+  if isinstance(max_new_tokens, str | bytes):
+    raise GenerateInputError(f"max_new_tokens={max_new_tokens!r} must be a positive integer or "
+                             "one per request")
   if isinstance(max_new_tokens, Sequence):
-    budgets = list(max_new_tokens)
+    budgets = [b.item() if isinstance(b, np.ndarray | jax.Array | np.generic) and np.ndim(b) == 0
+               else b for b in max_new_tokens]  # 0-d arrays as their numbers, as one is
     if len(budgets) != len(prompts):
       raise GenerateInputError(f"max_new_tokens has {len(budgets)} entries; give one per request "
                        f"({len(prompts)}) or one int")
@@ -267,6 +281,9 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
   else:
     positive_int("page_size", page_size)
   positive_int("decode_chunk", decode_chunk)
+  if on_result is not None and not callable(on_result):
+    raise GenerateInputError(f"on_result must be a function on_result(index, tokens) or None, "
+                             f"got {type(on_result).__name__}")
   if cache not in CACHE_KINDS:
     raise GenerateInputError(f"cache={cache!r} is not one of {', '.join(map(repr, CACHE_KINDS))}")
   if cache == "ring" and cfg.window is None:
@@ -340,20 +357,29 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
     if on_result is not None:
       on_result(i, results[i])
 
-  def take(s, new):
-    """Add the slot's new tokens up to its request's end; finish it there."""
+  def cut(s, new):
+    """(the slot's new tokens up to its request's end, whether the request ends there)."""
     i = slot_req[s]
     new = new[:budgets[i] - len(slot_tokens[s])]
     (at_eos,) = np.nonzero(np.isin(new, stop_ids))
     new = new[:at_eos[0] + 1] if at_eos.size else new
+    return new, bool(at_eos.size) or len(slot_tokens[s]) + len(new) >= budgets[i]
+
+  def take(s, new, done):
     slot_tokens[s].extend(new.tolist())
-    if len(slot_tokens[s]) >= budgets[i] or at_eos.size:
+    if done:
       finish(s)
 
   while waiting or any(r >= 0 for r in slot_req):
     may_admit = policy == "continuous" or all(r < 0 for r in slot_req)
-    for s in range(slots):
+    # Until no free slot can take the next request: under "continuous" a slot freed by a
+    # request that ended at its prefill (a budget of 1, eos first) takes the next one before
+    # any decode call (until 2026-12-06 it stayed empty for a whole decode call); a static
+    # batch is the next `slots` requests, whatever they do.
+    s = 0
+    while s < slots:
       if not (may_admit and waiting and slot_req[s] < 0):
+        s += 1
         continue
       i = waiting[0]
       if promised + pages_of[i] > P:
@@ -373,7 +399,9 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
           page_size=page_size)
       first = np.asarray(first).reshape(1)
       stats.prefill_seconds += time.perf_counter() - t0
-      take(s, first)
+      take(s, *cut(s, first))
+      if policy == "static":  # under "continuous" a slot this freed is offered again
+        s += 1
     if not any(r >= 0 for r in slot_req):
       continue
     # Return early for a freed slot only if it can be refilled: under "static" no request
@@ -391,9 +419,12 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
     if steps == 0:  # no slot live on the device, yet the host holds requests: never loop
       raise AssertionError(f"the decode program ran no step for requests "
                            f"{[i for i in slot_req if i >= 0]} that the host still runs")
-    for s in range(slots):
-      if slot_req[s] >= 0:
-        take(s, out_BK[s, :steps])
+    # Every live slot's tokens, the requests that completed in this call in the order they
+    # completed (the step of their last token; slot order in a tie), so that on_result sees
+    # them as they ended (until 2026-12-06 in slot order).
+    cuts = {s: cut(s, out_BK[s, :steps]) for s in range(slots) if slot_req[s] >= 0}
+    for s in sorted(cuts, key=lambda s: (len(cuts[s][0]) if cuts[s][1] else steps + 1, s)):
+      take(s, *cuts[s])
   stats.seconds = time.perf_counter() - start
   if paged:
     stats.free_pages = np.asarray(alloc.free_P)[:int(alloc.num_free)]

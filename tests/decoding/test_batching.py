@@ -299,6 +299,13 @@ def test_prefill_buckets_hold_the_prompt_with_less_than_half_of_it_as_padding():
     (dict(rng="0"), r"^rng='0' must be a jax.random.key \(or its uint32 key data\), an integer "
                     "seed or None$"),
     (dict(cache_dtype="int4"), "cache_dtype='int4'"),  # a plain ValueError until 2026-12-04
+    # Until 2026-12-06 a TypeError after the first request had run, and the results lost:
+    (dict(on_result=5), r"^on_result must be a function on_result\(index, tokens\) or None, "
+                        "got int$"),
+    # ... and a string's characters taken as budgets ("max_new_tokens[0]='1' must be ..."):
+    (dict(max_new_tokens="12"), r"^max_new_tokens='12' must be a positive integer or one per "
+                                "request$"),
+    (dict(prompts=np.array([[3, 4], [0, 0]])), r"^prompt 1 is empty \(all padding, pad_id=0\)"),
 ])
 def test_bad_arguments_raise_value_error_naming_the_field(kwargs, match):
   """Each one a GenerateInputError (a ValueError), which `attnlab decode` reports as one line."""
@@ -335,9 +342,18 @@ def test_prompt_token_ids_at_the_vocabulary_edges_are_served():
   for array in (np.array(rows), jnp.asarray(rows)):
     got = attnlab.generate_requests(model, array, 3, slots=2, page_size=C, eos_id=None)
     assert [r.tolist() for r in got] == [row[:3] for row in rows_longest]
-  # ... and as a JAX array, or one budget as a 0-d array of either.
+  # Right-padded with the model's pad_id, as generate reads such an array: a row ends at its
+  # last token that is not padding (until 2026-12-06 the padding was part of the prompt).
+  assert model.cfg.pad_id == 0
+  padded = np.array([[5, 7, 9, 11], [13, 17, 0, 0], [0, 6, 0, 0]])
+  unpadded = [[5, 7, 9, 11], [13, 17], [0, 6]]
+  want = [row[:3] for row in _alone(model, unpadded, [3] * 3, None)]
+  assert [r.tolist() for r in attnlab.generate_requests(
+      model, padded, 3, slots=2, page_size=C, eos_id=None)] == want
+  assert np.asarray(attnlab.generate(model, padded, max_new_tokens=3, eos_id=None)).tolist() == want
+  # ... and as a JAX array, or one budget as a 0-d array of either, or a list of them.
   for budgets, want in ((jnp.array([3, 2]), [3, 2]), (np.array(4), [4, 4]),
-                        (jnp.array(3), [3, 3])):
+                        (jnp.array(3), [3, 3]), ([jnp.int32(2), np.int64(3)], [2, 3])):
     got = attnlab.generate_requests(model, prompts, budgets, slots=2, page_size=C, eos_id=None)
     assert [r.tolist() for r in got] == cut(want)
 
@@ -397,6 +413,25 @@ def test_the_first_request_finishing_last_is_waited_for(cache):
                                          page_size=C, eos_id=None, policy=policy, decode_chunk=4)
     assert [r.tolist() for r in got] == _alone(model, prompts, budgets, None)
     assert stats.decode_steps == steps, policy
+
+
+def test_on_result_sees_requests_in_the_order_they_complete():
+  """Within one decode call the requests are reported in the order they ended (request 1,
+  budget 2, one step in; request 0 five steps later), not in slot order (until 2026-12-06);
+  and a request that ends at its prefill (budget 1) frees its slot for the next one before
+  any decode call: requests 1-4 here complete before request 0 (until 2026-12-06 a slot so
+  freed stayed empty for a whole decode call: request 2 came after 16 steps, 3 and 4 after
+  request 0)."""
+  model = decoder_model(NAME, varied=True)
+  prompts = [random_tokens(40 + i, (4,)).tolist() for i in range(5)]
+  for budgets, want_order in (([6, 2], [1, 0]), ([20, 1, 1, 1, 1], [1, 2, 3, 4, 0])):
+    order = []
+    got, stats = batching.serve_requests(
+        model, prompts[:len(budgets)], budgets, slots=2, page_size=C, eos_id=None,
+        decode_chunk=16, on_result=lambda i, tokens, order=order: order.append(i))
+    assert order == want_order, budgets
+    assert [r.tolist() for r in got] == _alone(model, prompts[:len(budgets)], budgets, None)
+    assert stats.decode_steps == max(budgets) - 1
 
 
 @SLOT_CACHES

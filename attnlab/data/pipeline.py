@@ -194,6 +194,12 @@ def stream_fields(dcfg: DataConfig) -> dict:
   stream, JSON-ready (saved with the iterator's state)."""
   names = ("task", "seed") + _STREAM_FIELDS.get(dcfg.task, _SYNTHETIC_STREAM_FIELDS)
   out = {n: list(v) if isinstance(v := getattr(dcfg, n), tuple) else v for n in names}
+  if "paths" in out:
+    # Saved as the files they name from this working directory: a resume from another
+    # directory compares them as they were meant (until 2026-12-06 a relative pattern was
+    # saved as spelt and resolved from the resuming process's directory: the same pattern
+    # there, another corpus, was taken for the same stream).
+    out["paths"] = [absolute_path(p) for p in out["paths"]]
   if dcfg.task == "tsv" and len(dcfg.paths) > 1:
     # A second file is the validation set: the first is the whole training data, and
     # neither the validation file nor validation_percent decides the stream.
@@ -275,7 +281,7 @@ class BatchIterator:
     saved = state.get("stream")
     if saved is not None and self.stream is not None and not same_stream(saved, self.stream):
       a, b = _comparable(saved), _comparable(self.stream)
-      changed = [f"DataConfig.{k}: {_show(saved.get(k))} -> {_show(self.stream.get(k))}"
+      changed = [_change(k, saved.get(k), self.stream.get(k))
                  for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
       raise DataStateError(
           f"the saved data position belongs to another training stream ({', '.join(changed)})")
@@ -312,6 +318,14 @@ def same_stream(a: dict, b: dict) -> bool:
 
 def _show(v):
   return repr(tuple(v)) if isinstance(v, list) else repr(v)
+
+
+def _change(key, before, after) -> str:
+  """One changed field of a stream, named as the DataConfig field it comes from."""
+  if key == "validation_file":  # a tsv stream's second path (see stream_fields)
+    has = lambda v: "a validation file" if v else "no validation file"
+    return f"DataConfig.paths: {has(before)} -> {has(after)}"
+  return f"DataConfig.{key}: {_show(before)} -> {_show(after)}"
 
 
 def continue_state(state: dict, dcfg: DataConfig) -> dict:

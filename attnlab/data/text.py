@@ -194,6 +194,8 @@ def tsv_splits(paths, validation_percent: int) -> dict[str, list[tuple[str, str]
     raise ValueError(f"DataConfig.paths has {len(paths)} TSV files; give one (split by "
                      "validation_percent) or two (training, validation)")
   for p in paths:
+    if os.path.isdir(os.path.expanduser(p)):
+      raise ValueError(f"TSV file {p!r} is a folder: give the .tsv file itself")
     if not os.path.isfile(os.path.expanduser(p)):
       raise FileNotFoundError(f"TSV file {p!r} does not exist")
   paths = [os.path.expanduser(p) for p in paths]  # "~/pairs.tsv" as an LM path reads it

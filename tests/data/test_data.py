@@ -2,7 +2,9 @@
 corpus splits, TSV, and checkpointable iterator state."""
 
 import dataclasses
+import os
 import re
+import types
 
 import jax.numpy as jnp
 import numpy as np
@@ -178,7 +180,8 @@ def test_a_resume_under_another_training_stream_is_refused(tmp_path, monkeypatch
   for change, named in (({"seed": 1}, "DataConfig.seed: 0 -> 1"),
                         ({"seq_len": 8}, "DataConfig.seq_len: 16 -> 8"),
                         ({"paths": ("a.py", "b.py")}, f"DataConfig.paths: ('{tmp_path}/*.py',) "
-                                                      "-> ('a.py', 'b.py')"),
+                                                      f"-> ('{os.getcwd()}/a.py', "
+                                                      f"'{os.getcwd()}/b.py')"),
                         ({"max_files": 2, "validation_percent": 10},
                          "DataConfig.max_files: 0 -> 2, DataConfig.validation_percent: 25 -> 10"),
                         # another task: the fields of both tasks, None where one has none
@@ -207,8 +210,25 @@ def test_a_resume_under_another_training_stream_is_refused(tmp_path, monkeypatch
   (tmp_path / "sub").mkdir()
   monkeypatch.chdir(tmp_path / "sub")
   with pytest.raises(pipeline.DataStateError, match=re.escape(
-      f"(DataConfig.paths: ('{tmp_path}/*.py',) -> ('*.py',))")):
+      f"(DataConfig.paths: ('{tmp_path}/*.py',) -> ('{tmp_path}/sub/*.py',))")):
     pipeline.train_iterator(sources, dataclasses.replace(dcfg, paths=("*.py",))).set_state(state)
+  # ... and a state saved under relative paths names the files of the directory it was
+  # saved in: the same pattern from another directory is another stream, the absolute
+  # spelling of those files the same one (until 2026-12-06 the saved pattern was resolved
+  # from the resuming directory: the first was taken, the second refused).
+  relative = pipeline.train_iterator(sources, dataclasses.replace(dcfg, paths=("../*.py",)))
+  saved = relative.get_state()
+  assert saved["stream"]["paths"] == [f"{tmp_path}/*.py"]
+  (tmp_path / "other" / "sub").mkdir(parents=True)
+  monkeypatch.chdir(tmp_path / "other" / "sub")
+  with pytest.raises(pipeline.DataStateError, match=re.escape(
+      f"(DataConfig.paths: ('{tmp_path}/*.py',) -> ('{tmp_path}/other/*.py',))")):
+    pipeline.train_iterator(sources, dataclasses.replace(dcfg, paths=("../*.py",))).set_state(
+        saved)
+  pipeline.train_iterator(sources, dataclasses.replace(dcfg, paths=(f"{tmp_path}/*.py",))
+                          ).set_state(saved)
+  assert pipeline.continue_state(saved, dataclasses.replace(dcfg, paths=("../*.py",)))[
+      "example"] == 0
   # The layout of an example, the batch size, another task's fields: not the stream.
   same = dataclasses.replace(dcfg, batch_size=2, max_len=5, vocab_chars=4,
                              tokenizer_model="elsewhere.json")
@@ -217,15 +237,25 @@ def test_a_resume_under_another_training_stream_is_refused(tmp_path, monkeypatch
   assert pipeline.stream_fields(pairs) == {"task": "reverse", "seed": 0, "min_len": 3,
                                            "max_len": 12, "vocab_chars": 10}
   tsv = DataConfig(task="tsv", paths=("t.tsv",))
-  assert pipeline.stream_fields(tsv) == {"task": "tsv", "seed": 0, "paths": ["t.tsv"],
+  t_tsv = os.path.join(os.getcwd(), "t.tsv")  # saved as the file it names
+  assert pipeline.stream_fields(tsv) == {"task": "tsv", "seed": 0, "paths": [t_tsv],
                                          "validation_percent": 5}
   # TSV with a validation file: the first file is the whole training data.
   two = DataConfig(task="tsv", paths=("t.tsv", "v.tsv"), validation_percent=10)
-  assert pipeline.stream_fields(two) == {"task": "tsv", "seed": 0, "paths": ["t.tsv"],
+  assert pipeline.stream_fields(two) == {"task": "tsv", "seed": 0, "paths": [t_tsv],
                                          "validation_file": True}
   assert pipeline.stream_fields(dataclasses.replace(two, paths=("t.tsv", "v2.tsv"),
                                                     validation_percent=5)) == \
       pipeline.stream_fields(two)
+  # Dropping the validation file is named as the change of paths it is (it was named
+  # "DataConfig.validation_file: True -> None", a field DataConfig does not have).
+  it = pipeline.BatchIterator(types.SimpleNamespace(size=None), 2, 0,
+                              stream=pipeline.stream_fields(tsv))
+  with pytest.raises(pipeline.DataStateError) as e:
+    it.set_state({"index": 0, "example": 0, "stream": pipeline.stream_fields(two)})
+  assert str(e.value) == (
+      "the saved data position belongs to another training stream (DataConfig.paths: a "
+      "validation file -> no validation file, DataConfig.validation_percent: None -> 5)")
   # A state saved before the position was kept is completed from the config it was saved
   # under (the workdir's config.gin): its index counts that config's batches, its stream
   # is that config's.

@@ -247,6 +247,10 @@ def test_tsv_splits_by_a_second_file_or_by_line(tmp_path):
   with pytest.raises(FileNotFoundError, match=re.escape(
       f"TSV file {str(tmp_path / 'no.tsv')!r} does not exist")):
     text.tsv_splits([str(one), str(tmp_path / "no.tsv")], 10)
+  # A folder is named as one (it was "does not exist" until 2026-12-06).
+  with pytest.raises(ValueError, match=re.escape(
+      f"TSV file {str(tmp_path)!r} is a folder: give the .tsv file itself")):
+    text.tsv_splits([str(tmp_path)], 10)
 
 
 def examples(task, **kw):

@@ -361,8 +361,9 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
     NonFiniteError: a NaN / Inf loss or gradient with on_nonfinite='stop';
       the last good checkpoint stays the newest in the workdir.
     SetupError: the data, mesh or model checks failed (nothing was written).
-    ResumeError: the workdir's checkpoints do not fit the model, or the newest is
-      past ``tcfg.steps`` (its config.gin and checkpoints are left as they were).
+    ResumeError: the workdir's checkpoints do not fit the model, cannot be read for a
+      reason of the system (permission denied, an I/O error), or the newest is past
+      ``tcfg.steps`` (its config.gin and checkpoints are left as they were).
   """
   main_process = jax.process_index() == 0
   try:
@@ -382,6 +383,10 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
         "or train in a new workdir") from e
   except BaseException as e:
     ckpt.close()
+    if isinstance(e, OSError):  # permission denied, an I/O error: nothing about the model
+      raise ResumeError(
+          f"reading the checkpoints in {ckpt.directory} failed: {type(e).__name__}: {e}. "
+          f"Nothing was changed in {workdir}; rerun once they can be read") from e
     if not isinstance(e, (ValueError, KeyError, TypeError)):  # orbax: shapes or tree differ
       raise
     text = str(e).strip()

@@ -961,6 +961,23 @@ def test_a_refused_resume_quotes_the_first_line_of_the_restore_error(seq2seq_run
   assert quoted(TypeError("tree differs at key X.: \n  and more")) == "tree differs at key X"
   assert quoted(ValueError("")) == "ValueError"
   assert quoted(KeyError("a" * 600)) == "'" + "a" * 499
+  # An operating-system error says nothing about the model: named as what it is (until
+  # 2026-12-06 it went out as a traceback, and `attnlab train` exited 1, the code of a
+  # non-finite loss). The workdir is left as it was.
+  config = (tmp_path / "config.gin").read_text()
+  for error in (PermissionError(13, "Permission denied", "/w/checkpoints/4/data"),
+                OSError(5, "Input/output error")):
+    def restore(self, *args, error=error, **kw):
+      raise error
+
+    monkeypatch.setattr(trainer.Run, "restore", restore)
+    with pytest.raises(trainer.ResumeError) as e:
+      _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 6"])
+    assert e.value.__cause__ is error
+    assert str(e.value) == (f"reading the checkpoints in {tmp_path}/checkpoints failed: "
+                            f"{type(error).__name__}: {error}. Nothing was changed in "
+                            f"{tmp_path}; rerun once they can be read")
+    assert (tmp_path / "config.gin").read_text() == config and _steps(tmp_path) == [2, 4]
 
 
 def test_validation_batches_are_read_once_in_multiples_of_the_batch_shards(monkeypatch):

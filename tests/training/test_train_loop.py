@@ -572,6 +572,7 @@ def test_a_resume_that_moves_the_learning_rate_warns_and_one_past_steps_is_refus
     last = _train(tmp_path, SEQ2SEQ, bindings + ["TrainConfig.steps = 6",
                                                  "TrainConfig.learning_rate = 0.5"])
   assert last["step"] == 6 and _steps(tmp_path) == [3, 6]
+  assert last["metrics_step"] is None and last["start_step"] == 6  # it logged nothing
   assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
   assert (tmp_path / "config.gin").read_text() == text
   caplog.clear()

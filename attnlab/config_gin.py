@@ -28,6 +28,10 @@ CONFIG_CLASSES = (ModelConfig, DataConfig, TrainConfig)
 # The built-in configs ship inside the package (package data), so an include
 # such as 'models/llama_tiny.gin' resolves in an installed copy as well as in a
 # checkout (where the top-level configs/ is a link to this folder).
+# transformers' generation settings (sampling defaults, eos ids), which an HF import keeps
+# in a workdir beside its config.gin: the export gives it back, decode reads its eos ids,
+# convert-heads copies it.
+GENERATION_CONFIG = "generation_config.json"
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
 _configurables = {}

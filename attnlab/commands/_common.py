@@ -12,7 +12,6 @@ import os
 from attnlab import config_gin
 from attnlab.commands import CommandError
 from attnlab.config import DataConfig, ModelConfig, TrainConfig, check_mesh_shape
-from attnlab.training import checkpoint
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -62,8 +61,8 @@ def parse_gin(gin_files: list[str], bindings: list[str]) -> tuple[ModelConfig, D
     raise CommandError(str(e)) from None
 
 
-# transformers' generation settings in a workdir (defined beside the workdir's other files).
-GENERATION_CONFIG = checkpoint.GENERATION_CONFIG
+# transformers' generation settings in a workdir (beside its config.gin).
+GENERATION_CONFIG = config_gin.GENERATION_CONFIG
 
 
 def log_attnlab_info() -> None:

@@ -48,9 +48,6 @@ from attnlab.training.sharding import param_shardings
 
 CHECKPOINT_DIR = "checkpoints"
 CONFIG_FILE = "config.gin"
-# transformers' generation settings (sampling defaults, eos ids), which an HF import keeps
-# in the workdir: the export gives it back, decode reads its eos ids, convert-heads copies it.
-GENERATION_CONFIG = "generation_config.json"
 KILL_MID_SAVE_ENV = "ATTNLAB_TEST_KILL_MID_SAVE"
 # meta's key for the checksums: {"params": {name: [dtype, checksum]}, "opt_state": {...},
 # "data": sha256 of the data state's JSON}.

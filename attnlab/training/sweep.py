@@ -56,7 +56,6 @@ from attnlab.training import trainer
 from attnlab.training.checkpoint import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
-    GENERATION_CONFIG,
     Checkpointer,
     abstract_model,
     load_checkpoint,
@@ -69,6 +68,10 @@ RESULT_FILE = "result.json"
 # writes its own result, the run reads as interrupted or pending, not as failed.
 PREVIOUS_FAILURE_FILE = "result.previous_failure.json"
 CONVERSION_FILE = "conversion.json"
+WALL_FILE = "wall_time_s"
+ERROR_FILE = "error.txt"
+# A run's own records of its attempts, kept when a conversion cut short is started again.
+ATTEMPT_FILES = (PREVIOUS_FAILURE_FILE, WALL_FILE, ERROR_FILE)
 PROMPTS_FILE = "prompts.json"
 SWEEP_FILE = "sweep.gin"
 DECODE_BATCHES = (1, 8)
@@ -346,8 +349,9 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
   finally:
     ckpt.close()
   dcfg = _copy_own_tokenizer(dcfg, src, dst)
-  if os.path.isfile(os.path.join(src, GENERATION_CONFIG)):  # an HF import's eos ids
-    shutil.copyfile(os.path.join(src, GENERATION_CONFIG), os.path.join(dst, GENERATION_CONFIG))
+  generation = config_gin.GENERATION_CONFIG  # an HF import's eos ids
+  if os.path.isfile(os.path.join(src, generation)):
+    shutil.copyfile(os.path.join(src, generation), os.path.join(dst, generation))
   text = config_gin.operative_config(new_mcfg, dcfg, tcfg, workdir=dst)
   header = (f"# Converted by `attnlab convert-heads` from {info['source']} step {step} "
             f"({info['source_num_kv_heads']} -> {num_kv_heads} KV heads, method {method}).\n")
@@ -498,7 +502,7 @@ def _add_wall(workdir: str, seconds: float) -> float:
   atomically). A file that does not hold a number (a write cut off by a kill before
   2026-12-04 left it empty, and every rerun then failed on it) counts from 0, with a
   warning naming it."""
-  path = os.path.join(workdir, "wall_time_s")
+  path = os.path.join(workdir, WALL_FILE)
   before = 0.0
   if os.path.isfile(path):
     with open(path, encoding="utf-8", errors="replace") as f:
@@ -547,13 +551,29 @@ def _prepare_uptrain(out, arm, seed, source, configs) -> dict:
   if src_result is None or src_result.get("status") != "ok":
     raise RuntimeError(f"arm {arm.name!r} converts the finished {source.name!r} run of seed "
                        f"{seed}, which has not finished (run --arm {source.name} first)")
+  # A conversion cut short (or an attempt that failed before it: its source unfinished) is
+  # started again in an empty folder, keeping the run's records of its attempts: the
+  # earlier failure and the wall time (until 2026-12-06 they went with the folder).
+  kept = {}
+  for name in ATTEMPT_FILES:
+    path = os.path.join(workdir, name)
+    if os.path.isfile(path):
+      with open(path, "rb") as f:
+        kept[name] = f.read()
   if os.path.isdir(workdir):
-    shutil.rmtree(workdir)  # a conversion cut short: start it again
+    shutil.rmtree(workdir)
   mcfg, dcfg, tcfg = configs
   train_fields = {f.name: getattr(tcfg, f.name) for f in dataclasses.fields(tcfg)}
-  info = write_converted_run(run_dir(out, source, seed), workdir, arm.num_kv_heads, arm.method,
-                             seed=seed, bindings={"TrainConfig": train_fields,
-                                                  "DataConfig": {"seed": dcfg.seed}})
+  try:
+    info = write_converted_run(run_dir(out, source, seed), workdir, arm.num_kv_heads,
+                               arm.method, seed=seed,
+                               bindings={"TrainConfig": train_fields,
+                                         "DataConfig": {"seed": dcfg.seed}})
+  finally:  # back beside the new run, or beside what a failed conversion left
+    os.makedirs(workdir, exist_ok=True)
+    for name, data in kept.items():
+      with open(os.path.join(workdir, name), "wb") as f:
+        f.write(data)
   info["val_loss_converted"] = float(trainer.evaluate_workdir(workdir, 0)["loss"])
   _write_json(conv_path, info)
   return info
@@ -629,7 +649,7 @@ def run_one(out: str, sweep: Sweep, arm: Arm, seed: int, base, prompts, source=N
     raise
   except Exception as e:  # noqa: BLE001 - a failing run is recorded, the sweep goes on
     os.makedirs(workdir, exist_ok=True)
-    trainer.write_text_atomically(os.path.join(workdir, "error.txt"), traceback.format_exc())
+    trainer.write_text_atomically(os.path.join(workdir, ERROR_FILE), traceback.format_exc())
     msg = " ".join(str(e).split()) or type(e).__name__
     result = {"status": "failed", "error": f"{type(e).__name__}: {msg}"[:500]}
   result["wall_time_s"] = _add_wall(workdir, time.perf_counter() - t0)

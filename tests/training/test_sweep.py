@@ -862,9 +862,21 @@ def test_an_uptraining_run_converts_its_seeds_finished_mha_run_once(tmp_path, mo
     assert str(e.value) == message and calls == []
   sweep_lib._write_json(os.path.join(src, "result.json"), _ok())
   os.makedirs(os.path.join(workdir, "checkpoints", "0.orbax-checkpoint-tmp"))  # cut short
+  # ... beside the records of an earlier attempt that failed (moved aside by run_one), which
+  # stay (until 2026-12-06 they went with the folder: the report lost the failure, the wall
+  # time that attempt's seconds).
+  records = {sweep_lib.PREVIOUS_FAILURE_FILE: b'{"status": "failed", "error": "E: x"}',
+             sweep_lib.WALL_FILE: b"4.250", sweep_lib.ERROR_FILE: b"Traceback ..."}
+  for name, data in records.items():
+    with open(os.path.join(workdir, name), "wb") as f:
+      f.write(data)
   want = {"source": src, "source_step": 20, "method": "mean", "num_kv_heads": 1,
           "val_loss_converted": 2.75}
   assert sweep_lib._prepare_uptrain(out, up, 1, mha, configs) == want
+  assert sorted(os.listdir(workdir)) == sorted([sweep_lib.CONVERSION_FILE, *records])
+  for name, data in records.items():
+    with open(os.path.join(workdir, name), "rb") as f:
+      assert f.read() == data, name
   tcfg = configs[2]
   bindings = {"TrainConfig": {f.name: getattr(tcfg, f.name) for f in dataclasses.fields(tcfg)},
               "DataConfig": {"seed": 1}}
@@ -874,6 +886,19 @@ def test_an_uptraining_run_converts_its_seeds_finished_mha_run_once(tmp_path, mo
     assert json.load(f) == want
   calls.clear()
   assert sweep_lib._prepare_uptrain(out, up, 1, mha, configs) == want and calls == []
+  # A conversion that fails keeps them too, beside what it left.
+  os.remove(os.path.join(workdir, sweep_lib.CONVERSION_FILE))
+
+  def failing(src, dst, *args, **kw):
+    os.makedirs(os.path.join(dst, "checkpoints"))
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(sweep_lib, "write_converted_run", failing)
+  with pytest.raises(OSError, match="No space left"):
+    sweep_lib._prepare_uptrain(out, up, 1, mha, configs)
+  assert sorted(os.listdir(workdir)) == sorted(["checkpoints", *records])
+  with open(os.path.join(workdir, sweep_lib.WALL_FILE), "rb") as f:
+    assert f.read() == records[sweep_lib.WALL_FILE]
 
 
 # --------------------------------------------------------------------------- conversion

@@ -151,10 +151,16 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES, *,
   folders = [os.path.dirname(os.path.abspath(p)) for p in gin_files] + [CONFIGS_DIR, ""]
   saved_prefixes = list(gin.config._LOCATION_PREFIXES)
   gin.config._LOCATION_PREFIXES[:] = list(dict.fromkeys(folders))
-  # gin logs an ERROR for every search-path miss before it finds an include.
+  # gin logs an ERROR for every search-path miss before it finds an include, through
+  # logging's module functions, which configure a root logger without handlers
+  # (basicConfig): a handler of their own stays, and the caller's basicConfig then did
+  # nothing ("WARNING:attnlab.training.trainer: ..." lines until 2026-12-06).
   root = logging.getLogger()
   level = root.level
   root.setLevel(logging.CRITICAL)
+  guard = logging.NullHandler() if not root.handlers else None
+  if guard is not None:
+    root.addHandler(guard)
   try:
     with gin.unlock_config():
       gin.parse_config_files_and_bindings([os.path.abspath(p) for p in gin_files], bindings,
@@ -222,6 +228,8 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES, *,
     raise GinConfigError(_first_line(e)) from e
   finally:
     root.setLevel(level)
+    if guard is not None:
+      root.removeHandler(guard)
     gin.config._LOCATION_PREFIXES[:] = saved_prefixes
     gin.clear_config()  # also after an error: no binding outlives the call
   return tuple(_find_tokenizer(c, gin_files) if isinstance(c, DataConfig) else c
@@ -259,26 +267,37 @@ def _texts(gin_files: list[str], folders: list[str]) -> list[str]:
   return [data.decode("utf-8", "replace") for _, _, data in _walk(gin_files, folders)]
 
 
+def _macro_name(line: str) -> str | None:
+  """The name a binding line binds if gin reads it as a macro (no dot after its last
+  scope: ``steps = 1``, ``TrainConfig/steps = 1``), else None (``Name.field = ...``, a
+  comment, an include, no binding)."""
+  binding = line.strip()
+  if not binding or binding.startswith("#") or "=" not in binding:
+    return None  # a blank or comment line (a config.gin read line by line), an include
+  name = binding.split("=", 1)[0].strip()
+  if not re.fullmatch(r"[\w./]+", name) or "." in name.rsplit("/", 1)[-1]:
+    return None  # Name.field (scoped ones are refused above)
+  return name
+
+
 def _unused_macro_binding(bindings, gin_files, folders, classes) -> str | None:
   """The message for the first binding that gin read as a macro nothing uses, if any: a
   name without a dot (``steps = 1``, a scoped ``TrainConfig/steps = 1``) binds a gin macro,
   not a field, and gin drops a macro that no ``%NAME`` reads without a word (until
-  2026-12-05 ``--gin.steps=1`` trained the file's 2000 steps)."""
-  texts = None
+  2026-12-05 ``--gin.steps=1`` trained the file's 2000 steps). The bindings first, then
+  the lines of the gin files and of what they include (a file's own ``steps = 5`` was
+  dropped without a word until 2026-12-06; a line of a value over several lines, a quoted
+  ``'a=b.txt',``, names no macro)."""
   lines = [line for binding in bindings for line in binding.splitlines()]
-  for i, line in enumerate(lines):
-    binding = line.strip()
-    if not binding or binding.startswith("#") or "=" not in binding:
-      continue  # a blank or comment line (a config.gin read line by line), an include
-    name = binding.split("=", 1)[0].strip()
-    if not re.fullmatch(r"[\w./]+", name) or "." in name.rsplit("/", 1)[-1]:
-      continue  # Name.field (scoped ones are refused above)
-    if texts is None:  # the files, what they include and what the bindings include
-      texts = _texts(list(gin_files) + _included("\n".join(lines), folders), folders)
-    others = "\n".join(texts + lines[:i] + lines[i + 1:])
-    if re.search(rf"%{re.escape(name)}(?![\w.])", others):
-      continue  # a macro that a file, an include or another binding reads (a scoped one
-      # too: %train/LR reads train/LR = ..., which was refused as unread until 2026-12-06)
+  # The files, what they include and what the bindings include.
+  files = [(path, data.decode("utf-8", "replace")) for path, _, data in
+           _walk(list(gin_files) + _included("\n".join(lines), folders), folders)]
+  everything = "\n".join([text for _, text in files] + lines)
+
+  def unread(name):  # a scoped macro too: %train/LR reads train/LR = ... (2026-12-06)
+    return re.search(rf"%{re.escape(name)}(?![\w.])", everything) is None
+
+  def message(binding, name):
     field = name.rsplit("/", 1)[-1]
     owners = [cls.__name__ for cls in classes
               if field in {f.name for f in dataclasses.fields(cls)}]
@@ -286,6 +305,16 @@ def _unused_macro_binding(bindings, gin_files, folders, classes) -> str | None:
             " (a field is bound as Name.field, e.g. TrainConfig.steps)")
     return (f"binding {binding!r} sets nothing: {name!r} is no config field, and no %{field} "
             f"macro reads it{hint}")
+
+  for line in lines:
+    name = _macro_name(line)
+    if name is not None and unread(name):
+      return message(line.strip(), name)
+  for path, text in files:
+    for number, line in enumerate(text.splitlines(), 1):
+      name = _macro_name(line)
+      if name is not None and unread(name):
+        return f"gin file {path!r}, line {number}: {message(line.strip(), name)}"
   return None
 
 

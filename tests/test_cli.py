@@ -259,6 +259,11 @@ def test_check_can_make_follows_links_to_folders_and_names_what_stops_it(tmp_pat
   (tmp_path / "file").write_text("")
   for path in ("link", "link/new/deeper", "folder/new", "new"):
     check_can_make("--workdir", str(tmp_path / path))
+  # An empty path (the working directory to os.path.abspath, nothing to os.makedirs): a
+  # traceback after every other check until 2026-12-06.
+  with pytest.raises(CommandError) as e:
+    check_can_make("--workdir", "")
+  assert str(e.value) == "--workdir is empty: give a directory"
   why = {"file/new": "file is a file",
          "dangling/new": f"dangling is a symbolic link to {tmp_path}/gone, which does not exist"}
   for path, reason in why.items():

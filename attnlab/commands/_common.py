@@ -82,6 +82,8 @@ def check_can_make(flag: str, path: str) -> None:
   """CommandError naming the flag if the output folder ``path`` (existing or not) cannot be
   made or written: its nearest existing folder is a file, or not writable. Checked without
   writing anything (the commands write only once every check passed)."""
+  if not path:  # os.path.abspath("") is the working directory; makedirs("") fails
+    raise CommandError(f"{flag} is empty: give a directory")
   at = os.path.abspath(path)
   while not os.path.lexists(at):
     at = os.path.dirname(at)

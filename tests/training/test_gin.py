@@ -464,6 +464,29 @@ def test_a_binding_that_gin_reads_as_an_unused_macro_is_refused(tmp_path):
                             f"{owner}.{field}?)")
   assert gin_config.parse([], ["TrainConfig.mesh_shape = (\n1,\n1,\n1\n)"])[2].mesh_shape == (
       1, 1, 1)
+  # In a gin file, or a file it includes, alike: named with the file and line (until
+  # 2026-12-06 a file's own `steps = 5` was dropped without a word, and the run trained the
+  # steps bound elsewhere).
+  (tmp_path / "own.gin").write_text("include 'inner.gin'\n# the run\nSTEPS = 2\nsteps = 5\n")
+  with pytest.raises(gin_config.GinConfigError) as e:
+    gin_config.parse([str(tmp_path / "own.gin")], [])
+  assert str(e.value) == (f"gin file {str(tmp_path / 'own.gin')!r}, line 4: binding "
+                          "'steps = 5' sets nothing: 'steps' is no config field, and no %steps "
+                          "macro reads it (did you mean TrainConfig.steps?)")
+  (tmp_path / "scoped.gin").write_text("TrainConfig.steps = 1\nTrainConfig/steps = 5\n")
+  (tmp_path / "top.gin").write_text("include 'scoped.gin'\n")
+  with pytest.raises(gin_config.GinConfigError, match=re.escape(
+      f"gin file {str(tmp_path / 'scoped.gin')!r}, line 2: binding 'TrainConfig/steps = 5' "
+      "sets nothing")):
+    gin_config.parse([str(tmp_path / "top.gin")], [])
+  # A file's macro that another file (or a binding) reads is one; a line of a value over
+  # several lines, with a '=' in it, is no binding.
+  (tmp_path / "own.gin").write_text("include 'inner.gin'\nSTEPS = 2\nDataConfig.paths = (\n"
+                                    "    'a=b.txt',)\n")
+  assert gin_config.parse([str(tmp_path / "own.gin")], [])[2].steps == 2
+  (tmp_path / "own.gin").write_text("WIDTH = 48\n")
+  assert gin_config.parse([str(tmp_path / "own.gin")], ["ModelConfig.d_model = %WIDTH"])[
+      0].d_model == 48
 
 
 def test_include_cycles_imports_and_unparsable_file_values_are_one_line(tmp_path):

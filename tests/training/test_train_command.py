@@ -14,6 +14,7 @@ import shutil
 import pytest
 
 from attnlab import cli
+from attnlab import config_gin as gin_config
 from attnlab.commands import _common, kv_size
 from attnlab.commands import train as train_command
 
@@ -494,7 +495,15 @@ def test_commands_log_attnlab_at_info_and_the_libraries_from_warning(tmp_path, c
   saved = (list(root.handlers), root.level, ours.level)
   root.handlers[:] = []
   try:
+    # Parsing a file whose include misses the first folder gin searches (gin logs the miss
+    # through logging's module functions) leaves the root logger without a handler, so the
+    # command's own format holds: until 2026-12-06 gin's basicConfig came first, and lines
+    # read "WARNING:attnlab.training.trainer: ...".
+    (tmp_path / "mine.gin").write_text("include 'models/llama_tiny.gin'\n")
+    gin_config.parse([str(tmp_path / "mine.gin")], [])
+    assert root.handlers == []
     _common.log_attnlab_info()
+    assert [h.formatter._fmt for h in root.handlers] == ["%(message)s"]
     assert logging.getLogger("attnlab.training.trainer").isEnabledFor(logging.INFO)
     for library in ("orbax.checkpoint", "absl", "jax._src.xla_bridge"):
       assert not logging.getLogger(library).isEnabledFor(logging.INFO), library

@@ -54,10 +54,11 @@ def _decode_parser():
   p.add_argument("--temperature", type=float, default=d.temperature,
                  help=f"0 is greedy; > 0 samples (default {d.temperature})")
   p.add_argument("--top_k", type=int, default=d.top_k,
-                 help="sample among the k most likely tokens (needs --temperature > 0)")
+                 help="sample among the k most likely tokens (needs --temperature > 0; "
+                 "default: all)")
   p.add_argument("--top_p", type=float, default=d.top_p,
                  help="sample from the smallest set reaching probability p, in (0, 1] (needs "
-                 "--temperature > 0)")
+                 "--temperature > 0; default: all)")
   p.add_argument("--beam_size", type=int, default=d.beam_size,
                  help=f"beam search of this width (default {d.beam_size}: none)")
   p.add_argument("--length_penalty", type=float, default=None,
@@ -73,7 +74,7 @@ def _decode_parser():
   p.add_argument("--slots", type=int, default=None,
                  help="continuous batching with this many slots (attnlab.generate_requests; "
                  "--cache paged by default, or contiguous / ring); results print as they "
-                 "complete")
+                 "complete; default: off, one generate call")
   p.add_argument("--page_size", type=int, default=None,
                  help=f"slots per page of the paged cache (default {d.page_size})")
   p.add_argument("--num_pages", type=int, default=d.num_pages,

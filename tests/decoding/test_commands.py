@@ -398,7 +398,12 @@ def test_decode_defaults_are_decode_config_defaults():
   assert args.cache is None and f"else {defaults.cache}" in text
   assert args.length_penalty is None and f"(default {defaults.length_penalty};" in text
   assert args.page_size is None and f"(default {defaults.page_size})" in text
-
+  # Every setting's help names its default (as the README says; --top_k, --top_p and
+  # --slots did not until 2026-12-06); the inputs (workdir, prompt or prompts file) have none.
+  inputs = {"--help", "--workdir", "--prompt", "--prompts_file"}
+  for action in decode._decode_parser()._actions:
+    if action.option_strings and action.option_strings[-1] not in inputs:
+      assert "default" in action.help, action.option_strings
 
 def test_decode_workdir_without_config_exits_2(tmp_path, capsys):
   rc, _, err = _run(["decode", "--workdir", str(tmp_path), "--prompt", "hi"], capsys)

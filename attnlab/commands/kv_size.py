@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
   p = CommandParser(prog="attnlab kv-size",
                     description="K/V cache size of a model shape, in bytes (K and V of every "
                     "layer, and int8's scales), printed in the first unit (B, KiB, MiB, GiB, "
-                    "TiB) that holds it under 1024.")
+                    "TiB) that holds it under 1024, and in TiB past that.")
   helps = {"layers": "decoder layers", "seq": "tokens cached per sequence",
            "kv_heads": "KV heads (num_kv_heads)", "head_dim": "dimension of one head"}
   for name, help_ in helps.items():

@@ -199,7 +199,7 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
     on_result: called as ``on_result(index, tokens)`` when a request completes, in the
       order they complete (those that end in one decode call by the step they ended at).
     policy: "continuous", or "static" (a new batch only when all slots are free).
-    decode_chunk: decode steps per device call at most.
+    decode_chunk: decode steps per device call at most, up to the model's max_len.
 
   Returns:
     one int32 array per request: its new tokens (eos included), at most its budget.
@@ -281,6 +281,9 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
   else:
     positive_int("page_size", page_size)
   positive_int("decode_chunk", decode_chunk)
+  if decode_chunk > cfg.max_len:  # a static shape: 10**9 failed inside JAX, allocating
+    raise GenerateInputError(f"decode_chunk={decode_chunk} is more than the model's max_len="
+                             f"{cfg.max_len}: no request decodes that many steps")
   if on_result is not None and not callable(on_result):
     raise GenerateInputError(f"on_result must be a function on_result(index, tokens) or None, "
                              f"got {type(on_result).__name__}")

@@ -280,6 +280,8 @@ def test_prefill_buckets_hold_the_prompt_with_less_than_half_of_it_as_padding():
                          r"max_len, 16 at least\)$"),
     (dict(page_size=2**31), r"^page_size=2147483648 is more than 64"),
     (dict(decode_chunk=0), "decode_chunk=0 must be a positive integer"),
+    (dict(decode_chunk=10**9), r"^decode_chunk=1000000000 is more than the model's max_len=\d+: "
+                               "no request decodes that many steps$"),
     (dict(num_pages=0), "num_pages=0 must be a positive integer"),
     (dict(sampling="greedy"), "sampling must be a Sampling, got str"),
     (dict(cache="ring"), "cache='ring' needs a sliding-window model \\(ModelConfig.window\\), "

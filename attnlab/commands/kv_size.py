@@ -2,7 +2,8 @@
 
 ``attnlab kv-size --layers L --seq S --kv_heads K --head_dim H --dtype D
 [--batch B]`` prints 2 * B * L * S * K * H * bytes (32 layers, 8192 tokens,
-8 KV heads, head dim 128, bfloat16 -> "1.00 GiB").
+8 KV heads, head dim 128, bfloat16 -> "1.00 GiB"); int8 adds its float32 scales,
+2 * B * L * S * K * 4 bytes.
 """
 
 from __future__ import annotations

@@ -36,6 +36,20 @@ def test_quantize_round_trip_error_is_at_most_half_a_scale():
   # Symmetric: the largest |x| of each vector maps to 127.
   np.testing.assert_array_equal(np.abs(np.asarray(q)).max(-1)[1:], 127)
   assert (np.asarray(q)[0, 0] == 0).all() and float(scale[0, 0]) == 1.0
+  # A vector whose largest |x| / 127 is below float32's smallest normal number: XLA:CPU
+  # flushes that quotient to 0, so until 2026-12-06 the scale was 0 and every value came
+  # back 0 (an error of |x| against a bound of 0). The bound holds now.
+  tiny = jnp.asarray([[1e-37, -5e-38, 2e-38, 0.0], [1e-30, 3e-31, 0.0, -1e-30]], jnp.float32)
+  q, scale = cache_lib.quantize(tiny)
+  assert (np.asarray(scale) > 0).all()
+  err = np.abs(np.asarray(cache_lib.dequantize(q, scale)) - np.asarray(tiny))
+  assert (err <= np.asarray(scale)[:, None] / 2 * (1 + 1e-6)).all(), (err, scale)
+  assert np.asarray(q)[1].tolist() == [127, 38, 0, -127]
+  # A NaN or an infinity is not hidden: the vector dequantizes to non-finite values, as a
+  # float cache holds them (a NaN gave scale 1 and zeros until 2026-12-06).
+  bad = jnp.asarray([[0.3, jnp.nan, -0.02, 0.2], [0.3, jnp.inf, -0.02, 0.2]], jnp.float32)
+  back = np.asarray(cache_lib.dequantize(*cache_lib.quantize(bad)))
+  assert (~np.isfinite(back)).all(), back
 
 
 @pytest.mark.parametrize("kind", cache_lib.CACHE_KINDS)

@@ -193,7 +193,7 @@ def stream_fields(dcfg: DataConfig) -> dict:
   """The fields of ``dcfg`` that decide which example is the i-th of its training
   stream, JSON-ready (saved with the iterator's state)."""
   names = ("task", "seed") + _STREAM_FIELDS.get(dcfg.task, _SYNTHETIC_STREAM_FIELDS)
-  out = {n: list(v) if isinstance(v := getattr(dcfg, n), tuple) else v for n in names}
+  out = {n: getattr(dcfg, n) for n in names}
   if "paths" in out:
     # Saved as the files they name from this working directory: a resume from another
     # directory compares them as they were meant (until 2026-12-06 a relative pattern was

@@ -256,6 +256,12 @@ def test_a_resume_under_another_training_stream_is_refused(tmp_path, monkeypatch
   assert str(e.value) == (
       "the saved data position belongs to another training stream (DataConfig.paths: a "
       "validation file -> no validation file, DataConfig.validation_percent: None -> 5)")
+  it.stream = pipeline.stream_fields(two)  # and the other way round
+  with pytest.raises(pipeline.DataStateError) as e:
+    it.set_state({"index": 0, "example": 0, "stream": pipeline.stream_fields(tsv)})
+  assert str(e.value) == (
+      "the saved data position belongs to another training stream (DataConfig.paths: no "
+      "validation file -> a validation file, DataConfig.validation_percent: 5 -> None)")
   # A state saved before the position was kept is completed from the config it was saved
   # under (the workdir's config.gin): its index counts that config's batches, its stream
   # is that config's.

@@ -308,6 +308,10 @@ def test_prefill_buckets_hold_the_prompt_with_less_than_half_of_it_as_padding():
     (dict(max_new_tokens="12"), r"^max_new_tokens='12' must be a positive integer or one per "
                                 "request$"),
     (dict(prompts=np.array([[3, 4], [0, 0]])), r"^prompt 1 is empty \(all padding, pad_id=0\)"),
+    (dict(prompts=np.ones((2, 0), np.int32)), r"^prompts\[0\] must be a non-empty list"),
+    # a 0-d array in a list is its number; a 1-d one is no budget
+    (dict(max_new_tokens=[np.array([2, 3]), 2]), r"^max_new_tokens\[0\]=array\(\[2, 3\]\) must "
+                                                 "be a positive integer"),
 ])
 def test_bad_arguments_raise_value_error_naming_the_field(kwargs, match):
   """Each one a GenerateInputError (a ValueError), which `attnlab decode` reports as one line."""

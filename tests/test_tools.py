@@ -182,3 +182,18 @@ def test_profile_decode_step_counts_the_loop_body_and_the_weights_made_float32_b
     assert converted == 0
   else:
     assert converted >= matrices, converted
+
+
+def test_profile_decode_step_credits_its_stream_with_the_bytes_it_reads(monkeypatch):
+  """The stream pass reads a bfloat16 array through the float32 copy XLA makes of it
+  before the loop: its GB/s count float32 bytes (until 2026-12-06 the bfloat16 bytes, half
+  of what was read); integer arrays as they are. The weights are the pass's arguments."""
+  import jax.numpy as jnp
+
+  monkeypatch.syspath_prepend(os.path.join(REPO, "tools"))
+  import profile_decode_step as tool
+
+  arrays = [jnp.ones((3, 5), jnp.bfloat16), jnp.ones((2,), jnp.float32),
+            jnp.ones((7,), jnp.int32), jnp.ones((4,), jnp.int8)]
+  assert tool.float32_bytes(arrays) == 15 * 4 + 2 * 4 + 7 * 4 + 4
+  assert tool.stream_seconds(arrays, iters=1, steps=2) > 0

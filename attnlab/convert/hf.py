@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from attnlab.config import ModelConfig
+from attnlab.config import ModelConfig, is_integer
 
 FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
@@ -45,7 +45,8 @@ FAMILY_DEFAULTS = {
     "llama": {"max_position_embeddings": 2048, "num_key_value_heads": None},
     "mistral": {"max_position_embeddings": 131072, "num_key_value_heads": 8,
                 "sliding_window": 4096},
-    "qwen2": {"max_position_embeddings": 32768, "num_key_value_heads": 32},
+    "qwen2": {"max_position_embeddings": 32768, "num_key_value_heads": 32,
+              "sliding_window": 4096, "max_window_layers": 28},
 }  # num_key_value_heads None: num_attention_heads
 # The eos id of a config.json without the key: transformers' config classes' default, which
 # its generate stops at. (A missing bos stays None: the prompts' bos is then what the
@@ -207,8 +208,19 @@ def from_hf_config(hf: dict, *, dtype: str | None = None) -> tuple[str, ModelCon
     window = hf.get("sliding_window", defaults["sliding_window"])
   else:  # qwen2: biases on q/k/v, hard-wired in transformers
     bias["qkv_bias"] = True
-    _expect(hf, "use_sliding_window", (False,), False)
+    use_window = _expect(hf, "use_sliding_window", (False, True), False)
     layer_types = hf.get("layer_types") or []
+    if not layer_types and use_window:
+      # As transformers derives them: a window (if any) from layer max_window_layers on. A
+      # window that no layer reaches is full attention (refused until 2026-12-06).
+      layers = _get(hf, "num_hidden_layers", required=True)
+      first = hf.get("max_window_layers", defaults["max_window_layers"])
+      if hf.get("sliding_window", defaults["sliding_window"]) is not None and not (
+          is_integer(layers) and is_integer(first) and first >= layers):
+        raise ConversionError(
+            f"config.json use_sliding_window=True with max_window_layers={first!r} and "
+            f"num_hidden_layers={layers!r} gives layers a sliding window, which is not "
+            "supported (only full attention: max_window_layers >= num_hidden_layers)")
     if any(t != "full_attention" for t in layer_types):
       raise ConversionError(f"config.json layer_types={layer_types!r} is not supported "
                             "(only 'full_attention' layers)")

@@ -397,8 +397,17 @@ BAD_CONFIGS = {
     "theta_list": ({"rope_theta": [1.0]}, "config.json gives an invalid attnlab config: "),
     "tie_as_text": ({"tie_word_embeddings": "false"}, "config.json tie_word_embeddings='false' "
                     "is not supported (supported: False, True)"),
-    "qwen2_window": ({"model_type": "qwen2", "use_sliding_window": True},
-                     "use_sliding_window=True is not supported"),
+    "qwen2_window": ({"model_type": "qwen2", "use_sliding_window": True, "layer_types": None,
+                      "max_window_layers": 1},
+                     "config.json use_sliding_window=True with max_window_layers=1 and "
+                     "num_hidden_layers=2 gives layers a sliding window, which is not "
+                     "supported (only full attention: max_window_layers >= num_hidden_layers)"),
+    "qwen2_window_default": ({"model_type": "qwen2", "use_sliding_window": True,
+                              "layer_types": None, "num_hidden_layers": 30},
+                             "with max_window_layers=28 and num_hidden_layers=30"),
+    "qwen2_window_layers": ({"model_type": "qwen2", "use_sliding_window": True,
+                             "layer_types": ["full_attention", "sliding_attention"]},
+                            "layer_types=['full_attention', 'sliding_attention'] is not"),
     "qwen2_layers": ({"model_type": "qwen2", "layer_types": ["full_attention",
                                                              "sliding_attention"]},
                      "layer_types=['full_attention', 'sliding_attention'] is not supported "
@@ -443,6 +452,15 @@ def test_accepted_variants_of_refused_fields():
   assert hf.from_hf_config(dict(LLAMA, torch_dtype=None, dtype="fp32"))[1].dtype == "float32"
   assert hf.from_hf_config(dict(LLAMA, rope_parameters={"partial_rotary_factor": 1.0}))[1]
   assert hf.from_hf_config(dict(LLAMA, model_type="qwen2", layer_types=None))[0] == "qwen2"
+  # use_sliding_window with no layer reaching the window (max_window_layers >= the layers,
+  # or a null window; or layer_types saying so) is full attention, as transformers computes
+  # it: taken (refused until 2026-12-06).
+  qwen = dict(FAMILY_CONFIGS["qwen2"], use_sliding_window=True)
+  full = hf.from_hf_config(FAMILY_CONFIGS["qwen2"])[1]
+  for changes in ({}, {"layer_types": None, "max_window_layers": 2},
+                  {"layer_types": None, "max_window_layers": 1, "sliding_window": None}):
+    family, cfg = hf.from_hf_config(dict(qwen, **changes))
+    assert (family, cfg) == ("qwen2", full), changes
 
 
 EXPORT_REFUSALS = {

@@ -168,6 +168,18 @@ def _warn_schedule_change(workdir: str, tcfg: TrainConfig, d_model: int, opt_sta
                 count, after, before, ", ".join(changed))
 
 
+def _warn_seed_change(workdir: str, tcfg: TrainConfig) -> None:
+  """Warn when a run resumes under another ``TrainConfig.seed``: its parameters came from
+  the saved seed, its dropout draws follow the new one from here, and the config.gin it
+  writes names the new seed, so a run of that file from step 0 is another run (resumed
+  without a word until 2026-12-06)."""
+  configs = _saved_configs(workdir)
+  if configs is not None and configs[2].seed != tcfg.seed:
+    log.warning("TrainConfig.seed: %d -> %d: the resumed run keeps the parameters that seed %d "
+                "began and draws its dropout from seed %d from here, unlike a run of this "
+                "config from step 0", configs[2].seed, tcfg.seed, configs[2].seed, tcfg.seed)
+
+
 def _warn_schedule_surprises(tcfg: TrainConfig, d_model: int) -> None:
   """Warn about a schedule that does not do what its numbers suggest (silent until
   2026-12-04): a warmup longer than the run (the rate rises to its last update), and an
@@ -414,6 +426,7 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   if start and not finished:
     log.info("resumed from step %d", start)
     _warn_schedule_change(workdir, tcfg, mcfg.d_model, run.state["opt_state"])
+    _warn_seed_change(workdir, tcfg)
   if not finished:
     _warn_schedule_surprises(tcfg, mcfg.d_model)
   # Written once the checkpoints are known to fit this config: a resume under a

@@ -581,6 +581,16 @@ def test_a_resume_that_moves_the_learning_rate_warns_and_one_past_steps_is_refus
   with caplog.at_level(logging.WARNING, logger=trainer.__name__):
     _train(tmp_path / "constant", SEQ2SEQ, constant + ["TrainConfig.steps = 6"])
   assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
+  # Another TrainConfig.seed on resume is named (it resumed without a word until 2026-12-06:
+  # config.gin then named a seed the run did not start from).
+  _train(tmp_path / "seeded", SEQ2SEQ, constant)
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, logger=trainer.__name__):
+    _train(tmp_path / "seeded", SEQ2SEQ, constant + ["TrainConfig.steps = 6",
+                                                      "TrainConfig.seed = 7"])
+  assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+      "TrainConfig.seed: 0 -> 7: the resumed run keeps the parameters that seed 0 began and "
+      "draws its dropout from seed 7 from here, unlike a run of this config from step 0"]
   # The bound: a rate moved by float32 rounding (2e-7 relative; the check allows 1e-6) is
   # no change, one moved by 0.2% is (rates below 1 are compared relatively, not as < 1).
   saved = gin_config.read_workdir_config(str(tmp_path / "constant" / "config.gin"))[2]

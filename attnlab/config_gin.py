@@ -16,6 +16,7 @@ import importlib.util  # noqa: F401 - gin 0.5 needs it loaded to report a missin
 import logging
 import os
 import re
+import shutil
 import tokenize
 
 import gin
@@ -28,11 +29,11 @@ CONFIG_CLASSES = (ModelConfig, DataConfig, TrainConfig)
 # The built-in configs ship inside the package (package data), so an include
 # such as 'models/llama_tiny.gin' resolves in an installed copy as well as in a
 # checkout (where the top-level configs/ is a link to this folder).
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 # transformers' generation settings (sampling defaults, eos ids), which an HF import keeps
 # in a workdir beside its config.gin: the export gives it back, decode reads its eos ids,
 # convert-heads copies it.
 GENERATION_CONFIG = "generation_config.json"
-CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
 _configurables = {}
 
@@ -267,6 +268,16 @@ def _texts(gin_files: list[str], folders: list[str]) -> list[str]:
   return [data.decode("utf-8", "replace") for _, _, data in _walk(gin_files, folders)]
 
 
+def copy_generation_config(src: str, dst: str) -> bool:
+  """``src``'s GENERATION_CONFIG into ``dst``, where there is one (an import, an export,
+  convert-heads). True if there was one."""
+  path = os.path.join(src, GENERATION_CONFIG)
+  if not os.path.isfile(path):
+    return False
+  shutil.copyfile(path, os.path.join(dst, GENERATION_CONFIG))
+  return True
+
+
 def _macro_name(line: str) -> str | None:
   """The name a binding line binds if gin reads it as a macro (no dot after its last
   scope: ``steps = 1``, ``TrainConfig/steps = 1``), else None (``Name.field = ...``, a
@@ -276,7 +287,7 @@ def _macro_name(line: str) -> str | None:
     return None  # a blank or comment line (a config.gin read line by line), an include
   name = binding.split("=", 1)[0].strip()
   if not re.fullmatch(r"[\w./]+", name) or "." in name.rsplit("/", 1)[-1]:
-    return None  # Name.field (scoped ones are refused above)
+    return None  # Name.field (a scoped one: parse refuses those on its own)
   return name
 
 

@@ -61,10 +61,6 @@ def parse_gin(gin_files: list[str], bindings: list[str]) -> tuple[ModelConfig, D
     raise CommandError(str(e)) from None
 
 
-# transformers' generation settings in a workdir (beside its config.gin).
-GENERATION_CONFIG = config_gin.GENERATION_CONFIG
-
-
 def log_attnlab_info() -> None:
   """Log lines on stderr: attnlab's from INFO up (progress, checkpoints, warnings), the
   libraries' (orbax, JAX) from WARNING up (orbax logs ~70 INFO lines a checkpoint).

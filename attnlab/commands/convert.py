@@ -30,7 +30,6 @@ from flax import nnx
 from attnlab import config_gin as gin_config
 from attnlab.commands import CommandError
 from attnlab.commands._common import (
-    GENERATION_CONFIG,
     CommandParser,
     check_can_make,
     log_attnlab_info,
@@ -183,21 +182,10 @@ def from_hf(src_dir: str, workdir: str, *, dtype: str | None = None) -> dict:
       for name in TOKENIZER_FILES:
         if os.path.isfile(os.path.join(src_dir, name)):
           shutil.copyfile(os.path.join(src_dir, name), os.path.join(tmp, name))
-    if not _copy_generation_config(src_dir, tmp):
+    if not gin_config.copy_generation_config(src_dir, tmp):
       _write_stop_ids(tmp, hf.eos_ids(hf_cfg))
   return {"workdir": out, "family": family, "params": n, "step": STEP,
           "tokenizer": dcfg.tokenizer}
-
-
-def _copy_generation_config(src: str, dst: str) -> bool:
-  """transformers' generation_config.json (its sampling defaults, eos ids) from ``src``
-  into ``dst``, where there is one: kept with the workdir, given back on export. True if
-  there was one."""
-  path = os.path.join(src, GENERATION_CONFIG)
-  if not os.path.isfile(path):
-    return False
-  shutil.copyfile(path, os.path.join(dst, GENERATION_CONFIG))
-  return True
 
 
 def _write_stop_ids(dst: str, ids: list[int]) -> None:
@@ -206,7 +194,7 @@ def _write_stop_ids(dst: str, ids: list[int]) -> None:
   (``DataConfig.eos_id``), decode reads the others from this file, and the export gives
   it back (transformers stops at all of them, as it did on the source)."""
   if len(ids) > 1:
-    with open(os.path.join(dst, GENERATION_CONFIG), "w", encoding="utf-8") as f:
+    with open(os.path.join(dst, gin_config.GENERATION_CONFIG), "w", encoding="utf-8") as f:
       json.dump({"eos_token_id": ids}, f, indent=2)
 
 
@@ -296,7 +284,7 @@ def to_hf(workdir: str, out_dir: str, *, step: int | None = None,
       for name in TOKENIZER_FILES[1:]:
         if os.path.isfile(os.path.join(src, name)):
           shutil.copyfile(os.path.join(src, name), os.path.join(tmp, name))
-    _copy_generation_config(workdir, tmp)
+    gin_config.copy_generation_config(workdir, tmp)
   return {"out": out, "family": family, "step": step,
           "files": [os.path.join(out, os.path.basename(f)) for f in files]}
 

@@ -17,7 +17,6 @@ import numpy as np
 
 from attnlab import config_gin
 from attnlab.commands._common import (
-  GENERATION_CONFIG,
   CommandError,
   CommandParser,
   log_attnlab_info,
@@ -122,7 +121,7 @@ def stop_ids(workdir: str, eos_id: int | None, vocab_size: int) -> int | list[in
   first alone), those inside the vocabulary, at most ``MAX_STOP_IDS``: one int, a list of
   several, or None for none (``generate``'s ``eos_id``)."""
   ids = [] if eos_id is None else [int(eos_id)]
-  path = os.path.join(workdir, GENERATION_CONFIG)
+  path = os.path.join(workdir, config_gin.GENERATION_CONFIG)
   if os.path.isfile(path):
     try:
       with open(path, encoding="utf-8") as f:

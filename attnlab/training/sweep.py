@@ -349,9 +349,7 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
   finally:
     ckpt.close()
   dcfg = _copy_own_tokenizer(dcfg, src, dst)
-  generation = config_gin.GENERATION_CONFIG  # an HF import's eos ids
-  if os.path.isfile(os.path.join(src, generation)):
-    shutil.copyfile(os.path.join(src, generation), os.path.join(dst, generation))
+  config_gin.copy_generation_config(src, dst)  # an HF import's eos ids
   text = config_gin.operative_config(new_mcfg, dcfg, tcfg, workdir=dst)
   header = (f"# Converted by `attnlab convert-heads` from {info['source']} step {step} "
             f"({info['source_num_kv_heads']} -> {num_kv_heads} KV heads, method {method}).\n")

@@ -17,6 +17,7 @@ from attnlab.commands._common import (
 from attnlab.config import DecodeConfig
 from attnlab.extras import MissingDependencyError
 from attnlab.training import sharding, trainer
+from attnlab.training.checkpoint import workdir_config
 
 
 def main(argv: list[str]) -> int:
@@ -38,11 +39,16 @@ def main(argv: list[str]) -> int:
   args = p.parse_args(argv)
   log_attnlab_info()
   mesh_shape = mesh_shape_flag(args.mesh_shape)
-  use_compilation_cache(args.compilation_cache)
   if args.length_penalty is None:
     args.length_penalty = DecodeConfig.length_penalty
   elif args.beam_size is None:
     raise CommandError("--length_penalty is the beam search's: give --beam_size too")
+  try:  # before the cache's folder is made (until 2026-12-06 a mistyped --workdir made
+    # WORKDIR/xla_cache, and so WORKDIR, then failed)
+    workdir_config(args.workdir)
+  except FileNotFoundError as e:
+    raise CommandError(str(e)) from None
+  use_compilation_cache(args.compilation_cache)
   try:
     out = trainer.evaluate_workdir(args.workdir, args.step, beam_size=args.beam_size,
                                    length_penalty=args.length_penalty, mesh_shape=mesh_shape)

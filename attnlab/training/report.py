@@ -25,6 +25,7 @@ i.e. the mean difference exceeds twice its standard error.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -162,13 +163,12 @@ def _fmt(v) -> str:
 
 
 def _write_csv(path: str, columns: list[str], rows: list[dict]) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w", newline="", encoding="utf-8") as f:
-    w = csv.writer(f)
-    w.writerow(columns)
-    for r in rows:
-      w.writerow([_fmt(r.get(c)) for c in columns])
-  os.replace(tmp, path)
+  text = io.StringIO(newline="")
+  w = csv.writer(text)
+  w.writerow(columns)
+  for r in rows:
+    w.writerow([_fmt(r.get(c)) for c in columns])
+  sweep_lib.trainer.write_text_atomically(path, text.getvalue())
 
 
 def _stdev(values) -> float:
@@ -501,10 +501,9 @@ def write_report(out: str, sweep, arms, base, *, plots: bool = True) -> dict:
   summary = summarize(rows, arms, base[0])
   _write_csv(os.path.join(out, "results.csv"), RESULT_COLUMNS, rows)
   _write_csv(os.path.join(out, "summary.csv"), SUMMARY_COLUMNS, summary)
-  path = os.path.join(out, "report.md")
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    f.write(report_markdown(summary, rows, arms, sweep, base, outside, prompt_lengths(out)))
-  os.replace(path + ".tmp", path)
+  sweep_lib.trainer.write_text_atomically(
+      os.path.join(out, "report.md"),
+      report_markdown(summary, rows, arms, sweep, base, outside, prompt_lengths(out)))
   if plots:
     plot(out, summary, curves, arms, base)
   counts = {s: sum(r["status"] == s for r in rows)

@@ -188,6 +188,31 @@ def test_results_live_under_arms_name_seed(tmp_path):
                                   sort_keys=True)
 
 
+def test_an_atomic_write_names_its_temporary_by_host_and_pid_and_a_failed_one_leaves_none(
+    tmp_path, monkeypatch):
+  """write_text_atomically's temporary holds the host's name and the pid (pid alone until
+  2026-12-06: two hosts of one job on a shared filesystem could write one temporary); a write
+  that fails removes it and leaves the file as it was (a temporary was left behind)."""
+  from attnlab.training import trainer
+
+  path = tmp_path / "config.gin"
+  path.write_text("old")
+  monkeypatch.setattr(trainer.socket, "gethostname", lambda: "node7")
+  replaced = []
+  real_replace = os.replace
+  monkeypatch.setattr(trainer.os, "replace", lambda a, b: replaced.append(a) or real_replace(a, b))
+  trainer.write_text_atomically(str(path), "new")
+  assert replaced == [f"{path}.tmp.node7.{os.getpid()}"] and path.read_text() == "new"
+
+  def full_disk(a, b):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(trainer.os, "replace", full_disk)
+  with pytest.raises(OSError, match="No space left"):
+    trainer.write_text_atomically(str(path), "newer")
+  assert os.listdir(tmp_path) == ["config.gin"] and path.read_text() == "new"
+
+
 def test_run_files_are_utf8_under_an_ascii_locale(tmp_path):
   """write_text_atomically, which writes a run's config.gin, error.txt and the sweep's JSON
   files, writes UTF-8 whatever the locale: under LC_ALL=C without Python's UTF-8 mode a

@@ -401,6 +401,15 @@ def test_eval_reads_the_step_and_cache_flags(tmp_path, capsys, monkeypatch, reco
   monkeypatch.setattr(train_command.trainer, "evaluate_workdir",
                       lambda workdir, step, **kw: calls.append((workdir, step, *kw.items()))
                       or {"step": step})
+  monkeypatch.chdir(tmp_path)
+  # A folder that is not a training workdir is named before the cache's folder is made
+  # (until 2026-12-06 `--compilation_cache WORKDIR/xla_cache` made a mistyped WORKDIR).
+  assert cli.main(["eval", "--workdir", "w", "--compilation_cache", "w/xla_cache"]) == 2
+  assert capsys.readouterr().err.strip() == (
+      "attnlab eval: error: w/config.gin does not exist: not a training workdir")
+  assert not (tmp_path / "w").exists() and not calls and recorded["cache_dirs"] == []
+  (tmp_path / "w").mkdir()
+  (tmp_path / "w" / "config.gin").write_text("")
   assert cli.main(["eval", "--workdir", "w", "--step", "4", "--compilation_cache",
                    str(tmp_path / "c")]) == 0
   # the penalty unused without a beam; the run's own mesh

@@ -182,7 +182,8 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
       array (a prompt per row, right-padded with ``cfg.pad_id`` as ``generate`` reads it:
       a row ends at its last token that is not padding; a list keeps every id).
     max_new_tokens: a positive int, or one per request.
-    slots: sequences decoding together.
+    slots: sequences decoding together (at most as many as the requests that fit the
+      model: a slot no request could fill is not allocated).
     cache: "paged" | "contiguous" | "ring" (a sliding-window model): see the
       module docstring.
     page_size, num_pages: C and P of the paged cache; P defaults to enough
@@ -313,6 +314,9 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
       errors[i] = (f"prompt of {len(prompts[i])} tokens + max_new_tokens {budgets[i]} needs "
                    f"{need_pos[i]} positions, more than the model's max_len={cfg.max_len}")
   ok = [i for i in range(n) if i not in errors]
+  # No more slots than requests that can run: a slot none can fill would only be allocated
+  # (until 2026-12-06 slots=10**9 for one request failed inside JAX, allocating its cache).
+  slots = min(slots, max(1, len(ok)))
   max_pos = max([need_pos[i] for i in ok], default=1)
   M = -(-max_pos // page_size)
   P = slots * M if num_pages is None else num_pages

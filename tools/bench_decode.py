@@ -63,8 +63,10 @@ def attnlab_setup(recompute_tokens):
   R = min(recompute_tokens or N, N)  # recompute steps timed; the buffer stays P + N wide
 
   @jax.jit
-  def recompute(prompt_BT):
-    # The same forward pass over the whole (fixed-size) buffer for every token.
+  def recompute(state, prompt_BT):
+    # The same forward pass over the whole (fixed-size) buffer for every token. The weights
+    # are an argument, as generate's are (closed over, XLA made them constants: ~1% in the
+    # baseline's favour until 2026-12-06).
     B = prompt_BT.shape[0]
     m = nnx.merge(graphdef, state)
     buf = jnp.concatenate([prompt_BT, jnp.zeros((B, N), jnp.int32)], axis=1)
@@ -84,7 +86,7 @@ def attnlab_setup(recompute_tokens):
                                                 eos_id=None))
 
   def full(b):
-    return _bench.wall(lambda: recompute(jnp.asarray(prompts[b])))
+    return _bench.wall(lambda: recompute(state, jnp.asarray(prompts[b])))
 
   with _bench.compile_stages() as first:
     cached(1)
@@ -92,7 +94,7 @@ def attnlab_setup(recompute_tokens):
   for b in (1, 8):  # compile everything outside the timed rounds
     cached(b), full(b)
   check = np.asarray(attnlab.generate(model, prompts[8], max_new_tokens=N, eos_id=None))[:, :R]
-  agree = float((check == np.asarray(recompute(jnp.asarray(prompts[8])))).mean())
+  agree = float((check == np.asarray(recompute(state, jnp.asarray(prompts[8])))).mean())
   return cfg, cached, full, first, agree, R
 
 

@@ -198,7 +198,8 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
     eos_id: a request stops after emitting it (a token id in [0, vocab_size), or a
       sequence of up to ``MAX_STOP_IDS`` ids: any of them); None = always its budget.
     on_result: called as ``on_result(index, tokens)`` when a request completes, in the
-      order they complete (those that end in one decode call by the step they ended at).
+      order they complete (those that end in one decode call by the step they ended at);
+      ``tokens`` is a copy of the request's result.
     policy: "continuous", or "static" (a new batch only when all slots are free).
     decode_chunk: decode steps per device call at most, up to the model's max_len.
 
@@ -361,8 +362,8 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
     promised -= pages_of[i]
     slot_req[s] = -1
     slot_tokens[s] = []
-    if on_result is not None:
-      on_result(i, results[i])
+    if on_result is not None:  # its own copy: a callback that edits it leaves the result
+      on_result(i, results[i].copy())
 
   def cut(s, new):
     """(the slot's new tokens up to its request's end, whether the request ends there)."""

@@ -446,11 +446,16 @@ def test_on_result_sees_requests_in_the_order_they_complete():
   request 0)."""
   model = decoder_model(NAME, varied=True)
   prompts = [random_tokens(40 + i, (4,)).tolist() for i in range(5)]
+  def seen(i, tokens, order):
+    order.append(i)
+    tokens[:] = -1  # the callback's copy: the result keeps its tokens (until 2026-12-06
+    # on_result got the very array returned)
+
   for budgets, want_order in (([6, 2], [1, 0]), ([20, 1, 1, 1, 1], [1, 2, 3, 4, 0])):
     order = []
     got, stats = batching.serve_requests(
         model, prompts[:len(budgets)], budgets, slots=2, page_size=C, eos_id=None,
-        decode_chunk=16, on_result=lambda i, tokens, order=order: order.append(i))
+        decode_chunk=16, on_result=lambda i, tokens, order=order: seen(i, tokens, order))
     assert order == want_order, budgets
     assert [r.tolist() for r in got] == _alone(model, prompts[:len(budgets)], budgets, None)
     assert stats.decode_steps == max(budgets) - 1

@@ -25,15 +25,17 @@ def position_mask(q_pos, k_pos, *, causal: bool, window: int | None):
   """The position predicate: broadcasts ``q_pos`` against ``k_pos``.
 
   Works on Python ints, NumPy arrays and traced JAX arrays alike (the kernels
-  call it on block indices as well as on positions).
+  call it on block indices as well as on positions), and is exact on int32 whatever
+  the positions: a distance of 2**31 or more (a query near -2**31, a key near 0) is
+  past every window, though its difference wraps (until 2026-12-06 such a key was seen).
   """
   ok = jnp.ones(jnp.broadcast_shapes(jnp.shape(q_pos), jnp.shape(k_pos)), dtype=bool)
   if causal:
     ok = ok & (k_pos <= q_pos)
   if window is not None:
-    ok = ok & (q_pos - k_pos < window)
+    ok = ok & jnp.logical_not(_exceeds(q_pos, k_pos, window - 1))
     if not causal:
-      ok = ok & (k_pos - q_pos < window)
+      ok = ok & jnp.logical_not(_exceeds(k_pos, q_pos, window - 1))
   return ok
 
 
@@ -42,52 +44,60 @@ def segment_mask(q_segment_ids_BT, kv_segment_ids_BS):
   return q_segment_ids_BT[:, :, None] == kv_segment_ids_BS[:, None, :]
 
 
-def _minimum(a, b):
+def _exceeds(a, b, c):
+  """a - b > c for integers a, b and c >= 0, exact on int32 (traced) where a - b wraps: a
+  difference of 2**31 or more wraps negative, and is more than any int32 c."""
+  if isinstance(a, int) and isinstance(b, int):
+    return a - b > c
+  d = a - b
+  return (a > b) & ((d > c) | (d < 0))
+
+
+def _where(cond, a, b):
   # Python ints stay Python ints (static ranges for trace-time loops).
-  return min(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.minimum(a, b)
+  return (a if cond else b) if isinstance(cond, bool) else jnp.where(cond, a, b)
 
 
-def _maximum(a, b):
-  return max(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.maximum(a, b)
+def key_range(q_first, q_last, *, causal: bool, window: int | None, kv_len: int):
+  """Half-open range [lo, hi) of key positions in [0, kv_len) that the queries at positions
+  q_first..q_last (both included) can see; empty (hi <= lo) when q_last < q_first.
 
-
-def key_range(q_lo, q_hi, *, causal: bool, window: int | None, kv_len: int):
-  """Half-open range of key positions that queries in [q_lo, q_hi) can see.
-
-  The bounds follow from ``position_mask``: blocks wholly outside the range
-  need neither be loaded nor computed. Works on traced integers; Python ints
-  give Python ints.
+  The bounds follow from ``position_mask``: blocks wholly outside the range need neither
+  be loaded nor computed. Works on traced integers, exact on int32 for every q_first <=
+  q_last (the last query may sit at 2**31 - 1: an exclusive end would not fit, which
+  emptied the kernels' last query block at the highest q_offset until 2026-12-06) and any
+  window up to 2**31 - 1 (``checks.MAX_WINDOW``). Python ints give Python ints.
   """
-  lo = 0
-  hi = kv_len
-  if causal:
-    hi = _minimum(hi, q_hi)  # keys <= q_hi - 1
+  lo, hi = 0, kv_len
+  if causal:  # keys <= q_last
+    hi = _where(q_last < kv_len, q_last + 1, kv_len)
+  if window is not None:  # keys > q_first - window; without causal, keys < q_last + window
+    lo = _where(q_first > window - 1, q_first - (window - 1), 0)
+    if not causal:
+      hi = _where(q_last < kv_len - window, q_last + window, kv_len)
+  return lo, _where(q_last < q_first, lo, hi)
+
+
+def query_range(k_first, k_last, *, causal: bool, window: int | None, q_first, q_last):
+  """Which of the queries at positions q_first..q_last (both included) see some key at
+  k_first..k_last (key positions, >= 0): a half-open range of query INDICES [lo, hi),
+  counted from q_first (0 <= lo <= hi <= q_last - q_first + 1; (0, 0) when none does).
+
+  The transpose of ``key_range``, also derived from ``position_mask``: the dK/dV kernel
+  visits only the query blocks of this range for a key block. Exact on int32 as
+  ``key_range`` is (indices, not positions, come back: q_last + 1 may not fit). Works on
+  traced integers; Python ints give Python ints.
+  """
+  lo, last = q_first, q_last
+  if causal:  # queries >= k_first
+    lo = _where(k_first > lo, k_first, lo)
   if window is not None:
-    # max(lo, q_lo - window + 1) and min(hi, q_hi - 1 + window), written so that no sum
-    # leaves int32 however wide the window (up to 2**31 - 1, ``checks.MAX_WINDOW``).
-    lo = _maximum(lo, q_lo + 1 - _minimum(window, q_lo + 1))
-    if not causal:
-      hi = _minimum(hi, q_hi - 1 + _minimum(window, hi - q_hi + 1))
-  return lo, hi
-
-
-def query_range(k_lo, k_hi, *, causal: bool, window: int | None, q_lo, q_hi):
-  """Half-open range of query positions in [q_lo, q_hi) that see some key in [k_lo, k_hi).
-
-  The transpose of ``key_range``, also derived from ``position_mask``: the
-  dK/dV kernel visits only the query blocks of this range for a key block.
-  Works on traced integers; Python ints give Python ints.
-  """
-  lo, hi = q_lo, q_hi
-  if causal:
-    lo = _maximum(lo, k_lo)  # q >= k for some k >= k_lo
-  if window is not None:  # the sums kept inside int32, as in ``key_range``
-    # min(hi, k_hi - 1 + window): q - k < window for some k <= k_hi - 1
-    hi = _minimum(hi, k_hi - 1 + _minimum(window, hi - k_hi + 1))
-    if not causal:
-      # max(lo, k_lo - window + 1): k - q < window for some k >= k_lo
-      lo = _maximum(lo, k_lo + 1 - _minimum(window, k_lo + 1 - lo))
-  return lo, hi
+    # queries < k_last + window: last = min(last, k_last + window - 1)
+    last = _where(_exceeds(last, k_last, window - 1), k_last + (window - 1), last)
+    if not causal:  # queries > k_first - window: lo = max(lo, k_first - window + 1)
+      lo = _where(_exceeds(k_first, lo, window - 1), k_first - (window - 1), lo)
+  empty = (last < lo) | (k_last < k_first)
+  return _where(empty, 0, lo - q_first), _where(empty, 0, last - q_first + 1)
 
 
 def make_attention_mask(

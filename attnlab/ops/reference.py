@@ -146,9 +146,9 @@ def blocked_attention(
   outs = []
   for q_lo in range(0, T, block_q):
     q_hi = min(q_lo + block_q, T)
-    k_lo = masks.key_range(lowest + q_lo, lowest + q_hi, causal=causal, window=window,
+    k_lo = masks.key_range(lowest + q_lo, lowest + q_hi - 1, causal=causal, window=window,
                            kv_len=S)[0]
-    k_hi = masks.key_range(highest + q_lo, highest + q_hi, causal=causal, window=window,
+    k_hi = masks.key_range(highest + q_lo, highest + q_hi - 1, causal=causal, window=window,
                            kv_len=S)[1]
     if k_hi <= k_lo:
       outs.append(jnp.zeros((B, q_hi - q_lo, N, H), q_BTNH.dtype))

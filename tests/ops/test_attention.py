@@ -601,7 +601,7 @@ def test_mask_predicates_and_key_range_agree():
     k_pos = np.arange(20)[None, :]
     mask = np.asarray(masks.position_mask(q_pos, k_pos, causal=causal, window=window))
     for lo_q in range(0, 20, 4):
-      lo, hi = masks.key_range(lo_q, lo_q + 4, causal=causal, window=window, kv_len=20)
+      lo, hi = masks.key_range(lo_q, lo_q + 3, causal=causal, window=window, kv_len=20)
       visible = np.nonzero(mask[lo_q:lo_q + 4].any(axis=0))[0]
       assert lo <= visible.min() and visible.max() < hi
       assert visible.min() == lo and visible.max() == hi - 1

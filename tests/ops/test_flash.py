@@ -430,19 +430,20 @@ def test_block_ranges_match_the_predicate(causal, window):
   allowed = np.asarray(masks.position_mask(qs[:, None], ks[None, :], causal=causal,
                                            window=window))
   for lo, hi in itertools.combinations(range(q_start, q_stop + 1), 2):
-    k_lo, k_hi = masks.key_range(lo, hi, causal=causal, window=window, kv_len=kv_len)
+    k_lo, k_hi = masks.key_range(lo, hi - 1, causal=causal, window=window, kv_len=kv_len)
     seen = np.flatnonzero(allowed[lo - q_start:hi - q_start].any(axis=0))
     if seen.size:
-      assert int(k_lo) <= seen.min() and seen.max() < int(k_hi)
       assert int(k_lo) == seen.min() and int(k_hi) == seen.max() + 1
+    else:
+      assert int(k_hi) <= int(k_lo)
   for lo, hi in itertools.combinations(range(kv_len + 1), 2):
-    r_lo, r_hi = masks.query_range(lo, hi, causal=causal, window=window, q_lo=q_start,
-                                   q_hi=q_stop)
-    seen = np.flatnonzero(allowed[:, lo:hi].any(axis=1)) + q_start
+    r_lo, r_hi = masks.query_range(lo, hi - 1, causal=causal, window=window, q_first=q_start,
+                                   q_last=q_stop - 1)
+    seen = np.flatnonzero(allowed[:, lo:hi].any(axis=1))  # query indices
     if seen.size:
       assert int(r_lo) == seen.min() and int(r_hi) == seen.max() + 1
     else:
-      assert int(r_hi) <= int(r_lo)
+      assert (int(r_lo), int(r_hi)) == (0, 0)
 
 
 def _bad(**over):
@@ -576,3 +577,56 @@ def test_a_second_derivative_is_refused_by_name_and_the_first_still_matches(back
   if backend == "tpu":  # what the message offers works (once: it does not depend on backend)
     for impl in ("chunked", "reference", "xla"):
       jax.jit(lambda q, impl=impl: jax.jvp(jax.grad(loss(impl)), (q,), (q,)))(q)
+
+
+TOP = 2**31 - 1
+# (q_offset, causal, window): the offsets at both ends of what check_q_offset accepts (the
+# last query at 2**31 - 1; the first at -2**31) and one per row.
+INT32_EDGES = [
+    (2**31 - 12, False, None), (2**31 - 12, True, None), (2**31 - 12, True, TOP),
+    (-2**31, False, 4), (-2**31, False, TOP), (np.array([2**31 - 12, -2**31]), False, TOP)]
+
+
+def _attention_under_mask(q, k, v, mask_BTS):
+  """Softmax attention under an explicit [B, T, S] mask (GQA by repetition); a row that
+  sees no key gives zeros."""
+  G = q.shape[2] // k.shape[2]
+  k, v = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)
+  s = jnp.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1])
+  m = mask_BTS[:, None]
+  p = jax.nn.softmax(jnp.where(m, s, -jnp.inf), axis=-1, where=m)
+  return jnp.einsum("bnts,bsnh->btnh", jnp.where(m, p, 0.0), v)
+
+
+@pytest.mark.parametrize("q_offset, causal, window", INT32_EDGES,
+                         ids=["top", "top-causal", "top-causal-widest", "bottom-window4",
+                              "bottom-widest", "per-row"])
+def test_every_implementation_at_the_int32_edges_of_q_offset(q_offset, causal, window):
+  """At the highest q_offset accepted (2**31 - T) and the lowest (-2**31), every
+  implementation, the kernels' gradients included, equals attention under a mask computed
+  in Python ints. Until 2026-12-06 the kernels' last query block there saw no key (its end,
+  2**31, wrapped: zeros and zero gradients), and without causal a key 2**31 positions from
+  its query was seen by every implementation (the difference wrapped)."""
+  B, T, S = 2, 12, 20
+  offsets = np.broadcast_to(np.asarray(q_offset, np.int64), (B,))
+  q_pos, k_pos = offsets[:, None, None] + np.arange(T)[None, :, None], np.arange(S)
+  mask = np.ones((B, T, S), bool)
+  if causal:
+    mask &= k_pos <= q_pos
+  if window is not None:
+    mask &= (q_pos - k_pos < window) & ((k_pos - q_pos < window) | causal)
+  q, k, v, do, _ = flash_inputs(3, B, T, S, 4, 2, 8, F32, None)
+  want = _attention_under_mask(q, k, v, jnp.asarray(mask))
+  want_grads = jax.vjp(lambda *a: _attention_under_mask(*a, jnp.asarray(mask)), q, k, v)[1](do)
+  kw = dict(causal=causal, window=window, q_offset=q_offset)
+  for impl in ("reference", "blocked", "chunked", "xla", "pallas"):
+    got = jax.jit(lambda q, k, v, impl=impl: attnlab.attention(
+        q, k, v, implementation=impl, **kw))(q, k, v) if impl != "blocked" else \
+        attnlab.attention(q, k, v, implementation=impl, **kw)
+    _assert_close(got, want, F32, impl)
+  for backend in ("gpu", "tpu"):
+    out, vjp = jax.vjp(lambda *a, backend=backend: flash.flash_attention(
+        *a, block_q=8, block_k=8, backend=backend, interpret=True, **kw), q, k, v)
+    _assert_close(out, want, F32, backend)
+    for name, g, w in zip(["dq", "dk", "dv"], jax.jit(vjp)(do), want_grads, strict=True):
+      _assert_close(g, w, F32, f"{backend} {name}")

@@ -184,19 +184,21 @@ def tile_mask(st: FlashStatic, off, q_idx, k_idx, q_seg, k_seg):
 
 def key_blocks(st: FlashStatic, off, i):
   """Key blocks that the queries of query block i can see (from masks.key_range)."""
-  q_lo = off + i * st.block_q
-  q_hi = off + jnp.minimum((i + 1) * st.block_q, st.q_len)
-  lo, hi = masks.key_range(q_lo, q_hi, causal=st.causal, window=st.window, kv_len=st.kv_len)
-  hi = jnp.where(q_hi > q_lo, hi, lo)  # a query block made only of padding sees nothing
-  return block_bounds(lo, hi, st.block_k)
+  rows_end = jnp.minimum((i + 1) * st.block_q, st.q_len)
+  empty = rows_end <= i * st.block_q  # a query block made only of padding sees nothing
+  # The block's first and last query positions. Both fit int32 (the last query sits at
+  # 2**31 - 1 at most); the end after it need not, nor a padding block's first position.
+  q_first = off + jnp.minimum(i * st.block_q, st.q_len - 1)
+  q_last = off + (rows_end - 1)
+  lo, hi = masks.key_range(q_first, q_last, causal=st.causal, window=st.window,
+                           kv_len=st.kv_len)
+  return block_bounds(lo, jnp.where(empty, lo, hi), st.block_k)
 
 
 def query_blocks(st: FlashStatic, off, j):
   """Query blocks that see some key of key block j (from masks.query_range)."""
-  k_lo = j * st.block_k
-  k_hi = jnp.minimum((j + 1) * st.block_k, st.kv_len)
-  lo, hi = masks.query_range(
-      k_lo, k_hi, causal=st.causal, window=st.window, q_lo=off, q_hi=off + st.q_len
-  )
-  hi = jnp.where(k_hi > k_lo, hi, lo)
-  return block_bounds(lo - off, hi - off, st.block_q)
+  k_first = j * st.block_k
+  k_last = jnp.minimum((j + 1) * st.block_k, st.kv_len) - 1  # < k_first: only padding
+  lo, hi = masks.query_range(k_first, k_last, causal=st.causal, window=st.window,
+                             q_first=off, q_last=off + (st.q_len - 1))
+  return block_bounds(lo, hi, st.block_q)

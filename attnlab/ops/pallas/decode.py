@@ -135,7 +135,7 @@ def _split_softmax(q_QH, load_tile, *, length, kv_len, split, tile, tiles_per_sp
   r = common.iota(rows)
   q_pos = length - num_queries + lax.div(r, groups)
   row_ok = r < num_queries * groups
-  lo, hi = masks.key_range(length - num_queries, length, causal=True, window=window,
+  lo, hi = masks.key_range(length - num_queries, length - 1, causal=True, window=window,
                            kv_len=kv_len)
   split_lo = split * tiles_per_split * tile
   lo = jnp.maximum(lo, split_lo)

@@ -202,8 +202,8 @@ class ModelConfig:
     tie_embeddings: output logits use the transposed input embedding.
     scale_embeddings: multiply embeddings by sqrt(d_model) (the paper).
     dropout_rate: residual / embedding dropout (the paper: 0.1).
-    attention_dropout_rate: dropout on the attention probabilities (only with
-      the "reference" implementation).
+    attention_dropout_rate: dropout on the attention probabilities (with
+      ``attention_impl`` "reference" or "auto", which then runs the reference math).
     max_len: longest sequence the positions support (the size of the learned
       table). The length of an input is checked against it; position values given
       explicitly (``positions_BT``) are not (traced values): a learned table reads a
@@ -212,8 +212,9 @@ class ModelConfig:
     param_dtype: storage dtype of the parameters (drawn in float32 and rounded to
       it: one seed is one model in every dtype).
     attention_impl: "auto" | "reference" | "blocked" | "chunked" | "xla" | "cudnn" |
-      "pallas". "auto" picks the best for the backend and the length ("blocked" on
-      XLA:CPU past the lengths where "xla" wins).
+      "pallas". "auto" picks one for the backend and the length
+      (``attnlab.ops.dispatch.auto_implementation``: on XLA:CPU "blocked" up to 2048 x 2048
+      scores, "chunked" past them; "xla" on GPU and TPU).
     pad_id: the padding token; encoder inputs equal to it are masked.
     remat: rematerialize each block in the backward pass (less memory).
   """

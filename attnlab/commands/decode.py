@@ -254,7 +254,7 @@ def main(argv: list[str]) -> int:
     out_BL = np.asarray(generate(model, prompt_BT, **kwargs))
   except (GenerateInputError, PagesExhaustedError) as e:  # input errors (--num_pages too
     message = str(e)                                      # small); a bug keeps its traceback
-    if len(prompts) > 1 and isinstance(e, PromptTooLongError):
+    if args.prompts_file is not None and isinstance(e, PromptTooLongError):  # also of one
       i = int(np.argmax(lengths_B))  # the batch is as wide as its longest prompt
       message += (f" (the longest is {line_of(i)}, {lengths_B[i]} tokens: "
                   f"{prompts[i][:40]!r})")

@@ -59,13 +59,13 @@ def attention(
       a NumPy bool too).
     window: sliding window of that many keys, the query's own included (a
       Python or NumPy int).
-    q_segment_ids: int [B, T]; with ``kv_segment_ids`` [B, S] a query sees
-      only keys of its own segment (packing; 0 marks padding).
+    q_segment_ids: integer or bool [B, T]; with ``kv_segment_ids`` [B, S] a query
+      sees only keys of its own segment (packing; 0 marks padding).
     q_offset: int or int [B]: position of the first query, for queries that
       are the tail of a longer sequence (decoding against a cache). A Python
       or NumPy int, or an integer array of shape () or [B] (traced too).
     scale: multiplier of the scores; default 1/sqrt(H).
-    implementation: "reference" | "chunked" | "xla" | "cudnn" | "pallas" |
+    implementation: "reference" | "blocked" | "chunked" | "xla" | "cudnn" | "pallas" |
       "auto" (see ``auto_implementation``).
     q_positions, kv_positions: explicit int [B, T] / [B, S] positions, for
       caches whose slots are not in order (a ring buffer); a negative key

@@ -242,6 +242,12 @@ def test_a_prompt_too_long_in_a_prompts_file_is_named(workdir, capsys, tmp_path)
         f"attnlab decode: error: the prompt plus max_new_tokens needs {cfg.max_len + 1} "
         f"positions, more than the model's max_len={cfg.max_len} (the longest is line 4 of "
         f"{prompts}, {cfg.max_len - 2} tokens: {'x' * 40!r})"), (repr(end), err)
+  # A file of that one prompt names it too (until 2026-12-06 only a file of several did).
+  prompts.write_text("\n\n" + "x" * (cfg.max_len - 3) + "\n")
+  rc, out, err = _run(["decode", "--workdir", workdir, "--prompts_file", str(prompts),
+                       "--max_new_tokens", "4"], capsys)
+  assert rc == 2 and err.strip().endswith(
+      f"(the longest is line 3 of {prompts}, {cfg.max_len - 2} tokens: {'x' * 40!r})"), err
 
 
 def test_a_prompts_file_prints_one_escaped_line_per_prompt(workdir, monkeypatch, capsys,

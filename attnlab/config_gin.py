@@ -38,6 +38,25 @@ GENERATION_CONFIG = "generation_config.json"
 _configurables = {}
 
 
+def _missing_on_error(exists):
+  """gin's check of whether a file reader finds an include, with an error taken as "not
+  found". gin's package-resource reader reads 'configs/x.gin' as the file x.gin of a package
+  ``configs``, and raised a TypeError on a namespace package of that name (a folder on
+  sys.path, such as a checkout's configs/ under an editable install), which ended the
+  search with "expected str, bytes or os.PathLike object, not NoneType" (until 2026-12-06)."""
+  if getattr(exists, "_attnlab_checked", False):
+    return exists
+
+  def checked(path):
+    try:
+      return exists(path)
+    except (TypeError, ValueError, ImportError, OSError):
+      return False
+
+  checked._attnlab_checked = True
+  return checked
+
+
 def _register(extra=()):
   for cls in CONFIG_CLASSES + tuple(extra):
     if cls not in _configurables:
@@ -150,6 +169,8 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES, *,
   # clear_config does not reset, so it is set for this call and put back after: a folder
   # of an earlier call, or a same-named file in the working directory, must not win.
   folders = [os.path.dirname(os.path.abspath(p)) for p in gin_files] + [CONFIGS_DIR, ""]
+  gin.config._FILE_READERS[:] = [(read, _missing_on_error(exists))
+                                 for read, exists in gin.config._FILE_READERS]
   saved_prefixes = list(gin.config._LOCATION_PREFIXES)
   gin.config._LOCATION_PREFIXES[:] = list(dict.fromkeys(folders))
   # gin logs an ERROR for every search-path miss before it finds an include, through

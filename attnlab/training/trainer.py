@@ -381,9 +381,14 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
     NonFiniteError: a NaN / Inf loss or gradient with on_nonfinite='stop';
       the last good checkpoint stays the newest in the workdir.
     SetupError: the data, mesh or model checks failed (nothing was written).
-    ResumeError: the workdir's checkpoints do not fit the model, cannot be read for a
-      reason of the system (permission denied, an I/O error), or the newest is past
-      ``tcfg.steps`` (its config.gin and checkpoints are left as they were).
+    attnlab.extras.MissingDependencyError: an optional package the data needs is not
+      installed (an ImportError, raised as early: nothing was written).
+    ResumeError: the workdir's checkpoints do not fit the model, were saved by a run
+      reading other training data, cannot be read for a reason of the system (permission
+      denied, an I/O error), or the newest is past ``tcfg.steps`` (its config.gin and
+      checkpoints are left as they were).
+    SaveError: a checkpoint could not be saved (a full disk): the message names the one
+      the same call resumes from.
   """
   main_process = jax.process_index() == 0
   try:

@@ -77,6 +77,28 @@ def test_missing_file_and_include_exit_2(tmp_path, capsys):
   assert not (tmp_path / "w").exists()
 
 
+def test_an_include_under_a_folder_importable_as_a_package_is_searched_like_any_other(
+    tmp_path, monkeypatch):
+  """gin also reads 'pkg/x.gin' as the file x.gin of an importable package ``pkg``; for a
+  namespace package (a folder on sys.path without __init__.py, as a checkout's configs/
+  under an editable install) its check raised a TypeError that ended the search:
+  "expected str, bytes or os.PathLike object, not NoneType" (until 2026-12-06). A missing
+  include is named as any other, and one beside the file is still found."""
+  (tmp_path / "path" / "nspkg").mkdir(parents=True)
+  monkeypatch.syspath_prepend(str(tmp_path / "path"))
+  user = tmp_path / "user"
+  (user / "nspkg").mkdir(parents=True)
+  mine = user / "mine.gin"
+  mine.write_text("include 'nspkg/gone.gin'\n")
+  with pytest.raises(gin_config.GinConfigError) as e:
+    gin_config.parse([str(mine)], [])
+  assert str(e.value).startswith("Unable to open file: nspkg/gone.gin. Searched config paths: "
+                                 f"[{str(user)!r}, {gin_config.CONFIGS_DIR!r}, '']"), str(e.value)
+  (user / "nspkg" / "steps.gin").write_text("TrainConfig.steps = 7\n")
+  mine.write_text("include 'nspkg/steps.gin'\n")
+  assert gin_config.parse([str(mine)], [])[2].steps == 7
+
+
 def test_overrides_beat_files_and_config_gin_reproduces(tmp_path):
   base = os.path.join(CONFIGS, "seq2seq_reverse.gin")
   extra = tmp_path / "extra.gin"

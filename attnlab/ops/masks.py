@@ -55,7 +55,12 @@ def _exceeds(a, b, c):
 
 def _where(cond, a, b):
   # Python ints stay Python ints (static ranges for trace-time loops).
-  return (a if cond else b) if isinstance(cond, bool) else jnp.where(cond, a, b)
+  if isinstance(cond, bool):
+    return a if cond else b
+  # A traced choice: a Python-int side past int32 (a static key's end past the last
+  # position) is never the one chosen, but jnp.where would refuse it: clamped first.
+  a, b = (min(max(x, -2**31), 2**31 - 1) if isinstance(x, int) else x for x in (a, b))
+  return jnp.where(cond, a, b)
 
 
 def key_range(q_first, q_last, *, causal: bool, window: int | None, kv_len: int):

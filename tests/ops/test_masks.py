@@ -105,3 +105,12 @@ def test_ranges_on_int32_are_the_closed_forms(causal, window, positions):
       assert all(type(x) is int for x in got)
       assert (int(queries[0][p]), int(queries[1][p])) == got == want, ("queries", a, b,
                                                                         q_first, q_last)
+  # Python-int keys against traced queries (a kernel's static key block): mixed operands
+  # wrap as traced ones do.
+  q_first, q_last = (jnp.array(x, jnp.int32) for x in zip(*spans))
+  for a, b in k_spans[::7]:
+    queries = jax.jit(jax.vmap(lambda c, d, a=a, b=b: masks.query_range(
+        a, b, causal=causal, window=window, q_first=c, q_last=d)))(q_first, q_last)
+    for p, (c, d) in enumerate(spans):
+      assert (int(queries[0][p]), int(queries[1][p])) == _query_range(
+          a, b, causal, window, c, d), ("queries of static keys", a, b, c, d)

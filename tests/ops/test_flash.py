@@ -41,7 +41,7 @@ from tests.ops.flash_inputs import (
 from tests.ops.naive import naive_attention, naive_attention_grads
 from tests.ops.tolerances import assert_bf16_close
 
-TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
+TOL = {jnp.float32: 1e-5}  # bfloat16: tolerances.assert_bf16_close (3x the reference's error)
 
 
 

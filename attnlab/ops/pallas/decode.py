@@ -19,8 +19,8 @@ the length or before the window are never read.
 ``paged_decode_attention`` reads the same cache through a page table (the
 layout of ``attnlab.nn.kv_cache.PagedKVCache``): pages [P, C, K, H] shared
 by all sequences, ``page_table_BM[b, m]`` the id of the m-th page of
-sequence b. One page is one tile; a table entry < 0 inside the length is a
-missing page: its tile is masked, so its positions are not keys.
+sequence b. One page is one tile; a table entry < 0 or >= P inside the length is
+a missing page: its tile is masked, so its positions are not keys.
 
 ``decode_attention_heads_major`` reads the contiguous cache of
 ``attnlab.nn.kv_cache.KVCache`` ([B, K, S, H]; the ring cache, [B, K, W, H],
@@ -315,8 +315,8 @@ def paged_decode_attention(q_BTNH, k_pages_PCKH, v_pages_PCKH, page_table_BM, le
       ``k_pages_PCKH[p, c, k] * k_scale_PCK[p, c, k]``, dequantized per page
       in the kernel).
     page_table_BM: int [B, M]; page_table_BM[b, m] is the id of the page that
-      holds positions [m * C, (m + 1) * C) of sequence b. An entry < 0 is a
-      missing page: its positions are not keys (as in ``PagedKVCache``, whose
+      holds positions [m * C, (m + 1) * C) of sequence b. An entry < 0 or >= P is
+      a missing page: its positions are not keys (as in ``PagedKVCache``, whose
       allocator ran out). Entries past the sequence's length are never read.
     lengths_B: int [B], tokens in each sequence (the T queries included).
     window: sliding window of that many keys, the query's own included.

@@ -653,8 +653,9 @@ class Sweep:
     num_kv_heads: K of the from-scratch arms; None = N, N/2, ..., 1 of the
       base config (MHA, GQA..., MQA; halving while N stays divisible).
     seeds: one run per arm and seed (the seed sets the init and data order).
-    match_params: widen every arm's FFN (d_ff) so its parameter count equals
-      the MHA arm's within 1%.
+    match_params: widen every from-scratch arm's FFN (d_ff) so its parameter count
+      equals the MHA arm's within 1% (the uptraining arms keep the MHA run's d_ff, and so
+      have fewer parameters).
     uptrain_num_kv_heads: K of the uptraining arms: the MHA arm's final
       checkpoint converted to K heads (``attnlab.convert_heads``), then
       trained ``uptrain_fraction`` of the base steps. () = none.

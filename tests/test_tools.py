@@ -111,7 +111,12 @@ def test_a_tool_given_a_folder_that_is_no_workdir_says_so_in_one_line(tool, tmp_
 
 COUNT_FLAGS = ("iters", "rounds", "repeats", "batches", "files", "tokens", "requests", "slots",
                "steps", "new_tokens", "batch", "top", "prompts", "gpu_batch", "tpu_batch",
-               "decode_batch", "recompute_tokens", "decode_chunk", "widths", "steady_width")
+               "decode_batch", "recompute_tokens", "decode_chunk", "widths", "steady_width",
+               # sizes (until 2026-12-06 plain ints: `bench_decode_mesh.py --tensor 0` was a
+               # worker's traceback)
+               "lengths", "skip_len", "window", "heads", "kv_heads", "head_dim", "gpu_lengths",
+               "gpu_heads", "decode_lengths", "tensor", "page_size", "block", "transpose_len",
+               "tpu_lengths", "tpu_heads")
 
 
 def test_count_flags_take_positive_integers_only():

@@ -71,7 +71,8 @@ def worker(tensor: int, iters: int):
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--tensor", type=int, default=2, help="host devices the parameters span")
+  p.add_argument("--tensor", type=_bench.positive_int, default=2,
+                 help="host devices the parameters span")
   p.add_argument("--rounds", type=_bench.positive_int, default=3)
   p.add_argument("--iters", type=_bench.positive_int, default=5,
                  help="timed generate pairs per process")

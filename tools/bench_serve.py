@@ -51,7 +51,7 @@ def main():
   p.add_argument("--slots", type=_bench.positive_int, default=8)
   p.add_argument("--cache", default="paged,contiguous",
                  help="comma-separated caches, each served by both policies in every round")
-  p.add_argument("--page_size", type=int, default=16)
+  p.add_argument("--page_size", type=_bench.positive_int, default=16)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--rounds", type=_bench.positive_int, default=5,
                  help="timed runs of each setting, alternating")

@@ -34,7 +34,7 @@ from attnlab.commands._common import (
     check_can_make,
     log_attnlab_info,
 )
-from attnlab.config import DataConfig, TrainConfig
+from attnlab.config import DTYPES, DataConfig, TrainConfig
 from attnlab.convert import hf
 from attnlab.data.tokenizer import (
     BOS_ID,
@@ -67,7 +67,7 @@ def _parser():
   p.add_argument("--workdir", required=True,
                  help="--from-hf: the workdir to create; --to-hf: the workdir to export")
   p.add_argument("--out", default=None, help="--to-hf: the directory to create")
-  p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+  p.add_argument("--dtype", default=None, choices=DTYPES,
                  help="--from-hf: parameter and compute dtype (default: the checkpoint's)")
   p.add_argument("--step", type=int, default=None, help="--to-hf: checkpoint step (latest)")
   p.add_argument("--max_shard_mb", type=int, default=2048,

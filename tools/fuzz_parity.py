@@ -5,7 +5,8 @@ Each trial draws a fresh case from ``--seed``; a mismatch prints the case on one
   attention  ``attnlab.attention`` of every implementation that runs on the CPU
              (reference, blocked, chunked, xla, pallas in interpret mode) against a float64
              NumPy loop over (batch, query, head): random B, T, S, GQA groups, head dims,
-             causal, windows, segment ids, q_offset (one, or one per row), scale. Max error
+             causal, windows, segment ids, q_offset (one, or one per row; a quarter of the
+             cases at the ends of int32 positions), scale. Max error
              2e-5. An implementation that refuses the case with a documented ValueError
              (blocked before 2026-12-06: a per-row offset) is counted, not failed.
   gradients  the gradients of blocked, chunked, xla and pallas against those of reference
@@ -99,6 +100,12 @@ def _attention_case(np, rng):
   causal = bool(rng.integers(2))
   window = None if rng.integers(2) else int(rng.integers(1, 20))
   offset_B = rng.integers(0, 30, B) if rng.integers(2) else np.zeros(B, np.int64)
+  if rng.integers(4) == 0:  # rows at the ends of int32 positions (the kernels' last query
+    # block there saw no key, and a key 2**31 from its query was seen, until 2026-12-06)
+    top, bottom = 2**31 - T - rng.integers(0, 4, B), -2**31 + rng.integers(0, 4, B)
+    offset_B = np.where(rng.integers(2, size=B) == 1, top, bottom).astype(np.int64)
+    if window is not None and rng.integers(2):
+      window = 2**31 - 1 - int(rng.integers(0, 4))
   q_offset = int(offset_B[0]) if (offset_B == offset_B[0]).all() and rng.integers(2) \
       else offset_B.astype(np.int32)
   segments = bool(rng.integers(2))

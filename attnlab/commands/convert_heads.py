@@ -37,7 +37,8 @@ def main(argv: list[str]) -> int:
               description="Convert a run's checkpoint to fewer KV heads (GQA / MQA).",
               epilog=gin_flags_help("TrainConfig and DataConfig (the new run's)"))
   p.add_argument("--from", dest="src", required=True, help="the source training workdir")
-  p.add_argument("--to", dest="dst", required=True, help="the new workdir (must not exist)")
+  p.add_argument("--to", dest="dst", required=True,
+                 help="the new workdir (must not exist, or be an empty folder)")
   p.add_argument("--num_kv_heads", type=int, required=True, help="K, dividing the source's")
   p.add_argument("--method", required=True, help="mean | first | random")
   p.add_argument("--step", type=int, default=None, help="source checkpoint; default the latest")

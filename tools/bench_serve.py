@@ -26,8 +26,8 @@ the prefills and the host loop that both policies pay alike).
 continuous one costs on average (each round's continuous run: its seconds plus
 (step ratio - 1) x its decode seconds, over its seconds). The prefills, which
 both policies run alike, hold the speedup below the step ratio; where a static
-step is cheaper than a continuous one (the paged cache's idle slots read page
-0 over and over, from cache), the speedup falls below this ceiling too. It is
+step is cheaper than a continuous one (the paged cache's idle slots read
+zeros, page 0 until 2026-12-04, from cache), the speedup falls below this ceiling too. It is
 an estimate, not a bound: a continuous run's decode seconds also hold its
 extra decode calls (it returns early to refill a slot), so with few requests
 the speedup can pass it.

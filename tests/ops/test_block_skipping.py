@@ -127,6 +127,9 @@ TILE_CASES = [
     # Row 1's last query block holds one real query (position 8) and 7 padding rows: its
     # key blocks end at the real queries' end, not at the padded block's (key block 3).
     (2, 9, 8, 2, 16, True, 6, (30, 0), 8, 4),
+    # The same last block at offset 1: its one query (position 9) sees keys from 4, the
+    # first of key block 1; a first position taken one row early (8) would visit block 0.
+    (1, 9, 8, 2, 16, True, 6, 1, 8, 4),
 ]
 
 

@@ -84,14 +84,18 @@ def reference_attention(
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, p_BKGTS.shape)
     p_BKGTS = jnp.where(keep, p_BKGTS / (1.0 - dropout_rate), 0.0)
   # Normalizing the [T, H] output instead of the [T, S] probabilities: one
-  # pass less over the scores, forward and backward.
-  out_BTKGH = jnp.einsum(
-      "BKGTS,BSKH->BTKGH", p_BKGTS.astype(v_BSKH.dtype), v_BSKH,
+  # pass less over the scores, forward and backward. The product comes out [B, K, G, T, H],
+  # batch dimensions first, a plain batched matrix product (the transpose to [B, T, N, H]
+  # after it is of the output only): written straight into [B, T, K, G, H], XLA:CPU turned
+  # it around into a product over the values' S axis that no kernel of its libraries takes,
+  # and for bfloat16 at B > 1 over a contiguous cache's [B, K, S, H] buffer none at all
+  # ("Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32" until 2026-12-06).
+  out_BKGTH = jnp.einsum(
+      "BKGTS,BSKH->BKGTH", p_BKGTS.astype(v_BSKH.dtype), v_BSKH,
       preferred_element_type=jnp.float32,
   )
-  l_BTKG = jnp.transpose(l_BKGT, (0, 3, 1, 2))
-  out_BTKGH = out_BTKGH / jnp.where(l_BTKG > 0, l_BTKG, 1.0)[..., None]
-  return out_BTKGH.reshape(B, T, N, H).astype(q_BTNH.dtype)
+  out_BKGTH = out_BKGTH / jnp.where(l_BKGT > 0, l_BKGT, 1.0)[..., None]
+  return jnp.transpose(out_BKGTH, (0, 3, 1, 2, 4)).reshape(B, T, N, H).astype(q_BTNH.dtype)
 
 
 def blocked_attention(

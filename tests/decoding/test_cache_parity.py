@@ -26,6 +26,7 @@ from tests.decoding.tiny_models import (
   decoder_model,
   encdec_forward,
   encdec_model,
+  make_cfg,
   random_tokens,
 )
 
@@ -205,6 +206,28 @@ def test_bfloat16_cache_of_a_float32_model(kind, impl):
   # relative to the scale of the logits (K/V rounding errors add up over the keys).
   full = decoder_forward(name)(TOKENS)
   np.testing.assert_allclose(got, full, atol=2e-2 * np.abs(full).max(), rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("kind", cache_lib.CACHE_KINDS)
+def test_a_half_precision_model_decodes_a_batch_through_the_reference_op(kind, dtype):
+  """A bfloat16 (float16) model with attention_impl="reference": prefill and decode of a
+  batch of 2 on every cache match its own uncached forward (the half-precision tolerance,
+  relative to the logits' scale), and ``generate`` runs. Until 2026-12-06 XLA:CPU refused
+  the contiguous cache's decode step with B > 1 ("Unsupported element type for
+  DotThunk::Execute: BF16 x BF16 = F32": the probabilities times the [B, K, S, H] values)."""
+  name = "gqa_rope_window10"  # K = 2: with one KV head the product took another kernel
+  cfg = make_cfg("decoder_only", {**DECODER_CONFIGS[name], "dtype": dtype}, "reference")
+  model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
+  got, _ = cached_logits(model, kind, TOKENS, LENGTHS)
+  graphdef, state = nnx.split(model)
+  full = np.asarray(jax.jit(lambda t: nnx.merge(graphdef, state)(t))(jnp.asarray(TOKENS)),
+                    np.float32)
+  np.testing.assert_allclose(np.asarray(got, np.float32), full,
+                             atol=2e-2 * np.abs(full).max(), rtol=0)
+  out = attnlab.generate(model, TOKENS[:, :PROMPT_WIDTH], max_new_tokens=3, cache=kind,
+                         eos_id=None, page_size=PAGE, prompt_lengths_B=LENGTHS)
+  assert np.asarray(out).shape == (2, 3)
 
 
 # The last case is "auto", the default: the decoder's self-attention decode steps run

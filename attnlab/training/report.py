@@ -33,6 +33,7 @@ import statistics
 
 from attnlab.config import kv_cache_bytes
 from attnlab.training import sweep as sweep_lib
+from attnlab.training.trainer import write_text_atomically
 
 RESULT_COLUMNS = [
     "arm", "kind", "method", "num_kv_heads", "seed", "status", "params", "attention_params",
@@ -168,7 +169,7 @@ def _write_csv(path: str, columns: list[str], rows: list[dict]) -> None:
   w.writerow(columns)
   for r in rows:
     w.writerow([_fmt(r.get(c)) for c in columns])
-  sweep_lib.trainer.write_text_atomically(path, text.getvalue())
+  write_text_atomically(path, text.getvalue())
 
 
 def _stdev(values) -> float:
@@ -501,7 +502,7 @@ def write_report(out: str, sweep, arms, base, *, plots: bool = True) -> dict:
   summary = summarize(rows, arms, base[0])
   _write_csv(os.path.join(out, "results.csv"), RESULT_COLUMNS, rows)
   _write_csv(os.path.join(out, "summary.csv"), SUMMARY_COLUMNS, summary)
-  sweep_lib.trainer.write_text_atomically(
+  write_text_atomically(
       os.path.join(out, "report.md"),
       report_markdown(summary, rows, arms, sweep, base, outside, prompt_lengths(out)))
   if plots:

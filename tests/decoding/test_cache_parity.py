@@ -213,7 +213,8 @@ def test_bfloat16_cache_of_a_float32_model(kind, impl):
 def test_a_half_precision_model_decodes_a_batch_through_the_reference_op(kind, dtype):
   """A bfloat16 (float16) model with attention_impl="reference": prefill and decode of a
   batch of 2 on every cache match its own uncached forward (the half-precision tolerance,
-  relative to the logits' scale), and ``generate`` runs. Until 2026-12-06 XLA:CPU refused
+  relative to the logits' scale), and ``generate`` decodes greedily (each new token's logit
+  the largest of its row within that tolerance). Until 2026-12-06 XLA:CPU refused
   the contiguous cache's decode step with B > 1 ("Unsupported element type for
   DotThunk::Execute: BF16 x BF16 = F32": the probabilities times the [B, K, S, H] values)."""
   name = "gqa_rope_window10"  # K = 2: with one KV head the product took another kernel
@@ -225,9 +226,23 @@ def test_a_half_precision_model_decodes_a_batch_through_the_reference_op(kind, d
                     np.float32)
   np.testing.assert_allclose(np.asarray(got, np.float32), full,
                              atol=2e-2 * np.abs(full).max(), rtol=0)
-  out = attnlab.generate(model, TOKENS[:, :PROMPT_WIDTH], max_new_tokens=3, cache=kind,
-                         eos_id=None, page_size=PAGE, prompt_lengths_B=LENGTHS)
-  assert np.asarray(out).shape == (2, 3)
+  out = np.asarray(attnlab.generate(model, TOKENS[:, :PROMPT_WIDTH], max_new_tokens=3,
+                                    cache=kind, eos_id=None, page_size=PAGE,
+                                    prompt_lengths_B=LENGTHS))
+  assert out.shape == (2, 3)
+  # Greedy up to half precision: each new token's logit, in the uncached forward over the
+  # prompt and the tokens before it, is the row's largest within the tolerance above (with
+  # this model only the argmax itself lies that close to the top).
+  seq = np.array(TOKENS)
+  for b, n in enumerate(LENGTHS):
+    seq[b, n:] = 0
+    seq[b, n:n + 2] = out[b, :-1]
+  full = np.asarray(jax.jit(lambda t: nnx.merge(graphdef, state)(t))(jnp.asarray(seq)),
+                    np.float32)
+  for b, n in enumerate(LENGTHS):
+    rows = full[b, n - 1:n + 2]
+    gaps = rows.max(-1) - rows[np.arange(3), out[b]]
+    assert (gaps <= 2e-2 * np.abs(full).max()).all(), (b, out[b], rows.argmax(-1), gaps)
 
 
 # The last case is "auto", the default: the decoder's self-attention decode steps run

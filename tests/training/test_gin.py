@@ -7,6 +7,7 @@ import glob
 import os
 import re
 
+import gin
 import pytest
 from flax import nnx
 
@@ -97,6 +98,12 @@ def test_an_include_under_a_folder_importable_as_a_package_is_searched_like_any_
   (user / "nspkg" / "steps.gin").write_text("TrainConfig.steps = 7\n")
   mine.write_text("include 'nspkg/steps.gin'\n")
   assert gin_config.parse([str(mine)], [])[2].steps == 7
+  # Wrapped once: another parse leaves gin's readers as they are (a wrapper around the
+  # wrapper at every parse would nest without bound over a long sweep's runs).
+  readers = list(gin.config._FILE_READERS)
+  assert all(getattr(exists, "_attnlab_checked", False) for _, exists in readers)
+  gin_config.parse([str(mine)], [])
+  assert readers == gin.config._FILE_READERS
 
 
 def test_overrides_beat_files_and_config_gin_reproduces(tmp_path):

@@ -211,6 +211,9 @@ def test_an_atomic_write_names_its_temporary_by_host_and_pid_and_a_failed_one_le
   with pytest.raises(OSError, match="No space left"):
     trainer.write_text_atomically(str(path), "newer")
   assert os.listdir(tmp_path) == ["config.gin"] and path.read_text() == "new"
+  # A temporary that could not be made (no such folder) is not removed: the open's own error.
+  with pytest.raises(FileNotFoundError, match="gone"):
+    trainer.write_text_atomically(str(tmp_path / "gone" / "x.gin"), "text")
 
 
 def test_run_files_are_utf8_under_an_ascii_locale(tmp_path):

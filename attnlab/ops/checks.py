@@ -166,8 +166,13 @@ def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, causal=False, window=None, q_offset=0,
   return causal, window, q_offset
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def check_scale(scale) -> None:
-  """None, a real number (Python or NumPy, not a bool), or a 0-d real array (traced too)."""
+  """None, a real number (Python or NumPy, not a bool), or a 0-d real array (traced too);
+  a concrete one finite in float32 (a NaN, an infinity or a number past float32's range
+  gave NaN from some implementations and zeros from others until 2026-12-06)."""
   if scale is None:
     return
   if isinstance(scale, jax.Array | np.ndarray):
@@ -178,6 +183,12 @@ def check_scale(scale) -> None:
   elif not is_number(scale):
     raise ValueError(f"scale={scale!r} must be a real number (or a 0-d array), got "
                      f"{type(scale).__name__}")
+  if isinstance(scale, jax.core.Tracer):
+    return
+  value = float(scale)
+  if not abs(value) <= FLOAT32_MAX:  # NaN too
+    raise ValueError(f"scale={value!r} must be finite and within float32's range "
+                     f"(|scale| <= {FLOAT32_MAX:.7g})")
 
 
 def scale_value(scale, head_dim: int) -> float:

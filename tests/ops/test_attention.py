@@ -233,7 +233,8 @@ def test_the_edges_of_what_the_checks_accept():
   and the lowest q_offset accepted, -2**31, is accepted (here without causal or window,
   so it changes nothing), as is the highest, 2**31 - T, whose last query sits at 2**31 - 1
   (causal: every query sees the 5 keys at 0..4). Until 2026-12-05 no test gave the first two:
-  a validator that refused integer array scales, or -2**31, passed."""
+  a validator that refused integer array scales, or -2**31, passed. The largest scale
+  accepted is float32's largest number."""
   q, k, v = make_qkv(1, 3, 5, 2, 1, 8, seed=13)
   int_scale, plain, lowest, highest = jax.jit(lambda q, k, v, s: (
       attention(q, k, v, scale=s), attention(q, k, v, scale=2.0),
@@ -242,6 +243,10 @@ def test_the_edges_of_what_the_checks_accept():
   np.testing.assert_allclose(int_scale, plain, rtol=1e-6, atol=0)
   np.testing.assert_allclose(lowest, naive_attention(q, k, v), atol=1e-5, rtol=1e-5)
   np.testing.assert_allclose(highest, naive_attention(q, k, v), atol=1e-5, rtol=1e-5)
+  # The largest scale accepted, float32's largest number (over zero scores: uniform weights).
+  zeros = jnp.zeros_like(q)
+  np.testing.assert_allclose(attention(zeros, k, v, scale=float(np.finfo(np.float32).max)),
+                             naive_attention(zeros, k, v), atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("impl", [reference_attention, blocked_attention, chunked_attention],
@@ -755,6 +760,14 @@ def test_dtypes_of_qkv_segment_ids_and_positions_are_checked_for_every_implement
        "scale must be one real number (shape ()), got an array of shape (2,) and dtype float32"),
       ((q, k, k), dict(scale=jnp.array(True)),
        "scale must be one real number (shape ()), got an array of shape () and dtype bool"),
+      # Not finite in float32 (NaN from some implementations, zeros from others until
+      # 2026-12-06).
+      ((q, k, k), dict(scale=float("nan")),
+       "scale=nan must be finite and within float32's range (|scale| <= 3.402823e+38)"),
+      ((q, k, k), dict(scale=jnp.float32(-jnp.inf)),
+       "scale=-inf must be finite and within float32's range (|scale| <= 3.402823e+38)"),
+      ((q, k, k), dict(scale=np.float64(1e39)),
+       "scale=1e+39 must be finite and within float32's range (|scale| <= 3.402823e+38)"),
       ((q, k, k), dict(q_segment_ids=seg_q + 0.2, kv_segment_ids=seg_k),
        "q_segment_ids must be an integer or bool array, got dtype float32"),
       ((q, k, k), dict(q_segment_ids=seg_q, kv_segment_ids=seg_k.astype(jnp.float16)),

@@ -349,6 +349,14 @@ class ModelConfig:
     return dataclasses.replace(self, **unset, **changes)
 
 
+def effective_window(cfg: ModelConfig) -> int | None:
+  """The window a model's self-attention applies: ``cfg.window`` capped at ``cfg.max_len``.
+  No sequence a model takes is longer than max_len, so a wider window masks nothing more,
+  and a ring cache (``init_cache``) holds this many slots: a window of 2**40 made a ring of
+  2**40 slots until 2026-12-06 (an overflow or an out-of-memory error inside JAX)."""
+  return None if cfg.window is None else min(cfg.window, cfg.max_len)
+
+
 def kv_cache_bytes(*, layers: int, seq: int, kv_heads: int, head_dim: int, dtype: str,
                    batch: int = 1) -> int:
   """Bytes of a K/V cache: 2 (K and V) * B * L * S * K * H * bytes per element.

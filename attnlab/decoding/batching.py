@@ -29,7 +29,8 @@ requests, so the device allocator never runs dry mid-sequence and nothing is
 ever preempted. "contiguous" gives every slot its own [K, S, H] rows, S the
 longest request (JetStream-style slots: more memory, as many sequences, no
 page gather in the decode step); "ring" (sliding-window models) gives every
-slot a ring of ``cfg.window`` positions. With those a request waits only for
+slot a ring of ``cfg.window`` positions (``cfg.max_len`` where the window is
+wider). With those a request waits only for
 a free slot. Requests are admitted in order
 (first come, first served); a request that waits for pages blocks the ones
 behind it. A request that can never fit (longer than ``cfg.max_len`` or than

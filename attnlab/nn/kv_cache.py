@@ -64,7 +64,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from attnlab.config import CACHE_DTYPES, CACHE_KINDS
+from attnlab.config import CACHE_DTYPES, CACHE_KINDS, effective_window
 from attnlab.nn.layers import as_dtype
 from attnlab.ops.decode import decode_step_attention
 from attnlab.ops.dispatch import attention, cache_implementation
@@ -655,7 +655,8 @@ def init_cache(cfg, kind: str, batch: int, max_len: int, *, page_size: int = 16,
     kind: "contiguous" | "ring" | "paged".
     batch: B.
     max_len: the longest sequence (prompt + generated) a cache must hold;
-      the ring ignores it (it holds ``cfg.window`` positions).
+      the ring ignores it (it holds ``effective_window(cfg)`` positions: the window, or
+      ``cfg.max_len`` where the window is wider).
     page_size, num_pages: C and P of the paged cache; P defaults to enough
       pages for every sequence at ``max_len``. Its page table starts empty (-1):
       give each sequence pages before use (``set_page_table``, or a
@@ -680,7 +681,7 @@ def init_cache(cfg, kind: str, batch: int, max_len: int, *, page_size: int = 16,
     if cfg.window is None:
       raise ValueError("cache='ring' needs a sliding-window model (ModelConfig.window), got "
                        "window=None; use cache='contiguous' or 'paged'")
-    make = lambda: RingKVCache.init(batch, cfg.window, *dims, dtype=dtype)
+    make = lambda: RingKVCache.init(batch, effective_window(cfg), *dims, dtype=dtype)
   elif kind == "paged":
     if num_pages is None:
       num_pages = batch * math.ceil(max_len / page_size)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnlab.config import ModelConfig
+from attnlab.config import ModelConfig, effective_window
 from attnlab.nn.attention import Attention
 from attnlab.nn.kv_cache import positions_after, with_cross
 from attnlab.nn.layers import Embedder, as_dtype, make_norm
@@ -47,7 +47,7 @@ class Block(nnx.Module):
     dims = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
     self.input_layernorm = _norm(cfg)
     self.self_attn = Attention(
-        *dims, causal=causal, window=cfg.window,
+        *dims, causal=causal, window=effective_window(cfg),
         rope_theta=cfg.rope_theta if cfg.pos == "rope" else None,
         rope_pairing=cfg.rope_pairing, **attn_kw,
     )

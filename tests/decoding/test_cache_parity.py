@@ -344,6 +344,35 @@ def test_ring_cache_memory_does_not_grow_with_length():
       cache_lib.init_cache(cfg, kind, 2, 4096)
 
 
+def test_a_window_wider_than_max_len_is_max_len():
+  """No sequence is longer than max_len, so a wider window masks nothing (the forward equals
+  the window-less model's, whose parameters are the same), and a ring cache for it holds
+  max_len slots: a window of 2**40 made a ring of 2**40 (an overflow inside JAX; 2**31 - 1 an
+  out-of-memory error) until 2026-12-06. Through that ring, prefill and decode equal the full
+  forward, and ``generate`` / ``generate_requests`` the window-less model's greedy tokens."""
+  plain_cfg = make_cfg("decoder_only", DECODER_CONFIGS["gqa_sinusoidal"])
+  wide_cfg = plain_cfg.replace(window=2**40)
+  plain, wide = (attnlab.build_model(c, rngs=nnx.Rngs(0)) for c in (plain_cfg, wide_cfg))
+  ring = cache_lib.init_cache(wide_cfg, "ring", 2, 8)
+  assert ring[0].self_attn.k_BKWH.shape[2] == wide_cfg.max_len == 64
+  graphdef, state = nnx.split(plain)
+  want = np.asarray(jax.jit(lambda t: nnx.merge(graphdef, state)(t))(jnp.asarray(TOKENS)))
+  graphdef, state = nnx.split(wide)
+  np.testing.assert_allclose(jax.jit(lambda t: nnx.merge(graphdef, state)(t))(
+      jnp.asarray(TOKENS)), want, atol=1e-6, rtol=1e-6)
+  got, _ = cached_logits(wide, "ring", TOKENS, LENGTHS)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  prompt = TOKENS[:, :PROMPT_WIDTH]
+  ref = np.asarray(attnlab.generate(plain, prompt, max_new_tokens=40, eos_id=None,
+                                    prompt_lengths_B=LENGTHS))
+  np.testing.assert_array_equal(attnlab.generate(wide, prompt, max_new_tokens=40, cache="ring",
+                                                 eos_id=None, prompt_lengths_B=LENGTHS), ref)
+  served = attnlab.generate_requests(wide, [list(r[:n]) for r, n in zip(prompt, LENGTHS)], 40,
+                                     slots=2, cache="ring", eos_id=None)
+  for b in range(2):
+    np.testing.assert_array_equal(served[b], ref[b])
+
+
 def _while_body_lines(hlo_text):
   """The instruction lines of the while-loop bodies of an optimized HLO module."""
   bodies = set(re.findall(r"body=%?([\w.\-]+)", hlo_text))

@@ -188,8 +188,9 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
     cache: "paged" | "contiguous" | "ring" (a sliding-window model): see the
       module docstring.
     page_size, num_pages: C and P of the paged cache; P defaults to enough
-      pages for every slot at the longest request. With fewer, requests wait
-      for the pages of finished ones. ``num_pages`` is the paged cache's only.
+      pages for every slot at the longest request, and a larger P allocates only
+      that many (more are never used). With fewer, requests wait for the pages
+      of finished ones. ``num_pages`` is the paged cache's only.
     cache_dtype: dtype of the cached K/V; None = the model's compute dtype.
     sampling: ``Sampling``; greedy by default.
     rng: a ``jax.random.key`` (or an int seed, as in ``generate``) for
@@ -321,7 +322,9 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
   slots = min(slots, max(1, len(ok)))
   max_pos = max([need_pos[i] for i in ok], default=1)
   M = -(-max_pos // page_size)
-  P = slots * M if num_pages is None else num_pages
+  # More pages than every slot's longest request takes are never used (until 2026-12-06
+  # num_pages=2**40 was allocated: an out-of-memory error inside JAX).
+  P = slots * M if num_pages is None else min(num_pages, slots * M)
   # Pages a request is promised at admission (none for the per-slot caches).
   pages_of = {i: -(-need_pos[i] // page_size) if paged else 0 for i in ok}
   for i in ok:

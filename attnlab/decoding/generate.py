@@ -134,8 +134,9 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     length_penalty: GNMT alpha for beam search (a finite number >= 0): a
       finished hypothesis scores log P / ((5 + length) / 6)^alpha.
     page_size, num_pages: C and P of the paged cache. P defaults to enough
-      for every sequence at full length; with fewer, pages freed by finished
-      sequences are reused, and running out raises ``RuntimeError``.
+      for every sequence at full length, and a larger P allocates only that many
+      (more are never used); with fewer, pages freed by finished sequences are
+      reused, and running out raises ``RuntimeError``.
     cache_len: capacity of a contiguous / paged cache per sequence; default
       the prompt width + max_new_tokens - 1 (the last token is never fed back).
     cache_dtype: dtype of the cached K/V ("float32", "bfloat16", "float16",
@@ -431,11 +432,13 @@ def _check_cache_len(cfg, cache_len, needed, what, error, *, default):
 
 
 def _num_pages(kind, num_pages, rows, cache_len, page_size):
+  """P of a paged cache: ``num_pages``, at most the pages every row at ``cache_len`` takes
+  (the default). More are never used: until 2026-12-06 ``num_pages=2**40`` failed inside
+  JAX (an int32 overflow; 2**31 - 1 allocating terabytes)."""
   if kind != "paged":
     return None
-  if num_pages is None:
-    return rows * -(-cache_len // page_size)
-  return num_pages
+  most = rows * -(-cache_len // page_size)
+  return most if num_pages is None else min(num_pages, most)
 
 
 # ----------------------------------------------------------------------------

@@ -238,6 +238,35 @@ def test_generate_with_exactly_enough_pages_decodes_like_contiguous():
   np.testing.assert_array_equal(np.asarray(paged), np.asarray(contiguous))
 
 
+def test_more_pages_than_can_be_used_allocate_only_the_worst_case(monkeypatch):
+  """``num_pages`` past every row at full length (``generate``) or every slot at the longest
+  request (``generate_requests``) allocates that worst case, and decodes as the default does:
+  until 2026-12-06 ``num_pages=2**40`` was allocated (an int32 overflow inside JAX in
+  ``generate``, an out-of-memory error in ``generate_requests``)."""
+  import attnlab
+
+  model = decoder_model("mha_rope")
+  prompt = random_tokens(21, (2, 4))
+  pools = []
+  real_init = cache_lib.PagedKVCache.init
+  monkeypatch.setattr(cache_lib.PagedKVCache, "init", lambda *a, num_pages, **kw: (
+      pools.append(num_pages) or real_init(*a, num_pages=num_pages, **kw)))
+  want = np.asarray(attnlab.generate(model, prompt, max_new_tokens=5, eos_id=None))
+  for num_pages in (2**40, 2**31 - 1, 5):
+    got = attnlab.generate(model, prompt, max_new_tokens=5, cache="paged", page_size=4,
+                           num_pages=num_pages, eos_id=None, bucket=False)
+    np.testing.assert_array_equal(np.asarray(got), want)
+  # 2 rows x 2 pages of 4 (4 + 5 - 1 = 8 positions): the worst case, and 5 capped to it (one
+  # program for the three, traced once: a cache per layer)
+  assert pools == [4] * model.cfg.num_layers
+  pools.clear()
+  served = attnlab.generate_requests(model, [list(r) for r in prompt], 5, slots=2,
+                                     page_size=4, num_pages=2**40, eos_id=None)
+  for b in range(2):
+    np.testing.assert_array_equal(served[b], want[b])
+  assert pools == [4] * model.cfg.num_layers
+
+
 def test_a_one_layer_model_decodes_paged_like_contiguous():
   """One layer: the page table the loop reserves from and frees into is layer 0's, the only
   one (every layer shares it), with a sequence that stops at its eos and frees its pages."""

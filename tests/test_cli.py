@@ -149,6 +149,13 @@ def test_each_commands_help_is_its_own_and_names_its_required_flags(capsys):
     takes_bindings = name in ("train", "ablate", "convert-heads")
     flat = " ".join(text.split())
     assert ("--gin.NAME=VALUE or --gin.NAME VALUE" in flat) == takes_bindings, name
+    # and what the bindings come after: a flag the command has (convert-heads has no
+    # --gin_file: its help named one until 2026-12-06)
+    if takes_bindings:
+      after = ("the source run's config.gin" if name == "convert-heads"
+               else "the --gin_file files")
+      assert f"They come after {after}." in flat and (("--gin_file" in flat)
+                                                      == (name != "convert-heads")), name
 
 
 @pytest.mark.parametrize("name", sorted(REQUIRED))

@@ -21,13 +21,12 @@ class CommandParser(argparse.ArgumentParser):
     raise CommandError(message)
 
 
-def gin_flags_help(which: str) -> str:
+def gin_flags_help(which: str, after: str = "the --gin_file files") -> str:
   """The ``--help`` epilog of a command that takes gin bindings (``which``: the
-  configurables it takes)."""
+  configurables it takes; ``after``: what they override)."""
   return (f"gin bindings: --gin.NAME=VALUE or --gin.NAME VALUE (repeatable), NAME one of "
           f"{which}'s fields, VALUE as gin writes it: --gin.TrainConfig.steps=100, "
-          "--gin.DataConfig.paths=\"('data/*.txt',)\". They come after the --gin_file "
-          "files.")
+          f"--gin.DataConfig.paths=\"('data/*.txt',)\". They come after {after}.")
 
 
 def split_gin_flags(argv: list[str]) -> tuple[list[str], list[str]]:

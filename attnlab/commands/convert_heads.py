@@ -35,7 +35,8 @@ def main(argv: list[str]) -> int:
   bindings, rest = split_gin_flags(argv)
   p = CommandParser(prog="attnlab convert-heads",
               description="Convert a run's checkpoint to fewer KV heads (GQA / MQA).",
-              epilog=gin_flags_help("TrainConfig and DataConfig (the new run's)"))
+              epilog=gin_flags_help("the new run's TrainConfig and DataConfig",
+                                     after="the source run's config.gin"))
   p.add_argument("--from", dest="src", required=True, help="the source training workdir")
   p.add_argument("--to", dest="dst", required=True,
                  help="the new workdir (must not exist, or be an empty folder)")

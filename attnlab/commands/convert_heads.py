@@ -51,7 +51,10 @@ def main(argv: list[str]) -> int:
       raise CommandError(f"--gin.{b.split(' = ')[0]}: only TrainConfig.* and DataConfig.* "
                          "bindings apply (the model is the converted source)")
 
-  overrides = {"TrainConfig": {}, "DataConfig": {}}
+  # The new run is for `attnlab train` by hand: it shows its progress unless bound, whatever
+  # the source's (a sweep's runs have progress=False: the sweep prints its own; until
+  # 2026-12-06 a run converted from one trained without a progress line).
+  overrides = {"TrainConfig": {"progress": True}, "DataConfig": {}}
   config_path = os.path.join(args.src, "config.gin")
   if bindings and os.path.isfile(config_path):
     try:

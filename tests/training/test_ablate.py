@@ -704,17 +704,20 @@ def test_convert_heads_command_bindings_seed_and_summary(micro, tmp_path, capsys
   _, src_dcfg, _ = gin_config.read_workdir_config(os.path.join(src, "config.gin"))
   assert mcfg == src_cfg.replace(num_kv_heads=2)
   assert dcfg == dataclasses.replace(src_dcfg, batch_size=3)
-  assert tcfg == src_tcfg.replace(learning_rate=0.005)
+  # progress shown (a sweep's run, the source, has it off: the sweep prints its own)
+  assert not src_tcfg.progress and tcfg == src_tcfg.replace(learning_rate=0.005, progress=True)
   # Another batch size reads on from the source's data position; another data seed is
   # another stream, which the new run starts at its first example.
   with _checkpointer(src) as s, _checkpointer(dst) as d:
     src_example, state = s.restore_data(s.steps()[-1])["example"], d.restore_data(0)
   assert (state["example"], state["batch_size"]) == (src_example, 3) and src_example > 0
   reseeded = str(tmp_path / "reseeded")
-  assert cli.main([*base, "--to", reseeded, "--gin.DataConfig.seed=5"]) == 0
+  assert cli.main([*base, "--to", reseeded, "--gin.DataConfig.seed=5",
+                   "--gin.TrainConfig.progress=False"]) == 0
   with _checkpointer(reseeded) as d:
     state = d.restore_data(0)
   assert state["example"] == 0 and state["stream"]["seed"] == 5
+  assert not gin_config.read_workdir_config(os.path.join(reseeded, "config.gin"))[2].progress
   model, _ = attnlab.load_checkpoint(dst)
   want = attnlab.convert_heads(src_model, 2, "random", rngs=nnx.Rngs(params=7, dropout=8))
   other = attnlab.convert_heads(src_model, 2, "random", rngs=nnx.Rngs(params=0, dropout=1))

@@ -251,7 +251,7 @@ def main(argv: list[str]) -> int:
   # Prompt (or source) lengths: a token with the pad id inside a prompt is a token.
   kwargs.update(prompt_lengths_B=lengths_B)
   try:
-    out_BL = np.asarray(generate(model, prompt_BT, **kwargs))
+    out_BJ = np.asarray(generate(model, prompt_BT, **kwargs))
   except (GenerateInputError, PagesExhaustedError) as e:  # input errors (--num_pages too
     message = str(e)                                      # small); a bug keeps its traceback
     if args.prompts_file is not None and isinstance(e, PromptTooLongError):  # also of one
@@ -259,7 +259,7 @@ def main(argv: list[str]) -> int:
       message += (f" (the longest is {line_of(i)}, {lengths_B[i]} tokens: "
                   f"{prompts[i][:40]!r})")
     raise CommandError(message) from None
-  for prompt, row in zip(prompts, out_BL):
+  for prompt, row in zip(prompts, out_BJ):
     # Cut before the first stop id: after it the row is pad_id, which may be a real token
     # of the tokenizer.
     (at,) = np.nonzero(np.isin(row, [] if stops is None else stops))

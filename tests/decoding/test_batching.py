@@ -40,10 +40,10 @@ def _alone(model, prompts, budgets, eos_id):
   prompt_BT = np.zeros((len(prompts), width), np.int32)
   for b, p in enumerate(prompts):
     prompt_BT[b, :len(p)] = p
-  out_BL = np.asarray(attnlab.generate(model, prompt_BT, max_new_tokens=max(budgets),
+  out_BJ = np.asarray(attnlab.generate(model, prompt_BT, max_new_tokens=max(budgets),
                                        prompt_lengths_B=[len(p) for p in prompts], eos_id=None))
   want = []
-  for row, n in zip(out_BL, budgets, strict=True):
+  for row, n in zip(out_BJ, budgets, strict=True):
     row = row[:n].tolist()
     stops = [] if eos_id is None else eos_id if isinstance(eos_id, list) else [eos_id]
     hits = [j for j, t in enumerate(row) if t in stops]

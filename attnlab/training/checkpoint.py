@@ -43,8 +43,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnlab import config_gin as gin_config
+from attnlab.config import is_integer
 from attnlab.nn.transformer import build_model
-from attnlab.training.sharding import param_shardings
+from attnlab.training.sharding import MESH_AXES, param_shardings
 
 CHECKPOINT_DIR = "checkpoints"
 CONFIG_FILE = "config.gin"
@@ -324,8 +325,14 @@ class Checkpointer:
 
     Raises:
       FileNotFoundError: nothing is saved.
-      ValueError: ``step`` is not one of the saved steps (the message lists them).
+      ValueError: ``step`` is not an integer (a Python or NumPy one, not a bool), or not one
+        of the saved steps (the message lists them).
     """
+    if step is not None and not is_integer(step):
+      # until 2026-12-06 "3" was "step=3 has no checkpoint ...; saved steps: [3]", and 3.0
+      # passed to fail reading a folder named 3.0
+      raise ValueError(f"step={step!r} must be an integer (a saved step) or None, got "
+                       f"{type(step).__name__}")
     steps = self.steps()
     if not steps:
       raise FileNotFoundError(f"{self.directory} holds no checkpoint")
@@ -334,7 +341,7 @@ class Checkpointer:
     if step not in steps:
       raise ValueError(f"step={step} has no checkpoint in {self.directory}; "
                        f"saved steps: {steps}")
-    return step
+    return int(step)
 
   def _check_writable(self) -> None:
     if self.read_only:
@@ -589,11 +596,19 @@ def load_checkpoint(workdir: str, step: int | None = None, *, mesh=None):
 
   Raises:
     FileNotFoundError: no ``config.gin`` or no (readable) checkpoint in ``workdir``.
-    ValueError: ``step`` is not one of the saved steps; ``UnreadableCheckpointError``
-      (a ValueError) when the given ``step`` is damaged.
+    ValueError: ``step`` is not an integer or not one of the saved steps, ``mesh`` is not a
+      Mesh with the axes above; ``UnreadableCheckpointError`` (a ValueError) when the
+      given ``step`` is damaged.
   """
   from flax import nnx
 
+  if mesh is not None and not (isinstance(mesh, jax.sharding.Mesh)
+                               and tuple(mesh.axis_names) == MESH_AXES):
+    # a mesh shape, say, was an AttributeError inside the shardings until 2026-12-06
+    what = (f"a Mesh with axes {tuple(mesh.axis_names)}" if isinstance(mesh, jax.sharding.Mesh)
+            else f"{type(mesh).__name__} {mesh!r}")
+    raise ValueError(f"mesh must be a jax.sharding.Mesh with axes {MESH_AXES} (make one with "
+                     f"attnlab.training.sharding.make_mesh(shape)), got {what}")
   config_path = workdir_config(workdir)
   ckpt_dir = os.path.join(workdir, CHECKPOINT_DIR)
   if not os.path.isdir(ckpt_dir):
@@ -601,7 +616,8 @@ def load_checkpoint(workdir: str, step: int | None = None, *, mesh=None):
   mcfg, _, _ = gin_config.read_workdir_config(config_path)
   ckpt = Checkpointer(workdir, read_only=True)
   try:
-    ckpt.resolve_step(step)  # nothing saved, or a step that was not: the errors above
+    resolved = ckpt.resolve_step(step)  # nothing saved, a step that was not: errors above
+    step = None if step is None else resolved  # a NumPy int as the int it holds
     # The parameters' shapes only: initializing them eagerly (one small XLA
     # program per op and shape) cost more than the restore (runs/demo, first
     # load in a process: 3.8-4.0 s against 0.9-1.4 s for this path;

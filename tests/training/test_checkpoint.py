@@ -760,7 +760,7 @@ def test_load_checkpoint_takes_the_newest_step_onto_the_first_device_or_the_mesh
   ckpt.close()
   (workdir / "checkpoints" / "5.orbax-checkpoint-tmp" / "params").mkdir(parents=True)
   one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  for step, scale, on in ((None, 2.0, None), (3, 1.0, mesh)):
+  for step, scale, on in ((None, 2.0, None), (3, 1.0, mesh), (np.int64(3), 1.0, None)):
     model, _ = attnlab.load_checkpoint(str(workdir), step, mesh=on)
     got = nnx.state(model, nnx.Param)
     want = jax.tree.map(lambda x, k=scale: x * k, params)
@@ -806,3 +806,17 @@ def test_load_checkpoint_names_what_a_workdir_lacks(tmp_path):
       attnlab.load_checkpoint(str(workdir), step)
     assert str(e.value) == (f"step={step} has no checkpoint in {workdir}/checkpoints; saved "
                             "steps: [3]")
+  # Not an integer: "3" read "step=3 has no checkpoint ...; saved steps: [3]", and 3.0 failed
+  # reading a folder 3.0 (until 2026-12-06); a mesh shape for a Mesh was an AttributeError.
+  for step, kind in (("3", "str"), (3.0, "float"), (True, "bool")):
+    with pytest.raises(ValueError) as e:
+      attnlab.load_checkpoint(str(workdir), step)
+    assert str(e.value) == (f"step={step!r} must be an integer (a saved step) or None, got "
+                            f"{kind}")
+  wrong_axes = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+  for mesh, what in (((1, 1, 1), "tuple (1, 1, 1)"), (wrong_axes, "a Mesh with axes ('x',)")):
+    with pytest.raises(ValueError) as e:
+      attnlab.load_checkpoint(str(workdir), mesh=mesh)
+    assert str(e.value) == ("mesh must be a jax.sharding.Mesh with axes ('data', 'fsdp', "
+                            "'tensor') (make one with attnlab.training.sharding.make_mesh(shape)), "
+                            f"got {what}")

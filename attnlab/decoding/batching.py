@@ -239,6 +239,11 @@ def _check_requests(cfg, prompts, max_new_tokens):
   if not prompts:
     raise GenerateInputError("prompts is empty: give at least one request (a list of token-id "
                              "lists, or a [requests, length] array)")
+  for i, p in enumerate(prompts):
+    # NumPy makes [5, True] the ids [5, 1] (read so until 2026-12-06; all bools are refused
+    # by their dtype below)
+    if isinstance(p, list | tuple) and any(isinstance(t, bool | np.bool_) for t in p):
+      raise GenerateInputError(f"prompts[{i}] holds a bool ({p!r}): token ids are ints")
   prompts = [np.asarray(p) for p in prompts]
   for i, p in enumerate(prompts):
     if p.ndim != 1 or p.size == 0 or not np.issubdtype(p.dtype, np.integer):

@@ -154,7 +154,17 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     int32 [B, max_new_tokens]: the generated tokens (eos included).
   """
   cfg = model.cfg
-  prompt_BT = np.asarray(prompt_BT)
+  try:
+    prompt_BT = np.asarray(prompt_BT)
+  except ValueError:  # numpy's "inhomogeneous shape" (a plain ValueError until 2026-12-06)
+    try:
+      why = f"its rows have lengths {[len(row) for row in prompt_BT]}"
+    except TypeError:
+      why = "its rows are not all sequences of one length"
+    raise GenerateInputError(
+        f"prompt_BT is not a [B, T] array ({why}): give one, rows right-padded with pad_id="
+        f"{cfg.pad_id} (attnlab.generate_requests takes a list of prompts of any lengths)"
+    ) from None
   max_new_tokens = _check_prompt(cfg, prompt_BT, max_new_tokens)
   rng = as_key(rng)
   if cache not in CACHE_KINDS:
@@ -165,6 +175,11 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
                              "window=None; use cache='contiguous' or 'paged'")
   if beam_size is not None:
     beam_size = positive_int("beam_size", beam_size)
+    most = (2**31 - 1) // cfg.vocab_size
+    if beam_size > most:  # JAX's top_k refused the int32 overflow, naming no argument
+      raise GenerateInputError(
+          f"beam_size={beam_size} times the vocabulary ({cfg.vocab_size}) is more candidates "
+          f"than a step can rank (2**31 - 1, int32 indices): give beam_size <= {most}")
   if not isinstance(sampling, Sampling):
     raise GenerateInputError(f"sampling must be a Sampling, got {type(sampling).__name__}")
   if cache == "paged":

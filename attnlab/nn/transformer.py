@@ -159,6 +159,14 @@ class Stack(nnx.Module):
 
 
 def _check_tokens(name, tokens) -> None:
+  """Integer token ids [B, T] (an array: a list was an AttributeError, float ids an error from
+  inside JAX, and bools were read as ids 0 / 1 until 2026-12-06)."""
+  dtype = getattr(tokens, "dtype", None)
+  if dtype is None:
+    raise ValueError(f"{name} is a {type(tokens).__name__}; give an int array of token ids "
+                     "[B, T] (jnp.asarray(tokens, jnp.int32))")
+  if not jnp.issubdtype(dtype, jnp.integer):
+    raise ValueError(f"{name} has dtype {dtype}; give int token ids [B, T]")
   if jnp.ndim(tokens) != 2:
     raise ValueError(f"{name} has shape {tuple(jnp.shape(tokens))}; give int token ids [B, T] "
                      "(a batch of one: tokens[None])")
@@ -343,6 +351,9 @@ def build_model(cfg: ModelConfig, *, rngs: nnx.Rngs) -> DecoderOnly | EncoderDec
   """The model ``cfg.arch`` names, with freshly initialized parameters."""
   if not isinstance(cfg, ModelConfig):
     raise ValueError(f"build_model needs a ModelConfig, got {type(cfg).__name__}")
+  if not isinstance(rngs, nnx.Rngs):  # an AttributeError inside Flax until 2026-12-06
+    raise ValueError(f"rngs must be an nnx.Rngs (nnx.Rngs(0), or nnx.Rngs(params=0, "
+                     f"dropout=1)), got {type(rngs).__name__}")
   if cfg.arch == "decoder_only":
     return DecoderOnly(cfg, rngs=rngs)
   return EncoderDecoder(cfg, rngs=rngs)
@@ -350,4 +361,7 @@ def build_model(cfg: ModelConfig, *, rngs: nnx.Rngs) -> DecoderOnly | EncoderDec
 
 def count_params(model: nnx.Module) -> int:
   """Number of parameter scalars (``nnx.Param`` leaves) in a model."""
+  if not isinstance(model, nnx.Module):  # a config was an IndexError until 2026-12-06
+    raise ValueError(f"count_params needs a model (an nnx.Module: build_model(cfg, rngs=...)), "
+                     f"got {type(model).__name__}")
   return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

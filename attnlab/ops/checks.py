@@ -113,6 +113,8 @@ def _check_last_query(offset: int, what: str, num_queries: int) -> None:
 def _check_ids(name: str, x, shape: tuple, what: str, bool_ok: bool = False):
   """An integer (or, with ``bool_ok``, bool) array of ``shape``: float ids were compared
   as floats by some implementations and truncated to int32 by others."""
+  if not hasattr(x, "shape") or not hasattr(x, "dtype"):  # an AttributeError until 2026-12-06
+    raise ValueError(f"{name} must be an array {what} (JAX or NumPy), got {type(x).__name__}")
   if tuple(x.shape) != shape:
     raise ValueError(f"{name} shape {tuple(x.shape)} must be {what} = {shape}")
   dtype = np.dtype(x.dtype)
@@ -133,6 +135,9 @@ def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, causal=False, window=None, q_offset=0,
     (causal, window, q_offset) as the implementations take them: NumPy scalars as the
     Python bool / int they hold, an array offset as given.
   """
+  for name, x in (("q_BTNH", q_BTNH), ("k_BSKH", k_BSKH), ("v_BSKH", v_BSKH)):
+    if not hasattr(x, "ndim") or not hasattr(x, "dtype"):  # an AttributeError until 2026-12-06
+      raise ValueError(f"{name} must be an array (JAX or NumPy), got {type(x).__name__}")
   for name, x in (("q_BTNH", q_BTNH), ("k_BSKH", k_BSKH), ("v_BSKH", v_BSKH)):
     if x.ndim != 4:
       raise ValueError(

@@ -325,6 +325,10 @@ def test_prefill_buckets_hold_the_prompt_with_less_than_half_of_it_as_padding():
                                 "request$"),
     (dict(prompts=np.array([[3, 4], [0, 0]])), r"^prompt 1 is empty \(all padding, pad_id=0\)"),
     (dict(prompts=np.ones((2, 0), np.int32)), r"^prompts\[0\] must be a non-empty list"),
+    # NumPy makes [5, True] the ids [5, 1], which were served (until 2026-12-06)
+    (dict(prompts=[[3, 4], [5, True]]), r"^prompts\[1\] holds a bool \(\[5, True\]\): token ids "
+                                        "are ints$"),
+    (dict(prompts=[[3, 4], (np.True_, 5)]), r"^prompts\[1\] holds a bool"),
     # a 0-d array in a list is its number; a 1-d one is no budget
     (dict(max_new_tokens=[np.array([2, 3]), 2]), r"^max_new_tokens\[0\]=array\(\[2, 3\]\) must "
                                                  "be a positive integer"),

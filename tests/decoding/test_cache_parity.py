@@ -889,6 +889,17 @@ def test_inputs_of_another_shape_than_the_tokens_are_refused_by_name():
                        "^src_BS has shape \\(9,\\); give int token ids")
   _refused_when_traced(lambda: encdec(jnp.asarray(SRC), jnp.asarray(TGT[0, :2])),
                        "^tgt_in_BT has shape \\(2,\\)")
+  # Not int ids: float ids were an error from inside JAX, bools read as ids 0 / 1 (until
+  # 2026-12-06)
+  for bad, dtype in ((toks.astype(jnp.float32), "float32"), (toks > 3, "bool")):
+    _refused_when_traced(lambda bad=bad: model(bad), "^" + re.escape(
+        f"tokens_BT has dtype {dtype}; give int token ids [B, T]") + "$")
+  _refused_when_traced(lambda: encdec(jnp.asarray(SRC, jnp.float32), jnp.asarray(TGT[:, :2])),
+                       "^src_BS has dtype float32; give int token ids")
+  with pytest.raises(ValueError, match="^" + re.escape(
+      "tokens_BT is a list; give an int array of token ids [B, T] "
+      "(jnp.asarray(tokens, jnp.int32))") + "$"):
+    model(np.asarray(toks).tolist())
 
 
 def test_a_cache_made_for_another_number_of_kv_heads_is_refused_by_name():

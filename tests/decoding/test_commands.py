@@ -14,6 +14,7 @@ import attnlab
 from attnlab.cli import main
 from attnlab.commands import decode as decode_command
 from attnlab.data.tokenizer import ByteTokenizer, HFJsonTokenizer
+from attnlab.decoding.generate import GenerateInputError
 from tests.decoding.tiny_models import decoder_model, encdec_model, random_tokens
 
 
@@ -447,6 +448,18 @@ def test_generate_rejects_bad_prompts():
     attnlab.generate(model, np.array([[5, model.cfg.vocab_size]]))
   with pytest.raises(ValueError, match="outside the vocabulary"):
     attnlab.generate(model, np.array([[5, -1]]))
+  # Ragged rows: numpy's "inhomogeneous shape", a plain ValueError, until 2026-12-06.
+  with pytest.raises(GenerateInputError, match="^" + re.escape(
+      "prompt_BT is not a [B, T] array (its rows have lengths [3, 2]): give one, rows "
+      "right-padded with pad_id=0 (attnlab.generate_requests takes a list of prompts of any "
+      "lengths)") + "$"):
+    attnlab.generate(model, [[5, 6, 7], [8, 9]])
+  # A beam whose candidates pass int32: JAX's top_k refused it naming no argument.
+  most = (2**31 - 1) // model.cfg.vocab_size
+  with pytest.raises(GenerateInputError, match="^" + re.escape(
+      f"beam_size={most + 1} times the vocabulary ({model.cfg.vocab_size}) is more candidates "
+      f"than a step can rank (2**31 - 1, int32 indices): give beam_size <= {most}") + "$"):
+    attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=2, beam_size=most + 1)
   with pytest.raises(ValueError, match=re.escape(
       "the prompt plus max_new_tokens needs 7 cache slots, more than cache_len=4")):
     attnlab.generate(model, np.array([[5, 6, 7, 8, 9, 10]]), max_new_tokens=2, cache_len=4)
@@ -551,8 +564,6 @@ def test_generate_rejects_bad_prompts():
       "max_new_tokens needs 8 cache slots, more than cache_len=5")):
     attnlab.generate(encdec, np.array([[5, 6]]), max_new_tokens=8, cache_len=5)
   # A source longer than the model's positions: the input error, not one from the trace.
-  from attnlab.decoding.generate import GenerateInputError
-
   too_long = np.full((1, encdec.cfg.max_len + 1), 5)
   with pytest.raises(GenerateInputError, match=re.escape(
       f"the source has {encdec.cfg.max_len + 1} positions, more than the model's "

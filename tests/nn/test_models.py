@@ -309,6 +309,14 @@ def test_models_refuse_another_architecture_by_name():
     attnlab.EncoderDecoder(ModelConfig(**TINY), rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="^build_model needs a ModelConfig, got dict$"):
     attnlab.build_model(dict(TINY), rngs=nnx.Rngs(0))
+  # An AttributeError inside Flax until 2026-12-06 (convert_heads builds through it too)
+  for rngs in (0, jax.random.key(0), None):
+    with pytest.raises(ValueError, match="^" + re.escape(
+        "rngs must be an nnx.Rngs (nnx.Rngs(0), or nnx.Rngs(params=0, dropout=1)), got "
+        f"{type(rngs).__name__}") + "$"):
+      attnlab.build_model(ModelConfig(**TINY), rngs=rngs)
+  with pytest.raises(ValueError, match="^count_params needs a model"):  # an IndexError
+    attnlab.count_params(ModelConfig(**TINY))
 
 
 def test_residual_and_embedding_dropout_drop_in_training_only():

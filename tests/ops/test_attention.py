@@ -768,6 +768,10 @@ def test_dtypes_of_qkv_segment_ids_and_positions_are_checked_for_every_implement
        "scale=-inf must be finite and within float32's range (|scale| <= 3.402823e+38)"),
       ((q, k, k), dict(scale=np.float64(1e39)),
        "scale=1e+39 must be finite and within float32's range (|scale| <= 3.402823e+38)"),
+      # Not arrays (an AttributeError until 2026-12-06).
+      ((q.tolist(), k, k), {}, "q_BTNH must be an array (JAX or NumPy), got list"),
+      ((q, k, k), dict(q_segment_ids=seg_q.tolist(), kv_segment_ids=seg_k),
+       "q_segment_ids must be an array [B, T] (JAX or NumPy), got list"),
       ((q, k, k), dict(q_segment_ids=seg_q + 0.2, kv_segment_ids=seg_k),
        "q_segment_ids must be an integer or bool array, got dtype float32"),
       ((q, k, k), dict(q_segment_ids=seg_q, kv_segment_ids=seg_k.astype(jnp.float16)),

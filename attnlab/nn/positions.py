@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attnlab.nn.layers import param
+from attnlab.nn.partitioning import logical_constraint
 
 
 def sinusoidal_positions(positions_BT, d_model: int, *, max_timescale: float = 10000.0):
@@ -76,4 +77,10 @@ class LearnedPositions(nnx.Module):
     # a padded or idle row (a free serving slot) past the table must stay finite,
     # since a NaN key or value written where a 0 probability reads it still
     # poisons the sum (0 * NaN).
-    return jnp.take(self.embed_positions[...], positions_BT, axis=0, mode="clip")
+    # As the token embedding: gather from whole rows into batch-sharded activations (a
+    # table whose embed dimension is split over fsdp made the partitioner replicate the
+    # output and split it again, "[SPMD] Involuntary full rematerialization" on a (2, 2, 2)
+    # mesh, until 2026-12-06).
+    table = logical_constraint(self.embed_positions[...], (None, None))
+    x_BTD = jnp.take(table, positions_BT, axis=0, mode="clip")
+    return logical_constraint(x_BTD, ("batch", "length", "embed"))

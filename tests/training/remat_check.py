@@ -4,6 +4,9 @@ prints, as JSON, the SPMD partitioner's involuntary-rematerialization warnings
 that each compilation wrote to stderr (compile only: no step runs).
 
     python remat_check.py configs/models/llama_tiny.gin:lm 2,2,2 1,1,8 1,8,1
+    python remat_check.py 'configs/models/llama_tiny.gin:lm:ModelConfig.pos="learned"' 2,2,2
+
+A model is CONFIG:TASK, optionally :BINDING (one more gin binding).
 """
 
 import json
@@ -48,10 +51,10 @@ def main(argv):
   meshes = [tuple(int(x) for x in a.split(",")) for a in argv if ":" not in a]
   out = {"devices": jax.device_count()}
   for model in models:
-    path, task = model.split(":")
+    path, task, *extra = model.split(":", 2)
     bindings = [f'DataConfig.task = "{task}"', "DataConfig.max_files = 2",
                 "DataConfig.seq_len = 32", "DataConfig.batch_size = 8",
-                "ModelConfig.num_layers = 1"]
+                "ModelConfig.num_layers = 1", *extra]
     mcfg, dcfg, tcfg = config_gin.parse([path], bindings)
     sources, _ = pipeline.build_sources(dcfg, mcfg)
     host_batch = next(pipeline.train_iterator(sources, dcfg))

@@ -78,6 +78,20 @@ def seed_key(seed: int):
   return jax.random.fold_in(key, high)
 
 
+# float32's smallest normal and largest numbers: an epsilon below the first is 0 once in float32
+# (XLA:CPU flushes subnormals), above the second inf.
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def check_float32_range(name: str, value, why: str) -> None:
+  """``value`` a positive number that float32 holds as a normal number (``why``: what 0 or
+  inf would do)."""
+  if not FLOAT32_TINY <= value <= FLOAT32_MAX:
+    raise ValueError(f"{name}={value!r} must be within float32's normal range [{FLOAT32_TINY:.8g}, "
+                     f"{FLOAT32_MAX:.8g}]: {why}")
+
+
 def is_number(value) -> bool:
   """A Python or NumPy integer or float, not a bool (nor ``np.bool_``)."""
   return is_integer(value) or isinstance(value, float | np.floating)
@@ -192,7 +206,7 @@ class ModelConfig:
     norm: "rmsnorm" or "layernorm".
     norm_position: "pre" (x + f(norm(x))) or "post" (norm(x + f(x)), the
       2017 paper).
-    norm_eps: epsilon of the norm layers.
+    norm_eps: epsilon of the norm layers (within float32's normal range).
     mlp: "relu" (the paper), "gelu" (the tanh approximation, GPT-2's
       "gelu_new") or "swiglu".
     use_bias: biases on the attention and MLP projections.
@@ -311,6 +325,13 @@ class ModelConfig:
     _choice("norm_position", self.norm_position, NORM_POSITIONS)
     if self.norm_eps <= 0:
       raise ValueError(f"norm_eps={self.norm_eps!r} must be positive")
+    # until 2026-12-06 1e39 (inf in float32) made every norm's output 0: a model that learned
+    # nothing, its loss log(vocab_size) without an error
+    check_float32_range("norm_eps", self.norm_eps, "the norms compute in float32, where it "
+                        "would be 0 or inf (every output 0)")
+    if self.norm == "layernorm" and self.d_model == 1:
+      raise ValueError("norm='layernorm' over d_model=1 feature is always 0 (x - mean(x)): the "
+                       "model could not see its input; give d_model >= 2 or norm='rmsnorm'")
     _choice("mlp", self.mlp, MLPS)
     _fraction("dropout_rate", self.dropout_rate)
     _fraction("attention_dropout_rate", self.attention_dropout_rate)
@@ -570,6 +591,9 @@ class TrainConfig:
       raise ValueError(f"eps={self.eps!r} must be positive with optimizer={self.optimizer!r}: "
                        "Adam divides by sqrt(v) + eps, and a parameter whose gradient is "
                        "always 0 (an unused embedding row) would become nan")
+    if self.optimizer in ("adam", "adamw"):  # 1e-40 was 0 in float32: the nan above
+      check_float32_range("eps", self.eps, "Adam divides by sqrt(v) + eps in float32, where it "
+                          "would be 0 (a nan update) or inf (no update)")
     if self.weight_decay > 0 and self.optimizer != "adamw":
       raise ValueError(f"weight_decay={self.weight_decay!r} is applied by optimizer='adamw' "
                        f"only; got optimizer={self.optimizer!r}")

@@ -84,6 +84,17 @@ INVALID = [
      'norm_eps=0.0 must be positive'),
     (dict(norm_eps=-1e-06),
      'norm_eps=-1e-06 must be positive'),
+    # 0 or inf in float32: every norm's output 0, a model that learned nothing (until 2026-12-06)
+    (dict(norm_eps=1e39),
+     "norm_eps=1e+39 must be within float32's normal range [1.1754944e-38, 3.4028235e+38]: the "
+     "norms compute in float32, where it would be 0 or inf (every output 0)"),
+    (dict(norm_eps=1e-40),
+     "norm_eps=1e-40 must be within float32's normal range [1.1754944e-38, 3.4028235e+38]: the "
+     "norms compute in float32, where it would be 0 or inf (every output 0)"),
+    # LayerNorm over one feature is 0 whatever the input (accepted until 2026-12-06)
+    (dict(norm="layernorm", d_model=1, num_heads=1, num_kv_heads=1, head_dim=2),
+     "norm='layernorm' over d_model=1 feature is always 0 (x - mean(x)): the model could not "
+     "see its input; give d_model >= 2 or norm='rmsnorm'"),
     (dict(use_bias=None),
      'use_bias=None must be True or False'),
     (dict(qkv_bias='yes'),
@@ -258,6 +269,15 @@ TRAIN_INVALID = [
     (dict(optimizer='adam', eps=0.0),
      "eps=0.0 must be positive with optimizer='adam': Adam divides by sqrt(v) + eps, and a "
      "parameter whose gradient is always 0 (an unused embedding row) would become nan"),
+    # 0 in float32: the nan above, reported as a non-finite update (until 2026-12-06)
+    (dict(eps=1e-40),
+     "eps=1e-40 must be within float32's normal range [1.1754944e-38, 3.4028235e+38]: Adam "
+     "divides by sqrt(v) + eps in float32, where it would be 0 (a nan update) or inf (no "
+     "update)"),
+    (dict(optimizer='adam', eps=1e39),
+     "eps=1e+39 must be within float32's normal range [1.1754944e-38, 3.4028235e+38]: Adam "
+     "divides by sqrt(v) + eps in float32, where it would be 0 (a nan update) or inf (no "
+     "update)"),
     (dict(optimizer='adam', weight_decay=0.5),
      "weight_decay=0.5 is applied by optimizer='adamw' only; got optimizer='adam'"),
     (dict(optimizer='sgd', weight_decay=0.1),
@@ -446,6 +466,13 @@ VALID_EDGES = [
     (ModelConfig, dict(pos="rope", d_model=33, num_heads=1, head_dim=8)),  # head_dim given
     (ModelConfig, dict(rope_theta=0.5)),
     (ModelConfig, dict(norm_eps=1e-12)),
+    # float32's smallest normal and largest numbers; layernorm over two features; sgd, no eps
+    (ModelConfig, dict(norm_eps=float(np.finfo(np.float32).tiny))),
+    (ModelConfig, dict(norm_eps=float(np.finfo(np.float32).max))),
+    (ModelConfig, dict(norm="layernorm", d_model=2, num_heads=1, num_kv_heads=1, head_dim=2)),
+    (TrainConfig, dict(eps=float(np.finfo(np.float32).tiny))),
+    (TrainConfig, dict(optimizer="adam", eps=float(np.finfo(np.float32).max))),
+    (TrainConfig, dict(optimizer="sgd", eps=1e-40)),
     (ModelConfig, dict(use_bias=True, qkv_bias=None, o_bias=False, mlp_bias=True)),
     (ModelConfig, dict(dropout_rate=0.0, attention_dropout_rate=0.0, attention_impl="chunked")),
     (ModelConfig, dict(attention_dropout_rate=0.5, attention_impl="reference")),

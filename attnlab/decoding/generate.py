@@ -22,6 +22,7 @@ runs beam search (``beam_search``; each beam a row of the cache).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import jax
@@ -31,6 +32,7 @@ from flax import nnx
 
 from attnlab.config import (
     CACHE_KINDS,
+    FLOAT32_MAX,
     DecodeConfig,
     check_positive,
     is_integer,
@@ -233,7 +235,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     static["max_new_tokens"] = capacity
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
     if beam_size is not None:
-      _check_beam(cache, length_penalty)
+      _check_beam(cache, length_penalty, max_new_tokens)
       return _beam_encoder_decoder(model, jnp.asarray(prompt_BT), jnp.asarray(src_seg_BS), eos,
                                    jnp.int32(bos_id),
                                    beam_size=beam_size, length_penalty=float(length_penalty),
@@ -263,7 +265,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     static["max_new_tokens"] = capacity
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
     if beam_size is not None:
-      _check_beam(cache, length_penalty)
+      _check_beam(cache, length_penalty, max_new_tokens)
       return _beam_decoder_only(model, jnp.asarray(prompt_BT), jnp.asarray(lengths_B), eos,
                                 beam_size=beam_size, length_penalty=float(length_penalty),
                                 cache_len=cache_len, **static)
@@ -383,10 +385,19 @@ def _check_prompt(cfg, prompt_BT, max_new_tokens) -> int:
   return max_new_tokens
 
 
-def _check_beam(cache, length_penalty):
+def _check_beam(cache, length_penalty, max_new_tokens):
   # an alpha of inf or nan: scores 0 or nan; a string: a TypeError from the comparison
   if not is_number(length_penalty) or not 0 <= length_penalty < float("inf"):
     raise GenerateInputError(f"length_penalty={length_penalty!r} must be a finite number >= 0")
+  # GNMT's ((5 + n) / 6) ** alpha in float32 for the longest output: past its range every
+  # finished score was -0, and the first to finish won (until 2026-12-06)
+  if max_new_tokens > 1:
+    most = math.log(FLOAT32_MAX) / math.log((5 + max_new_tokens) / 6) * (1 - 1e-6)
+    if length_penalty > most:
+      raise GenerateInputError(
+          f"length_penalty={length_penalty!r} overflows float32 in the penalty "
+          f"((5 + n) / 6) ** alpha of an output of {max_new_tokens} tokens: give at most "
+          f"{most:.6g}")
   if cache == "paged":
     raise GenerateInputError("beam search reorders whole cache rows: use cache='contiguous' or "
                              "'ring' with beam_size")

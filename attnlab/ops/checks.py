@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnlab.config import is_integer, is_number
+from attnlab.config import FLOAT32_MAX, is_integer, is_number
 
 
 def check_query_heads(q_BTNH, *, num_kv_heads: int, head_dim: int, kv_name: str = "k_BSKH"):
@@ -169,9 +169,6 @@ def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, causal=False, window=None, q_offset=0,
   if kv_positions is not None:
     _check_ids("kv_positions", kv_positions, (B, S), "[B, S]")
   return causal, window, q_offset
-
-
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def check_scale(scale) -> None:

@@ -460,6 +460,18 @@ def test_generate_rejects_bad_prompts():
       f"beam_size={most + 1} times the vocabulary ({model.cfg.vocab_size}) is more candidates "
       f"than a step can rank (2**31 - 1, int32 indices): give beam_size <= {most}") + "$"):
     attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=2, beam_size=most + 1)
+  # A length penalty whose factor ((5 + n) / 6) ** alpha overflows float32 at the longest
+  # output: every finished score was -0 and the first hypothesis to finish won (until
+  # 2026-12-06). At the largest alpha accepted the factor is finite, just past it inf.
+  with pytest.raises(GenerateInputError, match="^" + re.escape(
+      "length_penalty=300 overflows float32 in the penalty ((5 + n) / 6) ** alpha of an output "
+      "of 4 tokens: give at most 218.817") + "$"):
+    attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=4, beam_size=2,
+                     length_penalty=300)
+  from attnlab.decoding.beam import length_penalty_factor
+
+  assert np.isfinite(float(length_penalty_factor(4, 218.817)))
+  assert not np.isfinite(float(length_penalty_factor(4, 218.82)))
   with pytest.raises(ValueError, match=re.escape(
       "the prompt plus max_new_tokens needs 7 cache slots, more than cache_len=4")):
     attnlab.generate(model, np.array([[5, 6, 7, 8, 9, 10]]), max_new_tokens=2, cache_len=4)

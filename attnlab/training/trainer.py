@@ -89,6 +89,25 @@ class SetupError(ValueError):
   """The run cannot start with its config and data (found before anything is written)."""
 
 
+def _too_large(mcfg: ModelConfig, tcfg: TrainConfig, error: str) -> str:
+  """Why the training state did not fit (a traceback from inside JAX until 2026-12-06):
+  the parameter count and bytes, with the optimizer's moments, and the sizes that make them."""
+  from flax import nnx
+
+  from attnlab.training.checkpoint import abstract_model
+
+  params = jax.tree.leaves(nnx.state(abstract_model(mcfg), nnx.Param))
+  count = sum(x.size for x in params)
+  moments = 1 if tcfg.optimizer == "sgd" else 2  # momentum; Adam's m and v
+  nbytes = sum(x.size * x.dtype.itemsize for x in params) * (1 + moments)
+  first = error.strip().splitlines()[0][:200]
+  return (f"the training state does not fit in memory ({first}): {count:,} parameters, "
+          f"{nbytes / 2**30:.1f} GiB with the optimizer's moments (ModelConfig vocab_size="
+          f"{mcfg.vocab_size}, d_model={mcfg.d_model}, d_ff={mcfg.d_ff}, num_layers="
+          f"{mcfg.num_layers}, max_len={mcfg.max_len}); make the model smaller or shard it "
+          "over more devices (TrainConfig.mesh_shape)")
+
+
 def _saved_configs(workdir: str):
   """(ModelConfig, DataConfig, TrainConfig) of the workdir's config.gin, the run that wrote
   its checkpoints; None when there is none to read (nothing to compare with)."""
@@ -278,7 +297,12 @@ class Run:
     if tcfg.eval_every:  # a validation set the mesh cannot split stops the run here
       self.validation_batches()
     # The data is checked before the model is built (and compiled).
-    self.setup, self.state = steps_lib.init_train(mcfg, tcfg, self.mesh)
+    try:
+      self.setup, self.state = steps_lib.init_train(mcfg, tcfg, self.mesh)
+    except jax.errors.JaxRuntimeError as e:
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      raise SetupError(_too_large(mcfg, tcfg, str(e))) from None
     self.eval_step = steps_lib.make_eval_step(self.setup)
 
   def put(self, batch):

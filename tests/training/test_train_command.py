@@ -319,6 +319,27 @@ def test_what_cannot_run_or_be_written_is_refused_before_the_workdir(tmp_path, c
     assert capsys.readouterr().err.strip() == f"attnlab train: error: {message}"
 
 
+def test_a_model_too_large_for_memory_is_one_line_naming_its_size(tmp_path, capsys):
+  """A training state that cannot be allocated (a vocabulary of 2**31 - 1 rows) was a
+  RESOURCE_EXHAUSTED traceback from inside JAX until 2026-12-06: one line, exit 2, naming
+  the parameters, their bytes with Adam's moments and the sizes; the workdir is not made."""
+  rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(tmp_path / "w"),
+                 "--gin.ModelConfig.vocab_size=2147483647", "--gin.ModelConfig.d_model=16",
+                 "--gin.ModelConfig.d_ff=16", "--gin.ModelConfig.num_layers=1"])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and not (tmp_path / "w").exists(), err
+  assert re.fullmatch(
+      r"attnlab train: error: the training state does not fit in memory \(RESOURCE_EXHAUSTED: "
+      r"Out of memory allocating \d+ bytes\.\): (\d[\d,]+) parameters, ([\d.]+) GiB with the "
+      r"optimizer's moments \(ModelConfig vocab_size=2147483647, d_model=16, d_ff=16, "
+      r"num_layers=1, max_len=\d+\); make the model smaller or shard it over more devices "
+      r"\(TrainConfig.mesh_shape\)", err), err
+  count = int(re.search(r"\): ([\d,]+) parameters", err)[1].replace(",", ""))
+  table = 16 * (2**31 - 1)  # the one embedding table (tied, shared by encoder and decoder)
+  assert table < count < table + 10**5  # and the small layers
+  assert float(re.search(r"([\d.]+) GiB", err)[1]) == round(count * 4 * 3 / 2**30, 1)
+
+
 def test_train_exits_1_on_a_non_finite_stop(tmp_path, capsys):
   rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(tmp_path / "w"),
                  "--gin.TrainConfig.learning_rate=1e30", "--gin.TrainConfig.schedule='constant'",

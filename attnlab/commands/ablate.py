@@ -80,6 +80,11 @@ def main(argv: list[str]) -> int:
     raise CommandError(f"--out {args.out} is a file; give a directory (new, or a sweep's)")
   check_can_make("--out", args.out)
   sweep_path = os.path.join(args.out, sweep_lib.SWEEP_FILE)
+  if os.path.isfile(os.path.join(args.out, "config.gin")) and not os.path.isfile(sweep_path):
+    # a training workdir: the sweep and its report were written in among the run's files
+    # until 2026-12-06
+    raise CommandError(f"--out {args.out} holds a training run (config.gin), not a sweep: give "
+                       "a new directory")
   gin_file = args.gin_file
   if gin_file is None:
     if not (args.report and os.path.isfile(sweep_path)):

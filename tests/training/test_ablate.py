@@ -363,6 +363,16 @@ def test_a_sweeps_bookkeeping_survives_stray_and_cut_off_files(micro, sweep_file
   assert capsys.readouterr().err.strip() == (
       f"attnlab ablate: error: --out {a_file} is a file; give a directory (new, or a sweep's)")
   assert a_file.read_text() == "x"
+  # A training run's workdir (the sweep and its report were written in among its files until
+  # 2026-12-06), with or without --report: refused, nothing written.
+  run = sweep_lib.run_dir(micro, "mha", 0)
+  before = sorted(os.listdir(run))
+  for extra in ((), ("--report",)):
+    assert _ablate("--gin_file", sweep_file, "--out", run, *extra) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"attnlab ablate: error: --out {run} holds a training run (config.gin), not a sweep: "
+        "give a new directory")
+  assert sorted(os.listdir(run)) == before
 
 
 def test_failing_arm_is_reported_then_arm_and_report_equal_all_in_one(

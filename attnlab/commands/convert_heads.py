@@ -27,6 +27,7 @@ from attnlab.commands._common import (
   log_attnlab_info,
   split_gin_flags,
 )
+from attnlab.commands.train import trainer_run_check
 from attnlab.training.checkpoint import CheckpointMismatchError, UnreadableCheckpointError
 from attnlab.training.sweep import write_converted_run
 
@@ -67,9 +68,13 @@ def main(argv: list[str]) -> int:
   kwargs = dict(step=args.step, seed=args.seed, bindings=overrides)
   try:
     # Everything is checked before anything is written.
-    write_converted_run(args.src, args.dst, args.num_kv_heads, args.method, check_only=True,
-                        **kwargs)
-  except (FileNotFoundError, ValueError) as e:
+    checked = write_converted_run(args.src, args.dst, args.num_kv_heads, args.method,
+                                  check_only=True, **kwargs)
+    # and the new run's data against its model, as `attnlab train` checks them (a seq_len
+    # past max_len was written, then refused by train, until 2026-12-06)
+    new_mcfg, new_dcfg, new_tcfg = checked["configs"]
+    trainer_run_check(new_mcfg, new_tcfg, new_dcfg)
+  except (FileNotFoundError, ValueError, ImportError) as e:
     raise CommandError(str(e)) from None
   check_can_make("--to", args.dst)
   try:

@@ -111,6 +111,9 @@ def trainer_run_check(mcfg, tcfg, dcfg):
                                       bos_id=dcfg.bos_id, eos_id=dcfg.eos_id)
   mesh = sharding.make_mesh(tcfg.mesh_shape, jax.devices())
   trainer.check_batch_layout(tcfg, dcfg, mesh)
+  # the model against the data (vocabulary, positions, special ids), every task: an LM run's
+  # were found in Run, after the workdir was made (until 2026-12-06)
+  pipeline.check_data_fits_model(dcfg, mcfg, tokenizer)
   if dcfg.task == "lm":  # the corpus files exist (Run reads them)
     text.lm_files(dcfg.paths, validation_percent=dcfg.validation_percent,
                   max_files=dcfg.max_files)

@@ -356,16 +356,9 @@ def _warn_overlap(dcfg: DataConfig) -> None:
               "measure the training set", dcfg.paths, dcfg.validation_percent)
 
 
-def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
-  """Train and validation sources and the tokenizer for a data config.
-
-  ``tokenizer``: the data config's tokenizer when the caller has made it
-  already (a tokenizer model file is then read once); made here otherwise.
-  """
-  tok = tokenizer
-  if tok is None:
-    tok = make_tokenizer(dcfg.tokenizer, dcfg.tokenizer_model, bos_id=dcfg.bos_id,
-                         eos_id=dcfg.eos_id)
+def check_data_fits_model(dcfg: DataConfig, mcfg: ModelConfig, tok) -> None:
+  """ValueError naming what of the data config the model cannot take (its vocabulary, its
+  positions, its architecture, the tokenizer's special ids), before any data is read."""
   if tok.vocab_size > mcfg.vocab_size:
     raise ValueError(f"vocab_size={mcfg.vocab_size} is smaller than the tokenizer's "
                      f"{tok.vocab_size}")
@@ -383,9 +376,22 @@ def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
     if i >= mcfg.vocab_size:  # a NaN loss at the first step until 2026-12-04
       raise ValueError(f"DataConfig.{name}={i} is outside the model's vocabulary "
                        f"(ModelConfig.vocab_size={mcfg.vocab_size}): give the tokenizer's id")
+  if dcfg.task == "lm" and mcfg.arch != "decoder_only":
+    raise ValueError("task='lm' needs arch='decoder_only'")
+
+
+def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
+  """Train and validation sources and the tokenizer for a data config.
+
+  ``tokenizer``: the data config's tokenizer when the caller has made it
+  already (a tokenizer model file is then read once); made here otherwise.
+  """
+  tok = tokenizer
+  if tok is None:
+    tok = make_tokenizer(dcfg.tokenizer, dcfg.tokenizer_model, bos_id=dcfg.bos_id,
+                         eos_id=dcfg.eos_id)
+  check_data_fits_model(dcfg, mcfg, tok)
   if dcfg.task == "lm":
-    if mcfg.arch != "decoder_only":
-      raise ValueError("task='lm' needs arch='decoder_only'")
     files = text.lm_files(dcfg.paths, validation_percent=dcfg.validation_percent,
                           max_files=dcfg.max_files)
     docs = {split: [text.read_text(f) for f in fs] for split, fs in files.items()}

@@ -280,7 +280,7 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
   gives them back).
 
   Everything is checked before anything is written; ``check_only`` stops
-  there.
+  there and returns ``{"configs": (ModelConfig, DataConfig, TrainConfig)}``, the new run's.
 
   Returns:
     {"source": ..., "source_step": ..., "method": ..., "num_kv_heads": ...}.
@@ -322,7 +322,7 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
         raise ValueError(f"{e} (the new run's TrainConfig.mesh_shape, the source's unless "
                          "bound: give --gin.TrainConfig.mesh_shape=(D, F, T) for this "
                          "machine's devices)") from None
-      return {}
+      return {"configs": (new_mcfg, dcfg, tcfg)}
 
     def read(s):  # a weights-only source (convert --from-hf) read no data yet: batch 0
       return src_ckpt.restore_data(s) or {"index": 0}, load_checkpoint(src, s)[0]

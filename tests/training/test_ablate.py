@@ -776,6 +776,10 @@ def _one_line_exit_2(capsys, argv, must_not_exist):
      "mesh_shape=(64, 1, 1) needs 64 devices, only 1 exist (the new run's "
      "TrainConfig.mesh_shape, the source's unless bound: give --gin.TrainConfig.mesh_shape=(D, "
      "F, T) for this machine's devices)"),
+    # The new run's data against its model, as train checks them (written, then refused by
+    # train, until 2026-12-06).
+    ("2", "mean", ["--gin.DataConfig.seq_len=4096"],
+     "seq_len=4096 is longer than ModelConfig.max_len="),
 ])
 def test_convert_heads_bad_input(micro, tmp_path, capsys, k, method, extra, message):
   src = sweep_lib.run_dir(micro, "mha", 0)

@@ -112,7 +112,8 @@ def trainer_run_check(mcfg, tcfg, dcfg):
   mesh = sharding.make_mesh(tcfg.mesh_shape, jax.devices())
   trainer.check_batch_layout(tcfg, dcfg, mesh)
   # the model against the data (vocabulary, positions, special ids), every task: an LM run's
-  # were found in Run, after the workdir was made (until 2026-12-06)
+  # were found only by Run, which convert-heads does not build (until 2026-12-06 it wrote a
+  # run that train then refused)
   pipeline.check_data_fits_model(dcfg, mcfg, tokenizer)
   if dcfg.task == "lm":  # the corpus files exist (Run reads them)
     text.lm_files(dcfg.paths, validation_percent=dcfg.validation_percent,

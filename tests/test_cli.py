@@ -271,6 +271,21 @@ def test_check_can_make_follows_links_to_folders_and_names_what_stops_it(tmp_pat
   with pytest.raises(CommandError) as e:
     check_can_make("--workdir", "")
   assert str(e.value) == "--workdir is empty: give a directory"
+  # Only whitespace: a folder named " " was made (until 2026-12-06).
+  with pytest.raises(CommandError) as e:
+    check_can_make("--workdir", " ")
+  assert str(e.value) == "--workdir ' ' is only whitespace: give a directory"
+  # --compilation_cache "" was "no cache" without a word; eval / decode --workdir "" read the
+  # working directory's config.gin, naming no flag (until 2026-12-06).
+  from attnlab.commands._common import check_workdir_given, use_compilation_cache
+
+  for path in ("", "  "):
+    with pytest.raises(CommandError) as e:
+      use_compilation_cache(path)
+    assert str(e.value) == f"--compilation_cache {path!r} is empty: give a directory"
+    with pytest.raises(CommandError) as e:
+      check_workdir_given(path)
+    assert str(e.value) == f"--workdir {path!r} is empty: give a training workdir"
   why = {"file/new": "file is a file",
          "dangling/new": f"dangling is a symbolic link to {tmp_path}/gone, which does not exist"}
   for path, reason in why.items():

@@ -73,12 +73,21 @@ def log_attnlab_info() -> None:
   logging.getLogger("attnlab").setLevel(logging.INFO)
 
 
+def check_workdir_given(path: str) -> None:
+  """CommandError for an empty or blank ``--workdir`` of a command that reads a run (``eval``,
+  ``decode``: until 2026-12-06 it read the working directory's config.gin, naming no flag)."""
+  if not path.strip():
+    raise CommandError(f"--workdir {path!r} is empty: give a training workdir")
+
+
 def check_can_make(flag: str, path: str) -> None:
   """CommandError naming the flag if the output folder ``path`` (existing or not) cannot be
   made or written: its nearest existing folder is a file, or not writable. Checked without
   writing anything (the commands write only once every check passed)."""
   if not path:  # os.path.abspath("") is the working directory; makedirs("") fails
     raise CommandError(f"{flag} is empty: give a directory")
+  if not path.strip():  # a folder named " " was made (until 2026-12-06)
+    raise CommandError(f"{flag} {path!r} is only whitespace: give a directory")
   at = os.path.abspath(path)
   while not os.path.lexists(at):
     at = os.path.dirname(at)
@@ -115,8 +124,10 @@ def use_compilation_cache(path: str | None) -> None:
   ``jax_persistent_cache_min_compile_time_secs`` (default 1 s) to compile are
   stored: the train / eval steps and generation, not the small eager ops.
   """
-  if not path:
+  if path is None:
     return
+  if not path.strip():  # "" was taken as "no cache" without a word until 2026-12-06
+    raise CommandError(f"--compilation_cache {path!r} is empty: give a directory")
   # One line for a path that cannot be a folder (a FileExistsError traceback until
   # 2026-12-04).
   if os.path.exists(path) and not os.path.isdir(path):

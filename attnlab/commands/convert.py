@@ -56,6 +56,9 @@ from attnlab.training.checkpoint import (
 STEP = 0
 
 
+MAX_SHARD_MB = 2048  # --max_shard_mb's default
+
+
 def _parser():
   p = CommandParser(prog="attnlab convert",
               description="Convert a transformers checkpoint to an attnlab workdir, or back.")
@@ -70,8 +73,8 @@ def _parser():
   p.add_argument("--dtype", default=None, choices=DTYPES,
                  help="--from-hf: parameter and compute dtype (default: the checkpoint's)")
   p.add_argument("--step", type=int, default=None, help="--to-hf: checkpoint step (latest)")
-  p.add_argument("--max_shard_mb", type=int, default=2048,
-                 help="--to-hf: largest safetensors shard (MiB)")
+  p.add_argument("--max_shard_mb", type=int, default=None,
+                 help=f"--to-hf: largest safetensors shard (MiB; default {MAX_SHARD_MB})")
   return p
 
 
@@ -81,7 +84,7 @@ def main(argv: list[str]) -> int:
 
   try:
     if args.from_hf is not None:
-      for flag in ("out", "step"):
+      for flag in ("out", "step", "max_shard_mb"):  # the last ignored until 2026-12-06
         if getattr(args, flag) is not None:
           raise CommandError(f"--{flag} is only for --to-hf")
       summary = from_hf(args.from_hf, args.workdir, dtype=args.dtype)
@@ -90,6 +93,8 @@ def main(argv: list[str]) -> int:
         raise CommandError("--to-hf needs --out DIR")
       if args.dtype is not None:
         raise CommandError("--dtype is only for --from-hf (--to-hf keeps the checkpoint's)")
+      if args.max_shard_mb is None:
+        args.max_shard_mb = MAX_SHARD_MB
       if args.max_shard_mb < 1:
         raise CommandError(f"--max_shard_mb={args.max_shard_mb} must be a positive integer")
       summary = to_hf(args.workdir, args.out, step=args.step,

@@ -19,6 +19,7 @@ from attnlab import config_gin
 from attnlab.commands._common import (
   CommandError,
   CommandParser,
+  check_workdir_given,
   log_attnlab_info,
   mesh_shape_flag,
 )
@@ -211,6 +212,7 @@ def main(argv: list[str]) -> int:
                         seed=args.seed, page_size=args.page_size, num_pages=args.num_pages)
   except ValueError as e:
     raise CommandError(str(e)) from None
+  check_workdir_given(args.workdir)
   prompts, line_of = _read_prompts(args)
   mesh = _mesh(args.mesh_shape)
 

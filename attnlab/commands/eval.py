@@ -10,6 +10,7 @@ from attnlab.commands._common import (
   CommandError,
   CommandParser,
   add_cache_flag,
+  check_workdir_given,
   log_attnlab_info,
   mesh_shape_flag,
   use_compilation_cache,
@@ -45,6 +46,7 @@ def main(argv: list[str]) -> int:
     raise CommandError("--length_penalty is the beam search's: give --beam_size too")
   try:  # before the cache's folder is made (until 2026-12-06 a mistyped --workdir made
     # WORKDIR/xla_cache, and so WORKDIR, then failed)
+    check_workdir_given(args.workdir)
     workdir_config(args.workdir)
   except FileNotFoundError as e:
     raise CommandError(str(e)) from None

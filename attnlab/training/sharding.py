@@ -181,9 +181,10 @@ def initialize_distributed(coordinator_address: str | None = None,
     raise ValueError(f"--num_processes {num_processes} needs --coordinator_address HOST:PORT "
                      "(or $JAX_COORDINATOR_ADDRESS): where process 0 listens")
   host, _, port = coordinator_address.rpartition(":")
-  if not host or not port.isdigit():
+  # a port past 65535 waited for a coordinator that could never listen (until 2026-12-06)
+  if not host or not port.isdigit() or not 0 < int(port) < 65536:
     raise ValueError(f"--coordinator_address {coordinator_address!r} must be HOST:PORT "
-                     "(process 0's address and a free port)")
+                     "(process 0's address and a free port, 1 to 65535)")
   try:
     jax.distributed.initialize(coordinator_address=coordinator_address,
                                num_processes=num_processes, process_id=process_id)

@@ -383,6 +383,9 @@ BAD_FLAGS = {
                       "--out is only for --to-hf"),
     "step_with_from": (["--from-hf", "SRC", "--workdir", "NEW", "--step", "0"],
                        "--step is only for --to-hf"),
+    # ignored, whatever its value, until 2026-12-06
+    "shard_with_from": (["--from-hf", "SRC", "--workdir", "NEW", "--max_shard_mb", "-5"],
+                        "--max_shard_mb is only for --to-hf"),
     "no_out": (["--to-hf", "--workdir", "WORK"], "--to-hf needs --out DIR"),
     "dtype_with_to": (["--to-hf", "--workdir", "WORK", "--out", "NEW", "--dtype", "float32"],
                       "--dtype is only for --from-hf (--to-hf keeps the checkpoint's)"),

@@ -209,8 +209,12 @@ def test_initialize_distributed_takes_arguments_over_the_environment(monkeypatch
     (("host:1234", 2, 5), {}, "--process_id 5 must be in [0, 2) for --num_processes 2"),
     (("host:1234", 2, -1), {}, "--process_id -1 must be in [0, 2)"),
     (("host", 2, 0), {}, "--coordinator_address 'host' must be HOST:PORT (process 0's address "
-                         "and a free port)"),
+                         "and a free port, 1 to 65535)"),
     (("host:x", 2, 0), {}, "--coordinator_address 'host:x' must be HOST:PORT"),
+    # A port no coordinator can listen on: a wait without end (until 2026-12-06).
+    (("host:99999999", 2, 0), {}, "--coordinator_address 'host:99999999' must be HOST:PORT "
+                                  "(process 0's address and a free port, 1 to 65535)"),
+    (("host:0", 2, 0), {}, "--coordinator_address 'host:0' must be HOST:PORT"),
     ((None, 0, None), {}, "--num_processes 0 must be at least 1"),
     ((None, 1, 1), {}, "--process_id 1 must be in [0, 1)"),
     ((), {"JAX_NUM_PROCESSES": "two"}, "$JAX_NUM_PROCESSES='two' must be an integer "

@@ -96,6 +96,28 @@ def main(argv: list[str]) -> int:
   return EXIT_STOPPED if last["step"] < tcfg.steps else 0
 
 
+def physical_memory_bytes() -> int | None:
+  """This machine's physical memory (None where the OS does not say)."""
+  try:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def check_batch_fits_memory(dcfg, memory: int | None = None) -> None:
+  """ValueError naming batch_size and seq_len when one host batch's token ids and targets
+  alone (int32 [B, T + 1] twice: a lower bound of what the pipeline makes) pass this
+  machine's memory: until 2026-12-06 ``batch_size=2**30`` was a NumPy MemoryError traceback
+  (or the kernel's kill) while the first batches were made."""
+  memory = physical_memory_bytes() if memory is None else memory
+  need = 2 * 4 * dcfg.batch_size * (dcfg.seq_len + 1)
+  if memory is not None and need > memory:
+    raise ValueError(f"a batch of batch_size={dcfg.batch_size} rows of seq_len={dcfg.seq_len} "
+                     f"takes at least {need / 2**30:.1f} GiB on the host (int32 token ids and "
+                     f"targets), more than this machine's memory ({memory / 2**30:.1f} GiB): "
+                     "give a smaller DataConfig.batch_size")
+
+
 def trainer_run_check(mcfg, tcfg, dcfg):
   """Fail fast (before writing anything) on a mesh, data or package the run cannot use.
 
@@ -104,6 +126,7 @@ def trainer_run_check(mcfg, tcfg, dcfg):
   which only the run reads) and the tokenizer.
   """
   extras.check_data_config(dcfg)
+  check_batch_fits_memory(dcfg)
   # 'cudnn' off a GPU: refused before the workdir exists, not by the first step's trace
   jax_nn.check_backend(mcfg.attention_impl, "ModelConfig.attention_impl")
   # A moved or unreadable tokenizer model file: one line, not a traceback from inside Run.

@@ -340,6 +340,25 @@ def test_a_model_too_large_for_memory_is_one_line_naming_its_size(tmp_path, caps
   assert float(re.search(r"([\d.]+) GiB", err)[1]) == round(count * 4 * 3 / 2**30, 1)
 
 
+def test_a_batch_larger_than_the_machines_memory_is_one_line(tmp_path, capsys):
+  """batch_size=2**40 was a NumPy MemoryError traceback while the first batches were made
+  (until 2026-12-06): refused before anything is written, naming batch_size and seq_len. The
+  bound is the token ids and targets alone, int32 [B, T + 1] twice."""
+  rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(tmp_path / "w"),
+                 "--gin.DataConfig.batch_size=1099511627776"])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and not (tmp_path / "w").exists(), err
+  assert re.fullmatch(r"attnlab train: error: a batch of batch_size=1099511627776 rows of "
+                      r"seq_len=\d+ takes at least [\d.]+ GiB on the host \(int32 token ids and "
+                      r"targets\), more than this machine's memory \([\d.]+ GiB\): give a "
+                      r"smaller DataConfig.batch_size", err), err
+  dcfg = gin_config.parse([CONFIG], [])[1]
+  need = 2 * 4 * dcfg.batch_size * (dcfg.seq_len + 1)
+  train_command.check_batch_fits_memory(dcfg, memory=need)  # exactly enough
+  with pytest.raises(ValueError, match=f"^a batch of batch_size={dcfg.batch_size} rows"):
+    train_command.check_batch_fits_memory(dcfg, memory=need - 1)
+
+
 def test_train_exits_1_on_a_non_finite_stop(tmp_path, capsys):
   rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(tmp_path / "w"),
                  "--gin.TrainConfig.learning_rate=1e30", "--gin.TrainConfig.schedule='constant'",

@@ -32,6 +32,14 @@ from attnlab.training.checkpoint import CheckpointMismatchError, UnreadableCheck
 from attnlab.training.sweep import write_converted_run
 
 
+def _passes_run_check(mcfg, dcfg, tcfg) -> bool:
+  try:
+    trainer_run_check(mcfg, tcfg, dcfg)
+  except (FileNotFoundError, ValueError, ImportError):
+    return False
+  return True
+
+
 def main(argv: list[str]) -> int:
   bindings, rest = split_gin_flags(argv)
   p = CommandParser(prog="attnlab convert-heads",
@@ -70,10 +78,13 @@ def main(argv: list[str]) -> int:
     # Everything is checked before anything is written.
     checked = write_converted_run(args.src, args.dst, args.num_kv_heads, args.method,
                                   check_only=True, **kwargs)
-    # and the new run's data against its model, as `attnlab train` checks them (a seq_len
-    # past max_len was written, then refused by train, until 2026-12-06)
+    # and the new run's data against its model, as `attnlab train` checks them, where the
+    # bindings made a source that passes them fail (a seq_len past max_len was written, then
+    # refused by train, until 2026-12-06); a source that fails them alone (an HF import,
+    # whose data config is the default's) is converted as before, its data to be bound later
     new_mcfg, new_dcfg, new_tcfg = checked["configs"]
-    trainer_run_check(new_mcfg, new_tcfg, new_dcfg)
+    if bindings and _passes_run_check(*config_gin.read_workdir_config(config_path)):
+      trainer_run_check(new_mcfg, new_tcfg, new_dcfg)
   except (FileNotFoundError, ValueError, ImportError) as e:
     raise CommandError(str(e)) from None
   check_can_make("--to", args.dst)

@@ -31,7 +31,7 @@ from attnlab.training import evaluate as eval_lib
 from attnlab.training import optim
 from attnlab.training import sharding as shd
 from attnlab.training import steps as steps_lib
-from attnlab.training.checkpoint import Checkpointer, workdir_config
+from attnlab.training.checkpoint import Checkpointer, abstract_model, workdir_config
 from attnlab.training.metrics import WINDOW_HOLDS_COMPILE, MetricsWriter, perplexity
 
 log = logging.getLogger(__name__)
@@ -93,8 +93,6 @@ def _too_large(mcfg: ModelConfig, tcfg: TrainConfig, error: str) -> str:
   """Why the training state did not fit (a traceback from inside JAX until 2026-12-06):
   the parameter count and bytes, with the optimizer's moments, and the sizes that make them."""
   from flax import nnx
-
-  from attnlab.training.checkpoint import abstract_model
 
   params = jax.tree.leaves(nnx.state(abstract_model(mcfg), nnx.Param))
   count = sum(x.size for x in params)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from attnlab import config_gin
 from attnlab.config import DataConfig, ModelConfig, Sweep, TrainConfig
 from attnlab.data.tokenizer import ByteTokenizer
 from attnlab.training import sweep as sweep_lib
@@ -1141,10 +1142,13 @@ def test_write_converted_run_refuses_before_writing_anything(source_run, tmp_pat
         sweep_lib.write_converted_run(*args, **kw, check_only=check_only)
       assert message is None or str(e.value) == message, str(e.value)
       assert not os.path.exists(dst)
-  assert sweep_lib.write_converted_run(src, dst, 2, "mean", check_only=True) == {}
+  # The checks alone return the new run's configs (the CLI checks its data against them).
+  mcfg, dcfg, tcfg = config_gin.read_workdir_config(os.path.join(src, "config.gin"))
+  new = {"configs": (mcfg.replace(num_kv_heads=2), dcfg, tcfg)}
+  assert sweep_lib.write_converted_run(src, dst, 2, "mean", check_only=True) == new
   assert not os.path.exists(dst)
   os.makedirs(dst)  # an empty folder is a new run's
-  assert sweep_lib.write_converted_run(src, dst, 2, "mean", check_only=True) == {}
+  assert sweep_lib.write_converted_run(src, dst, 2, "mean", check_only=True) == new
   assert os.listdir(dst) == []
   too_many = (len(jax.devices()) + 1, 1, 1)
   with pytest.raises(ValueError) as want:

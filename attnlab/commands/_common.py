@@ -73,6 +73,16 @@ def log_attnlab_info() -> None:
   logging.getLogger("attnlab").setLevel(logging.INFO)
 
 
+def out_of_memory(e: BaseException) -> str | None:
+  """The first line of XLA's RESOURCE_EXHAUSTED error (an allocation that cannot be made),
+  or None for any other exception (a bug keeps its traceback). By the class's name: this
+  module does not import JAX."""
+  text = str(e)
+  if type(e).__name__ == "JaxRuntimeError" and "RESOURCE_EXHAUSTED" in text:
+    return text.strip().splitlines()[0][:200]
+  return None
+
+
 def check_workdir_given(path: str) -> None:
   """CommandError for an empty or blank ``--workdir`` of a command that reads a run (``eval``,
   ``decode``: until 2026-12-06 it read the working directory's config.gin, naming no flag)."""

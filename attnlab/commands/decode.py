@@ -22,6 +22,7 @@ from attnlab.commands._common import (
   check_workdir_given,
   log_attnlab_info,
   mesh_shape_flag,
+  out_of_memory,
 )
 from attnlab.config import CACHE_DTYPES, CACHE_KINDS, DecodeConfig, is_integer, seed_key
 from attnlab.data import pipeline
@@ -182,6 +183,12 @@ def _serve(args, dcfg, model, prompts, ids, tokenizer, line_of, stops) -> int:
     return 1
   except GenerateInputError as e:  # checked before any request runs: no bar to end
     raise CommandError(str(e)) from None
+  except Exception as e:  # a traceback until 2026-12-06
+    oom = out_of_memory(e)
+    if oom is None:
+      raise
+    raise CommandError(f"out of memory serving the requests ({oom}): give fewer --slots, a "
+                       "smaller --num_pages or --max_new_tokens") from None
   if tty:
     sys.stderr.write("\n")
   return 0
@@ -253,7 +260,16 @@ def main(argv: list[str]) -> int:
   # Prompt (or source) lengths: a token with the pad id inside a prompt is a token.
   kwargs.update(prompt_lengths_B=lengths_B)
   try:
-    out_BJ = np.asarray(generate(model, prompt_BT, **kwargs))
+    try:
+      out_BJ = np.asarray(generate(model, prompt_BT, **kwargs))
+    except Exception as e:  # a traceback until 2026-12-06
+      oom = out_of_memory(e)
+      if oom is None:
+        raise
+      raise GenerateInputError(
+          f"out of memory decoding {len(prompts)} prompt(s) at once ({oom}): decode fewer "
+          "at a time (--slots N serves them N at a time), with a narrower --beam_size or a "
+          "smaller --max_new_tokens") from None
   except (GenerateInputError, PagesExhaustedError) as e:  # input errors (--num_pages too
     message = str(e)                                      # small); a bug keeps its traceback
     if args.prompts_file is not None and isinstance(e, PromptTooLongError):  # also of one

@@ -13,6 +13,7 @@ from attnlab.commands._common import (
   check_workdir_given,
   log_attnlab_info,
   mesh_shape_flag,
+  out_of_memory,
   use_compilation_cache,
 )
 from attnlab.config import DecodeConfig
@@ -54,7 +55,13 @@ def main(argv: list[str]) -> int:
   try:
     out = trainer.evaluate_workdir(args.workdir, args.step, beam_size=args.beam_size,
                                    length_penalty=args.length_penalty, mesh_shape=mesh_shape)
-  except (FileNotFoundError, ValueError, MissingDependencyError) as e:
+  except Exception as e:
+    oom = out_of_memory(e)  # a traceback until 2026-12-06
+    if oom is not None:
+      raise CommandError(f"out of memory evaluating ({oom}): give a narrower --beam_size, or "
+                         "more devices with --mesh_shape") from None
+    if not isinstance(e, FileNotFoundError | ValueError | MissingDependencyError):
+      raise
     hint = ""
     if mesh_shape is None and isinstance(e, sharding.MeshShapeError):  # the run's mesh
       hint = (" (the run's TrainConfig.mesh_shape; evaluate on another mesh with --mesh_shape "

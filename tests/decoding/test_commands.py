@@ -1097,6 +1097,31 @@ def test_decode_hands_every_flag_to_generate(workdir, monkeypatch, capsys, tmp_p
     assert line.split("\t", 1)[1] == tok.decode(row)
 
 
+def test_serving_past_memory_is_one_line(workdir, capsys, monkeypatch):
+  """XLA's RESOURCE_EXHAUSTED while serving (--slots) was a traceback (until 2026-12-06): one
+  line naming the flags that size it, exit 2; any other error of the loop keeps its traceback.
+  No flag sizes serving past memory on this model (num_pages is capped at the worst case), so
+  the allocation's error is made to happen."""
+  import jax
+
+  from attnlab.decoding import batching
+
+  argv = ["decode", "--workdir", workdir, "--prompt", "def", "--slots", "2"]
+  for message in ("RESOURCE_EXHAUSTED: Out of memory allocating 9 bytes.", "INTERNAL: x"):
+    def serve(*a, message=message, **kw):
+      raise jax.errors.JaxRuntimeError(message)
+
+    monkeypatch.setattr(batching, "generate_requests", serve)
+    if message.startswith("INTERNAL"):
+      with pytest.raises(jax.errors.JaxRuntimeError, match="^INTERNAL: x$"):
+        main(argv)
+      continue
+    rc, _, err = _run(argv, capsys)
+    assert rc == 2 and err.strip() == (
+        "attnlab decode: error: out of memory serving the requests (RESOURCE_EXHAUSTED: Out of "
+        "memory allocating 9 bytes.): give fewer --slots, a smaller --num_pages or "
+        "--max_new_tokens"), err
+
 @pytest.fixture(scope="module")
 def encdec_workdir(tmp_path_factory):
   """A tiny encoder-decoder on the reverse task."""

@@ -359,6 +359,33 @@ def test_a_batch_larger_than_the_machines_memory_is_one_line(tmp_path, capsys):
     train_command.check_batch_fits_memory(dcfg, memory=need - 1)
 
 
+def test_an_eval_or_decode_past_memory_is_one_line(seq2seq_run, tmp_path, capsys):
+  """A beam within the int32 bound of its candidates but past memory was XLA's
+  RESOURCE_EXHAUSTED traceback in eval and decode (until 2026-12-06): one line, exit 2,
+  naming the flags that size it. Any other exception is not taken for it."""
+  workdir = _copy(seq2seq_run, tmp_path)
+  capsys.readouterr()
+  assert cli.main(["eval", "--workdir", str(workdir), "--beam_size", "8000000"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert re.fullmatch(r"attnlab eval: error: out of memory evaluating \(RESOURCE_EXHAUSTED: "
+                      r"Out of memory allocating \d+ bytes\.\): give a narrower --beam_size, or "
+                      r"more devices with --mesh_shape", err), err
+  assert cli.main(["decode", "--workdir", str(workdir), "--prompt", "abc",
+                   "--beam_size", "8000000"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert re.fullmatch(r"attnlab decode: error: out of memory decoding 1 prompt\(s\) at once "
+                      r"\(RESOURCE_EXHAUSTED: Out of memory allocating \d+ bytes\.\): decode "
+                      r"fewer at a time \(--slots N serves them N at a time\), with a narrower "
+                      r"--beam_size or a smaller --max_new_tokens", err), err
+  import jax
+
+  assert _common.out_of_memory(jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory"
+                                                          "\nmore")) == (
+      "RESOURCE_EXHAUSTED: Out of memory")
+  assert _common.out_of_memory(jax.errors.JaxRuntimeError("INTERNAL: something")) is None
+  assert _common.out_of_memory(MemoryError("RESOURCE_EXHAUSTED")) is None
+
+
 def test_train_exits_1_on_a_non_finite_stop(tmp_path, capsys):
   rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(tmp_path / "w"),
                  "--gin.TrainConfig.learning_rate=1e30", "--gin.TrainConfig.schedule='constant'",

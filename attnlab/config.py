@@ -88,8 +88,8 @@ def check_float32_range(name: str, value, why: str) -> None:
   """``value`` a positive number that float32 holds as a normal number (``why``: what 0 or
   inf would do)."""
   if not FLOAT32_TINY <= value <= FLOAT32_MAX:
-    raise ValueError(f"{name}={value!r} must be within float32's normal range [{FLOAT32_TINY:.8g}, "
-                     f"{FLOAT32_MAX:.8g}]: {why}")
+    raise ValueError(f"{name}={value!r} must be within float32's normal range [{FLOAT32_TINY!r}, "
+                     f"{FLOAT32_MAX!r}]: {why}")
 
 
 def is_number(value) -> bool:

@@ -86,10 +86,12 @@ INVALID = [
      'norm_eps=-1e-06 must be positive'),
     # 0 or inf in float32: every norm's output 0, a model that learned nothing (until 2026-12-06)
     (dict(norm_eps=1e39),
-     "norm_eps=1e+39 must be within float32's normal range [1.1754944e-38, 3.4028235e+38]: the "
+     "norm_eps=1e+39 must be within float32's normal range [1.1754943508222875e-38, "
+     "3.4028234663852886e+38]: the "
      "norms compute in float32, where it would be 0 or inf (every output 0)"),
     (dict(norm_eps=1e-40),
-     "norm_eps=1e-40 must be within float32's normal range [1.1754944e-38, 3.4028235e+38]: the "
+     "norm_eps=1e-40 must be within float32's normal range [1.1754943508222875e-38, "
+     "3.4028234663852886e+38]: the "
      "norms compute in float32, where it would be 0 or inf (every output 0)"),
     # LayerNorm over one feature is 0 whatever the input (accepted until 2026-12-06)
     (dict(norm="layernorm", d_model=1, num_heads=1, num_kv_heads=1, head_dim=2),
@@ -271,11 +273,13 @@ TRAIN_INVALID = [
      "parameter whose gradient is always 0 (an unused embedding row) would become nan"),
     # 0 in float32: the nan above, reported as a non-finite update (until 2026-12-06)
     (dict(eps=1e-40),
-     "eps=1e-40 must be within float32's normal range [1.1754944e-38, 3.4028235e+38]: Adam "
+     "eps=1e-40 must be within float32's normal range [1.1754943508222875e-38, "
+     "3.4028234663852886e+38]: Adam "
      "divides by sqrt(v) + eps in float32, where it would be 0 (a nan update) or inf (no "
      "update)"),
     (dict(optimizer='adam', eps=1e39),
-     "eps=1e+39 must be within float32's normal range [1.1754944e-38, 3.4028235e+38]: Adam "
+     "eps=1e+39 must be within float32's normal range [1.1754943508222875e-38, "
+     "3.4028234663852886e+38]: Adam "
      "divides by sqrt(v) + eps in float32, where it would be 0 (a nan update) or inf (no "
      "update)"),
     (dict(optimizer='adam', weight_decay=0.5),

@@ -32,7 +32,6 @@ from flax import nnx
 
 from attnlab.config import (
     CACHE_KINDS,
-    FLOAT32_MAX,
     DecodeConfig,
     check_positive,
     is_integer,
@@ -385,19 +384,25 @@ def _check_prompt(cfg, prompt_BT, max_new_tokens) -> int:
   return max_new_tokens
 
 
+MAX_LP_FACTOR = 2.0**64  # the largest length-penalty factor (a divisor of the scores)
+
 def _check_beam(cache, length_penalty, max_new_tokens):
   # an alpha of inf or nan: scores 0 or nan; a string: a TypeError from the comparison
   if not is_number(length_penalty) or not 0 <= length_penalty < float("inf"):
     raise GenerateInputError(f"length_penalty={length_penalty!r} must be a finite number >= 0")
-  # GNMT's ((5 + n) / 6) ** alpha in float32 for the longest output: past its range every
-  # finished score was -0, and the first to finish won (until 2026-12-06)
+  # GNMT's ((5 + n) / 6) ** alpha for the longest output divides the scores (log P <= 0) in
+  # float32, where a quotient below the smallest normal number is flushed to 0: past an
+  # overflow every finished score was -0 and the first to finish won (until 2026-12-06), and
+  # a factor near 1e38 already flushes any score. At most 2**64 (MAX_LP_FACTOR), a score
+  # stays itself for every |log P| >= 2**64 x 1.2e-38 = 2e-19. The bound printed is rounded
+  # down, so it is accepted.
   if max_new_tokens > 1:
-    most = math.log(FLOAT32_MAX) / math.log((5 + max_new_tokens) / 6) * (1 - 1e-6)
+    most = math.log(MAX_LP_FACTOR) / math.log((5 + max_new_tokens) / 6) * (1 - 1e-9)
     if length_penalty > most:
       raise GenerateInputError(
-          f"length_penalty={length_penalty!r} overflows float32 in the penalty "
-          f"((5 + n) / 6) ** alpha of an output of {max_new_tokens} tokens: give at most "
-          f"{most:.6g}")
+          f"length_penalty={length_penalty!r} makes the penalty ((5 + n) / 6) ** alpha of an "
+          f"output of {max_new_tokens} tokens larger than 2**64, past which float32 scores "
+          f"underflow: give at most {math.floor(most * 1000) / 1000}")
   if cache == "paged":
     raise GenerateInputError("beam search reorders whole cache rows: use cache='contiguous' or "
                              "'ring' with beam_size")

@@ -360,8 +360,8 @@ def build_model(cfg: ModelConfig, *, rngs: nnx.Rngs) -> DecoderOnly | EncoderDec
 
 
 def count_params(model: nnx.Module) -> int:
-  """Number of parameter scalars (``nnx.Param`` leaves) in a model."""
-  if not isinstance(model, nnx.Module):  # a config was an IndexError until 2026-12-06
-    raise ValueError(f"count_params needs a model (an nnx.Module: build_model(cfg, rngs=...)), "
-                     f"got {type(model).__name__}")
+  """Number of parameter scalars (``nnx.Param`` leaves) in a model (or its ``nnx.State``)."""
+  if not isinstance(model, nnx.Module | nnx.State):  # a config: an IndexError until 12-06
+    raise ValueError(f"count_params needs a model (an nnx.Module: build_model(cfg, rngs=...)) "
+                     f"or its nnx.State, got {type(model).__name__}")
   return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

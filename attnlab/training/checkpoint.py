@@ -328,6 +328,9 @@ class Checkpointer:
       ValueError: ``step`` is not an integer (a Python or NumPy one, not a bool), or not one
         of the saved steps (the message lists them).
     """
+    if (isinstance(step, np.ndarray | jax.Array) and step.shape == ()
+        and np.issubdtype(step.dtype, np.integer)):  # a saved step, state["step"]
+      step = int(step)
     if step is not None and not is_integer(step):
       # until 2026-12-06 "3" was "step=3 has no checkpoint ...; saved steps: [3]", and 3.0
       # passed to fail reading a folder named 3.0

@@ -462,16 +462,27 @@ def test_generate_rejects_bad_prompts():
     attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=2, beam_size=most + 1)
   # A length penalty whose factor ((5 + n) / 6) ** alpha overflows float32 at the longest
   # output: every finished score was -0 and the first hypothesis to finish won (until
-  # 2026-12-06). At the largest alpha accepted the factor is finite, just past it inf.
+  # 2026-12-06), and a factor near 1e38 flushes any score to -0 in float32 (its quotients fall
+  # below the smallest normal number). The factor is kept <= 2**64: at the bound printed,
+  # which is accepted, a score of log P = -1e-12 keeps its sign and size.
   with pytest.raises(GenerateInputError, match="^" + re.escape(
-      "length_penalty=300 overflows float32 in the penalty ((5 + n) / 6) ** alpha of an output "
-      "of 4 tokens: give at most 218.817") + "$"):
+      "length_penalty=300 makes the penalty ((5 + n) / 6) ** alpha of an output of 4 tokens "
+      "larger than 2**64, past which float32 scores underflow: give at most 109.408") + "$"):
     attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=4, beam_size=2,
                      length_penalty=300)
+  with pytest.raises(GenerateInputError, match="give at most 109.408$"):
+    attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=4, beam_size=2,
+                     length_penalty=109.409)
+  attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=4, beam_size=2,
+                   length_penalty=109.408)
   from attnlab.decoding.beam import length_penalty_factor
 
-  assert np.isfinite(float(length_penalty_factor(4, 218.817)))
-  assert not np.isfinite(float(length_penalty_factor(4, 218.82)))
+  score = jax.jit(lambda logp, alpha: logp / length_penalty_factor(4, alpha))
+  assert float(length_penalty_factor(4, 109.408)) <= 2.0**64
+  for logp in (-0.5, -1e-12):
+    got = float(score(logp, 109.408))
+    assert got < 0 and got == pytest.approx(logp / 1.5**109.408, rel=1e-5)
+  assert float(score(-0.5, 214.0)) == 0  # what a factor near 1e38 did (allowed until now)
   with pytest.raises(ValueError, match=re.escape(
       "the prompt plus max_new_tokens needs 7 cache slots, more than cache_len=4")):
     attnlab.generate(model, np.array([[5, 6, 7, 8, 9, 10]]), max_new_tokens=2, cache_len=4)

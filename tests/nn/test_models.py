@@ -317,6 +317,10 @@ def test_models_refuse_another_architecture_by_name():
       attnlab.build_model(ModelConfig(**TINY), rngs=rngs)
   with pytest.raises(ValueError, match="^count_params needs a model"):  # an IndexError
     attnlab.count_params(ModelConfig(**TINY))
+  # ... and a model's state is counted as the model (a split or restored one)
+  model = attnlab.build_model(ModelConfig(**TINY), rngs=nnx.Rngs(0))
+  assert attnlab.count_params(nnx.state(model)) == attnlab.count_params(
+      nnx.split(model)[1]) == attnlab.count_params(model) > 0
 
 
 def test_residual_and_embedding_dropout_drop_in_training_only():

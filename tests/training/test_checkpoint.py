@@ -760,7 +760,8 @@ def test_load_checkpoint_takes_the_newest_step_onto_the_first_device_or_the_mesh
   ckpt.close()
   (workdir / "checkpoints" / "5.orbax-checkpoint-tmp" / "params").mkdir(parents=True)
   one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  for step, scale, on in ((None, 2.0, None), (3, 1.0, mesh), (np.int64(3), 1.0, None)):
+  for step, scale, on in ((None, 2.0, None), (3, 1.0, mesh), (np.int64(3), 1.0, None),
+                          (jnp.int32(3), 1.0, None), (np.array(4), 2.0, None)):
     model, _ = attnlab.load_checkpoint(str(workdir), step, mesh=on)
     got = nnx.state(model, nnx.Param)
     want = jax.tree.map(lambda x, k=scale: x * k, params)

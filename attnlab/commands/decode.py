@@ -260,16 +260,7 @@ def main(argv: list[str]) -> int:
   # Prompt (or source) lengths: a token with the pad id inside a prompt is a token.
   kwargs.update(prompt_lengths_B=lengths_B)
   try:
-    try:
-      out_BJ = np.asarray(generate(model, prompt_BT, **kwargs))
-    except Exception as e:  # a traceback until 2026-12-06
-      oom = out_of_memory(e)
-      if oom is None:
-        raise
-      raise GenerateInputError(
-          f"out of memory decoding {len(prompts)} prompt(s) at once ({oom}): decode fewer "
-          "at a time (--slots N serves them N at a time), with a narrower --beam_size or a "
-          "smaller --max_new_tokens") from None
+    out_BJ = np.asarray(generate(model, prompt_BT, **kwargs))
   except (GenerateInputError, PagesExhaustedError) as e:  # input errors (--num_pages too
     message = str(e)                                      # small); a bug keeps its traceback
     if args.prompts_file is not None and isinstance(e, PromptTooLongError):  # also of one
@@ -277,6 +268,14 @@ def main(argv: list[str]) -> int:
       message += (f" (the longest is {line_of(i)}, {lengths_B[i]} tokens: "
                   f"{prompts[i][:40]!r})")
     raise CommandError(message) from None
+  except Exception as e:  # a traceback until 2026-12-06
+    oom = out_of_memory(e)
+    if oom is None:
+      raise
+    raise CommandError(
+        f"out of memory decoding {len(prompts)} prompt(s) at once ({oom}): decode fewer at a "
+        "time (--slots N serves them N at a time), with a narrower --beam_size or a smaller "
+        "--max_new_tokens") from None
   for prompt, row in zip(prompts, out_BJ):
     # Cut before the first stop id: after it the row is pad_id, which may be a real token
     # of the tokenizer.

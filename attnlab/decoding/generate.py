@@ -386,6 +386,7 @@ def _check_prompt(cfg, prompt_BT, max_new_tokens) -> int:
 
 MAX_LP_FACTOR = 2.0**64  # the largest length-penalty factor (a divisor of the scores)
 
+
 def _check_beam(cache, length_penalty, max_new_tokens):
   # an alpha of inf or nan: scores 0 or nan; a string: a TypeError from the comparison
   if not is_number(length_penalty) or not 0 <= length_penalty < float("inf"):

@@ -27,6 +27,7 @@ from attnlab import config_gin as gin_config
 from attnlab import extras
 from attnlab.config import DataConfig, DecodeConfig, ModelConfig, TrainConfig
 from attnlab.data import pipeline
+from attnlab.nn.transformer import count_params
 from attnlab.training import evaluate as eval_lib
 from attnlab.training import optim
 from attnlab.training import sharding as shd
@@ -94,8 +95,9 @@ def _too_large(mcfg: ModelConfig, tcfg: TrainConfig, error: str) -> str:
   the parameter count and bytes, with the optimizer's moments, and the sizes that make them."""
   from flax import nnx
 
-  params = jax.tree.leaves(nnx.state(abstract_model(mcfg), nnx.Param))
-  count = sum(x.size for x in params)
+  model = abstract_model(mcfg)
+  params = jax.tree.leaves(nnx.state(model, nnx.Param))
+  count = count_params(model)
   moments = 1 if tcfg.optimizer == "sgd" else 2  # momentum; Adam's m and v
   nbytes = sum(x.size * x.dtype.itemsize for x in params) * (1 + moments)
   first = error.strip().splitlines()[0][:200]

@@ -96,20 +96,12 @@ def main(argv: list[str]) -> int:
   return EXIT_STOPPED if last["step"] < tcfg.steps else 0
 
 
-def physical_memory_bytes() -> int | None:
-  """This machine's physical memory (None where the OS does not say)."""
-  try:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-  except (ValueError, OSError, AttributeError):
-    return None
-
-
 def check_batch_fits_memory(dcfg, memory: int | None = None) -> None:
   """ValueError naming batch_size and seq_len when one host batch's token ids and targets
   alone (int32 [B, T + 1] twice: a lower bound of what the pipeline makes) pass this
   machine's memory: until 2026-12-06 ``batch_size=2**30`` was a NumPy MemoryError traceback
   (or the kernel's kill) while the first batches were made."""
-  memory = physical_memory_bytes() if memory is None else memory
+  memory = pipeline.physical_memory_bytes() if memory is None else memory
   need = 2 * 4 * dcfg.batch_size * (dcfg.seq_len + 1)
   if memory is not None and need > memory:
     raise ValueError(f"a batch of batch_size={dcfg.batch_size} rows of seq_len={dcfg.seq_len} "
@@ -144,4 +136,6 @@ def trainer_run_check(mcfg, tcfg, dcfg):
     return None, tokenizer
   # a TSV's pairs, or a synthetic task's split
   sources, _ = pipeline.build_sources(dcfg, mcfg, tokenizer)
+  if tcfg.eval_every and sources["validation"].size is None:  # a synthetic task's: no end
+    pipeline.check_validation_fits_memory(dcfg, tcfg.eval_batches)
   return sources, tokenizer

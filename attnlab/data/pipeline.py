@@ -20,6 +20,7 @@ Batch layouts (numpy, int32 unless noted):
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 
@@ -459,6 +460,30 @@ EXAMPLE_FITS = "example_fits_B"
 SOURCE_LENGTH, TARGET_LENGTH = "source_len_B", "target_len_B"
 
 
+def physical_memory_bytes() -> int | None:
+  """This machine's physical memory (None where the OS does not say)."""
+  try:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def check_validation_fits_memory(dcfg: DataConfig, num_batches: int,
+                                 memory: int | None = None) -> None:
+  """ValueError naming eval_batches when ``num_batches`` validation batches of a set without
+  an end (a synthetic task's) pass this machine's memory: a run makes them once and keeps
+  them, each at least int32 [B, T + 1] twice (token ids and targets). Until 2026-12-06
+  ``TrainConfig.eval_batches=10**9`` built batches until memory ran out."""
+  memory = physical_memory_bytes() if memory is None else memory
+  need = num_batches * 2 * 4 * dcfg.batch_size * (dcfg.seq_len + 1)
+  if memory is not None and need > memory:
+    raise ValueError(f"TrainConfig.eval_batches={num_batches} validation batches of "
+                     f"batch_size={dcfg.batch_size} x seq_len={dcfg.seq_len} take at least "
+                     f"{need / 2**30:.1f} GiB on the host (int32 token ids and targets, kept "
+                     f"for every evaluation), more than this machine's memory "
+                     f"({memory / 2**30:.1f} GiB): give fewer eval_batches")
+
+
 def validation_batches(sources, dcfg: DataConfig, num_batches: int,
                        multiple_of: int = 1) -> list[dict]:
   """The first ``num_batches`` validation batches, in a fixed order.
@@ -481,6 +506,8 @@ def validation_batches(sources, dcfg: DataConfig, num_batches: int,
   n = num_batches
   if src.size is not None:
     n = min(num_batches, -(-src.size // bs))
+  else:  # no end: n batches are made
+    check_validation_fits_memory(dcfg, n)
   out = []
   for i in range(n):
     ids = np.arange(i * bs, (i + 1) * bs)

@@ -17,6 +17,7 @@ from attnlab import cli
 from attnlab import config_gin as gin_config
 from attnlab.commands import _common, kv_size
 from attnlab.commands import train as train_command
+from attnlab.data import pipeline
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(REPO, "configs", "seq2seq_reverse.gin")
@@ -32,8 +33,6 @@ SEQ2SEQ = TINY + ["--gin.ModelConfig.num_encoder_layers=1", "--gin.DataConfig.ma
 @pytest.fixture
 def data_builds(monkeypatch):
   """The names of the tokenizer and source builds a run makes, in order (the real ones run)."""
-  from attnlab.data import pipeline
-
   calls = []
   for name in ("make_tokenizer", "build_sources"):
     real = getattr(pipeline, name)
@@ -357,6 +356,46 @@ def test_a_batch_larger_than_the_machines_memory_is_one_line(tmp_path, capsys):
   train_command.check_batch_fits_memory(dcfg, memory=need)  # exactly enough
   with pytest.raises(ValueError, match=f"^a batch of batch_size={dcfg.batch_size} rows"):
     train_command.check_batch_fits_memory(dcfg, memory=need - 1)
+
+
+def test_a_validation_set_larger_than_the_machines_memory_is_one_line(seq2seq_run, tmp_path,
+                                                                      capsys, monkeypatch):
+  """A synthetic task's validation set has no end: eval_batches=10**9 built batches until
+  memory ran out (until 2026-12-06), in train and in eval. Refused by name (train: before
+  anything is written); the bound is eval_batches x a batch's int32 token ids and targets.
+  The commands run on a machine made to have 64 KiB (so the code before fails fast)."""
+  dcfg = gin_config.parse([CONFIG], [])[1]
+  with pytest.raises(ValueError, match="^TrainConfig.eval_batches=1000000000 validation"):
+    pipeline.check_validation_fits_memory(dcfg, 10**9)  # this machine's memory
+  monkeypatch.setattr(pipeline, "physical_memory_bytes", lambda: 2**16)
+  rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(tmp_path / "w"),
+                 "--gin.TrainConfig.eval_every=1", "--gin.TrainConfig.eval_batches=1000"])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and not (tmp_path / "w").exists(), err
+  pattern = (r"attnlab (train|eval): error: TrainConfig.eval_batches=1000 validation batches "
+             r"of batch_size=4 x seq_len=\d+ take at least [\d.]+ GiB on the host \(int32 "
+             r"token ids and targets, kept for every evaluation\), more than this machine's "
+             r"memory \(0.0 GiB\): give fewer eval_batches")
+  assert re.fullmatch(pattern, err), err
+  # eval of a run whose config.gin asks for them (its training did not evaluate)
+  run = tmp_path / "run"
+  shutil.copytree(seq2seq_run, run)
+  with open(run / "config.gin", "a") as f:
+    f.write("\nTrainConfig.eval_batches = 1000\n")
+  rc = cli.main(["eval", "--workdir", str(run)])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and re.fullmatch(pattern, err), err
+  # the run check of train, ablate and convert-heads; not without evaluations
+  mcfg, dcfg, tcfg = gin_config.parse([CONFIG], [])
+  many = dataclasses.replace(tcfg, eval_every=1, eval_batches=1000)
+  with pytest.raises(ValueError, match=r"^TrainConfig.eval_batches=1000 validation"):
+    train_command.trainer_run_check(mcfg, many, dcfg)
+  train_command.trainer_run_check(mcfg, dataclasses.replace(many, eval_every=0), dcfg)
+  # the bound, exactly
+  need = 7 * 2 * 4 * dcfg.batch_size * (dcfg.seq_len + 1)
+  pipeline.check_validation_fits_memory(dcfg, 7, memory=need)
+  with pytest.raises(ValueError, match="^TrainConfig.eval_batches=7 validation batches"):
+    pipeline.check_validation_fits_memory(dcfg, 7, memory=need - 1)
 
 
 def test_an_eval_or_decode_past_memory_is_one_line(seq2seq_run, tmp_path, capsys):

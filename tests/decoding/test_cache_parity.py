@@ -41,9 +41,9 @@ SRC[1, 6:] = 0  # a padded source (pad_id 0): masked in cross-attention
 TGT = random_tokens(2, (2, TOTAL))
 
 
-def cached_logits(model, kind, tokens_BX, lengths_B, forward=None, dtype=None, empty=False,
+def cached_logits(model, kind, tokens_BS, lengths_B, forward=None, dtype=None, empty=False,
                   fills=None):
-  """Logits [B, X, V] from a padded prefill of ``lengths_B`` tokens, then one token per step.
+  """Logits [B, S, V] from a padded prefill of ``lengths_B`` tokens, then one token per step.
 
   Row b's prefill logits fill positions < lengths_B[b]; step i feeds token
   ``lengths_B[b] + i`` and fills that position. ``dtype``: of the cache.
@@ -53,48 +53,48 @@ def cached_logits(model, kind, tokens_BX, lengths_B, forward=None, dtype=None, e
   compiled program: then a list of (logits, cache), one per fill.
   """
   graphdef, state = nnx.split(model)
-  B, X = tokens_BX.shape
+  B, S = tokens_BS.shape
   cfg = model.cfg
 
   @jax.jit
-  def run(tokens_BX, lengths_B, fill):
+  def run(tokens_BS, lengths_B, fill):
     m = nnx.merge(graphdef, state)
     call = forward or (lambda m, t, s, c: m(t, segment_ids_BT=s, cache=c))
-    cache = cache_lib.init_cache(cfg, kind, B, X, page_size=PAGE, dtype=dtype)
+    cache = cache_lib.init_cache(cfg, kind, B, S, page_size=PAGE, dtype=dtype)
     if fills is not None:
       cache = jax.tree.map(
           lambda x: x + fill.astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
           cache)
-    alloc = PageAllocator.init(B * X // PAGE) if kind == "paged" else None
+    alloc = PageAllocator.init(B * S // PAGE) if kind == "paged" else None
     if alloc is not None:
       cache, alloc = _reserve(cache, alloc, lengths_B, PAGE)
     if empty:
       cache = cache_lib.as_empty(cache)
     seg_BT = (jnp.arange(PROMPT_WIDTH)[None] < lengths_B[:, None]).astype(jnp.int32)
-    logits_BTV, cache = call(m, tokens_BX[:, :PROMPT_WIDTH], seg_BT, cache)
+    logits_BTV, cache = call(m, tokens_BS[:, :PROMPT_WIDTH], seg_BT, cache)
     rows = jnp.arange(B)
-    out_BXV = jnp.zeros((B, X, logits_BTV.shape[-1]), jnp.float32)
-    out_BXV = out_BXV.at[:, :PROMPT_WIDTH].set(
+    out_BSV = jnp.zeros((B, S, logits_BTV.shape[-1]), jnp.float32)
+    out_BSV = out_BSV.at[:, :PROMPT_WIDTH].set(
         jnp.where(seg_BT[..., None] > 0, logits_BTV, 0.0))
 
     def step(carry, i):
-      cache, alloc, out_BXV = carry
+      cache, alloc, out_BSV = carry
       pos_B = lengths_B + i
-      live_B = (pos_B < X).astype(jnp.int32)  # rows that have run out of tokens idle
+      live_B = (pos_B < S).astype(jnp.int32)  # rows that have run out of tokens idle
       if alloc is not None:
         cache, alloc = _reserve(cache, alloc, live_B, PAGE)
-      token_B1 = tokens_BX[rows, jnp.minimum(pos_B, X - 1)][:, None]
+      token_B1 = tokens_BS[rows, jnp.minimum(pos_B, S - 1)][:, None]
       logits_B1V, cache = call(m, token_B1, live_B[:, None], cache)
-      out_BXV = out_BXV.at[rows, pos_B].set(logits_B1V[:, 0], mode="drop")
-      return (cache, alloc, out_BXV), None
+      out_BSV = out_BSV.at[rows, pos_B].set(logits_B1V[:, 0], mode="drop")
+      return (cache, alloc, out_BSV), None
 
-    steps = X - int(min(LENGTHS))
-    (cache, alloc, out_BXV), _ = jax.lax.scan(step, (cache, alloc, out_BXV), jnp.arange(steps))
+    steps = S - int(min(LENGTHS))
+    (cache, alloc, out_BSV), _ = jax.lax.scan(step, (cache, alloc, out_BSV), jnp.arange(steps))
     exhausted = alloc.exhausted if alloc is not None else jnp.bool_(False)
-    return out_BXV, cache, exhausted
+    return out_BSV, cache, exhausted
 
   def call(fill):
-    out, cache, exhausted = run(jnp.asarray(tokens_BX), jnp.asarray(lengths_B), jnp.float32(fill))
+    out, cache, exhausted = run(jnp.asarray(tokens_BS), jnp.asarray(lengths_B), jnp.float32(fill))
     assert not bool(exhausted)
     return np.asarray(out), cache
 

@@ -189,8 +189,8 @@ def test_sampling_draws_every_step_with_the_next_key_of_the_split_chain():
   sampling, key = Sampling(temperature=2.0, top_p=0.95), jax.random.key(11)
   got = np.asarray(attnlab.generate(model, prompt, max_new_tokens=L, eos_id=None,
                                     sampling=sampling, rng=key))
-  seq_BX = np.zeros((2, 64), np.int32)  # one shape: one compiled forward (causal)
-  seq_BX[:, :6] = prompt
+  seq_BT = np.zeros((2, 64), np.int32)  # one shape: one compiled forward (causal)
+  seq_BT[:, :6] = prompt
 
   @jax.jit  # one program, not one per op
   def draw(key, logits_BV):
@@ -198,8 +198,8 @@ def test_sampling_draws_every_step_with_the_next_key_of_the_split_chain():
     return key, jax.random.categorical(sub, filtered_logits(logits_BV, sampling), axis=-1)
 
   for j in range(L):
-    key, seq_BX[:, 6 + j] = draw(key, forward(seq_BX)[:, 5 + j])
-  np.testing.assert_array_equal(got, seq_BX[:, 6:6 + L])
+    key, seq_BT[:, 6 + j] = draw(key, forward(seq_BT)[:, 5 + j])
+  np.testing.assert_array_equal(got, seq_BT[:, 6:6 + L])
   # It does sample: the tokens are not greedy's.
   assert not np.array_equal(got, attnlab.generate(model, prompt, max_new_tokens=L, eos_id=None))
 

@@ -92,7 +92,7 @@ def encdec_forward(name, varied=False):
   return lambda src_BS, tgt_BT: np.asarray(run(jnp.asarray(src_BS), jnp.asarray(tgt_BT)))
 
 
-def assert_greedy(logits_fn, prefix_BX, prefix_lengths_B, generated_BJ):
+def assert_greedy(logits_fn, prefix_BT, prefix_lengths_B, generated_BJ):
   """``generated_BJ`` is what greedy decoding that recomputes everything would emit.
 
   One teacher-forced pass over prefix ++ generated: by induction over the
@@ -100,19 +100,19 @@ def assert_greedy(logits_fn, prefix_BX, prefix_lengths_B, generated_BJ):
   exactly "recompute the full forward pass for every token, take the argmax".
 
   Args:
-    logits_fn: tokens [B, X] -> logits [B, X, V] (causal: what follows a
+    logits_fn: tokens [B, T] -> logits [B, T, V] (causal: what follows a
       position cannot change its logits).
-    prefix_BX: int [B, X]; row b's first ``prefix_lengths_B[b]`` tokens are
-      its prefix, the rest is room (X >= length + J - 1).
+    prefix_BT: int [B, T]; row b's first ``prefix_lengths_B[b]`` tokens are
+      its prefix, the rest is room (T >= length + J - 1).
     generated_BJ: the tokens to check.
   """
   B, J = generated_BJ.shape
-  seq_BX = np.array(prefix_BX)
+  seq_BT = np.array(prefix_BT)
   for b in range(B):
     n = prefix_lengths_B[b]
-    seq_BX[b, n:] = 0
-    seq_BX[b, n:n + J - 1] = generated_BJ[b, :-1]
-  want_BX = np.argmax(logits_fn(seq_BX), axis=-1)
+    seq_BT[b, n:] = 0
+    seq_BT[b, n:n + J - 1] = generated_BJ[b, :-1]
+  want_BT = np.argmax(logits_fn(seq_BT), axis=-1)
   for b in range(B):
     n = prefix_lengths_B[b]
-    np.testing.assert_array_equal(generated_BJ[b], want_BX[b, n - 1:n - 1 + J], err_msg=f"row {b}")
+    np.testing.assert_array_equal(generated_BJ[b], want_BT[b, n - 1:n - 1 + J], err_msg=f"row {b}")

@@ -270,6 +270,7 @@ class EncoderDecoder(nnx.Module):
 
   def source_segment_ids(self, src_BS):
     """1 for real source tokens, 0 for ``pad_id``: padding is masked."""
+    _check_tokens("src_BS", src_BS)  # the first use of the source (a list was an AttributeError)
     return (src_BS != self.cfg.pad_id).astype(jnp.int32)
 
   def encode(self, src_BS, *, src_segment_ids_BS=None, src_positions_BS=None):
@@ -329,8 +330,11 @@ class EncoderDecoder(nnx.Module):
     """
     if cache is not None:
       if any(block_cache.cross_attn is None for block_cache in cache):
-        cache = with_cross(cache, self.cross_cache(src_BS, src_segment_ids_BS=src_segment_ids_BS,
-                                                   src_positions_BS=src_positions_BS))
+        cross = self.cross_cache(src_BS, src_segment_ids_BS=src_segment_ids_BS,
+                                 src_positions_BS=src_positions_BS)
+        # only the empty entries: a filled one is kept (until 2026-12-06 all were replaced)
+        cache = with_cross(cache, tuple(c if blk.cross_attn is None else blk.cross_attn
+                                        for blk, c in zip(cache, cross, strict=True)))
       return self.decode(tgt_in_BT, None, src_segment_ids_BS=None,
                          tgt_positions_BT=tgt_positions_BT, tgt_segment_ids_BT=tgt_segment_ids_BT,
                          cache=cache)

@@ -63,7 +63,8 @@ def attention(
       sees only keys of its own segment (packing; 0 marks padding).
     q_offset: int or int [B]: position of the first query, for queries that
       are the tail of a longer sequence (decoding against a cache). A Python
-      or NumPy int, or an integer array of shape () or [B] (traced too).
+      or NumPy int, or an integer array of shape () or [B] (traced too; "blocked"
+      cuts its blocks when traced, so it takes a NumPy array, not a JAX one).
     scale: multiplier of the scores; default 1/sqrt(H).
     implementation: "reference" | "blocked" | "chunked" | "xla" | "cudnn" | "pallas" |
       "auto" (see ``auto_implementation``).

@@ -16,6 +16,7 @@ Grouped-query attention never repeats K/V: queries are reshaped to
 from __future__ import annotations
 
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -53,8 +54,10 @@ def reference_attention(
   # the layers call it directly for attention dropout (a window past int32 overflowed).
   causal, q_offset = checks.check_causal(causal), checks.check_q_offset(q_offset, B, T)
   window = checks.check_window(window)
-  if not (isinstance(dropout_rate, (int, float)) and 0.0 <= dropout_rate < 1.0):
+  # A NumPy float32 rate was refused until 2026-12-06 (the README takes NumPy scalars).
+  if not (isinstance(dropout_rate, numbers.Real) and 0.0 <= dropout_rate < 1.0):
     raise ValueError(f"dropout_rate={dropout_rate!r} must be a number in [0, 1)")
+  dropout_rate = float(dropout_rate)
   if dropout_rate > 0.0 and dropout_rng is None:
     raise ValueError(f"dropout_rate={dropout_rate} needs a dropout_rng (a jax.random key)")
   scale = 1.0 / math.sqrt(H) if scale is None else scale

@@ -838,6 +838,28 @@ def test_a_cross_attention_block_without_its_cross_cache_says_what_to_do():
                        "^" + re.escape(message) + "$")
 
 
+def test_a_cached_call_fills_only_the_empty_cross_attention_entries():
+  """As the docstring says: layers whose ``cross_attn`` is None get the source's K/V, a
+  filled one keeps its own (until 2026-12-06 every layer was encoded again)."""
+  model = encdec_model("paper_gqa")
+  assert model.cfg.num_layers >= 2
+  src_a, src_b = jnp.asarray(SRC), jnp.asarray(SRC[::-1])
+
+  @nnx.jit  # one program, not one per op
+  def run(model, src_a, src_b, tgt):
+    cross_a, cross_b = model.cross_cache(src_a), model.cross_cache(src_b)
+    cache = cache_lib.init_cache(model.cfg, "contiguous", 2, 4)
+    mixed = cache_lib.with_cross(cache, (cross_a[0],) + (None,) * (len(cache) - 1))
+    _, got = model(src_b, tgt, cache=mixed)
+    return got, cross_a, cross_b
+
+  got, cross_a, cross_b = run(model, src_a, src_b, jnp.asarray(TGT[:, :1]))
+  for layer, want in enumerate((cross_a[0], *cross_b[1:])):
+    for a, b in zip(jax.tree.leaves(got[layer].cross_attn), jax.tree.leaves(want), strict=True):
+      np.testing.assert_array_equal(a, b, err_msg=f"layer {layer}")
+  assert np.abs(cross_a[0].k_BSKH - cross_b[0].k_BSKH).max() > 1e-3  # the sources differ there
+
+
 def test_a_cache_of_another_number_of_layers_is_refused():
   model = decoder_model("mha_rope")  # 2 layers
   cache = cache_lib.init_cache(model.cfg, "contiguous", 2, 4)
@@ -900,6 +922,16 @@ def test_inputs_of_another_shape_than_the_tokens_are_refused_by_name():
       "tokens_BT is a list; give an int array of token ids [B, T] "
       "(jnp.asarray(tokens, jnp.int32))") + "$"):
     model(np.asarray(toks).tolist())
+  # an encoder-decoder's source as a list, uncached and cached (an AttributeError from the
+  # pad mask until 2026-12-06)
+  src_list, tgt = SRC.tolist(), jnp.asarray(TGT[:, :2])
+  cache = cache_lib.init_cache(encdec.cfg, "contiguous", 2, 8)
+  for call in (lambda: encdec(src_list, tgt), lambda: encdec(src_list, tgt, cache=cache),
+               lambda: encdec.cross_cache(src_list)):
+    with pytest.raises(ValueError, match="^" + re.escape(
+        "src_BS is a list; give an int array of token ids [B, T] "
+        "(jnp.asarray(tokens, jnp.int32))") + "$"):
+      call()
 
 
 def test_a_cache_made_for_another_number_of_kv_heads_is_refused_by_name():

@@ -1233,6 +1233,15 @@ def test_the_ops_called_directly_check_the_window_and_dropout():
       reference_attention(q, k, v, dropout_rate=rate, dropout_rng=rng)
   with pytest.raises(ValueError, match=re.escape("dropout_rate=0.1 needs a dropout_rng")):
     reference_attention(q, k, v, dropout_rate=0.1)
+  # NumPy scalars as Python numbers (np.float32 was refused until 2026-12-06); np.float32(0.1)
+  # is float(np.float32(0.1)) exactly, so the same keep mask
+  drop = jax.jit(lambda key, rate: reference_attention(q, k, v, dropout_rate=rate,
+                                                       dropout_rng=key), static_argnums=1)
+  for rate in (np.float32(0.1), np.float64(0.1)):
+    np.testing.assert_array_equal(drop(rng, rate), drop(rng, float(rate)), err_msg=repr(rate))
+  assert np.abs(drop(rng, np.float32(0.5)) - drop(rng, 0.0)).max() > 1e-3  # rate taken
+  with pytest.raises(ValueError, match=re.escape("dropout_rate=np.float32(1.0) must be")):
+    reference_attention(q, k, v, dropout_rate=np.float32(1.0), dropout_rng=rng)
 
 
 @pytest.mark.parametrize("causal", [True, False])

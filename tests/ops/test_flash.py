@@ -575,8 +575,20 @@ def test_a_second_derivative_is_refused_by_name_and_the_first_still_matches(back
       second(loss("flash"))
     assert str(e.value) == common.SECOND_ORDER
   if backend == "tpu":  # what the message offers works (once: it does not depend on backend)
-    for impl in ("chunked", "reference", "xla"):
+    want = jax.jit(jax.grad(lambda x: jax.grad(loss("reference"))(x).sum()))(q)
+    for impl in ("blocked", "chunked", "xla"):
       jax.jit(lambda q, impl=impl: jax.jvp(jax.grad(loss(impl)), (q,), (q,)))(q)
+      np.testing.assert_allclose(
+          jax.jit(jax.grad(lambda x, impl=impl: jax.grad(loss(impl))(x).sum()))(q), want,
+          rtol=1e-4, atol=1e-4, err_msg=impl)
+    # forward mode: JAX refuses it for a custom_vjp function (pallas, chunked), as the
+    # message and the README say; the others take it
+    want = jax.jvp(loss("reference"), (q,), (q,))[1]
+    for impl in ("blocked", "xla"):
+      np.testing.assert_allclose(jax.jvp(loss(impl), (q,), (q,))[1], want, rtol=1e-5, err_msg=impl)
+    for impl in ("pallas", "chunked"):
+      with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
+        jax.jvp(loss(impl), (q,), (q,))
 
 
 TOP = 2**31 - 1

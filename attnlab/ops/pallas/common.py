@@ -111,9 +111,11 @@ def iota(n: int):
   return lax.broadcasted_iota(jnp.int32, (n,), 0)
 
 
-SECOND_ORDER = ("implementation='pallas' (the Pallas flash kernels) is differentiable once "
-                "(jax.grad, jax.vjp); a second derivative (jax.jvp or jax.grad of a gradient: "
-                "a Hessian-vector product) needs implementation 'chunked', 'reference' or 'xla'")
+SECOND_ORDER = ("implementation='pallas' (the Pallas flash kernels) is differentiable once, "
+                "in reverse mode (jax.grad, jax.vjp); a second derivative (jax.grad of a "
+                "gradient, jax.jvp of one: a Hessian-vector product) needs implementation "
+                "'blocked', 'chunked', 'reference' or 'xla', and forward mode (jax.jvp, "
+                "jax.jacfwd) 'blocked', 'reference' or 'xla'")
 
 
 def first_order_only(fn):

@@ -577,6 +577,10 @@ class TrainConfig:
     _choice("schedule", self.schedule, SCHEDULES)
     if not self.learning_rate > 0:
       raise ValueError(f"learning_rate={self.learning_rate!r} must be positive")
+    # 1e39 was inf in float32: the first update NaN (0 x inf in the warmup), reported as a
+    # non-finite update at "learning rate nan" (until 2026-12-06); 1e-46 was 0
+    check_float32_range("learning_rate", self.learning_rate, "the schedule computes in "
+                        "float32, where it would be inf (a nan update) or 0 (no update)")
     _nonnegative("warmup_steps", self.warmup_steps)
     if self.schedule == "inverse_sqrt" and self.warmup_steps == 0:
       raise ValueError("warmup_steps=0 is not allowed with schedule='inverse_sqrt'")

@@ -243,6 +243,15 @@ TRAIN_INVALID = [
      'learning_rate=0.0 must be positive'),
     (dict(learning_rate=float("nan")),
      'learning_rate=nan must be a finite number'),
+    # inf in float32: a NaN first update reported at "learning rate nan" (until 2026-12-06)
+    (dict(learning_rate=1e39),
+     "learning_rate=1e+39 must be within float32's normal range [1.1754943508222875e-38, "
+     "3.4028234663852886e+38]: the schedule computes in float32, where it would be inf (a "
+     "nan update) or 0 (no update)"),
+    (dict(learning_rate=1e-46),
+     "learning_rate=1e-46 must be within float32's normal range [1.1754943508222875e-38, "
+     "3.4028234663852886e+38]: the schedule computes in float32, where it would be inf (a "
+     "nan update) or 0 (no update)"),
     (dict(grad_clip=float("inf")),  # config.gin would say inf, which gin cannot read back
      'grad_clip=inf must be a finite number'),
     # int32 in the train state and the schedule: an OverflowError traceback at the first step
@@ -477,6 +486,8 @@ VALID_EDGES = [
     (TrainConfig, dict(eps=float(np.finfo(np.float32).tiny))),
     (TrainConfig, dict(optimizer="adam", eps=float(np.finfo(np.float32).max))),
     (TrainConfig, dict(optimizer="sgd", eps=1e-40)),
+    (TrainConfig, dict(learning_rate=float(np.finfo(np.float32).tiny))),
+    (TrainConfig, dict(learning_rate=float(np.finfo(np.float32).max))),
     (ModelConfig, dict(use_bias=True, qkv_bias=None, o_bias=False, mlp_bias=True)),
     (ModelConfig, dict(dropout_rate=0.0, attention_dropout_rate=0.0, attention_impl="chunked")),
     (ModelConfig, dict(attention_dropout_rate=0.5, attention_impl="reference")),

@@ -63,7 +63,9 @@ def main(argv: list[str]) -> int:
   bindings, rest = split_gin_flags(argv)
   p = CommandParser(prog="attnlab ablate", description="Head-sharing ablation sweep.",
                     epilog=gin_flags_help("Sweep, ModelConfig, DataConfig and TrainConfig"))
-  p.add_argument("--gin_file", default=None, help="the sweep gin file (binds Sweep.*)")
+  p.add_argument("--gin_file", default=None, action="append",
+                 help="the sweep gin file (binds Sweep.*; one: it names its base files in "
+                      "Sweep.base)")
   p.add_argument("--out", required=True, help="the sweep directory")
   mode = p.add_mutually_exclusive_group()
   mode.add_argument("--arm", default=None, help="run only this arm (all its seeds)")
@@ -71,6 +73,11 @@ def main(argv: list[str]) -> int:
                     help="only (re)build results.csv, summary.csv, report.md and the plots")
   add_cache_flag(p)
   args = p.parse_args(rest)
+  if args.gin_file is not None and len(args.gin_file) > 1:
+    # until 2026-12-06 the last one replaced the others without a word (another sweep ran)
+    raise CommandError(f"--gin_file is given {len(args.gin_file)} times "
+                       f"({', '.join(args.gin_file)}); a sweep is one file: name the others in "
+                       "its Sweep.base (read first), or bind with --gin.X=V")
   for b in bindings:
     if not b.startswith(PREFIXES):
       raise CommandError(f"--gin.{b.split(' = ')[0]}: only {', '.join(PREFIXES)} bindings "
@@ -85,7 +92,7 @@ def main(argv: list[str]) -> int:
     # until 2026-12-06
     raise CommandError(f"--out {args.out} holds a training run (config.gin), not a sweep: give "
                        "a new directory")
-  gin_file = args.gin_file
+  gin_file = args.gin_file and args.gin_file[0]
   if gin_file is None:
     if not (args.report and os.path.isfile(sweep_path)):
       # --report of a folder that is no sweep says so (until 2026-12-04 only the first half)
@@ -139,6 +146,7 @@ def main(argv: list[str]) -> int:
     return 0
   try:
     trainer_run_check(mcfg, tcfg, dcfg)
+    sweep_lib.check_run_dirs(args.out, sweep, arms, only=args.arm)
   except (ValueError, FileNotFoundError, ImportError) as e:
     raise CommandError(str(e)) from None
 

@@ -423,7 +423,7 @@ def plot(out: str, summary, curves, arms, base) -> list[str]:
     if not steps:
       return
     x = [offset + s * tokens_per_step for s in steps]
-    line, = ax.plot(x, mean, label=f"{arm.name} ({len(seeds)} seeds)", **kw)
+    line, = ax.plot(x, mean, label=f"{arm.name} ({len(seeds)} seed{'s' * (len(seeds) != 1)})", **kw)
     ax.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                     color=line.get_color(), alpha=0.2)
 

@@ -19,6 +19,7 @@ The report (tables, plots) is built by ``attnlab.training.report`` from the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -57,6 +58,7 @@ from attnlab.training.checkpoint import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
     Checkpointer,
+    UnreadableCheckpointError,
     abstract_model,
     load_checkpoint,
 )
@@ -68,6 +70,7 @@ RESULT_FILE = "result.json"
 # writes its own result, the run reads as interrupted or pending, not as failed.
 PREVIOUS_FAILURE_FILE = "result.previous_failure.json"
 CONVERSION_FILE = "conversion.json"
+CONVERTING_DIR = ".converting"  # OUT/.converting/ARM-seed_N: a conversion being made
 WALL_FILE = "wall_time_s"
 ERROR_FILE = "error.txt"
 # A run's own records of its attempts, kept when a conversion cut short is started again.
@@ -220,6 +223,18 @@ def run_configs(sweep: Sweep, arm: Arm, seed: int, mcfg: ModelConfig, dcfg: Data
 def run_dir(out: str, arm: Arm | str, seed: int) -> str:
   name = arm if isinstance(arm, str) else arm.name
   return os.path.join(out, ARMS_DIR, name, f"seed_{seed}")
+
+
+def check_run_dirs(out: str, sweep: Sweep, arms: list[Arm], *, only: str | None = None) -> None:
+  """ValueError naming the first run folder of the selected runs (or its arm's folder) that
+  is there but no folder, before anything trains: the run could neither train nor record
+  its failure (until 2026-12-06 the sweep stopped there with a NotADirectoryError
+  traceback, the runs after it not run)."""
+  for arm, seed in _selected(sweep, arms, only):
+    for path in (os.path.dirname(run_dir(out, arm, seed)), run_dir(out, arm, seed)):
+      if os.path.lexists(path) and not os.path.isdir(path):
+        raise ValueError(f"{path} is a file, not a folder: the sweep's run of arm "
+                         f"{arm.name!r} seed {seed} goes there; move it away")
 
 
 def _is_number(v, kinds=(int, float)) -> bool:
@@ -424,15 +439,15 @@ def decode_tokens_per_s(model, prompts: list[list[int]], batch: int, new_tokens:
   return batch * new_tokens / best
 
 
-def _eval_records(workdir: str) -> dict[int, dict]:
-  """The last eval record of every step in workdir/metrics.jsonl (a resumed
-  run may have logged a step twice)."""
-  out = {}
-  if os.path.isfile(os.path.join(workdir, "metrics.jsonl")):
-    for r in read_metrics(workdir):
-      if r["split"] == "eval":
-        out[r["step"]] = r
-  return out
+def _run_records(workdir: str) -> list[dict]:
+  """workdir/metrics.jsonl's records ([] without one), read once per measurement (twice
+  until 2026-12-06, which warned twice of a cut-short line)."""
+  return read_metrics(workdir) if os.path.isfile(os.path.join(workdir, "metrics.jsonl")) else []
+
+
+def _eval_records(records: list[dict]) -> dict[int, dict]:
+  """The last eval record of every step (a resumed run may have logged a step twice)."""
+  return {r["step"]: r for r in records if r["split"] == "eval"}
 
 
 def train_rate(records: list[dict]) -> float | None:
@@ -460,13 +475,14 @@ def best_eval_step(evals: dict) -> int:
 def measure(workdir: str, mcfg: ModelConfig, dcfg: DataConfig, tcfg: TrainConfig,
             sweep: Sweep, prompts) -> dict:
   """The measurements of a finished run (see the module docstring of report)."""
-  evals = _eval_records(workdir)
+  records = _run_records(workdir)
+  evals = _eval_records(records)
   if tcfg.steps not in evals:
     final = trainer.evaluate_workdir(workdir, tcfg.steps)
     evals[tcfg.steps] = {"step": tcfg.steps, **final}
   curve = [[s, float(evals[s]["loss"])] for s in sorted(evals)]
   best_step = best_eval_step(evals)
-  rate = train_rate(read_metrics(workdir))
+  rate = train_rate(records)
   total, attn = param_counts(mcfg)
   out = {
       "params": total, "attention_params": attn, "d_ff": mcfg.d_ff,
@@ -549,29 +565,46 @@ def _prepare_uptrain(out, arm, seed, source, configs) -> dict:
   if src_result is None or src_result.get("status") != "ok":
     raise RuntimeError(f"arm {arm.name!r} converts the finished {source.name!r} run of seed "
                        f"{seed}, which has not finished (run --arm {source.name} first)")
+  # The MHA run's final checkpoint, as the report compares against its final loss (until
+  # 2026-12-06 a damaged one was skipped for the one before, named only in a warning).
+  src = run_dir(out, source, seed)
+  final = config_gin.read_workdir_config(os.path.join(src, CONFIG_FILE))[2].steps
   # A conversion cut short (or an attempt that failed before it: its source unfinished) is
-  # started again in an empty folder, keeping the run's records of its attempts: the
-  # earlier failure and the wall time (until 2026-12-06 they went with the folder).
+  # made again in a folder of its own (CONVERTING_DIR), beside the run's folder, which keeps
+  # its records of the attempts (the earlier failure, the wall time) until the new run
+  # replaces it with them: a kill at any point loses none (until 2026-12-06 the folder was
+  # emptied first, and a kill during the conversion lost them).
+  tmp = os.path.join(out, CONVERTING_DIR, f"{arm.name}-seed_{seed}")
+  home = workdir if os.path.isdir(workdir) else tmp  # a kill between the two moves below
   kept = {}
   for name in ATTEMPT_FILES:
-    path = os.path.join(workdir, name)
+    path = os.path.join(home, name)
     if os.path.isfile(path):
       with open(path, "rb") as f:
         kept[name] = f.read()
-  if os.path.isdir(workdir):
-    shutil.rmtree(workdir)
+  if os.path.isdir(tmp):
+    shutil.rmtree(tmp)
   mcfg, dcfg, tcfg = configs
   train_fields = {f.name: getattr(tcfg, f.name) for f in dataclasses.fields(tcfg)}
   try:
-    info = write_converted_run(run_dir(out, source, seed), workdir, arm.num_kv_heads,
-                               arm.method, seed=seed,
+    info = write_converted_run(src, tmp, arm.num_kv_heads, arm.method, step=final, seed=seed,
                                bindings={"TrainConfig": train_fields,
                                          "DataConfig": {"seed": dcfg.seed}})
-  finally:  # back beside the new run, or beside what a failed conversion left
-    os.makedirs(workdir, exist_ok=True)
-    for name, data in kept.items():
-      with open(os.path.join(workdir, name), "wb") as f:
-        f.write(data)
+  except UnreadableCheckpointError as e:
+    raise RuntimeError(
+        f"arm {arm.name!r} converts the final checkpoint (step {final}) of the {source.name!r} "
+        f"run of seed {seed}, which does not read ({e}); to train that step again, delete "
+        f"{os.path.join(src, RESULT_FILE)} and {os.path.join(src, CHECKPOINT_DIR, str(final))} "
+        "and rerun") from None
+  for name, data in kept.items():
+    with open(os.path.join(tmp, name), "wb") as f:
+      f.write(data)
+  if os.path.isdir(workdir):
+    shutil.rmtree(workdir)
+  os.makedirs(os.path.dirname(workdir), exist_ok=True)
+  os.replace(tmp, workdir)
+  with contextlib.suppress(OSError):  # OUT/.converting, unless another --arm job's is in it
+    os.rmdir(os.path.dirname(tmp))
   info["val_loss_converted"] = float(trainer.evaluate_workdir(workdir, 0)["loss"])
   _write_json(conv_path, info)
   return info

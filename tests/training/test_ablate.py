@@ -373,6 +373,30 @@ def test_a_sweeps_bookkeeping_survives_stray_and_cut_off_files(micro, sweep_file
         f"attnlab ablate: error: --out {run} holds a training run (config.gin), not a sweep: "
         "give a new directory")
   assert sorted(os.listdir(run)) == before
+  # A file where a run of this invocation goes (its arm's folder, or its seed's): one line
+  # before anything trains (until 2026-12-06 a NotADirectoryError traceback once the sweep
+  # reached it, the runs after it not run); with --arm, only that arm's runs count.
+  mqa_run = sweep_lib.run_dir(out, "mqa", 0)
+  for stray in (mqa_run, os.path.dirname(mqa_run)):
+    shutil.rmtree(os.path.dirname(mqa_run), ignore_errors=True)
+    os.makedirs(os.path.dirname(stray), exist_ok=True)
+    with open(stray, "w") as f:
+      f.write("notes\n")
+    assert _ablate("--gin_file", sweep_file, "--out", out) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"attnlab ablate: error: {stray} is a file, not a folder: the sweep's run of arm 'mqa' "
+        "seed 0 goes there; move it away")
+    assert _ablate("--gin_file", sweep_file, "--out", out, "--arm", "mha") == 0  # finished
+    capsys.readouterr()
+  # Two --gin_file: one line (until 2026-12-06 the last replaced the others: another sweep ran)
+  other = tmp_path / "other.gin"
+  other.write_text("TrainConfig.steps = 7\n")
+  assert _ablate("--gin_file", sweep_file, "--gin_file", str(other),
+                 "--out", str(tmp_path / "n")) == 2
+  assert capsys.readouterr().err.strip() == (
+      f"attnlab ablate: error: --gin_file is given 2 times ({sweep_file}, {other}); a sweep is "
+      "one file: name the others in its Sweep.base (read first), or bind with --gin.X=V")
+  assert not os.path.exists(tmp_path / "n")
 
 
 def test_failing_arm_is_reported_then_arm_and_report_equal_all_in_one(

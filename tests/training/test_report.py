@@ -391,9 +391,9 @@ def test_the_loss_curves_are_seed_means_with_std_bands_over_training_tokens(figu
   assert (scratch.get_xlabel(), scratch.get_ylabel(), scratch.get_title()) == (
       "training tokens", "validation loss", "from scratch (mean ± std over seeds)")
   assert [t.get_text() for t in scratch.get_legend().get_texts()] == [
-      "mha (3 seeds)", "gqa2 (2 seeds)", "mqa (1 seeds)"]
+      "mha (3 seeds)", "gqa2 (2 seeds)", "mqa (1 seed)"]
   for label, losses in (("mha (3 seeds)", [2.0, 2.1, 1.9]), ("gqa2 (2 seeds)", [2.05, 2.2]),
-                        ("mqa (1 seeds)", [2.5])):
+                        ("mqa (1 seed)", [2.5])):
     x, mean, std, line = band(scratch, label)
     assert x == [0, 20 * tokens_per_step] and line.get_marker() == "."
     np.testing.assert_allclose(mean, [5.0, np.mean(losses)], rtol=1e-12)
@@ -479,7 +479,7 @@ def test_plots_of_a_sweep_without_uptraining_and_with_unfinished_arms(tmp_path, 
   (ax,) = curves.axes
   assert list(curves.get_size_inches()) == [6.5, 4.5]
   assert [t.get_text() for t in ax.get_legend().get_texts()] == ["mha (2 seeds)",
-                                                                  "mqa (1 seeds)"]
+                                                                  "mqa (1 seed)"]
   assert [c.get_label() for c in points.axes[0].containers] == ["mha", "mqa"]
   assert [t.get_text() for t in throughput.axes[0].get_xticklabels()] == ["4", "1"]
   os.makedirs(tmp_path / "b")

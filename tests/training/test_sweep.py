@@ -5,6 +5,7 @@ each run, the result files and wall-time counter, the progress line's durations.
 import dataclasses
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -278,11 +279,11 @@ def test_durations_print_as_minutes_or_hours(seconds, text):
 
 
 def test_eval_records_keep_the_last_record_of_each_step(tmp_path):
-  assert sweep_lib._eval_records(str(tmp_path)) == {}
+  assert sweep_lib._run_records(str(tmp_path)) == []
   lines = [{"step": 10, "split": "eval", "loss": 3.0}, {"step": 10, "split": "train", "loss": 9},
            {"step": 20, "split": "eval", "loss": 2.0}, {"step": 10, "split": "eval", "loss": 2.5}]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-  got = sweep_lib._eval_records(str(tmp_path))
+  got = sweep_lib._eval_records(sweep_lib._run_records(str(tmp_path)))
   assert sorted(got) == [10, 20]
   assert (got[10]["loss"], got[20]["loss"]) == (2.5, 2.0)
 
@@ -857,24 +858,27 @@ def test_run_one_trains_measures_and_records_the_run(tmp_path, monkeypatch):
 
 def test_an_uptraining_run_converts_its_seeds_finished_mha_run_once(tmp_path, monkeypatch):
   """_prepare_uptrain, the conversion and its evaluation stood in for: the seed's MHA run
-  must have finished ("ok"); a workdir a cut-short conversion left is cleared; the MHA run is
-  converted to the arm's K and method with the run's seed and its whole TrainConfig and
-  DataConfig.seed bound, evaluated at step 0, and the record (conversion.json) is what a
-  rerun goes on from without converting again."""
+  must have finished ("ok"); its final checkpoint (TrainConfig.steps) is converted to the
+  arm's K and method with the run's seed and its whole TrainConfig and DataConfig.seed bound,
+  in a folder of its own that replaces the run's (a workdir a cut-short conversion left is
+  cleared) with the records of earlier attempts, evaluated at step 0, and the record
+  (conversion.json) is what a rerun goes on from without converting again."""
   out = str(tmp_path)
   sweep, arms, cfgs = _sweep_of_3_arms_2_seeds()
   mha, _, up = arms
   configs = sweep_lib.run_configs(sweep, up, 1, *cfgs)
   workdir = sweep_lib.run_dir(out, up, 1)
+  tmp = os.path.join(out, sweep_lib.CONVERTING_DIR, "uptrain-mean-mqa-seed_1")
   calls = []
 
   def convert(src, dst, num_kv_heads, method, **kw):
     calls.append(("convert", src, dst, num_kv_heads, method, kw, os.path.exists(dst)))
-    os.makedirs(dst)
-    return {"source": src, "source_step": 20, "method": method, "num_kv_heads": num_kv_heads}
+    os.makedirs(os.path.join(dst, "checkpoints", "0"))
+    return {"source": src, "source_step": kw["step"], "method": method,
+            "num_kv_heads": num_kv_heads}
 
   def evaluate(workdir_, step):
-    calls.append(("evaluate", workdir_, step))
+    calls.append(("evaluate", workdir_, step, sorted(os.listdir(workdir_))))
     return {"loss": 2.75, "exact_match": 0.5}
 
   monkeypatch.setattr(sweep_lib, "write_converted_run", convert)
@@ -890,32 +894,58 @@ def test_an_uptraining_run_converts_its_seeds_finished_mha_run_once(tmp_path, mo
       sweep_lib._prepare_uptrain(out, up, 1, mha, configs)
     assert str(e.value) == message and calls == []
   sweep_lib._write_json(os.path.join(src, "result.json"), _ok())
+  mha_configs = sweep_lib.run_configs(sweep, mha, 1, *cfgs)
+  final = mha_configs[2].steps
+  with open(os.path.join(src, "config.gin"), "w") as f:
+    f.write(config_gin.operative_config(*mha_configs, workdir=src))
   os.makedirs(os.path.join(workdir, "checkpoints", "0.orbax-checkpoint-tmp"))  # cut short
   # ... beside the records of an earlier attempt that failed (moved aside by run_one), which
   # stay (until 2026-12-06 they went with the folder: the report lost the failure, the wall
   # time that attempt's seconds).
   records = {sweep_lib.PREVIOUS_FAILURE_FILE: b'{"status": "failed", "error": "E: x"}',
              sweep_lib.WALL_FILE: b"4.250", sweep_lib.ERROR_FILE: b"Traceback ..."}
+
+  def assert_records(folder, also=()):
+    assert sorted(os.listdir(folder)) == sorted([*also, *records])
+    for name, data in records.items():
+      with open(os.path.join(folder, name), "rb") as f:
+        assert f.read() == data, name
+
   for name, data in records.items():
     with open(os.path.join(workdir, name), "wb") as f:
       f.write(data)
-  want = {"source": src, "source_step": 20, "method": "mean", "num_kv_heads": 1,
+  # A kill during the conversion (here the conversion raising past every handler) leaves the
+  # run's folder as it was, records included (until 2026-12-06 it was emptied first).
+  class Kill(BaseException):
+    pass
+
+  def killed(src, dst, *args, **kw):
+    os.makedirs(os.path.join(dst, "checkpoints"))
+    raise Kill
+
+  monkeypatch.setattr(sweep_lib, "write_converted_run", killed)
+  with pytest.raises(Kill):
+    sweep_lib._prepare_uptrain(out, up, 1, mha, configs)
+  assert_records(workdir, also=["checkpoints"])
+  assert os.listdir(os.path.join(workdir, "checkpoints")) == ["0.orbax-checkpoint-tmp"]
+  monkeypatch.setattr(sweep_lib, "write_converted_run", convert)
+  want = {"source": src, "source_step": final, "method": "mean", "num_kv_heads": 1,
           "val_loss_converted": 2.75}
   assert sweep_lib._prepare_uptrain(out, up, 1, mha, configs) == want
-  assert sorted(os.listdir(workdir)) == sorted([sweep_lib.CONVERSION_FILE, *records])
-  for name, data in records.items():
-    with open(os.path.join(workdir, name), "rb") as f:
-      assert f.read() == data, name
+  assert_records(workdir, also=["checkpoints", sweep_lib.CONVERSION_FILE])
+  assert os.listdir(os.path.join(workdir, "checkpoints")) == ["0"]  # the cut-short one gone
+  assert not os.path.exists(os.path.dirname(tmp))
   tcfg = configs[2]
   bindings = {"TrainConfig": {f.name: getattr(tcfg, f.name) for f in dataclasses.fields(tcfg)},
               "DataConfig": {"seed": 1}}
-  assert calls == [("convert", src, workdir, 1, "mean", {"seed": 1, "bindings": bindings}, False),
-                   ("evaluate", workdir, 0)]
+  assert calls == [("convert", src, tmp, 1, "mean",
+                    {"step": final, "seed": 1, "bindings": bindings}, False),
+                   ("evaluate", workdir, 0, sorted(["checkpoints", *records]))]
   with open(os.path.join(workdir, sweep_lib.CONVERSION_FILE)) as f:
     assert json.load(f) == want
   calls.clear()
   assert sweep_lib._prepare_uptrain(out, up, 1, mha, configs) == want and calls == []
-  # A conversion that fails keeps them too, beside what it left.
+  # A conversion that fails keeps them too; what it left stays out of the run's folder.
   os.remove(os.path.join(workdir, sweep_lib.CONVERSION_FILE))
 
   def failing(src, dst, *args, **kw):
@@ -925,9 +955,33 @@ def test_an_uptraining_run_converts_its_seeds_finished_mha_run_once(tmp_path, mo
   monkeypatch.setattr(sweep_lib, "write_converted_run", failing)
   with pytest.raises(OSError, match="No space left"):
     sweep_lib._prepare_uptrain(out, up, 1, mha, configs)
-  assert sorted(os.listdir(workdir)) == sorted(["checkpoints", *records])
-  with open(os.path.join(workdir, sweep_lib.WALL_FILE), "rb") as f:
-    assert f.read() == records[sweep_lib.WALL_FILE]
+  assert_records(workdir, also=["checkpoints"])
+  # A kill between the run's folder's removal and the new one's move: the records are
+  # found in the conversion's folder.
+  shutil.rmtree(workdir)
+  os.makedirs(tmp, exist_ok=True)
+  for name, data in records.items():
+    with open(os.path.join(tmp, name), "wb") as f:
+      f.write(data)
+  monkeypatch.setattr(sweep_lib, "write_converted_run", convert)
+  assert sweep_lib._prepare_uptrain(out, up, 1, mha, configs) == want
+  assert_records(workdir, also=["checkpoints", sweep_lib.CONVERSION_FILE])
+  # The MHA run's final checkpoint does not read: the run fails naming it and the way to
+  # train that step again (until 2026-12-06 the checkpoint before was converted silently).
+  os.remove(os.path.join(workdir, sweep_lib.CONVERSION_FILE))
+
+  def unreadable(src, dst, *args, step, **kw):
+    raise sweep_lib.UnreadableCheckpointError(f"checkpoint {step} does not read")
+
+  monkeypatch.setattr(sweep_lib, "write_converted_run", unreadable)
+  with pytest.raises(RuntimeError) as e:
+    sweep_lib._prepare_uptrain(out, up, 1, mha, configs)
+  assert str(e.value) == (
+      f"arm 'uptrain-mean-mqa' converts the final checkpoint (step {final}) of the 'mha' run "
+      f"of seed 1, which does not read (checkpoint {final} does not read); to train that step "
+      f"again, delete {os.path.join(src, 'result.json')} and "
+      f"{os.path.join(src, 'checkpoints', str(final))} and rerun")
+  assert_records(workdir, also=["checkpoints"])
 
 
 # --------------------------------------------------------------------------- conversion
@@ -1218,7 +1272,8 @@ def test_copy_own_tokenizer_copies_a_tokenizer_inside_the_source_run(tmp_path):
 # --------------------------------------------------------------------------- measuring
 
 
-def test_measure_reads_the_runs_records_and_times_both_decode_batches(tmp_path, monkeypatch):
+def test_measure_reads_the_runs_records_and_times_both_decode_batches(tmp_path, monkeypatch,
+                                                                     caplog):
   """measure with the checkpoint load and the decode timing stood in for: the curve is the
   last eval record of each step (a resume logs a step again), the final and best losses and
   perplexities come from it, the train rate is train_rate's, the sizes are the configs' (the
@@ -1258,13 +1313,17 @@ def test_measure_reads_the_runs_records_and_times_both_decode_batches(tmp_path, 
              {"step": 10, "split": "eval", "loss": 1.75},  # resumed: the last record counts
              {"step": 20, "split": "train", "tokens_per_s": 200.0},
              {"step": 20, "split": "eval", "loss": 2, "exact_match": 1}]
-  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  # ... and a line a kill cut short, warned of once (twice until 2026-12-06: read twice)
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records)
+                                          + '{"step": 25, "spl\n')
   D, N, K, H, F, V = 32, 8, 2, 4, 64, 40
   attn = D * N * H * 2 + D * K * H * 2
   sizes = {"params": attn + V * D + 3 * D * F + 3 * D, "attention_params": attn, "d_ff": F,
            "num_kv_heads": K, "kv_bytes_per_token": 2 * 1 * K * H * 4, "steps": 20,
            "tokens_per_step": 2 * 16}
-  got = sweep_lib.measure(workdir, mcfg, dcfg, tcfg, sweep, prompts)
+  with caplog.at_level(logging.WARNING):
+    got = sweep_lib.measure(workdir, mcfg, dcfg, tcfg, sweep, prompts)
+  assert len([m for m in caplog.messages if "skipped 1 line(s)" in m]) == 1, caplog.messages
   assert got == {**sizes, "val_loss": 2.0, "val_ppl": math.exp(2.0), "best_val_loss": 1.75,
                  "best_val_ppl": math.exp(1.75), "train_tokens_per_s": 200.0,
                  "curve": [[10, 1.75], [20, 2.0]], "exact_match": 1.0,

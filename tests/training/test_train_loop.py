@@ -604,12 +604,14 @@ def test_a_resume_that_moves_the_learning_rate_warns_and_one_past_steps_is_refus
             for r in caplog.records] == [True] * warns, factor
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # the 1e39
 def test_a_non_finite_update_from_a_finite_gradient_is_not_applied(tmp_path):
-  """A rate of 1e39 is inf in float32: the loss and the gradient are finite, the update is
+  """float32's largest rate times AdamW's update (about 1 in the first step, plus the weight
+  decay's share) passes float32's range: the loss and the gradient are finite, the update is
   not. It is skipped like a non-finite gradient (until 2026-12-04 it was applied: the
   parameters became inf / NaN)."""
-  huge = ["TrainConfig.learning_rate = 1e39", "TrainConfig.schedule = 'constant'",
+  huge = [f"TrainConfig.learning_rate = {float(np.finfo(np.float32).max)!r}",
+          "TrainConfig.optimizer = 'adamw'", "TrainConfig.weight_decay = 0.9",
+          "TrainConfig.schedule = 'constant'",
           "TrainConfig.warmup_steps = 0", "TrainConfig.on_nonfinite = 'skip'",
           "TrainConfig.steps = 2", "TrainConfig.checkpoint_every = 0"]
   last = _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + huge)

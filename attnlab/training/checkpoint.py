@@ -498,6 +498,13 @@ class Checkpointer:
     self._verify(step, out["meta"], {"params": out["params"]})
     return unflatten(abstract_params, out["params"])
 
+  def read_meta(self, step: int) -> dict:
+    """The ``meta`` item of ``step`` (its step, the run's seed and schedule, the checksums);
+    ``UnreadableCheckpointError`` if it is damaged."""
+    ocp = self._ocp
+    return self._named(step, lambda: dict(self.manager.restore(
+        step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]))
+
   def restore_data(self, step: int) -> dict | None:
     """The data-pipeline position saved with ``step`` (None for a weights-only checkpoint;
     ``UnreadableCheckpointError`` if it is damaged)."""

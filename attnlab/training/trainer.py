@@ -174,14 +174,27 @@ def _saved_data_config(workdir: str) -> DataConfig | None:
 SCHEDULE_FIELDS = ("schedule", "learning_rate", "warmup_steps", "steps", "min_lr_ratio")
 
 
-def _warn_schedule_change(workdir: str, tcfg: TrainConfig, d_model: int, opt_state) -> None:
-  """Warn when a resumed run's learning rate is not the one its checkpoints were headed for:
-  the schedule's fields changed (a cosine decays over ``TrainConfig.steps``, so training a
-  run further moves its rate), which a run of the new config from step 0 would not see."""
+def _checkpoint_train_config(workdir: str, tcfg: TrainConfig, meta: dict) -> TrainConfig | None:
+  """The TrainConfig's seed and schedule that checkpoint ``meta`` was trained under (the rest
+  ``tcfg``'s): its meta's ``seed`` and ``schedule`` (kept since 2026-12-06), else the
+  workdir's config.gin (None without one). A launch writes config.gin before it trains, so
+  one that died before its first save left a config.gin no checkpoint was trained under: the
+  resume warnings compared against it until 2026-12-06 (a false warning, or none)."""
+  schedule = meta.get("schedule")
+  if isinstance(schedule, dict) and set(schedule) == set(SCHEDULE_FIELDS) and "seed" in meta:
+    return tcfg.replace(seed=meta["seed"], **schedule)
   configs = _saved_configs(workdir)
-  if configs is None:
+  return None if configs is None else configs[2]
+
+
+def _warn_schedule_change(saved: TrainConfig | None, tcfg: TrainConfig, d_model: int,
+                          opt_state) -> None:
+  """Warn when a resumed run's learning rate is not the one its checkpoint was headed for
+  (``saved``: ``_checkpoint_train_config``): the schedule's fields changed (a cosine decays
+  over ``TrainConfig.steps``, so training a run further moves its rate), which a run of the
+  new config from step 0 would not see."""
+  if saved is None:
     return
-  saved = configs[2]
   changed = [f"TrainConfig.{f}: {getattr(saved, f)!r} -> {getattr(tcfg, f)!r}"
              for f in SCHEDULE_FIELDS if getattr(saved, f) != getattr(tcfg, f)]
   if not changed:
@@ -195,16 +208,16 @@ def _warn_schedule_change(workdir: str, tcfg: TrainConfig, d_model: int, opt_sta
                 count, after, before, ", ".join(changed))
 
 
-def _warn_seed_change(workdir: str, tcfg: TrainConfig) -> None:
-  """Warn when a run resumes under another ``TrainConfig.seed``: its parameters came from
-  the saved seed, its dropout draws follow the new one from here, and the config.gin it
-  writes names the new seed, so a run of that file from step 0 is another run (resumed
-  without a word until 2026-12-06)."""
-  configs = _saved_configs(workdir)
-  if configs is not None and configs[2].seed != tcfg.seed:
+def _warn_seed_change(saved: TrainConfig | None, tcfg: TrainConfig) -> None:
+  """Warn when a run resumes under another ``TrainConfig.seed`` than its checkpoint's
+  (``saved``: ``_checkpoint_train_config``): its parameters came from the saved seed, its
+  dropout draws follow the new one from here, and the config.gin it writes names the new
+  seed, so a run of that file from step 0 is another run (resumed without a word until
+  2026-12-06)."""
+  if saved is not None and saved.seed != tcfg.seed:
     log.warning("TrainConfig.seed: %d -> %d: the resumed run keeps the parameters that seed %d "
                 "began and draws its dropout from seed %d from here, unlike a run of this "
-                "config from step 0", configs[2].seed, tcfg.seed, configs[2].seed, tcfg.seed)
+                "config from step 0", saved.seed, tcfg.seed, saved.seed, tcfg.seed)
 
 
 def _warn_schedule_surprises(tcfg: TrainConfig, d_model: int) -> None:
@@ -462,8 +475,9 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   finished = start == tcfg.steps  # a rerun of a finished run: nothing to train
   if start and not finished:
     log.info("resumed from step %d", start)
-    _warn_schedule_change(workdir, tcfg, mcfg.d_model, run.state["opt_state"])
-    _warn_seed_change(workdir, tcfg)
+    saved = _checkpoint_train_config(workdir, tcfg, ckpt.read_meta(start))
+    _warn_schedule_change(saved, tcfg, mcfg.d_model, run.state["opt_state"])
+    _warn_seed_change(saved, tcfg)
   if not finished:
     _warn_schedule_surprises(tcfg, mcfg.d_model)
   # Written once the checkpoints are known to fit this config: a resume under a
@@ -475,7 +489,9 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
     write_text_atomically(config_path, config_text)
   step_fn = steps_lib.make_train_step(run.setup, tcfg)
   writer = MetricsWriter(workdir, enabled=main_process)
-  meta = {"seed": tcfg.seed, "rng": "fold_in(seed_key(seed), step)"}
+  # the seed and schedule a resume compares with (_checkpoint_train_config)
+  meta = {"seed": tcfg.seed, "rng": "fold_in(seed_key(seed), step)",
+          "schedule": {f: getattr(tcfg, f) for f in SCHEDULE_FIELDS}}
   sleep_s = float(os.environ.get(STEP_SLEEP_ENV) or 0)
   bar = None
   # A bar on a terminal; in a log file (no TTY) one plain line per logged step,

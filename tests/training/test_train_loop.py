@@ -591,6 +591,27 @@ def test_a_resume_that_moves_the_learning_rate_warns_and_one_past_steps_is_refus
   assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
       "TrainConfig.seed: 0 -> 7: the resumed run keeps the parameters that seed 0 began and "
       "draws its dropout from seed 7 from here, unlike a run of this config from step 0"]
+  # A launch that dies before its first save leaves a config.gin no checkpoint was trained
+  # under (a launch writes it as it starts): the warnings compare with the checkpoint's own
+  # seed and schedule, kept in its meta (until 2026-12-06 with that config.gin: a false
+  # warning, or none).
+  died = tmp_path / "died"
+  _train(died, SEQ2SEQ, constant)  # seed 0, a checkpoint at 3
+  mcfg, dcfg, tcfg = gin_config.read_workdir_config(str(died / "config.gin"))
+
+  def launch_that_died():
+    (died / "config.gin").write_text(gin_config.operative_config(
+        mcfg, dcfg, tcfg.replace(seed=7, steps=20, schedule="cosine"), workdir=str(died)))
+
+  for more, seed, want in ((6, 0, []), (9, 7, [
+      "TrainConfig.seed: 0 -> 7: the resumed run keeps the parameters that seed 0 began and "
+      "draws its dropout from seed 7 from here, unlike a run of this config from step 0"])):
+    launch_that_died()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=trainer.__name__):
+      _train(died, SEQ2SEQ, constant + [f"TrainConfig.steps = {more}",
+                                        f"TrainConfig.seed = {seed}"])
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == want
   # The bound: a rate moved by float32 rounding (2e-7 relative; the check allows 1e-6) is
   # no change, one moved by 0.2% is (rates below 1 are compared relatively, not as < 1).
   saved = gin_config.read_workdir_config(str(tmp_path / "constant" / "config.gin"))[2]
@@ -598,7 +619,7 @@ def test_a_resume_that_moves_the_learning_rate_warns_and_one_past_steps_is_refus
   for factor, warns in ((1 + 2e-7, False), (1 + 2e-3, True)):
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=trainer.__name__):
-      trainer._warn_schedule_change(str(tmp_path / "constant"), dataclasses.replace(
+      trainer._warn_schedule_change(saved, dataclasses.replace(
           saved, learning_rate=saved.learning_rate * factor), 32, count_3)
     assert [r.getMessage().startswith("the learning rate at update 3 is now")
             for r in caplog.records] == [True] * warns, factor

@@ -61,6 +61,8 @@ def test_an_exception_in_eval_leaves_a_checkpoint_of_its_step(tmp_path, monkeypa
   with open(workdir / "checkpoints" / "4" / "meta" / "metadata") as f:
     meta = json.load(f)
   assert sorted(meta.pop("checksums")) == ["data", "opt_state", "params"]
+  assert meta.pop("schedule").keys() == {"schedule", "learning_rate", "warmup_steps", "steps",
+                                         "min_lr_ratio"}
   assert meta == {"step": 4, "seed": 0, "rng": "fold_in(seed_key(seed), step)"}
   # and a rerun resumes from it (then finishes: the eval works again)
   monkeypatch.undo()

@@ -160,7 +160,8 @@ def _assert_more_batches(validation_batches, sources, dcfg, num_batches, multipl
 
 def test_checkpoints_kept_and_their_meta(tmp_path):
   """keep_checkpoints=2 of checkpoints every step: the last two stay. Each records its step,
-  the seed and how the step's randomness derives from it."""
+  the seed and how the step's randomness derives from it, and the schedule it trained under
+  (what a resume's warnings compare with)."""
   _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.checkpoint_every = 1",
                                            "TrainConfig.keep_checkpoints = 2",
                                            "TrainConfig.seed = 7"])
@@ -168,7 +169,9 @@ def test_checkpoints_kept_and_their_meta(tmp_path):
   with open(tmp_path / "checkpoints" / "4" / "meta" / "metadata") as f:
     meta = json.load(f)
   assert sorted(meta.pop("checksums")) == ["data", "opt_state", "params"]
-  assert meta == {"step": 4, "seed": 7, "rng": "fold_in(seed_key(seed), step)"}
+  tcfg = gin_config.read_workdir_config(str(tmp_path / "config.gin"))[2]
+  assert meta == {"step": 4, "seed": 7, "rng": "fold_in(seed_key(seed), step)",
+                  "schedule": {f: getattr(tcfg, f) for f in trainer.SCHEDULE_FIELDS}}
 
 
 def test_train_runs_on_the_mesh_it_is_given(tmp_path, monkeypatch):

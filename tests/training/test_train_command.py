@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import shutil
+import types
 
 import pytest
 
@@ -479,16 +480,17 @@ def test_the_run_check_reads_each_kind_of_source(tmp_path, monkeypatch):
 
   seen = []
   monkeypatch.setattr(train_command.text, "lm_files", lambda *a, **kw: seen.append("lm_files"))
+  built = {"validation": types.SimpleNamespace(size=10)}  # a set with an end: nothing to bound
   monkeypatch.setattr(train_command.pipeline, "build_sources",
                       lambda dcfg, mcfg, tok: seen.append(("build_sources", dcfg.task, tok))
-                      or (f"{dcfg.task} sources", tok))
+                      or (built, tok))
   returned = []
   for config in (LM, CONFIG):
     mcfg, dcfg, tcfg = config_gin.parse([config], [])
     returned.append(train_command.trainer_run_check(mcfg, tcfg, dcfg))
   (lm_sources, lm_tok), (sources, tok) = returned
   assert lm_sources is None and lm_tok.vocab_size == 259
-  assert seen == ["lm_files", ("build_sources", "reverse", tok)] and sources == "reverse sources"
+  assert seen == ["lm_files", ("build_sources", "reverse", tok)] and sources is built
   # An hf_json tokenizer gets its file and DataConfig's special ids (the run trains with the
   # tokenizer the check built).
   from tests.data.hf_tokenizer import word_level_tokenizer_json

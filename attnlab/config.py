@@ -771,5 +771,8 @@ class Sweep:
     if lr is not None and (not is_number(lr) or not 0.0 < lr < math.inf):
       raise ValueError(f"uptrain_learning_rate={lr!r} must be a positive number (or None: the "
                        "base run's learning_rate)")
+    if lr is not None:  # as TrainConfig.learning_rate, named as this field
+      check_float32_range("uptrain_learning_rate", lr, "the uptraining runs' learning_rate, "
+                          "which computes in float32, where it would be inf or 0")
     for name in ("curve_points", "decode_prompt_len", "decode_new_tokens", "decode_repeats"):
       check_positive(name, getattr(self, name))

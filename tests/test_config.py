@@ -444,6 +444,11 @@ SWEEP_INVALID = [
     (dict(uptrain_learning_rate=-1e-4),
      "uptrain_learning_rate=-0.0001 must be a positive number (or None: the base run's "
      "learning_rate)"),
+    # named as TrainConfig.learning_rate, the run config's field, until 2026-12-06
+    (dict(uptrain_learning_rate=1e39),
+     "uptrain_learning_rate=1e+39 must be within float32's normal range "
+     "[1.1754943508222875e-38, 3.4028234663852886e+38]: the uptraining runs' learning_rate, "
+     "which computes in float32, where it would be inf or 0"),
     (dict(curve_points=0),
      'curve_points=0 must be a positive integer'),
     (dict(decode_prompt_len=0),

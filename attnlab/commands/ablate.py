@@ -145,7 +145,10 @@ def main(argv: list[str]) -> int:
     print(json.dumps({"out": os.path.abspath(args.out), **counts}))
     return 0
   try:
-    trainer_run_check(mcfg, tcfg, dcfg)
+    # with the runs' TrainConfig: every run evaluates (its validation batches are bounded
+    # here, before anything is written; with the base's eval_every=0 each run failed on them)
+    trainer_run_check(mcfg, sweep_lib.run_configs(sweep, arms[0], sweep.seeds[0], *base)[2],
+                      dcfg)
     sweep_lib.check_run_dirs(args.out, sweep, arms, only=args.arm)
   except (ValueError, FileNotFoundError, ImportError) as e:
     raise CommandError(str(e)) from None

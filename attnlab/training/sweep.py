@@ -19,7 +19,6 @@ The report (tables, plots) is built by ``attnlab.training.report`` from the
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
@@ -70,7 +69,9 @@ RESULT_FILE = "result.json"
 # writes its own result, the run reads as interrupted or pending, not as failed.
 PREVIOUS_FAILURE_FILE = "result.previous_failure.json"
 CONVERSION_FILE = "conversion.json"
-CONVERTING_DIR = ".converting"  # OUT/.converting/ARM-seed_N: a conversion being made
+# ARM/.seed_S.converting: an uptraining conversion being made; ARM/.seed_S.replaced: the
+# run's folder it replaces, until removed
+CONVERTING_SUFFIX, REPLACED_SUFFIX = ".converting", ".replaced"
 WALL_FILE = "wall_time_s"
 ERROR_FILE = "error.txt"
 # A run's own records of its attempts, kept when a conversion cut short is started again.
@@ -226,12 +227,13 @@ def run_dir(out: str, arm: Arm | str, seed: int) -> str:
 
 
 def check_run_dirs(out: str, sweep: Sweep, arms: list[Arm], *, only: str | None = None) -> None:
-  """ValueError naming the first run folder of the selected runs (or its arm's folder) that
-  is there but no folder, before anything trains: the run could neither train nor record
-  its failure (until 2026-12-06 the sweep stopped there with a NotADirectoryError
-  traceback, the runs after it not run)."""
+  """ValueError naming the first run folder of the selected runs (or its arm's folder, or
+  OUT/arms) that is there but no folder, before anything trains: the run could neither
+  train nor record its failure (until 2026-12-06 the sweep stopped there with a
+  NotADirectoryError traceback, the runs after it not run)."""
   for arm, seed in _selected(sweep, arms, only):
-    for path in (os.path.dirname(run_dir(out, arm, seed)), run_dir(out, arm, seed)):
+    run = run_dir(out, arm, seed)
+    for path in (os.path.dirname(os.path.dirname(run)), os.path.dirname(run), run):
       if os.path.lexists(path) and not os.path.isdir(path):
         raise ValueError(f"{path} is a file, not a folder: the sweep's run of arm "
                          f"{arm.name!r} seed {seed} goes there; move it away")
@@ -406,7 +408,9 @@ def prompt_set(sweep: Sweep, mcfg: ModelConfig, dcfg: DataConfig) -> list[list[i
   sources, _ = pipeline.build_sources(dcfg, mcfg)
   key = "tokens_BT" if mcfg.arch == "decoder_only" else "src_BS"
   rows = []
-  for batch in pipeline.validation_batches(sources, dcfg, max(DECODE_BATCHES)):
+  # the batches that hold the rows (until 2026-12-06 eight batches were made for eight rows)
+  batches = -(-max(DECODE_BATCHES) // dcfg.batch_size)
+  for batch in pipeline.validation_batches(sources, dcfg, batches):
     # The rows that only fill up the last batch are not examples.
     for row in np.asarray(batch[key])[batch[pipeline.EXAMPLE_MASK]]:
       row = row[row != mcfg.pad_id] if mcfg.arch == "encoder_decoder" else row
@@ -570,20 +574,25 @@ def _prepare_uptrain(out, arm, seed, source, configs) -> dict:
   src = run_dir(out, source, seed)
   final = config_gin.read_workdir_config(os.path.join(src, CONFIG_FILE))[2].steps
   # A conversion cut short (or an attempt that failed before it: its source unfinished) is
-  # made again in a folder of its own (CONVERTING_DIR), beside the run's folder, which keeps
-  # its records of the attempts (the earlier failure, the wall time) until the new run
-  # replaces it with them: a kill at any point loses none (until 2026-12-06 the folder was
-  # emptied first, and a kill during the conversion lost them).
-  tmp = os.path.join(out, CONVERTING_DIR, f"{arm.name}-seed_{seed}")
-  home = workdir if os.path.isdir(workdir) else tmp  # a kill between the two moves below
+  # made again in a folder of its own beside the run's (ARM/.seed_S.converting: the same
+  # filesystem, so renames move it), while the run's folder keeps its records of the
+  # attempts (the earlier failure, the wall time); the finished conversion takes them along
+  # and replaces the run's folder by two renames. Until 2026-12-06 the folder was emptied
+  # first, and a kill during the conversion lost them.
+  arm_dir = os.path.dirname(workdir)
+  tmp = os.path.join(arm_dir, f".seed_{seed}{CONVERTING_SUFFIX}")
+  replaced = os.path.join(arm_dir, f".seed_{seed}{REPLACED_SUFFIX}")
+  if not os.path.isdir(workdir) and os.path.isdir(tmp):  # a kill between the two renames:
+    os.replace(tmp, workdir)  # the second, now (the records are in the new run only)
   kept = {}
   for name in ATTEMPT_FILES:
-    path = os.path.join(home, name)
+    path = os.path.join(workdir, name)
     if os.path.isfile(path):
       with open(path, "rb") as f:
         kept[name] = f.read()
-  if os.path.isdir(tmp):
-    shutil.rmtree(tmp)
+  for leftover in (tmp, replaced):
+    if os.path.isdir(leftover):
+      shutil.rmtree(leftover)
   mcfg, dcfg, tcfg = configs
   train_fields = {f.name: getattr(tcfg, f.name) for f in dataclasses.fields(tcfg)}
   try:
@@ -600,11 +609,9 @@ def _prepare_uptrain(out, arm, seed, source, configs) -> dict:
     with open(os.path.join(tmp, name), "wb") as f:
       f.write(data)
   if os.path.isdir(workdir):
-    shutil.rmtree(workdir)
-  os.makedirs(os.path.dirname(workdir), exist_ok=True)
+    os.replace(workdir, replaced)
   os.replace(tmp, workdir)
-  with contextlib.suppress(OSError):  # OUT/.converting, unless another --arm job's is in it
-    os.rmdir(os.path.dirname(tmp))
+  shutil.rmtree(replaced, ignore_errors=True)
   info["val_loss_converted"] = float(trainer.evaluate_workdir(workdir, 0)["loss"])
   _write_json(conv_path, info)
   return info

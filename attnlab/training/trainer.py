@@ -32,7 +32,12 @@ from attnlab.training import evaluate as eval_lib
 from attnlab.training import optim
 from attnlab.training import sharding as shd
 from attnlab.training import steps as steps_lib
-from attnlab.training.checkpoint import Checkpointer, abstract_model, workdir_config
+from attnlab.training.checkpoint import (
+    Checkpointer,
+    UnreadableCheckpointError,
+    abstract_model,
+    workdir_config,
+)
 from attnlab.training.metrics import WINDOW_HOLDS_COMPILE, MetricsWriter, perplexity
 
 log = logging.getLogger(__name__)
@@ -475,7 +480,11 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   finished = start == tcfg.steps  # a rerun of a finished run: nothing to train
   if start and not finished:
     log.info("resumed from step %d", start)
-    saved = _checkpoint_train_config(workdir, tcfg, ckpt.read_meta(start))
+    try:
+      meta = ckpt.read_meta(start)
+    except (UnreadableCheckpointError, OSError):  # changed since the restore: config.gin's
+      meta = {}
+    saved = _checkpoint_train_config(workdir, tcfg, meta)
     _warn_schedule_change(saved, tcfg, mcfg.d_model, run.state["opt_state"])
     _warn_seed_change(saved, tcfg)
   if not finished:

@@ -27,6 +27,7 @@ import attnlab
 from attnlab import cli
 from attnlab import config_gin as gin_config
 from attnlab.commands import EXIT_STOPPED
+from attnlab.data import pipeline
 from attnlab.training import report as report_lib
 from attnlab.training import sweep as sweep_lib
 from attnlab.training import trainer
@@ -388,6 +389,14 @@ def test_a_sweeps_bookkeeping_survives_stray_and_cut_off_files(micro, sweep_file
         "seed 0 goes there; move it away")
     assert _ablate("--gin_file", sweep_file, "--out", out, "--arm", "mha") == 0  # finished
     capsys.readouterr()
+  arms_dir = os.path.join(str(tmp_path / "arms_a_file"), sweep_lib.ARMS_DIR)  # OUT/arms itself
+  os.makedirs(os.path.dirname(arms_dir))
+  with open(arms_dir, "w") as f:
+    f.write("notes\n")
+  assert _ablate("--gin_file", sweep_file, "--out", os.path.dirname(arms_dir)) == 2
+  assert capsys.readouterr().err.strip() == (
+      f"attnlab ablate: error: {arms_dir} is a file, not a folder: the sweep's run of arm 'mha' "
+      "seed 0 goes there; move it away")
   # Two --gin_file: one line (until 2026-12-06 the last replaced the others: another sweep ran)
   other = tmp_path / "other.gin"
   other.write_text("TrainConfig.steps = 7\n")
@@ -397,6 +406,31 @@ def test_a_sweeps_bookkeeping_survives_stray_and_cut_off_files(micro, sweep_file
       f"attnlab ablate: error: --gin_file is given 2 times ({sweep_file}, {other}); a sweep is "
       "one file: name the others in its Sweep.base (read first), or bind with --gin.X=V")
   assert not os.path.exists(tmp_path / "n")
+
+
+def test_a_sweeps_validation_batches_past_memory_are_one_line_before_anything_is_written(
+    tmp_path, capsys, monkeypatch):
+  """Every run of a sweep evaluates (eval_every at least 1, whatever the base says), so the
+  bound on a synthetic task's validation batches is checked with the runs' TrainConfig: under
+  a base with eval_every=0 every run failed on it, after sweep.gin and prompts.json were
+  written (until 2026-12-06). On a machine made to have 64 KiB."""
+  sweep = tmp_path / "s2s.gin"
+  sweep.write_text("\n".join([
+      'Sweep.base = ["seq2seq_reverse.gin"]', "Sweep.num_kv_heads = [4, 1]", "Sweep.seeds = [0]",
+      "Sweep.decode_prompt_len = 3", "Sweep.decode_new_tokens = 2", "ModelConfig.d_model = 16",
+      "ModelConfig.num_heads = 4", "ModelConfig.d_ff = 32", "ModelConfig.num_layers = 1",
+      "ModelConfig.num_encoder_layers = 1", "DataConfig.batch_size = 2",
+      "TrainConfig.steps = 2", "TrainConfig.eval_every = 0"]) + "\n")
+  monkeypatch.setattr(pipeline, "physical_memory_bytes", lambda: 2**16)
+  out = tmp_path / "out"
+  assert _ablate("--gin_file", str(sweep), "--out", str(out),
+                 "--gin.TrainConfig.eval_batches=1000") == 2
+  err = capsys.readouterr().err.strip()
+  assert re.fullmatch(r"attnlab ablate: error: TrainConfig.eval_batches=1000 validation batches "
+                      r"of batch_size=2 x seq_len=\d+ take at least [\d.]+ GiB on the host "
+                      r"\(int32 token ids and targets, kept for every evaluation\), more than "
+                      r"this machine's memory \(0.0 GiB\): give fewer eval_batches", err), err
+  assert not out.exists()
 
 
 def test_failing_arm_is_reported_then_arm_and_report_equal_all_in_one(

@@ -316,10 +316,14 @@ def test_an_uptraining_runs_damaged_conversion_record_is_named(tmp_path, text, p
 
 
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
-def test_prompt_set_is_the_first_validation_rows_cycled_to_8(tmp_path, arch):
+def test_prompt_set_is_the_first_validation_rows_cycled_to_8(tmp_path, arch, monkeypatch):
   """The decode benchmark's prompts: every validation example in order (none of the rows
   that fill up the last batch), cut to decode_prompt_len tokens, cycled to 8 rows (the
-  first 8 of more)."""
+  first 8 of more), from the batches that hold 8 rows (8 batches until 2026-12-06)."""
+  asked = []
+  real = sweep_lib.pipeline.validation_batches
+  monkeypatch.setattr(sweep_lib.pipeline, "validation_batches",
+                      lambda sources, dcfg, n, *a: asked.append(n) or real(sources, dcfg, n, *a))
   val = tmp_path / "val.tsv"
   val.write_text("".join(f"{c * 3}\tx\n" for c in "ABCD"))  # 4 rows, batches of 3
   dcfg = DataConfig(task="tsv", paths=(str(val), str(val)), seq_len=16, batch_size=3)
@@ -343,6 +347,7 @@ def test_prompt_set_is_the_first_validation_rows_cycled_to_8(tmp_path, arch):
   else:
     rows = [[*tok.encode(c * 3), tok.eos_id] for c in "ABCDEFGH"]
   assert got == rows
+  assert asked == [3, 3]  # 8 rows in batches of 3
 
 
 @pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
@@ -868,7 +873,8 @@ def test_an_uptraining_run_converts_its_seeds_finished_mha_run_once(tmp_path, mo
   mha, _, up = arms
   configs = sweep_lib.run_configs(sweep, up, 1, *cfgs)
   workdir = sweep_lib.run_dir(out, up, 1)
-  tmp = os.path.join(out, sweep_lib.CONVERTING_DIR, "uptrain-mean-mqa-seed_1")
+  tmp = os.path.join(os.path.dirname(workdir), ".seed_1.converting")
+  replaced = os.path.join(os.path.dirname(workdir), ".seed_1.replaced")
   calls = []
 
   def convert(src, dst, num_kv_heads, method, **kw):
@@ -934,7 +940,7 @@ def test_an_uptraining_run_converts_its_seeds_finished_mha_run_once(tmp_path, mo
   assert sweep_lib._prepare_uptrain(out, up, 1, mha, configs) == want
   assert_records(workdir, also=["checkpoints", sweep_lib.CONVERSION_FILE])
   assert os.listdir(os.path.join(workdir, "checkpoints")) == ["0"]  # the cut-short one gone
-  assert not os.path.exists(os.path.dirname(tmp))
+  assert sorted(os.listdir(os.path.dirname(workdir))) == ["seed_1"]  # no tmp / replaced left
   tcfg = configs[2]
   bindings = {"TrainConfig": {f.name: getattr(tcfg, f.name) for f in dataclasses.fields(tcfg)},
               "DataConfig": {"seed": 1}}
@@ -956,16 +962,22 @@ def test_an_uptraining_run_converts_its_seeds_finished_mha_run_once(tmp_path, mo
   with pytest.raises(OSError, match="No space left"):
     sweep_lib._prepare_uptrain(out, up, 1, mha, configs)
   assert_records(workdir, also=["checkpoints"])
-  # A kill between the run's folder's removal and the new one's move: the records are
-  # found in the conversion's folder.
-  shutil.rmtree(workdir)
-  os.makedirs(tmp, exist_ok=True)
+  # A kill between the two renames (the run's folder moved aside, the new one not yet in
+  # place): the records are found in the new one; then a kill in the conversion after that
+  # still loses none (they are back in the run's folder first).
+  os.replace(workdir, replaced)
+  os.makedirs(os.path.join(tmp, "checkpoints", "0"))
   for name, data in records.items():
     with open(os.path.join(tmp, name), "wb") as f:
       f.write(data)
+  monkeypatch.setattr(sweep_lib, "write_converted_run", killed)
+  with pytest.raises(Kill):
+    sweep_lib._prepare_uptrain(out, up, 1, mha, configs)
+  assert_records(workdir, also=["checkpoints"])
   monkeypatch.setattr(sweep_lib, "write_converted_run", convert)
   assert sweep_lib._prepare_uptrain(out, up, 1, mha, configs) == want
   assert_records(workdir, also=["checkpoints", sweep_lib.CONVERSION_FILE])
+  assert sorted(os.listdir(os.path.dirname(workdir))) == ["seed_1"]
   # The MHA run's final checkpoint does not read: the run fails naming it and the way to
   # train that step again (until 2026-12-06 the checkpoint before was converted silently).
   os.remove(os.path.join(workdir, sweep_lib.CONVERSION_FILE))

@@ -366,8 +366,14 @@ def test_a_validation_set_larger_than_the_machines_memory_is_one_line(seq2seq_ru
   anything is written); the bound is eval_batches x a batch's int32 token ids and targets.
   The commands run on a machine made to have 64 KiB (so the code before fails fast)."""
   dcfg = gin_config.parse([CONFIG], [])[1]
-  with pytest.raises(ValueError, match="^TrainConfig.eval_batches=1000000000 validation"):
+  with pytest.raises(ValueError) as e:
     pipeline.check_validation_fits_memory(dcfg, 10**9)  # this machine's memory
+  need = 10**9 * 2 * 4 * dcfg.batch_size * (dcfg.seq_len + 1)
+  assert str(e.value) == (
+      f"TrainConfig.eval_batches=1000000000 validation batches of batch_size={dcfg.batch_size} "
+      f"x seq_len={dcfg.seq_len} take at least {need / 2**30:.1f} GiB on the host (int32 token "
+      "ids and targets, kept for every evaluation), more than this machine's memory "
+      f"({pipeline.physical_memory_bytes() / 2**30:.1f} GiB): give fewer eval_batches")
   monkeypatch.setattr(pipeline, "physical_memory_bytes", lambda: 2**16)
   rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(tmp_path / "w"),
                  "--gin.TrainConfig.eval_every=1", "--gin.TrainConfig.eval_batches=1000"])

@@ -994,6 +994,12 @@ def test_an_uptraining_run_converts_its_seeds_finished_mha_run_once(tmp_path, mo
       f"again, delete {os.path.join(src, 'result.json')} and "
       f"{os.path.join(src, 'checkpoints', str(final))} and rerun")
   assert_records(workdir, also=["checkpoints"])
+  # A first conversion: no run folder yet (nothing to move aside)
+  shutil.rmtree(os.path.dirname(workdir))
+  monkeypatch.setattr(sweep_lib, "write_converted_run", convert)
+  assert sweep_lib._prepare_uptrain(out, up, 1, mha, configs) == want
+  assert sorted(os.listdir(workdir)) == ["checkpoints", sweep_lib.CONVERSION_FILE]
+  assert sorted(os.listdir(os.path.dirname(workdir))) == ["seed_1"]
 
 
 # --------------------------------------------------------------------------- conversion

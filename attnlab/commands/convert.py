@@ -19,6 +19,7 @@ leaves no half-written OUT. Nothing is fetched from the network.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -174,6 +175,9 @@ def from_hf(src_dir: str, workdir: str, *, dtype: str | None = None) -> dict:
                       bos_id=bos, eos_id=ids["eos"])
   else:
     dcfg = DataConfig()
+  # rows no longer than the model's positions (128 > max_position_embeddings=64 made the
+  # README's fine-tune command fail until 2026-12-06)
+  dcfg = dataclasses.replace(dcfg, seq_len=min(dcfg.seq_len, mcfg.max_len))
   tcfg = finetune_train_config()
 
 

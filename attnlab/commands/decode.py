@@ -9,6 +9,7 @@ the same name (attnlab/config.py), the one place decoding defaults live.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -134,6 +135,11 @@ def stop_ids(workdir: str, eos_id: int | None, vocab_size: int) -> int | list[in
     for i in extra if isinstance(extra, list) else [extra]:
       if is_integer(i) and 0 <= i < vocab_size and int(i) not in ids:
         ids.append(int(i))
+  if len(ids) > MAX_STOP_IDS:  # dropped without a word until 2026-12-06
+    logging.getLogger(__name__).warning(
+        "%s lists %d stop ids with the tokenizer's eos; decoding stops at the first %d only "
+        "(%s), not at %s", path, len(ids), MAX_STOP_IDS, ids[:MAX_STOP_IDS],
+        ids[MAX_STOP_IDS:])
   ids = ids[:MAX_STOP_IDS]
   return None if not ids else ids[0] if len(ids) == 1 else ids
 

@@ -30,6 +30,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -171,6 +172,28 @@ def eos_ids(hf: dict) -> list[int]:
   return list(dict.fromkeys(i for i in values if _in_vocab(i, vocab)))
 
 
+# attnlab's ModelConfig field -> the config.json key it is read from, per layout: an invalid
+# value is named by its key (until 2026-12-06 by the attnlab field alone: "num_heads=0").
+HF_KEYS = {"num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+           "num_layers": "num_hidden_layers", "d_model": "hidden_size",
+           "d_ff": "intermediate_size", "norm_eps": "rms_norm_eps",
+           "max_len": "max_position_embeddings", "window": "sliding_window",
+           "head_dim": "head_dim", "vocab_size": "vocab_size", "rope_theta": "rope_theta",
+           "pad_id": "pad_token_id"}
+GPT2_KEYS = {**HF_KEYS, "num_heads": "n_head", "num_layers": "n_layer", "d_model": "n_embd",
+             "d_ff": "n_inner", "norm_eps": "layer_norm_epsilon", "max_len": "n_positions"}
+
+
+def _invalid(e: Exception, keys: dict) -> ConversionError:
+  """The ModelConfig error of a config.json value, named by its config.json key."""
+  fields = [f for f in dict.fromkeys(re.findall(r"\b(\w+)=", str(e))) if f in keys]
+  where = "config.json"
+  if fields:
+    where += (f" {', '.join(keys[f] for f in fields)} (attnlab's "
+              f"{', '.join('ModelConfig.' + f for f in fields)})")
+  return ConversionError(f"{where} gives an invalid attnlab config: {e}")
+
+
 def from_hf_config(hf: dict, *, dtype: str | None = None) -> tuple[str, ModelConfig]:
   """(family, ModelConfig) of a transformers config.json dict.
 
@@ -241,7 +264,7 @@ def from_hf_config(hf: dict, *, dtype: str | None = None) -> tuple[str, ModelCon
   except ConversionError:  # a field of config.json named by its own message
     raise
   except (ValueError, TypeError, ZeroDivisionError) as e:  # a size of 0, a number as text
-    raise ConversionError(f"config.json gives an invalid attnlab config: {e}") from None
+    raise _invalid(e, HF_KEYS) from None
   return family, cfg
 
 
@@ -262,7 +285,7 @@ def _gpt2_config(hf: dict, common: dict) -> ModelConfig:
   except ConversionError:  # a field of config.json named by its own message
     raise
   except (ValueError, TypeError, ZeroDivisionError) as e:
-    raise ConversionError(f"config.json gives an invalid attnlab config: {e}") from None
+    raise _invalid(e, GPT2_KEYS) from None
 
 
 def _dims(cfg: ModelConfig) -> tuple[int, int, int, int, int, int]:

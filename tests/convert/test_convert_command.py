@@ -87,7 +87,11 @@ def test_from_hf_writes_a_workdir_whose_model_computes_the_checkpoint(name, tmp_
                          "# Fine-tune: attnlab train --gin_file THIS_FILE --workdir ")
   mcfg, dcfg, tcfg = gin_config.read_workdir_config(str(work / "config.gin"))
   assert mcfg == cfg == hf.from_hf_config(c)[1]
-  assert dcfg == DataConfig()  # no tokenizer.json: the byte tokenizer's defaults
+  # no tokenizer.json: the byte tokenizer's defaults, rows no longer than the model's positions
+  # (seq_len 128 past max_position_embeddings=64 made `attnlab train` of the workdir fail
+  # until 2026-12-06)
+  assert mcfg.max_len < DataConfig.seq_len  # these checkpoints' 32 or 64 positions
+  assert dcfg == DataConfig(seq_len=mcfg.max_len)
   assert (tcfg.steps, tcfg.learning_rate, tcfg.schedule, tcfg.warmup_steps, tcfg.weight_decay,
           tcfg.checkpoint_every) == (100, 2e-5, "constant", 10, 0.0, 100)
 

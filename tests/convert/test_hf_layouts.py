@@ -388,12 +388,24 @@ BAD_CONFIGS = {
     **{f"required_{key}": ({key: None}, f"config.json has no {key}") for key in (
         "hidden_size", "vocab_size", "num_attention_heads", "num_hidden_layers",
         "intermediate_size")},
-    "heads": ({"num_key_value_heads": 3}, "config.json gives an invalid attnlab config: "),
+    # named by their config.json keys (by attnlab's fields alone until 2026-12-06)
+    "heads": ({"num_key_value_heads": 3}, "config.json num_attention_heads, num_key_value_heads "
+              "(attnlab's ModelConfig.num_heads, ModelConfig.num_kv_heads) gives an invalid "
+              "attnlab config: num_heads=4 must be a multiple of num_kv_heads=3"),
     # Values of the wrong type or size: one error, not a traceback (until 2026-12-04 a
     # ZeroDivisionError, TypeErrors and a ValueError from int()), nor a string read as a bool.
-    "zero_heads": ({"num_attention_heads": 0}, "config.json gives an invalid attnlab config: "),
-    "size_as_text": ({"hidden_size": "64"}, "config.json gives an invalid attnlab config: "),
-    "vocab_as_text": ({"vocab_size": "abc"}, "config.json gives an invalid attnlab config: "),
+    "zero_heads": ({"num_attention_heads": 0}, "config.json num_attention_heads (attnlab's "
+                   "ModelConfig.num_heads) gives an invalid attnlab config: num_heads=0 must be "
+                   "a positive integer"),
+    "size_as_text": ({"hidden_size": "64"}, "config.json hidden_size (attnlab's "
+                     "ModelConfig.d_model) gives an invalid attnlab config: d_model='64' must "
+                     "be a positive integer"),
+    "vocab_as_text": ({"vocab_size": "abc"}, "config.json vocab_size (attnlab's "
+                      "ModelConfig.vocab_size) gives an invalid attnlab config: "),
+    "window": ({"model_type": "mistral", "sliding_window": 0}, "config.json sliding_window "
+               "(attnlab's ModelConfig.window) gives an invalid attnlab config: window=0"),
+    "eps": ({"rms_norm_eps": 0.0}, "config.json rms_norm_eps (attnlab's ModelConfig.norm_eps) "
+            "gives an invalid attnlab config: norm_eps=0.0"),
     "theta_list": ({"rope_theta": [1.0]}, "config.json gives an invalid attnlab config: "),
     "tie_as_text": ({"tie_word_embeddings": "false"}, "config.json tie_word_embeddings='false' "
                     "is not supported (supported: False, True)"),
@@ -422,7 +434,10 @@ GPT2_BAD = {
     "cross": ({"add_cross_attention": True}, "add_cross_attention=True is not supported"),
     **{f"required_{key}": ({key: None}, f"config.json has no {key}") for key in (
         "n_layer", "n_embd", "n_head", "vocab_size")},
-    "heads": ({"n_head": 5}, "config.json gives an invalid attnlab config: "),
+    "heads": ({"n_head": 5}, "config.json n_embd, n_head (attnlab's ModelConfig.d_model, "
+              "ModelConfig.num_heads) gives an invalid attnlab config: "),
+    "positions": ({"n_positions": 0}, "config.json n_positions (attnlab's ModelConfig.max_len) "
+                  "gives an invalid attnlab config: max_len=0"),
 }
 
 

@@ -128,11 +128,11 @@ def test_decode_stops_at_the_eos_ids_of_a_generation_config_too(workdir, capsys,
   assert rc == 2 and "generation_config.json is not readable JSON" in err, err
 
 
-def test_stop_ids_are_the_tokenizers_eos_then_the_generation_configs(tmp_path):
+def test_stop_ids_are_the_tokenizers_eos_then_the_generation_configs(tmp_path, caplog):
   """Without an eos (an hf_json tokenizer may have none) the stop ids are the generation
   config's alone; one id is an int, none is None; ids outside the vocabulary (0 is in it),
   bools and repeats are left out, and a file that is no JSON object adds none; at most
-  MAX_STOP_IDS are kept."""
+  MAX_STOP_IDS are kept, the others named in a warning (dropped silently until 2026-12-06)."""
   import json
 
   from attnlab.decoding.generate import MAX_STOP_IDS
@@ -148,8 +148,13 @@ def test_stop_ids_are_the_tokenizers_eos_then_the_generation_configs(tmp_path):
   assert decode_command.stop_ids(str(tmp_path), None, 10) == [7, 0]
   path.write_text(json.dumps([5]))  # not an object: no eos_token_id in it
   assert decode_command.stop_ids(str(tmp_path), 3, 10) == 3
+  assert caplog.messages == []
   path.write_text(json.dumps({"eos_token_id": list(range(20))}))
   assert decode_command.stop_ids(str(tmp_path), 19, 20) == [19, *range(MAX_STOP_IDS - 1)]
+  assert caplog.messages == [
+      f"{path} lists 20 stop ids with the tokenizer's eos; decoding stops at the first "
+      f"{MAX_STOP_IDS} only ({[19, *range(MAX_STOP_IDS - 1)]}), not at "
+      f"{list(range(MAX_STOP_IDS - 1, 19))}"]
 
 
 def test_decode_builds_the_tokenizer_with_the_workdirs_special_ids(tmp_path):

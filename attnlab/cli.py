@@ -11,10 +11,12 @@ code 2.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import sys
 
-from attnlab.commands import CommandError
+from attnlab.commands import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, CommandError
 
 # name -> (module in attnlab/commands/, one-line help)
 COMMANDS = {
@@ -50,6 +52,18 @@ def main(argv: list[str] | None = None) -> int:
   except CommandError as e:
     print(f"attnlab {name}: error: {e}", file=sys.stderr)
     return 2
+  except BrokenPipeError:
+    # The reader of stdout went away (`attnlab decode ... | head -1`): stop quietly, as a
+    # Unix filter does, with SIGPIPE's exit status (a traceback until 2026-12-06). stdout
+    # goes to /dev/null so that the interpreter's last flush does not fail again.
+    with contextlib.suppress(OSError, ValueError):  # ValueError: a stdout without a file
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # descriptor (a test's)
+    return EXIT_BROKEN_PIPE
+  except KeyboardInterrupt:
+    # Ctrl-C outside `train` and `ablate` (which stop at a step, exit 75): one line, exit
+    # 130 (a traceback from wherever it landed until 2026-12-06); what was printed stays.
+    print(f"\nattnlab {name}: interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def _decode_parser():
                  "--cache paged by default, or contiguous / ring); results print as they "
                  "complete; default: off, one generate call")
   p.add_argument("--page_size", type=int, default=None,
-                 help=f"slots per page of the paged cache (default {d.page_size})")
+                 help=f"token positions per page of the paged cache (default {d.page_size})")
   p.add_argument("--num_pages", type=int, default=d.num_pages,
                  help="pages of the paged cache (default: enough for every sequence)")
   p.add_argument("--mesh_shape", default=None,
@@ -160,6 +160,9 @@ def _serve(args, dcfg, model, prompts, ids, tokenizer, line_of, stops) -> int:
     if len(tokens) and stops is not None and np.isin(tokens[-1], stops):
       tokens = tokens[:-1]  # as without --slots: the text stops before eos, whatever the
                             # tokenizer's decode does with it (a tokenizer.json may show it)
+    if tty and done[0] > 1:  # the bar's line cleared first: on a terminal the result was
+      sys.stderr.write("\r\x1b[K")  # printed after it on its line until 2026-12-06
+      sys.stderr.flush()
     print(f"{i}\t{tsv_field(prompts[i])}\t{tsv_field(tokenizer.decode(tokens))}", flush=True)
     rate = done[1] / max(time.perf_counter() - start, 1e-9)
     counts = f"{done[0]}/{n} requests, {done[1]} tokens, {rate:.1f} tok/s"

@@ -172,8 +172,11 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     raise GenerateInputError(
         f"cache={cache!r} is not one of {', '.join(map(repr, CACHE_KINDS))}")
   if cache == "ring" and cfg.window is None:
+    # beam search takes no paged cache: offering it there sent the user to a second refusal
+    # (until 2026-12-06)
+    other = "cache='contiguous'" if beam_size is not None else "cache='contiguous' or 'paged'"
     raise GenerateInputError("cache='ring' needs a sliding-window model (ModelConfig.window), got "
-                             "window=None; use cache='contiguous' or 'paged'")
+                             f"window=None; use {other}")
   if beam_size is not None:
     beam_size = positive_int("beam_size", beam_size)
     most = (2**31 - 1) // cfg.vocab_size

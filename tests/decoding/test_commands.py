@@ -526,6 +526,12 @@ def test_generate_rejects_bad_prompts():
       "cache='ring' needs a sliding-window model (ModelConfig.window), got window=None; use "
       "cache='contiguous' or 'paged'")):
     attnlab.generate(model, np.array([[5, 6]]), cache="ring")
+  # with beam_size, only the cache beam search takes (it offered 'paged', refused next, until
+  # 2026-12-06)
+  with pytest.raises(ValueError, match="^" + re.escape(
+      "cache='ring' needs a sliding-window model (ModelConfig.window), got window=None; use "
+      "cache='contiguous'") + "$"):
+    attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=2, beam_size=2, cache="ring")
   with pytest.raises(ValueError, match=re.escape(
       "beam search reorders whole cache rows: use cache='contiguous' or 'ring' with beam_size")):
     attnlab.generate(model, np.array([[5, 6]]), max_new_tokens=2, beam_size=2, cache="paged")
@@ -961,8 +967,12 @@ def test_decode_slots_progress_counts_requests_tokens_and_rate(workdir, monkeypa
                        "--slots", "1", "--max_new_tokens", "4"], capsys)
   assert rc == 0, err
   if tty:
-    frames = err.split("\r")[1:]
-    assert err.startswith("\r") and frames[-1].endswith("\n")
+    # before each result after the first the bar's line is cleared (\r ESC[K), so the result
+    # starts a clean line on the terminal (it followed the bar on its line until 2026-12-06)
+    frames = err.split("\r\x1b[K")
+    assert len(frames) == 3 and all(f.startswith("\r") and f.count("\r") == 1 for f in frames)
+    frames = [f[1:] for f in frames]
+    assert frames[-1].endswith("\n")
   else:
     assert "\r" not in err and err.endswith("\n")
     frames = err.splitlines()[-3:]
@@ -1357,3 +1367,44 @@ def test_page_size_compiles_nothing_new_for_caches_without_pages():
     np.testing.assert_array_equal(attnlab.generate(model, prompt, max_new_tokens=3,
                                                    cache="paged", eos_id=None,
                                                    page_size=page_size), want)
+
+
+@pytest.mark.parametrize("error, rc, message", [
+    (KeyboardInterrupt, 130, "\nattnlab decode: interrupted\n"),
+    (BrokenPipeError, 141, ""),
+])
+def test_ctrl_c_and_a_closed_pipe_end_a_command_with_one_line_or_none(
+    error, rc, message, monkeypatch, capsys):
+  """Ctrl-C in a command that does not stop at a step (decode, eval, convert): one line, exit
+  130; stdout's reader gone (`| head -1`): no line, exit 141, as a Unix filter. Both were a
+  traceback until 2026-12-06 (the real pipe: the next test)."""
+  def interrupted(argv):
+    print("0\tprinted before", flush=True)
+    raise error
+
+  monkeypatch.setattr(decode_command, "main", interrupted)
+  assert main(["decode", "--workdir", "w"]) == rc
+  out, err = capsys.readouterr()
+  assert out == "0\tprinted before\n" and err == message
+
+
+def test_decode_into_a_pipe_closed_early_exits_quietly(workdir, tmp_path):
+  """`attnlab decode --prompts_file F --slots 1 | head -1`: the reader leaves after the first
+  result; the next print meets a closed pipe. No traceback, exit 141 (a BrokenPipeError
+  traceback and exit 1 until 2026-12-06)."""
+  import subprocess
+
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("".join(f"line {i}\n" for i in range(40)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "attnlab.cli", "decode", "--workdir", workdir, "--prompts_file",
+       str(prompts), "--slots", "1", "--max_new_tokens", "2"],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+  first = proc.stdout.readline()
+  proc.stdout.close()
+  err = proc.stderr.read().decode()
+  assert proc.wait(timeout=300) == 141, err
+  assert first.split(b"\t")[0].isdigit(), first  # a whole result line came first
+  assert "Traceback" not in err, err

@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import select
+import signal
 import sys
 
 from attnlab.commands import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, CommandError
@@ -39,6 +41,29 @@ def usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
+  name = argv[0] if argv and argv[0] in COMMANDS else None
+  try:
+    return _dispatch(argv)
+  except BrokenPipeError:
+    if not _stdout_broken():  # another pipe (a subprocess's, a socket's): not ours to hide
+      raise
+    # The reader of stdout went away (`attnlab decode ... | head -1`): stop quietly, as a
+    # Unix filter does, with SIGPIPE's exit status (a traceback until 2026-12-06). stdout
+    # goes to /dev/null so that the interpreter's last flush does not fail again.
+    with contextlib.suppress(OSError, ValueError):  # ValueError: a stdout without a file
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # descriptor (a test's)
+    return EXIT_BROKEN_PIPE
+  except KeyboardInterrupt:
+    # Ctrl-C outside `train` and `ablate`'s steps (which stop there, exit 75): one line (a
+    # traceback from wherever it landed until 2026-12-06), what was printed stays, and the
+    # process then dies by SIGINT as an uninterrupted Python would, so that a shell script
+    # running it stops too (an exit status of 130 alone lets the script go on).
+    print(f"\nattnlab{' ' + name if name else ''}: interrupted", file=sys.stderr)
+    _die_by_sigint()
+    return EXIT_INTERRUPTED  # where SIGINT cannot kill (its handler is not the default)
+
+
+def _dispatch(argv: list[str]) -> int:
   if not argv or argv[0] in ("-h", "--help"):
     print(usage(), file=sys.stdout if argv else sys.stderr)  # no command: an error
     return 0 if argv else 2
@@ -52,18 +77,23 @@ def main(argv: list[str] | None = None) -> int:
   except CommandError as e:
     print(f"attnlab {name}: error: {e}", file=sys.stderr)
     return 2
-  except BrokenPipeError:
-    # The reader of stdout went away (`attnlab decode ... | head -1`): stop quietly, as a
-    # Unix filter does, with SIGPIPE's exit status (a traceback until 2026-12-06). stdout
-    # goes to /dev/null so that the interpreter's last flush does not fail again.
-    with contextlib.suppress(OSError, ValueError):  # ValueError: a stdout without a file
-      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # descriptor (a test's)
-    return EXIT_BROKEN_PIPE
-  except KeyboardInterrupt:
-    # Ctrl-C outside `train` and `ablate` (which stop at a step, exit 75): one line, exit
-    # 130 (a traceback from wherever it landed until 2026-12-06); what was printed stays.
-    print(f"\nattnlab {name}: interrupted", file=sys.stderr)
-    return EXIT_INTERRUPTED
+
+
+def _stdout_broken() -> bool:
+  """Whether stdout is a pipe whose reader has gone (poll says POLLERR); True where that
+  cannot be asked (no file descriptor, no poll): the error is then taken for stdout's."""
+  try:
+    poller = select.poll()
+    poller.register(sys.stdout.fileno(), select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+  except (OSError, ValueError, AttributeError):
+    return True
+
+
+def _die_by_sigint() -> None:
+  sys.stderr.flush()
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+  os.kill(os.getpid(), signal.SIGINT)
 
 
 if __name__ == "__main__":

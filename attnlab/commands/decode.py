@@ -136,10 +136,10 @@ def stop_ids(workdir: str, eos_id: int | None, vocab_size: int) -> int | list[in
       if is_integer(i) and 0 <= i < vocab_size and int(i) not in ids:
         ids.append(int(i))
   if len(ids) > MAX_STOP_IDS:  # dropped without a word until 2026-12-06
+    source = path if eos_id is None else f"the tokenizer's eos and {path}"
     logging.getLogger(__name__).warning(
-        "%s lists %d stop ids with the tokenizer's eos; decoding stops at the first %d only "
-        "(%s), not at %s", path, len(ids), MAX_STOP_IDS, ids[:MAX_STOP_IDS],
-        ids[MAX_STOP_IDS:])
+        "%s give %d stop ids; decoding stops at the first %d only (%s), not at %s", source,
+        len(ids), MAX_STOP_IDS, ids[:MAX_STOP_IDS], ids[MAX_STOP_IDS:])
   ids = ids[:MAX_STOP_IDS]
   return None if not ids else ids[0] if len(ids) == 1 else ids
 

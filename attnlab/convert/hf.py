@@ -184,9 +184,12 @@ GPT2_KEYS = {**HF_KEYS, "num_heads": "n_head", "num_layers": "n_layer", "d_model
              "d_ff": "n_inner", "norm_eps": "layer_norm_epsilon", "max_len": "n_positions"}
 
 
-def _invalid(e: Exception, keys: dict) -> ConversionError:
-  """The ModelConfig error of a config.json value, named by its config.json key."""
-  fields = [f for f in dict.fromkeys(re.findall(r"\b(\w+)=", str(e))) if f in keys]
+def _invalid(e: Exception, keys: dict, hf: dict) -> ConversionError:
+  """The ModelConfig error of a config.json value, named by its config.json key(s): those
+  the file holds (a value a family's default gave, or one under rope_parameters, is left to
+  the message itself)."""
+  fields = [f for f in dict.fromkeys(re.findall(r"\b(\w+)=", str(e)))
+            if f in keys and keys[f] in hf]
   where = "config.json"
   if fields:
     where += (f" {', '.join(keys[f] for f in fields)} (attnlab's "
@@ -264,7 +267,7 @@ def from_hf_config(hf: dict, *, dtype: str | None = None) -> tuple[str, ModelCon
   except ConversionError:  # a field of config.json named by its own message
     raise
   except (ValueError, TypeError, ZeroDivisionError) as e:  # a size of 0, a number as text
-    raise _invalid(e, HF_KEYS) from None
+    raise _invalid(e, HF_KEYS, hf) from None
   return family, cfg
 
 
@@ -285,7 +288,7 @@ def _gpt2_config(hf: dict, common: dict) -> ModelConfig:
   except ConversionError:  # a field of config.json named by its own message
     raise
   except (ValueError, TypeError, ZeroDivisionError) as e:
-    raise _invalid(e, GPT2_KEYS) from None
+    raise _invalid(e, GPT2_KEYS, hf) from None
 
 
 def _dims(cfg: ModelConfig) -> tuple[int, int, int, int, int, int]:

@@ -406,6 +406,7 @@ BAD_CONFIGS = {
                "(attnlab's ModelConfig.window) gives an invalid attnlab config: window=0"),
     "eps": ({"rms_norm_eps": 0.0}, "config.json rms_norm_eps (attnlab's ModelConfig.norm_eps) "
             "gives an invalid attnlab config: norm_eps=0.0"),
+
     "theta_list": ({"rope_theta": [1.0]}, "config.json gives an invalid attnlab config: "),
     "tie_as_text": ({"tie_word_embeddings": "false"}, "config.json tie_word_embeddings='false' "
                     "is not supported (supported: False, True)"),
@@ -439,6 +440,18 @@ GPT2_BAD = {
     "positions": ({"n_positions": 0}, "config.json n_positions (attnlab's ModelConfig.max_len) "
                   "gives an invalid attnlab config: max_len=0"),
 }
+
+
+def test_an_invalid_value_names_only_the_keys_the_file_holds():
+  """A value the file does not hold (Mistral's default of 8 KV heads, a head_dim derived from
+  hidden_size) is left to the message, not named as a config.json key."""
+  mistral = {k: v for k, v in LLAMA.items() if k != "num_key_value_heads"}
+  mistral.update(model_type="mistral", num_attention_heads=12, hidden_size=48)
+  with pytest.raises(hf.ConversionError) as e:
+    hf.from_hf_config(mistral)
+  assert str(e.value) == (
+      "config.json num_attention_heads (attnlab's ModelConfig.num_heads) gives an invalid "
+      "attnlab config: num_heads=12 must be a multiple of num_kv_heads=8")
 
 
 @pytest.mark.parametrize("case", list(BAD_CONFIGS))

@@ -151,10 +151,13 @@ def test_stop_ids_are_the_tokenizers_eos_then_the_generation_configs(tmp_path, c
   assert caplog.messages == []
   path.write_text(json.dumps({"eos_token_id": list(range(20))}))
   assert decode_command.stop_ids(str(tmp_path), 19, 20) == [19, *range(MAX_STOP_IDS - 1)]
+  assert decode_command.stop_ids(str(tmp_path), None, 20) == list(range(MAX_STOP_IDS))
   assert caplog.messages == [
-      f"{path} lists 20 stop ids with the tokenizer's eos; decoding stops at the first "
+      f"the tokenizer's eos and {path} give 20 stop ids; decoding stops at the first "
       f"{MAX_STOP_IDS} only ({[19, *range(MAX_STOP_IDS - 1)]}), not at "
-      f"{list(range(MAX_STOP_IDS - 1, 19))}"]
+      f"{list(range(MAX_STOP_IDS - 1, 19))}",
+      f"{path} give 20 stop ids; decoding stops at the first {MAX_STOP_IDS} only "
+      f"({list(range(MAX_STOP_IDS))}), not at {list(range(MAX_STOP_IDS, 20))}"]
 
 
 def test_decode_builds_the_tokenizer_with_the_workdirs_special_ids(tmp_path):
@@ -1375,17 +1378,46 @@ def test_page_size_compiles_nothing_new_for_caches_without_pages():
 ])
 def test_ctrl_c_and_a_closed_pipe_end_a_command_with_one_line_or_none(
     error, rc, message, monkeypatch, capsys):
-  """Ctrl-C in a command that does not stop at a step (decode, eval, convert): one line, exit
-  130; stdout's reader gone (`| head -1`): no line, exit 141, as a Unix filter. Both were a
-  traceback until 2026-12-06 (the real pipe: the next test)."""
+  """Ctrl-C in a command that does not stop at a step (decode, eval, convert): one line, then
+  death by SIGINT (stood in for here; the real one: the next test); stdout's reader gone
+  (`| head -1`; a captured stdout, which has no descriptor to ask, counts as gone): no line,
+  exit 141, as a Unix filter. Both were a traceback until 2026-12-06."""
+  from attnlab import cli
+
   def interrupted(argv):
     print("0\tprinted before", flush=True)
     raise error
 
+  died = []
+  monkeypatch.setattr(cli, "_die_by_sigint", lambda: died.append(True))
   monkeypatch.setattr(decode_command, "main", interrupted)
   assert main(["decode", "--workdir", "w"]) == rc
   out, err = capsys.readouterr()
   assert out == "0\tprinted before\n" and err == message
+  assert died == ([True] if error is KeyboardInterrupt else [])
+
+
+def test_ctrl_c_kills_by_sigint_and_another_broken_pipe_is_raised(tmp_path):
+  """After its line, a Ctrl-C'd command dies by SIGINT, as Python does, so that a shell script
+  running it stops too (with exit 130 alone the script went on). A BrokenPipeError that is
+  not stdout's (stdout here a healthy file) is not hidden: its traceback, exit 1."""
+  import signal
+  import subprocess
+
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+  for error, want_rc, want_err in ((KeyboardInterrupt, -signal.SIGINT, "interrupted"),
+                                   (BrokenPipeError, 1, "Traceback")):
+    code = ("import sys\nimport attnlab.commands.kv_size as k\n"
+            f"def main(argv):\n  print('before', flush=True)\n  raise {error.__name__}\n"
+            "k.main = main\nfrom attnlab.cli import main as cli_main\n"
+            "sys.exit(cli_main(['kv-size']))\n")
+    out = tmp_path / "out.txt"
+    with open(out, "w") as f:
+      proc = subprocess.run([sys.executable, "-c", code], stdout=f, stderr=subprocess.PIPE,
+                            env=env, timeout=120)
+    assert proc.returncode == want_rc, proc.stderr.decode()
+    assert want_err in proc.stderr.decode() and out.read_text() == "before\n"
 
 
 def test_decode_into_a_pipe_closed_early_exits_quietly(workdir, tmp_path):

@@ -9,6 +9,20 @@ from attnlab import ModelConfig
 from attnlab.config import DataConfig, DecodeConfig, Sweep, TrainConfig, kv_cache_bytes
 from attnlab.config_gin import operative_config
 
+
+# What check_float32_range says of a value outside float32's normal range (its exact edges).
+def _outside_float32(name_value: str, why: str) -> str:
+  return (f"{name_value} must be within float32's normal range [1.1754943508222875e-38, "
+          f"3.4028234663852886e+38]: {why}")
+
+
+NORMS = "the norms compute in float32, where it would be 0 or inf (every output 0)"
+ADAM = ("Adam divides by sqrt(v) + eps in float32, where it would be 0 (a nan update) or inf "
+        "(no update)")
+LR = "the schedule computes in float32, where it would be inf (a nan update) or 0 (no update)"
+UPTRAIN = ("the uptraining runs' learning_rate, which computes in float32, where it would be inf "
+           "or 0")
+
 INVALID = [
     (dict(num_heads=6, num_kv_heads=4),
      'num_heads=6 must be a multiple of num_kv_heads=4'),
@@ -86,13 +100,9 @@ INVALID = [
      'norm_eps=-1e-06 must be positive'),
     # 0 or inf in float32: every norm's output 0, a model that learned nothing (until 2026-12-06)
     (dict(norm_eps=1e39),
-     "norm_eps=1e+39 must be within float32's normal range [1.1754943508222875e-38, "
-     "3.4028234663852886e+38]: the "
-     "norms compute in float32, where it would be 0 or inf (every output 0)"),
+     _outside_float32('norm_eps=1e+39', NORMS)),
     (dict(norm_eps=1e-40),
-     "norm_eps=1e-40 must be within float32's normal range [1.1754943508222875e-38, "
-     "3.4028234663852886e+38]: the "
-     "norms compute in float32, where it would be 0 or inf (every output 0)"),
+     _outside_float32('norm_eps=1e-40', NORMS)),
     # LayerNorm over one feature is 0 whatever the input (accepted until 2026-12-06)
     (dict(norm="layernorm", d_model=1, num_heads=1, num_kv_heads=1, head_dim=2),
      "norm='layernorm' over d_model=1 feature is always 0 (x - mean(x)): the model could not "
@@ -245,13 +255,9 @@ TRAIN_INVALID = [
      'learning_rate=nan must be a finite number'),
     # inf in float32: a NaN first update reported at "learning rate nan" (until 2026-12-06)
     (dict(learning_rate=1e39),
-     "learning_rate=1e+39 must be within float32's normal range [1.1754943508222875e-38, "
-     "3.4028234663852886e+38]: the schedule computes in float32, where it would be inf (a "
-     "nan update) or 0 (no update)"),
+     _outside_float32('learning_rate=1e+39', LR)),
     (dict(learning_rate=1e-46),
-     "learning_rate=1e-46 must be within float32's normal range [1.1754943508222875e-38, "
-     "3.4028234663852886e+38]: the schedule computes in float32, where it would be inf (a "
-     "nan update) or 0 (no update)"),
+     _outside_float32('learning_rate=1e-46', LR)),
     (dict(grad_clip=float("inf")),  # config.gin would say inf, which gin cannot read back
      'grad_clip=inf must be a finite number'),
     # int32 in the train state and the schedule: an OverflowError traceback at the first step
@@ -282,15 +288,9 @@ TRAIN_INVALID = [
      "parameter whose gradient is always 0 (an unused embedding row) would become nan"),
     # 0 in float32: the nan above, reported as a non-finite update (until 2026-12-06)
     (dict(eps=1e-40),
-     "eps=1e-40 must be within float32's normal range [1.1754943508222875e-38, "
-     "3.4028234663852886e+38]: Adam "
-     "divides by sqrt(v) + eps in float32, where it would be 0 (a nan update) or inf (no "
-     "update)"),
+     _outside_float32('eps=1e-40', ADAM)),
     (dict(optimizer='adam', eps=1e39),
-     "eps=1e+39 must be within float32's normal range [1.1754943508222875e-38, "
-     "3.4028234663852886e+38]: Adam "
-     "divides by sqrt(v) + eps in float32, where it would be 0 (a nan update) or inf (no "
-     "update)"),
+     _outside_float32('eps=1e+39', ADAM)),
     (dict(optimizer='adam', weight_decay=0.5),
      "weight_decay=0.5 is applied by optimizer='adamw' only; got optimizer='adam'"),
     (dict(optimizer='sgd', weight_decay=0.1),
@@ -446,9 +446,7 @@ SWEEP_INVALID = [
      "learning_rate)"),
     # named as TrainConfig.learning_rate, the run config's field, until 2026-12-06
     (dict(uptrain_learning_rate=1e39),
-     "uptrain_learning_rate=1e+39 must be within float32's normal range "
-     "[1.1754943508222875e-38, 3.4028234663852886e+38]: the uptraining runs' learning_rate, "
-     "which computes in float32, where it would be inf or 0"),
+     _outside_float32('uptrain_learning_rate=1e+39', UPTRAIN)),
     (dict(curve_points=0),
      'curve_points=0 must be a positive integer'),
     (dict(decode_prompt_len=0),

@@ -102,7 +102,7 @@ def check_batch_fits_memory(dcfg, memory: int | None = None) -> None:
   machine's memory: until 2026-12-06 ``batch_size=2**30`` was a NumPy MemoryError traceback
   (or the kernel's kill) while the first batches were made."""
   memory = pipeline.physical_memory_bytes() if memory is None else memory
-  need = 2 * 4 * dcfg.batch_size * (dcfg.seq_len + 1)
+  need = pipeline.batch_token_bytes(dcfg)
   if memory is not None and need > memory:
     raise ValueError(f"a batch of batch_size={dcfg.batch_size} rows of seq_len={dcfg.seq_len} "
                      f"takes at least {need / 2**30:.1f} GiB on the host (int32 token ids and "

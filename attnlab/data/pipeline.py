@@ -468,6 +468,12 @@ def physical_memory_bytes() -> int | None:
     return None
 
 
+def batch_token_bytes(dcfg: DataConfig) -> int:
+  """A lower bound of one host batch's bytes: its token ids and targets, int32 [B, T + 1]
+  twice (the memory checks of a batch and of the validation batches)."""
+  return 2 * 4 * dcfg.batch_size * (dcfg.seq_len + 1)
+
+
 def check_validation_fits_memory(dcfg: DataConfig, num_batches: int,
                                  memory: int | None = None) -> None:
   """ValueError naming eval_batches when ``num_batches`` validation batches of a set without
@@ -475,7 +481,7 @@ def check_validation_fits_memory(dcfg: DataConfig, num_batches: int,
   them, each at least int32 [B, T + 1] twice (token ids and targets). Until 2026-12-06
   ``TrainConfig.eval_batches=10**9`` built batches until memory ran out."""
   memory = physical_memory_bytes() if memory is None else memory
-  need = num_batches * 2 * 4 * dcfg.batch_size * (dcfg.seq_len + 1)
+  need = num_batches * batch_token_bytes(dcfg)
   if memory is not None and need > memory:
     raise ValueError(f"TrainConfig.eval_batches={num_batches} validation batches of "
                      f"batch_size={dcfg.batch_size} x seq_len={dcfg.seq_len} take at least "

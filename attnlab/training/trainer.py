@@ -481,10 +481,10 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   if start and not finished:
     log.info("resumed from step %d", start)
     try:
-      meta = ckpt.read_meta(start)
+      saved_meta = ckpt.read_meta(start)
     except (UnreadableCheckpointError, OSError):  # changed since the restore: config.gin's
-      meta = {}
-    saved = _checkpoint_train_config(workdir, tcfg, meta)
+      saved_meta = {}
+    saved = _checkpoint_train_config(workdir, tcfg, saved_meta)
     _warn_schedule_change(saved, tcfg, mcfg.d_model, run.state["opt_state"])
     _warn_seed_change(saved, tcfg)
   if not finished:

@@ -202,3 +202,52 @@ def test_profile_decode_step_credits_its_stream_with_the_bytes_it_reads(monkeypa
             jnp.ones((7,), jnp.int32), jnp.ones((4,), jnp.int8)]
   assert tool.float32_bytes(arrays) == 15 * 4 + 2 * 4 + 7 * 4 + 4
   assert tool.stream_seconds(arrays, iters=1, steps=2) > 0
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
+def test_profile_decode_step_reads_narrow_weights_in_the_loop(fmt, monkeypatch):
+  """The narrow-weight probe's products are the float32 products within the format's
+  rounding, and its loop reads the narrow weights themselves: the compiled while loop
+  carries every weight in its format (without the probe's barrier XLA converts them once
+  before the loop and carries float32 / int32 copies, as it does for the model's bfloat16
+  parameters)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+
+  import attnlab
+
+  monkeypatch.syspath_prepend(os.path.join(REPO, "tools"))
+  import _bench
+  import profile_decode_step as tool
+
+  w = jax.random.normal(jax.random.key(0), (64, 48), jnp.float32)
+  x = jax.random.normal(jax.random.key(1), (64,), jnp.float32)
+  [(wq, scale)] = tool.narrow_weights([w], fmt)
+  assert wq.dtype == jnp.dtype(fmt)
+  exact = np.asarray(x @ w)
+  got = np.asarray(tool.narrow_product(x, wq, scale))
+  ax, aw = np.abs(np.asarray(x)), np.abs(np.asarray(w))
+  if fmt == "bfloat16":  # both factors rounded to 8 significant bits
+    bound = 2 ** -7 * (ax @ aw)
+  else:  # each factor off by at most half its scale (its max |.| / 127), and their product
+    bound = (ax.max() * aw.sum(0) + ax.sum() * aw.max(0)) / 254 + (
+        64 * ax.max() * aw.max(0) / 254**2)
+  assert np.all(np.abs(got - exact) <= 1.001 * bound), np.abs(got - exact).max()
+  assert np.abs(got - exact).max() > 0  # computed in the narrow format, not in float32
+
+  cfg = _bench.attnlab_config(max_len=64)
+  model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
+  run, carry, nbytes = tool.narrow_matvec_program(cfg, model, fmt, steps=2)
+  matrices = tool._weight_matrices(cfg, model)
+  assert len(matrices) == 7 * cfg.num_layers + 1
+  assert nbytes == sum(m.size for m in matrices) * jnp.dtype(fmt).itemsize
+  text = run.lower(carry).compile().as_text()
+  [loop] = [line for line in text.splitlines() if " while(" in line]
+  carried = re.findall(r"(\w+)\[([\d,]+)\]", loop.split(" while(")[0])
+  shapes = {tuple(m.shape) for m in matrices}
+  weights = [dtype for dtype, dims in carried if tuple(map(int, dims.split(","))) in shapes]
+  short = {"bfloat16": "bf16", "int8": "s8"}[fmt]
+  assert len(weights) >= 7 * cfg.num_layers + 1 and set(weights) == {short}, weights
+  jax.block_until_ready(run(carry))

@@ -23,6 +23,10 @@ run, each the best of ``--iters`` calls:
     thunk executor can run ops that are ready together on another core, so this
     shows what cutting every projection into independent pieces would give a step
     (the pieces cost overhead of their own);
+  * narrow matvecs: the same products with the weights in bfloat16 or in int8
+    (per-column scales, int32 accumulation), read as such in every step (an
+    optimization barrier keeps XLA from making float32 copies before the loop):
+    whether a weight format of fewer bytes would make the step faster here;
   * cores busy: the process's CPU time over the wall time while a program
     ran (XLA:CPU runs most ops of a step on one core); and one [m, n]
     matrix-vector product in a loop for three sizes (the model's largest
@@ -46,7 +50,8 @@ run, each the best of ``--iters`` calls:
     model at once (one ``F.linear`` over 10.8 MiB, on 1 and on 2 threads): the
     floor of any float32 step that reads the weights once, as another library
     streams them, and the ratio to transformers a step at that floor would give;
-    timed in the same rounds as the steps.
+    the same with the weights in bfloat16 (5.4 MiB: whether another library reads
+    fewer bytes faster here); timed in the same rounds as the steps.
 
     python tools/profile_decode_step.py [--iters 7] [--torch_python /work/venv/bin/python]
                                         [--param_dtype bfloat16] [--dtype bfloat16]
@@ -189,15 +194,9 @@ def matvec_seconds(cfg, model, iters, steps=LONG, split=1):
   products are independent of each other and concatenated: whether XLA:CPU's thunk
   executor, which can hand ops that are ready together to another core, makes the
   products faster that way."""
-  import jax
   import jax.numpy as jnp
-  from flax import nnx
 
-  # Every weight as a matrix [in, out]: [D, ...] projections take a D-vector,
-  # the output projection [N, H, D] an N*H-vector, the embedding [V, D] a V-vector.
-  mats = [w.reshape(cfg.d_model, -1) if w.shape[0] == cfg.d_model
-          else w.reshape(-1, w.shape[-1]) for w in jax.tree.leaves(nnx.state(model, nnx.Param))
-          if w.ndim >= 2]
+  mats = _weight_matrices(cfg, model)
   sizes = sorted({n for w in mats for n in w.shape})
 
   # Pre-split (outside the program), so that no step slices a weight.
@@ -220,11 +219,94 @@ def matvec_seconds(cfg, model, iters, steps=LONG, split=1):
   return seconds / steps, len(mats), busy
 
 
+def _weight_matrices(cfg, model):
+  """Every weight of ``model`` as a matrix [in, out] in its own dtype: [D, ...] projections
+  take a D-vector, the output projection [N, H, D] an N*H-vector, the embedding [V, D] a
+  V-vector."""
+  import jax
+  from flax import nnx
+
+  return [w.reshape(cfg.d_model, -1) if w.shape[0] == cfg.d_model
+          else w.reshape(-1, w.shape[-1]) for w in jax.tree.leaves(nnx.state(model, nnx.Param))
+          if w.ndim >= 2]
+
+
+NARROW = ("bfloat16", "int8")  # the weight formats of ``narrow_matvec_program``
+
+
+def narrow_weights(mats, fmt):
+  """(weight, per-column scale) pairs of float32 matrices [in, out] stored in ``fmt``:
+  "bfloat16" (scales of 1) or "int8" (symmetric, per output column: max |w| / 127)."""
+  import jax.numpy as jnp
+
+  if fmt not in NARROW:
+    raise ValueError(f"fmt must be one of {NARROW}, got {fmt!r}")
+  pairs = []
+  for w in mats:
+    if fmt == "bfloat16":
+      pairs.append((w.astype(jnp.bfloat16), jnp.ones((w.shape[1],), jnp.float32)))
+    else:
+      scale = jnp.maximum(jnp.max(jnp.abs(w), axis=0), 1e-30) / 127
+      pairs.append((jnp.round(w / scale).astype(jnp.int8), scale))
+  return pairs
+
+
+def narrow_product(x, w, scale):
+  """The float32 product x [in] @ w [in, out] of a ``narrow_weights`` pair, computed in the
+  weight's format: bfloat16 with float32 accumulation, or int8 (the vector quantized per
+  call, symmetric) with int32 accumulation, both scales applied after."""
+  import jax
+  import jax.numpy as jnp
+
+  if w.dtype == jnp.bfloat16:
+    return jnp.dot(x.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
+  x_scale = jnp.maximum(jnp.max(jnp.abs(x)), 1e-30) / 127
+  acc = jax.lax.dot(jnp.round(x / x_scale).astype(jnp.int8), w,
+                    preferred_element_type=jnp.int32)
+  return acc.astype(jnp.float32) * x_scale * scale
+
+
+def narrow_matvec_program(cfg, model, fmt, steps=LONG):
+  """(jitted loop, its argument, weight bytes): the step's matrix-vector products, chained
+  as in ``matvec_seconds``, with every weight in ``fmt`` (``narrow_weights``) and read as
+  such in every step: the weights pass through ``lax.optimization_barrier`` in each
+  iteration, so XLA cannot make float32 copies of them once before the loop (what it does
+  with the model's bfloat16 weights, which its CPU matrix-vector products read in float32)."""
+  import jax
+  import jax.numpy as jnp
+
+  pairs = narrow_weights([w.astype(jnp.float32) for w in _weight_matrices(cfg, model)], fmt)
+  sizes = sorted({n for w, _ in pairs for n in w.shape})
+
+  def one_pass(carry):
+    vecs, pairs = carry
+    pairs, vecs = jax.lax.optimization_barrier((pairs, dict(vecs)))
+    for w, scale in pairs:
+      m, n = w.shape
+      vecs[n] = vecs[n] + 1e-6 * narrow_product(vecs[m], w, scale)
+    return vecs, pairs
+
+  vecs = {n: jnp.ones((n,), jnp.float32) for n in sizes}
+  return (_looped(one_pass, steps), (vecs, pairs),
+          sum(w.size * w.dtype.itemsize for w, _ in pairs))
+
+
+def narrow_matvec_seconds(cfg, model, iters, fmt, steps=LONG):
+  """(seconds, weight bytes) of one pass of ``narrow_matvec_program``: whether a weight
+  format of fewer bytes would make a B=1 step faster on this machine."""
+  run, carry, nbytes = narrow_matvec_program(cfg, model, fmt, steps)
+  return _bench.best_of(lambda: run(carry), iters) / steps, nbytes
+
+
 # What the torch worker runs for a code on its stdin (``_bench.serve_torch``):
 # transformers' greedy generate at B=1 with LONG or SHORT new tokens (torch's
 # default threads, as tools/bench_decode.py runs it), or MATVEC_REPS products of
-# a vector with every weight of the model at once, on 1 or 2 threads.
+# a vector with every weight of the model at once, on 1 or 2 threads, in float32
+# or with the weights (and the vector) in bfloat16.
 TORCH_LONG, TORCH_SHORT, TORCH_MATVEC_1, TORCH_MATVEC_2 = 0, 1, 2, 3
+TORCH_MATVEC_BF16_1, TORCH_MATVEC_BF16_2 = 4, 5
+TORCH_MATVECS = {TORCH_MATVEC_1: ("float32", 1), TORCH_MATVEC_2: ("float32", 2),
+                 TORCH_MATVEC_BF16_1: ("bfloat16", 1), TORCH_MATVEC_BF16_2: ("bfloat16", 2)}
 MATVEC_REPS = 100
 
 
@@ -240,6 +322,7 @@ def torch_worker():
   # that reads every weight once, measured by another library.
   rows = torch.cat([p.detach().reshape(-1, MODEL_D) for p in model.parameters() if p.ndim == 2])
   x = torch.ones(1, MODEL_D)
+  narrow = {"float32": (x, rows), "bfloat16": (x.bfloat16(), rows.bfloat16())}
   prompt = torch.arange(3, 3 + PROMPT)[None] % _bench.MODEL["vocab"]
 
   def run(code):
@@ -250,12 +333,14 @@ def torch_worker():
         model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
                        min_new_tokens=new, do_sample=False, pad_token_id=0)
     else:
-      torch.set_num_threads(1 if code == TORCH_MATVEC_1 else 2)
+      dtype, n_threads = TORCH_MATVECS[code]
+      vector, weights = narrow[dtype]
+      torch.set_num_threads(n_threads)
       with torch.no_grad():
         for _ in range(MATVEC_REPS):
-          torch.nn.functional.linear(x, rows)
+          torch.nn.functional.linear(vector, weights)
 
-  for code in (TORCH_LONG, TORCH_MATVEC_1, TORCH_MATVEC_2):
+  for code in (TORCH_LONG, *TORCH_MATVECS):
     run(code)
   _bench.serve_torch(run, {"threads": threads, "weight_bytes": rows.numel() * 4})
 
@@ -349,8 +434,7 @@ def main():
   print(_bench.header(), flush=True)
   worker = _bench.start_torch_worker(__file__, args.torch_python)
   also = {} if worker is None else {code: (lambda code=code: worker.seconds(code))
-                                    for code in (TORCH_LONG, TORCH_SHORT, TORCH_MATVEC_1,
-                                                 TORCH_MATVEC_2)}
+                                    for code in (TORCH_LONG, TORCH_SHORT, *TORCH_MATVECS)}
 
   import jax
   import jax.numpy as jnp
@@ -372,6 +456,7 @@ def main():
   stream = stream_seconds(streamed, args.iters)
   matvec, n_mats, matvec_busy = matvec_seconds(cfg, model, args.iters)
   split = {g: matvec_seconds(cfg, model, args.iters, split=g) for g in SPLITS}
+  narrow = {fmt: narrow_matvec_seconds(cfg, model, args.iters, fmt) for fmt in NARROW}
   probes = {shape: one_matvec(shape, args.iters)
             for shape in ((cfg.d_model, cfg.d_ff), (512, 2048), (1024, 2048))}
   tiny_cfg = cfg.replace(d_model=8, head_dim=4, d_ff=8)
@@ -401,6 +486,10 @@ def main():
     print(f"  each cut into {g:2d} independent column blocks: {us(seconds)}  "
           f"({weight_bytes / seconds / 1e9:.1f} GB/s; {busy:.2f} cores busy; "
           f"{matvec / seconds:.2f}x the uncut matvecs)")
+  for fmt, (seconds, nbytes) in narrow.items():
+    print(f"  with {fmt} weights read in the loop: {us(seconds)}  ({nbytes / 2**20:.1f} MiB "
+          f"at {nbytes / seconds / 1e9:.1f} GB/s; {matvec / seconds:.2f}x the float32 "
+          "matvecs)")
   for (m, n), (seconds, busy) in probes.items():
     print(f"one [{m}, {n}] matvec in a loop: {us(seconds)}  ({4 * m * n / seconds / 1e9:.1f} "
           f"GB/s; {busy:.2f} cores busy; {m * n // 1000}K multiply-adds)")
@@ -413,10 +502,11 @@ def main():
   print(f"transformers' step ({worker.ready['threads']} torch threads): {us(hf)}  "
         f"({1 / hf:.0f} tok/s); attnlab / transformers: {hf / step:.2f}x; "
         f"10x would need a step of {us(hf / 10)}")
-  for code, n in ((TORCH_MATVEC_1, 1), (TORCH_MATVEC_2, 2)):
+  for code, (dtype, n) in TORCH_MATVECS.items():
     floor = torch_best[code] / MATVEC_REPS
-    print(f"torch, every weight in one matvec, {n} thread{'s' if n > 1 else ' '}: {us(floor)}  "
-          f"({worker.ready['weight_bytes'] / floor / 1e9:.1f} GB/s); a step at this floor: "
+    nbytes = worker.ready["weight_bytes"] // (1 if dtype == "float32" else 2)
+    print(f"torch, every weight in one matvec, {dtype:8s}, {n} thread{'s' if n > 1 else ' '}: "
+          f"{us(floor)}  ({nbytes / floor / 1e9:.1f} GB/s); a step at this floor: "
           f"{hf / floor:.2f}x transformers")
 
 

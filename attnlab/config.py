@@ -109,15 +109,18 @@ CONVERT_METHODS = ("mean", "first", "random")
 def check_mesh_shape(shape) -> tuple[int, int, int]:
   """``shape`` as a (data, fsdp, tensor) tuple of positive ints, at most one -1 (the
   devices the others leave); ValueError naming it otherwise."""
-  if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+  # A sequence, in order: a set was taken in its iteration order and a dict as its keys
+  # until 2026-12-06 ({4, 1, 2} became (1, 2, 4)).
+  if not isinstance(shape, list | tuple | np.ndarray):
     raise ValueError(f"mesh_shape={shape!r} must be 3 positive ints (data, fsdp, tensor), at "
                      "most one -1, e.g. (1, -1, 1)")
-  shape = tuple(shape)
+  given = shape
+  shape = tuple(shape.tolist() if isinstance(shape, np.ndarray) else shape)
   if len(shape) != 3 or any(
       not is_integer(s) or (s < 1 and s != -1) for s in shape
   ) or shape.count(-1) > 1:
     raise ValueError(
-        f"mesh_shape={shape!r} must be 3 positive ints (data, fsdp, tensor), at most one -1"
+        f"mesh_shape={given!r} must be 3 positive ints (data, fsdp, tensor), at most one -1"
     )
   return tuple(int(s) for s in shape)
 
@@ -414,6 +417,36 @@ def check_seed(name: str, value) -> None:
     raise ValueError(f"{name}={value!r} must be an integer in [0, 2**63 - 1]")
 
 
+# The DataConfig fields only some tasks read, and what each task reads of them (besides
+# seq_len, batch_size, seed and the tokenizer's, which every task reads). A value other than
+# the default in a field the task does not read would be silently ignored: refused (for
+# task='add''s min_len / vocab_chars since 2026-12-04, the rest since 2026-12-06: a
+# synthetic task with paths trained on its synthetic data without a word).
+TASK_FIELDS = ("paths", "validation_percent", "max_files", "min_len", "max_len", "vocab_chars")
+_TASK_READS = {
+    "lm": (("paths", "validation_percent", "max_files"),
+           "a language model reads the text files of paths"),
+    "tsv": (("paths", "validation_percent"), "it reads the pairs of the files in paths"),
+    "add": (("max_len",), "its operands are decimal numbers of 1 to max_len // 2 digits"),
+}
+_SYNTHETIC_READS = (("min_len", "max_len", "vocab_chars"),
+                    "its examples are drawn from seed, min_len, max_len and vocab_chars")
+
+
+def _check_task_fields(dcfg) -> None:
+  """ValueError naming a field of ``TASK_FIELDS`` set (not at its default) for a task that
+  does not read it. (A TSV task given a validation file does not read validation_percent
+  either; it is let be: the file says what the validation set is.)"""
+  reads, how = _TASK_READS.get(dcfg.task, _SYNTHETIC_READS)
+  defaults = {f.name: f.default for f in dataclasses.fields(dcfg)}
+  defaults["paths"] = ()
+  for name in TASK_FIELDS:
+    value = getattr(dcfg, name)
+    if name not in reads and value != defaults[name]:
+      raise ValueError(f"{name}={value!r} does not apply to task={dcfg.task!r} ({how}); "
+                       f"leave it at {defaults[name]!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
   """What a training run reads, and how it is cut into batches.
@@ -473,15 +506,8 @@ class DataConfig:
     if not is_integer(self.validation_percent) or not 0 <= self.validation_percent < 100:
       raise ValueError(f"validation_percent={self.validation_percent!r} must be an integer in "
                        "[0, 100)")
-    if self.task == "add":
-      # Operands of 1 .. max_len // 2 decimal digits: the other two do not apply, and a value
-      # set for them would be silently ignored.
-      for name, default in (("min_len", 3), ("vocab_chars", 10)):
-        if getattr(self, name) != default:
-          raise ValueError(f"{name}={getattr(self, name)} does not apply to task='add' (its "
-                           f"operands are decimal numbers of 1 to max_len // 2 digits); leave "
-                           f"it at {default}")
-    elif self.min_len > self.max_len:
+    _check_task_fields(self)
+    if self.task != "add" and self.min_len > self.max_len:
       raise ValueError(f"min_len={self.min_len} must be <= max_len={self.max_len}")
     if self.task == "add" and not 2 <= self.max_len <= 37:
       # operands of up to max_len // 2 digits, drawn as int64 (at most 18 digits); max_len 1
@@ -491,6 +517,10 @@ class DataConfig:
     if self.vocab_chars > 26:
       raise ValueError(f"vocab_chars={self.vocab_chars} must be at most 26")
     _choice("tokenizer", self.tokenizer, TOKENIZERS)
+    if self.tokenizer == "byte" and self.tokenizer_model:  # ignored until 2026-12-06
+      raise ValueError(f"tokenizer_model={self.tokenizer_model!r} is read by "
+                       "tokenizer='sentencepiece' or 'hf_json'; the 'byte' tokenizer has no "
+                       "model file: set DataConfig.tokenizer, or leave tokenizer_model unset")
     if self.tokenizer == "sentencepiece" and not self.tokenizer_model:
       raise ValueError("tokenizer='sentencepiece' needs tokenizer_model (a .model path)")
     if self.tokenizer == "hf_json" and not self.tokenizer_model:
@@ -601,6 +631,16 @@ class TrainConfig:
     if self.weight_decay > 0 and self.optimizer != "adamw":
       raise ValueError(f"weight_decay={self.weight_decay!r} is applied by optimizer='adamw' "
                        f"only; got optimizer={self.optimizer!r}")
+    # 1e39 was inf in float32 (accepted until 2026-12-06: the first update non-finite, after
+    # the run's folder was made and its config.gin rewritten); 1e-40 was 0 there
+    if self.weight_decay > 0:
+      check_float32_range("weight_decay", self.weight_decay, "AdamW multiplies the "
+                          "parameters by it in float32, where it would be inf (a nan update) "
+                          "or 0 (no decay; weight_decay=0 says that)")
+    if self.grad_clip > 0:
+      check_float32_range("grad_clip", self.grad_clip, "the gradient norm is compared with it "
+                          "in float32, where it would be inf or 0; grad_clip=0 turns "
+                          "clipping off")
     _fraction("label_smoothing", self.label_smoothing)
     check_positive("grad_accum", self.grad_accum)
     object.__setattr__(self, "mesh_shape", check_mesh_shape(self.mesh_shape))

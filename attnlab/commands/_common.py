@@ -115,7 +115,7 @@ def mesh_shape_flag(text: str | None) -> tuple[int, int, int] | None:
   if text is None:
     return None
   try:
-    return check_mesh_shape(int(x) for x in text.split(","))
+    return check_mesh_shape([int(x) for x in text.split(",")])
   except ValueError:
     raise CommandError(f"--mesh_shape={text}: give 3 comma-separated positive ints (data, fsdp, "
                        "tensor), at most one -1") from None

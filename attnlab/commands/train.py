@@ -136,6 +136,9 @@ def trainer_run_check(mcfg, tcfg, dcfg):
     return None, tokenizer
   # a TSV's pairs, or a synthetic task's split
   sources, _ = pipeline.build_sources(dcfg, mcfg, tokenizer)
-  if tcfg.eval_every and sources["validation"].size is None:  # a synthetic task's: no end
+  # A synthetic task's validation set has no end. Checked whatever eval_every says: `attnlab
+  # eval` reads the same eval_batches from config.gin (with eval_every=0 a run trained to
+  # its end, then could not be evaluated, until 2026-12-06).
+  if sources["validation"].size is None:
     pipeline.check_validation_fits_memory(dcfg, tcfg.eval_batches)
   return sources, tokenizer

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attnlab.config import CONVERT_METHODS, is_integer
-from attnlab.nn.transformer import build_model
+from attnlab.nn.transformer import DecoderOnly, EncoderDecoder, build_model
 
 METHODS = CONVERT_METHODS
 KV_PROJECTIONS = ("k_proj", "v_proj")
@@ -66,8 +66,13 @@ def convert_heads(model, num_kv_heads: int, method: str, *, rngs: nnx.Rngs | Non
     train / eval mode of a freshly built model.
 
   Raises:
-    ValueError: K does not divide K0, K > K0, or an unknown method.
+    ValueError: ``model`` is not a model, K does not divide K0, K > K0, or an unknown
+      method.
   """
+  if not isinstance(model, DecoderOnly | EncoderDecoder):  # an AttributeError until 12-06
+    raise ValueError(f"convert_heads needs a model (a DecoderOnly or EncoderDecoder: "
+                     f"build_model(cfg, rngs=...) or load_checkpoint(workdir)), got "
+                     f"{type(model).__name__}")
   cfg = model.cfg
   check_conversion(cfg.num_kv_heads, num_kv_heads, method)  # a ModelConfig resolves None to N
   num_kv_heads = int(num_kv_heads)

@@ -4,7 +4,8 @@ The filters compose in the usual order: logits are divided by the
 temperature, then restricted to the ``top_k`` most likely tokens, then to the
 smallest set of those whose probability mass reaches ``top_p``; a token is
 drawn from what is left, renormalized. ``temperature=0`` is greedy (argmax)
-and ignores the filters.
+and takes no filters (refused: until 2026-12-06 ``Sampling(top_k=50)``, whose
+temperature is 0 by default, decoded greedily without a word).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ class Sampling:
   """How to pick the next token (hashable: a static argument of the jitted loop).
 
   Attributes:
-    temperature: 0 = greedy; otherwise logits are divided by it.
-    top_k: keep only the k most likely tokens; None = all.
+    temperature: 0 = greedy (the default); otherwise logits are divided by it.
+    top_k: keep only the k most likely tokens; None = all. Needs a temperature > 0.
     top_p: keep the smallest set of most likely tokens whose probability
-      reaches p, in (0, 1]; None = all.
+      reaches p, in (0, 1]; None = all. Needs a temperature > 0.
   """
 
   temperature: float = 0.0
@@ -39,6 +40,10 @@ class Sampling:
       raise ValueError(f"top_k={self.top_k!r} must be a positive integer or None")
     if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
       raise ValueError(f"top_p={self.top_p!r} must be in (0, 1] or None")
+    if self.temperature == 0.0 and (self.top_k is not None or self.top_p is not None):
+      raise ValueError(f"top_k={self.top_k!r}, top_p={self.top_p!r} filter what is sampled, "
+                       "and temperature=0 is greedy (no sampling): give a temperature > 0, "
+                       "e.g. Sampling(temperature=1.0, top_k=50), or leave them unset")
 
   @property
   def greedy(self) -> bool:

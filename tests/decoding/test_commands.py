@@ -721,7 +721,8 @@ def test_generate_checks_eos_id_the_rng_and_the_length_penalty():
   # Beam search does not sample: a sampling other than greedy with it is refused (it was
   # ignored).
   for m in (model, encdec):
-    for sampling in (attnlab.Sampling(temperature=0.5), attnlab.Sampling(top_k=3)):
+    for sampling in (attnlab.Sampling(temperature=0.5),
+                     attnlab.Sampling(temperature=1.0, top_k=3)):
       with pytest.raises(GenerateInputError) as e:
         attnlab.generate(m, prompt, max_new_tokens=2, beam_size=2, sampling=sampling)
       assert str(e.value) == (f"beam search (beam_size=2) is deterministic: sampling="

@@ -76,7 +76,7 @@ def test_temperature_zero_is_greedy_and_same_seed_same_tokens():
   prompt = random_tokens(30, (2, 6))
   greedy = attnlab.generate(model, prompt, max_new_tokens=8, eos_id=None)
   zero = attnlab.generate(model, prompt, max_new_tokens=8, eos_id=None,
-                          sampling=Sampling(temperature=0.0, top_k=3), rng=jax.random.key(7))
+                          sampling=Sampling(temperature=0.0), rng=jax.random.key(7))
   np.testing.assert_array_equal(greedy, zero)
   hot = Sampling(temperature=2.0, top_p=0.95)
   a = attnlab.generate(model, prompt, max_new_tokens=8, eos_id=None, sampling=hot,
@@ -217,6 +217,20 @@ def test_sampling_draws_every_step_with_the_next_key_of_the_split_chain():
 def test_sampling_rejects_bad_values(bad):
   with pytest.raises(ValueError, match=next(iter(bad))):
     Sampling(**bad)
+
+
+@pytest.mark.parametrize("filters", [dict(top_k=3), dict(top_p=0.5), dict(top_k=50, top_p=0.9)])
+def test_greedy_sampling_refuses_filters(filters):
+  """temperature 0 (the default) is greedy, which the filters cannot change: refused, as
+  DecodeConfig refuses it (until 2026-12-06 ``Sampling(top_k=50)`` decoded greedily
+  without a word); with a temperature they are taken."""
+  full = {"top_k": None, "top_p": None, **filters}
+  with pytest.raises(ValueError, match="^" + re.escape(
+      f"top_k={full['top_k']!r}, top_p={full['top_p']!r} filter what is sampled, and "
+      "temperature=0 is greedy (no sampling): give a temperature > 0, e.g. "
+      "Sampling(temperature=1.0, top_k=50), or leave them unset") + "$"):
+    Sampling(**filters)
+  assert Sampling(temperature=1.0, **filters).top_k == full["top_k"]
 
 
 def test_numpy_numbers_are_stored_as_the_python_numbers_they_hold():

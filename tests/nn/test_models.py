@@ -317,6 +317,11 @@ def test_models_refuse_another_architecture_by_name():
       attnlab.build_model(ModelConfig(**TINY), rngs=rngs)
   with pytest.raises(ValueError, match="^count_params needs a model"):  # an IndexError
     attnlab.count_params(ModelConfig(**TINY))
+  for not_a_model in ("runs/lm", ModelConfig(**TINY)):  # an AttributeError until 2026-12-06
+    with pytest.raises(ValueError, match="^" + re.escape(
+        "convert_heads needs a model (a DecoderOnly or EncoderDecoder: build_model(cfg, "
+        "rngs=...) or load_checkpoint(workdir)), got " + type(not_a_model).__name__) + "$"):
+      attnlab.convert_heads(not_a_model, 1, "mean")
   # ... and a model's state is counted as the model (a split or restored one)
   model = attnlab.build_model(ModelConfig(**TINY), rngs=nnx.Rngs(0))
   assert attnlab.count_params(nnx.state(model)) == attnlab.count_params(

@@ -52,7 +52,8 @@ def main(argv):
   out = {"devices": jax.device_count()}
   for model in models:
     path, task, *extra = model.split(":", 2)
-    bindings = [f'DataConfig.task = "{task}"', "DataConfig.max_files = 2",
+    bindings = [f'DataConfig.task = "{task}"',
+                *(["DataConfig.max_files = 2"] if task == "lm" else []),  # the LM corpus's
                 "DataConfig.seq_len = 32", "DataConfig.batch_size = 8",
                 "ModelConfig.num_layers = 1", *extra]
     mcfg, dcfg, tcfg = config_gin.parse([path], bindings)

@@ -1256,7 +1256,8 @@ def test_copy_own_tokenizer_copies_a_tokenizer_inside_the_source_run(tmp_path):
   for name, content in files.items():
     (src / "tok" / name).write_bytes(content)
     (elsewhere / name).write_bytes(content)
-  for dcfg in (DataConfig(), DataConfig(tokenizer_model=str(src / "tok" / "missing.json")),
+  for dcfg in (DataConfig(), DataConfig(tokenizer="hf_json",
+                                        tokenizer_model=str(src / "tok" / "missing.json")),
                DataConfig(tokenizer="hf_json", tokenizer_model=str(elsewhere / "tokenizer.json"))):
     assert sweep_lib._copy_own_tokenizer(dcfg, str(src), str(dst)) is dcfg
   assert os.listdir(dst) == []

@@ -392,12 +392,19 @@ def test_a_validation_set_larger_than_the_machines_memory_is_one_line(seq2seq_ru
   rc = cli.main(["eval", "--workdir", str(run)])
   err = capsys.readouterr().err.strip()
   assert rc == 2 and re.fullmatch(pattern, err), err
-  # the run check of train, ablate and convert-heads; not without evaluations
+  # the run check of train, ablate and convert-heads; also for a run that does not evaluate
+  # as it trains (`attnlab eval` reads the same eval_batches: until 2026-12-06 such a run
+  # trained to its end and then could not be evaluated)
   mcfg, dcfg, tcfg = gin_config.parse([CONFIG], [])
-  many = dataclasses.replace(tcfg, eval_every=1, eval_batches=1000)
-  with pytest.raises(ValueError, match=r"^TrainConfig.eval_batches=1000 validation"):
-    train_command.trainer_run_check(mcfg, many, dcfg)
-  train_command.trainer_run_check(mcfg, dataclasses.replace(many, eval_every=0), dcfg)
+  for eval_every in (1, 0):
+    many = dataclasses.replace(tcfg, eval_every=eval_every, eval_batches=1000)
+    with pytest.raises(ValueError, match=r"^TrainConfig.eval_batches=1000 validation"):
+      train_command.trainer_run_check(mcfg, many, dcfg)
+  train_command.trainer_run_check(mcfg, dataclasses.replace(many, eval_batches=1), dcfg)
+  rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(tmp_path / "w0"),
+                 "--gin.TrainConfig.eval_every=0", "--gin.TrainConfig.eval_batches=1000"])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and not (tmp_path / "w0").exists() and re.fullmatch(pattern, err), err
   # the bound, exactly
   need = 7 * 2 * 4 * dcfg.batch_size * (dcfg.seq_len + 1)
   pipeline.check_validation_fits_memory(dcfg, 7, memory=need)

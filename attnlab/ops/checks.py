@@ -76,7 +76,9 @@ def check_causal(causal) -> bool:
 
 def check_q_offset(q_offset, batch: int, num_queries: int):
   """A Python / NumPy int (returned as a Python int), or an integer array of shape () or
-  [B] (returned as given: it may be traced under jit).
+  [B], returned as int32 (a NumPy array as a NumPy one; a JAX array may be traced under
+  jit). An int8 / int16 array's own dtype overflowed in "blocked"'s per-block offsets until
+  2026-12-06.
 
   Query t sits at position q_offset + t, an int32: an offset whose last query would pass
   2**31 - 1 is refused when it is a number or a NumPy array (those positions wrapped to
@@ -100,7 +102,9 @@ def check_q_offset(q_offset, batch: int, num_queries: int):
     if lowest < -2**31:
       raise ValueError(f"q_offset holds {lowest}, below -2**31: positions are int32")
     _check_last_query(highest, f"q_offset holds {highest}, which", num_queries)
-  return q_offset
+  if isinstance(q_offset, np.ndarray):
+    return q_offset.astype(np.int32)
+  return q_offset if q_offset.dtype == jnp.int32 else q_offset.astype(jnp.int32)
 
 
 def _check_last_query(offset: int, what: str, num_queries: int) -> None:
@@ -110,9 +114,28 @@ def _check_last_query(offset: int, what: str, num_queries: int) -> None:
                      f"2**31 - 1: positions are int32 (give q_offset <= {2**31 - num_queries})")
 
 
+def check_int32_values(name: str, x) -> None:
+  """A NumPy integer array of a wider type than int32 (NumPy's default int64, uint32) whose
+  values int32 does not hold is refused: the ops read ids, positions, lengths and page
+  numbers as int32, where such a value wrapped (segment ids 1 and 2**32 + 1 were one segment
+  for "chunked" and the Pallas kernels and two for "reference" until 2026-12-06). A JAX
+  array is not read (it may be traced; without jax_enable_x64 it is int32 already)."""
+  if not (isinstance(x, np.ndarray) and x.size and np.issubdtype(x.dtype, np.integer)):
+    return
+  info = np.iinfo(x.dtype)
+  if info.min >= -2**31 and info.max <= 2**31 - 1:
+    return
+  lowest, highest = int(x.min()), int(x.max())
+  for value in (lowest, highest):
+    if not -2**31 <= value < 2**31:
+      raise ValueError(f"{name} holds {value}, outside int32's range [-2**31, 2**31 - 1]: "
+                       "the attention ops read it as int32")
+
+
 def _check_ids(name: str, x, shape: tuple, what: str, bool_ok: bool = False):
-  """An integer (or, with ``bool_ok``, bool) array of ``shape``: float ids were compared
-  as floats by some implementations and truncated to int32 by others."""
+  """An integer (or, with ``bool_ok``, bool) array of ``shape`` whose values int32 holds
+  (``check_int32_values``): float ids were compared as floats by some implementations and
+  truncated to int32 by others."""
   if not hasattr(x, "shape") or not hasattr(x, "dtype"):  # an AttributeError until 2026-12-06
     raise ValueError(f"{name} must be an array {what} (JAX or NumPy), got {type(x).__name__}")
   if tuple(x.shape) != shape:
@@ -121,6 +144,7 @@ def _check_ids(name: str, x, shape: tuple, what: str, bool_ok: bool = False):
   if not (np.issubdtype(dtype, np.integer) or (bool_ok and dtype == np.bool_)):
     kinds = "an integer or bool" if bool_ok else "an integer"
     raise ValueError(f"{name} must be {kinds} array, got dtype {dtype}")
+  check_int32_values(name, x)
 
 
 def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, causal=False, window=None, q_offset=0,

@@ -138,15 +138,17 @@ def blocked_attention(
     raise ValueError(f"implementation='blocked' needs an int q_offset or a NumPy array of them, "
                      f"got {type(q_offset)}: its query blocks are cut when traced; 'reference' "
                      "and 'chunked' take a JAX array (traced too)")
+  # The whole request, as attention() checks it: called directly, a lone kv_segment_ids was
+  # ignored and a lone q_segment_ids a TypeError until 2026-12-06.
+  causal, window, q_offset = checks.check_qkv(
+      q_BTNH, k_BSKH, v_BSKH, causal=causal, window=window, q_offset=q_offset,
+      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
   B, T, N, H = q_BTNH.shape
   S = k_BSKH.shape[1]
-  q_offset = checks.check_q_offset(q_offset, B, T)
   # The rows' lowest and highest offsets bound every block's key range (the range's ends
   # grow with the queries' positions).
   lowest, highest = ((q_offset, q_offset) if isinstance(q_offset, int) else
                      (int(q_offset.min()), int(q_offset.max())) if q_offset.size else (0, 0))
-  window = checks.check_window(window)
-  checks.check_query_heads(q_BTNH, num_kv_heads=k_BSKH.shape[2], head_dim=k_BSKH.shape[3])
   block_q = checks.positive_or_none("block_q", block_q)
   if block_q is None:
     block_q = max(64, -(-T // 16))

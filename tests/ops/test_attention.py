@@ -712,6 +712,41 @@ def test_causal_and_q_offset_are_checked_once_for_every_implementation(impl):
     assert str(e.value) == message, kw
 
 
+@pytest.mark.parametrize("impl", CPU_IMPLEMENTATIONS)
+def test_a_q_offset_array_of_a_narrow_integer_type_is_its_values(impl):
+  """An int8 / uint8 / int16 q_offset array (NumPy, or JAX where the implementation takes
+  one) is the offsets it holds: "blocked" (and "auto", which sends it there on the CPU)
+  computed its per-block offsets in the array's own type, where 100 + 64 overflowed int8,
+  until 2026-12-06."""
+  q, k, v = make_qkv(2, 128, 256, 2, 1, 8, seed=23)
+  offsets = [np.array([100, 60], dtype) for dtype in (np.int8, np.uint8, np.int16)]
+  if impl not in ("blocked", "auto"):  # a JAX array too (blocked cuts its blocks by value)
+    offsets.append(jnp.array([100, 60], jnp.int8))
+  run = jax.jit(lambda: [attention(q, k, v, causal=True, q_offset=o, implementation=impl)
+                         for o in [np.array([100, 60], np.int32), *offsets]])
+  want, *gots = run()
+  for o, got in zip(offsets, gots, strict=True):
+    np.testing.assert_array_equal(got, want, err_msg=str(o.dtype))
+  np.testing.assert_allclose(  # and the int32 one is right
+      want, naive_attention(q, k, v, causal=True,
+                            q_pos=np.array([[100], [60]]) + np.arange(128)), atol=1e-5,
+      rtol=1e-5)
+
+
+def test_blocked_called_directly_checks_the_request_as_attention_does():
+  """A lone kv_segment_ids was ignored (the padding mask dropped) and a lone q_segment_ids
+  a TypeError inside the blocks until 2026-12-06."""
+  q, k = jnp.zeros((2, 4, 2, 8)), jnp.zeros((2, 6, 1, 8))
+  for kw in (dict(kv_segment_ids=jnp.zeros((2, 6), jnp.int32)),
+             dict(q_segment_ids=jnp.zeros((2, 4), jnp.int32))):
+    with pytest.raises(ValueError, match="^q_segment_ids and kv_segment_ids must be given "
+                                         "together$"):
+      blocked_attention(q, k, k, **kw)
+  with pytest.raises(ValueError, match=re.escape("kv_segment_ids shape (2, 5) must be [B, S]")):
+    blocked_attention(q, k, k, q_segment_ids=jnp.zeros((2, 4), jnp.int32),
+                      kv_segment_ids=jnp.zeros((2, 5), jnp.int32))
+
+
 def test_the_reference_and_chunked_ops_check_causal_and_q_offset_when_called_directly():
   """The caches call them without ``attention``'s check: a float offset was truncated
   (chunked) or compared as a float (reference) and causal="false" masked as causal until
@@ -784,6 +819,17 @@ def test_dtypes_of_qkv_segment_ids_and_positions_are_checked_for_every_implement
        "kv_positions shape (2, 4) must be [B, S] = (2, 6)"),
       ((q, k, k), dict(q_positions=pos_q[:1]),
        "q_positions shape (1, 4) must be [B, T] = (2, 4)"),
+      # NumPy ints past int32 (its default int64): read as int32, ids 1 and 2**32 + 1 were
+      # one segment to "chunked" / "pallas" and two to "reference" until 2026-12-06
+      ((q, k, k), dict(q_segment_ids=np.full((2, 4), 2**32 + 1), kv_segment_ids=seg_k),
+       "q_segment_ids holds 4294967297, outside int32's range [-2**31, 2**31 - 1]: the "
+       "attention ops read it as int32"),
+      ((q, k, k), dict(q_segment_ids=seg_q, kv_segment_ids=np.full((2, 6), -2**31 - 1)),
+       "kv_segment_ids holds -2147483649, outside int32's range [-2**31, 2**31 - 1]: the "
+       "attention ops read it as int32"),
+      ((q, k, k), dict(kv_positions=np.full((2, 6), 2**31, np.uint32)),
+       "kv_positions holds 2147483648, outside int32's range [-2**31, 2**31 - 1]: the "
+       "attention ops read it as int32"),
   ]
   for args, kw, message in cases:
     with pytest.raises(ValueError) as e:
@@ -794,12 +840,17 @@ def test_dtypes_of_qkv_segment_ids_and_positions_are_checked_for_every_implement
   seg_b_q = jnp.array([[True, True, False, False]] * 2)
   seg_b_k = jnp.array([[True, False, True, False, True, False]] * 2)
   seg_i_q, seg_i_k = seg_b_q.astype(jnp.int32), seg_b_k.astype(jnp.int32)
-  want, got = jax.jit(lambda: (  # one program (the segment ids closed over, as given)
+  # ... and NumPy int64 ids within int32's range (its lowest two) are the same segments
+  seg_64_q, seg_64_k = (np.asarray(x, np.int64) - 2**31 for x in (seg_i_q, seg_i_k))
+  want, got, got_64 = jax.jit(lambda: (  # one program (the segment ids closed over, as given)
       attention(qq, kk, vv, q_segment_ids=seg_i_q, kv_segment_ids=seg_i_k,
                 implementation=impl),
       attention(qq, kk, vv, q_segment_ids=seg_b_q, kv_segment_ids=seg_b_k,
+                implementation=impl),
+      attention(qq, kk, vv, q_segment_ids=seg_64_q, kv_segment_ids=seg_64_k,
                 implementation=impl)))()
   np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(got_64, want, rtol=1e-6, atol=1e-7)  # the same mask, compiled apart
 
 
 @pytest.mark.parametrize("impl", CPU_IMPLEMENTATIONS)

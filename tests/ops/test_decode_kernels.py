@@ -602,6 +602,18 @@ def _heads_major(**kw):
                                      jnp.array([3.0])), r"lengths_B must be integers"),
     (lambda: decode.paged_decode_attention(_Q, _POOL, _POOL, _TABLE.astype(jnp.float32), _LEN),
      r"page_table_BM must be integers, got dtype float32"),
+    # NumPy int64 past int32: wrapped by jnp.asarray until 2026-12-06 (a page 2**32, past the
+    # pool, was read as page 0; a length 2**32 + 3 as 3)
+    (lambda: decode.paged_decode_attention(
+        _Q, _POOL, _POOL, np.asarray(_TABLE, np.int64) + 2**32, _LEN),
+     r"page_table_BM holds 4294967\d\d\d, outside int32's range \[-2\*\*31, 2\*\*31 - 1\]: the "
+     "attention ops read it as int32"),
+    (lambda: decode.paged_decode_attention(_Q, _POOL, _POOL, _TABLE, np.array([2**32 + 3])),
+     r"lengths_B holds 4294967299, outside int32's range"),
+    (lambda: decode.decode_attention(_Q, jnp.zeros((1, 16, 2, 32)), jnp.zeros((1, 16, 2, 32)),
+                                     np.array([2**32 + 3])), r"lengths_B holds 4294967299"),
+    (lambda: decode.decode_attention_heads_major(_Q, _ROWS, _ROWS, np.array([-2**31 - 1])),
+     r"lengths_B holds -2147483649, outside int32's range"),
 ])
 def test_bad_input_names_the_argument(call, match):
   with pytest.raises(ValueError, match=match):

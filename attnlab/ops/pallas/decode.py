@@ -69,6 +69,7 @@ def _check_decode_queries(q_BTNH, lengths_B):
         f"q_BTNH has T={T} queries; the decode kernels take 1..{MAX_QUERIES} "
         "(use flash_attention for prefill)"
     )
+  checks.check_int32_values("lengths_B", lengths_B)  # jnp.asarray wraps an int64 past int32
   lengths_B = jnp.asarray(lengths_B)
   if tuple(lengths_B.shape) != (B,):
     raise ValueError(f"lengths_B shape {lengths_B.shape} must be [B] = ({B},)")
@@ -340,6 +341,9 @@ def paged_decode_attention(q_BTNH, k_pages_PCKH, v_pages_PCKH, page_table_BM, le
   window, lengths_B = _check_queries(q_BTNH, head_dim=H, num_kv_heads=K,
                                      kv_name="k_pages_PCKH", lengths_B=lengths_B, window=window)
   B, T, N, _ = q_BTNH.shape
+  # an int64 entry of 2**32 wrapped to page 0 and was read as a page (an entry past the
+  # pool is a missing page) until 2026-12-06
+  checks.check_int32_values("page_table_BM", page_table_BM)
   page_table_BM = jnp.asarray(page_table_BM)
   if page_table_BM.ndim != 2 or page_table_BM.shape[0] != B:
     raise ValueError(f"page_table_BM shape {page_table_BM.shape} must be [B, M] with B={B}")

@@ -161,19 +161,25 @@ def _chunked_bwd(causal, window, scale, block_k, res, dout_BTNH):
   )
   delta_BKGT = jnp.transpose(delta_BTKG, (0, 2, 3, 1))
 
+  # dS and P enter their products in the wider dtype of the pair each meets: a float32 q's
+  # dQ = dS K over bfloat16 keys rounded dS to bfloat16 until 2026-12-06 (the reference's
+  # did not); with one dtype for q, k and v nothing changes.
+  qk_dtype = jnp.promote_types(q_BTNH.dtype, k_BSKH.dtype)
+  pv_dtype = jnp.promote_types(do_BTKGH.dtype, v_BSKH.dtype)
+
   def step(dq_BTKGH, x):
     k_BcKH, v_BcKH, k_pos_Bc, k_seg_Bc = x
     s_BKGTc = _block_scores(q_BTKGH, k_BcKH, q_pos_BT, k_pos_Bc, q_seg_BT, k_seg_Bc, causal,
                             window, scale)
     p_BKGTc = jnp.exp(s_BKGTc - lse_BKGT[..., None])
-    dv_BcKH = jnp.einsum("BKGTc,BTKGH->BcKH", p_BKGTc.astype(do_BTKGH.dtype), do_BTKGH,
+    dv_BcKH = jnp.einsum("BKGTc,BTKGH->BcKH", p_BKGTc.astype(pv_dtype), do_BTKGH,
                          preferred_element_type=jnp.float32)
     dp_BKGTc = jnp.einsum("BTKGH,BcKH->BKGTc", do_BTKGH, v_BcKH,
                           preferred_element_type=jnp.float32)
     ds_BKGTc = p_BKGTc * (dp_BKGTc - delta_BKGT[..., None]) * scale
-    dq_BTKGH = dq_BTKGH + jnp.einsum("BKGTc,BcKH->BTKGH", ds_BKGTc.astype(k_BSKH.dtype), k_BcKH,
+    dq_BTKGH = dq_BTKGH + jnp.einsum("BKGTc,BcKH->BTKGH", ds_BKGTc.astype(qk_dtype), k_BcKH,
                                      preferred_element_type=jnp.float32)
-    dk_BcKH = jnp.einsum("BKGTc,BTKGH->BcKH", ds_BKGTc.astype(q_BTNH.dtype), q_BTKGH,
+    dk_BcKH = jnp.einsum("BKGTc,BTKGH->BcKH", ds_BKGTc.astype(qk_dtype), q_BTKGH,
                          preferred_element_type=jnp.float32)
     return dq_BTKGH, (dk_BcKH, dv_BcKH)
 

@@ -302,6 +302,35 @@ def test_float32_queries_over_bfloat16_values_sum_the_values_in_float32():
     np.testing.assert_allclose(out, want, rtol=1e-6, atol=0, err_msg=name)
 
 
+def test_float32_queries_over_bfloat16_keys_get_a_float32_dq_from_every_implementation():
+  """dQ = dS K with float32 q and bfloat16 k: "chunked" and the Pallas kernels (GPU-style and
+  TPU, interpret mode) rounded dS to k's bfloat16 before the product (dq off by ~2e-3 of its
+  largest entry until 2026-12-06, found by a review), where "reference" computes it in
+  float32. Against float64 NumPy on the same (bfloat16-exact) keys: dq and dv (float32) to
+  float32's precision, dk (returned in k's bfloat16) to its rounding."""
+  from attnlab.ops.pallas import flash
+
+  B, T, N, K, H = 1, 64, 2, 1, 64
+  q, k, v = make_qkv(B, T, T, N, K, H, seed=24)
+  k = k.astype(jnp.bfloat16)
+  do = random_arrays.normal(25, (B, T, N, H))
+  _, want_dq, want_dk, want_dv = naive_attention_grads(q, k.astype(jnp.float32), v, do)
+  fns = {"reference": reference_attention,
+         "chunked": lambda q, k, v: chunked_attention(q, k, v, block_k=16),
+         "pallas": lambda q, k, v: flash.flash_attention(q, k, v, block_q=16, block_k=16,
+                                                         interpret=True),
+         "pallas tpu": lambda q, k, v: flash.flash_attention(q, k, v, block_q=16, block_k=16,
+                                                             backend="tpu", interpret=True)}
+  grads = jax.jit(lambda q, k, v, do: {name: jax.vjp(fn, q, k, v)[1](do)
+                                       for name, fn in fns.items()})(q, k, v, do)
+  for name, (dq, dk, dv) in grads.items():
+    assert (dq.dtype, dk.dtype, dv.dtype) == (jnp.float32, jnp.bfloat16, jnp.float32), name
+    for what, got, want, rtol in (("dq", dq, want_dq, 2e-6), ("dv", dv, want_dv, 2e-6),
+                                  ("dk", dk, want_dk, 2.0**-8)):
+      err = np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max()
+      assert err <= rtol, (name, what, err)
+
+
 def test_chunked_dk_dv_of_bfloat16_queries_over_float32_keys_are_summed_in_float32():
   """Mixed dtypes the other way (bfloat16 q, so a bfloat16 output cotangent; float32 k and
   v): dK and dV are float32 and each key block's dS^T Q and P^T dO accumulate in float32.

@@ -135,8 +135,9 @@ def _check_types(config) -> None:
   float is expected is a number; a float where an int is expected is left to the field's
   own check (which names the range too). ``paths``-like ``tuple[str, ...]`` fields must
   be lists of strings (a lone string would be iterated character by character). A NumPy
-  number in an int or float field is stored as the Python number it holds, so the config
-  compares, hashes and is written to gin as if that number had been given."""
+  number in an int or float field (an ``np.bool_`` in a bool field) is stored as the Python
+  value it holds, so the config compares, hashes and is written to gin as if that value had
+  been given."""
   for field in dataclasses.fields(config):
     value = getattr(config, field.name)
     kinds = {k.strip() for k in str(field.type).split("|")}
@@ -149,7 +150,8 @@ def _check_types(config) -> None:
                          f"('{value if isinstance(value, str) else 'a'}',)")
       continue
     [kind] = kinds - {"None"} if len(kinds - {"None"}) == 1 else [None]
-    if kind in ("int", "float") and isinstance(value, np.integer | np.floating):
+    if (kind in ("int", "float") and isinstance(value, np.integer | np.floating)) or (
+        kind == "bool" and isinstance(value, np.bool_)):  # np.bool_ refused until 2026-12-06
       value = value.item()
       object.__setattr__(config, field.name, value)
     if kind not in _WANTED:  # int fields: each has its own check, naming the range it allows
@@ -271,6 +273,9 @@ class ModelConfig:
   def __post_init__(self):
     for name in ("use_bias", "qkv_bias", "o_bias", "mlp_bias"):
       value = getattr(self, name)
+      if isinstance(value, np.bool_):  # as _check_types takes one
+        value = value.item()
+        object.__setattr__(self, name, value)
       if not (isinstance(value, bool) or (value is None and name != "use_bias")):
         allowed = "True or False" if name == "use_bias" else "True, False or None (= use_bias)"
         raise ValueError(f"{name}={value!r} must be {allowed}")

@@ -459,6 +459,12 @@ def operative_config(*configs, workdir: str | None = None) -> str:
   return "\n".join(lines)
 
 
+# The (config.gin, tokenizer file) pairs warned about in this process: a command reads
+# config.gin more than once (decode: the checkpoint's model, then its tokenizer), and printed
+# the warning below once per read until 2026-12-06.
+_warned_outside_tokenizer: set[tuple[str, str]] = set()
+
+
 def read_workdir_config(path: str) -> tuple[ModelConfig, DataConfig, TrainConfig]:
   """The configs a workdir's config.gin describes. A relative tokenizer_model is the file
   beside it, wherever the command runs: one missing there is named by that path, not
@@ -470,10 +476,13 @@ def read_workdir_config(path: str) -> tuple[ModelConfig, DataConfig, TrainConfig
     beside = os.path.join(os.path.dirname(os.path.abspath(path)), name)
     if os.path.isfile(name) and not os.path.exists(beside):
       # Written by attnlab before 2026-12-04, relative to where the run trained.
-      log.warning("%s names tokenizer_model=%r, which is not beside it (%s); reading %s "
-                  "from the working directory, where a workdir written before 2026-12-04 "
-                  "named an outside tokenizer from (write its absolute path into the file "
-                  "if it is the run's)", path, name, beside, os.path.abspath(name))
+      warned = (os.path.abspath(path), os.path.abspath(name))
+      if warned not in _warned_outside_tokenizer:
+        _warned_outside_tokenizer.add(warned)
+        log.warning("%s names tokenizer_model=%r, which is not beside it (%s); reading %s "
+                    "from the working directory, where a workdir written before 2026-12-04 "
+                    "named an outside tokenizer from (write its absolute path into the file "
+                    "if it is the run's)", path, name, beside, os.path.abspath(name))
       dcfg = dataclasses.replace(dcfg, tokenizer_model=os.path.abspath(name))
     else:
       dcfg = dataclasses.replace(dcfg, tokenizer_model=beside)

@@ -286,6 +286,9 @@ def test_check_can_make_follows_links_to_folders_and_names_what_stops_it(tmp_pat
     with pytest.raises(CommandError) as e:
       check_workdir_given(path)
     assert str(e.value) == f"--workdir {path!r} is empty: give a training workdir"
+    with pytest.raises(CommandError) as e:
+      check_workdir_given(path, "--from")
+    assert str(e.value) == f"--from {path!r} is empty: give a training workdir"
   why = {"file/new": "file is a file",
          "dangling/new": f"dangling is a symbolic link to {tmp_path}/gone, which does not exist"}
   for path, reason in why.items():

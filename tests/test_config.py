@@ -690,6 +690,19 @@ def test_numpy_scalars_are_accepted_and_stored_as_the_python_numbers_they_hold(
   assert operative_config(got) == operative_config(want)
 
 
+def test_numpy_bools_are_taken_in_bool_fields_as_the_bools_they_hold():
+  """As the README says of NumPy scalars, and as ``attention(causal=np.True_)`` takes one
+  (refused as not True or False until 2026-12-06)."""
+  got = ModelConfig(scale_embeddings=np.True_, tie_embeddings=np.False_, use_bias=np.True_)
+  want = ModelConfig(scale_embeddings=True, tie_embeddings=False, use_bias=True)
+  assert got == want and hash(got) == hash(want)
+  assert type(got.scale_embeddings) is bool and type(got.tie_embeddings) is bool
+  assert operative_config(got) == operative_config(want)
+  assert type(DataConfig(task="copy", loss_on_prompt=np.True_).loss_on_prompt) is bool
+  with pytest.raises(ValueError, match=r"^scale_embeddings=np.int64\(1\) must be True or False$"):
+    ModelConfig(scale_embeddings=np.int64(1))
+
+
 def test_a_sweeps_arm_list_may_be_a_numpy_array_or_any_iterable_of_ints():
   for given in (np.array([4, 1]), (k for k in (4, 1)), range(4, 0, -3)):
     sweep = Sweep(num_kv_heads=given)

@@ -83,21 +83,29 @@ def out_of_memory(e: BaseException) -> str | None:
   return None
 
 
-def check_workdir_given(path: str) -> None:
+def check_workdir_given(path: str, flag: str = "--workdir") -> None:
   """CommandError for an empty or blank ``--workdir`` of a command that reads a run (``eval``,
-  ``decode``: until 2026-12-06 it read the working directory's config.gin, naming no flag)."""
+  ``decode``, ``convert --to-hf``; ``convert-heads --from``: until 2026-12-06 they read the
+  working directory's run, naming no flag)."""
   if not path.strip():
-    raise CommandError(f"--workdir {path!r} is empty: give a training workdir")
+    raise CommandError(f"{flag} {path!r} is empty: give a training workdir")
+
+
+def check_path_given(flag: str, path: str) -> None:
+  """CommandError naming the flag for an empty or blank path (``os.path.abspath("")`` is the
+  working directory: read or written in its place without a word)."""
+  if not path:  # makedirs("") fails
+    raise CommandError(f"{flag} is empty: give a directory")
+  if not path.strip():  # a folder named " " was made (until 2026-12-06)
+    raise CommandError(f"{flag} {path!r} is only whitespace: give a directory")
 
 
 def check_can_make(flag: str, path: str) -> None:
   """CommandError naming the flag if the output folder ``path`` (existing or not) cannot be
-  made or written: its nearest existing folder is a file, or not writable. Checked without
-  writing anything (the commands write only once every check passed)."""
-  if not path:  # os.path.abspath("") is the working directory; makedirs("") fails
-    raise CommandError(f"{flag} is empty: give a directory")
-  if not path.strip():  # a folder named " " was made (until 2026-12-06)
-    raise CommandError(f"{flag} {path!r} is only whitespace: give a directory")
+  made or written: it is empty or blank (``check_path_given``), its nearest existing folder
+  is a file, or not writable. Checked without writing anything (the commands write only once
+  every check passed)."""
+  check_path_given(flag, path)
   at = os.path.abspath(path)
   while not os.path.lexists(at):
     at = os.path.dirname(at)

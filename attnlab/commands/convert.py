@@ -33,6 +33,8 @@ from attnlab.commands import CommandError
 from attnlab.commands._common import (
     CommandParser,
     check_can_make,
+    check_path_given,
+    check_workdir_given,
     log_attnlab_info,
 )
 from attnlab.config import DTYPES, DataConfig, TrainConfig
@@ -85,11 +87,13 @@ def main(argv: list[str]) -> int:
 
   try:
     if args.from_hf is not None:
+      check_path_given("--from-hf", args.from_hf)
       for flag in ("out", "step", "max_shard_mb"):  # the last ignored until 2026-12-06
         if getattr(args, flag) is not None:
           raise CommandError(f"--{flag} is only for --to-hf")
       summary = from_hf(args.from_hf, args.workdir, dtype=args.dtype)
     else:
+      check_workdir_given(args.workdir)
       if args.out is None:
         raise CommandError("--to-hf needs --out DIR")
       if args.dtype is not None:
@@ -115,7 +119,9 @@ def main(argv: list[str]) -> int:
 def _check_new(path: str, flag: str) -> str:
   """``path`` made absolute: a directory that does not exist yet and can be made (missing
   parents are made, as train and convert-heads make theirs; until 2026-12-04 a missing
-  parent was refused)."""
+  parent was refused). An empty or blank path is refused before it is made absolute (until
+  2026-12-06 "" was the working directory and "  " a folder of that name)."""
+  check_path_given(flag, path)
   path = os.path.abspath(path)
   if os.path.exists(path):
     raise CommandError(f"{flag} {path} already exists; give a new directory")

@@ -23,6 +23,7 @@ from attnlab.commands import CommandError
 from attnlab.commands._common import (
   CommandParser,
   check_can_make,
+  check_workdir_given,
   gin_flags_help,
   log_attnlab_info,
   split_gin_flags,
@@ -55,6 +56,7 @@ def main(argv: list[str]) -> int:
   p.add_argument("--seed", type=int, default=0, help="init of the 'random' method")
   args = p.parse_args(rest)
   log_attnlab_info()
+  check_workdir_given(args.src, "--from")  # "" converted the working directory's run
   for b in bindings:
     if not b.startswith(("TrainConfig.", "DataConfig.")):
       raise CommandError(f"--gin.{b.split(' = ')[0]}: only TrainConfig.* and DataConfig.* "

@@ -62,7 +62,8 @@ def _decode_parser():
                  help="sample from the smallest set reaching probability p, in (0, 1] (needs "
                  "--temperature > 0; default: all)")
   p.add_argument("--beam_size", type=int, default=d.beam_size,
-                 help=f"beam search of this width (default {d.beam_size}: none)")
+                 help=f"beam search of this width, 2 or more (default {d.beam_size}: none; 1 "
+                 "decodes greedily)")
   p.add_argument("--length_penalty", type=float, default=None,
                  help=f"alpha of beam search's GNMT length penalty, >= 0 (default "
                  f"{d.length_penalty}; needs --beam_size > 1)")
@@ -215,8 +216,9 @@ def main(argv: list[str]) -> int:
   # Flags that would do nothing are refused, as eval refuses them (ignored until 2026-12-04).
   if args.length_penalty is None:
     args.length_penalty = DecodeConfig.length_penalty
-  elif args.beam_size <= 1:
-    raise CommandError("--length_penalty is the beam search's: give --beam_size too")
+  elif args.beam_size <= 1:  # "give --beam_size too" when --beam_size 1 was given (12-06)
+    raise CommandError(f"--length_penalty is the beam search's: give --beam_size 2 or more "
+                       f"(--beam_size {args.beam_size} decodes greedily)")
   if args.page_size is None:
     args.page_size = DecodeConfig.page_size
   elif args.cache != "paged":

@@ -186,15 +186,20 @@ GPT2_KEYS = {**HF_KEYS, "num_heads": "n_head", "num_layers": "n_layer", "d_model
 
 def _invalid(e: Exception, keys: dict, hf: dict) -> ConversionError:
   """The ModelConfig error of a config.json value, named by its config.json key(s): those
-  the file holds (a value a family's default gave, or one under rope_parameters, is left to
-  the message itself)."""
-  fields = [f for f in dict.fromkeys(re.findall(r"\b(\w+)=", str(e)))
-            if f in keys and keys[f] in hf]
+  the file holds; a value the family's default gave for a key the file lacks is said to be
+  that default (until 2026-12-06 a Mistral config without num_key_value_heads was blamed on
+  its num_attention_heads alone); one under rope_parameters is left to the message itself."""
+  named = [f for f in dict.fromkeys(re.findall(r"\b(\w+)=", str(e))) if f in keys]
+  fields = [f for f in named if keys[f] in hf]
   where = "config.json"
   if fields:
     where += (f" {', '.join(keys[f] for f in fields)} (attnlab's "
               f"{', '.join('ModelConfig.' + f for f in fields)})")
-  return ConversionError(f"{where} gives an invalid attnlab config: {e}")
+  family = hf.get("model_type")
+  defaults = FAMILY_DEFAULTS.get(family, {})
+  notes = "".join(f" (config.json has no {keys[f]}: {family}'s default is {defaults[keys[f]]})"
+                  for f in named if keys[f] not in hf and defaults.get(keys[f]) is not None)
+  return ConversionError(f"{where} gives an invalid attnlab config: {e}{notes}")
 
 
 def from_hf_config(hf: dict, *, dtype: str | None = None) -> tuple[str, ModelConfig]:

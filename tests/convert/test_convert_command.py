@@ -495,6 +495,39 @@ def test_bad_flags_and_paths_exit_2_and_write_nothing(case, converted, tmp_path,
   assert {d: sorted(os.listdir(d)) for d in before} == before
 
 
+def test_empty_or_blank_paths_are_refused_by_name(converted, tmp_path, capsys, monkeypatch):
+  """Run inside a workdir (a copy of one): until 2026-12-06 `convert --to-hf --workdir ""`
+  exported the working directory's run, `convert-heads --from ""` converted it, `--workdir
+  "  "` made a folder named two spaces and `--workdir ""` / `--out ""` were named as the
+  working directory "already exists"; train, eval and decode refused them by name."""
+  src, work = converted
+  here = tmp_path / "here"
+  shutil.copytree(work, here)
+  monkeypatch.chdir(here)
+  new = str(tmp_path / "new")
+  cases = [
+      (["convert", "--from-hf", src, "--workdir", "  "],
+       "attnlab convert: error: --workdir '  ' is only whitespace: give a directory"),
+      (["convert", "--from-hf", src, "--workdir", ""],
+       "attnlab convert: error: --workdir is empty: give a directory"),
+      (["convert", "--from-hf", " ", "--workdir", new],
+       "attnlab convert: error: --from-hf ' ' is only whitespace: give a directory"),
+      (["convert", "--to-hf", "--workdir", "", "--out", new],
+       "attnlab convert: error: --workdir '' is empty: give a training workdir"),
+      (["convert", "--to-hf", "--workdir", work, "--out", ""],
+       "attnlab convert: error: --out is empty: give a directory"),
+      (["convert-heads", "--from", "", "--to", new, "--num_kv_heads", "1", "--method", "mean"],
+       "attnlab convert-heads: error: --from '' is empty: give a training workdir"),
+  ]
+  before = sorted(os.listdir(here)), sorted(os.listdir(tmp_path))
+  for argv, message in cases:
+    capsys.readouterr()
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and err == message + "\n", (argv, err)
+    assert (sorted(os.listdir(here)), sorted(os.listdir(tmp_path))) == before, argv
+
+
 def test_a_failure_while_writing_leaves_no_output_and_no_temporary_folder(tmp_path, capsys,
                                                                             monkeypatch):
   from attnlab.commands import convert

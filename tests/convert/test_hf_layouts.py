@@ -444,14 +444,16 @@ GPT2_BAD = {
 
 def test_an_invalid_value_names_only_the_keys_the_file_holds():
   """A value the file does not hold (Mistral's default of 8 KV heads, a head_dim derived from
-  hidden_size) is left to the message, not named as a config.json key."""
+  hidden_size) is not named as a config.json key; a family default is said to be one (until
+  2026-12-06 the 8 came from nowhere the message said)."""
   mistral = {k: v for k, v in LLAMA.items() if k != "num_key_value_heads"}
   mistral.update(model_type="mistral", num_attention_heads=12, hidden_size=48)
   with pytest.raises(hf.ConversionError) as e:
     hf.from_hf_config(mistral)
   assert str(e.value) == (
       "config.json num_attention_heads (attnlab's ModelConfig.num_heads) gives an invalid "
-      "attnlab config: num_heads=12 must be a multiple of num_kv_heads=8")
+      "attnlab config: num_heads=12 must be a multiple of num_kv_heads=8 (config.json has no "
+      "num_key_value_heads: mistral's default is 8)")
 
 
 @pytest.mark.parametrize("case", list(BAD_CONFIGS))

@@ -362,6 +362,11 @@ def test_the_text_stops_before_eos_with_and_without_slots(workdir, monkeypatch, 
 
 @pytest.mark.parametrize("extra,needle", [
     (["--beam_size", "2", "--temperature", "0.8"], "beam_size=2 decodes deterministically"),
+    # its beam_size 1 is greedy: "give --beam_size too" with --beam_size given until 12-06
+    (["--beam_size", "1", "--length_penalty", "0.5"],
+     "--length_penalty is the beam search's: give --beam_size 2 or more (--beam_size 1 "
+     "decodes greedily)"),
+    (["--length_penalty", "0.5"], "give --beam_size 2 or more (--beam_size 1 decodes"),
     (["--step", "7"], "step=7"),
     (["--prompt", ""], "empty"),
     (["--cache", "nope"], "cache='nope'"),

@@ -11,6 +11,8 @@ only; the rest of the package imports them.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 import os
@@ -438,6 +440,37 @@ _SYNTHETIC_READS = (("min_len", "max_len", "vocab_chars"),
                     "its examples are drawn from seed, min_len, max_len and vocab_chars")
 
 
+# Set while a saved run's config.gin is read (``saved_data_config``): the fields its task
+# does not read are reset to their defaults and listed here instead of refused. attnlab
+# before 2026-12-06 took them (and ignored them) and wrote them into config.gin; the run they
+# describe did not read them, and its workdir must still evaluate, decode and resume.
+_unread_fields: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "unread_fields", default=None)
+
+
+@contextlib.contextmanager
+def saved_data_config():
+  """Within it, a DataConfig resets the fields its task does not read (``TASK_FIELDS``;
+  ``tokenizer_model`` of the byte tokenizer) to their defaults rather than refuse them;
+  yields the list of ``(name, value)`` reset, for the caller to warn about."""
+  dropped: list = []
+  token = _unread_fields.set(dropped)
+  try:
+    yield dropped
+  finally:
+    _unread_fields.reset(token)
+
+
+def _unread(dcfg, name: str, default, message: str) -> None:
+  """A field ``dcfg``'s task or tokenizer does not read: refused with ``message``, or reset
+  to ``default`` while a saved config is read (``saved_data_config``)."""
+  dropped = _unread_fields.get()
+  if dropped is None:
+    raise ValueError(message)
+  dropped.append((name, getattr(dcfg, name)))
+  object.__setattr__(dcfg, name, default)
+
+
 def _check_task_fields(dcfg) -> None:
   """ValueError naming a field of ``TASK_FIELDS`` set (not at its default) for a task that
   does not read it. (A TSV task given a validation file does not read validation_percent
@@ -448,8 +481,9 @@ def _check_task_fields(dcfg) -> None:
   for name in TASK_FIELDS:
     value = getattr(dcfg, name)
     if name not in reads and value != defaults[name]:
-      raise ValueError(f"{name}={value!r} does not apply to task={dcfg.task!r} ({how}); "
-                       f"leave it at {defaults[name]!r}")
+      _unread(dcfg, name, defaults[name],
+              f"{name}={value!r} does not apply to task={dcfg.task!r} ({how}); leave it at "
+              f"{defaults[name]!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -523,9 +557,10 @@ class DataConfig:
       raise ValueError(f"vocab_chars={self.vocab_chars} must be at most 26")
     _choice("tokenizer", self.tokenizer, TOKENIZERS)
     if self.tokenizer == "byte" and self.tokenizer_model:  # ignored until 2026-12-06
-      raise ValueError(f"tokenizer_model={self.tokenizer_model!r} is read by "
-                       "tokenizer='sentencepiece' or 'hf_json'; the 'byte' tokenizer has no "
-                       "model file: set DataConfig.tokenizer, or leave tokenizer_model unset")
+      _unread(self, "tokenizer_model", "",
+              f"tokenizer_model={self.tokenizer_model!r} is read by tokenizer='sentencepiece' "
+              "or 'hf_json'; the 'byte' tokenizer has no model file: set DataConfig.tokenizer, "
+              "or leave tokenizer_model unset")
     if self.tokenizer == "sentencepiece" and not self.tokenizer_model:
       raise ValueError("tokenizer='sentencepiece' needs tokenizer_model (a .model path)")
     if self.tokenizer == "hf_json" and not self.tokenizer_model:

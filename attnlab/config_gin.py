@@ -21,7 +21,14 @@ import tokenize
 
 import gin
 
-from attnlab.config import DataConfig, ModelConfig, Sweep, TrainConfig, absolute_path
+from attnlab.config import (
+    DataConfig,
+    ModelConfig,
+    Sweep,
+    TrainConfig,
+    absolute_path,
+    saved_data_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -459,6 +466,21 @@ def operative_config(*configs, workdir: str | None = None) -> str:
   return "\n".join(lines)
 
 
+def parse_saved(path: str, bindings=()) -> tuple[ModelConfig, DataConfig, TrainConfig]:
+  """``parse([path], bindings)`` of a saved run's config.gin: DataConfig fields its task (or
+  the byte tokenizer) does not read are reset to their defaults, with a warning naming them
+  (``config.saved_data_config``), rather than refused as a new config's would be."""
+  with saved_data_config() as dropped:
+    configs = parse([path], list(bindings))
+  if dropped:
+    log.warning("%s sets %s, which task=%r with tokenizer=%r does not read (attnlab before "
+                "2026-12-06 took and ignored it): read as the default", path,
+                ", ".join(f"DataConfig.{name} = {value!r}"
+                          for name, value in dict.fromkeys(dropped)),
+                configs[1].task, configs[1].tokenizer)
+  return configs
+
+
 # The (config.gin, tokenizer file) pairs warned about in this process: a command reads
 # config.gin more than once (decode: the checkpoint's model, then its tokenizer), and printed
 # the warning below once per read until 2026-12-06.
@@ -469,8 +491,11 @@ def read_workdir_config(path: str) -> tuple[ModelConfig, DataConfig, TrainConfig
   """The configs a workdir's config.gin describes. A relative tokenizer_model is the file
   beside it, wherever the command runs: one missing there is named by that path, not
   looked up in the working directory (until 2026-12-04 a workdir whose tokenizer.json was
-  gone decoded with the working directory's tokenizer.json, another vocabulary)."""
-  mcfg, dcfg, tcfg = parse([path], [])
+  gone decoded with the working directory's tokenizer.json, another vocabulary).
+
+  A DataConfig field the run's task does not read, which attnlab before 2026-12-06 took and
+  wrote here, is read as its default with a warning (``parse_saved``)."""
+  mcfg, dcfg, tcfg = parse_saved(path)
   name = dcfg.tokenizer_model
   if name and not os.path.isabs(name):  # parse found it neither beside nor in the cwd
     beside = os.path.join(os.path.dirname(os.path.abspath(path)), name)

@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
   config_path = os.path.join(args.src, "config.gin")
   if bindings and os.path.isfile(config_path):
     try:
-      _, dcfg, tcfg = config_gin.parse([config_path], bindings)
+      _, dcfg, tcfg = config_gin.parse_saved(config_path, bindings)
     except config_gin.GinConfigError as e:
       raise CommandError(str(e)) from None
     for b in bindings:

@@ -216,7 +216,7 @@ def main(argv: list[str]) -> int:
   # Flags that would do nothing are refused, as eval refuses them (ignored until 2026-12-04).
   if args.length_penalty is None:
     args.length_penalty = DecodeConfig.length_penalty
-  elif args.beam_size <= 1:  # "give --beam_size too" when --beam_size 1 was given (12-06)
+  elif args.beam_size == 1:  # "give --beam_size too" when --beam_size 1 was given (12-06)
     raise CommandError(f"--length_penalty is the beam search's: give --beam_size 2 or more "
                        f"(--beam_size {args.beam_size} decodes greedily)")
   if args.page_size is None:

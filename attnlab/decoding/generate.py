@@ -207,7 +207,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     raise GenerateInputError(f"beam search (beam_size={beam_size}) is deterministic: sampling="
                              f"{sampling} is not used with it; give one or the other")
   if sampling.greedy:
-    sampling = GREEDY  # the filters do nothing at temperature 0: one compiled program for all
+    sampling = GREEDY  # (Sampling refuses filters at temperature 0): one program for all
   # Traced, not static, and of one width: new stop ids do not recompile.
   eos = jnp.asarray(stop_array(check_stop_ids(eos_id, cfg.vocab_size)))
   cache_dtype = check_cache_dtype(cache_dtype)

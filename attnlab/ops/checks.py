@@ -132,6 +132,15 @@ def check_int32_values(name: str, x) -> None:
                        "the attention ops read it as int32")
 
 
+def check_ids_fit_int32(**named) -> None:
+  """``check_int32_values`` of each given (not None) segment-id / position array: what
+  "reference" and "chunked" check when called directly (the caches call them so), beside
+  ``check_qkv``'s full check in ``attention()``."""
+  for name, x in named.items():
+    if x is not None:
+      check_int32_values(name, x)
+
+
 def _check_ids(name: str, x, shape: tuple, what: str, bool_ok: bool = False):
   """An integer (or, with ``bool_ok``, bool) array of ``shape`` whose values int32 holds
   (``check_int32_values``): float ids were compared as floats by some implementations and
@@ -157,7 +166,7 @@ def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, causal=False, window=None, q_offset=0,
 
   Returns:
     (causal, window, q_offset) as the implementations take them: NumPy scalars as the
-    Python bool / int they hold, an array offset as given.
+    Python bool / int they hold, an array offset as int32 (``check_q_offset``).
   """
   for name, x in (("q_BTNH", q_BTNH), ("k_BSKH", k_BSKH), ("v_BSKH", v_BSKH)):
     if not hasattr(x, "ndim") or not hasattr(x, "dtype"):  # an AttributeError until 2026-12-06

@@ -45,6 +45,8 @@ def chunked_attention(
   # Also when called directly, not via attention: "false" would be a truthy causal.
   causal, q_offset = checks.check_causal(causal), checks.check_q_offset(q_offset, B, T)
   window = checks.check_window(window)
+  checks.check_ids_fit_int32(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                             q_positions=q_positions, kv_positions=kv_positions)
   if (q_segment_ids is None) != (kv_segment_ids is None):
     raise ValueError("q_segment_ids and kv_segment_ids must be given together")
   checks.check_query_heads(q_BTNH, num_kv_heads=k_BSKH.shape[2], head_dim=k_BSKH.shape[3])

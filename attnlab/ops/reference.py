@@ -54,6 +54,8 @@ def reference_attention(
   # the layers call it directly for attention dropout (a window past int32 overflowed).
   causal, q_offset = checks.check_causal(causal), checks.check_q_offset(q_offset, B, T)
   window = checks.check_window(window)
+  checks.check_ids_fit_int32(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                             q_positions=q_positions, kv_positions=kv_positions)
   # A NumPy float32 rate was refused until 2026-12-06 (the README takes NumPy scalars).
   if not (isinstance(dropout_rate, numbers.Real) and 0.0 <= dropout_rate < 1.0):
     raise ValueError(f"dropout_rate={dropout_rate!r} must be a number in [0, 1)")

@@ -1226,7 +1226,12 @@ def test_decode_refuses_slots_with_beams_and_unknown_cache_dtypes(workdir, monke
   # Flags that would do nothing (ignored until 2026-12-04; eval refused the first).
   rc, _, err = _run(base + ["--length_penalty", "0.5"], capsys)
   assert rc == 2 and err.strip() == ("attnlab decode: error: --length_penalty is the beam "
-                                     "search's: give --beam_size too"), err
+                                     "search's: give --beam_size 2 or more (--beam_size 1 "
+                                     "decodes greedily)"), err
+  # a width that is no width is named as such, not as greedy
+  rc, _, err = _run(base + ["--beam_size", "0", "--length_penalty", "0.5"], capsys)
+  assert rc == 2 and err.strip() == ("attnlab decode: error: beam_size=0 must be a positive "
+                                     "integer"), err
   rc, _, err = _run(base + ["--page_size", "8", "--cache", "contiguous"], capsys)
   assert rc == 2 and err.strip() == ("attnlab decode: error: --page_size is the paged cache's, "
                                      "got --cache contiguous"), err

@@ -786,7 +786,14 @@ def test_the_reference_and_chunked_ops_check_causal_and_q_offset_when_called_dir
   q, k = jnp.zeros((2, 4, 2, 8)), jnp.zeros((2, 6, 1, 8))
   seg = jnp.zeros((2, 4), jnp.int32)
   bad = BAD_CAUSAL_OR_OFFSET + [  # chunked: an AttributeError on None until 2026-12-04
-      (dict(q_segment_ids=seg), "q_segment_ids and kv_segment_ids must be given together")]
+      (dict(q_segment_ids=seg), "q_segment_ids and kv_segment_ids must be given together"),
+      # NumPy int64 past int32: two segments to one, one to the other until 2026-12-06
+      (dict(q_segment_ids=np.full((2, 4), 2**32 + 1), kv_segment_ids=np.ones((2, 6), int)),
+       "q_segment_ids holds 4294967297, outside int32's range [-2**31, 2**31 - 1]: the "
+       "attention ops read it as int32"),
+      (dict(kv_positions=np.full((2, 6), -2**31 - 1)),
+       "kv_positions holds -2147483649, outside int32's range [-2**31, 2**31 - 1]: the "
+       "attention ops read it as int32")]
   for op in (reference_attention, chunked_attention):
     for kw, message in bad:
       with pytest.raises(ValueError) as e:

@@ -210,6 +210,29 @@ def test_with_a_workdir_relative_data_paths_are_written_absolute_and_absolute_on
             f"'{tmp_path}/up/x.txt', '/data/./valid.txt')") in text.splitlines()
 
 
+def test_a_saved_config_gin_with_fields_its_task_does_not_read_is_read_as_the_defaults(
+    tmp_path, warned):
+  """attnlab before 2026-12-06 took (and ignored) DataConfig fields the task does not read,
+  and wrote them into config.gin: such a workdir still evaluates, decodes and resumes, the
+  fields read as their defaults (what the run read) with one warning naming them; a new
+  config with them is refused."""
+  fields = ["DataConfig.task = 'reverse'", "DataConfig.validation_percent = 10",
+            "DataConfig.paths = ('pairs.tsv',)", "DataConfig.tokenizer_model = 'x.json'"]
+  path = tmp_path / "config.gin"
+  path.write_text("\n".join(fields) + "\n")
+  with pytest.raises(gin_config.GinConfigError, match=r"^paths=\('pairs.tsv',\) does not apply"):
+    gin_config.parse([str(path)], [])
+  _, dcfg, _ = gin_config.read_workdir_config(str(path))
+  assert dcfg == DataConfig(task="reverse")
+  assert warned() == [
+      f"{path} sets DataConfig.paths = ('pairs.tsv',), DataConfig.validation_percent = 10, "
+      "DataConfig.tokenizer_model = 'x.json', which task='reverse' with tokenizer='byte' does "
+      "not read (attnlab before 2026-12-06 took and ignored it): read as the default"]
+  # ... and the strict check is back after it
+  with pytest.raises(ValueError, match="^paths=.* does not apply"):
+    DataConfig(task="reverse", paths=("a",))
+
+
 def test_a_relative_tokenizer_is_found_beside_the_last_gin_file_else_as_given(tmp_path,
                                                                               monkeypatch):
   a, b, cwd = tmp_path / "a", tmp_path / "b", tmp_path / "cwd"

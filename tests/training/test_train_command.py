@@ -359,6 +359,22 @@ def test_a_batch_larger_than_the_machines_memory_is_one_line(tmp_path, capsys):
     train_command.check_batch_fits_memory(dcfg, memory=need - 1)
 
 
+def test_a_run_whose_config_gin_sets_fields_its_task_does_not_read_still_evaluates(
+    seq2seq_run, tmp_path, capsys, warned):
+  """A workdir trained before 2026-12-06 may name a DataConfig field its task did not read
+  (taken, and ignored, then): eval (decode, resume and the conversions read config.gin the
+  same way) reads it as the default, with a warning, where it refused the whole workdir."""
+  run = tmp_path / "run"
+  shutil.copytree(seq2seq_run, run)
+  with open(run / "config.gin", "a") as f:
+    f.write("\nDataConfig.validation_percent = 10\n")
+  rc = cli.main(["eval", "--workdir", str(run)])
+  out, err = capsys.readouterr()
+  assert rc == 0 and "exact_match" in out, err
+  assert any("DataConfig.validation_percent = 10, which task='reverse' with tokenizer='byte' "
+             "does not read" in w for w in warned()), warned()
+
+
 def test_a_validation_set_larger_than_the_machines_memory_is_one_line(seq2seq_run, tmp_path,
                                                                       capsys, monkeypatch):
   """A synthetic task's validation set has no end: eval_batches=10**9 built batches until

@@ -117,7 +117,7 @@ def check_mesh_shape(shape) -> tuple[int, int, int]:
     raise ValueError(f"mesh_shape={shape!r} must be 3 positive ints (data, fsdp, tensor), at "
                      "most one -1, e.g. (1, -1, 1)")
   given = shape
-  shape = tuple(shape.tolist() if isinstance(shape, np.ndarray) else shape)
+  shape = tuple(shape)
   if len(shape) != 3 or any(
       not is_integer(s) or (s < 1 and s != -1) for s in shape
   ) or shape.count(-1) > 1:
@@ -477,7 +477,6 @@ def _check_task_fields(dcfg) -> None:
   either; it is let be: the file says what the validation set is.)"""
   reads, how = _TASK_READS.get(dcfg.task, _SYNTHETIC_READS)
   defaults = {f.name: f.default for f in dataclasses.fields(dcfg)}
-  defaults["paths"] = ()
   for name in TASK_FIELDS:
     value = getattr(dcfg, name)
     if name not in reads and value != defaults[name]:

@@ -76,9 +76,9 @@ def check_causal(causal) -> bool:
 
 def check_q_offset(q_offset, batch: int, num_queries: int):
   """A Python / NumPy int (returned as a Python int), or an integer array of shape () or
-  [B], returned as int32 (a NumPy array as a NumPy one; a JAX array may be traced under
-  jit). An int8 / int16 array's own dtype overflowed in "blocked"'s per-block offsets until
-  2026-12-06.
+  [B]: a NumPy one returned as int32 (an int8 / int16 array's own dtype overflowed in
+  "blocked"'s per-block offsets until 2026-12-06), a JAX one as given (it may be traced
+  under jit; every implementation reads it as int32).
 
   Query t sits at position q_offset + t, an int32: an offset whose last query would pass
   2**31 - 1 is refused when it is a number or a NumPy array (those positions wrapped to
@@ -104,7 +104,7 @@ def check_q_offset(q_offset, batch: int, num_queries: int):
     _check_last_query(highest, f"q_offset holds {highest}, which", num_queries)
   if isinstance(q_offset, np.ndarray):
     return q_offset.astype(np.int32)
-  return q_offset if q_offset.dtype == jnp.int32 else q_offset.astype(jnp.int32)
+  return q_offset
 
 
 def _check_last_query(offset: int, what: str, num_queries: int) -> None:
@@ -121,9 +121,6 @@ def check_int32_values(name: str, x) -> None:
   for "chunked" and the Pallas kernels and two for "reference" until 2026-12-06). A JAX
   array is not read (it may be traced; without jax_enable_x64 it is int32 already)."""
   if not (isinstance(x, np.ndarray) and x.size and np.issubdtype(x.dtype, np.integer)):
-    return
-  info = np.iinfo(x.dtype)
-  if info.min >= -2**31 and info.max <= 2**31 - 1:
     return
   lowest, highest = int(x.min()), int(x.max())
   for value in (lowest, highest):
@@ -166,7 +163,7 @@ def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, causal=False, window=None, q_offset=0,
 
   Returns:
     (causal, window, q_offset) as the implementations take them: NumPy scalars as the
-    Python bool / int they hold, an array offset as int32 (``check_q_offset``).
+    Python bool / int they hold, a NumPy array offset as int32 (``check_q_offset``).
   """
   for name, x in (("q_BTNH", q_BTNH), ("k_BSKH", k_BSKH), ("v_BSKH", v_BSKH)):
     if not hasattr(x, "ndim") or not hasattr(x, "dtype"):  # an AttributeError until 2026-12-06

@@ -876,17 +876,20 @@ def test_dtypes_of_qkv_segment_ids_and_positions_are_checked_for_every_implement
   seg_b_q = jnp.array([[True, True, False, False]] * 2)
   seg_b_k = jnp.array([[True, False, True, False, True, False]] * 2)
   seg_i_q, seg_i_k = seg_b_q.astype(jnp.int32), seg_b_k.astype(jnp.int32)
-  # ... and NumPy int64 ids within int32's range (its lowest two) are the same segments
-  seg_64_q, seg_64_k = (np.asarray(x, np.int64) - 2**31 for x in (seg_i_q, seg_i_k))
-  want, got, got_64 = jax.jit(lambda: (  # one program (the segment ids closed over, as given)
+  # ... and NumPy int64 ids within int32's range (its lowest two, its highest two) are the
+  # same segments
+  shifted = [tuple(np.asarray(x, np.int64) + shift for x in (seg_i_q, seg_i_k))
+             for shift in (-2**31, 2**31 - 2)]
+  want, got, *got_64 = jax.jit(lambda: (  # one program (the segment ids closed over, as given)
       attention(qq, kk, vv, q_segment_ids=seg_i_q, kv_segment_ids=seg_i_k,
                 implementation=impl),
       attention(qq, kk, vv, q_segment_ids=seg_b_q, kv_segment_ids=seg_b_k,
                 implementation=impl),
-      attention(qq, kk, vv, q_segment_ids=seg_64_q, kv_segment_ids=seg_64_k,
-                implementation=impl)))()
+      *[attention(qq, kk, vv, q_segment_ids=q_ids, kv_segment_ids=kv_ids, implementation=impl)
+        for q_ids, kv_ids in shifted]))()
   np.testing.assert_array_equal(got, want)
-  np.testing.assert_allclose(got_64, want, rtol=1e-6, atol=1e-7)  # the same mask, compiled apart
+  for out in got_64:  # the same mask, compiled apart
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("impl", CPU_IMPLEMENTATIONS)

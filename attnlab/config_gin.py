@@ -466,17 +466,36 @@ def operative_config(*configs, workdir: str | None = None) -> str:
   return "\n".join(lines)
 
 
+# The (config.gin, fields) pairs warned about by ``parse_saved`` in this process: a command
+# reads a workdir's config.gin more than once (decode: the checkpoint's model, then its
+# tokenizer; convert-heads: three to five times).
+_warned_unread: set[tuple[str, str]] = set()
+
+
 def parse_saved(path: str, bindings=()) -> tuple[ModelConfig, DataConfig, TrainConfig]:
   """``parse([path], bindings)`` of a saved run's config.gin: DataConfig fields its task (or
   the byte tokenizer) does not read are reset to their defaults, with a warning naming them
-  (``config.saved_data_config``), rather than refused as a new config's would be."""
+  once per process (``config.saved_data_config``), rather than refused as a new config's
+  would be. ``bindings`` are the user's own: a field they set that the task does not read is
+  refused, as ``parse`` refuses it."""
+  bindings = list(bindings)
   with saved_data_config() as dropped:
-    configs = parse([path], list(bindings))
-  if dropped:
+    configs = parse([path], bindings)
+  bound = {b.split("=", 1)[0].strip() for b in bindings}
+  from_file = []
+  for name, value in dropped:
+    if f"DataConfig.{name}" in bound:  # the strict check's own message
+      try:
+        dataclasses.replace(configs[1], **{name: value})
+      except ValueError as e:
+        raise GinConfigError(str(e)) from None
+    elif (name, value) not in from_file:
+      from_file.append((name, value))
+  text = ", ".join(f"DataConfig.{name} = {value!r}" for name, value in from_file)
+  if from_file and (os.path.abspath(path), text) not in _warned_unread:
+    _warned_unread.add((os.path.abspath(path), text))
     log.warning("%s sets %s, which task=%r with tokenizer=%r does not read (attnlab before "
-                "2026-12-06 took and ignored it): read as the default", path,
-                ", ".join(f"DataConfig.{name} = {value!r}"
-                          for name, value in dict.fromkeys(dropped)),
+                "2026-12-06 took and ignored it): read as the default", path, text,
                 configs[1].task, configs[1].tokenizer)
   return configs
 

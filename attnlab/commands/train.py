@@ -63,7 +63,17 @@ def main(argv: list[str]) -> int:
     if not os.path.isfile(os.path.join(args.workdir, "config.gin")):
       raise CommandError("at least one --gin_file is needed (or a --workdir with a config.gin)")
     args.gin_file = [os.path.join(args.workdir, "config.gin")]
-  mcfg, dcfg, tcfg = parse_gin(args.gin_file, bindings)
+  own = os.path.join(args.workdir, "config.gin")
+  if len(args.gin_file) == 1 and os.path.isfile(own) and os.path.isfile(args.gin_file[0]) \
+      and os.path.samefile(args.gin_file[0], own):
+    # The run's own config.gin (a resume, or a prepared workdir): read as a saved one, a
+    # DataConfig field its task does not read (written before 2026-12-06) as the default.
+    try:
+      mcfg, dcfg, tcfg = config_gin.parse_saved(own, bindings)
+    except config_gin.GinConfigError as e:
+      raise CommandError(str(e)) from None
+  else:
+    mcfg, dcfg, tcfg = parse_gin(args.gin_file, bindings)
 
   try:
     sharding.initialize_distributed(args.coordinator_address, args.num_processes,

@@ -222,8 +222,9 @@ def test_a_saved_config_gin_with_fields_its_task_does_not_read_is_read_as_the_de
   path.write_text("\n".join(fields) + "\n")
   with pytest.raises(gin_config.GinConfigError, match=r"^paths=\('pairs.tsv',\) does not apply"):
     gin_config.parse([str(path)], [])
-  _, dcfg, _ = gin_config.read_workdir_config(str(path))
-  assert dcfg == DataConfig(task="reverse")
+  for _ in range(2):  # warned once per process (decode reads config.gin twice)
+    _, dcfg, _ = gin_config.read_workdir_config(str(path))
+    assert dcfg == DataConfig(task="reverse")
   assert warned() == [
       f"{path} sets DataConfig.paths = ('pairs.tsv',), DataConfig.validation_percent = 10, "
       "DataConfig.tokenizer_model = 'x.json', which task='reverse' with tokenizer='byte' does "
@@ -231,6 +232,12 @@ def test_a_saved_config_gin_with_fields_its_task_does_not_read_is_read_as_the_de
   # ... and the strict check is back after it
   with pytest.raises(ValueError, match="^paths=.* does not apply"):
     DataConfig(task="reverse", paths=("a",))
+  # A binding given with it (convert-heads', a resume's) is the user's own: refused as new.
+  with pytest.raises(gin_config.GinConfigError, match=r"^max_files=3 does not apply to "
+                                                      r"task='reverse'"):
+    gin_config.parse_saved(str(path), ["DataConfig.max_files = 3"])
+  _, dcfg, _ = gin_config.parse_saved(str(path), ["DataConfig.seed = 4"])
+  assert dcfg == DataConfig(task="reverse", seed=4)
 
 
 def test_a_relative_tokenizer_is_found_beside_the_last_gin_file_else_as_given(tmp_path,

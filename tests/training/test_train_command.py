@@ -373,6 +373,19 @@ def test_a_run_whose_config_gin_sets_fields_its_task_does_not_read_still_evaluat
   assert rc == 0 and "exact_match" in out, err
   assert any("DataConfig.validation_percent = 10, which task='reverse' with tokenizer='byte' "
              "does not read" in w for w in warned()), warned()
+  # ... and resumes from its own config.gin (train --workdir alone, or --gin_file naming it),
+  # where a binding of such a field is the user's and refused
+  rc = cli.main(["train", "--workdir", str(run), "--gin.DataConfig.max_files=3"])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and err.endswith("max_files=3 does not apply to task='reverse' (its examples "
+                                  "are drawn from seed, min_len, max_len and vocab_chars); "
+                                  "leave it at 0"), err
+  for flags in ([], ["--gin_file", str(run / "config.gin")]):
+    steps = 3 if not flags else 4
+    rc = cli.main(["train", "--workdir", str(run), *flags, f"--gin.TrainConfig.steps={steps}"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and f'"step": {steps}' in out, err
+  assert "DataConfig.validation_percent = 5" in (run / "config.gin").read_text()
 
 
 def test_a_validation_set_larger_than_the_machines_memory_is_one_line(seq2seq_run, tmp_path,

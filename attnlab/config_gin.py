@@ -479,14 +479,29 @@ def parse_saved(path: str, bindings=()) -> tuple[ModelConfig, DataConfig, TrainC
   would be. ``bindings`` are the user's own: a field they set that the task does not read is
   refused, as ``parse`` refuses it."""
   bindings = list(bindings)
+  return _read_saved(path, bindings, lambda: parse([path], bindings))
+
+
+def parse_saved_sweep(path: str, bindings=()):
+  """``parse_sweep(path, bindings)`` of an output folder's saved sweep.gin (``attnlab ablate
+  --report``), read as ``parse_saved`` reads a run's config.gin."""
+  bindings = list(bindings)
+  return _read_saved(path, bindings, lambda: parse_sweep(path, bindings))
+
+
+def _read_saved(path: str, bindings: list[str], parse_fn):
+  """``parse_fn()`` under ``config.saved_data_config``: the DataConfig fields its task does
+  not read that came from the saved file are warned about (once per process); one that a
+  binding set is refused with the strict check's message."""
   with saved_data_config() as dropped:
-    configs = parse([path], bindings)
+    configs = parse_fn()
+  dcfg = next(c for c in configs if isinstance(c, DataConfig))
   bound = {b.split("=", 1)[0].strip() for b in bindings}
   from_file = []
   for name, value in dropped:
     if f"DataConfig.{name}" in bound:  # the strict check's own message
       try:
-        dataclasses.replace(configs[1], **{name: value})
+        dataclasses.replace(dcfg, **{name: value})
       except ValueError as e:
         raise GinConfigError(str(e)) from None
     elif (name, value) not in from_file:
@@ -496,7 +511,7 @@ def parse_saved(path: str, bindings=()) -> tuple[ModelConfig, DataConfig, TrainC
     _warned_unread.add((os.path.abspath(path), text))
     log.warning("%s sets %s, which task=%r with tokenizer=%r does not read (attnlab before "
                 "2026-12-06 took and ignored it): read as the default", path, text,
-                configs[1].task, configs[1].tokenizer)
+                dcfg.task, dcfg.tokenizer)
   return configs
 
 

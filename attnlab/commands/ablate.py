@@ -48,7 +48,7 @@ def _base_difference(sweep_path: str, sweep, base) -> tuple[str, str] | None:
   this sweep's). The configs are compared, not their text: a file an older attnlab wrote
   lacks the fields added since, which take their defaults."""
   try:
-    saved_sweep, *saved = config_gin.parse_sweep(sweep_path, [])
+    saved_sweep, *saved = config_gin.parse_saved_sweep(sweep_path)
   except config_gin.GinConfigError as e:  # e.g. a field this attnlab does not have
     return str(e), "a sweep file this attnlab reads"
   diff = sweep_lib.configs_difference(saved, base)
@@ -104,7 +104,10 @@ def main(argv: list[str]) -> int:
     gin_file = sweep_path
 
   try:
-    sweep, mcfg, dcfg, tcfg = config_gin.parse_sweep(gin_file, bindings)
+    # OUT/sweep.gin (--report without --gin_file) is a saved one: a DataConfig field its task
+    # does not read, which attnlab took (and ignored) before 2026-12-06, reads as the default
+    read = config_gin.parse_saved_sweep if gin_file == sweep_path else config_gin.parse_sweep
+    sweep, mcfg, dcfg, tcfg = read(gin_file, bindings)
   except config_gin.GinConfigError as e:
     raise CommandError(str(e)) from None
   base = (mcfg, dcfg, tcfg)

@@ -872,6 +872,24 @@ def test_an_out_of_a_benchmark_past_max_len_can_still_be_reported(micro, tmp_pat
   assert _ablate("--out", str(out), "--report") == 0, capsys.readouterr().err
 
 
+def test_an_out_whose_sweep_gin_sets_a_field_its_task_does_not_read_is_reported(
+    micro, tmp_path, capsys, warned, undrawn_plots):
+  """An OUT written before 2026-12-06 may name a DataConfig field its task did not read
+  (taken, and ignored, then): --report reads it as the default, with a warning, where the
+  strict check refused the folder; a new sweep with it is refused."""
+  out = tmp_path / "out"
+  shutil.copytree(micro, out)
+  with open(out / "sweep.gin", "a") as f:
+    f.write("\nDataConfig.vocab_chars = 5\n")
+  capsys.readouterr()
+  assert _ablate("--out", str(out), "--report") == 0, capsys.readouterr().err
+  assert any("DataConfig.vocab_chars = 5, which task='lm'" in w for w in warned()), warned()
+  err = _one_line_exit_2(capsys, ["ablate", "--gin_file", str(out / "sweep.gin"), "--out",
+                                  str(tmp_path / "new")], tmp_path / "new")
+  assert err.endswith("vocab_chars=5 does not apply to task='lm' (a language model reads the "
+                      "text files of paths); leave it at 10"), err
+
+
 def test_an_output_folder_under_a_file_is_one_line(micro, sweep_file, tmp_path, capsys):
   """--to / --out inside a file: one line naming the flag, exit 2 (a NotADirectoryError
   traceback until 2026-12-04)."""

@@ -357,8 +357,13 @@ def test_to_hf_step_and_shard_size(tmp_path, capsys, warned):
   rc, _, err = _convert(capsys, "--to-hf", "--workdir", str(work), "--out", str(tmp_path / "o5"),
                         "--step", "5")
   assert rc == 2 and "Traceback" not in err and err.count("\n") == 1, err
-  assert "checkpoints/5 could not be restored (CorruptCheckpointError: " in err, err
-  assert "reads other values than were saved" in err, err
+  # Where the flipped bytes land in the file (its arrays' order varies with the save) decides
+  # who notices: attnlab's checksum (the values read back differ) or the compressed chunk's
+  # own decoder (a CI run of 2026-12-06 22:35 hit "ZSTD_decompressStream() failed"); either
+  # way the step is named as not restorable, in one line.
+  assert "checkpoints/5 could not be restored (" in err, err
+  assert ("reads other values than were saved" in err if "CorruptCheckpointError: " in err
+          else "Data corruption detected" in err), err
   assert not (tmp_path / "o5").exists()
   rc, printed, err = _convert(capsys, "--to-hf", "--workdir", str(work), "--out",
                               str(tmp_path / "o0"))

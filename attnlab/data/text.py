@@ -148,7 +148,8 @@ def lm_files(patterns, *, validation_percent: int, max_files: int = 0) -> dict[s
 
 def read_tsv(path: str) -> list[tuple[str, str]]:
   """Pairs of a "source<TAB>target" file; lines end at "\\n", "\\r\\n" or a lone "\\r"
-  (universal newlines, as Python's csv module reads them); blank lines are skipped, a
+  (universal newlines, as Python's csv module reads them); blank lines (whitespace without
+  a tab) are skipped, a
   UTF-8 byte order mark is not part of the first source, columns after the second are
   ignored (the attribution column of the Tatoeba / manythings.org files); bytes that are
   not UTF-8 are an error naming the line. A pair whose source or target is empty (a line
@@ -168,7 +169,10 @@ def read_tsv(path: str) -> list[tuple[str, str]]:
   with io.StringIO(content, newline=None) as f:
     for lineno, line in enumerate(f, 1):
       line = line.rstrip("\n")
-      if not line.strip():
+      # Blank: whitespace without a tab. A line that is only a tab (or whitespace around
+      # one) is a pair with an empty side, kept and counted below (dropped without a word
+      # until 2026-12-06).
+      if "\t" not in line and not line.strip():
         continue
       parts = line.split("\t")
       if len(parts) < 2:

@@ -121,7 +121,11 @@ class HFJsonTokenizer:
       self._tok = tokenizers.Tokenizer.from_file(path)
     except Exception as e:  # noqa: BLE001 - the library raises a bare Exception on bad files
       raise ValueError(f"tokenizer_model={path!r} is not a readable tokenizer.json: {e}") from e
-    self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+    # The largest id + 1, not the token count: a vocabulary with gaps in its ids ({..., 4,
+    # 300}) was counted 6 until 2026-12-06, so a model of 8 rows passed the data check while
+    # the data held id 300, and decode dropped it.
+    ids = self._tok.get_vocab(with_added_tokens=True).values()
+    self.vocab_size = max(ids, default=-1) + 1
     self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
 
   def encode(self, text: str, *, add_special_tokens: bool = True) -> np.ndarray:

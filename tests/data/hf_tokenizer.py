@@ -3,11 +3,12 @@
 import pytest
 
 
-def word_level_tokenizer_json(path, words, *, specials=()) -> str:
-  """``words`` get ids 0, 1, ... in order (the first is also the unknown word), split on
-  whitespace; ``specials`` are added special tokens after them. Saved at ``path``."""
+def word_level_tokenizer_json(path, words, *, specials=(), ids=None) -> str:
+  """``words`` get ids 0, 1, ... in order (or ``ids``; the first word is also the unknown
+  word), split on whitespace; ``specials`` are added special tokens after them. Saved at
+  ``path``."""
   tokenizers = pytest.importorskip("tokenizers")
-  vocab = {w: i for i, w in enumerate(words)}
+  vocab = dict(zip(words, range(len(words)) if ids is None else ids, strict=True))
   tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token=words[0]))
   tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
   if specials:

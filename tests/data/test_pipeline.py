@@ -427,6 +427,26 @@ def _llama_like_tokenizer(tmp_path):
   return path
 
 
+def test_an_hf_json_vocabulary_with_gaps_is_as_large_as_its_largest_id(tmp_path):
+  """ids {0, 1, 2, 300}: vocab_size 301, not the 4 tokens it holds (until 2026-12-06 a model
+  of 8 rows passed the data check while the data held id 300, and decode dropped it)."""
+  from attnlab.data.tokenizer import make_tokenizer
+
+  path = word_level_tokenizer_json(tmp_path / "tokenizer.json", ["<unk>", "<s>", "</s>",
+                                                                 "hello", "world"],
+                                   ids=[0, 1, 2, 3, 300])
+  tok = make_tokenizer("hf_json", path, bos_id=1, eos_id=2)
+  assert tok.vocab_size == 301
+  np.testing.assert_array_equal(tok.encode("hello world", add_special_tokens=False), [3, 300])
+  assert tok.decode([3, 300]) == "hello world"
+  (tmp_path / "doc.txt").write_text("hello world " * 20)
+  dcfg = DataConfig(task="lm", paths=(str(tmp_path / "doc.txt"),), seq_len=8, batch_size=1,
+                    tokenizer="hf_json", tokenizer_model=path, bos_id=1, eos_id=2)
+  with pytest.raises(ValueError, match="vocab"):
+    pipeline.build_sources(dcfg, ModelConfig(vocab_size=8))
+  pipeline.build_sources(dcfg, ModelConfig(vocab_size=301))
+
+
 def test_hf_json_data_gets_bos_once_and_keeps_a_real_token_with_the_pad_id(tmp_path):
   """The training data is encoded without the tokenizer's own bos (the layout adds one:
   it was [bos][bos] before 2026-12-03), while a prompt keeps it as transformers encodes

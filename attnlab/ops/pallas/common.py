@@ -133,6 +133,14 @@ def first_order_only(fn):
   return wrapped
 
 
+def pair_operand(x, a, b):
+  """A float32 intermediate (dS, P) as the operand of a product with an input: in the wider
+  dtype of the pair ``a``, ``b`` of inputs it stands between (dQ = dS K: q and k), so a
+  bfloat16 pair multiplies in bfloat16 and a float32 q over bfloat16 keys in float32 (the
+  backward kernels rounded dS to the keys' bfloat16 until 2026-12-06)."""
+  return x.astype(jnp.promote_types(a.dtype, b.dtype))
+
+
 def _one_dtype(a, b):
   """Both operands in their promoted dtype: Triton's dot takes one dtype, so a bfloat16
   query against a float32 (or dequantized int8) tile failed to lower for a GPU until

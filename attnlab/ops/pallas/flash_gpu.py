@@ -47,6 +47,7 @@ from attnlab.ops.pallas.common import (
     iota,
     key_blocks,
     next_pow2,
+    pair_operand,
     query_blocks,
     tile_mask,
 )
@@ -151,9 +152,7 @@ def _dq_kernel(off_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest, 
     p_bc = jnp.exp(s_bc - lse_b[:, None])
     dp_bc = dot_nt(do_bH, v_ref[keys, :])
     ds_bc = p_bc * (dp_bc - delta_b[:, None]) * st.scale
-    # dS in the wider of q's and k's dtypes (k's alone rounded a float32 q's dQ over
-    # bfloat16 keys until 2026-12-06)
-    return dq_bH + dot_nn(ds_bc.astype(jnp.promote_types(q_bH.dtype, k_cH.dtype)), k_cH)
+    return dq_bH + dot_nn(pair_operand(ds_bc, q_bH, k_cH), k_cH)
 
   first, last = key_blocks(st, off, i)
   dq_bH = lax.fori_loop(first, last, body, jnp.zeros(q_bH.shape, jnp.float32))
@@ -183,10 +182,10 @@ def _dkv_kernel(off_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest,
       s_bc = jnp.where(tile_mask(st, off, i * bq + iota(bq), k_idx, q_seg, k_seg), s_bc,
                        -jnp.inf)
       p_bc = jnp.exp(s_bc - lse_b[:, None])
-      dv_cH = dv_cH + dot_tn(p_bc.astype(jnp.promote_types(do_bH.dtype, v_cH.dtype)), do_bH)
+      dv_cH = dv_cH + dot_tn(pair_operand(p_bc, do_bH, v_cH), do_bH)
       dp_bc = dot_nt(do_bH, v_cH)
       ds_bc = p_bc * (dp_bc - delta_b[:, None]) * st.scale
-      dk_cH = dk_cH + dot_tn(ds_bc.astype(jnp.promote_types(q_bH.dtype, k_cH.dtype)), q_bH)
+      dk_cH = dk_cH + dot_tn(pair_operand(ds_bc, q_bH, k_cH), q_bH)
       return dk_cH, dv_cH
 
     return lax.fori_loop(first, last, body, carry)

@@ -68,6 +68,7 @@ from attnlab.ops.pallas.common import (
     dot_nt,
     first_order_only,
     key_blocks,
+    pair_operand,
     query_blocks,
     round_up,
 )
@@ -256,9 +257,7 @@ def _dq_kernel(off_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest, 
     p_bc = jnp.exp(s_bc - jnp.expand_dims(lse_ref[0], -1))
     dp_bc = dot_nt(do_bH, v_cH)
     ds_bc = p_bc * (dp_bc - jnp.expand_dims(delta_ref[0], -1)) * st.scale
-    # dS in the wider of q's and k's dtypes (k's alone rounded a float32 q's dQ over
-    # bfloat16 keys until 2026-12-06)
-    acc_ref[...] += dot_nn(ds_bc.astype(jnp.promote_types(q_bH.dtype, k_cH.dtype)), k_cH)
+    acc_ref[...] += dot_nn(pair_operand(ds_bc, q_bH, k_cH), k_cH)
 
   @pl.when(j == st.k_steps - 1)
   def _finish():
@@ -291,10 +290,10 @@ def _dkv_kernel(off_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest,
     ok = _tile_mask(st, off, qb * bq, j * bk, (bk, bq), 1, q_seg, k_seg)
     s_cb = jnp.where(ok, s_cb, -jnp.inf)
     p_cb = jnp.exp(s_cb - lse_ref[...])
-    dv_acc[...] += dot_nn(p_cb.astype(jnp.promote_types(do_bH.dtype, v_cH.dtype)), do_bH)
+    dv_acc[...] += dot_nn(pair_operand(p_cb, do_bH, v_cH), do_bH)
     dp_cb = dot_nt(v_cH, do_bH)
     ds_cb = p_cb * (dp_cb - delta_ref[...]) * st.scale
-    dk_acc[...] += dot_nn(ds_cb.astype(jnp.promote_types(q_bH.dtype, k_cH.dtype)), q_bH)
+    dk_acc[...] += dot_nn(pair_operand(ds_cb, q_bH, k_cH), q_bH)
 
   @pl.when(t == st.groups * st.q_steps - 1)
   def _finish():

@@ -500,7 +500,9 @@ class DataConfig:
     batch_size: B, rows a step (all accumulation micro-batches together).
     validation_percent: files (lm) or lines (tsv) held out for validation, by
       a stable hash of their name / index.
-    max_files: use at most this many files (0 = all); keeps CPU demos quick.
+    max_files: use at most this many files of each split (0 = all); keeps CPU demos
+      quick. Of a split's n files sorted by path: every (n // max_files)-th, the first
+      max_files of those (so with fewer than 2 * max_files files, the first max_files).
     min_len, max_len: length range of synthetic sources; for "add", operands
       of 1 to max_len // 2 digits ("9999+9999" at max_len 8), min_len unused.
     vocab_chars: size of the synthetic alphabet (unused by "add": digits).

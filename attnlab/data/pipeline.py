@@ -36,7 +36,8 @@ class PackedText:
   """A text corpus packed into rows of T tokens (see data/packing.py)."""
 
   def __init__(self, docs: list[str], tokenizer, seq_len: int, seed: int,
-               what: str = "the corpus"):
+               what: str = "the corpus", files: list[str] | None = None):
+    self.files = files  # the corpus files the documents were read from (the data state's)
     order = np.random.default_rng([seed, 7]).permutation(len(docs))
     ids = [tokenizer.encode(docs[i], add_special_tokens=False) for i in order]
     self.tokens_Y, self.doc_ids_Y = packing.concat_documents(ids, tokenizer.bos_id,
@@ -174,7 +175,14 @@ class PairBatches:
 
 
 class DataStateError(ValueError):
-  """A saved iterator state belongs to another training stream than this config's."""
+  """A saved iterator state belongs to another training stream than this config's.
+
+  ``fields``: the stream's keys that differ (``"files"``: an LM corpus matched other files
+  under the same config)."""
+
+  def __init__(self, message: str, fields: tuple[str, ...] = ()):
+    super().__init__(message)
+    self.fields = fields
 
 
 # The DataConfig fields that decide which example is the i-th of the training
@@ -190,11 +198,17 @@ _STREAM_FIELDS = {
 _SYNTHETIC_STREAM_FIELDS = ("min_len", "max_len", "vocab_chars")
 
 
-def stream_fields(dcfg: DataConfig) -> dict:
+def stream_fields(dcfg: DataConfig, files: list[str] | None = None) -> dict:
   """The fields of ``dcfg`` that decide which example is the i-th of its training
-  stream, JSON-ready (saved with the iterator's state)."""
+  stream, JSON-ready (saved with the iterator's state).
+
+  ``files``: an LM corpus's training files as read (``training_files``), saved as
+  ``"files"`` (the default corpus's relative to the standard library's folder): a resume
+  compares them rather than the ``paths`` patterns when both states have them."""
   names = ("task", "seed") + _STREAM_FIELDS.get(dcfg.task, _SYNTHETIC_STREAM_FIELDS)
   out = {n: getattr(dcfg, n) for n in names}
+  if files is not None and dcfg.task == "lm":
+    out["files"] = _file_names(files, stdlib=not dcfg.paths)
   if "paths" in out:
     # Saved as the files they name from this working directory: a resume from another
     # directory compares them as they were meant (until 2026-12-06 a relative pattern was
@@ -281,13 +295,34 @@ class BatchIterator:
     """
     saved = state.get("stream")
     if saved is not None and self.stream is not None and not same_stream(saved, self.stream):
-      a, b = _comparable(saved), _comparable(self.stream)
-      changed = [_change(k, saved.get(k), self.stream.get(k))
-                 for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+      files = _both_have_files(saved, self.stream)
+      a, b = _comparable(saved, files), _comparable(self.stream, files)
+      keys = tuple(k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+      changed = [_change(k, saved.get(k), self.stream.get(k)) for k in keys]
       raise DataStateError(
-          f"the saved data position belongs to another training stream ({', '.join(changed)})")
+          f"the saved data position belongs to another training stream ({', '.join(changed)})",
+          keys)
     self.index = int(state["index"])
     self.example = int(state["example"]) if "example" in state else self.index * self.batch_size
+
+
+def _file_names(files: list[str], *, stdlib: bool) -> list[str]:
+  """Corpus files as a data state names them: absolute (``text.expand_paths`` made them so);
+  the standard library's (the default corpus) relative to its folder, so that one library
+  installed under another prefix is the same stream."""
+  if not stdlib:
+    return list(files)
+  root = text.stdlib_root()
+  return [os.path.join("<stdlib>", os.path.relpath(f, root)) for f in files]
+
+
+def training_files(dcfg: DataConfig) -> list[str] | None:
+  """The files of an LM corpus's training split as ``build_sources`` reads them now (None
+  for the other tasks)."""
+  if dcfg.task != "lm":
+    return None
+  return text.lm_files(dcfg.paths, validation_percent=dcfg.validation_percent,
+                       max_files=dcfg.max_files)["train"]
 
 
 def complete_state(state: dict, saved: DataConfig) -> dict:
@@ -302,27 +337,51 @@ def complete_state(state: dict, saved: DataConfig) -> dict:
           "batch_size": saved.batch_size, "stream": stream_fields(saved)}
 
 
-def _comparable(stream: dict) -> dict:
-  """``stream`` with its ``paths`` as absolute, normalized paths (relative ones taken
-  from the working directory, ``~`` expanded), so that two spellings of the same files
-  ("data/a.txt", "./data/a.txt", "/home/me/run/data/a.txt") are one stream."""
+def _comparable(stream: dict, files: bool) -> dict:
+  """``stream`` as compared: with ``files`` (both states have them) the files matched
+  rather than the ``paths`` patterns; else without them, its ``paths`` as absolute,
+  normalized paths (relative ones taken from the working directory, ``~`` expanded), so
+  that two spellings of the same files ("data/a.txt", "./data/a.txt",
+  "/home/me/run/data/a.txt") are one stream."""
+  if files:
+    return {k: v for k, v in stream.items() if k != "paths"}
+  stream = {k: v for k, v in stream.items() if k != "files"}
   paths = stream.get("paths")
   if paths is None:
     return stream
   return {**stream, "paths": [absolute_path(p) for p in paths]}
 
 
+def _both_have_files(a: dict, b: dict) -> bool:
+  # A state saved before 2026-12-07 has no "files": compared by its patterns as it was.
+  return "files" in a and "files" in b
+
+
 def same_stream(a: dict, b: dict) -> bool:
   """Whether two ``stream_fields`` name the same training stream."""
-  return _comparable(a) == _comparable(b)
+  files = _both_have_files(a, b)
+  return _comparable(a, files) == _comparable(b, files)
 
 
 def _show(v):
   return repr(tuple(v)) if isinstance(v, list) else repr(v)
 
 
+def _files_change(before: list[str], after: list[str]) -> str:
+  """The files of an LM corpus that a resume would read differently: those added and gone."""
+  def some(names):
+    shown = ", ".join(repr(n) for n in names[:3])
+    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "") or "none"
+  new = sorted(set(after) - set(before))
+  gone = sorted(set(before) - set(after))
+  return (f"DataConfig.paths: {len(before)} training files -> {len(after)} (new: {some(new)}; "
+          f"gone: {some(gone)})")
+
+
 def _change(key, before, after) -> str:
   """One changed field of a stream, named as the DataConfig field it comes from."""
+  if key == "files":
+    return _files_change(before or [], after or [])
   if key == "validation_file":  # a tsv stream's second path (see stream_fields)
     has = lambda v: "a validation file" if v else "no validation file"
     return f"DataConfig.paths: {has(before)} -> {has(after)}"
@@ -334,7 +393,7 @@ def continue_state(state: dict, dcfg: DataConfig) -> dict:
   new run under ``dcfg`` (``attnlab convert-heads``): the same position when the
   training stream is the same, its first example otherwise. The batch count starts
   again at 0."""
-  stream = stream_fields(dcfg)
+  stream = stream_fields(dcfg, training_files(dcfg))
   example = int(state["example"]) if same_stream(state["stream"], stream) else 0
   return {"index": 0, "example": example, "batch_size": dcfg.batch_size, "stream": stream}
 
@@ -408,7 +467,8 @@ def build_sources(dcfg: DataConfig, mcfg: ModelConfig, tokenizer=None):
     if docs["train"] == docs["validation"]:  # nothing held out
       _warn_overlap(dcfg)
     return {split: PackedText(docs[split], tok, dcfg.seq_len, _split_seed(dcfg, split),
-                              what=_split_named(split, names[split], dcfg))
+                              what=_split_named(split, names[split], dcfg),
+                              files=files[split])
             for split in files}, tok
   if dcfg.task == "tsv":
     pairs = text.tsv_splits(dcfg.paths, dcfg.validation_percent)
@@ -446,7 +506,10 @@ def train_iterator(sources, dcfg: DataConfig) -> BatchIterator:
     raise ValueError(f"DataConfig.batch_size={dcfg.batch_size} is larger than the training "
                      f"split of task={dcfg.task!r}, paths={dcfg.paths!r} ({size} rows of "
                      f"seq_len={dcfg.seq_len}): lower batch_size or give more data")
-  return BatchIterator(sources["train"], dcfg.batch_size, dcfg.seed, stream=stream_fields(dcfg))
+  # A source's ``files`` (PackedText's): the corpus files it read, which the state saves;
+  # a source of one's own without them is compared by its config's paths.
+  return BatchIterator(sources["train"], dcfg.batch_size, dcfg.seed,
+                       stream=stream_fields(dcfg, getattr(sources["train"], "files", None)))
 
 
 EXAMPLE_MASK = "example_mask_B"

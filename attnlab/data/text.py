@@ -23,9 +23,14 @@ _STDLIB_SKIP = ("test", "tests", "idlelib", "site-packages", "dist-packages", "l
                 "__pycache__", "turtledemo", "ensurepip")
 
 
+def stdlib_root() -> str:
+  """This interpreter's standard library folder (the default LM corpus's)."""
+  return sysconfig.get_paths()["stdlib"]
+
+
 def stdlib_files() -> list[str]:
   """The ``*.py`` files of this interpreter's standard library, sorted."""
-  root = sysconfig.get_paths()["stdlib"]
+  root = stdlib_root()
   out = []
   for dirpath, dirnames, filenames in os.walk(root):
     dirnames[:] = sorted(d for d in dirnames if d not in _STDLIB_SKIP)
@@ -138,7 +143,10 @@ def lm_files(patterns, *, validation_percent: int, max_files: int = 0) -> dict[s
     raise FileNotFoundError("the LM corpus is empty")
   split = split_files(files, validation_percent)
   if max_files:
-    # Thin evenly rather than take a prefix, to keep the corpus varied.
+    # Every (n // max_files)-th file, the first max_files of those: spread over the sorted
+    # files when there are many, a prefix when there are fewer than 2 * max_files (the
+    # demo's files; an even spread would change them, and the README's numbers of its
+    # checkpoint).
     for name in ("train", "validation"):
       fs = split[name]
       step = max(1, len(fs) // max_files)

@@ -444,10 +444,14 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
     start = restored or 0
   except pipeline.DataStateError as e:
     ckpt.close()
+    # The same config matching other files (a corpus folder that grew): the config.gin
+    # cannot bring the stream back, the files can.
+    way = ("put back the corpus files the checkpoints read (or give DataConfig.paths that "
+           "match those alone)" if e.fields == ("files",) else
+           "resume with the workdir's own DataConfig")
     raise ResumeError(
         f"the checkpoints in {ckpt.directory} were saved by a run reading other training data: "
-        f"{e}. Nothing was changed in {workdir}; resume with the workdir's own DataConfig, "
-        "or train in a new workdir") from e
+        f"{e}. Nothing was changed in {workdir}; {way}, or train in a new workdir") from e
   except BaseException as e:
     ckpt.close()
     if isinstance(e, OSError):  # permission denied, an I/O error: nothing about the model

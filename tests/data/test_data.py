@@ -164,7 +164,8 @@ def test_a_resume_with_another_batch_size_continues_at_the_next_example(tmp_path
   got += [next(it6)["tokens_BT"] for _ in range(10)]
   np.testing.assert_array_equal(np.concatenate(got), stream)
   assert it6.get_state() == {"index": 15, "example": 80, "batch_size": 6,
-                             "stream": pipeline.stream_fields(dcfg)}
+                             "stream": pipeline.stream_fields(dcfg,
+                                                              pipeline.training_files(dcfg))}
   # A state saved before the position was (a batch index) counts batches of this size.
   old = pipeline.train_iterator(sources, dcfg)
   old.set_state({"index": 3})
@@ -172,16 +173,17 @@ def test_a_resume_with_another_batch_size_continues_at_the_next_example(tmp_path
 
 
 def test_a_resume_under_another_training_stream_is_refused(tmp_path, monkeypatch):
-  """Only the fields that decide which example is the i-th (per task) are compared; paths
-  as the files they name (another spelling of the same files is the same stream)."""
+  """Only the fields that decide which example is the i-th (per task) are compared; an LM
+  corpus as the files it matched (test_a_resume_compares_the_files_an_lm_corpus_matched),
+  the paths of a state saved before those were kept as the files they name (another
+  spelling of the same files is the same stream)."""
   dcfg = _lm_corpus(tmp_path)
   sources, _ = pipeline.build_sources(dcfg, ModelConfig())
   state = pipeline.train_iterator(sources, dcfg).get_state()
+  # A state of before 2026-12-07: its stream without the files it read.
+  old_state = {**state, "stream": {k: v for k, v in state["stream"].items() if k != "files"}}
   for change, named in (({"seed": 1}, "DataConfig.seed: 0 -> 1"),
                         ({"seq_len": 8}, "DataConfig.seq_len: 16 -> 8"),
-                        ({"paths": ("a.py", "b.py")}, f"DataConfig.paths: ('{tmp_path}/*.py',) "
-                                                      f"-> ('{os.getcwd()}/a.py', "
-                                                      f"'{os.getcwd()}/b.py')"),
                         ({"max_files": 2, "validation_percent": 10},
                          "DataConfig.max_files: 0 -> 2, DataConfig.validation_percent: 25 -> 10"),
                         # another task: the fields of both tasks, None where one has none
@@ -198,12 +200,20 @@ def test_a_resume_under_another_training_stream_is_refused(tmp_path, monkeypatch
     with pytest.raises(pipeline.DataStateError, match=re.escape(
         f"the saved data position belongs to another training stream ({named})")):
       it.set_state(state)
+  # An old state's patterns are compared as the files they name: another pattern is
+  # another stream.
+  with pytest.raises(pipeline.DataStateError, match=re.escape(
+      f"(DataConfig.paths: ('{tmp_path}/*.py',) -> ('{os.getcwd()}/a.py', "
+      f"'{os.getcwd()}/b.py'))")):
+    pipeline.train_iterator(sources, dataclasses.replace(dcfg, paths=("a.py", "b.py"))
+                            ).set_state(old_state)
   # The same files spelled otherwise: relative to the working directory, with "./" or "..".
   monkeypatch.chdir(tmp_path)
   for spelling in ("*.py", "./*.py", f"../{tmp_path.name}/*.py", f"{tmp_path}//*.py"):
-    it = pipeline.train_iterator(sources, dataclasses.replace(dcfg, paths=(spelling,)))
-    it.set_state({**state, "example": 5})
-    assert it.example == 5, spelling
+    for saved in (state, old_state):
+      it = pipeline.train_iterator(sources, dataclasses.replace(dcfg, paths=(spelling,)))
+      it.set_state({**saved, "example": 5})
+      assert it.example == 5, spelling
     assert pipeline.continue_state({**state, "example": 5}, it_cfg := dataclasses.replace(
         dcfg, paths=(spelling,)))["example"] == 5, spelling
     assert pipeline.continue_state({**state, "example": 5}, dataclasses.replace(
@@ -213,7 +223,8 @@ def test_a_resume_under_another_training_stream_is_refused(tmp_path, monkeypatch
   monkeypatch.chdir(tmp_path / "sub")
   with pytest.raises(pipeline.DataStateError, match=re.escape(
       f"(DataConfig.paths: ('{tmp_path}/*.py',) -> ('{tmp_path}/sub/*.py',))")):
-    pipeline.train_iterator(sources, dataclasses.replace(dcfg, paths=("*.py",))).set_state(state)
+    pipeline.train_iterator(sources, dataclasses.replace(dcfg, paths=("*.py",))).set_state(
+        old_state)
   # ... and a state saved under relative paths names the files of the directory it was
   # saved in: the same pattern from another directory is another stream, the absolute
   # spelling of those files the same one (until 2026-12-06 the saved pattern was resolved
@@ -221,7 +232,9 @@ def test_a_resume_under_another_training_stream_is_refused(tmp_path, monkeypatch
   relative = pipeline.train_iterator(sources, dataclasses.replace(dcfg, paths=("../*.py",)))
   saved = relative.get_state()
   assert saved["stream"]["paths"] == [f"{tmp_path}/*.py"]
+  del saved["stream"]["files"]
   (tmp_path / "other" / "sub").mkdir(parents=True)
+  (tmp_path / "other" / "g.py").write_text("x = 1\n")
   monkeypatch.chdir(tmp_path / "other" / "sub")
   with pytest.raises(pipeline.DataStateError, match=re.escape(
       f"(DataConfig.paths: ('{tmp_path}/*.py',) -> ('{tmp_path}/other/*.py',))")):
@@ -268,7 +281,7 @@ def test_a_resume_under_another_training_stream_is_refused(tmp_path, monkeypatch
   # under (the workdir's config.gin): its index counts that config's batches, its stream
   # is that config's.
   old = pipeline.complete_state({"index": 3}, dataclasses.replace(dcfg, batch_size=2))
-  assert old == {"index": 3, "example": 6, "batch_size": 2, "stream": state["stream"]}
+  assert old == {"index": 3, "example": 6, "batch_size": 2, "stream": old_state["stream"]}
   it = pipeline.train_iterator(sources, dataclasses.replace(dcfg, batch_size=8))
   it.set_state(old)
   assert it.example == 6 and it.index == 3
@@ -286,6 +299,76 @@ def test_a_resume_under_another_training_stream_is_refused(tmp_path, monkeypatch
   old = pipeline.continue_state(pipeline.complete_state({"index": 5}, dcfg),
                                 dataclasses.replace(dcfg, batch_size=8))
   assert old["example"] == 20 and old["batch_size"] == 8
+
+
+def test_a_resume_compares_the_files_an_lm_corpus_matched(tmp_path, monkeypatch):
+  """A resume compares the training files an LM corpus's patterns matched, not the patterns
+  (until 2026-12-07: a glob that matched a file added since the checkpoint was taken for the
+  same stream and read other batches; the same files named by other patterns were refused)."""
+  dcfg = _lm_corpus(tmp_path)
+
+  def iterator(cfg):
+    return pipeline.train_iterator(pipeline.build_sources(cfg, ModelConfig())[0], cfg)
+
+  state = iterator(dcfg).get_state()
+  train = pipeline.training_files(dcfg)
+  assert state["stream"]["files"] == train and len(train) == 3
+  assert all(os.path.isabs(f) for f in train)
+  # The same files by other patterns, in another order: the same stream.
+  names = tuple(reversed(train)) + (str(tmp_path / "f*.py"),)
+  for paths in (names, (str(tmp_path / "f[0-3].py"), str(tmp_path / "*.py"))):
+    cfg = dataclasses.replace(dcfg, paths=paths)
+    assert pipeline.training_files(cfg) == train
+    it = iterator(cfg)
+    it.set_state({**state, "example": 6})
+    assert it.example == 6, paths
+  # A file the glob matches since the checkpoint: another stream, the file named.
+  # (e.py: a name the validation hash leaves in training, sorted before the file it held
+  # out, f3.py.)
+  (tmp_path / "e.py").write_text("def g(y):\n    return y\n" * 3)
+  assert pipeline.training_files(dcfg) == [str(tmp_path / "e.py")] + train
+  with pytest.raises(pipeline.DataStateError) as e:
+    iterator(dcfg).set_state(state)
+  assert str(e.value) == (
+      "the saved data position belongs to another training stream (DataConfig.paths: 3 "
+      f"training files -> 4 (new: '{tmp_path}/e.py'; gone: none))")
+  # ... and one gone (a corpus folder the glob no longer matches).
+  (tmp_path / "e.py").unlink()
+  gone = train[0]
+  os.rename(gone, gone + ".bak")
+  now = pipeline.training_files(dcfg)
+  with pytest.raises(pipeline.DataStateError) as e:
+    iterator(dcfg).set_state(state)
+  assert gone not in now and len(now) == 2, now
+  assert str(e.value).endswith(f"(DataConfig.paths: 3 training files -> 2 (new: none; gone: "
+                               f"'{gone}'))")
+  # More than three changed are counted.
+  for i in range(5):
+    (tmp_path / f"a{i}.py").write_text("z = 2\n" * 9)
+  with pytest.raises(pipeline.DataStateError, match=re.escape(
+      f"(new: '{tmp_path}/a0.py', '{tmp_path}/a1.py', '{tmp_path}/a2.py' and 2 more; ")):
+    iterator(dcfg).set_state(state)
+  # A new run (convert-heads) continues only on the same files.
+  assert pipeline.continue_state({**state, "example": 6}, dcfg)["example"] == 0
+  os.rename(gone + ".bak", gone)
+  for i in range(5):
+    (tmp_path / f"a{i}.py").unlink()
+  cont = pipeline.continue_state({**state, "example": 6}, dcfg)
+  assert cont["example"] == 6 and cont["stream"] == state["stream"]
+  # The default corpus (the standard library) is named from its own folder: the same
+  # library under another prefix is the same stream.
+  stdlib = DataConfig(task="lm", seq_len=16, batch_size=4, max_files=8)
+  files = pipeline.training_files(stdlib)
+  fields = pipeline.stream_fields(stdlib, files)
+  assert fields["files"] == [os.path.join("<stdlib>", os.path.relpath(f, text.stdlib_root()))
+                             for f in files]
+  monkeypatch.setattr(text, "stdlib_root", lambda: "/elsewhere/lib/python3")
+  moved = pipeline.stream_fields(stdlib, [os.path.join("/elsewhere/lib/python3", os.path.relpath(
+      f, os.path.dirname(os.__file__))) for f in files])
+  assert pipeline.same_stream(fields, moved)
+  # Other tasks save no files.
+  assert "files" not in pipeline.stream_fields(DataConfig(task="tsv", paths=("t.tsv",)),
+                                               ["t.tsv"])
 
 
 def test_seq2seq_layouts():

@@ -133,7 +133,9 @@ def test_an_empty_default_corpus_is_refused(monkeypatch):
     text.lm_files((), validation_percent=5)
 
 
-def test_lm_files_thins_each_side_evenly_to_max_files(tmp_path):
+def test_lm_files_keeps_every_kth_file_of_each_side_up_to_max_files(tmp_path):
+  """k = n // max_files: a spread when n is many times max_files, a prefix when n is
+  under twice max_files (the validation side here: 3 files, max_files=2)."""
   files = sorted(names(False, 20, 9) + names(True, 20, 3))
   for f in files:
     (tmp_path / f).write_text("x")

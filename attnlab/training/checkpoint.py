@@ -45,7 +45,7 @@ import numpy as np
 from attnlab import config_gin as gin_config
 from attnlab.config import is_integer
 from attnlab.nn.transformer import build_model
-from attnlab.training.sharding import MESH_AXES, param_shardings
+from attnlab.training.sharding import check_mesh, param_shardings
 
 CHECKPOINT_DIR = "checkpoints"
 CONFIG_FILE = "config.gin"
@@ -607,18 +607,14 @@ def load_checkpoint(workdir: str, step: int | None = None, *, mesh=None):
   Raises:
     FileNotFoundError: no ``config.gin`` or no (readable) checkpoint in ``workdir``.
     ValueError: ``step`` is not an integer or not one of the saved steps, ``mesh`` is not a
-      Mesh with the axes above; ``UnreadableCheckpointError`` (a ValueError) when the
+      Mesh with the axes above, has explicit axes or leaves out a process
+      (``sharding.check_mesh``); ``UnreadableCheckpointError`` (a ValueError) when the
       given ``step`` is damaged.
   """
   from flax import nnx
 
-  if mesh is not None and not (isinstance(mesh, jax.sharding.Mesh)
-                               and tuple(mesh.axis_names) == MESH_AXES):
-    # a mesh shape, say, was an AttributeError inside the shardings until 2026-12-06
-    what = (f"a Mesh with axes {tuple(mesh.axis_names)}" if isinstance(mesh, jax.sharding.Mesh)
-            else f"{type(mesh).__name__} {mesh!r}")
-    raise ValueError(f"mesh must be a jax.sharding.Mesh with axes {MESH_AXES} (make one with "
-                     f"attnlab.training.sharding.make_mesh(shape)), got {what}")
+  if mesh is not None:
+    check_mesh(mesh)
   config_path = workdir_config(workdir)
   ckpt_dir = os.path.join(workdir, CHECKPOINT_DIR)
   if not os.path.isdir(ckpt_dir):

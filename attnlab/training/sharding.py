@@ -23,6 +23,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from attnlab.config import check_mesh_shape
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # logical axis -> mesh axis (or axes); anything not listed is replicated.
@@ -43,8 +45,14 @@ class MeshShapeError(ValueError):
 
 
 def resolve_mesh_shape(shape, num_devices: int) -> tuple[int, int, int]:
-  """Fill a -1 entry with the devices the others leave; check the product."""
-  shape = list(shape)
+  """Fill a -1 entry with the devices the others leave; check the product. A shape that is
+  not 3 positive ints with at most one -1 is refused as ``TrainConfig.mesh_shape`` refuses
+  it (until 2026-12-07 ``make_mesh((0, 1, 1))`` made an empty mesh, ``(-2, 1, 1)`` one of
+  6 devices of 8)."""
+  try:
+    shape = list(check_mesh_shape(shape))
+  except ValueError as e:
+    raise MeshShapeError(str(e)) from None
   if -1 in shape:
     known = math.prod(s for s in shape if s != -1)
     if num_devices % known:
@@ -58,11 +66,47 @@ def resolve_mesh_shape(shape, num_devices: int) -> tuple[int, int, int]:
 
 def make_mesh(shape=(-1, 1, 1), devices=None) -> Mesh:
   """A (data, fsdp, tensor) mesh; a shape smaller than the device count uses
-  the first devices. Axes are classic GSPMD ("auto") axes."""
+  the first devices (with several processes, only a shape that leaves none of them out).
+  Axes are classic GSPMD ("auto") axes."""
   devices = jax.devices() if devices is None else list(devices)
   shape = resolve_mesh_shape(shape, len(devices))
-  grid = np.asarray(devices[:math.prod(shape)], dtype=object).reshape(shape)
-  return Mesh(grid, MESH_AXES)
+  used = devices[:math.prod(shape)]
+  _check_processes(used, devices, f"mesh_shape={shape}")
+  return Mesh(np.asarray(used, dtype=object).reshape(shape), MESH_AXES)
+
+
+def _check_processes(used, devices, what: str) -> None:
+  """A MeshShapeError when ``used`` (a mesh's devices) leaves out a process that ``devices``
+  has: its arrays would have no shard there, and the other processes wait for it (until
+  2026-12-07 one process failed at its first step and the others hung in a checkpoint)."""
+  have = {d.process_index for d in devices}
+  left = sorted(have - {d.process_index for d in used})
+  if left:
+    raise MeshShapeError(
+        f"{what} uses {len(used)} of the {len(devices)} devices of {len(have)} processes and "
+        f"none of process {', '.join(map(str, left))}'s: with several processes the mesh must "
+        "hold devices of every one (give a shape of all the devices, e.g. one -1)")
+
+
+def check_mesh(mesh) -> None:
+  """A ValueError unless ``mesh`` is a (data, fsdp, tensor) ``Mesh`` with auto axes holding
+  devices of every process: what ``make_mesh`` gives. A mesh with explicit axes
+  (``jax.make_mesh``'s default) is refused: the parameters' shardings are GSPMD ones (it
+  passed, and failed inside a reshape, until 2026-12-07)."""
+  if not isinstance(mesh, Mesh) or tuple(mesh.axis_names) != MESH_AXES:
+    # a mesh shape, say, was an AttributeError inside the shardings until 2026-12-06
+    what = (f"a Mesh with axes {tuple(mesh.axis_names)}" if isinstance(mesh, Mesh)
+            else f"{type(mesh).__name__} {mesh!r}")
+    raise ValueError(f"mesh must be a jax.sharding.Mesh with axes {MESH_AXES} (make one with "
+                     f"attnlab.training.sharding.make_mesh(shape)), got {what}")
+  kinds = [t for t in mesh.axis_types if t != jax.sharding.AxisType.Auto]
+  if kinds:
+    raise ValueError(
+        f"mesh has {kinds[0].name} axes ({', '.join(t.name for t in mesh.axis_types)}; "
+        "jax.make_mesh makes Explicit ones by default): give one with Auto axes, "
+        "attnlab.training.sharding.make_mesh(shape) or jax.make_mesh(shape, names, "
+        "axis_types=(jax.sharding.AxisType.Auto,) * 3)")
+  _check_processes(list(mesh.devices.flat), jax.devices(), f"the mesh {dict(mesh.shape)}")
 
 
 def _mesh_axes(logical: str) -> tuple[str, ...]:

@@ -301,6 +301,8 @@ class Run:
     (``attnlab train`` builds them in its checks); built here otherwise."""
     self.mcfg, self.tcfg, self.dcfg = mcfg, tcfg, dcfg
     extras.check_data_config(dcfg)  # a missing package stops the run here, not at an eval
+    if mesh is not None:
+      shd.check_mesh(mesh)
     self.mesh = mesh if mesh is not None else shd.make_mesh(tcfg.mesh_shape)
     check_batch_layout(tcfg, dcfg, self.mesh)
     if tokenizer is None:

@@ -207,6 +207,12 @@ def test_a_resume_under_another_training_stream_is_refused(tmp_path, monkeypatch
       f"'{os.getcwd()}/b.py'))")):
     pipeline.train_iterator(sources, dataclasses.replace(dcfg, paths=("a.py", "b.py"))
                             ).set_state(old_state)
+  # A state of before 2026-12-06 saved its patterns as spelt: taken from the working
+  # directory and normalized.
+  monkeypatch.chdir(tmp_path)
+  spelt = {**old_state, "stream": {**old_state["stream"], "paths": ["./sub/../*.py"]}}
+  pipeline.train_iterator(sources, dcfg).set_state(spelt)
+  monkeypatch.chdir(os.path.dirname(tmp_path))
   # The same files spelled otherwise: relative to the working directory, with "./" or "..".
   monkeypatch.chdir(tmp_path)
   for spelling in ("*.py", "./*.py", f"../{tmp_path.name}/*.py", f"{tmp_path}//*.py"):
@@ -342,12 +348,15 @@ def test_a_resume_compares_the_files_an_lm_corpus_matched(tmp_path, monkeypatch)
   assert gone not in now and len(now) == 2, now
   assert str(e.value).endswith(f"(DataConfig.paths: 3 training files -> 2 (new: none; gone: "
                                f"'{gone}'))")
-  # More than three changed are counted.
-  for i in range(5):
-    (tmp_path / f"a{i}.py").write_text("z = 2\n" * 9)
-  with pytest.raises(pipeline.DataStateError, match=re.escape(
-      f"(new: '{tmp_path}/a0.py', '{tmp_path}/a1.py', '{tmp_path}/a2.py' and 2 more; ")):
-    iterator(dcfg).set_state(state)
+  # Three are named, more counted.
+  a = [f"'{tmp_path}/a{i}.py'" for i in range(5)]
+  for n, named in ((3, ", ".join(a[:3]) + ";"), (4, ", ".join(a[:3]) + " and 1 more;"),
+                   (5, ", ".join(a[:3]) + " and 2 more;")):
+    for i in range(n):
+      (tmp_path / f"a{i}.py").write_text("z = 2\n" * 9)
+    with pytest.raises(pipeline.DataStateError, match=re.escape(f"(new: {named} gone: ")) as e:
+      iterator(dcfg).set_state(state)
+    assert e.value.fields == ("files",)  # attnlab train's advice: put the files back
   # A new run (convert-heads) continues only on the same files.
   assert pipeline.continue_state({**state, "example": 6}, dcfg)["example"] == 0
   os.rename(gone + ".bak", gone)
@@ -355,6 +364,11 @@ def test_a_resume_compares_the_files_an_lm_corpus_matched(tmp_path, monkeypatch)
     (tmp_path / f"a{i}.py").unlink()
   cont = pipeline.continue_state({**state, "example": 6}, dcfg)
   assert cont["example"] == 6 and cont["stream"] == state["stream"]
+  # ... the files that config reads (max_files too).
+  one = dataclasses.replace(dcfg, max_files=1)
+  assert pipeline.training_files(one) == train[:1]
+  assert pipeline.continue_state(state, one)["stream"] == iterator(one).get_state()["stream"]
+  assert pipeline.continue_state({**state, "example": 6}, one)["example"] == 0
   # The default corpus (the standard library) is named from its own folder: the same
   # library under another prefix is the same stream.
   stdlib = DataConfig(task="lm", seq_len=16, batch_size=4, max_files=8)

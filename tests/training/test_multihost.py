@@ -67,10 +67,29 @@ def _finish(procs, timeout=300):
   return outs
 
 
-def _two_processes(workdir, steps):
+def _two_processes(workdir, steps, extra=()):
   addr = f"127.0.0.1:{_free_port()}"
   return [_spawn(workdir, steps, 2, ["--coordinator_address", addr, "--num_processes", "2",
-                                     "--process_id", str(i)]) for i in range(2)]
+                                     "--process_id", str(i)], extra) for i in range(2)]
+
+
+def test_a_mesh_that_leaves_a_process_without_a_device_is_refused_by_every_process(tmp_path):
+  """mesh_shape=(2, 1, 1) over two processes of 2 devices: "the first devices" are all of
+  process 0's. Both exit 2 naming process 1, before anything is written (until 2026-12-07
+  process 1 failed at its first step and process 0 waited in a checkpoint save forever)."""
+  procs = _two_processes(tmp_path / "run", 2, ["TrainConfig.mesh_shape=(2,1,1)"])
+  try:
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  assert [p.returncode for p in procs] == [2, 2], errs
+  for err in errs:
+    assert ("error: mesh_shape=(2, 1, 1) uses 2 of the 4 devices of 2 processes and none of "
+            "process 1's: with several processes the mesh must hold devices of every one") in err
+  assert not (tmp_path / "run").exists()
 
 
 def _train_losses(workdir):

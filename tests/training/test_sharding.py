@@ -85,11 +85,58 @@ def test_mesh_shape_fills_the_one_unknown_axis_and_may_use_fewer_devices():
   assert list(mesh.devices.flat) == jax.devices()[:1]
 
 
+class _Dev(str):
+  """A stand-in device: its name, and the process it belongs to."""
+
+  def __new__(cls, name, process_index=0):
+    dev = super().__new__(cls, name)
+    dev.process_index = process_index
+    return dev
+
+
+@pytest.mark.parametrize("shape", [(0, 1, 1), (-1, -1, 1), (-2, 1, 1), (-1, 0, 1), "2,2,2",
+                                   (2, 2), {2, 1, 4}])
+def test_make_mesh_refuses_what_mesh_shape_refuses(shape):
+  """``make_mesh`` (which the README's decode example calls) checks the shape as
+  ``TrainConfig.mesh_shape`` does (until 2026-12-07: (0, 1, 1) an empty mesh, (-2, 1, 1)
+  one of 6 devices, (-1, 0, 1) a ZeroDivisionError, "2,2,2" a TypeError)."""
+  with pytest.raises(sharding.MeshShapeError, match="^" + re.escape(
+      f"mesh_shape={shape!r} must be 3 positive ints (data, fsdp, tensor), at most one -1")):
+    sharding.make_mesh(shape, devices=[_Dev(f"dev{i}") for i in range(8)])
+
+
+def test_a_mesh_that_leaves_out_a_process_is_refused(monkeypatch):
+  """With several processes every one must hold a device of the mesh: a process without
+  one failed at its first step while the others waited in a checkpoint save forever (until
+  2026-12-07). One device of a process is enough."""
+  monkeypatch.setattr(sharding, "Mesh", lambda grid, axes: (grid, axes))
+  devices = [_Dev(f"dev{i}", i // 2) for i in range(6)]  # 3 processes of 2 devices
+  with pytest.raises(sharding.MeshShapeError) as e:
+    sharding.make_mesh((3, 1, 1), devices=devices)
+  assert str(e.value) == (
+      "mesh_shape=(3, 1, 1) uses 3 of the 6 devices of 3 processes and none of process 2's: "
+      "with several processes the mesh must hold devices of every one (give a shape of all "
+      "the devices, e.g. one -1)")
+  with pytest.raises(sharding.MeshShapeError, match="none of process 1, 2's"):
+    sharding.make_mesh((1, 2, 1), devices=devices)
+  grid, _ = sharding.make_mesh((5, 1, 1), devices=devices)
+  assert [d.process_index for d in grid.flat] == [0, 0, 1, 1, 2]
+  # A caller's own mesh is checked alike (train's and load_checkpoint's ``mesh``).
+  monkeypatch.undo()
+  monkeypatch.setattr(jax, "devices", lambda: devices)
+  mesh = jax.sharding.Mesh(np.array(jax.local_devices()[:1]).reshape(1, 1, 1),
+                           sharding.MESH_AXES)
+  with pytest.raises(sharding.MeshShapeError, match=re.escape(
+      "the mesh {'data': 1, 'fsdp': 1, 'tensor': 1} uses 1 of the 6 devices of 3 processes "
+      "and none of process 1, 2's")):
+    sharding.check_mesh(mesh)
+
+
 def test_make_mesh_lays_out_the_devices_it_is_given(monkeypatch):
   """The devices given (here 6 stand-ins; JAX's own when none are), the first of them
   filling the shape in order: what train passes is what the mesh holds."""
   monkeypatch.setattr(sharding, "Mesh", lambda grid, axes: (grid, axes))
-  devices = [f"dev{i}" for i in range(6)]
+  devices = [_Dev(f"dev{i}") for i in range(6)]
   grid, axes = sharding.make_mesh((-1, 1, 2), devices=iter(devices))
   assert axes == ("data", "fsdp", "tensor")
   assert grid.tolist() == [[["dev0", "dev1"]], [["dev2", "dev3"]], [["dev4", "dev5"]]]

@@ -183,6 +183,13 @@ def test_train_runs_on_the_mesh_it_is_given(tmp_path, monkeypatch):
 
   monkeypatch.setattr(trainer.shd, "make_mesh", no_mesh)
   assert _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY, mesh=mesh)["step"] == 4
+  # It is checked as load_checkpoint checks one: explicit axes (jax.make_mesh's default) are
+  # refused before anything is written.
+  explicit = jax.make_mesh((1, 1, 1), ("data", "fsdp", "tensor"),
+                           axis_types=(jax.sharding.AxisType.Explicit,) * 3)
+  with pytest.raises(trainer.SetupError, match="^mesh has Explicit axes"):
+    _train(tmp_path / "explicit", SEQ2SEQ, SEQ2SEQ_TINY, mesh=explicit)
+  assert not (tmp_path / "explicit").exists()
 
 
 def test_the_stop_flag_catches_sigterm_and_sigint_and_restores_the_handlers():

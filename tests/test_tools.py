@@ -7,6 +7,7 @@ benchmark; run_timed.py passes its command's exit code through and prints its su
 import ast
 import glob
 import importlib
+import json
 import os
 import re
 import subprocess
@@ -251,3 +252,31 @@ def test_profile_decode_step_reads_narrow_weights_in_the_loop(fmt, monkeypatch):
   short = {"bfloat16": "bf16", "int8": "s8"}[fmt]
   assert len(weights) >= 7 * cfg.num_layers + 1 and set(weights) == {short}, weights
   jax.block_until_ready(run(carry))
+
+
+def test_bench_serve_reports_the_slots_that_ran(monkeypatch, capsys):
+  """serve_requests takes no more slots than requests; the report's ``slots`` (which the
+  occupancy counts) is those that ran, not --slots (until 2026-12-07: 8 named, 2 ran)."""
+  from flax import nnx
+
+  import attnlab
+
+  monkeypatch.syspath_prepend(os.path.join(REPO, "tools"))
+  import _bench
+  import bench_serve as tool
+
+  cfg = attnlab.ModelConfig(arch="decoder_only", vocab_size=40, d_model=16, num_layers=1,
+                            num_heads=2, d_ff=32, max_len=32)
+  model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
+  monkeypatch.setattr(_bench, "serve_workload",
+                      lambda requests, seed: (model, [[3, 4, 5], [6, 7]], [4, 6]))
+  monkeypatch.setattr(sys, "argv", ["bench_serve.py", "--requests", "2", "--slots", "8",
+                                    "--rounds", "1", "--cache", "paged", "--page_size", "4",
+                                    "--decode_chunk", "4"])
+  tool.main()
+  report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert report["slots"] == 2 and report["requests"] == 2
+  # 10 tokens in 6 decode steps: budgets 4 and 6 less the prefill's first tokens (3 and 5
+  # steps, the longer one alone for its last 2).
+  assert report["paged/continuous"]["decode_steps"] == 5
+  assert report["paged/continuous"]["occupancy"] == round(8 / (5 * 2), 3)

@@ -79,6 +79,8 @@ from attnlab.decoding.sampling import Sampling, is_stop, sample_rows
 from attnlab.nn import kv_cache as cache_lib
 
 POLICIES = ("continuous", "static")
+# Decode steps per device call by default (at most the model's max_len).
+DECODE_CHUNK = 16
 
 
 class UnservableRequests(RuntimeError):
@@ -174,7 +176,8 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
                       cache_dtype=None, sampling: Sampling = GREEDY, rng=None,
                       eos_id: int | Sequence[int] | None = 2,
                       on_result: Callable | None = None,
-                      policy: str = "continuous", decode_chunk: int = 16) -> list[np.ndarray]:
+                      policy: str = "continuous", decode_chunk: int | None = None
+                      ) -> list[np.ndarray]:
   """Generate for every prompt with continuous batching; results in request order.
 
   Args:
@@ -203,7 +206,8 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
       order they complete (those that end in one decode call by the step they ended at);
       ``tokens`` is a copy of the request's result.
     policy: "continuous", or "static" (a new batch only when all slots are free).
-    decode_chunk: decode steps per device call at most, up to the model's max_len.
+    decode_chunk: decode steps per device call at most, up to the model's max_len; None =
+      16, or the model's max_len when that is less.
 
   Returns:
     one int32 array per request: its new tokens (eos included), at most its budget.
@@ -278,18 +282,22 @@ def _check_requests(cfg, prompts, max_new_tokens):
 
 def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", page_size=16,
                    num_pages=None, cache_dtype=None, sampling=GREEDY, rng=None, eos_id=2,
-                   on_result=None, policy="continuous", decode_chunk=16):
+                   on_result=None, policy="continuous", decode_chunk=None):
   """``generate_requests`` that also returns its ``ServeStats``: (results, stats)."""
   cfg = model.cfg
   if cfg.arch != "decoder_only":
     raise GenerateInputError(f"generate_requests needs a decoder-only model, got arch={cfg.arch!r}")
   prompts, budgets = _check_requests(cfg, prompts, max_new_tokens)
-  positive_int("slots", slots)
+  # The sizes as Python ints: NumPy scalars of a narrow type overflowed in the host
+  # arithmetic below (np.int8(5) slots x 41 pages wrapped negative) until 2026-12-07.
+  slots = positive_int("slots", slots)
   if cache == "paged":
-    check_page_size(page_size, cfg.max_len)
+    page_size = check_page_size(page_size, cfg.max_len)
   else:
-    positive_int("page_size", page_size)
-  positive_int("decode_chunk", decode_chunk)
+    page_size = positive_int("page_size", page_size)
+  if decode_chunk is None:  # the default fits every model (16 refused one of max_len 12
+    decode_chunk = min(DECODE_CHUNK, cfg.max_len)  # until 2026-12-07)
+  decode_chunk = positive_int("decode_chunk", decode_chunk)
   if decode_chunk > cfg.max_len:  # a static shape: 10**9 failed inside JAX, allocating
     raise GenerateInputError(f"decode_chunk={decode_chunk} is more than the model's max_len="
                              f"{cfg.max_len}: no request decodes that many steps")
@@ -311,7 +319,7 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
   if num_pages is not None:
     if not paged:
       raise GenerateInputError(f"num_pages={num_pages} is for cache='paged', got cache={cache!r}")
-    positive_int("num_pages", num_pages)
+    num_pages = positive_int("num_pages", num_pages)
   cache_dtype = check_cache_dtype(cache_dtype)
   n = len(prompts)
   # Positions a request needs: the last generated token is never fed back.

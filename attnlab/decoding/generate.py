@@ -199,7 +199,9 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
   if num_pages is not None:
     if cache != "paged":
       raise GenerateInputError(f"num_pages={num_pages} is for cache='paged', got cache={cache!r}")
-    positive_int("num_pages", num_pages)
+    # As an int: a NumPy uint8 reached PageAllocator.init and overflowed there (until
+    # 2026-12-07).
+    num_pages = positive_int("num_pages", num_pages)
   if not isinstance(bucket, bool | np.bool_):
     raise GenerateInputError(f"bucket={bucket!r} must be True or False")
   B, T = prompt_BT.shape

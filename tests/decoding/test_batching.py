@@ -400,6 +400,46 @@ def test_requests_at_the_exact_limits_are_served():
   _check_pages_returned(stats, 2)
 
 
+def test_a_model_shorter_than_the_default_decode_chunk_is_served():
+  """decode_chunk's default is 16 or max_len when that is less (16 refused every model of
+  max_len < 16, and ``attnlab decode --slots`` has no flag to change it, until 2026-12-07);
+  a decode_chunk the caller gives past max_len is still refused."""
+  from flax import nnx
+
+  cfg = attnlab.ModelConfig(arch="decoder_only", vocab_size=40, d_model=16, num_layers=1,
+                            num_heads=2, d_ff=32, max_len=8)
+  model = attnlab.build_model(cfg, rngs=nnx.Rngs(3))
+  prompts, budgets = [[3, 4, 5], [6]], [4, 5]
+  want = _alone(model, prompts, budgets, None)
+  for cache in ("paged", "contiguous"):
+    got = attnlab.generate_requests(model, prompts, budgets, cache=cache, eos_id=None)
+    assert [r.tolist() for r in got] == want, cache
+  with pytest.raises(ValueError, match="^decode_chunk=9 is more than the model's max_len=8"):
+    attnlab.generate_requests(model, prompts, budgets, decode_chunk=9)
+
+
+def test_numpy_sizes_of_a_narrow_type_are_taken_as_the_ints_they_hold(case):
+  """slots, page_size, num_pages and decode_chunk as NumPy scalars of narrow types: the
+  checks passed them and the host arithmetic overflowed (np.int8(5) slots x pages wrapped
+  negative, a uint64 page size made -7 an OverflowError, a uint8 num_pages overflowed in
+  the allocator) until 2026-12-07."""
+  model, prompts, eos_id, want, _ = case
+  results, stats = batching.serve_requests(
+      model, prompts, BUDGETS, slots=np.int8(3), page_size=np.uint64(C),
+      num_pages=np.uint8(20), decode_chunk=np.uint8(4), eos_id=eos_id)
+  assert [r.tolist() for r in results] == want and stats.slots == 3
+  _check_pages_returned(stats, 20)  # of the 30 that 3 slots at the longest request take
+  got = attnlab.generate_requests(model, prompts, BUDGETS, slots=np.int8(5), page_size=2,
+                                  eos_id=eos_id)
+  assert [r.tolist() for r in got] == want
+  # generate's num_pages alike.
+  row = np.asarray(prompts[0], np.int32)[None]
+  np.testing.assert_array_equal(
+      attnlab.generate(model, row, max_new_tokens=3, cache="paged", page_size=C,
+                       num_pages=np.uint8(4), eos_id=None),
+      attnlab.generate(model, row, max_new_tokens=3, eos_id=None))
+
+
 def test_admission_promises_whole_pages():
   """Two requests of 5 positions need 2 pages of 4 each: with 3 pages they must run one
   after the other (promising 5 / 4 = 1.25 pages each would start both, and the allocator

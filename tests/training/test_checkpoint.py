@@ -760,8 +760,10 @@ def test_load_checkpoint_takes_the_newest_step_onto_the_first_device_or_the_mesh
   ckpt.close()
   (workdir / "checkpoints" / "5.orbax-checkpoint-tmp" / "params").mkdir(parents=True)
   one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  auto = jax.make_mesh((1, 1, 1), ("data", "fsdp", "tensor"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
   for step, scale, on in ((None, 2.0, None), (3, 1.0, mesh), (np.int64(3), 1.0, None),
-                          (jnp.int32(3), 1.0, None), (np.array(4), 2.0, None)):
+                          (jnp.int32(3), 1.0, None), (np.array(4), 2.0, None), (4, 2.0, auto)):
     model, _ = attnlab.load_checkpoint(str(workdir), step, mesh=on)
     got = nnx.state(model, nnx.Param)
     want = jax.tree.map(lambda x, k=scale: x * k, params)
@@ -822,14 +824,11 @@ def test_load_checkpoint_names_what_a_workdir_lacks(tmp_path):
                             "'tensor') (make one with attnlab.training.sharding.make_mesh(shape)), "
                             f"got {what}")
   # jax.make_mesh's explicit axes: refused by name (passed, then failed inside the restore's
-  # checksums, until 2026-12-07); the same devices on auto axes load.
+  # checksums, until 2026-12-07); jax.make_mesh's with auto axes loads
+  # (test_load_checkpoint_takes_the_newest_step_onto_the_first_device_or_the_mesh_given).
   explicit = jax.make_mesh((1, 1, 1), ("data", "fsdp", "tensor"),
                            axis_types=(jax.sharding.AxisType.Explicit,) * 3)
   with pytest.raises(ValueError, match=re.escape(
       "mesh has Explicit axes (Explicit, Explicit, Explicit; jax.make_mesh makes Explicit ones "
       "by default): give one with Auto axes")):
     attnlab.load_checkpoint(str(workdir), mesh=explicit)
-  auto = jax.make_mesh((1, 1, 1), ("data", "fsdp", "tensor"),
-                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
-  assert attnlab.load_checkpoint(str(workdir), mesh=auto)[1] == \
-      attnlab.load_checkpoint(str(workdir))[1]

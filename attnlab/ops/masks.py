@@ -19,6 +19,7 @@ Conventions:
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 
 def position_mask(q_pos, k_pos, *, causal: bool, window: int | None):
@@ -58,8 +59,12 @@ def _where(cond, a, b):
   if isinstance(cond, bool):
     return a if cond else b
   # A traced choice: a Python-int side past int32 (a static key's end past the last
-  # position) is never the one chosen, but jnp.where would refuse it: clamped first.
-  a, b = (min(max(x, -2**31), 2**31 - 1) if isinstance(x, int) else x for x in (a, b))
+  # position) is never the one chosen, but jnp.where would refuse it: clamped first. Python
+  # ints go in as int32: with both sides weakly typed, Pallas' Triton lowering typed the
+  # result as the condition (i1), and the kernels' `hi <= lo` on it failed to lower (every
+  # non-causal call without a window, until 2026-12-07).
+  a, b = (np.int32(min(max(x, -2**31), 2**31 - 1)) if isinstance(x, int) else x
+          for x in (a, b))
   return jnp.where(cond, a, b)
 
 

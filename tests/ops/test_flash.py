@@ -471,6 +471,24 @@ def test_bad_input_raises(call, match):
     call()
 
 
+@pytest.mark.parametrize("block,why", [(64, "must be a positive multiple of 128 (compiled)"),
+                                       (384, "must be a positive power of two")])
+def test_blocks_of_a_call_that_lowers_for_both_kernels_must_suit_both(block, why, monkeypatch):
+  """backend=None on a GPU or TPU host traces both compiled kernels: a block size one of
+  them refuses is named with the reason (the other kernel's refusal came alone until
+  2026-12-07)."""
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # what a GPU host reads
+  q, k, v = (jnp.zeros((1, 8, 2, 32)),) * 3
+  with pytest.raises(ValueError) as e:
+    flash.flash_attention(q, k, v, block_q=block, block_k=128)
+  assert str(e.value) == (
+      f"block_q={block} {why}: backend=None traces the compiled TPU and Triton kernels both (so "
+      "that the call lowers for either), and block sizes must suit both, powers of two that are "
+      "multiples of 128; give backend='gpu' or 'tpu' for one kernel's own")
+  with pytest.raises(ValueError, match="^block_k=96 must be a positive power of two: backend"):
+    flash.flash_attention(q, k, v, block_q=128, block_k=96)
+
+
 @pytest.mark.parametrize("H,dtype,kv_dtype", [(64, BF16, BF16), (80, F32, F32),
                                               (64, BF16, F32)])
 def test_triton_lowering(H, dtype, kv_dtype, monkeypatch):
@@ -491,6 +509,20 @@ def test_triton_lowering(H, dtype, kv_dtype, monkeypatch):
       q, k, v, causal=True, window=200, q_offset=jnp.array([400, 0]), **seg))
   text = fn.trace(q, k, v, do).lower(lowering_platforms=("cuda",)).as_text()
   assert text.count("triton") >= 3  # forward, dq and dk/dv kernels
+
+
+@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (False, 24)])
+def test_triton_lowering_of_every_mask_kind(causal, window, monkeypatch):
+  """Non-causal without a window (an encoder's, cross-attention's) lowers too: its key range
+  came from two Python ints whose Triton select took the condition's type, and the
+  comparison after it failed to lower ("('i1', 'i32')") until 2026-12-07."""
+  pytest.importorskip("jax._src.lib.triton")
+  monkeypatch.setattr(common, "resolve_interpret", lambda interpret: False)
+  q, k, v, do, _ = flash_inputs(1, 1, 40, 72, 2, 1, 32, BF16, None)
+  fn = value_and_grads(lambda q, k, v: flash.flash_attention(q, k, v, causal=causal,
+                                                             window=window))
+  text = fn.trace(q, k, v, do).lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count("triton") >= 3
 
 
 @pytest.mark.gpu

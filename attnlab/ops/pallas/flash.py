@@ -131,12 +131,28 @@ def flash_attention(
   if backend == "gpu":
     return _flash_gpu(q_BTNH, k_BSKH, v_BSKH, interpret=common.resolve_interpret(interpret),
                       **kw)
+  _check_blocks_for_both(block_q, block_k)
   return jax.lax.platform_dependent(
       q_BTNH, k_BSKH, v_BSKH,
       tpu=functools.partial(flash_tpu.flash_attention_tpu, interpret=False, **kw),
       cuda=functools.partial(_flash_gpu, interpret=False, **kw),
       default=functools.partial(_flash_gpu, interpret=True, **kw),
   )
+
+
+def _check_blocks_for_both(block_q, block_k) -> None:
+  """``platform_dependent`` traces the compiled TPU kernel and the Triton one both: block
+  sizes must suit both (until 2026-12-07 a GPU host asking for 64 got the TPU kernel's
+  refusal, "a positive multiple of 128 (compiled)", without a word of why)."""
+  try:
+    for name, value in (("block_q", block_q), ("block_k", block_k)):
+      common.check_block(name, value)
+    flash_tpu.plan(1, 1, block_q=block_q, block_k=block_k, interpret=False)
+  except ValueError as e:
+    raise ValueError(
+        f"{e}: backend=None traces the compiled TPU and Triton kernels both (so that the call "
+        "lowers for either), and block sizes must suit both, powers of two that are multiples "
+        "of 128; give backend='gpu' or 'tpu' for one kernel's own") from None
 
 
 # Per thread (and asyncio task): a thread tracing inside cross_platform() does not change

@@ -659,6 +659,14 @@ class TrainConfig:
       raise ValueError(f"min_lr_ratio={self.min_lr_ratio!r} must be in [0, 1]")
     for name in ("b1", "b2"):
       _fraction(name, getattr(self, name))
+      # 0.99999999 is 1.0 in float32, where optax computes: Adam's bias correction
+      # 1 - b**t is 0 (b2: every update 0, the run not training; b1: nan at step 1, blamed on
+      # the learning rate), and SGD's momentum never decays (taken until 2026-12-07)
+      if np.float32(getattr(self, name)) == 1.0:
+        raise ValueError(
+            f"{name}={getattr(self, name)!r} is 1 in float32, where the optimizer computes "
+            f"(Adam's bias correction 1 - {name}**t would be 0, SGD's momentum would never "
+            "decay): give at most 0.9999999")
     for name in ("eps", "weight_decay", "grad_clip"):
       if not getattr(self, name) >= 0:
         raise ValueError(f"{name}={getattr(self, name)!r} must be non-negative")

@@ -132,6 +132,32 @@ def test_a_mesh_that_leaves_out_a_process_is_refused(monkeypatch):
     sharding.check_mesh(mesh)
 
 
+def test_check_mesh_takes_what_make_mesh_makes_and_names_anything_else():
+  """A caller's mesh (train's, load_checkpoint's): a Mesh, the three axes, Auto axis types."""
+  from jax.sharding import AxisType
+
+  sharding.check_mesh(sharding.make_mesh((1, 1, 1)))
+  grid = np.array(jax.devices()[:1]).reshape(1, 1, 1)
+  for mesh, what in (((1, 1, 1), "tuple (1, 1, 1)"),
+                     (jax.sharding.Mesh(grid, ("data", "fsdp", "model")),
+                      "a Mesh with axes ('data', 'fsdp', 'model')")):
+    with pytest.raises(ValueError) as e:
+      sharding.check_mesh(mesh)
+    assert str(e.value) == ("mesh must be a jax.sharding.Mesh with axes ('data', 'fsdp', "
+                            "'tensor') (make one with attnlab.training.sharding.make_mesh(shape)), "
+                            f"got {what}")
+  mixed = jax.sharding.Mesh(grid, sharding.MESH_AXES,
+                            axis_types=(AxisType.Auto, AxisType.Manual, AxisType.Explicit))
+  with pytest.raises(ValueError) as e:
+    sharding.check_mesh(mixed)
+  assert str(e.value) == (
+      "mesh has Manual axes (Auto, Manual, Explicit; jax.make_mesh makes Explicit ones by "
+      "default): give one with Auto axes, attnlab.training.sharding.make_mesh(shape) or "
+      "jax.make_mesh(shape, names, axis_types=(jax.sharding.AxisType.Auto,) * 3)")
+  sharding.check_mesh(jax.sharding.Mesh(grid, sharding.MESH_AXES,
+                                        axis_types=(AxisType.Auto,) * 3))
+
+
 def test_make_mesh_lays_out_the_devices_it_is_given(monkeypatch):
   """The devices given (here 6 stand-ins; JAX's own when none are), the first of them
   filling the shape in order: what train passes is what the mesh holds."""

@@ -443,7 +443,8 @@ _SYNTHETIC_READS = (("min_len", "max_len", "vocab_chars"),
 # Set while a saved run's config.gin is read (``saved_data_config``): the fields its task
 # does not read are reset to their defaults and listed here instead of refused. attnlab
 # before 2026-12-06 took them (and ignored them) and wrote them into config.gin; the run they
-# describe did not read them, and its workdir must still evaluate, decode and resume.
+# describe did not read them, and its workdir must still evaluate, decode and resume. A
+# TrainConfig's b1 / b2 at 1 in float32 (taken before 2026-12-07) are read as they are.
 _unread_fields: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "unread_fields", default=None)
 
@@ -659,14 +660,7 @@ class TrainConfig:
       raise ValueError(f"min_lr_ratio={self.min_lr_ratio!r} must be in [0, 1]")
     for name in ("b1", "b2"):
       _fraction(name, getattr(self, name))
-      # 0.99999999 is 1.0 in float32, where optax computes: Adam's bias correction
-      # 1 - b**t is 0 (b2: every update 0, the run not training; b1: nan at step 1, blamed on
-      # the learning rate), and SGD's momentum never decays (taken until 2026-12-07)
-      if np.float32(getattr(self, name)) == 1.0:
-        raise ValueError(
-            f"{name}={getattr(self, name)!r} is 1 in float32, where the optimizer computes "
-            f"(Adam's bias correction 1 - {name}**t would be 0, SGD's momentum would never "
-            "decay): give at most 0.9999999")
+    self._check_betas_below_1_in_float32()
     for name in ("eps", "weight_decay", "grad_clip"):
       if not getattr(self, name) >= 0:
         raise ValueError(f"{name}={getattr(self, name)!r} must be non-negative")
@@ -698,6 +692,22 @@ class TrainConfig:
     check_positive("eval_batches", self.eval_batches)
     check_positive("keep_checkpoints", self.keep_checkpoints)
     _choice("on_nonfinite", self.on_nonfinite, NONFINITE)
+
+  def _check_betas_below_1_in_float32(self) -> None:
+    """0.99999999 is 1.0 in float32, where optax computes: Adam's bias correction 1 - b**t
+    is 0 (b2: every update 0, a run that does not train; b1: nan at step 1, blamed on the
+    learning rate), and SGD's momentum (b1; SGD reads no b2) never decays (taken until
+    2026-12-07). A saved run's config.gin (``saved_data_config``) is read as it is: the run
+    trained so, and its workdir must still evaluate and decode."""
+    names = ("b1", "b2") if self.optimizer in ("adam", "adamw") else ("b1",)
+    if _unread_fields.get() is not None:
+      return
+    for name in names:
+      if np.float32(getattr(self, name)) == 1.0:
+        why = (f"Adam's bias correction 1 - {name}**t would be 0" if self.optimizer != "sgd"
+               else "SGD's momentum would never decay")
+        raise ValueError(f"{name}={getattr(self, name)!r} is 1 in float32, where the optimizer "
+                         f"computes ({why}): give at most 0.9999999")
 
   def replace(self, **changes) -> TrainConfig:
     return dataclasses.replace(self, **changes)

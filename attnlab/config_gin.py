@@ -497,6 +497,12 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
     configs = parse_fn()
   dcfg = next(c for c in configs if isinstance(c, DataConfig))
   bound = {b.split("=", 1)[0].strip() for b in bindings}
+  if bound & {"TrainConfig.b1", "TrainConfig.b2"}:  # the user's own: checked as new
+    tcfg = next(c for c in configs if isinstance(c, TrainConfig))
+    try:
+      tcfg._check_betas_below_1_in_float32()
+    except ValueError as e:
+      raise GinConfigError(str(e)) from None
   from_file = []
   for name, value in dropped:
     if f"DataConfig.{name}" in bound:  # the strict check's own message

@@ -315,10 +315,10 @@ TRAIN_INVALID = [
     # 2026-12-07, found by a review)
     (dict(b2=0.99999999),
      'b2=0.99999999 is 1 in float32, where the optimizer computes (Adam\'s bias correction '
-     '1 - b2**t would be 0, SGD\'s momentum would never decay): give at most 0.9999999'),
+     '1 - b2**t would be 0): give at most 0.9999999'),
     (dict(b1=0.999999999, optimizer="sgd", weight_decay=0.0),
-     'b1=0.999999999 is 1 in float32, where the optimizer computes (Adam\'s bias correction '
-     '1 - b1**t would be 0, SGD\'s momentum would never decay): give at most 0.9999999'),
+     'b1=0.999999999 is 1 in float32, where the optimizer computes (SGD\'s momentum would '
+     'never decay): give at most 0.9999999'),
     (dict(eps=-1e-09),
      'eps=-1e-09 must be non-negative'),
     (dict(weight_decay=-0.1),
@@ -576,6 +576,7 @@ VALID_EDGES = [
     (TrainConfig, dict(min_lr_ratio=1.0, b1=0.0, b2=0.0, eps=1e-30, weight_decay=0.0,
                        grad_clip=0.0, label_smoothing=0.0)),
     (TrainConfig, dict(b1=0.9999999, b2=0.9999999)),  # below 1 in float32
+    (TrainConfig, dict(optimizer="sgd", weight_decay=0.0, b2=0.99999999)),  # SGD reads no b2
     (TrainConfig, dict(mesh_shape=(2, 2, -1), log_every=0, eval_every=0, checkpoint_every=0)),
     (DecodeConfig, dict(temperature=0.0, length_penalty=0.0, seed=0, num_pages=1)),
     (TrainConfig, dict(seed=2**63 - 1)), (DataConfig, dict(seed=2**63 - 1)),  # MAX_SEED

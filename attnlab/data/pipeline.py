@@ -393,7 +393,11 @@ def continue_state(state: dict, dcfg: DataConfig) -> dict:
   new run under ``dcfg`` (``attnlab convert-heads``): the same position when the
   training stream is the same, its first example otherwise. The batch count starts
   again at 0."""
-  stream = stream_fields(dcfg, training_files(dcfg))
+  try:
+    files = training_files(dcfg)
+  except FileNotFoundError:  # a conversion needs no corpus (the new run will, to train):
+    files = None             # its stream is then compared by its patterns
+  stream = stream_fields(dcfg, files)
   example = int(state["example"]) if same_stream(state["stream"], stream) else 0
   return {"index": 0, "example": example, "batch_size": dcfg.batch_size, "stream": stream}
 

@@ -364,6 +364,17 @@ def test_a_resume_compares_the_files_an_lm_corpus_matched(tmp_path, monkeypatch)
     (tmp_path / f"a{i}.py").unlink()
   cont = pipeline.continue_state({**state, "example": 6}, dcfg)
   assert cont["example"] == 6 and cont["stream"] == state["stream"]
+  # A conversion of a run whose corpus is gone (convert-heads needs only the weights): its
+  # stream without files, compared by its patterns (refused, "no files match", for a day).
+  (tmp_path / "away").mkdir()
+  for f in tmp_path.glob("*.py"):
+    f.rename(tmp_path / "away" / f.name)
+  cont = pipeline.continue_state({**state, "example": 6}, dcfg)
+  assert "files" not in cont["stream"] and cont["example"] == 6
+  other = dataclasses.replace(dcfg, paths=(str(tmp_path / "elsewhere" / "*.py"),))
+  assert pipeline.continue_state({**state, "example": 6}, other)["example"] == 0
+  for f in (tmp_path / "away").glob("*.py"):
+    f.rename(tmp_path / f.name)
   # ... the files that config reads (max_files too).
   one = dataclasses.replace(dcfg, max_files=1)
   assert pipeline.training_files(one) == train[:1]

@@ -474,19 +474,23 @@ def test_bad_input_raises(call, match):
 @pytest.mark.parametrize("block,why", [(64, "must be a positive multiple of 128 (compiled)"),
                                        (384, "must be a positive power of two")])
 def test_blocks_of_a_call_that_lowers_for_both_kernels_must_suit_both(block, why, monkeypatch):
-  """backend=None on a GPU or TPU host traces both compiled kernels: a block size one of
-  them refuses is named with the reason (the other kernel's refusal came alone until
-  2026-12-07)."""
+  """backend=None on a GPU or TPU host, under jit, traces both compiled kernels: a block size
+  one of them refuses is named with the reason (the other kernel's refusal came alone until
+  2026-12-07). Called eagerly, only the running platform's kernel runs, and takes its own."""
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # what a GPU host reads
-  q, k, v = (jnp.zeros((1, 8, 2, 32)),) * 3
+  q, k, v = (jax.random.normal(jax.random.key(i), (1, 8, 2, 32)) for i in range(3))
   with pytest.raises(ValueError) as e:
-    flash.flash_attention(q, k, v, block_q=block, block_k=128)
+    jax.jit(lambda q, k, v: flash.flash_attention(q, k, v, block_q=block, block_k=128))(q, k, v)
   assert str(e.value) == (
       f"block_q={block} {why}: backend=None traces the compiled TPU and Triton kernels both (so "
       "that the call lowers for either), and block sizes must suit both, powers of two that are "
       "multiples of 128; give backend='gpu' or 'tpu' for one kernel's own")
   with pytest.raises(ValueError, match="^block_k=96 must be a positive power of two: backend"):
-    flash.flash_attention(q, k, v, block_q=128, block_k=96)
+    jax.jit(lambda q, k, v: flash.flash_attention(q, k, v, block_q=128, block_k=96))(q, k, v)
+  if block == 64:  # eagerly, here the CPU's kernel (the Triton-style one, interpreted)
+    np.testing.assert_array_equal(
+        flash.flash_attention(q, k, v, block_q=64, block_k=64),
+        flash.flash_attention(q, k, v, block_q=64, block_k=64, backend="gpu", interpret=True))
 
 
 @pytest.mark.parametrize("H,dtype,kv_dtype", [(64, BF16, BF16), (80, F32, F32),

@@ -240,6 +240,24 @@ def test_a_saved_config_gin_with_fields_its_task_does_not_read_is_read_as_the_de
   assert dcfg == DataConfig(task="reverse", seed=4)
 
 
+def test_a_saved_config_gin_with_betas_at_1_in_float32_is_read_as_it_is(tmp_path):
+  """b2 = 0.99999999 (1 in float32) was taken before 2026-12-07: the run trained (its Adam
+  updates all 0) and wrote checkpoints, and its workdir still loads, evaluates and decodes;
+  a new config with it, or a binding of it, is refused."""
+  path = tmp_path / "config.gin"
+  path.write_text("TrainConfig.b2 = 0.99999999\n")
+  with pytest.raises(gin_config.GinConfigError, match=r"^b2=0.99999999 is 1 in float32"):
+    gin_config.parse([str(path)], [])
+  assert gin_config.read_workdir_config(str(path))[2].b2 == 0.99999999
+  assert gin_config.parse_saved(str(path), ["TrainConfig.seed = 3"])[2].b2 == 0.99999999
+  for binding in ("TrainConfig.b1 = 0.99999999", "TrainConfig.b2=0.999999999"):
+    with pytest.raises(gin_config.GinConfigError, match=r"is 1 in float32"):
+      gin_config.parse_saved(str(path), [binding])
+  assert gin_config.parse_saved(str(path), ["TrainConfig.b2 = 0.999"])[2].b2 == 0.999
+  with pytest.raises(ValueError, match=r"^b1=0.99999999 is 1 in float32"):
+    TrainConfig(b1=0.99999999)  # the strict check is back after it
+
+
 def test_a_relative_tokenizer_is_found_beside_the_last_gin_file_else_as_given(tmp_path,
                                                                               monkeypatch):
   a, b, cwd = tmp_path / "a", tmp_path / "b", tmp_path / "cwd"

@@ -131,7 +131,9 @@ def flash_attention(
   if backend == "gpu":
     return _flash_gpu(q_BTNH, k_BSKH, v_BSKH, interpret=common.resolve_interpret(interpret),
                       **kw)
-  _check_blocks_for_both(block_q, block_k)
+  if any(isinstance(x, jax.core.Tracer) for x in (q_BTNH, k_BSKH, v_BSKH)):
+    # Traced (under jit), every branch is; called eagerly, the running platform's alone
+    _check_blocks_for_both(block_q, block_k)
   return jax.lax.platform_dependent(
       q_BTNH, k_BSKH, v_BSKH,
       tpu=functools.partial(flash_tpu.flash_attention_tpu, interpret=False, **kw),
@@ -141,7 +143,7 @@ def flash_attention(
 
 
 def _check_blocks_for_both(block_q, block_k) -> None:
-  """``platform_dependent`` traces the compiled TPU kernel and the Triton one both: block
+  """Under jit, ``platform_dependent`` traces the compiled TPU kernel and the Triton one: block
   sizes must suit both (until 2026-12-07 a GPU host asking for 64 got the TPU kernel's
   refusal, "a positive multiple of 128 (compiled)", without a word of why)."""
   try:

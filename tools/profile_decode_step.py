@@ -480,11 +480,15 @@ def main():
   copies = " (as float32 copies)" if args.param_dtype != "float32" else ""
   print(f"stream weights + cache once{copies}: {us(stream)}  "
         f"({float32_bytes(streamed) / stream / 1e9:.1f} GB/s)")
+  # The loop reads the float32 copies too (until 2026-12-07 these lines credited the
+  # bfloat16 bytes, half of what was read).
+  read_bytes = float32_bytes(params)
   print(f"the step's {n_mats} matvecs alone: {us(matvec)}  "
-        f"({weight_bytes / matvec / 1e9:.1f} GB/s of weights; {matvec_busy:.2f} cores busy)")
+        f"({read_bytes / matvec / 1e9:.1f} GB/s of weights{copies}; {matvec_busy:.2f} cores "
+        "busy)")
   for g, (seconds, _, busy) in split.items():
     print(f"  each cut into {g:2d} independent column blocks: {us(seconds)}  "
-          f"({weight_bytes / seconds / 1e9:.1f} GB/s; {busy:.2f} cores busy; "
+          f"({read_bytes / seconds / 1e9:.1f} GB/s; {busy:.2f} cores busy; "
           f"{matvec / seconds:.2f}x the uncut matvecs)")
   for fmt, (seconds, nbytes) in narrow.items():
     print(f"  with {fmt} weights read in the loop: {us(seconds)}  ({nbytes / 2**20:.1f} MiB "
@@ -499,7 +503,8 @@ def main():
   if worker is None:
     return
   hf = (torch_best[TORCH_LONG] - torch_best[TORCH_SHORT]) / (LONG - SHORT)
-  print(f"transformers' step ({worker.ready['threads']} torch threads): {us(hf)}  "
+  # The torch side is float32 whatever --param_dtype / --dtype say (named since 2026-12-07).
+  print(f"transformers' step (float32, {worker.ready['threads']} torch threads): {us(hf)}  "
         f"({1 / hf:.0f} tok/s); attnlab / transformers: {hf / step:.2f}x; "
         f"10x would need a step of {us(hf / 10)}")
   for code, (dtype, n) in TORCH_MATVECS.items():

@@ -25,8 +25,11 @@ test_batching with ``-n 2``, two rounds each, 2026-12-03, Intel box). None of
 these changes what a program computes (XLA's CPU fast-math is off either way).
 Flags the caller put in $XLA_FLAGS come first and are kept; a caller who sets
 ``--xla_backend_optimization_level`` there gets XLA's defaults for all, and so
-does a machine with a GPU or TPU plugin installed (the flags are for XLA:CPU,
-and a newer XLA may not know one).
+does a machine with a GPU or TPU plugin installed (the flags are for XLA:CPU).
+A flag the installed XLA does not know is left out: XLA aborts the process on one
+(jax 0.12 has no ``--xla_cpu_use_fusion_emitters``: every test process died at
+its first compile until 2026-12-07). One subprocess asks XLA, in the session's
+first process only (xdist's workers inherit the flags it settled on).
 Subprocesses inherit the flags; the scripts that force a device count append
 to them.
 """
@@ -34,7 +37,10 @@ to them.
 import importlib.util
 import logging
 import os
+import re
 import shutil
+import subprocess
+import sys
 import tempfile
 
 _OWN_CACHE = None
@@ -49,9 +55,29 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
                   "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1")
 _ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm7_plugin", "libtpu")
+
+
+def known_xla_flags(given: str, flags: str) -> str:
+  """``flags`` less those the installed XLA does not know, after the caller's ``given``:
+  XLA aborts a process whose $XLA_FLAGS holds an unknown flag, naming it."""
+  wanted = flags.split()
+  while wanted:
+    env = dict(os.environ, XLA_FLAGS=" ".join([given, *wanted]).strip(), JAX_PLATFORMS="cpu")
+    run = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    if run.returncode == 0:
+      break
+    unknown = re.search(r"Unknown flag in XLA_FLAGS: (\S+)", run.stderr)
+    if unknown is None or unknown[1] not in wanted:  # not ours: XLA's defaults
+      return ""
+    wanted.remove(unknown[1])
+  return " ".join(wanted)
+
+
 if ("xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")
     and not any(importlib.util.find_spec(name) for name in _ACCELERATOR_PLUGINS)):
-  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+  _given = os.environ.get("XLA_FLAGS", "")
+  os.environ["XLA_FLAGS"] = f"{_given} {known_xla_flags(_given, TEST_XLA_FLAGS)}".strip()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

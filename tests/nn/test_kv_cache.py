@@ -126,8 +126,11 @@ def test_attend_equals_the_naive_loop_over_what_was_written(kind, window, dtype,
       got = stored(cache, b)
       assert sorted(got) == sorted(kept), (b, lengths)
       for p in kept:
-        np.testing.assert_array_equal(got[p][0], kept[p][0])
-        np.testing.assert_array_equal(got[p][1], kept[p][1])
+        # int8: the step's jitted quantization and the eager one here may round the scale
+        # 1 ulp apart (jax 0.12's XLA does: 1.2e-7 on values near 1.4); others exact.
+        ulp = 1.5e-7 if dtype == "int8" else 0
+        np.testing.assert_allclose(got[p][0], kept[p][0], rtol=ulp, atol=0)
+        np.testing.assert_allclose(got[p][1], kept[p][1], rtol=ulp, atol=0)
   assert traced_T == {T for T, _ in SCHEDULE}
 
 

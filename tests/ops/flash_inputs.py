@@ -1,6 +1,7 @@
 """Inputs, the value-and-gradients harness and the decode reference shared by the
 kernel tests."""
 
+import contextlib
 import functools
 
 import jax
@@ -10,6 +11,19 @@ import numpy as np
 
 from attnlab.ops.reference import reference_attention
 from tests import random_arrays
+
+
+@contextlib.contextmanager
+def cuda_target():
+  """Lowering for CUDA on a host without a GPU: newer jax (0.12) asks which GPU the Triton
+  kernels are for ("No supported GPU devices found, please specify an abstract GPU device"),
+  through an abstract mesh's device: an H100, the kind the GPU machine lends. jax 0.10
+  takes it too."""
+  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100", num_cores=None,
+                                       platform="gpu")
+  with jax.sharding.use_abstract_mesh(
+      jax.sharding.AbstractMesh((1,), ("cuda_target",), abstract_device=device)):
+    yield
 
 
 def flash_inputs(seed, B, T, S, N, K, H, dtype, segments):

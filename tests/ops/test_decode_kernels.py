@@ -14,7 +14,12 @@ import pytest
 
 from attnlab.ops.pallas import common, decode
 from tests import random_arrays
-from tests.ops.flash_inputs import decode_reference, far_apart_inputs, kernel_dots
+from tests.ops.flash_inputs import (
+  cuda_target,
+  decode_reference,
+  far_apart_inputs,
+  kernel_dots,
+)
 from tests.ops.tolerances import assert_bf16_close
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
@@ -695,8 +700,9 @@ def test_triton_lowering(H, dtype, monkeypatch):
   k_pages, v_pages, table_BM = _paginate(k, v, C, seed=0)
   for fn, args in ((decode.decode_attention, (q, k, v, lengths_B)),
                    (decode.paged_decode_attention, (q, k_pages, v_pages, table_BM, lengths_B))):
-    lowered = jax.jit(functools.partial(fn, window=50)).trace(*args).lower(
-        lowering_platforms=("cuda",))
+    with cuda_target():
+      lowered = jax.jit(functools.partial(fn, window=50)).trace(*args).lower(
+          lowering_platforms=("cuda",))
     assert "triton" in lowered.as_text()
 
 
@@ -725,8 +731,9 @@ def test_triton_lowering_of_the_heads_major_and_int8_kernels(monkeypatch):
   # dot takes one dtype, and these failed to lower until 2026-12-05.
   calls += [(fn, (args[0].astype(jnp.bfloat16), *args[1:]), kw) for fn, args, kw in calls]
   for fn, args, kw in calls:
-    lowered = jax.jit(functools.partial(fn, window=50, **kw)).trace(*args).lower(
-        lowering_platforms=("cuda",))
+    with cuda_target():
+      lowered = jax.jit(functools.partial(fn, window=50, **kw)).trace(*args).lower(
+          lowering_platforms=("cuda",))
     assert "triton" in lowered.as_text()
 
 

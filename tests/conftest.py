@@ -59,7 +59,8 @@ _ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm7_plu
 
 def known_xla_flags(given: str, flags: str) -> str:
   """``flags`` less those the installed XLA does not know, after the caller's ``given``:
-  XLA aborts a process whose $XLA_FLAGS holds an unknown flag, naming it."""
+  XLA aborts a process whose $XLA_FLAGS holds unknown flags, naming them ("Unknown flag in
+  XLA_FLAGS: --a", "Unknown flags in XLA_FLAGS: --a --b")."""
   wanted = flags.split()
   while wanted:
     env = dict(os.environ, XLA_FLAGS=" ".join([given, *wanted]).strip(), JAX_PLATFORMS="cpu")
@@ -67,10 +68,11 @@ def known_xla_flags(given: str, flags: str) -> str:
                          capture_output=True, text=True, timeout=300)
     if run.returncode == 0:
       break
-    unknown = re.search(r"Unknown flag in XLA_FLAGS: (\S+)", run.stderr)
-    if unknown is None or unknown[1] not in wanted:  # not ours: XLA's defaults
+    named = re.search(r"Unknown flags? in XLA_FLAGS: (.*)", run.stderr)
+    unknown = named[1].split() if named else []
+    if not unknown or not set(unknown) <= set(wanted):  # not (only) ours: XLA's defaults
       return ""
-    wanted.remove(unknown[1])
+    wanted = [f for f in wanted if f not in unknown]
   return " ".join(wanted)
 
 

@@ -127,8 +127,9 @@ def test_attend_equals_the_naive_loop_over_what_was_written(kind, window, dtype,
       assert sorted(got) == sorted(kept), (b, lengths)
       for p in kept:
         # int8: the step's jitted quantization and the eager one here may round the scale
-        # 1 ulp apart (jax 0.12's XLA does: 1.2e-7 on values near 1.4); others exact.
-        ulp = 1.5e-7 if dtype == "int8" else 0
+        # 1 ulp apart (jax 0.12's XLA does: up to 1.42e-7 relative seen, on values near
+        # 0.84), and the product's rounding adds to it; others exact.
+        ulp = 3e-7 if dtype == "int8" else 0
         np.testing.assert_allclose(got[p][0], kept[p][0], rtol=ulp, atol=0)
         np.testing.assert_allclose(got[p][1], kept[p][1], rtol=ulp, atol=0)
   assert traced_T == {T for T, _ in SCHEDULE}

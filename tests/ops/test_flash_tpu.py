@@ -422,9 +422,10 @@ def _pallas_attention(q, k, v):
 
 
 def test_one_call_lowers_to_mosaic_for_tpu_and_triton_for_cuda():
-  """The same jitted attnlab.attention(implementation="pallas") call: Mosaic when
+  """The same attnlab.attention(implementation="pallas") function, jitted: Mosaic when
   lowered for TPU, Triton when lowered for CUDA (traced inside cross_platform(),
-  since on a CPU host backend=None otherwise resolves to the interpreted kernel)."""
+  since on a CPU host backend=None otherwise resolves to the interpreted kernel; for CUDA
+  traced again within a target GPU, which newer jax reads at trace time)."""
   pytest.importorskip("jax._src.lib.triton")
   q, k, v, _, _ = flash_inputs(0, 1, 300, 300, 4, 2, 64, BF16, None)
   with flash.cross_platform():  # a fresh function: jit caches traces per function

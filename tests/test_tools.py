@@ -270,10 +270,21 @@ def test_bench_serve_reports_the_slots_that_ran(monkeypatch, capsys):
   model = attnlab.build_model(cfg, rngs=nnx.Rngs(0))
   monkeypatch.setattr(_bench, "serve_workload",
                       lambda requests, seed: (model, [[3, 4, 5], [6, 7]], [4, 6]))
+  from attnlab.decoding import batching
+
+  buckets = []  # one set of requests: sized exactly, as the README's numbers were measured
+  real = batching.serve_requests
+
+  def spy(*args, **kwargs):
+    buckets.append(kwargs.get("bucket", True))
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(batching, "serve_requests", spy)
   monkeypatch.setattr(sys, "argv", ["bench_serve.py", "--requests", "2", "--slots", "8",
                                     "--rounds", "1", "--cache", "paged", "--page_size", "4",
                                     "--decode_chunk", "4"])
   tool.main()
+  assert buckets and not any(buckets)
   report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert report["slots"] == 2 and report["requests"] == 2
   # 10 tokens in 6 decode steps: budgets 4 and 6 less the prefill's first tokens (3 and 5

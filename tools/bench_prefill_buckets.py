@@ -48,7 +48,9 @@ def main():
   def prefill_seconds(scheme, cache):
     batching.bucket_length = schemes[scheme]
     try:
-      stats = batching.serve_requests(model, prompts, 1, cache=cache, eos_id=None)[1]
+      # bucket=False: the cache sized exactly under either scheme; only the prefills differ
+      stats = batching.serve_requests(model, prompts, 1, cache=cache, eos_id=None,
+                                      bucket=False)[1]
     finally:
       batching.bucket_length = schemes["library"]
     return stats.prefill_seconds

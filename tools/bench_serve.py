@@ -74,7 +74,7 @@ def main():
   def serve(cache, policy):
     return batching.serve_requests(model, prompts, budgets, slots=args.slots, cache=cache,
                                    page_size=args.page_size, eos_id=None, policy=policy,
-                                   decode_chunk=args.decode_chunk)[1]
+                                   decode_chunk=args.decode_chunk, bucket=False)[1]
 
   for setting in settings:  # the first run of each compiles
     serve(*setting)

@@ -85,7 +85,7 @@ def serve_op_times(cache: str, policy: str, requests: int):
 
   model, prompts, budgets = _bench.serve_workload(requests)
   run = lambda: batching.serve_requests(model, prompts, budgets, slots=8, cache=cache,
-                                        eos_id=None, policy=policy)[1]
+                                        eos_id=None, policy=policy, bucket=False)[1]
   run()  # compile outside the trace
   return _trace(run, "_decode")
 

@@ -181,7 +181,7 @@ def _serve(args, dcfg, model, prompts, ids, tokenizer, line_of, stops) -> int:
         num_pages=dcfg.num_pages, cache_dtype=args.cache_dtype, eos_id=stops,
         rng=seed_key(dcfg.seed),
         sampling=Sampling(temperature=dcfg.temperature, top_k=dcfg.top_k, top_p=dcfg.top_p),
-        on_result=on_result)
+        on_result=on_result, bucket=False)  # one call: its cache sized exactly
   except batching.UnservableRequests as e:
     if tty and done[0]:  # end the bar's line (none is drawn before a first result)
       sys.stderr.write("\n")

@@ -37,6 +37,11 @@ behind it. A request that can never fit (longer than ``cfg.max_len`` or than
 the whole cache) is not run: the others are, and then ``UnservableRequests``
 names it (with the others' results attached).
 
+By default (``bucket=True``) the cache is sized for the length bucket of the
+longest request's positions and the slots for the power of two that holds the
+requests (at most ``slots``), so calls with other requests share the programs;
+``bucket=False`` sizes both exactly.
+
 ``policy="static"`` is the baseline of ``tools/bench_serve.py``: the same
 programs, but a new batch is admitted only when every slot of the previous
 one has finished (each batch waits for its longest request); its decode calls
@@ -176,8 +181,8 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
                       cache_dtype=None, sampling: Sampling = GREEDY, rng=None,
                       eos_id: int | Sequence[int] | None = 2,
                       on_result: Callable | None = None,
-                      policy: str = "continuous", decode_chunk: int | None = None
-                      ) -> list[np.ndarray]:
+                      policy: str = "continuous", decode_chunk: int | None = None,
+                      bucket: bool = True) -> list[np.ndarray]:
   """Generate for every prompt with continuous batching; results in request order.
 
   Args:
@@ -208,6 +213,11 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
     policy: "continuous", or "static" (a new batch only when all slots are free).
     decode_chunk: decode steps per device call at most, up to the model's max_len; None =
       16, or the model's max_len when that is less.
+    bucket: size the cache for the length bucket (``bucket_length``) of the longest
+      request's positions and the slots for the power of two that holds the requests
+      (at most ``slots``), so that calls with other requests share the compiled programs
+      (up to ~1.5x the cache memory of the exact sizes). False sizes both exactly: for a
+      caller with one set of requests (a benchmark, the CLI).
 
   Returns:
     one int32 array per request: its new tokens (eos included), at most its budget.
@@ -220,7 +230,7 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
   results, _ = serve_requests(model, prompts, max_new_tokens, slots=slots, cache=cache,
                               page_size=page_size, num_pages=num_pages, cache_dtype=cache_dtype,
                               sampling=sampling, rng=rng, eos_id=eos_id, on_result=on_result,
-                              policy=policy, decode_chunk=decode_chunk)
+                              policy=policy, decode_chunk=decode_chunk, bucket=bucket)
   return results
 
 
@@ -282,7 +292,7 @@ def _check_requests(cfg, prompts, max_new_tokens):
 
 def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", page_size=16,
                    num_pages=None, cache_dtype=None, sampling=GREEDY, rng=None, eos_id=2,
-                   on_result=None, policy="continuous", decode_chunk=None):
+                   on_result=None, policy="continuous", decode_chunk=None, bucket=True):
   """``generate_requests`` that also returns its ``ServeStats``: (results, stats)."""
   cfg = model.cfg
   if cfg.arch != "decoder_only":
@@ -320,6 +330,8 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
     if not paged:
       raise GenerateInputError(f"num_pages={num_pages} is for cache='paged', got cache={cache!r}")
     num_pages = positive_int("num_pages", num_pages)
+  if not isinstance(bucket, bool | np.bool_):
+    raise GenerateInputError(f"bucket={bucket!r} must be True or False")
   cache_dtype = check_cache_dtype(cache_dtype)
   n = len(prompts)
   # Positions a request needs: the last generated token is never fed back.
@@ -332,8 +344,13 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
   ok = [i for i in range(n) if i not in errors]
   # No more slots than requests that can run: a slot none can fill would only be allocated
   # (until 2026-12-06 slots=10**9 for one request failed inside JAX, allocating its cache).
-  slots = min(slots, max(1, len(ok)))
+  runnable = max(1, len(ok))
   max_pos = max([need_pos[i] for i in ok], default=1)
+  if bucket:  # shapes shared by other calls' requests: their programs are these (until
+    # 2026-12-07 each call with a new longest request or fewer requests compiled its own)
+    runnable = 1 << (runnable - 1).bit_length()
+    max_pos = bucket_length(max_pos, cfg.max_len)
+  slots = min(slots, runnable)
   M = -(-max_pos // page_size)
   # More pages than every slot's longest request takes are never used (until 2026-12-06
   # num_pages=2**40 was allocated: an out-of-memory error inside JAX).

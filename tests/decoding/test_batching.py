@@ -92,8 +92,9 @@ def test_each_request_matches_generate_alone_more_requests_than_slots(case):
   assert stats.prefill_seconds > 0 and stats.decode_seconds > 0
   assert stats.prefill_seconds + stats.decode_seconds < stats.seconds
   assert 0 < stats.host_seconds < stats.seconds
-  num_pages = 3 * -(-max(n + b - 1 for n, b in zip(LENGTHS, BUDGETS, strict=True)) // C)
-  _check_pages_returned(stats, num_pages)
+  # Every slot's pages at the longest request's 37 positions, sized for their bucket, 48.
+  assert max(n + b - 1 for n, b in zip(LENGTHS, BUDGETS, strict=True)) == 37
+  _check_pages_returned(stats, 3 * 48 // C)
   # A fixed set of programs: one prefill per length bucket, one decode step.
   after = batching.num_programs()
   assert after["prefill"] - before["prefill"] <= len(stats.buckets) <= 3  # 16, 24, 32
@@ -113,29 +114,63 @@ def test_slot_row_caches_match_generate_alone(cache, name):
                                            eos_id=None, decode_chunk=4)
   assert [r.tolist() for r in results] == want
   assert stats.prefills == len(prompts) > 3 and stats.free_pages is None
-  # Every slot holds the longest request's positions, no more.
-  max_pos = max(n + b - 1 for n, b in zip(LENGTHS, BUDGETS, strict=True))
+  # Every slot holds the bucket (48) of the longest request's 37 positions, no more (a ring
+  # its window whatever the requests).
   assert stats.cache_bytes == cache_lib.cache_bytes(
-      cache_lib.init_cache(model.cfg, cache, 3, max_pos))
+      cache_lib.init_cache(model.cfg, cache, 3, 48))
   after = batching.num_programs()
   assert after["prefill"] - before["prefill"] <= len(stats.buckets)
   assert after["decode"] - before["decode"] <= 1
 
 
 @pytest.mark.parametrize("cache", ["paged", "contiguous"])
-def test_no_more_slots_are_allocated_than_requests(case, cache):
+@pytest.mark.parametrize("bucket", [False, True])
+def test_no_more_slots_are_allocated_than_requests(case, cache, bucket):
   """Slots beyond the requests that fit would only be allocated: a run gets as many slots
-  as those requests (until 2026-12-06 slots=10**9 for a few requests failed inside JAX
-  allocating the cache), with the same tokens and the cache of that many slots."""
+  as those requests, or with ``bucket`` the power of two that holds them (until 2026-12-06
+  slots=10**9 for a few requests failed inside JAX allocating the cache), with the same
+  tokens and the cache of that many slots: the longest request's positions (19), or their
+  bucket (24)."""
   model, prompts, eos_id, want, _ = case
   results, stats = batching.serve_requests(
       model, prompts[:3], BUDGETS[:3], slots=10**9, cache=cache, page_size=C, eos_id=eos_id,
-      decode_chunk=4)
-  assert [r.tolist() for r in results] == want[:3] and stats.slots == 3
-  max_pos = max(n + b - 1 for n, b in zip(LENGTHS[:3], BUDGETS[:3], strict=True))
+      decode_chunk=4, bucket=bucket)
+  slots, max_pos = (4, 24) if bucket else (3, 19)
+  assert [r.tolist() for r in results] == want[:3] and stats.slots == slots
+  assert max(n + b - 1 for n, b in zip(LENGTHS[:3], BUDGETS[:3], strict=True)) == 19
   kw = {"page_size": C} if cache == "paged" else {}
   assert stats.cache_bytes == cache_lib.cache_bytes(cache_lib.init_cache(
-      model.cfg, cache, 3, -(-max_pos // C) * C if cache == "paged" else max_pos, **kw))
+      model.cfg, cache, slots, -(-max_pos // C) * C if cache == "paged" else max_pos, **kw))
+
+
+@pytest.mark.parametrize("cache", ["paged", "contiguous"])
+def test_calls_with_other_requests_share_the_programs(case, cache):
+  """A second call whose longest request and number of requests differ from the first's,
+  but fall in the same buckets (37 and 33 positions: 48; 7 and 3 requests of 4 slots: 4),
+  compiles nothing (until 2026-12-07 it compiled its own prefill and decode programs, as a
+  call with bucket=False still does), and each request's tokens are its own."""
+  model, prompts, eos_id, want, no_eos = case
+  first, stats = batching.serve_requests(model, prompts, BUDGETS, slots=4, cache=cache,
+                                         page_size=C, eos_id=eos_id, decode_chunk=4)
+  assert [r.tolist() for r in first] == want and stats.slots == 4
+  picked, budgets = [prompts[4], prompts[0], prompts[2]], [4, 6, 12]
+  assert max(len(p) + b - 1 for p, b in zip(picked, budgets, strict=True)) == 33
+  before = batching.num_programs()
+  second, stats = batching.serve_requests(model, picked, budgets, slots=4, cache=cache,
+                                          page_size=C, eos_id=None, decode_chunk=4)
+  assert batching.num_programs() == before and stats.slots == 4
+  assert [r.tolist() for r in second] == [no_eos[4][:4], no_eos[0], no_eos[2]]
+  exact, stats = batching.serve_requests(model, picked, budgets, slots=4, cache=cache,
+                                         page_size=C, eos_id=None, decode_chunk=4, bucket=False)
+  after = batching.num_programs()
+  assert after["decode"] == before["decode"] + 1 and after["prefill"] > before["prefill"]
+  assert stats.slots == 3 and [r.tolist() for r in exact] == [r.tolist() for r in second]
+
+
+def test_bucket_must_be_a_bool(case):
+  model, prompts, *_ = case
+  with pytest.raises(ValueError, match=r"bucket='no' must be True or False"):
+    attnlab.generate_requests(model, prompts[:1], 2, bucket="no")
 
 
 def test_requests_wait_for_freed_pages(case):
@@ -150,10 +185,10 @@ def test_requests_wait_for_freed_pages(case):
   assert [r.tolist() for r in results] == want
   _check_pages_returned(stats, num_pages)
   assert stats.occupancy < 1.0
-  # The pool is num_pages pages of C positions: no more memory than asked for.
-  max_pos = max(n + b - 1 for n, b in zip(LENGTHS, BUDGETS, strict=True))
+  # The pool is num_pages pages of C positions: no more memory than asked for (a page table
+  # as wide as the bucket, 48, of the longest request's 37 positions).
   assert stats.cache_bytes == cache_lib.cache_bytes(cache_lib.init_cache(
-      model.cfg, "paged", 4, -(-max_pos // C) * C, page_size=C, num_pages=num_pages))
+      model.cfg, "paged", 4, 48, page_size=C, num_pages=num_pages))
 
 
 def test_a_request_that_never_fits_is_named_and_the_others_complete(case):

@@ -231,8 +231,9 @@ def test_decode_slots_pass_every_flag_to_generate_requests(workdir, monkeypatch,
   np.testing.assert_array_equal(jax.random.key_data(rng),
                                 jax.random.key_data(jax.random.key(9)))
   assert callable(seen.pop("on_result"))
+  # One call: its cache sized for its own requests (bucket=False), no more.
   assert seen == dict(max_new_tokens=3, slots=3, cache="paged", page_size=8, num_pages=5,
-                      cache_dtype="int8", eos_id=tok.eos_id)
+                      cache_dtype="int8", eos_id=tok.eos_id, bucket=False)
   assert "attnlab decode: 2/2 requests" in err and err.endswith("\n")
 
 

@@ -90,7 +90,7 @@ def test_generate_and_generate_requests_with_an_int8_cache_agree(kind, monkeypat
   # int8 cache of the slots, the longest request's 11 + 7 - 1 positions and their pages, not
   # the float32 one (made here, not served: a float32 run compiles programs of its own).
   _, stats = batching.serve_requests(model, prompts, 7, slots=2, cache=kind, page_size=4,
-                                     cache_dtype="int8", eos_id=None)
+                                     cache_dtype="int8", eos_id=None, bucket=False)
   made = {dtype: cache_lib.cache_bytes(cache_lib.init_cache(
       model.cfg, kind, 2, 17, page_size=4, num_pages=2 * 5 if kind == "paged" else None,
       dtype=dtype)) for dtype in ("int8", None)}

@@ -54,21 +54,25 @@ def decay_mask(params):
 
 
 def update_dtype(dtype):
-  """The dtype the optimizer reads a parameter's gradient in: float32 for a float16
-  parameter (``in_float32``), the parameter's own otherwise."""
-  return jnp.float32 if dtype == jnp.float16 else dtype
+  """The dtype the optimizer reads a parameter's gradient in: float32 for a float16 or
+  bfloat16 parameter (``in_float32``), the parameter's own otherwise."""
+  return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
 
 
 def in_float32(tx):
-  """``tx`` with its state and its arithmetic in float32 for float16 leaves (gradients and
-  parameters are widened before it reads them; its updates come out float32, which
-  ``optax.apply_updates`` adds in float32 and rounds to the parameter's dtype).
+  """``tx`` with its state and its arithmetic in float32 for float16 and bfloat16 leaves
+  (gradients and parameters are widened before it reads them; its updates come out
+  float32, which ``optax.apply_updates`` adds in float32 and rounds to the parameter's
+  dtype).
 
   float16 cannot hold Adam's state: ``eps=1e-9`` rounds to 0 there, a gradient below
   2.4e-4 squares to 0, and a parameter with no gradient (a byte id the data never holds)
   divides 0 by 0. Until 2026-12-05 every update of float16 parameters under adam / adamw
-  was non-finite and a run stopped at its first step. bfloat16 keeps float32's range and
-  its state stays bfloat16."""
+  was non-finite and a run stopped at its first step. bfloat16 has float32's range but 8
+  bits of mantissa: a decay rate of 0.999 (Adam's usual ``b2``) is 1.0 there, so its
+  moments never decayed (until 2026-12-07: the second moment only grew, SGD's momentum
+  lasted forever). The parameters themselves stay in their dtype: an update under half
+  their ulp (lr 1e-3 on a norm scale of 1) leaves them as they were."""
   def widen(tree):
     return jax.tree.map(lambda x: x.astype(update_dtype(x.dtype)) if hasattr(x, "dtype") else x,
                         tree)
@@ -84,8 +88,8 @@ def in_float32(tx):
 
 def make_optimizer(tcfg: TrainConfig, d_model: int):
   """(optax transformation, schedule). Weight decay skips biases and norm scales
-  (``decay_mask``): decaying them only hurts. float16 parameters are updated in float32
-  (``in_float32``)."""
+  (``decay_mask``): decaying them only hurts. float16 and bfloat16 parameters are updated
+  in float32 (``in_float32``)."""
   schedule = make_schedule(tcfg, d_model)
   if tcfg.optimizer == "sgd":
     opt = optax.sgd(schedule, momentum=tcfg.b1)

@@ -108,6 +108,21 @@ def init_train(mcfg: ModelConfig, tcfg: TrainConfig, mesh) -> tuple[TrainSetup, 
   return setup, state
 
 
+# The loss sum a micro-batch differentiates weighs at most this many tokens (a power of two).
+GRADIENT_SUM_TOKENS = 4096
+
+
+def gradient_scale(num_tokens: int) -> float:
+  """The power of two (at most 1) the loss sum of a micro-batch of ``num_tokens`` token
+  positions is multiplied by before it is differentiated, so that its gradient sums at
+  most ``GRADIENT_SUM_TOKENS`` tokens' worth (more than half that when it scales): a
+  float16 weight gradient summed over every token of a large batch overflowed (until
+  2026-12-07: at ~260K tokens a micro-batch, every step of a float16 run was non-finite).
+  A power of two scales float32 and bfloat16 gradients exactly; the step multiplies them
+  back in float32."""
+  return 2.0 ** -((num_tokens - 1) // GRADIENT_SUM_TOKENS).bit_length()
+
+
 def make_train_step(setup: TrainSetup, tcfg: TrainConfig):
   """``step(state, batch) -> (state, metrics)``, jitted; ``state`` is donated.
 
@@ -124,9 +139,12 @@ def make_train_step(setup: TrainSetup, tcfg: TrainConfig):
       logits_BTV = model_logits(model, batch)
     loss_sum, nll_sum, weight = cross_entropy(logits_BTV, batch["targets_BT"],
                                               batch["loss_mask_BT"], smoothing)
-    return loss_sum, (nll_sum, weight)
+    return loss_sum * gradient_scale(batch["targets_BT"].size), (loss_sum, nll_sum, weight)
 
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  def grad_fn(params, batch, key):
+    (_, (loss_sum, nll_sum, weight)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        params, batch, key)
+    return (loss_sum, (nll_sum, weight)), grads
 
   def step(state, batch):
     params = state["params"]
@@ -149,11 +167,12 @@ def make_train_step(setup: TrainSetup, tcfg: TrainConfig):
       zeros = (0.0, 0.0, 0.0, jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
       (loss_sum, nll_sum, weight, grads), _ = jax.lax.scan(
           body, zeros, (jnp.arange(accum), micro))
-    # Gradients of the mean over all counted tokens of all micro-batches, divided and
-    # measured in float32; the optimizer gets them in the parameters' dtype (float16 ones
-    # stay float32: the optimizer runs in float32 for them, optim.in_float32).
+    # Gradients of the mean over all counted tokens of all micro-batches, scaled back,
+    # divided and measured in float32; the optimizer gets them in the dtype it updates in
+    # (float32 for float16 / bfloat16 parameters: optim.in_float32).
     denom = jnp.maximum(weight, 1.0)
-    grads = jax.tree.map(lambda g: g.astype(jnp.float32) / denom, grads)
+    unscale = 1.0 / gradient_scale(batch["targets_BT"].size // accum)
+    grads = jax.tree.map(lambda g: g.astype(jnp.float32) * unscale / denom, grads)
     loss = loss_sum / denom
     grad_norm = optax.tree.norm(grads)
     grads = jax.tree.map(lambda g, p: g.astype(update_dtype(p.dtype)), grads, params)

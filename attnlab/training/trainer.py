@@ -104,7 +104,11 @@ def _too_large(mcfg: ModelConfig, tcfg: TrainConfig, error: str) -> str:
   params = jax.tree.leaves(nnx.state(model, nnx.Param))
   count = count_params(model)
   moments = 1 if tcfg.optimizer == "sgd" else 2  # momentum; Adam's m and v
-  nbytes = sum(x.size * x.dtype.itemsize for x in params) * (1 + moments)
+  # The moments in the dtype the optimizer updates in (float32 for float16 / bfloat16
+  # parameters: counted at the parameters' itemsize until 2026-12-07).
+  nbytes = sum(x.size * (x.dtype.itemsize
+                         + moments * np.dtype(optim.update_dtype(x.dtype)).itemsize)
+               for x in params)
   first = error.strip().splitlines()[0][:200]
   return (f"the training state does not fit in memory ({first}): {count:,} parameters, "
           f"{nbytes / 2**30:.1f} GiB with the optimizer's moments (ModelConfig vocab_size="

@@ -678,6 +678,34 @@ def test_a_checkpoint_restored_in_another_dtype_is_not_taken_for_a_damaged_one(s
                                 _state(2)["params"]["big"].astype(jnp.bfloat16))
 
 
+def test_a_bfloat16_optimizer_state_restores_widened_to_float32(tmp_path):
+  """bfloat16 parameters kept a bfloat16 optimizer state until 2026-12-07 (float32 now:
+  optim.in_float32): such a checkpoint restores into the float32 state a resume asks for,
+  each value exactly the bfloat16 one saved."""
+  old = _state(1)
+  old["params"] = jax.tree.map(lambda x: x.astype(jnp.bfloat16), old["params"])
+  old["opt_state"] = jax.tree.map(lambda x: x.astype(jnp.bfloat16), old["opt_state"])
+  ckpt = Checkpointer(str(tmp_path))
+  try:
+    ckpt.save(1, old, {"next_batch": 10})
+  finally:
+    ckpt.close()
+  abstract = _abstract(old)
+  abstract["opt_state"] = _abstract(jax.tree.map(lambda x: x.astype(jnp.float32),
+                                                 old["opt_state"]))
+  ckpt = Checkpointer(str(tmp_path), read_only=True)
+  try:
+    step, state, _ = ckpt.restore_latest(abstract)
+  finally:
+    ckpt.close()
+  assert step == 1
+  for got, want in zip(jax.tree.leaves(state["opt_state"]), jax.tree.leaves(old["opt_state"]),
+                       strict=True):
+    assert got.dtype == jnp.float32
+    np.testing.assert_array_equal(got, want.astype(jnp.float32))
+  _assert_restored(state["params"], old["params"])
+
+
 def _model_workdir(workdir):
   """A workdir holding the config.gin of a tiny seq2seq model (no checkpoint yet); its
   ``ModelConfig`` and the model built with load_checkpoint's seeds."""

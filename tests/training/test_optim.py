@@ -209,13 +209,12 @@ def test_a_vector_weight_is_not_decayed_whatever_its_name():
   np.testing.assert_array_equal(u["v"], 0.0)
 
 
-def test_float16_parameters_are_updated_in_float32_and_others_in_their_own_dtype():
-  """Adam's state and updates of float16 parameters are float32 (``in_float32``): a gradient
-  of 1e-4 squares to 0 in float16 and eps=1e-9 rounds to 0, so the update would be inf.
-  bfloat16 and float32 parameters keep their own dtype."""
-  for dtype, want in ((jnp.float16, jnp.float32), (jnp.bfloat16, jnp.bfloat16),
-                      (jnp.float32, jnp.float32)):
-    want = jnp.dtype(want)
+def test_narrow_parameters_are_updated_in_float32():
+  """Adam's state and updates of float16 and bfloat16 parameters are float32 (``in_float32``):
+  a gradient of 1e-4 squares to 0 in float16 and eps=1e-9 rounds to 0, so the update would
+  be inf; bfloat16 state was bfloat16 until 2026-12-07 (see the next test)."""
+  for dtype in (jnp.float16, jnp.bfloat16, jnp.float32):
+    want = jnp.dtype(jnp.float32)
     params = jax.tree.map(lambda x, dtype=dtype: x.astype(dtype), PARAMS)
     g = {"w": jnp.full((2, 3), 1e-4, dtype), "b": jnp.full((3,), -1e-4, dtype)}
     tx, _ = make_optimizer(TrainConfig(optimizer="adam", eps=1e-9, **LR), 64)
@@ -226,6 +225,40 @@ def test_float16_parameters_are_updated_in_float32_and_others_in_their_own_dtype
     assert {x.dtype for x in jax.tree.leaves(u)} == {want}, dtype
     np.testing.assert_allclose(np.asarray(u["w"], np.float32), -0.1, rtol=1e-2)
     np.testing.assert_allclose(np.asarray(u["b"], np.float32), 0.1, rtol=1e-2)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+def test_bfloat16_parameters_take_the_float32_parameters_updates(optimizer):
+  """The decay rates are float32's: b1 = b2 = 0.999 are 1.0 in bfloat16, where the state
+  was kept until 2026-12-07 (Adam's second moment never decayed, SGD's momentum never
+  did: after 10 steps of gradient 1 and 490 of 0 its update stayed -0.1, where float32's
+  is 0.999**490 of that, -0.06). Reference: the same optimizer on float32 parameters of the
+  same values, over 500 steps of gradients that bfloat16 holds exactly; every update equal."""
+  tcfg = TrainConfig(optimizer=optimizer, b1=0.999, b2=0.999,
+                     weight_decay=0.1 if optimizer == "adamw" else 0.0,
+                     learning_rate=1e-2, schedule="constant", warmup_steps=0, grad_clip=0.0,
+                     steps=500)
+  t = jnp.arange(500)
+  grads = {"w": jnp.where(t < 10, 1.0, 0.0)[:, None] * jnp.asarray([1.0, -0.5, 0.25]),
+           "b": jnp.where(t < 100, 1.0, 0.125)[:, None] * jnp.asarray([0.5, 2.0])}
+
+  def run(dtype):
+    tx, _ = make_optimizer(tcfg, 64)
+    params = {"w": jnp.asarray([[0.5, 1.0, -2.0]], dtype), "b": jnp.asarray([1.0, 0.75], dtype)}
+
+    def body(state, g):
+      g = jax.tree.map(lambda x, p: x.astype(p.dtype).reshape(p.shape), g, params)
+      u, state = tx.update(g, state, params)
+      return state, u
+
+    return jax.jit(lambda s: jax.lax.scan(body, s, grads)[1])(tx.init(params))
+
+  got, want = run(jnp.bfloat16), run(jnp.float32)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    np.testing.assert_array_equal(g, w)
+  if optimizer == "sgd":  # and the momentum did decay, by b1 a step after the last gradient
+    np.testing.assert_allclose(float(got["w"][-1, 0, 0] / got["w"][9, 0, 0]), 0.999**490,
+                               rtol=1e-4)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])

@@ -374,14 +374,15 @@ def test_bfloat16_parameters_accumulate_micro_batch_gradients_in_float32(batch):
   want_norm = np.sqrt(sum(np.sum(np.square(x)) for x in jax.tree.leaves(want)))
   state, m = steps.make_train_step(setup, tcfg)(state, steps.put_batch(batch, setup))
   np.testing.assert_allclose(float(m["grad_norm"]), want_norm, rtol=1e-4)
-  # SGD, lr 1: after = bfloat16(before - bfloat16(gradient)), element for element but for
-  # the few whose float32 sum rounds the other way from the float64 one.
+  # SGD, lr 1: after = bfloat16(before - gradient), the difference in float32 (the optimizer
+  # updates bfloat16 parameters in float32: until 2026-12-07 the gradient was rounded to
+  # bfloat16 first), element for element but for the few whose float32 sum rounds the
+  # other way from the float64 one.
   after = _host(state["params"])
   mismatched = total_size = 0
   for a, b, g in zip(jax.tree.leaves(after), jax.tree.leaves(before), jax.tree.leaves(want)):
     # NumPy's bfloat16 (ml_dtypes) rounds to nearest even, as XLA does.
-    g16 = np.asarray(g, np.float32).astype(jnp.bfloat16).astype(np.float32)
-    expect = (b.astype(np.float32) - g16).astype(jnp.bfloat16)
+    expect = (b.astype(np.float32) - np.asarray(g, np.float32)).astype(jnp.bfloat16)
     mismatched += int(np.sum(a != expect))
     total_size += a.size
   assert mismatched <= 0.002 * total_size, (mismatched, total_size)
@@ -452,6 +453,47 @@ def test_float16_parameters_take_adamw_steps_with_float32_state(batch):
   assert not bool(m["finite"])
   for a, b in zip(jax.tree.leaves(_host(state["params"])), jax.tree.leaves(before)):
     np.testing.assert_array_equal(a, b)
+
+
+def test_gradient_scale_keeps_a_micro_batch_sum_under_4096_tokens():
+  scales = {n: steps.gradient_scale(n) for n in (1, 4096, 4097, 8192, 8193, 2**19)}
+  assert scales == {1: 1.0, 4096: 1.0, 4097: 0.5, 8192: 0.5, 8193: 0.25, 2**19: 2.0**-7}
+
+
+@pytest.mark.parametrize("param_dtype, dtype", [("float16", "float32"), ("float32", "float16")])
+def test_float16_gradients_of_a_large_batch_stay_finite(param_dtype, dtype, monkeypatch):
+  """A micro-batch's float16 weight gradients summed the loss's gradient over all its tokens:
+  past float16's 65504 with enough tokens, and every step non-finite (until 2026-12-07
+  at ~260K tokens a micro-batch for a small model). Here 16K tokens of one repeated
+  sequence, with a final norm's scale of 16, sum ~1e5 in the output projection's gradient.
+  Reference: the float32 model's step on the same batch (the gradient norm, which a
+  power-of-two scale leaves unchanged there)."""
+  mcfg = ModelConfig(arch="decoder_only", vocab_size=16, d_model=16, num_layers=1,
+                     num_heads=2, d_ff=32, max_len=128)
+  B, T = 128, 128
+  tokens = np.tile(np.arange(T + 1, dtype=np.int32) % 16, (B, 1))
+  batch = {"tokens_BT": tokens[:, :-1], "targets_BT": tokens[:, 1:],
+           "positions_BT": np.tile(np.arange(T, dtype=np.int32), (B, 1)),
+           "segment_ids_BT": np.ones((B, T), np.int32),
+           "loss_mask_BT": np.ones((B, T), np.float32)}
+  tcfg = TrainConfig(**SGD)
+
+  def final_norm_times_16(path, x):
+    keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+    return x * 16 if keys[-2:] == ["norm", "scale"] else x
+
+  def step(pd, cd):
+    setup, state = steps.init_train(mcfg.replace(param_dtype=pd, dtype=cd), tcfg,
+                                    sharding.make_mesh((1, 1, 1)))
+    state["params"] = jax.tree_util.tree_map_with_path(final_norm_times_16, state["params"])
+    return steps.make_train_step(setup, tcfg)(state, steps.put_batch(batch, setup))[1]
+
+  want, got = step("float32", "float32"), step(param_dtype, dtype)
+  assert bool(want["finite"]) and bool(got["finite"])
+  np.testing.assert_allclose(float(got["grad_norm"]), float(want["grad_norm"]), rtol=2e-2)
+  # The whole sum, as differentiated before: non-finite.
+  monkeypatch.setattr(steps, "gradient_scale", lambda num_tokens: 1.0)
+  assert not bool(step(param_dtype, dtype)["finite"])
 
 
 class _Frozen(dict):

@@ -319,13 +319,17 @@ def test_what_cannot_run_or_be_written_is_refused_before_the_workdir(tmp_path, c
     assert capsys.readouterr().err.strip() == f"attnlab train: error: {message}"
 
 
-def test_a_model_too_large_for_memory_is_one_line_naming_its_size(tmp_path, capsys):
+@pytest.mark.parametrize("param_dtype, nbytes", [("float32", 4 * 3), ("bfloat16", 2 + 4 * 2)])
+def test_a_model_too_large_for_memory_is_one_line_naming_its_size(tmp_path, capsys,
+                                                                  param_dtype, nbytes):
   """A training state that cannot be allocated (a vocabulary of 2**31 - 1 rows) was a
   RESOURCE_EXHAUSTED traceback from inside JAX until 2026-12-06: one line, exit 2, naming
-  the parameters, their bytes with Adam's moments and the sizes; the workdir is not made."""
+  the parameters, their bytes with Adam's moments (float32 for bfloat16 parameters: counted
+  in bfloat16 until 2026-12-07) and the sizes; the workdir is not made."""
   rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(tmp_path / "w"),
                  "--gin.ModelConfig.vocab_size=2147483647", "--gin.ModelConfig.d_model=16",
-                 "--gin.ModelConfig.d_ff=16", "--gin.ModelConfig.num_layers=1"])
+                 "--gin.ModelConfig.d_ff=16", "--gin.ModelConfig.num_layers=1",
+                 f"--gin.ModelConfig.param_dtype='{param_dtype}'"])
   err = capsys.readouterr().err.strip()
   assert rc == 2 and not (tmp_path / "w").exists(), err
   assert re.fullmatch(
@@ -337,7 +341,7 @@ def test_a_model_too_large_for_memory_is_one_line_naming_its_size(tmp_path, caps
   count = int(re.search(r"\): ([\d,]+) parameters", err)[1].replace(",", ""))
   table = 16 * (2**31 - 1)  # the one embedding table (tied, shared by encoder and decoder)
   assert table < count < table + 10**5  # and the small layers
-  assert float(re.search(r"([\d.]+) GiB", err)[1]) == round(count * 4 * 3 / 2**30, 1)
+  assert float(re.search(r"([\d.]+) GiB", err)[1]) == round(count * nbytes / 2**30, 1)
 
 
 def test_a_batch_larger_than_the_machines_memory_is_one_line(tmp_path, capsys):

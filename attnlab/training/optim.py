@@ -73,15 +73,14 @@ def in_float32(tx):
   moments never decayed (until 2026-12-07: the second moment only grew, SGD's momentum
   lasted forever). The parameters themselves stay in their dtype: an update under half
   their ulp (lr 1e-3 on a norm scale of 1) leaves them as they were."""
-  def widen(tree):
-    return jax.tree.map(lambda x: x.astype(update_dtype(x.dtype)) if hasattr(x, "dtype") else x,
-                        tree)
+  def widen(tree):  # (None, no parameters, stays None)
+    return jax.tree.map(lambda x: x.astype(update_dtype(x.dtype)), tree)
 
   def init(params):
     return tx.init(widen(params))
 
   def update(updates, state, params=None):
-    return tx.update(widen(updates), state, None if params is None else widen(params))
+    return tx.update(widen(updates), state, widen(params))
 
   return optax.GradientTransformation(init, update)
 

@@ -12,6 +12,7 @@ from attnlab.training.optim import (
     inverse_sqrt_schedule,
     make_optimizer,
     make_schedule,
+    update_dtype,
 )
 
 
@@ -213,6 +214,7 @@ def test_narrow_parameters_are_updated_in_float32():
   """Adam's state and updates of float16 and bfloat16 parameters are float32 (``in_float32``):
   a gradient of 1e-4 squares to 0 in float16 and eps=1e-9 rounds to 0, so the update would
   be inf; bfloat16 state was bfloat16 until 2026-12-07 (see the next test)."""
+  assert update_dtype(np.dtype("float64")) == np.float64  # the parameter's own (an x64 run)
   for dtype in (jnp.float16, jnp.bfloat16, jnp.float32):
     want = jnp.dtype(jnp.float32)
     params = jax.tree.map(lambda x, dtype=dtype: x.astype(dtype), PARAMS)

@@ -482,13 +482,24 @@ def test_float16_gradients_of_a_large_batch_stay_finite(param_dtype, dtype, monk
     keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
     return x * 16 if keys[-2:] == ["norm", "scale"] else x
 
-  def step(pd, cd):
+  def step(pd, cd, check=False):
     setup, state = steps.init_train(mcfg.replace(param_dtype=pd, dtype=cd), tcfg,
                                     sharding.make_mesh((1, 1, 1)))
     state["params"] = jax.tree_util.tree_map_with_path(final_norm_times_16, state["params"])
-    return steps.make_train_step(setup, tcfg)(state, steps.put_batch(batch, setup))[1]
+    if check:  # the float32 step's gradient (scaled by 1/4 and back) against the plain mean's
+      def mean_loss(params):
+        logits_BTV = steps.model_logits(nnx.merge(setup.graphdef, params, setup.rest), batch)
+        logp_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp_BTV, batch["targets_BT"][..., None], -1))
 
-  want, got = step("float32", "float32"), step(param_dtype, dtype)
+      want_norm = float(global_norm(jax.jit(jax.grad(mean_loss))(state["params"])))
+    m = steps.make_train_step(setup, tcfg)(state, steps.put_batch(batch, setup))[1]
+    if check:
+      assert steps.gradient_scale(B * T) == 0.25
+      np.testing.assert_allclose(float(m["grad_norm"]), want_norm, rtol=1e-5)
+    return m
+
+  want, got = step("float32", "float32", check=True), step(param_dtype, dtype)
   assert bool(want["finite"]) and bool(got["finite"])
   np.testing.assert_allclose(float(got["grad_norm"]), float(want["grad_norm"]), rtol=2e-2)
   # The whole sum, as differentiated before: non-finite.

@@ -130,7 +130,7 @@ class ServeStats:
       request released its pages; paged cache).
   """
 
-  slots: int
+  slots: int  # allocated (with ``bucket``, up to 2x the requests, at most ``slots``)
   generated: int = 0
   decode_steps: int = 0
   decode_calls: int = 0
@@ -216,8 +216,9 @@ def generate_requests(model, prompts: Sequence[Sequence[int]], max_new_tokens, *
     bucket: size the cache for the length bucket (``bucket_length``) of the longest
       request's positions and the slots for the power of two that holds the requests
       (at most ``slots``), so that calls with other requests share the compiled programs
-      (up to ~1.5x the cache memory of the exact sizes). False sizes both exactly: for a
-      caller with one set of requests (a benchmark, the CLI).
+      (up to ~1.5x the positions, 16 at least, and 2x the slots of the exact sizes).
+      False sizes both exactly: for a caller with one set of requests (a benchmark, the
+      CLI).
 
   Returns:
     one int32 array per request: its new tokens (eos included), at most its budget.

@@ -174,6 +174,17 @@ def checksums(flat: dict) -> dict:
   return out
 
 
+def _widened(saved: str, now) -> bool:
+  """Whether a float array saved as ``saved`` and restored as ``now`` holds every saved
+  value exactly: a float of more bits (bfloat16 / float16 -> float32, float32 -> float64)."""
+  try:
+    saved = jnp.dtype(saved)
+  except TypeError:  # a dtype this JAX does not know
+    return False
+  return (jnp.issubdtype(saved, jnp.floating) and jnp.issubdtype(now, jnp.floating)
+          and jnp.finfo(now).bits > jnp.finfo(saved).bits)
+
+
 def _data_digest(data_state: dict) -> str:
   """SHA-256 of the data state as its JSON file holds it (keys as strings, sorted)."""
   text = json.dumps(json.loads(json.dumps(data_state)), sort_keys=True)
@@ -523,16 +534,20 @@ class Checkpointer:
   def _verify(self, step: int, meta, items: dict, data_state: dict | None = None) -> None:
     """Raise ``CorruptCheckpointError`` unless the restored ``items`` ({item: flat
     arrays}) and ``data_state`` have the checksums ``save`` kept in ``meta``. A
-    checkpoint saved without them (before 2026-12-04) is taken as it is; an array that
-    orbax cast to another dtype than it was saved in is not compared."""
+    checkpoint saved without them (before 2026-12-04) is taken as it is. An array that orbax
+    widened to a wider float (a bfloat16 optimizer state, saved before 2026-12-07, restored
+    as float32) is compared in its saved dtype, which holds its values exactly; one cast
+    another way (narrowed, or to another kind) cannot be, and is not compared."""
     saved = dict(meta or {}).get(CHECKSUMS)
     if not saved:
       return
     where = os.path.join(self.directory, str(step))
     for item, flat in items.items():
       want = saved.get(item, {})
-      now = checksums({k: v for k, v in flat.items()
-                       if k in want and str(v.dtype) == want[k][0]})
+      now = checksums({k: v if str(v.dtype) == want[k][0] else v.astype(want[k][0])
+                       for k, v in flat.items()
+                       if k in want and (str(v.dtype) == want[k][0]
+                                         or _widened(want[k][0], v.dtype))})
       for name, (_, value) in now.items():
         if value != want[name][1]:
           raise CorruptCheckpointError(

@@ -704,6 +704,21 @@ def test_a_bfloat16_optimizer_state_restores_widened_to_float32(tmp_path):
     assert got.dtype == jnp.float32
     np.testing.assert_array_equal(got, want.astype(jnp.float32))
   _assert_restored(state["params"], old["params"])
+  # Its checksums are compared in the saved dtype: damaged, it is refused as in its own
+  # (until 2026-12-07 a widened array was not compared, and a resume took the damage).
+  _flip(_largest(str(tmp_path / "checkpoints" / "1"), "opt_state"), 0.3)
+  for dtype in (jnp.bfloat16, jnp.float32):
+    abstract["opt_state"] = _abstract(jax.tree.map(lambda x, d=dtype: x.astype(d),
+                                                   old["opt_state"]))
+    ckpt = Checkpointer(str(tmp_path), read_only=True)
+    try:
+      with pytest.raises(checkpoint.UnreadableCheckpointError) as err:
+        ckpt.restore(1, abstract)
+    finally:
+      ckpt.close()
+    assert isinstance(err.value.__cause__, checkpoint.CorruptCheckpointError), dtype
+    assert re.search(r"opt_state array \S+ reads other values than were saved",
+                     str(err.value)), err.value
 
 
 def _model_workdir(workdir):

@@ -260,11 +260,14 @@ def test_more_pages_than_can_be_used_allocate_only_the_worst_case(monkeypatch):
   # program for the three, traced once: a cache per layer)
   assert pools == [4] * model.cfg.num_layers
   pools.clear()
-  served = attnlab.generate_requests(model, [list(r) for r in prompt], 5, slots=2,
-                                     page_size=4, num_pages=2**40, eos_id=None)
-  for b in range(2):
-    np.testing.assert_array_equal(served[b], want[b])
-  assert pools == [4] * model.cfg.num_layers
+  for bucket, pages in ((False, 4), (True, 8)):  # 8 positions, or their bucket, 16
+    served = attnlab.generate_requests(model, [list(r) for r in prompt], 5, slots=2,
+                                       page_size=4, num_pages=2**40, eos_id=None,
+                                       bucket=bucket)
+    for b in range(2):
+      np.testing.assert_array_equal(served[b], want[b])
+    assert pools == [pages] * model.cfg.num_layers
+    pools.clear()
 
 
 def test_a_one_layer_model_decodes_paged_like_contiguous():

@@ -174,15 +174,20 @@ def checksums(flat: dict) -> dict:
   return out
 
 
-def _widened(saved: str, now) -> bool:
-  """Whether a float array saved as ``saved`` and restored as ``now`` holds every saved
-  value exactly: a float of more bits (bfloat16 / float16 -> float32, float32 -> float64)."""
-  try:
-    saved = jnp.dtype(saved)
-  except TypeError:  # a dtype this JAX does not know
-    return False
-  return (jnp.issubdtype(saved, jnp.floating) and jnp.issubdtype(now, jnp.floating)
-          and jnp.finfo(now).bits > jnp.finfo(saved).bits)
+def _as_saved(x, saved: str):
+  """``x``, restored from an array saved in dtype ``saved``, as the saved array bit for bit,
+  or None where its bits cannot be told from it (an array orbax cast another way).
+
+  orbax widens a bfloat16 value to float32 by appending 16 zero bits (NaN payloads
+  included), so the upper half of each float32 word is the saved bfloat16: taken by
+  bitcasts, which never rewrite a NaN (``astype`` would: XLA on the CPU makes every
+  bfloat16 NaN 0x7FC0, and a GPU's 0x7FFF then failed its checksum)."""
+  if str(x.dtype) == saved:
+    return x
+  if saved == "bfloat16" and x.dtype == jnp.float32:
+    words = jax.lax.bitcast_convert_type(x, jnp.uint32) >> jnp.uint32(16)
+    return jax.lax.bitcast_convert_type(words.astype(jnp.uint16), jnp.bfloat16)
+  return None
 
 
 def _data_digest(data_state: dict) -> str:
@@ -534,20 +539,20 @@ class Checkpointer:
   def _verify(self, step: int, meta, items: dict, data_state: dict | None = None) -> None:
     """Raise ``CorruptCheckpointError`` unless the restored ``items`` ({item: flat
     arrays}) and ``data_state`` have the checksums ``save`` kept in ``meta``. A
-    checkpoint saved without them (before 2026-12-04) is taken as it is. An array that orbax
-    widened to a wider float (a bfloat16 optimizer state, saved before 2026-12-07, restored
-    as float32) is compared in its saved dtype, which holds its values exactly; one cast
-    another way (narrowed, or to another kind) cannot be, and is not compared."""
+    checkpoint saved without them (before 2026-12-04) is taken as it is. A bfloat16 array
+    restored as float32 (a bfloat16 run's optimizer state saved before 2026-12-07) is
+    compared by its saved bits (``_as_saved``); an array cast another way is not compared."""
     saved = dict(meta or {}).get(CHECKSUMS)
     if not saved:
       return
     where = os.path.join(self.directory, str(step))
     for item, flat in items.items():
       want = saved.get(item, {})
-      now = checksums({k: v if str(v.dtype) == want[k][0] else v.astype(want[k][0])
-                       for k, v in flat.items()
-                       if k in want and (str(v.dtype) == want[k][0]
-                                         or _widened(want[k][0], v.dtype))})
+      now = {}
+      for name, v in flat.items():  # one array (and its saved bits) at a time
+        v = _as_saved(v, want[name][0]) if name in want else None
+        if v is not None:
+          now.update(checksums({name: v}))
       for name, (_, value) in now.items():
         if value != want[name][1]:
           raise CorruptCheckpointError(

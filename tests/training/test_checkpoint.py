@@ -685,6 +685,12 @@ def test_a_bfloat16_optimizer_state_restores_widened_to_float32(tmp_path):
   old = _state(1)
   old["params"] = jax.tree.map(lambda x: x.astype(jnp.bfloat16), old["params"])
   old["opt_state"] = jax.tree.map(lambda x: x.astype(jnp.bfloat16), old["opt_state"])
+  # A NaN of a GPU's payload (0x7FFF): a cast back to bfloat16 on the CPU makes it 0x7FC0,
+  # and a first version of the check took the checkpoint for a damaged one.
+  # (Set through NumPy: XLA's scatter on the CPU rewrites it to 0x7FC0 too.)
+  mu = np.asarray(old["opt_state"]["mu"]).copy()
+  mu.view(np.uint16)[0, 0] = 0x7FFF
+  old["opt_state"]["mu"] = jnp.asarray(mu)
   ckpt = Checkpointer(str(tmp_path))
   try:
     ckpt.save(1, old, {"next_batch": 10})
@@ -703,6 +709,8 @@ def test_a_bfloat16_optimizer_state_restores_widened_to_float32(tmp_path):
                        strict=True):
     assert got.dtype == jnp.float32
     np.testing.assert_array_equal(got, want.astype(jnp.float32))
+  bits = jax.lax.bitcast_convert_type(state["opt_state"]["mu"], jnp.uint32)
+  assert int(bits[0, 0]) == 0x7FFF0000  # the payload, restored as it was saved
   _assert_restored(state["params"], old["params"])
   # Its checksums are compared in the saved dtype: damaged, it is refused as in its own
   # (until 2026-12-07 a widened array was not compared, and a resume took the damage).

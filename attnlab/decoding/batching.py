@@ -72,6 +72,7 @@ from attnlab.decoding.generate import (
   _reserve,
   as_key,
   bucket_length,
+  check_bucket,
   check_cache_dtype,
   check_page_size,
   check_stop_ids,
@@ -331,8 +332,7 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
     if not paged:
       raise GenerateInputError(f"num_pages={num_pages} is for cache='paged', got cache={cache!r}")
     num_pages = positive_int("num_pages", num_pages)
-  if not isinstance(bucket, bool | np.bool_):
-    raise GenerateInputError(f"bucket={bucket!r} must be True or False")
+  bucket = check_bucket(bucket)
   cache_dtype = check_cache_dtype(cache_dtype)
   n = len(prompts)
   # Positions a request needs: the last generated token is never fed back.

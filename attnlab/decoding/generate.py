@@ -202,8 +202,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     # As an int: a NumPy uint8 reached PageAllocator.init and overflowed there (until
     # 2026-12-07).
     num_pages = positive_int("num_pages", num_pages)
-  if not isinstance(bucket, bool | np.bool_):
-    raise GenerateInputError(f"bucket={bucket!r} must be True or False")
+  bucket = check_bucket(bucket)
   B, T = prompt_BT.shape
   if beam_size is not None and sampling != GREEDY:
     raise GenerateInputError(f"beam search (beam_size={beam_size}) is deterministic: sampling="
@@ -305,6 +304,13 @@ def positive_int(name, value) -> int:
   except ValueError as e:
     raise GenerateInputError(str(e)) from None
   return int(value)
+
+
+def check_bucket(bucket) -> bool:
+  """``bucket`` of ``generate`` / ``generate_requests``: True or False (a NumPy bool too)."""
+  if not isinstance(bucket, bool | np.bool_):
+    raise GenerateInputError(f"bucket={bucket!r} must be True or False")
+  return bool(bucket)
 
 
 def check_page_size(page_size, max_len: int) -> int:

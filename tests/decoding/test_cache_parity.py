@@ -386,29 +386,44 @@ def _while_body_lines(hlo_text):
   return lines
 
 
-@pytest.mark.parametrize("kind,batch", [("contiguous", 1), ("contiguous", 3), ("ring", 1),
-                                        ("ring", 2)])
-def test_decode_loop_writes_the_cache_in_place(kind, batch):
-  """The compiled decode loop of ``generate`` copies no cache buffer (XLA:CPU): the
-  step reads the old buffer, then writes the new token into it. (Writing first
-  through a ``mode="drop"`` scatter cost three copies of every buffer per step.)
-  Nor does it make any weight-sized array (a weight read in another layout)."""
+@pytest.mark.parametrize("kind,batch,cache_dtype", [
+    ("contiguous", 1, None), ("contiguous", 3, None), ("ring", 1, None), ("ring", 2, None),
+    ("contiguous", 1, "int8"), ("ring", 2, "int8"), ("paged", 1, None), ("paged", 2, None),
+    ("paged", 2, "int8"),
+    # Known, not ours to fix here: at one row XLA:CPU fuses the scale pools' token write into
+    # the gather that reads them, and then copies each scale pool twice per step (measured
+    # 2026-12-07: 4 copies of f32[P, C, K] a layer; the int8 pages themselves stay in place).
+    # Strict: the day it passes, this mark must go.
+    pytest.param("paged", 1, "int8", marks=pytest.mark.xfail(
+        strict=True, reason="XLA:CPU copies a paged int8 cache's scale pools at one row"))])
+def test_decode_loop_writes_the_cache_in_place(kind, batch, cache_dtype):
+  """The compiled decode loop of ``generate`` copies no cache buffer (XLA:CPU), of any
+  cache kind, float or int8 (values and scales): the step reads the old buffer, then
+  writes the new token into it. (Writing first through a ``mode="drop"`` scatter cost
+  three copies of every buffer per step.) Nor does it make any weight-sized array (a
+  weight read in another layout)."""
   from attnlab.decoding import generate as gen
 
   name = "gqa_rope_window10"
   model = decoder_model(name, "auto")
   state = nnx.state(model)
   prompt = jnp.asarray(random_tokens(5, (batch, 6)))
+  num_pages = batch * -(-20 // PAGE) if kind == "paged" else None
   compiled = gen._sample_decoder_only.trace(
       model, prompt, jnp.full((batch,), 6, jnp.int32), jax.random.key(0),
-      jnp.int32(-1), sampling=gen.GREEDY, cache_len=20, num_pages=None, max_new_tokens=14,
-      kind=kind, page_size=PAGE, cache_dtype=None).lower().compile()
-  cache = cache_lib.init_cache(model.cfg, kind, batch, 20)
-  buffer = cache[0].self_attn.k_BKSH if kind == "contiguous" else cache[0].self_attn.k_BKWH
-  dims = ",".join(map(str, buffer.shape))
+      jnp.int32(-1), sampling=gen.GREEDY, cache_len=20, num_pages=num_pages, max_new_tokens=14,
+      kind=kind, page_size=PAGE, cache_dtype=cache_dtype).lower().compile()
+  cache = cache_lib.init_cache(model.cfg, kind, batch, 20, page_size=PAGE, num_pages=num_pages,
+                               dtype=cache_dtype)
+  # Every buffer of the cache: keys, values and (int8) their scales; not the lengths or the
+  # page table.
+  buffers = {f"{x.dtype.name}[{','.join(map(str, x.shape))}]".replace("float32", "f32")
+             .replace("int8", "s8") for x in jax.tree.leaves(cache[0].self_attn) if x.ndim >= 3}
+  assert len(buffers) == (2 if cache_dtype == "int8" else 1)  # K and V share their shapes
   body = _while_body_lines(compiled.as_text())
   assert any("dot(" in line or "fusion(" in line for line in body)  # found the loop
-  copies = [line for line in body if re.search(rf"= f32\[{dims}\]\S* copy\(", line)]
+  copies = [line for line in body for b in buffers
+            if re.search(rf"= {re.escape(b)}\S* copy\(", line)]
   assert not copies, "\n".join(copies)
   # Nor any array of a weight's size: a weight is read where it is stored, never
   # transposed into another layout inside the loop (jnp.einsum's "BTNH,NHD->BTD"

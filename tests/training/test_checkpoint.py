@@ -678,25 +678,31 @@ def test_a_checkpoint_restored_in_another_dtype_is_not_taken_for_a_damaged_one(s
                                 _state(2)["params"]["big"].astype(jnp.bfloat16))
 
 
+def _save_then_restore_latest(workdir, state, abstract):
+  """``state`` saved as step 1 in ``workdir``, then restored (the newest step) as ``abstract``."""
+  ckpt = Checkpointer(str(workdir))
+  try:
+    ckpt.save(1, state, {"next_batch": 10})
+  finally:
+    ckpt.close()
+  ckpt = Checkpointer(str(workdir), read_only=True)
+  try:
+    step, restored, _ = ckpt.restore_latest(abstract)
+  finally:
+    ckpt.close()
+  assert step == 1
+  return restored
+
+
 def test_a_float16_array_restored_as_float32_is_taken_as_it_is(tmp_path):
   """Only bfloat16 widened to float32 is compared by its saved bits (its upper halves); a
   float16 array restored as float32 has no such bits and is not compared (mutmut: a check
   that took every float32 restore for a widened bfloat16 passed the tests before)."""
   old = _state(1)
   old["params"] = jax.tree.map(lambda x: x.astype(jnp.float16), old["params"])
-  ckpt = Checkpointer(str(tmp_path))
-  try:
-    ckpt.save(1, old, {"next_batch": 10})
-  finally:
-    ckpt.close()
   abstract = _abstract(old)
   abstract["params"] = _abstract(jax.tree.map(lambda x: x.astype(jnp.float32), old["params"]))
-  ckpt = Checkpointer(str(tmp_path), read_only=True)
-  try:
-    step, state, _ = ckpt.restore_latest(abstract)
-  finally:
-    ckpt.close()
-  assert step == 1
+  state = _save_then_restore_latest(tmp_path, old, abstract)
   for got, want in zip(jax.tree.leaves(state["params"]), jax.tree.leaves(old["params"]),
                        strict=True):
     assert got.dtype == jnp.float32
@@ -716,20 +722,10 @@ def test_a_bfloat16_optimizer_state_restores_widened_to_float32(tmp_path):
   mu = np.asarray(old["opt_state"]["mu"]).copy()
   mu.view(np.uint16)[0, 0] = 0x7FFF
   old["opt_state"]["mu"] = jnp.asarray(mu)
-  ckpt = Checkpointer(str(tmp_path))
-  try:
-    ckpt.save(1, old, {"next_batch": 10})
-  finally:
-    ckpt.close()
   abstract = _abstract(old)
   abstract["opt_state"] = _abstract(jax.tree.map(lambda x: x.astype(jnp.float32),
                                                  old["opt_state"]))
-  ckpt = Checkpointer(str(tmp_path), read_only=True)
-  try:
-    step, state, _ = ckpt.restore_latest(abstract)
-  finally:
-    ckpt.close()
-  assert step == 1
+  state = _save_then_restore_latest(tmp_path, old, abstract)
   for got, want in zip(jax.tree.leaves(state["opt_state"]), jax.tree.leaves(old["opt_state"]),
                        strict=True):
     assert got.dtype == jnp.float32

@@ -167,6 +167,23 @@ def test_calls_with_other_requests_share_the_programs(case, cache):
   assert stats.slots == 3 and [r.tolist() for r in exact] == [r.tolist() for r in second]
 
 
+def test_page_size_of_a_cache_without_pages_compiles_nothing(case):
+  """The contiguous cache has no pages: its calls share programs whatever ``page_size``
+  says (until 2026-12-07 a static argument of both programs, so each value compiled its
+  own prefill and decode, 1.6-2.0 s a value for a small model). A bad value is still
+  refused."""
+  model, prompts, eos_id, want, _ = case
+  kw = dict(slots=4, cache="contiguous", eos_id=eos_id, decode_chunk=4)
+  first, _ = batching.serve_requests(model, prompts, BUDGETS, page_size=C, **kw)
+  before = batching.num_programs()
+  for page_size in (C + 1, 64):
+    results, _ = batching.serve_requests(model, prompts, BUDGETS, page_size=page_size, **kw)
+    assert [r.tolist() for r in results] == [r.tolist() for r in first] == want
+  assert batching.num_programs() == before
+  with pytest.raises(batching.GenerateInputError, match="page_size=0"):
+    batching.serve_requests(model, prompts, BUDGETS, page_size=0, **kw)
+
+
 def test_bucket_must_be_a_bool(case):
   model, prompts, *_ = case
   with pytest.raises(ValueError, match=r"bucket='no' must be True or False"):

@@ -76,6 +76,7 @@ from attnlab.decoding.generate import (
   check_cache_dtype,
   check_page_size,
   check_stop_ids,
+  eval_view,
   new_pages,
   positive_int,
   stop_array,
@@ -371,7 +372,7 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
   # Host scalars go to the programs as numpy values: a jnp scalar is a device
   # computation of its own, and these are passed every call.
   eos = stop_array(stop_ids)
-  graphdef, state = nnx.split(model)
+  graphdef, state = nnx.split(eval_view(model))  # one set of programs for either mode
   graphdef = _interned(graphdef)  # hashed once per run, not per device call
   if paged:
     kv_cache = cache_lib.init_cache(cfg, "paged", slots, max_pos, page_size=page_size,

@@ -184,6 +184,27 @@ def test_page_size_of_a_cache_without_pages_compiles_nothing(case):
     batching.serve_requests(model, prompts, BUDGETS, page_size=0, **kw)
 
 
+def test_a_model_in_train_mode_serves_with_the_programs_of_eval_mode(case):
+  """A model's mode is part of its pytree structure, and so of the programs' graph; decoding
+  runs in eval mode either way, so both modes share programs (until 2026-12-07 each mode
+  compiled its own prefill and decode), and the caller's model keeps its mode."""
+  from flax import nnx
+
+  shared, prompts, eos_id, want, _ = case
+  model = nnx.merge(*nnx.split(shared))  # its own modes; the shared model's stay as they are
+  kw = dict(slots=4, cache="paged", page_size=C, eos_id=eos_id, decode_chunk=4)
+  model.eval()
+  results, _ = batching.serve_requests(model, prompts, BUDGETS, **kw)
+  assert [r.tolist() for r in results] == want
+  before = batching.num_programs()
+  model.train()
+  structure = jax.tree.structure(model)
+  results, _ = batching.serve_requests(model, prompts, BUDGETS, **kw)
+  assert [r.tolist() for r in results] == want
+  assert batching.num_programs() == before
+  assert jax.tree.structure(model) == structure  # still in train mode
+
+
 def test_bucket_must_be_a_bool(case):
   model, prompts, *_ = case
   with pytest.raises(ValueError, match=r"bucket='no' must be True or False"):

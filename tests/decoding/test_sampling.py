@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import attnlab
 from attnlab.decoding.beam import beam_search
@@ -159,6 +160,42 @@ def test_several_stop_ids_end_each_row_at_the_first_of_them(arch, cache):
   np.testing.assert_array_equal(run(list(range(MAX_STOP_IDS - 1)) + [stops[1]]), np.stack(
       [_cut_at(r, list(range(MAX_STOP_IDS - 1)) + [stops[1]], pad) for r in free]))
   assert program._cache_size() == compiled  # no eos, one id or several: one program
+
+
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_the_models_mode_the_prompts_int_dtype_and_alpha_compile_nothing(arch):
+  """A model in train mode decodes as in eval mode with the same programs, a prompt of any
+  integer dtype as int32, and beam searches of any length_penalty share one program; the
+  caller's model keeps its mode. Until 2026-12-07 each compiled its own: the mode is part
+  of a module's pytree structure (``build_model`` gives a train-mode model,
+  ``load_checkpoint`` an eval-mode one), the prompt's dtype reached the program, and
+  ``length_penalty`` was a static argument."""
+  from attnlab.decoding import generate as generate_lib
+
+  if arch == "decoder_only":
+    shared, prompt = decoder_model("mha_rope", varied=True), random_tokens(31, (2, 6))
+  else:
+    shared, prompt = encdec_model("paper_gqa", varied=True), random_tokens(1, SRC_SHAPE)
+  model = nnx.merge(*nnx.split(shared))  # its own modes; the shared model's stay as they are
+  programs = lambda: (getattr(generate_lib, f"_sample_{arch}")._cache_size(),
+                      getattr(generate_lib, f"_beam_{arch}")._cache_size())
+  greedy = lambda m, p: np.asarray(attnlab.generate(m, p, max_new_tokens=6, eos_id=None))
+  beam = lambda m, p, alpha: np.asarray(attnlab.generate(
+      m, p, max_new_tokens=6, beam_size=3, length_penalty=alpha, eos_id=3))
+  model.eval()
+  eval_structure = jax.tree.structure(model)
+  want_greedy, want_beam = greedy(model, prompt), beam(model, prompt, 0.6)
+  before = programs()
+  model.train()
+  train_structure = jax.tree.structure(model)
+  assert train_structure != eval_structure  # the mode is in the structure
+  for dtype in (np.int32, np.int64, np.uint16, np.uint8, np.int16):
+    np.testing.assert_array_equal(greedy(model, prompt.astype(dtype)), want_greedy)
+    np.testing.assert_array_equal(beam(model, prompt.astype(dtype), 0.6), want_beam)
+  assert jax.tree.structure(model) == train_structure  # still in train mode
+  for alpha in (0.0, 1.0, np.float32(2.5)):
+    beam(model, prompt, alpha)
+  assert programs() == before  # (generate's alpha against beam_search's: tests below)
 
 
 def test_pages_a_finished_sequence_frees_go_to_the_others():
@@ -378,8 +415,6 @@ def test_beam_search_through_the_cache_equals_the_search_over_full_forward_passe
   eos is one where it decides the answer: the search with the default 0.6 differs (with
   the first check's eos, and with none, alphas 0, 0.6, 1 and 2 give the same answer, so a
   penalty left out of the encoder-decoder's search passed this test until 2026-12-05)."""
-  from flax import nnx
-
   from tests.decoding.tiny_models import ENCDEC_CONFIGS, PARAM_SCALE, make_cfg
 
   cfg = make_cfg("encoder_decoder", ENCDEC_CONFIGS["mqa_rope_window4"]).replace(pad_id=5)

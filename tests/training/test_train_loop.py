@@ -290,12 +290,12 @@ def test_evaluate_workdir_names_what_is_missing(seq2seq_run, tmp_path, warned):
   with pytest.raises(FileNotFoundError, match=r"empty/checkpoints holds no checkpoint"):
     trainer.evaluate_workdir(str(empty))
   assert sorted(os.listdir(empty)) == ["config.gin"]
-  # Every checkpoint unreadable (its data state garbled): an error, not the metrics of an
-  # untrained model at "step 0".
+  # Every checkpoint unreadable (its parameters' array files garbled: an eval reads nothing
+  # else): an error, not the metrics of an untrained model at "step 0".
   for step in (2, 4):
-    data = tmp_path / "checkpoints" / str(step) / "data"
-    for path in [p for p in data.rglob("*") if p.is_file()]:
-      path.write_bytes(b"{not json")
+    params = tmp_path / "checkpoints" / str(step) / "params"
+    for path in [p for p in params.rglob("*") if p.is_file() and "/d/" in str(p)]:
+      path.write_bytes(b"garbage")
   with pytest.raises(
       FileNotFoundError, match=r"no checkpoint in .*checkpoints could be read \(saved steps: "
                                r"\[2, 4\]\); an untrained model is not evaluated"):

@@ -25,6 +25,14 @@ def _dtypes(cfg: ModelConfig):
   return dict(dtype=as_dtype(cfg.dtype), param_dtype=as_dtype(cfg.param_dtype))
 
 
+def _dropout(cfg: ModelConfig, rngs: nnx.Rngs):
+  """``nnx.Dropout`` of ``cfg.dropout_rate``; with an RNG stream only where it drops (as
+  ``Attention``'s): without dropout a block holds no RNG state, which ``nnx.remat`` would
+  write back (``remat=True`` under ``jax.grad`` of ``nnx.merge``d parameters raised
+  "Cannot mutate RngCount from a different trace level" until 2026-12-07)."""
+  return nnx.Dropout(cfg.dropout_rate, rngs=rngs if cfg.dropout_rate > 0 else None)
+
+
 def _norm(cfg: ModelConfig):
   return make_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, **_dtypes(cfg))
 
@@ -60,7 +68,7 @@ class Block(nnx.Module):
     self.post_attention_layernorm = _norm(cfg)
     self.mlp = MLP(cfg.d_model, cfg.d_ff, kind=cfg.mlp, use_bias=cfg.has_bias("mlp"), rngs=rngs,
                    **_dtypes(cfg))
-    self.dropout = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
+    self.dropout = _dropout(cfg, rngs)
 
   def _residual(self, x_BTD, norm, sublayer):
     if self.pre_norm:
@@ -117,7 +125,7 @@ class Stack(nnx.Module):
                          rngs=rngs)
         if cfg.pos == "learned" else nnx.data(None)
     )
-    self.embed_dropout = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
+    self.embed_dropout = _dropout(cfg, rngs)
     self.layers = nnx.List(
         [Block(cfg, causal=causal, cross=cross, rngs=rngs) for _ in range(num_layers)]
     )

@@ -401,6 +401,43 @@ def test_remat_recomputes_the_same_logits_and_gradients(arch):
   assert not np.allclose(f_remat, unsegmented, atol=1e-3)
 
 
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_remat_under_jax_grad_of_the_split_model(arch):
+  """A training step of one's own differentiates a loss of ``nnx.merge(graphdef, params,
+  rest)`` with ``jax.grad``. With remat=True that raised TraceContextError ("Cannot mutate
+  RngCount from a different trace level": ``nnx.remat`` wrote back the RNG stream each
+  block's dropout held, at rate 0 too) until 2026-12-07. Without dropout: the gradients of
+  ``nnx.grad``. With dropout, the RNG variables made fresh inside the trace
+  (``steps.with_dropout_key``, as the trainer does): the same loss and gradients as
+  without remat, and other than without dropout (the key reaches the masks)."""
+  from attnlab.training.steps import with_dropout_key
+
+  extra = {"num_encoder_layers": 2} if arch == "encoder_decoder" else {}
+  x = tokens(2, 8)
+  forward = (lambda m: m(x)) if arch == "decoder_only" else (lambda m: m(x, x))
+  loss = lambda m: jnp.mean(jax.nn.log_softmax(forward(m))[..., 3])
+
+  def split_grad(model, key=None):
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    fresh = (lambda r: r) if key is None else (lambda r: with_dropout_key(r, key))
+    f = lambda p, r: loss(nnx.merge(graphdef, p, fresh(r)))
+    return jax.jit(jax.value_and_grad(f))(params, rest)
+
+  model = build(arch=arch, remat=True, **extra)
+  (value, grads), want = split_grad(model), nnx.jit(nnx.value_and_grad(loss))(model)
+  np.testing.assert_allclose(value, want[0], rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(nnx.state(want[1], nnx.Param)),
+                  strict=True):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  key = jax.random.key(7)
+  dropped = [split_grad(build(arch=arch, remat=remat, dropout_rate=0.3, **extra), key)
+             for remat in (True, False)]
+  np.testing.assert_allclose(dropped[0][0], dropped[1][0], rtol=1e-6)
+  for a, b in zip(*(jax.tree.leaves(g) for _, g in dropped), strict=True):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  assert not np.allclose(dropped[0][0], value, rtol=1e-3)
+
+
 def test_activations_declare_their_logical_axes_inside_activation_sharding():
   """Under ``activation_sharding`` (the training steps' trace) the embedding table, the
   embedded tokens, every block's output and the logits name their logical axes; outside it

@@ -26,11 +26,16 @@ def _dtypes(cfg: ModelConfig):
 
 
 def _dropout(cfg: ModelConfig, rngs: nnx.Rngs):
-  """``nnx.Dropout`` of ``cfg.dropout_rate``; with an RNG stream only where it drops (as
-  ``Attention``'s): without dropout a block holds no RNG state, which ``nnx.remat`` would
-  write back (``remat=True`` under ``jax.grad`` of ``nnx.merge``d parameters raised
-  "Cannot mutate RngCount from a different trace level" until 2026-12-07)."""
-  return nnx.Dropout(cfg.dropout_rate, rngs=rngs if cfg.dropout_rate > 0 else None)
+  """``nnx.Dropout`` of ``cfg.dropout_rate``; with an RNG stream only where it drops:
+  without dropout a block holds no RNG state, which ``nnx.remat`` would write back
+  (``remat=True`` under ``jax.grad`` of ``nnx.merge``d parameters raised "Cannot mutate
+  RngCount from a different trace level" until 2026-12-07). The stream is forked either
+  way, as ``nnx.Dropout`` forks it: a model built from one seed (``nnx.Rngs(0)``, whose
+  parameters and dropout draw from one stream) keeps the parameters it had."""
+  if cfg.dropout_rate > 0:
+    return nnx.Dropout(cfg.dropout_rate, rngs=rngs)
+  rngs["dropout"].fork()
+  return nnx.Dropout(cfg.dropout_rate)
 
 
 def _norm(cfg: ModelConfig):

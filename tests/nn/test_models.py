@@ -429,6 +429,13 @@ def test_remat_under_jax_grad_of_the_split_model(arch):
   for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(nnx.state(want[1], nnx.Param)),
                   strict=True):
     np.testing.assert_allclose(a, b, atol=1e-6)
+  # The parameters do not depend on the dropout rate, from one seed (``nnx.Rngs(0)``: the
+  # parameters and dropout draw from one stream, which each dropout forks at any rate).
+  with_dropout = build(arch=arch, dropout_rate=0.3, **extra)
+  for a, b in zip(jax.tree.leaves(nnx.state(with_dropout, nnx.Param)),
+                  jax.tree.leaves(nnx.state(model, nnx.Param)), strict=True):
+    np.testing.assert_array_equal(a, b)
+  assert not jax.tree.leaves(nnx.state(model, nnx.RngState))  # no RNG state without dropout
   key = jax.random.key(7)
   dropped = [split_grad(build(arch=arch, remat=remat, dropout_rate=0.3, **extra), key)
              for remat in (True, False)]

@@ -655,8 +655,9 @@ def test_a_parameter_whose_shape_changes_unexpectedly_is_named(monkeypatch):
 def test_random_draws_the_new_kv_from_rngs_and_defaults_to_params_0_dropout_1():
   """"random": the K/V projections of a model freshly built with ``rngs``
   (default ``nnx.Rngs(params=0, dropout=1)``), every other parameter copied;
-  the new model's other state (dropout streams) is that fresh model's too."""
-  model = _model()
+  the new model's other state (dropout streams: a model with dropout, since one without
+  holds none) is that fresh model's too."""
+  model = _model(dropout_rate=0.1)
   for rngs, seeds in [(None, dict(params=0, dropout=1)),
                       (nnx.Rngs(params=9, dropout=5), dict(params=9, dropout=5))]:
     new = attnlab.convert_heads(model, 2, "random", rngs=rngs)

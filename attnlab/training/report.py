@@ -404,11 +404,10 @@ def _legend(ax, **kw):
 
 
 def plot(out: str, summary, curves, arms, base) -> list[str]:
-  """Write the three PNGs into ``out``; their paths."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  """Write the three PNGs into ``out``; their paths. Through matplotlib's ``Figure`` alone,
+  never pyplot: the caller's backend stays theirs (``matplotlib.use("Agg")`` here switched a
+  notebook's until 2026-12-07, and its later ``plt.show()`` showed nothing)."""
+  from matplotlib.figure import Figure
 
   _, dcfg, tcfg = base
   tokens_per_step = dcfg.batch_size * dcfg.seq_len
@@ -427,8 +426,8 @@ def plot(out: str, summary, curves, arms, base) -> list[str]:
     ax.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                     color=line.get_color(), alpha=0.2)
 
-  fig, axes = plt.subplots(1, 2 if uptrain else 1, figsize=(12 if uptrain else 6.5, 4.5),
-                           squeeze=False)
+  fig = Figure(figsize=(12 if uptrain else 6.5, 4.5))
+  axes = fig.subplots(1, 2 if uptrain else 1, squeeze=False)
   ax = axes[0][0]
   for a in scratch:
     band(ax, a, 0, marker=".")
@@ -452,9 +451,9 @@ def plot(out: str, summary, curves, arms, base) -> list[str]:
     ax.grid(alpha=0.3)
   fig.tight_layout()
   fig.savefig(paths[0], dpi=120)
-  plt.close(fig)
 
-  fig, ax = plt.subplots(figsize=(6.5, 4.5))
+  fig = Figure(figsize=(6.5, 4.5))
+  ax = fig.subplots()
   for group, marker in ((scratch, "o"), (uptrain, "^")):
     for a in group:
       s = by[a.name]
@@ -471,9 +470,9 @@ def plot(out: str, summary, curves, arms, base) -> list[str]:
   ax.grid(alpha=0.3)
   fig.tight_layout()
   fig.savefig(paths[1], dpi=120)
-  plt.close(fig)
 
-  fig, ax = plt.subplots(figsize=(6.5, 4.5))
+  fig = Figure(figsize=(6.5, 4.5))
+  ax = fig.subplots()
   done = [by[a.name] for a in scratch if by[a.name]["runs_ok"]]
   ks = [s["num_kv_heads"] for s in done]
   for b in sweep_lib.DECODE_BATCHES:
@@ -491,7 +490,6 @@ def plot(out: str, summary, curves, arms, base) -> list[str]:
   ax.grid(alpha=0.3)
   fig.tight_layout()
   fig.savefig(paths[2], dpi=120)
-  plt.close(fig)
   return paths
 
 

@@ -327,22 +327,25 @@ def test_scores_and_the_from_scratch_reference_show_their_spread_over_seeds(tmp_
 
 def draw(out, monkeypatch, sweep, losses):
   """Write the report of ``sweep`` (``losses[arm][seed]``, None: not run) with its plots;
-  (the three figures, kept as ``plot`` closes them, with the data they show; summary rows)."""
+  (the three figures, kept as ``plot`` saves them, with the data they show; summary rows).
+  The caller's matplotlib backend stays theirs (``plot`` switched it to Agg until
+  2026-12-07)."""
   pytest.importorskip("matplotlib")
   import matplotlib
+  from matplotlib.figure import Figure
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+  matplotlib.use("svg")  # the caller's (a notebook's inline one, say)
   closed = []
-  close = plt.close
-  monkeypatch.setattr(plt, "close", lambda fig=None: closed.append(fig) or close(fig))
+  savefig = Figure.savefig
+  monkeypatch.setattr(Figure, "savefig",
+                      lambda fig, *a, **kw: closed.append(fig) or savefig(fig, *a, **kw))
   arms = sweep_lib.plan(sweep, MCFG)
   for arm in arms:
     for seed, loss in enumerate(losses.get(arm.name, ())):
       if loss is not None:
         write_result(out, arm, seed, result(arm, seed, loss))
   report_lib.write_report(out, sweep, arms, BASE)
+  assert matplotlib.get_backend() == "svg"
   assert len(closed) == 3
   for png, fig in zip(report_lib.PLOTS, closed, strict=True):
     with open(os.path.join(out, png), "rb") as f:
@@ -711,14 +714,12 @@ def test_an_encoder_decoders_cache_figure_names_the_self_attention_cache(tmp_pat
   """The cache-memory figure's x axis of an encoder-decoder sweep is its self-attention
   cache per token (the decoder-only label is checked above)."""
   pytest.importorskip("matplotlib")
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from matplotlib.figure import Figure
 
   closed = []
-  close = plt.close
-  monkeypatch.setattr(plt, "close", lambda fig=None: closed.append(fig) or close(fig))
+  savefig = Figure.savefig
+  monkeypatch.setattr(Figure, "savefig",
+                      lambda fig, *a, **kw: closed.append(fig) or savefig(fig, *a, **kw))
   out = str(tmp_path)
   mcfg, sweep, arms = _encoder_decoder_results(out)
   report_lib.write_report(out, sweep, arms, (mcfg, BASE[1], BASE[2]))

@@ -10,6 +10,7 @@ what a workdir means.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import importlib.util  # noqa: F401 - gin 0.5 needs it loaded to report a missing include
@@ -64,12 +65,54 @@ def _missing_on_error(exists):
   return checked
 
 
-def _register(extra=()):
-  for cls in CONFIG_CLASSES + tuple(extra):
-    if cls not in _configurables:
-      _configurables[cls] = gin.external_configurable(cls, name=cls.__name__,
-                                                      module="attnlab")
-  return _configurables
+@contextlib.contextmanager
+def _own_gin(classes):
+  """gin's process-wide state for one parse of attnlab's configs; the caller's put back.
+
+  Inside: an empty config, and a registry of gin's own configurables and attnlab's alone
+  (``classes``, the three configs and any registered before, such as a sweep's ``Sweep``:
+  each as ``attnlab.<name>``, bound by its bare name); yields {class: its gin wrapper}.
+  After, also after an error: the caller's bindings, imports, operative config, lock and
+  registry as they were. Until 2026-12-07 a parse (every
+  ``load_checkpoint``, eval and train) cleared the caller's own bindings and unlocked a
+  config they had finalized (``gin.clear_config``), and left these classes registered,
+  so that a configurable of the caller's named ``TrainConfig`` and ours made that bare
+  name ambiguous for both ("Ambiguous selector").
+  """
+  c = gin.config
+  saved = (dict(c._CONFIG), dict(c._SINGLETONS), set(c._IMPORTS), dict(c._OPERATIVE_CONFIG),
+           c._CONFIG_IS_LOCKED, c._REGISTRY.copy(), dict(c._INVERSE_REGISTRY))
+  registry = {selector: info for selector, info in saved[5].items() if info.module == "gin"}
+  try:
+    c._REGISTRY.clear()
+    c._INVERSE_REGISTRY.clear()
+    for info in registry.values():
+      c._REGISTRY[info.selector] = info
+      c._INVERSE_REGISTRY[info.wrapped] = info
+    wrappers = {}
+    for cls in dict.fromkeys(CONFIG_CLASSES + tuple(_configurables) + tuple(classes)):
+      if cls not in _configurables:  # registered once; its (wrapper, info) kept here
+        wrapper = gin.external_configurable(cls, name=cls.__name__, module="attnlab")
+        _configurables[cls] = wrapper, c._INVERSE_REGISTRY[cls]
+      wrappers[cls], info = _configurables[cls]
+      c._REGISTRY[info.selector] = info
+      c._INVERSE_REGISTRY[cls] = info
+    gin.clear_config()
+    yield wrappers
+  finally:
+    gin.clear_config()
+    config, singletons, imports, operative, locked, registry, inverse = saved
+    c._CONFIG.update(config)
+    c._SINGLETONS.update(singletons)
+    c._IMPORTS.update(imports)
+    with c._OPERATIVE_CONFIG_LOCK:
+      c._OPERATIVE_CONFIG.update(operative)
+    c._REGISTRY.clear()
+    for selector, info in registry.items():
+      c._REGISTRY[selector] = info
+    c._INVERSE_REGISTRY.clear()
+    c._INVERSE_REGISTRY.update(inverse)
+    c._set_config_is_locked(locked)
 
 
 class GinConfigError(ValueError):
@@ -156,8 +199,11 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES, *,
     GinConfigError: a missing file or include, an unknown configurable or
       parameter, a value of the wrong type or out of range.
   """
-  wrapped = _register(classes)
-  gin.clear_config()
+  with _own_gin(classes) as wrapped:  # the caller's gin state is theirs: put back after
+    return _parse(gin_files, bindings, classes, check_macros, wrapped)
+
+
+def _parse(gin_files, bindings, classes, check_macros, wrapped):
   gin_files = [find_gin_file(p) for p in gin_files]
   for path in gin_files:
     if os.path.isdir(path):
@@ -260,7 +306,6 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES, *,
     if guard is not None:
       root.removeHandler(guard)
     gin.config._LOCATION_PREFIXES[:] = saved_prefixes
-    gin.clear_config()  # also after an error: no binding outlives the call
   return tuple(_find_tokenizer(c, gin_files) if isinstance(c, DataConfig) else c
                for c in configs)
 
@@ -579,7 +624,6 @@ def parse_sweep(sweep_file: str, bindings: list[str]):
   Raises:
     GinConfigError: as ``parse``, also for an unknown ``Sweep.*`` binding.
   """
-  _register((Sweep,))
   sweep_file = find_gin_file(sweep_file)
   # Without the macro check: a macro a binding sets may be read by a base file, which the
   # second call reads (and checks).

@@ -310,6 +310,45 @@ def test_parse_leaves_no_binding_and_no_log_level_behind(tmp_path):
     root.setLevel(level)
 
 
+def test_the_callers_own_gin_state_is_left_as_it_was(tmp_path):
+  """A caller's own gin bindings, a configurable of theirs named like ours and a config they
+  finalized: a parse (every load_checkpoint, eval and train runs one) uses none of them
+  and leaves them as they were. Until 2026-12-07 it cleared the caller's bindings
+  (``gin.clear_config``), unlocked their finalized config, and left our classes
+  registered under their bare names, so that the caller's ``TrainConfig`` and ours were
+  an "Ambiguous selector" for both."""
+  @gin.configurable(module="callers_project")
+  class TrainConfig:  # the caller's own class, of our name
+    def __init__(self, lr=0.1):
+      self.lr = lr
+
+  @gin.configurable(module="callers_project")
+  def schedule(warmup=1):
+    return warmup
+
+  (tmp_path / "x.gin").write_text("TrainConfig.steps = 7\n")
+  try:
+    gin.parse_config("TrainConfig.lr = 0.5\nschedule.warmup = 9")
+    for _ in range(2):
+      _, _, tcfg = gin_config.parse([str(tmp_path / "x.gin")], ["ModelConfig.d_model = 48"])
+      assert tcfg.steps == 7 and (TrainConfig().lr, schedule()) == (0.5, 9)
+    with pytest.raises(gin_config.GinConfigError, match="warmup"):  # not their binding
+      gin_config.parse([], ["schedule.warmup = 3"])
+    assert (TrainConfig().lr, schedule()) == (0.5, 9)
+    gin.parse_config("TrainConfig.lr = 0.25")  # the bare name is theirs alone again
+    assert TrainConfig().lr == 0.25
+    gin.finalize()
+    assert gin_config.parse([str(tmp_path / "x.gin")], [])[2].steps == 7
+    assert gin.config_is_locked() and TrainConfig().lr == 0.25
+  finally:
+    gin.clear_config()  # unlocks too
+    for fn in (TrainConfig, schedule):
+      info = gin.config._INVERSE_REGISTRY.pop(getattr(fn, "__wrapped__", fn), None)
+      if info is not None:
+        gin.config._REGISTRY.pop(info.selector)
+    assert not [k for k, _ in gin.config._REGISTRY.items() if "callers_project" in k]
+
+
 def test_includes_resolve_beside_this_calls_files_before_the_working_directory(
     tmp_path, monkeypatch):
   """An include is looked up beside the files of this call, then in the built-in configs,

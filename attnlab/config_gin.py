@@ -69,49 +69,60 @@ def _missing_on_error(exists):
 def _own_gin(classes):
   """gin's process-wide state for one parse of attnlab's configs; the caller's put back.
 
-  Inside: an empty config, and a registry of gin's own configurables and attnlab's alone
-  (``classes``, the three configs and any registered before, such as a sweep's ``Sweep``:
-  each as ``attnlab.<name>``, bound by its bare name); yields {class: its gin wrapper}.
-  After, also after an error: the caller's bindings, imports, operative config, lock and
-  registry as they were. Until 2026-12-07 a parse (every
-  ``load_checkpoint``, eval and train) cleared the caller's own bindings and unlocked a
-  config they had finalized (``gin.clear_config``), and left these classes registered,
-  so that a configurable of the caller's named ``TrainConfig`` and ours made that bare
-  name ambiguous for both ("Ambiguous selector").
+  Inside: an empty config, and the registry with attnlab's classes (``classes``, the three
+  configs and any registered before, such as a sweep's ``Sweep``: each as
+  ``attnlab.<name>``, bound by its bare name) and the caller's configurables but those of
+  the same names (a config file may still refer to one of theirs: ``@their_fn()``); yields
+  {class: its gin wrapper}. After, also after an error: the caller's bindings, imports,
+  operative config, lock and registry as they were, plus what the parse registered (a gin
+  ``import`` of a module of configurables, which Python does not import twice). Until
+  2026-12-07 a parse (every ``load_checkpoint``, eval and train) cleared the caller's own
+  bindings and unlocked a config they had finalized (``gin.clear_config``), and left these
+  classes registered, so that a configurable of the caller's named ``TrainConfig`` and ours
+  made that bare name ambiguous for both ("Ambiguous selector").
   """
   c = gin.config
+  ours = tuple(dict.fromkeys(CONFIG_CLASSES + tuple(_configurables) + tuple(classes)))
+  names = {cls.__name__ for cls in ours}
   saved = (dict(c._CONFIG), dict(c._SINGLETONS), set(c._IMPORTS), dict(c._OPERATIVE_CONFIG),
            c._CONFIG_IS_LOCKED, c._REGISTRY.copy(), dict(c._INVERSE_REGISTRY))
-  registry = {selector: info for selector, info in saved[5].items() if info.module == "gin"}
+  kept = {selector: info for selector, info in saved[5].items() if info.name not in names}
+  own = set()
   try:
     c._REGISTRY.clear()
     c._INVERSE_REGISTRY.clear()
-    for info in registry.values():
+    for info in kept.values():
       c._REGISTRY[info.selector] = info
       c._INVERSE_REGISTRY[info.wrapped] = info
     wrappers = {}
-    for cls in dict.fromkeys(CONFIG_CLASSES + tuple(_configurables) + tuple(classes)):
+    for cls in ours:
       if cls not in _configurables:  # registered once; its (wrapper, info) kept here
         wrapper = gin.external_configurable(cls, name=cls.__name__, module="attnlab")
         _configurables[cls] = wrapper, c._INVERSE_REGISTRY[cls]
       wrappers[cls], info = _configurables[cls]
       c._REGISTRY[info.selector] = info
       c._INVERSE_REGISTRY[cls] = info
+      own.add(info.selector)
     gin.clear_config()
     yield wrappers
   finally:
     gin.clear_config()
     config, singletons, imports, operative, locked, registry, inverse = saved
+    added = [info for selector, info in c._REGISTRY.items()
+             if selector not in kept and selector not in own]
     c._CONFIG.update(config)
     c._SINGLETONS.update(singletons)
     c._IMPORTS.update(imports)
     with c._OPERATIVE_CONFIG_LOCK:
       c._OPERATIVE_CONFIG.update(operative)
     c._REGISTRY.clear()
-    for selector, info in registry.items():
-      c._REGISTRY[selector] = info
     c._INVERSE_REGISTRY.clear()
     c._INVERSE_REGISTRY.update(inverse)
+    for selector, info in registry.items():
+      c._REGISTRY[selector] = info
+    for info in added:
+      c._REGISTRY[info.selector] = info
+      c._INVERSE_REGISTRY[info.wrapped] = info
     c._set_config_is_locked(locked)
 
 

@@ -6,6 +6,7 @@ import dataclasses
 import glob
 import os
 import re
+import sys
 
 import gin
 import pytest
@@ -327,13 +328,28 @@ def test_the_callers_own_gin_state_is_left_as_it_was(tmp_path):
     return warmup
 
   (tmp_path / "x.gin").write_text("TrainConfig.steps = 7\n")
+  # A config file may refer to the caller's configurables, and import a module of its own
+  # (gin's `import`): what that module registers stays registered (Python imports it once).
+  (tmp_path / "callers_module.py").write_text(
+      "import gin\n@gin.configurable\ndef steps(n=11):\n  return n\n")
+  (tmp_path / "y.gin").write_text("import callers_module\n"
+                                  "TrainConfig.steps = @callers_module.steps()\n"
+                                  "TrainConfig.warmup_steps = @schedule()\n")
+  sys.path.insert(0, str(tmp_path))
   try:
     gin.parse_config("TrainConfig.lr = 0.5\nschedule.warmup = 9")
     for _ in range(2):
       _, _, tcfg = gin_config.parse([str(tmp_path / "x.gin")], ["ModelConfig.d_model = 48"])
       assert tcfg.steps == 7 and (TrainConfig().lr, schedule()) == (0.5, 9)
-    with pytest.raises(gin_config.GinConfigError, match="warmup"):  # not their binding
-      gin_config.parse([], ["schedule.warmup = 3"])
+      _, _, tcfg = gin_config.parse([str(tmp_path / "y.gin")], [])
+      assert (tcfg.steps, tcfg.warmup_steps) == (11, 1)  # their binding of schedule unread
+    import callers_module
+    gin.parse_config("callers_module.steps.n = 4")
+    assert callers_module.steps() == 4
+    gin_config.parse([], ["schedule.warmup = 3"])  # a binding of the parse's own
+    assert (TrainConfig().lr, schedule()) == (0.5, 9)
+    with pytest.raises(gin_config.GinConfigError, match="nope"):  # an error: put back too
+      gin_config.parse([str(tmp_path / "y.gin")], ["TrainConfig.nope = 1"])
     assert (TrainConfig().lr, schedule()) == (0.5, 9)
     gin.parse_config("TrainConfig.lr = 0.25")  # the bare name is theirs alone again
     assert TrainConfig().lr == 0.25
@@ -342,11 +358,13 @@ def test_the_callers_own_gin_state_is_left_as_it_was(tmp_path):
     assert gin.config_is_locked() and TrainConfig().lr == 0.25
   finally:
     gin.clear_config()  # unlocks too
-    for fn in (TrainConfig, schedule):
+    sys.path.remove(str(tmp_path))
+    module = sys.modules.pop("callers_module", None)
+    for fn in (TrainConfig, schedule, getattr(module, "steps", None)):
       info = gin.config._INVERSE_REGISTRY.pop(getattr(fn, "__wrapped__", fn), None)
       if info is not None:
         gin.config._REGISTRY.pop(info.selector)
-    assert not [k for k, _ in gin.config._REGISTRY.items() if "callers_project" in k]
+    assert not [k for k, _ in gin.config._REGISTRY.items() if "callers_" in k]
 
 
 def test_includes_resolve_beside_this_calls_files_before_the_working_directory(

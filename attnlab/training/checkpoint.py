@@ -129,6 +129,16 @@ class UnreadableCheckpointError(ValueError):
   checkpoint printed "Expecting value: line 1 column 1 (char 0)")."""
 
 
+class CheckpointGoneError(UnreadableCheckpointError):
+  """A checkpoint that was no longer there when it was read: a run still training in the
+  workdir deletes its older checkpoints (``keep_checkpoints``) while a reader reads."""
+
+
+# How often a reader opens the checkpoints again or tries the newest again when a run
+# still training deletes what it was reading.
+_READ_TRIES = 20
+
+
 def _fmix32(h):
   """MurmurHash3's 32-bit finalizer: a bijection of uint32 that mixes every bit."""
   h = h ^ (h >> 16)
@@ -331,10 +341,29 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=not read_only, enable_async_checkpointing=False,
         cleanup_tmp_directories=False, **extra)
-    self.manager = ocp.CheckpointManager(self.directory, options=options)
+    # Opening lists the steps and reads each one's folder: a run still training may delete
+    # one in between (a bare FileNotFoundError from orbax until 2026-12-07).
+    for tries_left in reversed(range(_READ_TRIES)):
+      try:
+        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        break
+      except FileNotFoundError:
+        if not tries_left or not os.path.isdir(self.directory):
+          raise
 
   def steps(self) -> list[int]:
+    """The saved steps, as listed when this was opened or last ``reload``ed."""
     return sorted(self.manager.all_steps())
+
+  def reload(self) -> None:
+    """List the saved steps again (a run still training saves and deletes them)."""
+    for tries_left in reversed(range(_READ_TRIES)):
+      try:
+        self.manager.reload()
+        return
+      except FileNotFoundError:  # a step deleted between the listing and its stat
+        if not tries_left:
+          raise
 
   def resolve_step(self, step: int | None = None) -> int:
     """``step`` if it is saved, else the newest saved step when ``step`` is None.
@@ -425,11 +454,16 @@ class Checkpointer:
   def _named(self, step: int, read):
     """``read()``, an error of an unreadable checkpoint raised as
     ``UnreadableCheckpointError`` naming checkpoint ``step``; any other error as it is."""
+    path = os.path.join(self.directory, str(step))
     try:
       return read()
     except UnreadableCheckpointError:
       raise
     except Exception as e:
+      if not os.path.isdir(path):  # whatever orbax made of the files going away under it
+        raise CheckpointGoneError(
+            f"checkpoint {path} is gone: deleted while it was read (a run still training in "
+            f"{self.directory} keeps only its newest checkpoints)") from e
       cause = unreadable_cause(e)
       if cause is None:
         raise
@@ -444,11 +478,24 @@ class Checkpointer:
     ``read_step`` is one of the restores below (or calls them). A checkpoint that raises
     ``UnreadableCheckpointError`` is reported in a WARNING log line (once: until
     2026-12-04 also as a ``UserWarning``, which a command printed a second time) and the
-    next older one is tried; nothing is deleted. Any other error is raised.
+    next older one is tried; nothing is deleted. One that a run still training deleted
+    while it was read (``CheckpointGoneError``) is no fault: the steps are listed again
+    and the newest not yet tried is read (until 2026-12-07 the reader fell back to older
+    ones, which that run deletes first: up to 6% of the reads beside a run saving every
+    step failed). Any other error is raised.
     """
-    for step in reversed(self.steps()):
+    tried = set()
+    for _ in range(_READ_TRIES + len(self.steps())):
+      left = [step for step in self.steps() if step not in tried]
+      if not left:
+        return None
+      step = left[-1]
+      tried.add(step)
       try:
         return step, read_step(step)
+      except CheckpointGoneError as e:
+        log.info("%s; reading the newest again", e)
+        self.reload()
       except UnreadableCheckpointError as e:
         log.warning("%s; falling back to the previous one", e)
     return None
@@ -461,6 +508,7 @@ class Checkpointer:
       return step, read_step(step)
     found = self.restore_newest(read_step)
     if found is None:
+      self.reload()
       raise FileNotFoundError(f"no checkpoint in {self.directory} could be read (saved "
                               f"steps: {self.steps()})")
     return found

@@ -259,6 +259,52 @@ def _listing(workdir):
   return sorted(os.listdir(workdir / "checkpoints"))
 
 
+def test_a_checkpoint_deleted_while_read_sends_the_reader_to_the_newest(saved, tmp_path, warned,
+                                                                        monkeypatch):
+  """A run still training deletes its older checkpoints while a reader (eval, decode,
+  load_checkpoint) reads one: the reader lists the steps again and reads the newest, with
+  no warning of damage. Until 2026-12-07 it fell back to older steps only, from the
+  listing it opened with, which that run deletes first: up to 6% of the reads beside a run
+  saving every step failed, some with a raw FileNotFoundError (also from opening, which a
+  deletion between orbax's listing and its stat of a step failed)."""
+  import orbax.checkpoint as ocp
+
+  workdir = tmp_path / "w"
+  shutil.copytree(saved, workdir)
+  manager, failed = ocp.CheckpointManager, []
+
+  def racing(*args, **kwargs):  # the first open meets a step deleted under it
+    if not failed:
+      failed.append(True)
+      raise FileNotFoundError("[Errno 2] No such file or directory: '.../checkpoints/9'")
+    return manager(*args, **kwargs)
+
+  monkeypatch.setattr(ocp, "CheckpointManager", racing)
+  reader = Checkpointer(str(workdir), read_only=True)
+  monkeypatch.setattr(ocp, "CheckpointManager", manager)
+  assert failed and reader.steps() == [1, 2]
+  abstract, calls = _abstract(_state(0)), []
+
+  def read(step):  # the writer saves step 3 and deletes step 2 while it is read
+    calls.append(step)
+    if step == 2:
+      writer = Checkpointer(str(workdir), keep=3)
+      try:
+        writer.save(3, _state(3), {"next_batch": 30})
+      finally:
+        writer.close()
+      shutil.rmtree(workdir / "checkpoints" / "2")
+    return reader.restore(step, abstract)
+
+  try:
+    step, (state, data_state) = reader.restore_newest(read)
+  finally:
+    reader.close()
+  assert (step, calls, data_state) == (3, [2, 3], {"next_batch": 30})
+  _assert_restored(state, _state(3))
+  assert not warned()
+
+
 def test_other_errors_are_raised_not_taken_for_a_damaged_checkpoint(saved, monkeypatch):
   ckpt = Checkpointer(str(saved))
   try:

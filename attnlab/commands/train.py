@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
       # exits ("Task exception was never retrieved", each with its traceback): said above.
       logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     return 1
-  except (trainer.ResumeError, trainer.SetupError) as e:
+  except (trainer.ResumeError, trainer.SetupError, trainer.WorkdirBusyError) as e:
     raise CommandError(str(e)) from None
   print(json.dumps({"workdir": os.path.abspath(args.workdir), **last}))
   # Short of TrainConfig.steps only when a signal stopped it (its step saved).

@@ -683,8 +683,8 @@ def run_one(out: str, sweep: Sweep, arm: Arm, seed: int, base, prompts, source=N
       if not math.isnan(converted) and not converted >= result["best_val_loss"]:
         result.update(best_val_loss=converted, best_val_ppl=perplexity(converted))
     result["status"] = "ok"
-  except SweepInterrupted:
-    raise
+  except (SweepInterrupted, trainer.WorkdirBusyError):  # another process trains this run:
+    raise  # not a failure of it (nothing recorded)
   except Exception as e:  # noqa: BLE001 - a failing run is recorded, the sweep goes on
     os.makedirs(workdir, exist_ok=True)
     trainer.write_text_atomically(os.path.join(workdir, ERROR_FILE), traceback.format_exc())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import logging
 import math
 import os
@@ -454,6 +455,7 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
       checkpoints are left as they were).
     SaveError: a checkpoint could not be saved (a full disk): the message names the one
       the same call resumes from.
+    WorkdirBusyError: another process trains in ``workdir`` (nothing was changed).
   """
   main_process = jax.process_index() == 0
   try:
@@ -461,6 +463,43 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   except ValueError as e:  # data, mesh and model checks: nothing is written yet
     raise SetupError(str(e)) from e
   os.makedirs(workdir, exist_ok=True)
+  lock = _lock_workdir(workdir) if main_process else None
+  try:
+    return _train_in(run, mcfg, tcfg, dcfg, workdir, config_text, main_process)
+  finally:
+    if lock is not None:
+      os.close(lock)  # the lock goes with its descriptor
+
+
+class WorkdirBusyError(ValueError):
+  """Another process holds the workdir's training lock (``_lock_workdir``)."""
+
+
+def _lock_workdir(workdir: str) -> int | None:
+  """A descriptor of ``workdir`` holding an exclusive ``flock`` on it for the run: a second
+  ``train`` in the same workdir while one runs is refused before it touches anything (until
+  2026-12-07 it ran beside the first: its Checkpointer deleted the first's half-saved
+  checkpoint as its own leftover, and both saved steps and wrote metrics.jsonl). The kernel
+  releases the lock when the process ends, a crash or a kill included: no stale lock.
+  None where the file system has no such locks (then nothing is checked)."""
+  fd = os.open(workdir, os.O_RDONLY)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    os.close(fd)
+    raise WorkdirBusyError(
+        f"another attnlab train is running in {workdir} (it holds the workdir's lock): "
+        "nothing was changed; wait for it to end, or train in another workdir") from None
+  except OSError as e:  # a file system without flock (some network mounts)
+    os.close(fd)
+    log.info("%s cannot be locked (%s): a second run in it would not be refused", workdir, e)
+    return None
+  return fd
+
+
+def _train_in(run: Run, mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str,
+              config_text: str | None, main_process: bool) -> dict:
+  """``train`` in its workdir, the workdir locked."""
   ckpt = Checkpointer(workdir, tcfg.keep_checkpoints)
   try:
     restored = run.restore(ckpt, saved_data=_saved_data_config(workdir))  # None: fresh

@@ -368,6 +368,26 @@ def test_the_decode_benchmark_must_fit_max_len(arch):
       "lower Sweep.decode_new_tokens or Sweep.decode_prompt_len")
 
 
+def test_a_run_another_process_trains_is_not_recorded_as_failed(tmp_path, monkeypatch):
+  """Two sweeps over the same runs (two jobs of one array): the second meets the first's
+  lock on a run's workdir (``trainer.WorkdirBusyError``) and stops, one line through
+  ``attnlab ablate``, without writing a failed result over the run in progress."""
+  out = str(tmp_path)
+  sweep = Sweep(num_kv_heads=(8, 1), seeds=(0,))
+  base_cfgs = (base(), DataConfig(task="copy", seq_len=16, batch_size=2),
+               TrainConfig(steps=20, warmup_steps=2))
+  mqa = sweep_lib.plan(sweep, base_cfgs[0])[1]
+
+  def busy(mcfg, tcfg, dcfg, workdir, **kw):
+    raise sweep_lib.trainer.WorkdirBusyError(f"another attnlab train is running in {workdir}")
+
+  monkeypatch.setattr(sweep_lib.trainer, "train", busy)
+  with pytest.raises(sweep_lib.trainer.WorkdirBusyError):
+    sweep_lib.run_one(out, sweep, mqa, 0, base_cfgs, prompts=None)
+  assert sweep_lib.read_result(out, mqa, 0) is None
+  assert not os.path.exists(os.path.join(sweep_lib.run_dir(out, mqa, 0), sweep_lib.ERROR_FILE))
+
+
 def test_a_failed_run_whose_retry_is_stopped_reads_as_interrupted(tmp_path, monkeypatch):
   """A rerun retries a failed run; a signal that stops the retry before it writes a result
   leaves it interrupted (resumable from its newer checkpoint), naming the failure before,

@@ -333,6 +333,39 @@ def test_a_resume_after_the_corpus_glob_matched_another_file_is_refused(tmp_path
   assert _steps(workdir) == [2, 4]
 
 
+def test_a_second_train_in_a_workdir_being_trained_is_refused(seq2seq_run, tmp_path, capsys):
+  """While a process trains in a workdir (it holds an ``flock`` on the folder), a second
+  ``train`` there is refused before it changes anything, one line through the command line
+  (until 2026-12-07 it ran beside the first: it deleted the first's half-saved checkpoint as
+  its own leftover, and both saved steps and wrote metrics.jsonl); once the lock is let go
+  (the first run ended, or died: the kernel lets it go), it resumes."""
+  import fcntl
+
+  from attnlab import cli
+
+  _copy_run(seq2seq_run, tmp_path)
+  half = tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp"  # the first run's save going on
+  half.mkdir()
+  before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+  held = os.open(tmp_path, os.O_RDONLY)  # the first run's lock (another descriptor: flock
+  fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # refuses it as another process's)
+  try:
+    with pytest.raises(trainer.WorkdirBusyError, match=re.escape(
+        f"another attnlab train is running in {tmp_path} (it holds the workdir's lock): "
+        "nothing was changed; wait for it to end, or train in another workdir")):
+      _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 6"])
+    assert cli.main(["train", "--gin_file", SEQ2SEQ, *[f"--gin.{b.replace(' ', '')}" for b in
+                                                     SEQ2SEQ_TINY], "--workdir",
+                     str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        f"attnlab train: error: another attnlab train is running in {tmp_path}")
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+  finally:
+    os.close(held)
+  half.rmdir()
+  assert _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 6"])["step"] == 6
+
+
 def test_a_resume_under_a_model_the_checkpoints_do_not_fit_changes_nothing(seq2seq_run,
                                                                            tmp_path, caplog):
   """The restore fails with the changed fields named, and the workdir keeps its config.gin

@@ -472,6 +472,13 @@ class Checkpointer:
           f"checkpoint {os.path.join(self.directory, str(step))} could not be restored "
           f"({type(cause).__name__}: {text})") from e
 
+  def read_as_step(self, step: int, read):
+    """``read()``, a read of checkpoint ``step`` through other functions (``load_checkpoint``
+    of the same workdir, say), its errors named as the restores here name theirs: a gone
+    step as ``CheckpointGoneError`` (so that ``restore_newest`` reads the newest again), a
+    damaged one as ``UnreadableCheckpointError``."""
+    return self._named(step, read)
+
   def restore_newest(self, read_step):
     """``(step, read_step(step))`` for the newest saved step that reads, or None.
 

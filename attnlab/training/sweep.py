@@ -342,7 +342,10 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
       return {"configs": (new_mcfg, dcfg, tcfg)}
 
     def read(s):  # a weights-only source (convert --from-hf) read no data yet: batch 0
-      return src_ckpt.restore_data(s) or {"index": 0}, load_checkpoint(src, s)[0]
+      # As one read of step s: a source still training may delete s meanwhile (then the
+      # newest is read again; load_checkpoint's "no such step" came through until 2026-12-07).
+      return src_ckpt.read_as_step(s, lambda: (src_ckpt.restore_data(s) or {"index": 0},
+                                               load_checkpoint(src, s)[0]))
 
     step, (data_state, model) = src_ckpt.read_step(step, read)
   finally:

@@ -481,8 +481,13 @@ def _lock_workdir(workdir: str) -> int | None:
   2026-12-07 it ran beside the first: its Checkpointer deleted the first's half-saved
   checkpoint as its own leftover, and both saved steps and wrote metrics.jsonl). The kernel
   releases the lock when the process ends, a crash or a kill included: no stale lock.
-  None where the file system has no such locks (then nothing is checked)."""
-  fd = os.open(workdir, os.O_RDONLY)
+  None where the folder cannot be opened for it (a workdir one may write but not list) or
+  the file system has no such locks: then nothing is checked."""
+  try:
+    fd = os.open(workdir, os.O_RDONLY)
+  except OSError as e:
+    log.info("%s cannot be locked (%s): a second run in it would not be refused", workdir, e)
+    return None
   try:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except BlockingIOError:

@@ -305,6 +305,34 @@ def test_a_checkpoint_deleted_while_read_sends_the_reader_to_the_newest(saved, t
   assert not warned()
 
 
+def test_a_read_through_other_functions_of_a_step_deleted_meanwhile_reads_the_newest(
+    saved, tmp_path, warned):
+  """``read_as_step``: a read that goes through other functions (convert-heads reads the
+  source with ``load_checkpoint``) and meets its step deleted by a run still training
+  (``load_checkpoint``'s "no such step", a ValueError) is a gone step, and
+  ``restore_newest`` reads the newest again (until 2026-12-07 the ValueError came through:
+  a traceback from ``attnlab convert-heads``); the same error with the step still there is
+  raised as it is."""
+  workdir = tmp_path / "w"
+  shutil.copytree(saved, workdir)
+  reader = Checkpointer(str(workdir), read_only=True)
+
+  def read(step):
+    if step == 2:
+      shutil.rmtree(workdir / "checkpoints" / "2")
+      raise ValueError("step=2 has no checkpoint in .../checkpoints; saved steps: [1]")
+    return f"read {step}"
+
+  try:
+    assert reader.restore_newest(lambda s: reader.read_as_step(s, lambda: read(s))) == (
+        1, "read 1")
+    with pytest.raises(ValueError, match="^a mismatch$"):
+      reader.read_as_step(1, lambda: (_ for _ in ()).throw(ValueError("a mismatch")))
+  finally:
+    reader.close()
+  assert not warned()
+
+
 def test_other_errors_are_raised_not_taken_for_a_damaged_checkpoint(saved, monkeypatch):
   ckpt = Checkpointer(str(saved))
   try:

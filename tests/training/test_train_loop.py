@@ -366,6 +366,39 @@ def test_a_second_train_in_a_workdir_being_trained_is_refused(seq2seq_run, tmp_p
   assert _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 6"])["step"] == 6
 
 
+def test_a_workdir_that_cannot_be_locked_is_trained_unlocked(tmp_path, monkeypatch, caplog):
+  """A workdir the user may write but not list (mode 0o300: ``os.open`` of the folder is
+  refused) or a file system without ``flock``: the run goes on without the lock, an INFO
+  line saying so (the review of 2026-12-07 found the first a PermissionError)."""
+  import fcntl
+
+  real_open, real_flock = os.open, fcntl.flock
+
+  def refused(path, flags, *args, **kwargs):
+    if os.fspath(path) == str(tmp_path):
+      raise PermissionError(13, "Permission denied", str(tmp_path))
+    return real_open(path, flags, *args, **kwargs)
+
+  monkeypatch.setattr(os, "open", refused)
+  with caplog.at_level(logging.INFO, logger="attnlab.training.trainer"):
+    assert trainer._lock_workdir(str(tmp_path)) is None
+  monkeypatch.setattr(os, "open", real_open)
+  monkeypatch.setattr(fcntl, "flock", lambda fd, op: (_ for _ in ()).throw(
+      OSError(95, "Operation not supported")))
+  with caplog.at_level(logging.INFO, logger="attnlab.training.trainer"):
+    assert trainer._lock_workdir(str(tmp_path)) is None
+  monkeypatch.setattr(fcntl, "flock", real_flock)
+  lines = [r.getMessage() for r in caplog.records if "cannot be locked" in r.getMessage()]
+  assert len(lines) == 2 and "Permission denied" in lines[0] and "not supported" in lines[1]
+  fd = trainer._lock_workdir(str(tmp_path))  # and where it can: held until closed
+  try:
+    with pytest.raises(trainer.WorkdirBusyError):
+      trainer._lock_workdir(str(tmp_path))
+  finally:
+    os.close(fd)
+  os.close(trainer._lock_workdir(str(tmp_path)))
+
+
 def test_a_resume_under_a_model_the_checkpoints_do_not_fit_changes_nothing(seq2seq_run,
                                                                            tmp_path, caplog):
   """The restore fails with the changed fields named, and the workdir keeps its config.gin

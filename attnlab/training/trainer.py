@@ -22,6 +22,7 @@ import time
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from attnlab import config_gin as gin_config
@@ -34,10 +35,10 @@ from attnlab.training import optim
 from attnlab.training import sharding as shd
 from attnlab.training import steps as steps_lib
 from attnlab.training.checkpoint import (
-    Checkpointer,
-    UnreadableCheckpointError,
-    abstract_model,
-    workdir_config,
+  Checkpointer,
+  UnreadableCheckpointError,
+  abstract_model,
+  workdir_config,
 )
 from attnlab.training.metrics import WINDOW_HOLDS_COMPILE, MetricsWriter, perplexity
 
@@ -463,7 +464,18 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
   except ValueError as e:  # data, mesh and model checks: nothing is written yet
     raise SetupError(str(e)) from e
   os.makedirs(workdir, exist_ok=True)
-  lock = _lock_workdir(workdir) if main_process else None
+  lock = busy = None
+  if main_process:
+    try:
+      lock = _lock_workdir(workdir)
+    except WorkdirBusyError as e:
+      busy = e
+  # Every process stops, not process 0 alone (the others would wait for it in a collective).
+  if jax.process_count() > 1 and multihost_utils.broadcast_one_to_all(
+      np.int32(busy is not None)):
+    busy = busy or WorkdirBusyError(_BUSY.format(workdir=workdir))
+  if busy is not None:
+    raise busy
   try:
     return _train_in(run, mcfg, tcfg, dcfg, workdir, config_text, main_process)
   finally:
@@ -473,6 +485,10 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
 
 class WorkdirBusyError(ValueError):
   """Another process holds the workdir's training lock (``_lock_workdir``)."""
+
+
+_BUSY = ("another attnlab train is running in {workdir} (it holds the workdir's lock): "
+         "nothing was changed; wait for it to end, or train in another workdir")
 
 
 def _lock_workdir(workdir: str) -> int | None:
@@ -492,9 +508,7 @@ def _lock_workdir(workdir: str) -> int | None:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except BlockingIOError:
     os.close(fd)
-    raise WorkdirBusyError(
-        f"another attnlab train is running in {workdir} (it holds the workdir's lock): "
-        "nothing was changed; wait for it to end, or train in another workdir") from None
+    raise WorkdirBusyError(_BUSY.format(workdir=workdir)) from None
   except OSError as e:  # a file system without flock (some network mounts)
     os.close(fd)
     log.info("%s cannot be locked (%s): a second run in it would not be refused", workdir, e)

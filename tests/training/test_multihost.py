@@ -92,6 +92,32 @@ def test_a_mesh_that_leaves_a_process_without_a_device_is_refused_by_every_proce
   assert not (tmp_path / "run").exists()
 
 
+def test_a_workdir_being_trained_is_refused_by_every_process(tmp_path):
+  """Another run holds the workdir's lock: process 0 finds it, and every process exits 2
+  with its message (process 1 would otherwise wait for process 0 in its first collective)."""
+  import fcntl
+
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  held = os.open(workdir, os.O_RDONLY)
+  fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  try:
+    procs = _two_processes(workdir, 2)
+    try:
+      errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+      for p in procs:
+        if p.poll() is None:
+          p.kill()
+          p.wait()
+  finally:
+    os.close(held)
+  assert [p.returncode for p in procs] == [2, 2], errs
+  for err in errs:
+    assert f"error: another attnlab train is running in {workdir}" in err
+  assert os.listdir(workdir) == []
+
+
 def _train_losses(workdir):
   return [r["loss"] for r in read_metrics(str(workdir)) if r["split"] == "train"]
 

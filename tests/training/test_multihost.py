@@ -73,20 +73,25 @@ def _two_processes(workdir, steps, extra=()):
                                      "--process_id", str(i)], extra) for i in range(2)]
 
 
-def test_a_mesh_that_leaves_a_process_without_a_device_is_refused_by_every_process(tmp_path):
-  """mesh_shape=(2, 1, 1) over two processes of 2 devices: "the first devices" are all of
-  process 0's. Both exit 2 naming process 1, before anything is written (until 2026-12-07
-  process 1 failed at its first step and process 0 waited in a checkpoint save forever)."""
-  procs = _two_processes(tmp_path / "run", 2, ["TrainConfig.mesh_shape=(2,1,1)"])
+def _both_refused(workdir, extra=()):
+  """Two processes of a 2-step run in ``workdir``; both must exit 2: their stderr."""
+  procs = _two_processes(workdir, 2, extra)
   try:
     errs = [p.communicate(timeout=120)[1] for p in procs]
   finally:
-    for p in procs:
+    for p in procs:  # a hung peer must not outlive the test
       if p.poll() is None:
         p.kill()
         p.wait()
   assert [p.returncode for p in procs] == [2, 2], errs
-  for err in errs:
+  return errs
+
+
+def test_a_mesh_that_leaves_a_process_without_a_device_is_refused_by_every_process(tmp_path):
+  """mesh_shape=(2, 1, 1) over two processes of 2 devices: "the first devices" are all of
+  process 0's. Both exit 2 naming process 1, before anything is written (until 2026-12-07
+  process 1 failed at its first step and process 0 waited in a checkpoint save forever)."""
+  for err in _both_refused(tmp_path / "run", ["TrainConfig.mesh_shape=(2,1,1)"]):
     assert ("error: mesh_shape=(2, 1, 1) uses 2 of the 4 devices of 2 processes and none of "
             "process 1's: with several processes the mesh must hold devices of every one") in err
   assert not (tmp_path / "run").exists()
@@ -102,17 +107,9 @@ def test_a_workdir_being_trained_is_refused_by_every_process(tmp_path):
   held = os.open(workdir, os.O_RDONLY)
   fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
   try:
-    procs = _two_processes(workdir, 2)
-    try:
-      errs = [p.communicate(timeout=120)[1] for p in procs]
-    finally:
-      for p in procs:
-        if p.poll() is None:
-          p.kill()
-          p.wait()
+    errs = _both_refused(workdir)
   finally:
     os.close(held)
-  assert [p.returncode for p in procs] == [2, 2], errs
   for err in errs:
     assert f"error: another attnlab train is running in {workdir}" in err
   assert os.listdir(workdir) == []

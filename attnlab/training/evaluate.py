@@ -28,7 +28,7 @@ from attnlab.data.pipeline import (
     layout_fits,
 )
 from attnlab.decoding.generate import generate
-from attnlab.training.metrics import perplexity
+from attnlab.training.metrics import perplexity, write_text_atomically
 
 log = logging.getLogger(__name__)
 
@@ -252,9 +252,10 @@ def seq2seq_metrics(examples: list[dict], tokenizer, *, bleu: bool,
                                               [[t["reference"] for t in text]]).score)
   if predictions_path:
     os.makedirs(os.path.dirname(os.path.abspath(predictions_path)), exist_ok=True)
-    with open(predictions_path, "w", encoding="utf-8") as f:
-      for line in lines:
-        f.write(json.dumps(line, ensure_ascii=False) + "\n")
+    # Whole or not at all: an eval stopped while it wrote them cut the step's predictions
+    # of an earlier eval short in place until 2026-12-07.
+    write_text_atomically(predictions_path, "".join(
+        json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
   return out
 
 

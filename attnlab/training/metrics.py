@@ -9,16 +9,35 @@ shows them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
+import socket
 
 TENSORBOARD_DIR = "tensorboard"
 METRICS_FILE = "metrics.jsonl"
 # The flag of a train record whose window holds the compilation: the first logged window of
 # every process that trains (a new run or a resume).
 WINDOW_HOLDS_COMPILE = "window_holds_compile"
+
+
+def write_text_atomically(path: str, text: str) -> None:
+  """``text`` into ``path`` as UTF-8 (whatever the locale) through a temporary file of this
+  process and a rename: a reader sees the old file or the new one, never half of it, and two
+  processes writing one file (two ``ablate --arm`` jobs) do not mix their temporaries: its
+  name holds the host's name beside the pid (two hosts on one filesystem may share a pid).
+  A failed write (a full disk) removes its temporary and leaves ``path`` as it was."""
+  tmp = f"{path}.tmp.{socket.gethostname()}.{os.getpid()}"
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
 
 
 def perplexity(nll: float) -> float:

@@ -16,7 +16,6 @@ import logging
 import math
 import os
 import signal
-import socket
 import sys
 import time
 
@@ -40,7 +39,12 @@ from attnlab.training.checkpoint import (
   abstract_model,
   workdir_config,
 )
-from attnlab.training.metrics import WINDOW_HOLDS_COMPILE, MetricsWriter, perplexity
+from attnlab.training.metrics import (  # write_text_atomically: trainer's name too
+    WINDOW_HOLDS_COMPILE,
+    MetricsWriter,
+    perplexity,
+    write_text_atomically,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,23 +59,6 @@ def predictions_path(workdir: str, step: int, beam_size: int | None = None,
   beam search of ``beam_size`` with that length penalty)."""
   beam = "" if beam_size is None else f"_beam{beam_size}_lp{length_penalty:g}"
   return os.path.join(workdir, "eval", f"predictions_{step}{beam}.jsonl")
-
-
-def write_text_atomically(path: str, text: str) -> None:
-  """``text`` into ``path`` as UTF-8 (whatever the locale) through a temporary file of this
-  process and a rename: a reader sees the old file or the new one, never half of it, and two
-  processes writing one file (two ``ablate --arm`` jobs) do not mix their temporaries: its
-  name holds the host's name beside the pid (two hosts on one filesystem may share a pid).
-  A failed write (a full disk) removes its temporary and leaves ``path`` as it was."""
-  tmp = f"{path}.tmp.{socket.gethostname()}.{os.getpid()}"
-  try:
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write(text)
-    os.replace(tmp, path)
-  except BaseException:
-    with contextlib.suppress(OSError):
-      os.remove(tmp)
-    raise
 
 
 def _log_line(step: int, total: int, m: dict) -> str:

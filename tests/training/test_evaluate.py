@@ -8,6 +8,7 @@ checked against a value worked out from n-gram counts by hand."""
 import json
 import logging
 import math
+import os
 import re
 
 import numpy as np
@@ -669,6 +670,31 @@ def test_predictions_are_utf8_text_and_bleu_without_sacrebleu_says_what_to_insta
       "task='tsv' (BLEU in eval) needs the sacrebleu package: pip install sacrebleu (a "
       "dependency of attnlab: reinstall it)") + "$"):
     eval_lib.seq2seq_metrics(ex, tok, bleu=True)
+
+
+def test_predictions_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
+  """An eval stopped while it writes its predictions (a kill, a full disk, an error) leaves
+  the file an earlier eval of that step wrote as it was (until 2026-12-07 it was opened for
+  writing first and cut short at the line reached)."""
+  path = tmp_path / "predictions_30.jsonl"
+  path.write_text("the earlier eval's lines\n")
+  examples = [dict(source=[5, 6], reference=[7, 8], prediction=[7, 8]) for _ in range(3)]
+  tok = ByteTokenizer()
+  dumps, calls = json.dumps, []
+
+  def fails_on_the_second_line(obj, **kw):
+    calls.append(obj)
+    if len(calls) == 2:
+      raise OSError(28, "No space left on device")
+    return dumps(obj, **kw)
+
+  monkeypatch.setattr(eval_lib.json, "dumps", fails_on_the_second_line)
+  with pytest.raises(OSError, match="No space left"):
+    eval_lib.seq2seq_metrics(examples, tok, bleu=False, predictions_path=str(path))
+  assert path.read_text() == "the earlier eval's lines\n" and os.listdir(tmp_path) == [path.name]
+  monkeypatch.setattr(eval_lib.json, "dumps", dumps)
+  eval_lib.seq2seq_metrics(examples, tok, bleu=False, predictions_path=str(path))
+  assert len(path.read_text().splitlines()) == 3
 
 
 def test_host_params_are_numpy_copies():

@@ -195,21 +195,22 @@ def test_an_atomic_write_names_its_temporary_by_host_and_pid_and_a_failed_one_le
   """write_text_atomically's temporary holds the host's name and the pid (pid alone until
   2026-12-06: two hosts of one job on a shared filesystem could write one temporary); a write
   that fails removes it and leaves the file as it was (a temporary was left behind)."""
-  from attnlab.training import trainer
+  from attnlab.training import metrics, trainer
 
+  assert trainer.write_text_atomically is metrics.write_text_atomically  # one home, two names
   path = tmp_path / "config.gin"
   path.write_text("old")
-  monkeypatch.setattr(trainer.socket, "gethostname", lambda: "node7")
+  monkeypatch.setattr(metrics.socket, "gethostname", lambda: "node7")
   replaced = []
   real_replace = os.replace
-  monkeypatch.setattr(trainer.os, "replace", lambda a, b: replaced.append(a) or real_replace(a, b))
+  monkeypatch.setattr(metrics.os, "replace", lambda a, b: replaced.append(a) or real_replace(a, b))
   trainer.write_text_atomically(str(path), "new")
   assert replaced == [f"{path}.tmp.node7.{os.getpid()}"] and path.read_text() == "new"
 
   def full_disk(a, b):
     raise OSError(28, "No space left on device")
 
-  monkeypatch.setattr(trainer.os, "replace", full_disk)
+  monkeypatch.setattr(metrics.os, "replace", full_disk)
   with pytest.raises(OSError, match="No space left"):
     trainer.write_text_atomically(str(path), "newer")
   assert os.listdir(tmp_path) == ["config.gin"] and path.read_text() == "new"

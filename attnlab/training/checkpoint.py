@@ -343,13 +343,8 @@ class Checkpointer:
         cleanup_tmp_directories=False, **extra)
     # Opening lists the steps and reads each one's folder: a run still training may delete
     # one in between (a bare FileNotFoundError from orbax until 2026-12-07).
-    for tries_left in reversed(range(_READ_TRIES)):
-      try:
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
-        break
-      except FileNotFoundError:
-        if not tries_left or not os.path.isdir(self.directory):
-          raise
+    self.manager = self._listing(lambda: ocp.CheckpointManager(self.directory,
+                                                               options=options))
 
   def steps(self) -> list[int]:
     """The saved steps, as listed when this was opened or last ``reload``ed."""
@@ -357,12 +352,17 @@ class Checkpointer:
 
   def reload(self) -> None:
     """List the saved steps again (a run still training saves and deletes them)."""
+    self._listing(self.manager.reload)
+
+  def _listing(self, list_steps):
+    """``list_steps()`` (orbax lists the step folders, then looks into each), again while a
+    step deleted in between makes it raise FileNotFoundError, ``_READ_TRIES`` times at
+    most; a checkpoint folder that is gone itself is raised at once."""
     for tries_left in reversed(range(_READ_TRIES)):
       try:
-        self.manager.reload()
-        return
-      except FileNotFoundError:  # a step deleted between the listing and its stat
-        if not tries_left:
+        return list_steps()
+      except FileNotFoundError:
+        if not tries_left or not os.path.isdir(self.directory):
           raise
 
   def resolve_step(self, step: int | None = None) -> int:

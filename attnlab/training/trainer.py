@@ -40,10 +40,10 @@ from attnlab.training.checkpoint import (
   workdir_config,
 )
 from attnlab.training.metrics import (  # write_text_atomically: trainer's name too
-    WINDOW_HOLDS_COMPILE,
-    MetricsWriter,
-    perplexity,
-    write_text_atomically,
+  WINDOW_HOLDS_COMPILE,
+  MetricsWriter,
+  perplexity,
+  write_text_atomically,
 )
 
 log = logging.getLogger(__name__)
@@ -486,21 +486,19 @@ def _lock_workdir(workdir: str) -> int | None:
   releases the lock when the process ends, a crash or a kill included: no stale lock.
   None where the folder cannot be opened for it (a workdir one may write but not list) or
   the file system has no such locks: then nothing is checked."""
+  fd = None
   try:
     fd = os.open(workdir, os.O_RDONLY)
-  except OSError as e:
-    log.info("%s cannot be locked (%s): a second run in it would not be refused", workdir, e)
-    return None
-  try:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
   except BlockingIOError:
     os.close(fd)
     raise WorkdirBusyError(_BUSY.format(workdir=workdir)) from None
-  except OSError as e:  # a file system without flock (some network mounts)
-    os.close(fd)
+  except OSError as e:  # not opened (mode 0300), or a file system without flock
+    if fd is not None:
+      os.close(fd)
     log.info("%s cannot be locked (%s): a second run in it would not be refused", workdir, e)
     return None
-  return fd
 
 
 def _train_in(run: Run, mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str,

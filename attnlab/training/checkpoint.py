@@ -37,6 +37,7 @@ import os
 import re
 import shutil
 import signal
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -520,12 +521,14 @@ class Checkpointer:
                               f"steps: {self.steps()})")
     return found
 
-  def restore(self, step: int, abstract_state: dict, init_state: dict | None = None
+  def restore(self, step: int, abstract_state: dict,
+              init_state: dict | Callable[..., dict] | None = None
               ) -> tuple[dict, dict | None]:
     """(state, data_state) of ``step``, placed as ``abstract_state`` says.
 
     A weights-only checkpoint takes ``opt_state`` and ``step`` from
-    ``init_state`` (a freshly initialized state) and has no data state (None).
+    ``init_state`` (a freshly initialized state, or a function giving them for the restored
+    parameters: ``TrainSetup.fresh_rest``) and has no data state (None).
     ``UnreadableCheckpointError`` if it is damaged.
     """
     return self._named(step, lambda: self._restore(step, abstract_state, init_state))
@@ -537,8 +540,8 @@ class Checkpointer:
         raise ValueError(f"checkpoint {step} in {self.directory} holds weights only; "
                          "restoring it needs a fresh init_state")
       params = self.restore_params(step, abstract_state["params"])
-      return {"params": params, "opt_state": init_state["opt_state"],
-              "step": init_state["step"]}, None
+      fresh = init_state(params) if callable(init_state) else init_state
+      return {"params": params, "opt_state": fresh["opt_state"], "step": fresh["step"]}, None
     rest = {"opt_state": abstract_state["opt_state"], "step": abstract_state["step"]}
     flat_params, flat_rest = flatten(abstract_state["params"]), flatten(rest)
     self._check_item(step, "params", flat_params)
@@ -617,7 +620,8 @@ class Checkpointer:
       raise CorruptCheckpointError(f"checkpoint {where}'s data state {data_state} is not the "
                                    "one that was saved (its checksum differs)")
 
-  def restore_latest(self, abstract_state: dict, init_state: dict | None = None):
+  def restore_latest(self, abstract_state: dict,
+                     init_state: dict | Callable[..., dict] | None = None):
     """(step, state, data_state) of the newest readable checkpoint, or None
     (``restore_newest``: a damaged one is logged and skipped)."""
     found = self.restore_newest(lambda step: self.restore(step, abstract_state, init_state))
@@ -625,6 +629,16 @@ class Checkpointer:
 
   def close(self) -> None:
     self.manager.close()
+
+
+def has_saved_steps(workdir: str) -> bool:
+  """Whether ``workdir``'s checkpoint folder holds a step's folder (orbax names each by its
+  step; a half-saved one has a suffix), without opening orbax: a hint (whether each reads
+  is ``Checkpointer``'s to say); False where the folder is missing or cannot be listed."""
+  try:
+    return any(name.isdigit() for name in os.listdir(os.path.join(workdir, CHECKPOINT_DIR)))
+  except OSError:
+    return False
 
 
 def workdir_config(workdir: str) -> str:

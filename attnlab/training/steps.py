@@ -73,6 +73,14 @@ class TrainSetup:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         state, self.state_shardings)
 
+  def fresh_rest(self, params) -> dict:
+    """The optimizer state and step a run starts ``params`` with: ``tx.init`` (whose state
+    depends on the parameters' shapes, not their values: zero moments, count 0) and step 0,
+    placed on the mesh."""
+    return {"opt_state": jax.jit(self.tx.init,
+                                 out_shardings=self.state_shardings["opt_state"])(params),
+            "step": jax.device_put(jnp.zeros((), jnp.int32), self.state_shardings["step"])}
+
 
 def model_rngs(seed: int) -> nnx.Rngs:
   """The model's RNG streams for ``seed``: parameters from ``seed_key(seed)``, dropout from a
@@ -81,6 +89,17 @@ def model_rngs(seed: int) -> nnx.Rngs:
   overflowed at the largest seed, and a seed kept only its low 32 bits."""
   key = seed_key(seed)
   return nnx.Rngs(params=key, dropout=jax.random.fold_in(key, 1))
+
+
+def _split_model(mcfg: ModelConfig, tcfg: TrainConfig):
+  """(graphdef, params, rest) of the model ``tcfg.seed`` initializes, on the host."""
+  return nnx.split(build_model(mcfg, rngs=model_rngs(tcfg.seed)), nnx.Param, ...)
+
+
+def init_params(mcfg: ModelConfig, tcfg: TrainConfig, setup: TrainSetup):
+  """The parameters ``init_train`` initializes, placed on ``setup``'s mesh (for a state
+  ``init_train`` made abstract)."""
+  return jax.device_put(_split_model(mcfg, tcfg)[1], setup.state_shardings["params"])
 
 
 def init_train(mcfg: ModelConfig, tcfg: TrainConfig, mesh, *,
@@ -99,7 +118,7 @@ def init_train(mcfg: ModelConfig, tcfg: TrainConfig, mesh, *,
     graphdef, params, _ = nnx.split(nnx.eval_shape(build), nnx.Param, ...)
     rest = jax.jit(lambda: nnx.split(build(), nnx.Param, ...)[2])()
   else:
-    graphdef, params, rest = nnx.split(build(), nnx.Param, ...)
+    graphdef, params, rest = _split_model(mcfg, tcfg)
   tx, schedule = make_optimizer(tcfg, mcfg.d_model)
   p_sh = shd.param_shardings(params, mesh)
   for warning in shd.idle_axes([s.spec for s in jax.tree.leaves(p_sh)], mesh):
@@ -116,11 +135,10 @@ def init_train(mcfg: ModelConfig, tcfg: TrainConfig, mesh, *,
   else:
     params = jax.device_put(params, p_sh)
     o_sh = shd.tree_shardings_like(jax.eval_shape(tx.init, params), params, p_sh, mesh)
-    opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)
-    state = {"params": params, "opt_state": opt_state,
-             "step": jax.device_put(jnp.zeros((), jnp.int32), rep)}
   setup = TrainSetup(mesh, graphdef, rest, tx, schedule,
                      {"params": p_sh, "opt_state": o_sh, "step": rep}, shd.batch_sharding(mesh))
+  if not abstract:
+    state = {"params": params, **setup.fresh_rest(params)}
   return setup, state
 
 

@@ -37,6 +37,7 @@ from attnlab.training.checkpoint import (
   Checkpointer,
   UnreadableCheckpointError,
   abstract_model,
+  has_saved_steps,
   workdir_config,
 )
 from attnlab.training.metrics import (  # write_text_atomically: trainer's name too
@@ -293,7 +294,8 @@ class Run:
     ``pipeline.make_tokenizer`` give for ``dcfg``, when the caller has them already
     (``attnlab train`` builds them in its checks); built here otherwise.
     ``abstract_state``: the train state as shapes only (``steps.init_train``), for an
-    evaluation, which then reads a checkpoint's parameters (``restore_params``)."""
+    evaluation, which then reads a checkpoint's parameters (``restore_params``), and for a
+    resume, whose ``restore`` initializes only what the checkpoint does not hold."""
     self.mcfg, self.tcfg, self.dcfg = mcfg, tcfg, dcfg
     extras.check_data_config(dcfg)  # a missing package stops the run here, not at an eval
     if mesh is not None:
@@ -312,14 +314,36 @@ class Run:
     if tcfg.eval_every:  # a validation set the mesh cannot split stops the run here
       self.validation_batches()
     # The data is checked before the model is built (and compiled).
-    try:
+    with self._out_of_memory_refused():
       self.setup, self.state = steps_lib.init_train(mcfg, tcfg, self.mesh,
                                                     abstract=abstract_state)
-    except jax.errors.JaxRuntimeError as e:
-      if "RESOURCE_EXHAUSTED" not in str(e):
-        raise
-      raise SetupError(_too_large(mcfg, tcfg, str(e))) from None
+    self.abstract = abstract_state
     self.eval_step = steps_lib.make_eval_step(self.setup)
+
+  @contextlib.contextmanager
+  def _out_of_memory_refused(self):
+    """XLA's RESOURCE_EXHAUSTED while the train state is made (initialized, or restored:
+    orbax may raise it as the cause of its own error) as a ``SetupError`` naming the
+    state's size (a traceback from inside JAX until 2026-12-06)."""
+    try:
+      yield
+    except Exception as e:
+      cause, seen = e, set()
+      while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" in str(cause):
+          raise SetupError(_too_large(self.mcfg, self.tcfg, str(cause))) from None
+        cause = cause.__cause__
+      raise
+
+  def initialize(self) -> None:
+    """Initialize the train state of a Run made with ``abstract_state`` (a resume that
+    found no checkpoint it could read); nothing for one initialized already."""
+    if self.abstract:
+      with self._out_of_memory_refused():
+        self.state = {"params": steps_lib.init_params(self.mcfg, self.tcfg, self.setup)}
+        self.state.update(self.setup.fresh_rest(self.state["params"]))
+      self.abstract = False
 
   def put(self, batch):
     # Every process reads the same global batch; each device takes its own rows.
@@ -334,15 +358,24 @@ class Run:
     DataConfig the checkpoints were written under (the workdir's config.gin), which
     completes a data state saved before the position was kept
     (``pipeline.complete_state``).
+
+    A Run made with ``abstract_state`` reads the checkpoint into shapes alone (until
+    2026-12-07 a resume initialized the whole train state first, then read the checkpoint
+    beside it: twice the state's memory at the peak, and the initialization's time): a
+    weights-only checkpoint gets a fresh optimizer state for its parameters, and where
+    none can be read the state is initialized (``initialize``).
     """
     abstract = self.setup.abstract_state(self.state)
-    if step is None:
-      found = ckpt.restore_latest(abstract, init_state=self.state)
-      if found is None:
-        return None
-      step, state, data_state = found
-    else:
-      state, data_state = ckpt.restore(step, abstract, init_state=self.state)
+    fresh = self.setup.fresh_rest if self.abstract else self.state
+    with self._out_of_memory_refused():
+      if step is None:
+        found = ckpt.restore_latest(abstract, init_state=fresh)
+        if found is None:
+          self.initialize()
+          return None
+        step, state, data_state = found
+      else:
+        state, data_state = ckpt.restore(step, abstract, init_state=fresh)
     if data_state is not None:  # None: a converted (weights-only) checkpoint
       if saved_data is not None:
         data_state = pipeline.complete_state(data_state, saved_data)
@@ -352,6 +385,7 @@ class Run:
         log.info("batch_size %d -> %d: the data continues at example %d", saved_bs,
                  self.dcfg.batch_size, self.data.example)
     self.state = state
+    self.abstract = False
     return step
 
   def restore_params(self, ckpt: Checkpointer, step: int | None = None) -> int | None:
@@ -446,8 +480,15 @@ def train(mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, workdir: str, 
     WorkdirBusyError: another process trains in ``workdir`` (nothing was changed).
   """
   main_process = jax.process_index() == 0
+  # A workdir holding checkpoints is a resume: its state is read into shapes alone (``Run
+  # .restore``), not initialized first. Decided by process 0 for all: the initialization's
+  # programs span the mesh.
+  resume = has_saved_steps(workdir)
+  if jax.process_count() > 1:
+    resume = bool(multihost_utils.broadcast_one_to_all(np.int32(resume)))
   try:
-    run = Run(mcfg, tcfg, dcfg, mesh, sources=sources, tokenizer=tokenizer)
+    run = Run(mcfg, tcfg, dcfg, mesh, sources=sources, tokenizer=tokenizer,
+              abstract_state=resume)
   except ValueError as e:  # data, mesh and model checks: nothing is written yet
     raise SetupError(str(e)) from e
   os.makedirs(workdir, exist_ok=True)
@@ -508,6 +549,9 @@ def _train_in(run: Run, mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, 
   try:
     restored = run.restore(ckpt, saved_data=_saved_data_config(workdir))  # None: fresh
     start = restored or 0
+  except SetupError:  # the state does not fit in memory
+    ckpt.close()
+    raise
   except pipeline.DataStateError as e:
     ckpt.close()
     # The same config matching other files (a corpus folder that grew): the config.gin

@@ -510,3 +510,35 @@ def test_float16_gradients_of_a_large_batch_stay_finite(param_dtype, dtype, monk
 class _Frozen(dict):
   """A batch as a hashable static argument (its identity)."""
   __hash__ = object.__hash__
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_an_abstract_state_initializes_lazily_as_the_eager_one(optimizer):
+  """A resume makes the state abstract (``init_train(abstract=True)``) and initializes only
+  what its checkpoint lacks: ``init_params`` gives the parameters the eager initialization
+  does, and ``fresh_rest`` (a weights-only checkpoint's optimizer state and step) what the
+  eager one gives, placed as the setup says, for bfloat16 parameters (float32 moments) too;
+  the RNG variables of both setups agree."""
+  mcfg = MCFG.replace(param_dtype="bfloat16", dropout_rate=0.1)
+  tcfg = TrainConfig(optimizer=optimizer, b1=0.9, seed=3)
+  mesh = sharding.make_mesh((1, 1, 1))
+  eager_setup, eager = steps.init_train(mcfg, tcfg, mesh)
+  setup, abstract = steps.init_train(mcfg, tcfg, mesh, abstract=True)
+  assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(abstract))
+  params = steps.init_params(mcfg, tcfg, setup)
+  lazy = {"params": params, **setup.fresh_rest(params)}
+  assert jax.tree.structure(lazy) == jax.tree.structure(eager)
+  for a, b, want in zip(jax.tree.leaves(lazy), jax.tree.leaves(eager),
+                        jax.tree.leaves(abstract), strict=True):
+    assert a.dtype == b.dtype == want.dtype and a.sharding == want.sharding
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert any(np.asarray(x).any() for x in jax.tree.leaves(params))
+  # A fresh optimizer state: every moment and count zero (adamw's mu, nu, sgd's trace), step 0.
+  assert int(lazy["step"]) == 0 and lazy["step"].dtype == np.int32
+  assert all(not np.asarray(x).any() for x in jax.tree.leaves(lazy["opt_state"]))
+  assert jax.tree.structure(lazy["opt_state"]) == jax.tree.structure(setup.tx.init(params))
+  keys = lambda rest: [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(
+      x.dtype, jax.dtypes.prng_key) else x) for x in jax.tree.leaves(rest)]
+  assert len(keys(setup.rest)) > 0
+  for a, b in zip(keys(setup.rest), keys(eager_setup.rest), strict=True):
+    np.testing.assert_array_equal(a, b)

@@ -344,6 +344,44 @@ def test_a_model_too_large_for_memory_is_one_line_naming_its_size(tmp_path, caps
   assert float(re.search(r"([\d.]+) GiB", err)[1]) == round(count * nbytes / 2**30, 1)
 
 
+@pytest.mark.parametrize("read, wrapped", [("restore", False), ("restore_params", False),
+                                           ("restore", True)])
+def test_a_resume_whose_state_does_not_fit_in_memory_is_one_line(tmp_path, capsys,
+                                                                 monkeypatch, read, wrapped):
+  """A resume reads its state from the checkpoint without initializing one first (since
+  2026-12-07), so an allocation that fails does so in the read: the same one line as a
+  fresh run's, exit 2, for a full checkpoint and a weights-only one, and for XLA's error
+  as the cause of orbax's own; the workdir as it was."""
+  import jax
+
+  from attnlab.training.checkpoint import Checkpointer
+
+  workdir = tmp_path / "w"
+  assert cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(workdir)]) == 0
+  if read == "restore_params":
+    monkeypatch.setattr(Checkpointer, "has_train_state", lambda self, step: False)
+
+  def out_of_memory(self, *args, **kw):
+    e = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 64 bytes.")
+    if not wrapped:
+      raise e
+    raise Exception("orbax: restoring failed") from e
+
+  monkeypatch.setattr(Checkpointer, read, out_of_memory)
+  files = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
+  capsys.readouterr()
+  rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(workdir),
+                 "--gin.TrainConfig.steps=3"])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and re.fullmatch(
+      r"attnlab train: error: the training state does not fit in memory \(RESOURCE_EXHAUSTED: "
+      r"Out of memory allocating 64 bytes\.\): [\d,]+ parameters, [\d.]+ GiB with the "
+      r"optimizer's moments \(ModelConfig vocab_size=\d+, d_model=32, d_ff=64, num_layers=1, "
+      r"max_len=\d+\); make the model smaller or shard it over more devices "
+      r"\(TrainConfig.mesh_shape\)", err), err
+  assert sorted(p.relative_to(workdir) for p in workdir.rglob("*")) == files
+
+
 def test_a_batch_larger_than_the_machines_memory_is_one_line(tmp_path, capsys):
   """batch_size=2**40 was a NumPy MemoryError traceback while the first batches were made
   (until 2026-12-06): refused before anything is written, naming batch_size and seq_len. The

@@ -838,6 +838,64 @@ def test_a_weights_only_checkpoint_starts_the_run_from_its_weights(tmp_path):
   assert trainer.evaluate_workdir(str(tmp_path / "b"), step=0)["step"] == 0
 
 
+def test_a_resume_reads_its_checkpoint_without_a_fresh_state_beside_it(tmp_path,
+                                                                       monkeypatch):
+  """A resume initialized the whole train state (parameters and Adam's two moments), then
+  read the checkpoint beside it, until 2026-12-07: twice the state's memory at the peak
+  (a model that trained could not resume). Now nothing of the state is alive while the
+  checkpoint is read."""
+  import gc
+
+  from flax import nnx
+
+  import attnlab
+
+  wide = SEQ2SEQ_TINY + ["ModelConfig.d_model = 128", "ModelConfig.d_ff = 512",
+                         "TrainConfig.steps = 1"]
+  _train(tmp_path, SEQ2SEQ, wide)
+  model, _ = attnlab.load_checkpoint(str(tmp_path))
+  state_bytes = 3 * sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  assert state_bytes > 5 * 2**20  # the parameters and the two moments, 5.9 MB
+  del model
+  restore, live = Checkpointer.restore, []
+
+  def measured(self, *args, **kw):
+    live.append(sum(x.nbytes for x in jax.live_arrays()))
+    return restore(self, *args, **kw)
+
+  monkeypatch.setattr(Checkpointer, "restore", measured)
+  gc.collect()
+  before = sum(x.nbytes for x in jax.live_arrays())
+  last = _train(tmp_path, SEQ2SEQ, wide + ["TrainConfig.steps = 2"])
+  assert last["start_step"] == 1 and last["step"] == 2 and len(live) == 1
+  assert live[0] - before < state_bytes / 10, (live[0] - before, state_bytes)
+
+
+def test_a_resume_that_reads_no_checkpoint_starts_as_a_fresh_run(tmp_path):
+  """Where no checkpoint reads (every one damaged), a resume initializes its state only
+  then (``Run.initialize``): the same parameters, optimizer state and steps as a fresh
+  run's, bit for bit."""
+  from flax import nnx
+
+  import attnlab
+
+  _train(tmp_path / "fresh", SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 3"])
+  _train(tmp_path / "damaged", SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 2"])
+  for root, _, files in os.walk(tmp_path / "damaged" / "checkpoints" / "2" / "params"):
+    for name in files:
+      with open(os.path.join(root, name), "wb") as f:
+        f.write(b"garbage")
+  last = _train(tmp_path / "damaged", SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 3"])
+  assert last["start_step"] == 0 and last["step"] == 3
+  want, got = (nnx.state(attnlab.load_checkpoint(str(tmp_path / name), 3)[0], nnx.Param)
+               for name in ("fresh", "damaged"))
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  fresh, damaged = ([(m["step"], m["loss"]) for m in read_metrics(str(tmp_path / name))
+                     if m["split"] == "train"] for name in ("fresh", "damaged"))
+  assert fresh == damaged[-len(fresh):] and fresh[-1][0] == 3  # the rerun's steps
+
+
 def test_a_refused_resume_names_the_train_config_fields_that_shape_the_optimizer_state(
     tmp_path):
   """The optimizer and whether gradients are clipped (a step of the optax chain) change

@@ -74,6 +74,7 @@ from attnlab.decoding.generate import (
   bucket_length,
   check_bucket,
   check_cache_dtype,
+  check_model,
   check_page_size,
   check_stop_ids,
   eval_view,
@@ -297,7 +298,7 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
                    num_pages=None, cache_dtype=None, sampling=GREEDY, rng=None, eos_id=2,
                    on_result=None, policy="continuous", decode_chunk=None, bucket=True):
   """``generate_requests`` that also returns its ``ServeStats``: (results, stats)."""
-  cfg = model.cfg
+  cfg = check_model(model, "generate_requests").cfg
   if cfg.arch != "decoder_only":
     raise GenerateInputError(f"generate_requests needs a decoder-only model, got arch={cfg.arch!r}")
   prompts, budgets = _check_requests(cfg, prompts, max_new_tokens)

@@ -129,12 +129,14 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
       ``cfg.pad_id``); a token id in [0, vocab_size), a sequence of up to
       ``MAX_STOP_IDS`` of them (a stop at any: Llama 3's ``<|end_of_text|>`` and
       ``<|eot_id|>``), or None = always ``max_new_tokens``.
-    bos_id: first target token of an encoder-decoder.
+    bos_id: first target token of an encoder-decoder (a decoder-only model's prompt holds
+      its own: checked as a token id or None, read nowhere).
     beam_size: runs beam search of that width (an encoder-decoder's from
       ``bos_id``, a decoder-only model's from each prompt; without an eos a
       beam of 1 is greedy); None samples with ``sampling``.
     length_penalty: GNMT alpha for beam search (a finite number >= 0): a
-      finished hypothesis scores log P / ((5 + length) / 6)^alpha.
+      finished hypothesis scores log P / ((5 + length) / 6)^alpha. Another value than the
+      default without ``beam_size`` is refused (it would do nothing).
     page_size, num_pages: C and P of the paged cache. P defaults to enough
       for every sequence at full length, and a larger P allocates only that many
       (more are never used); with fewer, pages freed by finished sequences are
@@ -155,7 +157,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
   Returns:
     int32 [B, max_new_tokens]: the generated tokens (eos included).
   """
-  cfg = model.cfg
+  cfg = check_model(model, "generate").cfg
   try:
     prompt_BT = np.asarray(prompt_BT)
   except ValueError:  # numpy's "inhomogeneous shape" (a plain ValueError until 2026-12-06)
@@ -212,6 +214,13 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
   if beam_size is not None and sampling != GREEDY:
     raise GenerateInputError(f"beam search (beam_size={beam_size}) is deterministic: sampling="
                              f"{sampling} is not used with it; give one or the other")
+  # Arguments that would do nothing are refused, as `attnlab decode` refuses its flags (until
+  # 2026-12-07 both were ignored without a word, unchecked).
+  if beam_size is None and not _same_number(length_penalty, _DEFAULTS.length_penalty):
+    raise GenerateInputError(f"length_penalty={length_penalty!r} is the beam search's: give "
+                             "beam_size too")
+  if cfg.arch == "decoder_only" and bos_id is not None:
+    check_token_id("bos_id", bos_id, cfg.vocab_size)  # read nowhere: the prompt holds its bos
   if sampling.greedy:
     sampling = GREEDY  # (Sampling refuses filters at temperature 0): one program for all
   # Traced, not static, and of one width: new stop ids do not recompile.
@@ -243,7 +252,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     static["max_new_tokens"] = capacity
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
     if beam_size is not None:
-      _check_beam(cache, length_penalty, max_new_tokens)
+      length_penalty = _check_beam(cache, length_penalty, max_new_tokens)
       return _beam_encoder_decoder(model, jnp.asarray(prompt_BT), jnp.asarray(src_seg_BS), eos,
                                    jnp.int32(bos_id),
                                    beam_size=beam_size, length_penalty=np.float32(length_penalty),
@@ -273,7 +282,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     static["max_new_tokens"] = capacity
     num_pages = _num_pages(cache, num_pages, B, cache_len, page_size)
     if beam_size is not None:
-      _check_beam(cache, length_penalty, max_new_tokens)
+      length_penalty = _check_beam(cache, length_penalty, max_new_tokens)
       return _beam_decoder_only(model, jnp.asarray(prompt_BT), jnp.asarray(lengths_B), eos,
                                 beam_size=beam_size, length_penalty=np.float32(length_penalty),
                                 cache_len=cache_len, **static)
@@ -303,7 +312,10 @@ def check_cache_dtype(cache_dtype):
 
 def positive_int(name, value) -> int:
   """``value`` as an int; a GenerateInputError unless it is a positive integer (not a bool):
-  ``config.check_positive``'s rule and message."""
+  ``config.check_positive``'s rule and message. A concrete 0-d integer array counts as its
+  number (``generate``'s ``max_new_tokens=jnp.int32(3)`` was refused until 2026-12-07, as
+  "Array(3) must be a positive integer", while ``generate_requests`` took it)."""
+  value = _scalar_int(value)
   try:
     check_positive(name, value)
   except ValueError as e:
@@ -383,6 +395,38 @@ def check_token_id(name, value, vocab_size, *, none_means: str | None = None) ->
   return int(value)
 
 
+def check_model(model, caller: str):
+  """``model``; a GenerateInputError unless it is a ``DecoderOnly`` or ``EncoderDecoder`` (an
+  AttributeError on ``model.cfg`` until 2026-12-07: ``load_checkpoint``'s (model, cfg) pair
+  given whole, say)."""
+  from attnlab.nn.transformer import DecoderOnly, EncoderDecoder
+
+  if not isinstance(model, DecoderOnly | EncoderDecoder):
+    pair = (" (load_checkpoint returns (model, cfg): give its first item)"
+            if isinstance(model, tuple) else "")
+    raise GenerateInputError(
+        f"{caller} needs a model (a DecoderOnly or EncoderDecoder: build_model(cfg, rngs=...) "
+        f"or load_checkpoint(workdir)[0]), got {type(model).__name__}{pair}")
+  return model
+
+
+def _same_number(value, number: float) -> bool:
+  """Whether ``value`` (a Python or NumPy number, or a concrete 0-d array) is ``number`` in
+  float32, the precision it is used in (``np.float32(0.6)`` is the default 0.6)."""
+  value = _scalar_float(value)
+  return is_number(value) and np.float32(value) == np.float32(number)
+
+
+def _scalar_float(value):
+  """A concrete 0-d real array (``jnp.float32(0.6)``) as a Python float; any other value as
+  it is (``jnp`` scalars were refused as lengths penalties until 2026-12-07, NumPy's taken)."""
+  if (isinstance(value, np.ndarray | jax.Array) and not isinstance(value, jax.core.Tracer)
+      and value.shape == () and (jnp.issubdtype(value.dtype, jnp.floating)
+                                 or jnp.issubdtype(value.dtype, jnp.integer))):
+    return float(value)
+  return value
+
+
 def _check_prompt(cfg, prompt_BT, max_new_tokens) -> int:
   """Checks the prompt; returns max_new_tokens as an int."""
   max_new_tokens = positive_int("max_new_tokens", max_new_tokens)
@@ -403,8 +447,10 @@ def _check_prompt(cfg, prompt_BT, max_new_tokens) -> int:
 MAX_LP_FACTOR = 2.0**64  # the largest length-penalty factor (a divisor of the scores)
 
 
-def _check_beam(cache, length_penalty, max_new_tokens):
+def _check_beam(cache, length_penalty, max_new_tokens) -> float:
+  """``length_penalty`` (a number) checked for a beam search of ``max_new_tokens``."""
   # an alpha of inf or nan: scores 0 or nan; a string: a TypeError from the comparison
+  length_penalty = _scalar_float(length_penalty)
   if not is_number(length_penalty) or not 0 <= length_penalty < float("inf"):
     raise GenerateInputError(f"length_penalty={length_penalty!r} must be a finite number >= 0")
   # GNMT's ((5 + n) / 6) ** alpha for the longest output divides the scores (log P <= 0) in
@@ -423,6 +469,7 @@ def _check_beam(cache, length_penalty, max_new_tokens):
   if cache == "paged":
     raise GenerateInputError("beam search reorders whole cache rows: use cache='contiguous' or "
                              "'ring' with beam_size")
+  return length_penalty
 
 
 def _source_segment_ids(cfg, src_BS, lengths_B):

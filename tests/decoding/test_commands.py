@@ -655,6 +655,54 @@ def test_generate_rejects_bad_prompts():
                        length_penalty=bad)
 
 
+def test_generate_refuses_a_non_model_and_arguments_that_would_do_nothing():
+  """Until 2026-12-07: ``load_checkpoint``'s (model, cfg) pair given whole (or a config) was
+  an AttributeError on ``model.cfg``; a length penalty without a beam and a decoder-only
+  model's bos_id were ignored unchecked (`attnlab decode` refuses such flags); a 0-d JAX
+  array as max_new_tokens / beam_size / length_penalty was refused ("Array(3) must be a
+  positive integer") while generate_requests took it. Each now as the numbers it holds."""
+  from attnlab.decoding.generate import GenerateInputError
+
+  model = decoder_model("mha_rope")
+  V = model.cfg.vocab_size
+  prompt = np.array([[5, 6, 7]])
+  models = ("a DecoderOnly or EncoderDecoder: build_model(cfg, rngs=...) or "
+            "load_checkpoint(workdir)[0]")
+  for call, name in ((lambda m: attnlab.generate(m, prompt, max_new_tokens=2), "generate"),
+                     (lambda m: attnlab.generate_requests(m, [[5, 6]], 2), "generate_requests")):
+    for bad, what in (((model, model.cfg), "tuple (load_checkpoint returns (model, cfg): give "
+                       "its first item)"), (model.cfg, "ModelConfig"), (None, "NoneType")):
+      with pytest.raises(GenerateInputError) as e:
+        call(bad)
+      assert str(e.value) == f"{name} needs a model ({models}), got {what}"
+  for bad in (0.8, 0.0, "x", jax.numpy.float32(1.0)):
+    with pytest.raises(GenerateInputError) as e:
+      attnlab.generate(model, prompt, max_new_tokens=2, length_penalty=bad)
+    assert str(e.value) == f"length_penalty={bad!r} is the beam search's: give beam_size too"
+  for bad, message in (("x", f"bos_id='x' must be an integer token id in [0, {V})"),
+                       (10**9, f"bos_id={10**9} is outside the vocabulary [0, {V})"),
+                       (-1, f"bos_id=-1 is outside the vocabulary [0, {V})")):
+    with pytest.raises(GenerateInputError) as e:
+      attnlab.generate(model, prompt, max_new_tokens=2, bos_id=bad)
+    assert str(e.value) == message
+  greedy = np.asarray(attnlab.generate(model, prompt, max_new_tokens=3, eos_id=None))
+  beam = np.asarray(attnlab.generate(model, prompt, max_new_tokens=3, eos_id=None, beam_size=2,
+                                     length_penalty=0.5))
+  jnp = jax.numpy
+  for kw in (dict(length_penalty=0.6), dict(length_penalty=np.float32(0.6)),
+             dict(length_penalty=jnp.float32(0.6)), dict(bos_id=None), dict(bos_id=V - 1),
+             dict(max_new_tokens=jnp.int32(3)), dict(max_new_tokens=np.array(3))):
+    np.testing.assert_array_equal(
+        attnlab.generate(model, prompt, **{"max_new_tokens": 3, "eos_id": None, **kw}), greedy)
+  for kw in (dict(beam_size=jnp.int32(2), length_penalty=jnp.float32(0.5)),
+             dict(beam_size=np.array(2), length_penalty=np.array(0.5))):
+    np.testing.assert_array_equal(
+        attnlab.generate(model, prompt, max_new_tokens=3, eos_id=None, **kw), beam)
+  with pytest.raises(GenerateInputError) as e:  # a 0-d float is no count
+    attnlab.generate(model, prompt, max_new_tokens=jnp.float32(3))
+  assert str(e.value) == f"max_new_tokens={jnp.float32(3)!r} must be a positive integer"
+
+
 def test_generate_checks_eos_id_the_rng_and_the_length_penalty():
   """Refused by name before anything is traced: an eos outside the vocabulary was accepted
   (and never matched), rng=0 and length_penalty='0.6' were TypeErrors from inside."""

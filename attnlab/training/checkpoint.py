@@ -643,7 +643,11 @@ def has_saved_steps(workdir: str) -> bool:
 
 def workdir_config(workdir: str) -> str:
   """The path of ``workdir``'s config.gin; a FileNotFoundError naming it where there is
-  none (the folder is not a training workdir)."""
+  none (the folder is not a training workdir). A TypeError for a workdir that is no path
+  (``load_checkpoint(None)``: a TypeError from inside ``posixpath`` until 2026-12-07)."""
+  if not isinstance(workdir, str | os.PathLike):
+    raise TypeError(f"workdir must be a path (a str or os.PathLike), got "
+                    f"{type(workdir).__name__}")
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} does not exist: not a training workdir")

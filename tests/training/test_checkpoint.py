@@ -937,6 +937,10 @@ def test_load_checkpoint_names_what_a_workdir_lacks(tmp_path):
   with pytest.raises(FileNotFoundError) as e:
     attnlab.load_checkpoint(str(workdir))
   assert str(e.value) == f"{workdir}/config.gin does not exist: not a training workdir"
+  for bad, kind in ((None, "NoneType"), (3, "int"), (b"w", "bytes")):  # posixpath's TypeError
+    with pytest.raises(TypeError) as e:  # until 2026-12-07
+      attnlab.load_checkpoint(bad)
+    assert str(e.value) == f"workdir must be a path (a str or os.PathLike), got {kind}"
   repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   configs = config_gin.parse([os.path.join(repo, "configs", "seq2seq_reverse.gin")], [])
   (workdir / "config.gin").write_text(config_gin.operative_config(*configs))

@@ -107,6 +107,20 @@ def check_q_offset(q_offset, batch: int, num_queries: int):
   return q_offset
 
 
+def check_offset_or_positions(q_offset, q_positions) -> None:
+  """``q_offset`` is left at 0 when ``q_positions`` is given: explicit positions are the
+  queries' positions, and every implementation read the offset only without them (until
+  2026-12-07 ``q_offset=4`` beside ``q_positions`` was silently ignored). An offset array
+  (JAX or NumPy, zeros too) is refused with them as well: a traced one cannot be read."""
+  if q_positions is None or (is_integer(q_offset) and int(q_offset) == 0):
+    return
+  shape, dtype = getattr(q_offset, "shape", None), getattr(q_offset, "dtype", None)
+  what = (f"q_offset={q_offset!r}" if shape is None or dtype is None
+          else f"q_offset (shape {tuple(shape)}, dtype {dtype})")
+  raise ValueError(f"{what} and q_positions cannot be given together: q_positions are the "
+                   "queries' positions (add the offset to them and leave q_offset at 0)")
+
+
 def _check_last_query(offset: int, what: str, num_queries: int) -> None:
   last = offset + num_queries - 1
   if num_queries and last >= 2**31:
@@ -157,9 +171,9 @@ def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, causal=False, window=None, q_offset=0,
               q_segment_ids=None, kv_segment_ids=None, q_positions=None, kv_positions=None):
   """Raise ValueError (naming the argument and what is allowed) unless the
   request is floating-point q [B, T, N, H], k = v [B, S, K, H] with N a multiple of K, a
-  bool ``causal``, an optional window, an integer ``q_offset`` of shape () or [B],
-  integer (or bool) segment ids [B, T] / [B, S] given together, and integer positions
-  [B, T] / [B, S].
+  bool ``causal``, an optional window, an integer ``q_offset`` of shape () or [B] (left at
+  0 with ``q_positions``), integer (or bool) segment ids [B, T] / [B, S] given together,
+  and integer positions [B, T] / [B, S].
 
   Returns:
     (causal, window, q_offset) as the implementations take them: NumPy scalars as the
@@ -188,6 +202,7 @@ def check_qkv(q_BTNH, k_BSKH, v_BSKH, *, causal=False, window=None, q_offset=0,
   causal = check_causal(causal)
   window = check_window(window)
   q_offset = check_q_offset(q_offset, q_BTNH.shape[0], q_BTNH.shape[1])
+  check_offset_or_positions(q_offset, q_positions)
   if (q_segment_ids is None) != (kv_segment_ids is None):
     raise ValueError("q_segment_ids and kv_segment_ids must be given together")
   B, T, S = q_BTNH.shape[0], q_BTNH.shape[1], k_BSKH.shape[1]

@@ -44,6 +44,7 @@ def chunked_attention(
   scale = checks.scale_value(scale, H)
   # Also when called directly, not via attention: "false" would be a truthy causal.
   causal, q_offset = checks.check_causal(causal), checks.check_q_offset(q_offset, B, T)
+  checks.check_offset_or_positions(q_offset, q_positions)
   window = checks.check_window(window)
   checks.check_ids_fit_int32(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                              q_positions=q_positions, kv_positions=kv_positions)

@@ -132,9 +132,10 @@ def make_attention_mask(
     q_offset: int or int [B]: the position of the first query when queries
       are the tail of a longer sequence (decoding against a cache).
     q_positions, kv_positions: optional explicit int [B, T] / [B, S]
-      positions (a ring-buffer cache, whose slots are not in order). Override
-      ``q_offset`` and the default ``arange(S)``. A negative key position
-      marks an empty slot.
+      positions (a ring-buffer cache, whose slots are not in order), in place of
+      ``q_offset`` and the default ``arange(S)``: the ops refuse a ``q_offset``
+      other than 0 beside ``q_positions`` (``checks.check_offset_or_positions``;
+      ignored until 2026-12-07). A negative key position marks an empty slot.
   """
   if q_positions is None:
     offset_B = jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), (batch,))

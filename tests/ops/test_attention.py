@@ -1355,3 +1355,36 @@ def test_xla_runs_float16_under_jit_on_the_cpu(causal):
     for a, b in zip(got, ref, strict=True):
       np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
                                  rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("impl", CPU_IMPLEMENTATIONS)
+def test_q_offset_beside_q_positions_is_refused_by_every_implementation(impl):
+  """"reference", "chunked" and "auto" ignored a q_offset given with q_positions (the
+  positions won) until 2026-12-07; the others refused the positions by name only."""
+  (q, k, v), kw, _ = naive_case(dict(causal=True, positions=True), 4, 2)
+  cases = [(4, "q_offset=4"), (np.int64(-1), "q_offset=-1"),
+           (np.array([1, 2]), "q_offset (shape (2,), dtype int32)"),
+           (jnp.zeros((), jnp.int32), "q_offset (shape (), dtype int32)")]
+  for offset, what in cases:
+    with pytest.raises(ValueError) as e:
+      attention(q, k, v, implementation=impl, q_offset=offset, **kw)
+    assert str(e.value) == (f"{what} and q_positions cannot be given together: q_positions "
+                            "are the queries' positions (add the offset to them and leave "
+                            "q_offset at 0)"), offset
+  if impl in ("reference", "chunked", "auto"):  # an offset of 0 is the default, as before
+    want = attention(q, k, v, implementation=impl, **kw)
+    np.testing.assert_array_equal(
+        attention(q, k, v, implementation=impl, q_offset=np.int32(0), **kw), want)
+
+
+def test_reference_and_chunked_called_directly_refuse_q_offset_beside_q_positions():
+  (q, k, v), kw, _ = naive_case(dict(causal=True, positions=True), 4, 2)
+  for op in (reference_attention, chunked_attention):
+    with pytest.raises(ValueError, match=r"^q_offset=4 and q_positions cannot be given "):
+      op(q, k, v, q_offset=4, **kw)
+  # kv_positions alone keep the offset: the queries' positions are q_offset + t
+  kv_kw = dict(causal=True, kv_positions=kw["kv_positions"])
+  np.testing.assert_array_equal(
+      reference_attention(q, k, v, q_offset=4, **kv_kw),
+      reference_attention(q, k, v, q_positions=4 + jnp.zeros((2, 5), jnp.int32)
+                          + jnp.arange(5), **kv_kw))

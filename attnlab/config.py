@@ -361,15 +361,17 @@ class ModelConfig:
     value = {"qkv": self.qkv_bias, "o": self.o_bias, "mlp": self.mlp_bias}[projections]
     return self.use_bias if value is None else value
 
-  def kv_cache_bytes_per_token(self, dtype: str | None = None) -> int:
+  def kv_cache_bytes_per_token(self, dtype=None) -> int:
     """Bytes of K and V cached per token over all decoder layers (self-attention).
 
     Args:
-      dtype: the cache dtype (a ``DTYPE_BYTES`` name); default the model's. "int8"
-        counts its float32 scale per token and KV head: 2 * L * K * (H + 4).
+      dtype: the cache dtype, as ``init_cache`` / ``generate`` take it (a ``CACHE_DTYPES``
+        name, a NumPy dtype or a scalar type such as ``jnp.bfloat16``); None (only None:
+        "" and 0 were the model's dtype until 2026-12-07) = the model's. "int8" counts its
+        float32 scale per token and KV head: 2 * L * K * (H + 4).
     """
     return kv_cache_bytes(layers=self.num_layers, seq=1, kv_heads=self.num_kv_heads,
-                          head_dim=self.head_dim, dtype=dtype or self.dtype)
+                          head_dim=self.head_dim, dtype=self.dtype if dtype is None else dtype)
 
   def replace(self, **changes) -> ModelConfig:
     """A copy with ``changes``. Resolved defaults follow their source: a copy
@@ -388,7 +390,23 @@ def effective_window(cfg: ModelConfig) -> int | None:
   return None if cfg.window is None else min(cfg.window, cfg.max_len)
 
 
-def kv_cache_bytes(*, layers: int, seq: int, kv_heads: int, head_dim: int, dtype: str,
+def cache_dtype_name(dtype) -> str | None:
+  """The ``CACHE_DTYPES`` name of a cache dtype given as a name ("bfloat16", or one NumPy
+  reads as such: "f2"), a NumPy dtype or a scalar type (``jnp.bfloat16``, ``np.float16``);
+  None for anything else (None too). The one reading of a cache dtype:
+  ``kv_cache.check_cache_dtype`` (``init_cache``, ``generate``) and ``kv_cache_bytes``."""
+  if isinstance(dtype, str) and dtype in CACHE_DTYPES:
+    return dtype  # without NumPy's name table, where "bfloat16" needs ml_dtypes loaded
+  if dtype is None:
+    return None
+  try:
+    name = np.dtype(dtype).name
+  except (TypeError, ValueError):
+    return None
+  return name if name in CACHE_DTYPES else None
+
+
+def kv_cache_bytes(*, layers: int, seq: int, kv_heads: int, head_dim: int, dtype,
                    batch: int = 1) -> int:
   """Bytes of a K/V cache: 2 (K and V) * B * L * S * K * H * bytes per element.
 
@@ -396,10 +414,22 @@ def kv_cache_bytes(*, layers: int, seq: int, kv_heads: int, head_dim: int, dtype
   ``attnlab kv-size`` both call it. An int8 cache also stores one float32
   scale per token and KV head (symmetric per-token quantization), so each
   head costs H + 4 bytes a token.
+
+  The sizes are positive Python / NumPy integers (not bools), the dtype a cache dtype as
+  ``cache_dtype_name`` reads it; anything else is a ValueError naming it (until 2026-12-07
+  only a dtype name was checked: ``layers=-2`` gave a negative size, ``seq=2.5`` a float,
+  ``seq="10"`` a repeated string, and ``np.dtype("float16")`` a bare KeyError).
   """
-  _choice("dtype", dtype, tuple(DTYPE_BYTES))
-  per_head = head_dim * DTYPE_BYTES[dtype] + (INT8_SCALE_BYTES if dtype == "int8" else 0)
-  return 2 * batch * layers * seq * kv_heads * per_head
+  sizes = dict(layers=layers, seq=seq, kv_heads=kv_heads, head_dim=head_dim, batch=batch)
+  for name, value in sizes.items():
+    check_positive(name, value)
+  name = cache_dtype_name(dtype)
+  if name is None:
+    raise ValueError(f"dtype={dtype!r} is not one of {', '.join(map(repr, DTYPE_BYTES))} "
+                     "(a name, a NumPy dtype or a scalar type such as jnp.bfloat16)")
+  per_head = int(head_dim) * DTYPE_BYTES[name] + (INT8_SCALE_BYTES if name == "int8" else 0)
+  # Python ints: NumPy int32 sizes would wrap past 2**31 bytes
+  return 2 * int(batch) * int(layers) * int(seq) * int(kv_heads) * per_head
 
 
 # --------------------------------------------------------------------------- training

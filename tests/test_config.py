@@ -2,6 +2,8 @@
 the field, the value and what is allowed; the values at the edges of what is allowed are
 accepted; and the defaults each config resolves."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -641,9 +643,44 @@ def test_kv_cache_bytes_counts_k_and_v_and_the_int8_scales():
   assert kv_cache_bytes(dtype="float32", **kw) == 2 * 5 * 2 * 3 * 4 * 8 * 4
   assert kv_cache_bytes(dtype="bfloat16", **kw) == 2 * 5 * 2 * 3 * 4 * 8 * 2
   assert kv_cache_bytes(dtype="int8", **kw) == 2 * 5 * 2 * 3 * 4 * (8 + 4)  # + float32 scale
-  with pytest.raises(ValueError, match="^dtype='int4' is not one of 'float32', 'bfloat16', "
-                                       "'float16', 'int8'$"):
+  with pytest.raises(ValueError, match=re.escape(
+      "dtype='int4' is not one of 'float32', 'bfloat16', 'float16', 'int8' (a name, a NumPy "
+      "dtype or a scalar type such as jnp.bfloat16)")):
     kv_cache_bytes(dtype="int4", **kw)
+
+
+def test_kv_cache_bytes_takes_the_dtypes_a_cache_takes_and_positive_integer_sizes():
+  """Until 2026-12-07 np.dtype("float16") was a bare KeyError, jnp.bfloat16 was refused
+  (init_cache and generate take both), "" and 0 were the model's dtype, and only the dtype
+  was checked: layers=-2 gave a negative size, seq=2.5 a float, seq="10" a repeated string,
+  batch=True a size."""
+  import jax.numpy as jnp
+
+  cfg = ModelConfig(d_model=32, num_heads=4, num_kv_heads=2, num_layers=3)  # float32, H = 8
+  per_token = {"float32": 2 * 3 * 2 * 8 * 4, "bfloat16": 2 * 3 * 2 * 8 * 2,
+               "float16": 2 * 3 * 2 * 8 * 2, "int8": 2 * 3 * 2 * (8 + 4)}
+  assert cfg.kv_cache_bytes_per_token() == per_token["float32"]
+  for dtype, name in [(np.dtype("float16"), "float16"), (np.float16, "float16"),
+                      (jnp.bfloat16, "bfloat16"), (jnp.dtype("bfloat16"), "bfloat16"),
+                      (jnp.int8, "int8"), ("f4", "float32"), (np.dtype("int8"), "int8")]:
+    assert cfg.kv_cache_bytes_per_token(dtype) == per_token[name], dtype
+  allowed = ("is not one of 'float32', 'bfloat16', 'float16', 'int8' (a name, a NumPy dtype "
+             "or a scalar type such as jnp.bfloat16)")
+  for dtype in ("", 0, "int4", np.float64, False):
+    with pytest.raises(ValueError) as e:
+      cfg.kv_cache_bytes_per_token(dtype)
+    assert str(e.value) == f"dtype={dtype!r} {allowed}"
+  kw = dict(layers=2, seq=3, kv_heads=4, head_dim=8, batch=5, dtype="float32")
+  with pytest.raises(ValueError, match=re.escape(f"dtype=None {allowed}")):
+    kv_cache_bytes(**{**kw, "dtype": None})  # no model here to default to
+  for name, bad in [("layers", -2), ("layers", 0), ("seq", 2.5), ("seq", "10"),
+                    ("batch", True), ("kv_heads", None), ("head_dim", np.float32(8))]:
+    with pytest.raises(ValueError) as e:
+      kv_cache_bytes(**{**kw, name: bad})
+    assert str(e.value) == f"{name}={bad!r} must be a positive integer"
+  # NumPy integers are sizes, counted as Python ints (int32 would wrap past 2**31 bytes)
+  big = kv_cache_bytes(**{**kw, "seq": np.int32(2**20), "layers": np.int64(64)})
+  assert type(big) is int and big == 2 * 5 * 64 * 2**20 * 4 * 8 * 4
 
 
 def test_config_is_frozen():

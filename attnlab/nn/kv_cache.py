@@ -64,7 +64,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from attnlab.config import CACHE_DTYPES, CACHE_KINDS, effective_window
+from attnlab.config import CACHE_DTYPES, CACHE_KINDS, cache_dtype_name, effective_window
 from attnlab.nn.layers import as_dtype
 from attnlab.ops.decode import decode_step_attention
 from attnlab.ops.dispatch import attention, cache_implementation
@@ -79,11 +79,8 @@ def check_cache_dtype(dtype):
   """The cache dtype (a name or a dtype; None = the model's dtype), or raise ValueError."""
   if dtype is None:
     return None
-  try:
-    name = jnp.dtype(dtype).name
-  except TypeError:
-    name = None
-  if name not in CACHE_DTYPES:
+  name = cache_dtype_name(dtype)
+  if name is None:
     raise ValueError(f"cache_dtype={dtype!r} is not one of {', '.join(CACHE_DTYPES)} (or None)")
   return jnp.dtype(name)
 

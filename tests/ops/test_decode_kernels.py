@@ -773,11 +773,13 @@ def test_no_keys_or_no_queries_give_zeros():
   no = jnp.zeros((0,), jnp.int32)
   table, pool = jnp.zeros((1, 2), jnp.int32), jnp.ones((5, 16, 2, 32))
   calls = [
+      # no slots hold no token: a length of 0 (3 is refused since 2026-12-07)
       lambda q: decode.decode_attention(q, jnp.ones((1, 0, 2, 32)), jnp.ones((1, 0, 2, 32)),
-                                        _LEN),
+                                        _LEN * 0),
       lambda q: decode.decode_attention_heads_major(q, jnp.ones((1, 2, 0, 32)),
-                                                    jnp.ones((1, 2, 0, 32)), _LEN),
-      lambda q: decode.paged_decode_attention(q, pool, pool, jnp.zeros((1, 0), jnp.int32), _LEN),
+                                                    jnp.ones((1, 2, 0, 32)), _LEN * 0),
+      lambda q: decode.paged_decode_attention(q, pool, pool, jnp.zeros((1, 0), jnp.int32),
+                                              _LEN * 0),
       lambda q: decode.paged_decode_attention(q, pool[:0], pool[:0], table, _LEN),
       lambda q: decode.decode_attention(q[:0], jnp.ones((0, 16, 2, 32)),
                                         jnp.ones((0, 16, 2, 32)), no),
@@ -789,3 +791,34 @@ def test_no_keys_or_no_queries_give_zeros():
       out = call(q)
       want = (0, 1, 4, 32) if i >= 4 else q.shape
       assert out.shape == want and out.dtype == dtype and not np.any(np.asarray(out)), (i, dtype)
+
+
+def test_concrete_lengths_outside_the_cache_are_refused_and_traced_ones_are_not_read():
+  """Until 2026-12-07 a negative length gave zeros, and one past the cache (S slots, or the
+  table's M pages x C slots) an output for a query whose own key was not in the cache.
+  0 is an empty slot (the paged cache's idle slots in continuous batching): zeros."""
+  q = jnp.ones((3, 1, 4, 32))
+  k_BSKH = jnp.ones((3, 8, 2, 32))
+  k_BKSH = jnp.swapaxes(k_BSKH, 1, 2)
+  pool, table = jnp.ones((5, 4, 2, 32)), jnp.zeros((3, 2), jnp.int32)  # M * C = 8
+  calls = {
+      "S=8 slots of k_BSKH": lambda l: decode.decode_attention(q, k_BSKH, k_BSKH, l),
+      "S=8 slots of k_BKSH": lambda l: decode.decode_attention_heads_major(q, k_BKSH, k_BKSH, l),
+      "M * C = 2 pages of page_table_BM x 4 slots = 8 positions":
+          lambda l: decode.paged_decode_attention(q, pool, pool, table, l),
+  }
+  for what, call in calls.items():
+    for lengths, held in [([8, 0, -3], "lengths_B[2]=-3"), ([100, 1, 9], "lengths_B[0]=100, "
+                                                           "lengths_B[2]=9")]:
+      for as_array in (jnp.array, np.array):
+        with pytest.raises(ValueError) as e:
+          call(as_array(lengths, np.int32))
+        assert str(e.value) == (f"{held} must be in [0, 8]: a length counts the sequence's "
+                                f"tokens in the cache ({what}), the queries' own included; 0 "
+                                "is an empty slot"), (what, lengths)
+    out = call(jnp.array([8, 0, 1], jnp.int32))  # the edges: full, empty, one token
+    assert not np.asarray(out[1]).any() and np.asarray(out[0]).all(), what
+    # traced: not read (the jitted decode loop is unchanged); -3 gives zeros as before
+    traced = jax.jit(call)(jnp.array([8, -3, 1], jnp.int32))
+    np.testing.assert_array_equal(traced[0], out[0], err_msg=what)
+    assert not np.asarray(traced[1]).any(), what

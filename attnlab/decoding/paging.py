@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from attnlab.config import check_positive
+
 
 @struct.dataclass
 class PageAllocator:
@@ -33,6 +35,11 @@ class PageAllocator:
 
   @classmethod
   def init(cls, num_pages: int):
+    """Every page of ``num_pages`` (a positive Python / NumPy int, not a bool) free: until
+    2026-12-07 2.5 gave the free list [1, 0, -1] (page -1 could be handed out), -1 a
+    negative count and None a TypeError naming nothing."""
+    check_positive("num_pages", num_pages)
+    num_pages = int(num_pages)
     # Reversed so that pages are handed out as 0, 1, 2, ... (easier to read).
     return cls(jnp.arange(num_pages - 1, -1, -1, dtype=jnp.int32), jnp.int32(num_pages),
                jnp.bool_(False))
@@ -61,12 +68,40 @@ class PageAllocator:
   def free(self, page_table_BM, release_B):
     """Push the pages of the sequences with ``release_B`` back; clear their rows.
 
+    Args:
+      page_table_BM: int [B, M], the table the last ``allocate`` / ``free`` returned.
+      release_B: bool [B] (checked when traced: an integer mask's ``2 & True`` is 0, which
+        cleared a row and pushed none of its pages until 2026-12-07).
+
+    Only pages of the pool ([0, P)) that are not free already are pushed, each once: a
+    second free of a row with a stale table (the one from before the first free cleared
+    the row) pushes nothing, where until 2026-12-07 it pushed the pages again and two
+    sequences could later be handed one page. Not caught: a stale table whose pages were
+    handed out again since (they are held, not free), so pass the table ``free`` returned.
+
     Returns:
       (allocator, page_table_BM).
     """
+    release_B = jnp.asarray(release_B)
+    if release_B.dtype != jnp.bool_:
+      raise ValueError(f"release_B must be a bool array [B] (True: give the row's pages "
+                       f"back), got dtype {release_B.dtype}")
+    if release_B.shape != page_table_BM.shape[:1]:
+      raise ValueError(f"release_B shape {release_B.shape} must be [B] = "
+                       f"({page_table_BM.shape[0]},), the rows of page_table_BM")
     P = self.free_P.shape[0]
     pages_E = page_table_BM.reshape(-1)
-    back_E = (release_B[:, None] & (page_table_BM >= 0)).reshape(-1)
+    e_E = jnp.arange(pages_E.shape[0], dtype=jnp.int32)
+    # O(P + B * M) per call, beside a decode step's forward pass: the free pages as a mask,
+    # then the first entry of each page among those going back.
+    is_free_P = jnp.zeros(P, bool).at[
+        jnp.where(jnp.arange(P) < self.num_free, self.free_P, P)].set(True, mode="drop")
+    page_E = jnp.clip(pages_E, 0, P - 1)
+    back_E = ((release_B[:, None] & (page_table_BM >= 0)).reshape(-1) & (pages_E < P)
+              & ~is_free_P[page_E])
+    first_P = jnp.full(P, pages_E.shape[0], jnp.int32).at[
+        jnp.where(back_E, pages_E, P)].min(e_E, mode="drop")
+    back_E = back_E & (first_P[page_E] == e_E)
     slot_E = jnp.where(back_E, self.num_free + jnp.cumsum(back_E) - 1, P)
     free_P = self.free_P.at[slot_E].set(pages_E, mode="drop")
     page_table_BM = jnp.where(release_B[:, None], -1, page_table_BM)

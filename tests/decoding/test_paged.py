@@ -289,3 +289,60 @@ def test_a_one_layer_model_decodes_paged_like_contiguous():
                                       **kw))
   np.testing.assert_array_equal(paged, contiguous)
   assert contiguous[0, 2] == eos
+
+
+def test_allocator_init_takes_a_positive_integer_page_count():
+  """Until 2026-12-07 init(2.5) gave the free list [1, 0, -1] (page -1 handed out), init(-1)
+  a negative count, init(None) a TypeError naming nothing."""
+  for bad in (2.5, -1, 0, None, True, "3"):
+    with pytest.raises(ValueError) as e:
+      PageAllocator.init(bad)
+    assert str(e.value) == f"num_pages={bad!r} must be a positive integer", bad
+  alloc = PageAllocator.init(np.int64(3))
+  np.testing.assert_array_equal(alloc.free_P, [2, 1, 0])
+  assert alloc.free_P.dtype == jnp.int32 and int(alloc.num_free) == 3
+
+
+def test_free_takes_a_bool_mask_of_the_rows():
+  """An int mask cleared the rows and pushed none of their pages (2 & True == 0: the
+  pages leaked) until 2026-12-07; refused when traced too."""
+  alloc, table = _allocate(PageAllocator.init(P), jnp.full((B, M), -1, jnp.int32),
+                           jnp.zeros(B, jnp.int32), jnp.array([3, 1, 0], jnp.int32))
+  for mask in (jnp.array([2, 0, 0]), np.array([1, 0, 0]), [1, 0, 0]):
+    for free in (PageAllocator.free, _free):
+      with pytest.raises(ValueError) as e:
+        free(alloc, table, mask)
+      assert str(e.value) == ("release_B must be a bool array [B] (True: give the row's pages "
+                              "back), got dtype int32"), (mask, free)
+  with pytest.raises(ValueError, match=re.escape(
+      "release_B shape (2,) must be [B] = (3,), the rows of page_table_BM")):
+    alloc.free(table, jnp.array([True, False]))
+  freed, cleared = alloc.free(table, [True, False, False])  # a list of bools is a mask
+  assert int(freed.num_free) == P - 1 and (np.asarray(cleared)[0] == -1).all()
+
+
+def test_a_second_free_with_the_stale_table_pushes_nothing():
+  """free with the table from before the first free (whose rows it cleared) pushed the pages
+  again until 2026-12-07: the free list [.., 0, 1, 0, 1], and two sequences could later
+  share a page. Pages already free, outside the pool or twice in the table go back once."""
+  alloc, table = _allocate(PageAllocator.init(4), jnp.full((B, M), -1, jnp.int32),
+                           jnp.zeros(B, jnp.int32), jnp.array([3, 0, 0], jnp.int32))
+  np.testing.assert_array_equal(np.asarray(table)[0, :2], [0, 1])
+  release = jnp.array([True, False, False])
+  once, cleared = _free(alloc, table, release)
+  twice, _ = _free(once, table, release)  # the stale table
+  for a in (once, twice):
+    assert int(a.num_free) == 4
+    assert sorted(np.asarray(a.free_P)[:4].tolist()) == [0, 1, 2, 3]
+  np.testing.assert_array_equal(twice.free_P, once.free_P)
+  assert (np.asarray(cleared)[0] == -1).all()
+  # both pages of the table handed out again to two rows: each to one row
+  again, table2 = _allocate(twice, cleared, jnp.zeros(B, jnp.int32),
+                            jnp.array([2, 2, 0], jnp.int32))
+  held = np.asarray(table2)[np.asarray(table2) >= 0]
+  assert len(set(held.tolist())) == len(held) == 2 and int(again.num_free) == 2
+  # a row holding a page twice, and an entry past the pool (a missing page): once, none
+  odd = jnp.full((B, M), -1, jnp.int32).at[1, :3].set(jnp.array([2, 2, 9]))
+  taken = PageAllocator(jnp.array([1, 0, 3, 2], jnp.int32), jnp.int32(2), jnp.bool_(False))
+  back, _ = _free(taken, odd, jnp.array([False, True, False]))
+  assert int(back.num_free) == 3 and np.asarray(back.free_P)[2] == 2

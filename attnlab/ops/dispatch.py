@@ -71,7 +71,9 @@ def attention(
     q_positions, kv_positions: explicit int [B, T] / [B, S] positions, for
       caches whose slots are not in order (a ring buffer); a negative key
       position marks an empty slot. Supported by "reference" and "chunked" ("auto"
-      takes one of them for such a request).
+      takes one of them for such a request). ``q_positions`` replaces ``q_offset``,
+      which must then be left at 0 (every implementation refuses another; until
+      2026-12-07 "reference", "chunked" and "auto" ignored it).
 
   Returns:
     [B, T, N, H] in the dtype of ``q_BTNH``.

@@ -77,6 +77,10 @@ def _dispatch(argv: list[str]) -> int:
   except CommandError as e:
     print(f"attnlab {name}: error: {e}", file=sys.stderr)
     return 2
+  finally:  # --compilation_cache is the command's, not the calling process's for good
+    common = sys.modules.get("attnlab.commands._common")  # not loaded: nothing was set
+    if common is not None:
+      common.restore_compilation_cache()
 
 
 def _stdout_broken() -> bool:

@@ -135,12 +135,19 @@ def add_cache_flag(p: argparse.ArgumentParser) -> None:
                       "resume of the same config skips compiling (or $JAX_COMPILATION_CACHE_DIR)")
 
 
-def use_compilation_cache(path: str | None) -> None:
-  """Point JAX's persistent compilation cache at ``path`` (None: leave as is).
+# The cache folder a command's --compilation_cache replaced (JAX's setting is the process's):
+# ``restore_compilation_cache`` puts it back when the command ends.
+_REPLACED_CACHE_DIR = []
 
-  Must run before the first compilation. Only programs that took at least
-  ``jax_persistent_cache_min_compile_time_secs`` (default 1 s) to compile are
-  stored: the train / eval steps and generation, not the small eager ops.
+
+def use_compilation_cache(path: str | None) -> None:
+  """Point JAX's persistent compilation cache at ``path`` (None: leave as is) for the
+  command (``restore_compilation_cache``, which ``attnlab.cli.main`` runs at its end, puts
+  the process's setting back: until 2026-12-07 every later command and jit of a process that
+  ran one, a notebook's, wrote its programs into that folder).
+
+  Only programs that took at least ``jax_persistent_cache_min_compile_time_secs`` (default
+  1 s) to compile are stored: the train / eval steps and generation, not the small eager ops.
   """
   if path is None:
     return
@@ -155,4 +162,34 @@ def use_compilation_cache(path: str | None) -> None:
     os.makedirs(path, exist_ok=True)
   import jax  # here, not at the top: `attnlab kv-size` and --help do not start JAX
 
+  before = jax.config.jax_compilation_cache_dir
   jax.config.update("jax_compilation_cache_dir", os.path.abspath(path))
+  if jax.config.jax_compilation_cache_dir != before:
+    if not _REPLACED_CACHE_DIR:
+      _REPLACED_CACHE_DIR.append(before)
+    _reset_jax_cache()
+
+
+def restore_compilation_cache() -> None:
+  """Put back the compilation cache folder ``use_compilation_cache`` replaced (nothing where
+  it replaced none)."""
+  if not _REPLACED_CACHE_DIR:
+    return
+  import jax
+
+  jax.config.update("jax_compilation_cache_dir", _REPLACED_CACHE_DIR.pop())
+  _reset_jax_cache()
+
+
+def _reset_jax_cache() -> None:
+  """JAX opens its persistent cache at the first compilation and keeps that folder: reset,
+  the next compilation opens the folder now set (a process that had compiled before the
+  command read no cache until 2026-12-07). jax's own reset (a private module: where it is
+  gone, the folder set is used from the next process on)."""
+  try:
+    from jax._src import compilation_cache
+  except ImportError:
+    return
+  reset = getattr(compilation_cache, "reset_cache", None)
+  if reset is not None:
+    reset()

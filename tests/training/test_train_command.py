@@ -276,6 +276,43 @@ def test_a_run_short_of_its_steps_exits_75_and_a_finished_one_0(tmp_path, capsys
                                                    "step": step, "loss": 1.5}
 
 
+def test_the_compilation_cache_is_the_commands_alone(tmp_path, monkeypatch):
+  """``--compilation_cache`` sets JAX's process-wide cache folder: until 2026-12-07 it stayed
+  set after the command, and every later command and jit of the process (a notebook's)
+  wrote its programs there; and JAX, which opens its cache at the first compilation, kept
+  the folder it had opened, so a process that had compiled before read and wrote no cache
+  for the command. The folder is the command's while it runs (its programs are written
+  there, in this process that compiled before), and the process's setting is back after."""
+  import jax
+  import jax.numpy as jnp
+
+  from attnlab.training import trainer
+
+  before = jax.config.jax_compilation_cache_dir
+  during, train = [], trainer.train
+
+  def recorded(*args, **kw):
+    during.append(jax.config.jax_compilation_cache_dir)
+    return train(*args, **kw)
+
+  monkeypatch.setattr(trainer, "train", recorded)
+  cache = tmp_path / "xla_cache"
+  least = jax.config.jax_persistent_cache_min_compile_time_secs
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # every program written
+  try:
+    jax.jit(lambda x: x + 2)(jnp.arange(3))  # this process has compiled before the command
+    assert cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(tmp_path / "w"),
+                     "--compilation_cache", str(cache)]) == 0
+    assert during == [str(cache)]
+    written = sorted(os.listdir(cache))
+    assert any("step" in name for name in written), written
+    assert jax.config.jax_compilation_cache_dir == before
+    jax.jit(lambda x: x * 3 + 1)(jnp.arange(7.0))  # a program of the process's, after it
+    assert sorted(os.listdir(cache)) == written
+  finally:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", least)
+
+
 def test_what_cannot_run_or_be_written_is_refused_before_the_workdir(tmp_path, capsys):
   """A cudnn model off a GPU is refused by the run check (until 2026-12-04 it wrote the
   workdir, then the first step's trace raised); a workdir under a file is one line (a

@@ -34,8 +34,34 @@ def _dropout(cfg: ModelConfig, rngs: nnx.Rngs):
   parameters and dropout draw from one stream) keeps the parameters it had."""
   if cfg.dropout_rate > 0:
     return nnx.Dropout(cfg.dropout_rate, rngs=rngs)
-  rngs["dropout"].fork()
+  if _has_stream(rngs, "dropout"):  # nnx.Rngs(params=0) has none (a KeyError until 2026-12-07)
+    rngs["dropout"].fork()
   return nnx.Dropout(cfg.dropout_rate)
+
+
+def _has_stream(rngs: nnx.Rngs, name: str) -> bool:
+  """Whether ``rngs[name]`` draws: from its own stream, or else from the ``default`` one."""
+  return name in rngs or "default" in rngs
+
+
+def _check_build_args(who: str, cfg, rngs) -> None:
+  """A ValueError naming what ``who`` cannot build from: a cfg that is not a ModelConfig,
+  rngs that are not an nnx.Rngs, or rngs without a stream the model draws from (until
+  2026-12-07 the model classes themselves raised an AttributeError on the first two and
+  Flax a KeyError on the last)."""
+  if not isinstance(cfg, ModelConfig):
+    raise ValueError(f"{who} needs a ModelConfig, got {type(cfg).__name__}")
+  if not isinstance(rngs, nnx.Rngs):  # an AttributeError inside Flax until 2026-12-06
+    raise ValueError(f"rngs must be an nnx.Rngs (nnx.Rngs(0), or nnx.Rngs(params=0, "
+                     f"dropout=1)), got {type(rngs).__name__}")
+  rates = " and ".join(f"{name}={getattr(cfg, name)}" for name in ("dropout_rate",
+                       "attention_dropout_rate") if getattr(cfg, name) > 0)
+  for stream, user in (("params", "the parameters are"), ("dropout", rates and f"{rates}: the "
+                                                           "masks are")):
+    if user and not _has_stream(rngs, stream):
+      raise ValueError(f"{user} drawn from a {stream!r} RNG stream, and rngs has none (its "
+                       f"streams: {', '.join(rngs) or 'none'}): give one, nnx.Rngs(params=0, "
+                       "dropout=1), or one seed for all, nnx.Rngs(0)")
 
 
 def _norm(cfg: ModelConfig):
@@ -221,6 +247,7 @@ class DecoderOnly(nnx.Module):
   """A causal language model (GPT / Llama / Mistral-like)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    _check_build_args("DecoderOnly", cfg, rngs)
     if cfg.arch != "decoder_only":
       raise ValueError(f"DecoderOnly needs arch='decoder_only', got arch={cfg.arch!r}")
     self.cfg = cfg
@@ -273,6 +300,7 @@ class EncoderDecoder(nnx.Module):
   ``tie_embeddings``)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    _check_build_args("EncoderDecoder", cfg, rngs)
     if cfg.arch != "encoder_decoder":
       raise ValueError(f"EncoderDecoder needs arch='encoder_decoder', got arch={cfg.arch!r}")
     self.cfg = cfg
@@ -366,11 +394,7 @@ def _cached_positions(tokens_BT, cache):
 
 def build_model(cfg: ModelConfig, *, rngs: nnx.Rngs) -> DecoderOnly | EncoderDecoder:
   """The model ``cfg.arch`` names, with freshly initialized parameters."""
-  if not isinstance(cfg, ModelConfig):
-    raise ValueError(f"build_model needs a ModelConfig, got {type(cfg).__name__}")
-  if not isinstance(rngs, nnx.Rngs):  # an AttributeError inside Flax until 2026-12-06
-    raise ValueError(f"rngs must be an nnx.Rngs (nnx.Rngs(0), or nnx.Rngs(params=0, "
-                     f"dropout=1)), got {type(rngs).__name__}")
+  _check_build_args("build_model", cfg, rngs)
   if cfg.arch == "decoder_only":
     return DecoderOnly(cfg, rngs=rngs)
   return EncoderDecoder(cfg, rngs=rngs)

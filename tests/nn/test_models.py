@@ -328,6 +328,44 @@ def test_models_refuse_another_architecture_by_name():
       nnx.split(model)[1]) == attnlab.count_params(model) > 0
 
 
+def test_the_model_classes_check_their_config_and_rngs_as_build_model_does():
+  """DecoderOnly / EncoderDecoder themselves (AttributeErrors until 2026-12-07: 'dict' has no
+  'arch', 'int' has no 'params')."""
+  for cls in (attnlab.DecoderOnly, attnlab.EncoderDecoder):
+    with pytest.raises(ValueError, match=f"^{cls.__name__} needs a ModelConfig, got dict$"):
+      cls({"arch": "decoder_only"}, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="^" + re.escape(
+        "rngs must be an nnx.Rngs (nnx.Rngs(0), or nnx.Rngs(params=0, dropout=1)), got int")
+        + "$"):
+      cls(ModelConfig(**TINY), rngs=0)
+
+
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_rngs_without_a_dropout_stream_build_a_model_without_dropout(arch):
+  """nnx.Rngs(params=0): Flax's KeyError "No RngStream named 'dropout'" until 2026-12-07, at
+  every dropout rate. At rate 0 the model needs no stream and is the model of nnx.Rngs(
+  params=0, dropout=1) (the parameters draw from 'params' alone); a rate > 0 names the
+  stream it needs."""
+  cfg = ModelConfig(**TINY, **(dict(arch=arch, num_encoder_layers=1)
+                               if arch == "encoder_decoder" else {}))
+  got = attnlab.build_model(cfg, rngs=nnx.Rngs(params=0))
+  want = attnlab.build_model(cfg, rngs=nnx.Rngs(params=0, dropout=1))
+  for a, b in zip(jax.tree.leaves(nnx.state(got, nnx.Param)),
+                  jax.tree.leaves(nnx.state(want, nnx.Param)), strict=True):
+    np.testing.assert_array_equal(a, b)
+  for rates, named in ((dict(dropout_rate=0.1), "dropout_rate=0.1"),
+                       (dict(attention_dropout_rate=0.2), "attention_dropout_rate=0.2")):
+    with pytest.raises(ValueError, match="^" + re.escape(
+        f"{named}: the masks are drawn from a 'dropout' RNG stream, and rngs has none (its "
+        "streams: params): give one, nnx.Rngs(params=0, dropout=1), or one seed for all, "
+        "nnx.Rngs(0)") + "$"):
+      attnlab.build_model(cfg.replace(**rates), rngs=nnx.Rngs(params=0))
+  with pytest.raises(ValueError, match="^" + re.escape(
+      "the parameters are drawn from a 'params' RNG stream, and rngs has none (its streams: "
+      "dropout)")):
+    attnlab.build_model(cfg, rngs=nnx.Rngs(dropout=1))
+
+
 def test_residual_and_embedding_dropout_drop_in_training_only():
   """dropout_rate: a model in training mode draws new masks on every call (so two calls
   differ from each other and from the dropout-free model); in eval mode it is that model."""

@@ -14,7 +14,14 @@ from flax import nnx
 
 from attnlab.config import ModelConfig, effective_window
 from attnlab.nn.attention import Attention
-from attnlab.nn.kv_cache import positions_after, with_cross
+from attnlab.nn.kv_cache import (
+  BlockCache,
+  KVCache,
+  PagedKVCache,
+  RingKVCache,
+  positions_after,
+  with_cross,
+)
 from attnlab.nn.layers import Embedder, as_dtype, make_norm
 from attnlab.nn.mlp import MLP
 from attnlab.nn.partitioning import logical_constraint
@@ -211,6 +218,27 @@ def _check_tokens(name, tokens) -> None:
                      "(a batch of one: tokens[None])")
 
 
+def _check_cache(cache, num_layers) -> None:
+  """A ValueError unless ``cache`` is a model's cache: a tuple of ``num_layers`` ``BlockCache``
+  holding self-attention caches, as ``init_cache`` makes it (a string, one layer's
+  ``BlockCache`` or () were an AttributeError, a TypeError, an IndexError until 2026-12-07,
+  as the positions read ``cache[0].self_attn``)."""
+  made = ("a cache is what attnlab.nn.kv_cache.init_cache(cfg, kind, batch, max_len) returns, "
+          "a tuple of BlockCache, one per layer")
+  if not isinstance(cache, tuple | list):
+    raise ValueError(f"cache is a {type(cache).__name__}; {made}")
+  for i, block_cache in enumerate(cache):
+    if not isinstance(block_cache, BlockCache):
+      raise ValueError(f"cache[{i}] is a {type(block_cache).__name__}; {made}")
+    if not isinstance(block_cache.self_attn, KVCache | RingKVCache | PagedKVCache):
+      raise ValueError(f"cache[{i}].self_attn is a {type(block_cache.self_attn).__name__}; "
+                       f"{made}")
+  if len(cache) != num_layers:
+    raise ValueError(f"the cache holds {len(cache)} layer caches and the stack has "
+                     f"{num_layers} layers: make it for this model "
+                     "(attnlab.nn.kv_cache.init_cache(model.cfg, ...))")
+
+
 def _check_inputs(cfg, num_layers, shape_BT, positions_BT, segment_ids_BT, cache) -> None:
   """A ValueError naming the input that does not fit the tokens [B, T] and the stack: a
   cache of another number of layers, batch, KV heads or head dim, positions or segment ids
@@ -219,10 +247,7 @@ def _check_inputs(cfg, num_layers, shape_BT, positions_BT, segment_ids_BT, cache
   other mismatches were errors from inside the ops."""
   B, T = shape_BT
   if cache is not None:
-    if len(cache) != num_layers:
-      raise ValueError(f"the cache holds {len(cache)} layer caches and the stack has "
-                       f"{num_layers} layers: make it for this model "
-                       "(attnlab.nn.kv_cache.init_cache(model.cfg, ...))")
+    _check_cache(cache, num_layers)
     first = cache[0].self_attn
     if first.lengths_B.shape[0] != B:
       raise ValueError(f"the cache holds {first.lengths_B.shape[0]} sequences and the tokens "
@@ -277,6 +302,8 @@ class DecoderOnly(nnx.Module):
       logits [B, T, V], or (logits, updated cache) when ``cache`` is given.
     """
     _check_tokens("tokens_BT", tokens_BT)
+    if cache is not None:  # before the positions read it
+      _check_cache(cache, self.cfg.num_layers)
     if positions_BT is None:
       positions_BT = (default_positions(tokens_BT) if cache is None
                       else _cached_positions(tokens_BT, cache))
@@ -347,6 +374,7 @@ class EncoderDecoder(nnx.Module):
     """
     _check_tokens("tgt_in_BT", tgt_in_BT)
     if cache is not None:
+      _check_cache(cache, self.cfg.num_layers)
       if tgt_positions_BT is None:
         tgt_positions_BT = _cached_positions(tgt_in_BT, cache)
       y_BTD = self.embedder.encode(tgt_in_BT)
@@ -370,6 +398,7 @@ class EncoderDecoder(nnx.Module):
     (logits, updated cache).
     """
     if cache is not None:
+      _check_cache(cache, self.cfg.num_layers)
       if any(block_cache.cross_attn is None for block_cache in cache):
         cross = self.cross_cache(src_BS, src_segment_ids_BS=src_segment_ids_BS,
                                  src_positions_BS=src_positions_BS)

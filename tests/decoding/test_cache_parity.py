@@ -887,6 +887,29 @@ def test_a_cache_of_another_number_of_layers_is_refused():
     model(jnp.asarray(TOKENS[:, :2]), cache=cache + cache[:1])
 
 
+def test_a_cache_that_is_not_a_models_cache_is_refused_by_name():
+  """A kind's name, one layer's BlockCache, a layer's own KVCache, (): until 2026-12-07 an
+  AttributeError, a TypeError, an AttributeError and an IndexError, as the positions read
+  ``cache[0].self_attn`` before any check (both model families)."""
+  model, encdec = decoder_model("mha_rope"), encdec_model("paper_gqa")
+  toks = jnp.asarray(TOKENS[:, :2])
+  cache = cache_lib.init_cache(model.cfg, "contiguous", 2, 4)
+  made = ("; a cache is what attnlab.nn.kv_cache.init_cache(cfg, kind, batch, max_len) returns, "
+          "a tuple of BlockCache, one per layer")
+  calls = (lambda c: model(toks, cache=c), lambda c: encdec(jnp.asarray(SRC), toks, cache=c),
+           lambda c: encdec.decode(toks, None, src_segment_ids_BS=None, cache=c))
+  for bad, message in (("contiguous", "cache is a str" + made),
+                       (cache[0], "cache is a BlockCache" + made),
+                       ((cache[0].self_attn,) * 2, "cache[0] is a KVCache" + made),
+                       ((cache_lib.BlockCache(None),) * 2,
+                        "cache[0].self_attn is a NoneType" + made),
+                       ((), "the cache holds 0 layer caches and the stack has 2 layers: make it "
+                            "for this model (attnlab.nn.kv_cache.init_cache(model.cfg, ...))")):
+    for call in calls:
+      with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        call(bad)
+
+
 def test_inputs_of_another_shape_than_the_tokens_are_refused_by_name():
   """Segment ids or positions of another shape than the tokens, a cache of another batch and
   tokens that are not [B, T]: one ValueError naming the input. Until 2026-12-04 a cached call

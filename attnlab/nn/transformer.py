@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from attnlab.config import ModelConfig, effective_window
@@ -242,7 +243,8 @@ def _check_cache(cache, num_layers) -> None:
 def _check_inputs(cfg, num_layers, shape_BT, positions_BT, segment_ids_BT, cache) -> None:
   """A ValueError naming the input that does not fit the tokens [B, T] and the stack: a
   cache of another number of layers, batch, KV heads or head dim, positions or segment ids
-  of another shape. Shapes only: until 2026-12-04 a cached call took segment ids of another
+  of another shape, new tokens past a cache's room (``_check_room``). Shapes only (and, on
+  concrete values, the room): until 2026-12-04 a cached call took segment ids of another
   width, advanced the cache past what it wrote and read unwritten slots as keys, and the
   other mismatches were errors from inside the ops."""
   B, T = shape_BT
@@ -266,6 +268,36 @@ def _check_inputs(cfg, num_layers, shape_BT, positions_BT, segment_ids_BT, cache
                        f"[B, T] = ({B}, {T})" + (" or [1, T]" if len(shapes) > 1 else "") +
                        (" (with a cache: 1 on the new tokens, 0 on right padding)"
                         if name == "segment_ids_BT" and cache is not None else ""))
+  if cache is not None and not isinstance(cache[0].self_attn, RingKVCache):
+    _check_room(cache[0].self_attn, T, segment_ids_BT)  # a ring wraps: it takes any length
+
+
+def _check_room(self_cache, T, segment_ids_BT) -> None:
+  """A ValueError where the new tokens do not fit a contiguous or paged cache: more than its
+  capacity (a shape, where no segment ids say that some are right padding, which is not
+  stored: ``generate_requests`` prefills prompts padded to their bucket, wider than a cache
+  for the longest request), or, where the lengths and segment ids are concrete (an eager
+  call), more than a row has left. Until 2026-12-07 the tokens past the capacity were
+  dropped yet counted in the lengths, and the logits from the first of them on were wrong (a
+  decode step with "auto" attention on a full cache, too). Under jit the lengths are
+  tracers: only the shape is checked, and a decode loop pays nothing."""
+  kind = "contiguous" if isinstance(self_cache, KVCache) else "paged"
+  capacity = self_cache.capacity
+  make = (f"make a cache for the whole sequence (attnlab.nn.kv_cache.init_cache(cfg, {kind!r}, "
+          "B, max_len), max_len at least the prompt plus the tokens to generate)")
+  if segment_ids_BT is None and capacity < T:
+    raise ValueError(f"{T} new tokens are more than the {capacity} positions of the {kind} "
+                     f"cache: {make}")
+  if any(isinstance(x, jax.core.Tracer) for x in (self_cache.lengths_B, segment_ids_BT)):
+    return
+  lengths_B = np.asarray(self_cache.lengths_B)
+  num_new_B = (np.full_like(lengths_B, T) if segment_ids_BT is None
+               else np.sum(np.asarray(segment_ids_BT) != 0, axis=1))  # right padding: not stored
+  over_B = lengths_B + num_new_B > capacity
+  if over_B.any():
+    b = int(np.argmax(over_B))
+    raise ValueError(f"row {b} of the {kind} cache: {lengths_B[b]} tokens held + "
+                     f"{num_new_B[b]} new are more than its {capacity} positions; {make}")
 
 
 class DecoderOnly(nnx.Module):

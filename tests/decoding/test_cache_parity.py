@@ -910,6 +910,56 @@ def test_a_cache_that_is_not_a_models_cache_is_refused_by_name():
         call(bad)
 
 
+@pytest.mark.parametrize("kind", ["contiguous", "paged"])
+def test_new_tokens_past_the_caches_room_are_refused_by_name(kind):
+  """Until 2026-12-07 a cached call past the capacity was taken: the tokens past it were
+  dropped yet counted in the lengths, and the logits from the first of them on were wrong
+  (12 tokens into a cache of 8 positions, two calls of 6, a decode step with "auto"
+  attention on a full row). More tokens than the capacity are refused as they are traced
+  (a shape), unless segment ids may mark some as right padding; an eager call is checked
+  against each row's room, right padding not counted, and a call that fills a row exactly
+  runs and equals the full forward."""
+  model = decoder_model("mha_rope", "auto")  # the decode step of a full row: its own path
+  B, S = 2, 8
+
+  def new_cache():
+    cache = cache_lib.init_cache(model.cfg, kind, B, S, page_size=PAGE)
+    if kind == "paged":  # two pages of 4 per row
+      cache = cache_lib.set_page_table(cache, jnp.arange(4, dtype=jnp.int32).reshape(2, 2))
+    return cache
+
+  make = (f"make a cache for the whole sequence (attnlab.nn.kv_cache.init_cache(cfg, {kind!r}, "
+          "B, max_len), max_len at least the prompt plus the tokens to generate)")
+  toks = jnp.asarray(TOKENS[:, :12])
+  _refused_when_traced(lambda: model(toks, cache=new_cache()), "^" + re.escape(
+      f"12 new tokens are more than the 8 positions of the {kind} cache: {make}") + "$")
+  # Wider than the cache, but with segment ids: a prefill padded to a bucket is traced.
+  jax.eval_shape(lambda: model(toks, segment_ids_BT=jnp.ones_like(toks), cache=new_cache()))
+  _, cache = nnx.jit(lambda m, t, c: m(t, cache=c))(model, toks[:, :6], new_cache())
+  with pytest.raises(ValueError, match="^" + re.escape(
+      f"row 0 of the {kind} cache: 6 tokens held + 3 new are more than its 8 positions; "
+      f"{make}") + "$"):
+    model(toks, segment_ids_BT=(jnp.arange(12) < jnp.array([[3], [2]])).astype(jnp.int32),
+          cache=cache)  # 12 wide, 3 and 2 real
+  with pytest.raises(ValueError, match="^" + re.escape(
+      f"row 0 of the {kind} cache: 6 tokens held + 6 new are more than its 8 positions; "
+      f"{make}") + "$"):
+    model(toks[:, 6:], cache=cache)
+  # Right padding is not stored: row 0 fills its last two positions, row 1 one more (a
+  # call wider than the room, and than the cache).
+  seg = (jnp.arange(10) < jnp.array([[2], [1]])).astype(jnp.int32)
+  got, cache = model(jnp.asarray(TOKENS[:, 6:16]), segment_ids_BT=seg, cache=cache)  # eager
+  want = decoder_forward("mha_rope")(TOKENS)
+  np.testing.assert_allclose(got[0, :2], want[0, 6:8], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got[1, :1], want[1, 6:7], rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="^" + re.escape(
+      f"row 0 of the {kind} cache: 8 tokens held + 1 new are more than its 8 positions")):
+    model(toks[:, :1], cache=cache)  # one decode step
+  # A row with no new token (an idle one) is not refused: its segment id is 0.
+  got, _ = model(toks[:, 7:8], segment_ids_BT=jnp.array([[0], [1]], jnp.int32), cache=cache)
+  np.testing.assert_allclose(got[1, 0], want[1, 7], rtol=1e-5, atol=1e-5)
+
+
 def test_inputs_of_another_shape_than_the_tokens_are_refused_by_name():
   """Segment ids or positions of another shape than the tokens, a cache of another batch and
   tokens that are not [B, T]: one ValueError naming the input. Until 2026-12-04 a cached call

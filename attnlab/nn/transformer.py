@@ -205,15 +205,29 @@ class Stack(nnx.Module):
     return x_BTD if self.norm is None else self.norm(x_BTD)
 
 
-def _check_tokens(name, tokens) -> None:
-  """Integer token ids [B, T] (an array: a list was an AttributeError, float ids an error from
-  inside JAX, and bools were read as ids 0 / 1 until 2026-12-06)."""
-  dtype = getattr(tokens, "dtype", None)
+def _check_ints(name, value, what="token ids", example="tokens") -> None:
+  """An integer array of ``what`` (a list was an AttributeError, float ids an error from
+  inside JAX, and bools were read as ids 0 / 1 until 2026-12-06; positions and segment ids
+  the same until 2026-12-07: float positions turned RoPE and sinusoidal positions by
+  fractions, float segment ids of a cached call counted as tokens)."""
+  dtype = getattr(value, "dtype", None)
   if dtype is None:
-    raise ValueError(f"{name} is a {type(tokens).__name__}; give an int array of token ids "
-                     "[B, T] (jnp.asarray(tokens, jnp.int32))")
+    raise ValueError(f"{name} is a {type(value).__name__}; give an int array of {what} "
+                     f"[B, T] (jnp.asarray({example}, jnp.int32))")
   if not jnp.issubdtype(dtype, jnp.integer):
-    raise ValueError(f"{name} has dtype {dtype}; give int token ids [B, T]")
+    raise ValueError(f"{name} has dtype {dtype}; give int {what} [B, T]")
+
+
+def _check_positions_and_segments(**named) -> None:
+  """``_check_ints`` on the positions and segment ids given (their shapes: ``_check_inputs``)."""
+  for name, value in named.items():
+    if value is not None:
+      _check_ints(name, value, "positions" if "positions" in name else "segment ids", name)
+
+
+def _check_tokens(name, tokens) -> None:
+  """Integer token ids [B, T] (``_check_ints``)."""
+  _check_ints(name, tokens)
   if jnp.ndim(tokens) != 2:
     raise ValueError(f"{name} has shape {tuple(jnp.shape(tokens))}; give int token ids [B, T] "
                      "(a batch of one: tokens[None])")
@@ -334,6 +348,7 @@ class DecoderOnly(nnx.Module):
       logits [B, T, V], or (logits, updated cache) when ``cache`` is given.
     """
     _check_tokens("tokens_BT", tokens_BT)
+    _check_positions_and_segments(positions_BT=positions_BT, segment_ids_BT=segment_ids_BT)
     if cache is not None:  # before the positions read it
       _check_cache(cache, self.cfg.num_layers)
     if positions_BT is None:
@@ -376,6 +391,8 @@ class EncoderDecoder(nnx.Module):
   def encode(self, src_BS, *, src_segment_ids_BS=None, src_positions_BS=None):
     """Encoder output [B, S, D]."""
     _check_tokens("src_BS", src_BS)
+    _check_positions_and_segments(src_segment_ids_BS=src_segment_ids_BS,
+                                  src_positions_BS=src_positions_BS)
     if src_segment_ids_BS is None:
       src_segment_ids_BS = self.source_segment_ids(src_BS)
     if src_positions_BS is None:
@@ -405,6 +422,8 @@ class EncoderDecoder(nnx.Module):
     (logits, updated cache).
     """
     _check_tokens("tgt_in_BT", tgt_in_BT)
+    _check_positions_and_segments(tgt_positions_BT=tgt_positions_BT,
+                                  tgt_segment_ids_BT=tgt_segment_ids_BT)
     if cache is not None:
       _check_cache(cache, self.cfg.num_layers)
       if tgt_positions_BT is None:
@@ -412,6 +431,7 @@ class EncoderDecoder(nnx.Module):
       y_BTD = self.embedder.encode(tgt_in_BT)
       y_BTD, cache = self.decoder(y_BTD, tgt_positions_BT, tgt_segment_ids_BT, cache=cache)
       return self.embedder.decode(y_BTD), cache
+    _check_positions_and_segments(src_segment_ids_BS=src_segment_ids_BS)
     if tgt_positions_BT is None:
       tgt_positions_BT = default_positions(tgt_in_BT)
     y_BTD = self.embedder.encode(tgt_in_BT)

@@ -1023,6 +1023,46 @@ def test_inputs_of_another_shape_than_the_tokens_are_refused_by_name():
       call()
 
 
+def test_positions_and_segment_ids_that_are_not_int_arrays_are_refused_by_name():
+  """As the tokens are (``_check_tokens``), in both model families, with and without a
+  cache. Until 2026-12-07 float positions turned RoPE and sinusoidal positions by fractions
+  and bools were taken as positions 0 / 1, silently; a list was an AttributeError; with a
+  cache, float segment ids (0.5) were counted as new tokens and a list was an error from
+  inside JAX."""
+  model, encdec = decoder_model("mha_rope"), encdec_model("paper_gqa")
+  toks, src = jnp.asarray(TOKENS[:, :2]), jnp.asarray(SRC)
+  ints = np.ones((2, 2), np.int32)
+  bad_values = ((ints.astype(np.float32) / 2, "has dtype float32; give int {what} [B, T]"),
+                (ints > 0, "has dtype bool; give int {what} [B, T]"),
+                (ints.tolist(), "is a list; give an int array of {what} [B, T] "
+                                "(jnp.asarray({name}, jnp.int32))"))
+
+  def refused(call, name, what):
+    for bad, message in bad_values:
+      _refused_when_traced(lambda bad=bad: call(bad), "^" + re.escape(
+          f"{name} " + message.format(what=what, name=name)) + "$")
+
+  for cache in (None, cache_lib.init_cache(model.cfg, "contiguous", 2, 4)):
+    refused(lambda bad, cache=cache: model(toks, positions_BT=bad, cache=cache), "positions_BT",
+            "positions")
+    refused(lambda bad, cache=cache: model(toks, segment_ids_BT=bad, cache=cache),
+            "segment_ids_BT", "segment ids")
+  cache = cache_lib.init_cache(encdec.cfg, "contiguous", 2, 4)
+  for kw, what in (("src_positions_BS", "positions"), ("src_segment_ids_BS", "segment ids"),
+                   ("tgt_positions_BT", "positions"), ("tgt_segment_ids_BT", "segment ids")):
+    refused(lambda bad, kw=kw: encdec(src, toks, **{kw: bad}), kw, what)
+    if kw.startswith("tgt"):
+      refused(lambda bad, kw=kw: encdec.decode(
+          toks, None, src_segment_ids_BS=None, cache=cache_lib.with_cross(
+              cache, encdec.cross_cache(src)), **{kw: bad}), kw, what)
+  refused(lambda bad: encdec.cross_cache(src, src_segment_ids_BS=bad), "src_segment_ids_BS",
+          "segment ids")
+  # the uncached decoder's source segment ids (those of its cross-attention)
+  encoded_BSD = jnp.zeros((2, SRC.shape[1], encdec.cfg.d_model))
+  refused(lambda bad: encdec.decode(toks, encoded_BSD, src_segment_ids_BS=bad),
+          "src_segment_ids_BS", "segment ids")
+
+
 def test_a_cache_made_for_another_number_of_kv_heads_is_refused_by_name():
   """Each cache kind (an error from inside the ops until 2026-12-04: a broadcast or a
   concatenation that named neither the cache nor the head counts)."""

@@ -254,6 +254,30 @@ def _check_cache(cache, num_layers) -> None:
                      "(attnlab.nn.kv_cache.init_cache(model.cfg, ...))")
 
 
+def _check_logits_at(logits_at_B, shape_BT):
+  """``logits_at_B`` as an int array [B] (a list of ints is taken), or a ValueError; its
+  indices in [0, T) where they are concrete (an eager call). Until 2026-12-07 an index past
+  T gave NaN logits, -1 the last token's, floats were truncated, and another shape was an
+  error from inside JAX."""
+  B, T = shape_BT
+  if getattr(logits_at_B, "dtype", None) is None:
+    logits_at_B = jnp.asarray(logits_at_B)  # a list (of tracers, too)
+  if not jnp.issubdtype(logits_at_B.dtype, jnp.integer):
+    raise ValueError(f"logits_at_B has dtype {logits_at_B.dtype}; give int indices [B], one "
+                     "token per row")
+  if tuple(jnp.shape(logits_at_B)) != (B,):
+    raise ValueError(f"logits_at_B has shape {tuple(jnp.shape(logits_at_B))}; give int "
+                     f"indices [B] = ({B},), one token per row")
+  if not isinstance(logits_at_B, jax.core.Tracer):
+    at_B = np.asarray(logits_at_B)
+    bad_B = (at_B < 0) | (at_B >= T)
+    if bad_B.any():
+      b = int(np.argmax(bad_B))
+      raise ValueError(f"logits_at_B[{b}]={at_B[b]} is not an index of the {T} tokens: give "
+                       f"0 <= logits_at_B < {T}")
+  return logits_at_B
+
+
 def _check_inputs(cfg, num_layers, shape_BT, positions_BT, segment_ids_BT, cache) -> None:
   """A ValueError naming the input that does not fit the tokens [B, T] and the stack: a
   cache of another number of layers, batch, KV heads or head dim, positions or segment ids
@@ -349,6 +373,8 @@ class DecoderOnly(nnx.Module):
     """
     _check_tokens("tokens_BT", tokens_BT)
     _check_positions_and_segments(positions_BT=positions_BT, segment_ids_BT=segment_ids_BT)
+    if logits_at_B is not None:
+      logits_at_B = _check_logits_at(logits_at_B, tokens_BT.shape)
     if cache is not None:  # before the positions read it
       _check_cache(cache, self.cfg.num_layers)
     if positions_BT is None:

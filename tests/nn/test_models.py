@@ -108,6 +108,34 @@ def test_logits_at_gives_each_rows_logits_at_its_index_only():
                              atol=1e-6, rtol=1e-6)
 
 
+def test_logits_at_that_is_not_one_index_of_the_tokens_per_row_is_refused_by_name():
+  """Until 2026-12-07 an index past T gave NaN logits, -1 the last token's, floats were
+  truncated and another shape was an error from inside JAX. The dtype and shape are checked
+  as traced; the range where the indices are concrete. A list of ints is taken as before."""
+  model = build(pos="rope")
+  x = tokens(3, 10)
+
+  def refused(at, message):
+    def trace():
+      with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        model(x, logits_at_B=at)
+    jax.eval_shape(trace)  # no op runs: the check comes first
+
+  refused(jnp.array([9.0, 0.0, 4.0]), "logits_at_B has dtype float32; give int indices [B], "
+          "one token per row")
+  refused(jnp.array([True, False, True]), "logits_at_B has dtype bool; give int indices [B], "
+          "one token per row")
+  for shape in ((3, 1), (4,), ()):
+    refused(jnp.zeros(shape, jnp.int32), f"logits_at_B has shape {shape}; give int indices [B] "
+            "= (3,), one token per row")
+  for at, b in (([9, 10, 4], 1), ([-1, 0, 4], 0)):
+    refused(jnp.array(at), f"logits_at_B[{b}]={at[b]} is not an index of the 10 tokens: give "
+            "0 <= logits_at_B < 10")
+  as_array, as_list = nnx.jit(lambda m, x: (m(x, logits_at_B=jnp.array([9, 0, 4])),
+                                            m(x, logits_at_B=[9, 0, 4])))(model, x)
+  np.testing.assert_array_equal(as_array, as_list)
+
+
 def test_encoder_decoder_decoder_is_causal():
   model = build(arch="encoder_decoder", pos="sinusoidal", norm_position="post")
   src, tgt = tokens(2, 8), tokens(2, 10, seed=2)

@@ -64,7 +64,14 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from attnlab.config import CACHE_DTYPES, CACHE_KINDS, cache_dtype_name, effective_window
+from attnlab.config import (
+  CACHE_DTYPES,
+  CACHE_KINDS,
+  ModelConfig,
+  cache_dtype_name,
+  check_positive,
+  effective_window,
+)
 from attnlab.nn.layers import as_dtype
 from attnlab.ops.decode import decode_step_attention
 from attnlab.ops.dispatch import attention, cache_implementation
@@ -83,6 +90,17 @@ def check_cache_dtype(dtype):
   if name is None:
     raise ValueError(f"cache_dtype={dtype!r} is not one of {', '.join(CACHE_DTYPES)} (or None)")
   return jnp.dtype(name)
+
+
+def check_sizes(**sizes) -> list[int]:
+  """The sizes as Python ints, or a ValueError naming the first that is not a positive
+  integer. NumPy integers are taken, as ints: a narrow one would overflow the arithmetic on
+  it. (Until 2026-12-07 a negative size was a broadcast error from inside JAX, a float one
+  a shape error, None a TypeError, 0 pages of a paged cache a ZeroDivisionError, and True
+  a batch of 1.)"""
+  for name, value in sizes.items():
+    check_positive(name, value)
+  return [int(value) for value in sizes.values()]
 
 
 def quantize(x_XH):
@@ -273,7 +291,9 @@ class KVCache(_SelfAttentionCache):
 
   @classmethod
   def init(cls, batch, max_len, num_kv_heads, head_dim, dtype=jnp.float32):
-    shape = (batch, num_kv_heads, max_len, head_dim)
+    shape = tuple(check_sizes(batch=batch, num_kv_heads=num_kv_heads, max_len=max_len,
+                              head_dim=head_dim))
+    batch = shape[0]
     return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32),
                _scales(shape, dtype), _scales(shape, dtype))
 
@@ -374,7 +394,9 @@ class RingKVCache(_SelfAttentionCache):
 
   @classmethod
   def init(cls, batch, window, num_kv_heads, head_dim, dtype=jnp.float32):
-    shape = (batch, num_kv_heads, window, head_dim)
+    shape = tuple(check_sizes(batch=batch, num_kv_heads=num_kv_heads, window=window,
+                              head_dim=head_dim))
+    batch, window = shape[0], shape[2]
     return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype),
                jnp.full((batch, window), -1, jnp.int32), jnp.zeros((batch,), jnp.int32),
                _scales(shape, dtype), _scales(shape, dtype))
@@ -509,8 +531,11 @@ class PagedKVCache(_SelfAttentionCache):
   @classmethod
   def init(cls, batch, max_len, num_kv_heads, head_dim, *, page_size, num_pages,
            dtype=jnp.float32):
-    shape = (num_pages, page_size, num_kv_heads, head_dim)
-    pages_per_seq = math.ceil(max_len / page_size)
+    batch, max_len, *shape = check_sizes(batch=batch, max_len=max_len, num_pages=num_pages,
+                                         page_size=page_size, num_kv_heads=num_kv_heads,
+                                         head_dim=head_dim)
+    shape = tuple(shape)
+    pages_per_seq = -(-max_len // shape[1])
     return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype),
                jnp.full((batch, pages_per_seq), -1, jnp.int32), jnp.zeros((batch,), jnp.int32),
                _scales(shape, dtype), _scales(shape, dtype))
@@ -653,7 +678,8 @@ def init_cache(cfg, kind: str, batch: int, max_len: int, *, page_size: int = 16,
     batch: B.
     max_len: the longest sequence (prompt + generated) a cache must hold;
       the ring ignores it (it holds ``effective_window(cfg)`` positions: the window, or
-      ``cfg.max_len`` where the window is wider).
+      ``cfg.max_len`` where the window is wider), though it must be a size, as every one
+      here: a positive integer (a NumPy one too).
     page_size, num_pages: C and P of the paged cache; P defaults to enough
       pages for every sequence at ``max_len``. Its page table starts empty (-1):
       give each sequence pages before use (``set_page_table``, or a
@@ -665,6 +691,12 @@ def init_cache(cfg, kind: str, batch: int, max_len: int, *, page_size: int = 16,
   Returns:
     tuple of ``BlockCache``, one per decoder layer.
   """
+  if not isinstance(cfg, ModelConfig):  # a model was an AttributeError until 2026-12-07
+    raise ValueError(f"init_cache needs a ModelConfig (a model's: model.cfg), got "
+                     f"{type(cfg).__name__}")
+  batch, max_len, page_size = check_sizes(batch=batch, max_len=max_len, page_size=page_size)
+  if num_pages is not None:
+    (num_pages,) = check_sizes(num_pages=num_pages)
   dtype = check_cache_dtype(dtype) or as_dtype(cfg.dtype)
   dims = (cfg.num_kv_heads, cfg.head_dim)
   if kind in ("contiguous", "paged") and max_len > cfg.max_len:

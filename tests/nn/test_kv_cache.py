@@ -3,11 +3,15 @@ against the naive loop over the tokens written so far, what each cache stores, a
 the whole-model helpers (init_cache, as_empty, rows, page tables, bytes).
 (tests/decoding/test_cache_parity.py checks models decoding through them.)"""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
+import attnlab
 from attnlab import ModelConfig
 from attnlab.nn import kv_cache as cache_lib
 from tests import random_arrays
@@ -422,6 +426,39 @@ def test_init_cache_refuses_by_name():
   with pytest.raises(ValueError) as e:
     cache_lib.init_cache(CFG, "flat", 2, 8)
   assert str(e.value) == "cache='flat' is not one of 'contiguous', 'ring', 'paged'"
+
+
+def test_init_cache_refuses_sizes_that_are_not_positive_integers_by_name():
+  """Until 2026-12-07: a negative batch, max_len or num_pages was a broadcast error from
+  inside JAX, a float batch a shape error, max_len=None a TypeError, page_size=0 a
+  ZeroDivisionError, batch=True a batch of 1, and the model for its config an
+  AttributeError. The caches' own ``init`` check their sizes too. NumPy integers are sizes,
+  taken as ints (np.int8 arithmetic on them would overflow)."""
+  for kind in cache_lib.CACHE_KINDS:
+    for kw in (dict(batch=-1), dict(batch=0), dict(batch=2.0), dict(batch=True),
+               dict(max_len=-5), dict(max_len=None), dict(max_len=np.float32(8)),
+               dict(page_size=0), dict(num_pages=-1), dict(num_pages=1.5)):
+      args = {"batch": 2, "max_len": 8, **kw}
+      name, value = next(iter(kw.items()))
+      with pytest.raises(ValueError, match="^" + re.escape(
+          f"{name}={value!r} must be a positive integer") + "$"):
+        cache_lib.init_cache(CFG, kind, **args)
+  model = attnlab.build_model(CFG, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="^" + re.escape(
+      "init_cache needs a ModelConfig (a model's: model.cfg), got DecoderOnly") + "$"):
+    cache_lib.init_cache(model, "contiguous", 2, 8)
+  for make, name in ((lambda: cache_lib.KVCache.init(2, -1, K, H), "max_len=-1"),
+                     (lambda: cache_lib.RingKVCache.init(2, 0, K, H), "window=0"),
+                     (lambda: cache_lib.PagedKVCache.init(2, 8, K, H, page_size=0, num_pages=4),
+                      "page_size=0"),
+                     (lambda: cache_lib.PagedKVCache.init(None, 8, K, H, page_size=4,
+                                                          num_pages=4), "batch=None")):
+    with pytest.raises(ValueError, match="^" + re.escape(f"{name} must be a positive integer")):
+      make()
+  paged = cache_lib.init_cache(CFG, "paged", np.int8(100), np.int8(20), page_size=np.int8(4))
+  # 100 rows of 5 pages: 500 pages (np.int8(100) * 5 wrapped to -12)
+  assert paged[0].self_attn.k_pages_PCKH.shape[0] == 500
+  assert paged[0].self_attn.page_table_BM.shape == (100, 5)
 
 
 def test_check_cache_dtype():

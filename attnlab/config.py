@@ -470,20 +470,25 @@ _SYNTHETIC_READS = (("min_len", "max_len", "vocab_chars"),
                     "its examples are drawn from seed, min_len, max_len and vocab_chars")
 
 
-# Set while a saved run's config.gin is read (``saved_data_config``): the fields its task
-# does not read are reset to their defaults and listed here instead of refused. attnlab
-# before 2026-12-06 took them (and ignored them) and wrote them into config.gin; the run they
+# Set while a saved run's config.gin is read (``saved_data_config``): the fields its run did
+# not read are reset to their defaults and listed here instead of refused. attnlab before
+# 2026-12-06 took them (and ignored them) and wrote them into config.gin; the run they
 # describe did not read them, and its workdir must still evaluate, decode and resume. A
 # TrainConfig's b1 / b2 at 1 in float32 (taken before 2026-12-07) are read as they are.
 _unread_fields: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "unread_fields", default=None)
+# Set while ``TrainConfig.replace`` copies a config without changing b1 / b2: what its source
+# holds was taken (checked, or read from a saved run as it is).
+_betas_kept: contextvars.ContextVar[bool] = contextvars.ContextVar("betas_kept", default=False)
 
 
 @contextlib.contextmanager
 def saved_data_config():
   """Within it, a DataConfig resets the fields its task does not read (``TASK_FIELDS``;
-  ``tokenizer_model`` of the byte tokenizer) to their defaults rather than refuse them;
-  yields the list of ``(name, value)`` reset, for the caller to warn about."""
+  ``tokenizer_model`` of the byte tokenizer, ``loss_on_prompt`` of a language model) and a
+  TrainConfig the ``weight_decay`` of an optimizer that has none to their defaults rather than
+  refuse them; yields the list of ``(class name, field, value)`` reset, for the caller to
+  warn about."""
   dropped: list = []
   token = _unread_fields.set(dropped)
   try:
@@ -492,14 +497,14 @@ def saved_data_config():
     _unread_fields.reset(token)
 
 
-def _unread(dcfg, name: str, default, message: str) -> None:
-  """A field ``dcfg``'s task or tokenizer does not read: refused with ``message``, or reset
-  to ``default`` while a saved config is read (``saved_data_config``)."""
+def _unread(cfg, name: str, default, message: str) -> None:
+  """A field of ``cfg`` (a DataConfig or TrainConfig) its run does not read: refused with
+  ``message``, or reset to ``default`` while a saved config is read (``saved_data_config``)."""
   dropped = _unread_fields.get()
   if dropped is None:
     raise ValueError(message)
-  dropped.append((name, getattr(dcfg, name)))
-  object.__setattr__(dcfg, name, default)
+  dropped.append((type(cfg).__name__, name, getattr(cfg, name)))
+  object.__setattr__(cfg, name, default)
 
 
 def _check_task_fields(dcfg) -> None:
@@ -608,8 +613,9 @@ class DataConfig:
     if self.task == "tsv" and not self.paths:
       raise ValueError("task='tsv' needs paths=('train.tsv', ['valid.tsv'])")
     if self.task == "lm" and self.loss_on_prompt:  # ignored there until 2026-12-04
-      raise ValueError("loss_on_prompt=True does not apply to task='lm' (a language model is "
-                       "trained on every token); it is for a decoder-only pair task")
+      _unread(self, "loss_on_prompt", False,
+              "loss_on_prompt=True does not apply to task='lm' (a language model is trained on "
+              "every token); it is for a decoder-only pair task")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -701,9 +707,10 @@ class TrainConfig:
     if self.optimizer in ("adam", "adamw"):  # 1e-40 was 0 in float32: the nan above
       check_float32_range("eps", self.eps, "Adam divides by sqrt(v) + eps in float32, where it "
                           "would be 0 (a nan update) or inf (no update)")
-    if self.weight_decay > 0 and self.optimizer != "adamw":
-      raise ValueError(f"weight_decay={self.weight_decay!r} is applied by optimizer='adamw' "
-                       f"only; got optimizer={self.optimizer!r}")
+    if self.weight_decay > 0 and self.optimizer != "adamw":  # ignored until 2026-12-03
+      _unread(self, "weight_decay", 0.0,
+              f"weight_decay={self.weight_decay!r} is applied by optimizer='adamw' only; got "
+              f"optimizer={self.optimizer!r}")
     # 1e39 was inf in float32 (accepted until 2026-12-06: the first update non-finite, after
     # the run's folder was made and its config.gin rewritten); 1e-40 was 0 there
     if self.weight_decay > 0:
@@ -730,7 +737,7 @@ class TrainConfig:
     2026-12-07). A saved run's config.gin (``saved_data_config``) is read as it is: the run
     trained so, and its workdir must still evaluate and decode."""
     names = ("b1", "b2") if self.optimizer in ("adam", "adamw") else ("b1",)
-    if _unread_fields.get() is not None:
+    if _unread_fields.get() is not None or _betas_kept.get():
       return
     for name in names:
       if np.float32(getattr(self, name)) == 1.0:
@@ -740,7 +747,17 @@ class TrainConfig:
                          f"computes ({why}): give at most 0.9999999")
 
   def replace(self, **changes) -> TrainConfig:
-    return dataclasses.replace(self, **changes)
+    """A copy with ``changes``, checked as a new config, but for b1 / b2 at 1 in float32,
+    refused only when they change: a saved run's config that holds one (read as it is) stays
+    readable in its copies (until 2026-12-07 eval, a resume, ``ablate --report`` and
+    convert-heads refused the copies they made of it)."""
+    if "b1" in changes or "b2" in changes:
+      return dataclasses.replace(self, **changes)
+    token = _betas_kept.set(True)
+    try:
+      return dataclasses.replace(self, **changes)
+    finally:
+      _betas_kept.reset(token)
 
 
 # --------------------------------------------------------------------------- decoding

@@ -563,20 +563,24 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
     except ValueError as e:
       raise GinConfigError(str(e)) from None
   from_file = []
-  for name, value in dropped:
-    if f"DataConfig.{name}" in bound:  # the strict check's own message
+  for owner, name, value in dropped:
+    if f"{owner}.{name}" in bound:  # the strict check's own message
       try:
-        dataclasses.replace(dcfg, **{name: value})
+        dataclasses.replace(next(c for c in configs if type(c).__name__ == owner),
+                            **{name: value})
       except ValueError as e:
         raise GinConfigError(str(e)) from None
-    elif (name, value) not in from_file:
-      from_file.append((name, value))
-  text = ", ".join(f"DataConfig.{name} = {value!r}" for name, value in from_file)
-  if from_file and (os.path.abspath(path), text) not in _warned_unread:
-    _warned_unread.add((os.path.abspath(path), text))
-    log.warning("%s sets %s, which task=%r with tokenizer=%r does not read (attnlab before "
-                "2026-12-06 took and ignored it): read as the default", path, text,
-                dcfg.task, dcfg.tokenizer)
+    elif (owner, name, value) not in from_file:
+      from_file.append((owner, name, value))
+  tcfg = next((c for c in configs if isinstance(c, TrainConfig)), None)
+  for owner, reader in (("DataConfig", f"task={dcfg.task!r} with tokenizer={dcfg.tokenizer!r}"),
+                        ("TrainConfig", f"optimizer={getattr(tcfg, 'optimizer', None)!r}")):
+    text = ", ".join(f"{owner}.{name} = {value!r}" for o, name, value in from_file
+                     if o == owner)
+    if text and (os.path.abspath(path), text) not in _warned_unread:
+      _warned_unread.add((os.path.abspath(path), text))
+      log.warning("%s sets %s, which %s does not read (attnlab before 2026-12-06 took and "
+                  "ignored it): read as the default", path, text, reader)
   return configs
 
 

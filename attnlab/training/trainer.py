@@ -774,9 +774,9 @@ def evaluate_workdir(workdir: str, step: int | None = None, *, beam_size: int | 
   """
   mcfg, dcfg, tcfg = gin_config.read_workdir_config(workdir_config(workdir))
   if mesh_shape is not None:
-    tcfg = dataclasses.replace(tcfg, mesh_shape=mesh_shape)
+    tcfg = tcfg.replace(mesh_shape=mesh_shape)
   # An evaluation accumulates no gradients: the run's grad_accum does not bound its mesh.
-  tcfg = dataclasses.replace(tcfg, grad_accum=1)
+  tcfg = tcfg.replace(grad_accum=1)
   if beam_size is not None:  # checked as `attnlab decode` checks them, before any work
     DecodeConfig(beam_size=beam_size, length_penalty=length_penalty)
     if dcfg.task == "lm":

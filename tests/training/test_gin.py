@@ -257,6 +257,48 @@ def test_a_saved_config_gin_with_betas_at_1_in_float32_is_read_as_it_is(tmp_path
   assert gin_config.parse_saved(str(path), ["TrainConfig.b2 = 0.999"])[2].b2 == 0.999
   with pytest.raises(ValueError, match=r"^b1=0.99999999 is 1 in float32"):
     TrainConfig(b1=0.99999999)  # the strict check is back after it
+  # Its copies too (eval's grad_accum=1, a resume's checkpoint schedule, a sweep's runs,
+  # convert-heads' bindings refused them until 2026-12-07); a copy that sets b2 is checked.
+  saved = gin_config.read_workdir_config(str(path))[2]
+  copy = saved.replace(grad_accum=1, seed=3, mesh_shape=(1, 1, 1))
+  assert copy.b2 == 0.99999999 and copy.grad_accum == 1 and copy.seed == 3
+  with pytest.raises(ValueError, match=r"^b2=0.99999999 is 1 in float32"):
+    TrainConfig().replace(b2=0.99999999)
+  with pytest.raises(ValueError, match=r"^b2=0.999999999 is 1 in float32"):
+    saved.replace(b2=0.999999999)
+  with pytest.raises(ValueError, match=r"^warmup_steps=-1 must be a non-negative integer"):
+    saved.replace(warmup_steps=-1)  # the other checks as for any config
+  with pytest.raises(ValueError, match=r"^b1=0.99999999 is 1 in float32"):
+    TrainConfig(b1=0.99999999)
+
+
+def test_a_saved_config_gin_with_a_field_its_run_ignored_is_read_as_the_default(tmp_path,
+                                                                               warned):
+  """Before 2026-12-03 a weight decay with optimizer 'adam' / 'sgd' was taken and dropped,
+  before 2026-12-04 loss_on_prompt of a language model: such a run's workdir did not
+  evaluate, decode, load or resume (until 2026-12-07). Read as the default (what the run
+  did), with one warning per config; refused in a new config or as a binding."""
+  path = tmp_path / "config.gin"
+  path.write_text("TrainConfig.optimizer = 'adam'\nTrainConfig.weight_decay = 0.01\n"
+                  "DataConfig.loss_on_prompt = True\n")
+  with pytest.raises(gin_config.GinConfigError, match=r"^loss_on_prompt=True does not apply"):
+    gin_config.parse([str(path)], [])
+  for _ in range(2):
+    _, dcfg, tcfg = gin_config.read_workdir_config(str(path))
+    assert dcfg == DataConfig() and tcfg == TrainConfig(optimizer="adam")
+  assert warned() == [
+      f"{path} sets DataConfig.loss_on_prompt = True, which task='lm' with tokenizer='byte' "
+      "does not read (attnlab before 2026-12-06 took and ignored it): read as the default",
+      f"{path} sets TrainConfig.weight_decay = 0.01, which optimizer='adam' does not read "
+      "(attnlab before 2026-12-06 took and ignored it): read as the default"]
+  assert gin_config.parse_saved(str(path), ["TrainConfig.steps = 7"])[2].steps == 7
+  with pytest.raises(gin_config.GinConfigError, match=r"^weight_decay=0.5 is applied by "
+                                                      r"optimizer='adamw' only"):
+    gin_config.parse_saved(str(path), ["TrainConfig.weight_decay = 0.5"])
+  with pytest.raises(gin_config.GinConfigError, match=r"^loss_on_prompt=True does not apply"):
+    gin_config.parse_saved(str(path), ["DataConfig.loss_on_prompt = True"])
+  with pytest.raises(ValueError, match=r"^weight_decay=0.01 is applied by optimizer='adamw'"):
+    TrainConfig(optimizer="adam", weight_decay=0.01)
 
 
 def test_a_relative_tokenizer_is_found_beside_the_last_gin_file_else_as_given(tmp_path,

@@ -43,6 +43,7 @@ from attnlab.decoding.beam import beam_search
 from attnlab.decoding.paging import PageAllocator
 from attnlab.decoding.sampling import Sampling, is_stop, sample
 from attnlab.nn import kv_cache as cache_lib
+from attnlab.nn.transformer import DecoderOnly, EncoderDecoder
 
 
 class PagesExhaustedError(RuntimeError):
@@ -399,8 +400,6 @@ def check_model(model, caller: str):
   """``model``; a GenerateInputError unless it is a ``DecoderOnly`` or ``EncoderDecoder`` (an
   AttributeError on ``model.cfg`` until 2026-12-07: ``load_checkpoint``'s (model, cfg) pair
   given whole, say)."""
-  from attnlab.nn.transformer import DecoderOnly, EncoderDecoder
-
   if not isinstance(model, DecoderOnly | EncoderDecoder):
     pair = (" (load_checkpoint returns (model, cfg): give its first item)"
             if isinstance(model, tuple) else "")

@@ -179,6 +179,19 @@ def check_positive(name: str, value) -> None:
     raise ValueError(f"{name}={value!r} must be a positive integer")
 
 
+def positive_count(name: str, value) -> int:
+  """``value`` as a Python int: a positive Python or NumPy integer, or a concrete 0-d integer
+  array (``np.array(8)``, ``jnp.int32(8)``, as ``generate`` takes its counts); else
+  ``check_positive``'s ValueError. (A size of a cache or an allocator: a NumPy int8 would
+  overflow the arithmetic on it.)"""
+  if (not is_integer(value) and getattr(value, "shape", None) == ()
+      and np.issubdtype(np.dtype(getattr(value, "dtype", None) or "O"), np.integer)):
+    with contextlib.suppress(TypeError):  # a tracer (ConcretizationTypeError): refused below
+      value = int(value)
+  check_positive(name, value)
+  return int(value)
+
+
 def _fraction(name: str, value) -> None:
   if not 0.0 <= value < 1.0:
     raise ValueError(f"{name}={value!r} must be in [0, 1)")
@@ -415,14 +428,15 @@ def kv_cache_bytes(*, layers: int, seq: int, kv_heads: int, head_dim: int, dtype
   scale per token and KV head (symmetric per-token quantization), so each
   head costs H + 4 bytes a token.
 
-  The sizes are positive Python / NumPy integers (not bools), the dtype a cache dtype as
+  The sizes are positive Python / NumPy integers (not bools; a 0-d integer array as its
+  number), the dtype a cache dtype as
   ``cache_dtype_name`` reads it; anything else is a ValueError naming it (until 2026-12-07
   only a dtype name was checked: ``layers=-2`` gave a negative size, ``seq=2.5`` a float,
   ``seq="10"`` a repeated string, and ``np.dtype("float16")`` a bare KeyError).
   """
-  sizes = dict(layers=layers, seq=seq, kv_heads=kv_heads, head_dim=head_dim, batch=batch)
-  for name, value in sizes.items():
-    check_positive(name, value)
+  layers, seq, kv_heads, head_dim, batch = (
+      positive_count(name, value) for name, value in dict(
+          layers=layers, seq=seq, kv_heads=kv_heads, head_dim=head_dim, batch=batch).items())
   name = cache_dtype_name(dtype)
   if name is None:
     raise ValueError(f"dtype={dtype!r} is not one of {', '.join(map(repr, DTYPE_BYTES))} "
@@ -748,10 +762,10 @@ class TrainConfig:
 
   def replace(self, **changes) -> TrainConfig:
     """A copy with ``changes``, checked as a new config, but for b1 / b2 at 1 in float32,
-    refused only when they change: a saved run's config that holds one (read as it is) stays
-    readable in its copies (until 2026-12-07 eval, a resume, ``ablate --report`` and
-    convert-heads refused the copies they made of it)."""
-    if "b1" in changes or "b2" in changes:
+    refused only when they or the optimizer change: a saved run's config that holds one
+    (read as it is) stays readable in its copies (until 2026-12-07 eval, a resume,
+    ``ablate --report`` and convert-heads refused the copies they made of it)."""
+    if {"b1", "b2", "optimizer"} & changes.keys():  # what the check reads (sgd reads no b2)
       return dataclasses.replace(self, **changes)
     token = _betas_kept.set(True)
     try:

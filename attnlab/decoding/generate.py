@@ -34,6 +34,7 @@ from flax import nnx
 from attnlab.config import (
     CACHE_KINDS,
     DecodeConfig,
+    ModelConfig,
     check_positive,
     is_integer,
     is_number,
@@ -43,7 +44,6 @@ from attnlab.decoding.beam import beam_search
 from attnlab.decoding.paging import PageAllocator
 from attnlab.decoding.sampling import Sampling, is_stop, sample
 from attnlab.nn import kv_cache as cache_lib
-from attnlab.nn.transformer import DecoderOnly, EncoderDecoder
 
 
 class PagesExhaustedError(RuntimeError):
@@ -136,8 +136,8 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
       ``bos_id``, a decoder-only model's from each prompt; without an eos a
       beam of 1 is greedy); None samples with ``sampling``.
     length_penalty: GNMT alpha for beam search (a finite number >= 0): a
-      finished hypothesis scores log P / ((5 + length) / 6)^alpha. Another value than the
-      default without ``beam_size`` is refused (it would do nothing).
+      finished hypothesis scores log P / ((5 + length) / 6)^alpha; None is the default.
+      Another value than the default without ``beam_size`` is refused (it would do nothing).
     page_size, num_pages: C and P of the paged cache. P defaults to enough
       for every sequence at full length, and a larger P allocates only that many
       (more are never used); with fewer, pages freed by finished sequences are
@@ -217,6 +217,8 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
                              f"{sampling} is not used with it; give one or the other")
   # Arguments that would do nothing are refused, as `attnlab decode` refuses its flags (until
   # 2026-12-07 both were ignored without a word, unchecked).
+  if length_penalty is None:  # the default (a wrapper's "unset")
+    length_penalty = _DEFAULTS.length_penalty
   if beam_size is None and not _same_number(length_penalty, _DEFAULTS.length_penalty):
     raise GenerateInputError(f"length_penalty={length_penalty!r} is the beam search's: give "
                              "beam_size too")
@@ -400,7 +402,10 @@ def check_model(model, caller: str):
   """``model``; a GenerateInputError unless it is a ``DecoderOnly`` or ``EncoderDecoder`` (an
   AttributeError on ``model.cfg`` until 2026-12-07: ``load_checkpoint``'s (model, cfg) pair
   given whole, say)."""
-  if not isinstance(model, DecoderOnly | EncoderDecoder):
+  # By its config, not its class: a notebook's reload of attnlab.nn.transformer makes new
+  # classes, of which the models built before are no instances.
+  if not (isinstance(model, nnx.Module) and isinstance(getattr(model, "cfg", None), ModelConfig)
+          and type(model).__name__ in ("DecoderOnly", "EncoderDecoder")):
     pair = (" (load_checkpoint returns (model, cfg): give its first item)"
             if isinstance(model, tuple) else "")
     raise GenerateInputError(

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from attnlab.config import check_positive
+from attnlab.config import positive_count
 
 
 @struct.dataclass
@@ -38,8 +38,7 @@ class PageAllocator:
     """Every page of ``num_pages`` (a positive Python / NumPy int, not a bool) free: until
     2026-12-07 2.5 gave the free list [1, 0, -1] (page -1 could be handed out), -1 a
     negative count and None a TypeError naming nothing."""
-    check_positive("num_pages", num_pages)
-    num_pages = int(num_pages)
+    num_pages = positive_count("num_pages", num_pages)
     # Reversed so that pages are handed out as 0, 1, 2, ... (easier to read).
     return cls(jnp.arange(num_pages - 1, -1, -1, dtype=jnp.int32), jnp.int32(num_pages),
                jnp.bool_(False))

@@ -69,8 +69,8 @@ from attnlab.config import (
   CACHE_KINDS,
   ModelConfig,
   cache_dtype_name,
-  check_positive,
   effective_window,
+  positive_count,
 )
 from attnlab.nn.layers import as_dtype
 from attnlab.ops.decode import decode_step_attention
@@ -94,13 +94,11 @@ def check_cache_dtype(dtype):
 
 def check_sizes(**sizes) -> list[int]:
   """The sizes as Python ints, or a ValueError naming the first that is not a positive
-  integer. NumPy integers are taken, as ints: a narrow one would overflow the arithmetic on
-  it. (Until 2026-12-07 a negative size was a broadcast error from inside JAX, a float one
-  a shape error, None a TypeError, 0 pages of a paged cache a ZeroDivisionError, and True
-  a batch of 1.)"""
-  for name, value in sizes.items():
-    check_positive(name, value)
-  return [int(value) for value in sizes.values()]
+  integer. NumPy integers and concrete 0-d integer arrays are taken, as ints: a narrow one
+  would overflow the arithmetic on it. (Until 2026-12-07 a negative size was a broadcast
+  error from inside JAX, a float one a shape error, None a TypeError, 0 pages of a paged
+  cache a ZeroDivisionError, and True a batch of 1.)"""
+  return [positive_count(name, value) for name, value in sizes.items()]
 
 
 def quantize(x_XH):
@@ -694,7 +692,9 @@ def init_cache(cfg, kind: str, batch: int, max_len: int, *, page_size: int = 16,
   if not isinstance(cfg, ModelConfig):  # a model was an AttributeError until 2026-12-07
     raise ValueError(f"init_cache needs a ModelConfig (a model's: model.cfg), got "
                      f"{type(cfg).__name__}")
-  batch, max_len, page_size = check_sizes(batch=batch, max_len=max_len, page_size=page_size)
+  batch, max_len = check_sizes(batch=batch, max_len=max_len)
+  if kind == "paged" or page_size is not None:  # the other kinds read none (None was taken)
+    (page_size,) = check_sizes(page_size=page_size)
   if num_pages is not None:
     (num_pages,) = check_sizes(num_pages=num_pages)
   dtype = check_cache_dtype(dtype) or as_dtype(cfg.dtype)

@@ -205,24 +205,30 @@ class Stack(nnx.Module):
     return x_BTD if self.norm is None else self.norm(x_BTD)
 
 
-def _check_ints(name, value, what="token ids", example="tokens") -> None:
+def _check_ints(name, value, what="token ids", example="tokens", *,
+                bools: bool = False) -> None:
   """An integer array of ``what`` (a list was an AttributeError, float ids an error from
   inside JAX, and bools were read as ids 0 / 1 until 2026-12-06; positions and segment ids
   the same until 2026-12-07: float positions turned RoPE and sinusoidal positions by
-  fractions, float segment ids of a cached call counted as tokens)."""
+  fractions, float segment ids of a cached call counted as tokens). ``bools``: a bool array
+  is taken too (a padding mask ``tokens != pad`` as segment ids: 1 / 0, as ``attention()``
+  takes it)."""
   dtype = getattr(value, "dtype", None)
   if dtype is None:
     raise ValueError(f"{name} is a {type(value).__name__}; give an int array of {what} "
                      f"[B, T] (jnp.asarray({example}, jnp.int32))")
-  if not jnp.issubdtype(dtype, jnp.integer):
+  if not (jnp.issubdtype(dtype, jnp.integer) or (bools and dtype == jnp.bool_)):
     raise ValueError(f"{name} has dtype {dtype}; give int {what} [B, T]")
 
 
 def _check_positions_and_segments(**named) -> None:
-  """``_check_ints`` on the positions and segment ids given (their shapes: ``_check_inputs``)."""
+  """``_check_ints`` on the positions and segment ids given (their shapes: ``_check_inputs``);
+  segment ids may be bool (a padding mask)."""
   for name, value in named.items():
     if value is not None:
-      _check_ints(name, value, "positions" if "positions" in name else "segment ids", name)
+      segments = "positions" not in name
+      _check_ints(name, value, "segment ids" if segments else "positions", name,
+                  bools=segments)
 
 
 def _check_tokens(name, tokens) -> None:

@@ -772,6 +772,11 @@ def evaluate_workdir(workdir: str, step: int | None = None, *, beam_size: int | 
   result names both. ``mesh_shape``: evaluate on this mesh instead of the run's
   ``TrainConfig.mesh_shape`` (a checkpoint restores onto any mesh).
   """
+  if beam_size is None and length_penalty != DecodeConfig.length_penalty:
+    # refused before any work (until 2026-12-07 by generate, after the loss; an LM's eval,
+    # which decodes nothing, ignored it)
+    raise ValueError(f"length_penalty={length_penalty!r} is the beam search's: give "
+                     "beam_size too")
   mcfg, dcfg, tcfg = gin_config.read_workdir_config(workdir_config(workdir))
   if mesh_shape is not None:
     tcfg = tcfg.replace(mesh_shape=mesh_shape)

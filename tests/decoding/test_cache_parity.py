@@ -958,6 +958,15 @@ def test_new_tokens_past_the_caches_room_are_refused_by_name(kind):
   # A row with no new token (an idle one) is not refused: its segment id is 0.
   got, _ = model(toks[:, 7:8], segment_ids_BT=jnp.array([[0], [1]], jnp.int32), cache=cache)
   np.testing.assert_allclose(got[1, 0], want[1, 7], rtol=1e-5, atol=1e-5)
+  # The capacity exactly, no segment ids: taken, as the full forward (a shape of T == 8).
+  got, cache = model(jnp.asarray(TOKENS[:, :S]), cache=new_cache())
+  np.testing.assert_allclose(got, want[:, :S], rtol=1e-5, atol=1e-5)
+  # The row past its room is the one named (row 1 here, row 0 with room left).
+  _, cache = model(jnp.asarray(TOKENS[:, :S]), cache=new_cache(),
+                   segment_ids_BT=(jnp.arange(S) < jnp.array([[2], [S]])).astype(jnp.int32))
+  with pytest.raises(ValueError, match="^" + re.escape(
+      f"row 1 of the {kind} cache: 8 tokens held + 1 new are more than its 8 positions")):
+    model(toks[:, :1], cache=cache)
 
 
 def test_inputs_of_another_shape_than_the_tokens_are_refused_by_name():
@@ -1039,6 +1048,8 @@ def test_positions_and_segment_ids_that_are_not_int_arrays_are_refused_by_name()
 
   def refused(call, name, what):
     for bad, message in bad_values:
+      if what == "segment ids" and getattr(bad, "dtype", None) == np.bool_:
+        continue  # a padding mask: taken (below)
       _refused_when_traced(lambda bad=bad: call(bad), "^" + re.escape(
           f"{name} " + message.format(what=what, name=name)) + "$")
 
@@ -1061,6 +1072,18 @@ def test_positions_and_segment_ids_that_are_not_int_arrays_are_refused_by_name()
   encoded_BSD = jnp.zeros((2, SRC.shape[1], encdec.cfg.d_model))
   refused(lambda bad: encdec.decode(toks, encoded_BSD, src_segment_ids_BS=bad),
           "src_segment_ids_BS", "segment ids")
+  # A bool padding mask as segment ids is taken, as attention() takes it: the int mask's
+  # logits, bit for bit (refused by the first version of the check above, 2026-12-07).
+  mask = np.array([[True, True], [True, False]])
+  for cache in (None, cache_lib.init_cache(model.cfg, "contiguous", 2, 4)):
+    got, want = (model(toks, segment_ids_BT=m, cache=cache)
+                 for m in (mask, mask.astype(np.int32)))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  src_mask = np.asarray(SRC) != 0
+  np.testing.assert_array_equal(np.asarray(encdec(src, toks, src_segment_ids_BS=src_mask)),
+                                np.asarray(encdec(src, toks, src_segment_ids_BS=src_mask.astype(
+                                    np.int32))))
 
 
 def test_a_cache_made_for_another_number_of_kv_heads_is_refused_by_name():

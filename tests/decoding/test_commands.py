@@ -690,6 +690,7 @@ def test_generate_refuses_a_non_model_and_arguments_that_would_do_nothing():
                                      length_penalty=0.5))
   jnp = jax.numpy
   for kw in (dict(length_penalty=0.6), dict(length_penalty=np.float32(0.6)),
+             dict(length_penalty=None),  # the default, as a wrapper's "unset" passes it
              dict(length_penalty=jnp.float32(0.6)), dict(bos_id=None), dict(bos_id=V - 1),
              dict(max_new_tokens=jnp.int32(3)), dict(max_new_tokens=np.array(3))):
     np.testing.assert_array_equal(
@@ -701,6 +702,29 @@ def test_generate_refuses_a_non_model_and_arguments_that_would_do_nothing():
   with pytest.raises(GenerateInputError) as e:  # a 0-d float is no count
     attnlab.generate(model, prompt, max_new_tokens=jnp.float32(3))
   assert str(e.value) == f"max_new_tokens={jnp.float32(3)!r} must be a positive integer"
+  # A model whose class a notebook's reload of attnlab.nn.transformer made anew (another
+  # class object of the same name) is a model (the first check_model, by class, refused it).
+  import importlib.util
+
+  from flax import nnx
+
+  spec = importlib.util.spec_from_file_location("transformer_again",
+                                                attnlab.nn.transformer.__file__)
+  again = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(again)
+  other = again.build_model(model.cfg, rngs=nnx.Rngs(0))
+  assert type(other) is not type(model)
+  np.testing.assert_array_equal(
+      attnlab.generate(other, prompt, max_new_tokens=3, eos_id=None),
+      attnlab.generate(attnlab.build_model(model.cfg, rngs=nnx.Rngs(0)), prompt,
+                       max_new_tokens=3, eos_id=None))
+  # evaluate_workdir refuses a length penalty without a beam before any work (generate
+  # refused it after the loss; an LM's eval ignored it)
+  from attnlab.training import trainer
+
+  with pytest.raises(ValueError, match=r"^length_penalty=1.0 is the beam search's: give "
+                                       r"beam_size too$"):
+    trainer.evaluate_workdir("/nonexistent/workdir", length_penalty=1.0)
 
 
 def test_generate_checks_eos_id_the_rng_and_the_length_penalty():
@@ -725,7 +749,7 @@ def test_generate_checks_eos_id_the_rng_and_the_length_penalty():
       with pytest.raises(GenerateInputError) as e:
         attnlab.generate(m, prompt, max_new_tokens=2, eos_id=bad)
       assert str(e.value) == message
-    for bad in ("0.6", None, True):
+    for bad in ("0.6", True):  # (None is the default since 2026-12-07)
       with pytest.raises(GenerateInputError) as e:
         attnlab.generate(m, prompt, max_new_tokens=2, beam_size=2, length_penalty=bad)
       assert str(e.value) == f"length_penalty={bad!r} must be a finite number >= 0"

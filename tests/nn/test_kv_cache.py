@@ -658,3 +658,36 @@ def test_which_requests_take_the_xla_decode_step(T, causal, impl, dropout, want)
   assert cache_lib._xla_decode_step(q, causal=causal, implementation=impl,
                                     dropout_rate=dropout) is want
 
+
+
+def test_cache_sizes_take_0_d_integer_arrays_and_other_kinds_take_no_page_size():
+  """A concrete 0-d integer array is its number, as ``generate`` takes its counts (the first
+  version of the size checks, 2026-12-07, refused ``jnp.int32(2)`` as "must be a positive
+  integer", and so did ``PageAllocator.init`` and ``kv_cache_bytes``); a contiguous or ring
+  cache reads no page size, and None is taken there as before."""
+  from attnlab.config import kv_cache_bytes
+  from attnlab.decoding.paging import PageAllocator
+
+  for kind in cache_lib.CACHE_KINDS:
+    want = cache_lib.init_cache(CFG, kind, 2, 8, page_size=4, num_pages=4)
+    for size in (jnp.int32, np.array, np.int64):
+      got = cache_lib.init_cache(CFG, kind, size(2), size(8), page_size=size(4),
+                                 num_pages=size(4))
+      assert jax.tree.structure(got) == jax.tree.structure(want)
+      for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+    if kind != "paged":
+      got = cache_lib.init_cache(CFG, kind, 2, 8, page_size=None)
+      assert [x.shape for x in jax.tree.leaves(got)] == [x.shape for x in jax.tree.leaves(want)]
+  with pytest.raises(ValueError, match=r"^page_size=None must be a positive integer$"):
+    cache_lib.init_cache(CFG, "paged", 2, 8, page_size=None)
+  np.testing.assert_array_equal(PageAllocator.init(jnp.int32(6)).free_P,
+                                PageAllocator.init(6).free_P)
+  sizes = dict(layers=2, seq=8, kv_heads=2, head_dim=4, batch=3)
+  assert kv_cache_bytes(**{k: jnp.int32(v) for k, v in sizes.items()}, dtype="int8") == \
+      kv_cache_bytes(**sizes, dtype="int8") == 2 * 3 * 2 * 8 * 2 * (4 + 4)
+  for bad in (jnp.float32(2), jnp.zeros((1,), jnp.int32), jnp.int32(0)):
+    with pytest.raises(ValueError, match=r"^batch=.* must be a positive integer$"):
+      cache_lib.init_cache(CFG, "contiguous", bad, 8)
+  with pytest.raises(ValueError, match=r"^num_pages=.*Tracer.* must be a positive integer"):
+    jax.jit(lambda n: PageAllocator.init(n))(jnp.int32(4))  # a tracer: no number to read

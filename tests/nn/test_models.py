@@ -382,12 +382,16 @@ def test_rngs_without_a_dropout_stream_build_a_model_without_dropout(arch):
                   jax.tree.leaves(nnx.state(want, nnx.Param)), strict=True):
     np.testing.assert_array_equal(a, b)
   for rates, named in ((dict(dropout_rate=0.1), "dropout_rate=0.1"),
-                       (dict(attention_dropout_rate=0.2), "attention_dropout_rate=0.2")):
+                       (dict(attention_dropout_rate=0.2), "attention_dropout_rate=0.2"),
+                       (dict(dropout_rate=0.1, attention_dropout_rate=0.2),
+                        "dropout_rate=0.1 and attention_dropout_rate=0.2")):
     with pytest.raises(ValueError, match="^" + re.escape(
         f"{named}: the masks are drawn from a 'dropout' RNG stream, and rngs has none (its "
         "streams: params): give one, nnx.Rngs(params=0, dropout=1), or one seed for all, "
         "nnx.Rngs(0)") + "$"):
       attnlab.build_model(cfg.replace(**rates), rngs=nnx.Rngs(params=0))
+  with pytest.raises(ValueError, match=re.escape("(its streams: none)")):
+    attnlab.build_model(cfg, rngs=nnx.Rngs())
   with pytest.raises(ValueError, match="^" + re.escape(
       "the parameters are drawn from a 'params' RNG stream, and rngs has none (its streams: "
       "dropout)")):

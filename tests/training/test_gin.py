@@ -268,6 +268,10 @@ def test_a_saved_config_gin_with_betas_at_1_in_float32_is_read_as_it_is(tmp_path
     saved.replace(b2=0.999999999)
   with pytest.raises(ValueError, match=r"^warmup_steps=-1 must be a non-negative integer"):
     saved.replace(warmup_steps=-1)  # the other checks as for any config
+  # A new optimizer reads the betas anew: sgd reads no b2, adam does (the first version of
+  # replace took this copy).
+  with pytest.raises(ValueError, match=r"^b2=0.999999999 is 1 in float32"):
+    TrainConfig(optimizer="sgd", b2=0.999999999).replace(optimizer="adam")
   with pytest.raises(ValueError, match=r"^b1=0.99999999 is 1 in float32"):
     TrainConfig(b1=0.99999999)
 

@@ -184,12 +184,23 @@ def positive_count(name: str, value) -> int:
   array (``np.array(8)``, ``jnp.int32(8)``, as ``generate`` takes its counts); else
   ``check_positive``'s ValueError. (A size of a cache or an allocator: a NumPy int8 would
   overflow the arithmetic on it.)"""
-  if (not is_integer(value) and getattr(value, "shape", None) == ()
-      and np.issubdtype(np.dtype(getattr(value, "dtype", None) or "O"), np.integer)):
+  if _is_0d_int_array(value):
     with contextlib.suppress(TypeError):  # a tracer (ConcretizationTypeError): refused below
       value = int(value)
   check_positive(name, value)
   return int(value)
+
+
+def _is_0d_int_array(value) -> bool:
+  """A NumPy or JAX array (JAX not imported here: by its type's module) of shape () and an
+  integer dtype (a PRNG key's dtype is none NumPy reads: not one)."""
+  if not (isinstance(value, np.ndarray) or type(value).__module__.startswith("jax")):
+    return False
+  try:
+    return getattr(value, "shape", None) == () and np.issubdtype(np.dtype(value.dtype),
+                                                                  np.integer)
+  except TypeError:
+    return False
 
 
 def _fraction(name: str, value) -> None:
@@ -491,8 +502,8 @@ _SYNTHETIC_READS = (("min_len", "max_len", "vocab_chars"),
 # TrainConfig's b1 / b2 at 1 in float32 (taken before 2026-12-07) are read as they are.
 _unread_fields: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "unread_fields", default=None)
-# Set while ``TrainConfig.replace`` copies a config without changing b1 / b2: what its source
-# holds was taken (checked, or read from a saved run as it is).
+# Set while ``TrainConfig.replace`` copies a config without b1, b2 or the optimizer among the
+# changes: what its source holds was taken (checked, or read from a saved run as it is).
 _betas_kept: contextvars.ContextVar[bool] = contextvars.ContextVar("betas_kept", default=False)
 
 
@@ -762,9 +773,9 @@ class TrainConfig:
 
   def replace(self, **changes) -> TrainConfig:
     """A copy with ``changes``, checked as a new config, but for b1 / b2 at 1 in float32,
-    refused only when they or the optimizer change: a saved run's config that holds one
-    (read as it is) stays readable in its copies (until 2026-12-07 eval, a resume,
-    ``ablate --report`` and convert-heads refused the copies they made of it)."""
+    refused only when they or the optimizer are among the changes: a saved run's config
+    that holds one (read as it is) stays readable in its copies (until 2026-12-07 eval, a
+    resume, ``ablate --report`` and convert-heads refused the copies they made of it)."""
     if {"b1", "b2", "optimizer"} & changes.keys():  # what the check reads (sgd reads no b2)
       return dataclasses.replace(self, **changes)
     token = _betas_kept.set(True)

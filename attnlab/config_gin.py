@@ -23,6 +23,7 @@ import tokenize
 import gin
 
 from attnlab.config import (
+    TASK_FIELDS,
     DataConfig,
     ModelConfig,
     Sweep,
@@ -548,6 +549,12 @@ def parse_saved_sweep(path: str, bindings=()):
   return _read_saved(path, bindings, lambda: parse_sweep(path, bindings))
 
 
+# What decides whether a field ``_read_saved`` may reset is read (``config._unread``).
+_READ_BY = {**{name: {"DataConfig.task"} for name in TASK_FIELDS},
+            "loss_on_prompt": {"DataConfig.task"}, "tokenizer_model": {"DataConfig.tokenizer"},
+            "weight_decay": {"TrainConfig.optimizer"}}
+
+
 def _read_saved(path: str, bindings: list[str], parse_fn):
   """``parse_fn()`` under ``config.saved_data_config``: the DataConfig fields its task does
   not read that came from the saved file are warned about (once per process); one that a
@@ -556,7 +563,8 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
     configs = parse_fn()
   dcfg = next(c for c in configs if isinstance(c, DataConfig))
   bound = {b.split("=", 1)[0].strip() for b in bindings}
-  if bound & {"TrainConfig.b1", "TrainConfig.b2"}:  # the user's own: checked as new
+  # the user's own (or an optimizer of theirs that reads them anew): checked as new
+  if bound & {"TrainConfig.b1", "TrainConfig.b2", "TrainConfig.optimizer"}:
     tcfg = next(c for c in configs if isinstance(c, TrainConfig))
     try:
       tcfg._check_betas_below_1_in_float32()
@@ -564,7 +572,9 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
       raise GinConfigError(str(e)) from None
   from_file = []
   for owner, name, value in dropped:
-    if f"{owner}.{name}" in bound:  # the strict check's own message
+    # A field the user bound, or one a binding of theirs left unread (another optimizer,
+    # task or tokenizer): the strict check's own message, not a reset the run never had.
+    if f"{owner}.{name}" in bound or bound & _READ_BY.get(name, set()):
       try:
         dataclasses.replace(next(c for c in configs if type(c).__name__ == owner),
                             **{name: value})

@@ -308,7 +308,8 @@ def serve_requests(model, prompts, max_new_tokens, *, slots=8, cache="paged", pa
   if cache == "paged":
     page_size = check_page_size(page_size, cfg.max_len)
   else:  # the other caches have no pages: one set of programs whatever page_size says
-    positive_int("page_size", page_size)  # (until 2026-12-07 each value compiled its own)
+    if page_size is not None:  # (None too, as init_cache takes it)
+      positive_int("page_size", page_size)  # (until 2026-12-07 each value compiled its own)
     page_size = 16
   if decode_chunk is None:  # the default fits every model (16 refused one of max_len 12
     decode_chunk = min(DECODE_CHUNK, cfg.max_len)  # until 2026-12-07)

@@ -34,7 +34,6 @@ from flax import nnx
 from attnlab.config import (
     CACHE_KINDS,
     DecodeConfig,
-    ModelConfig,
     check_positive,
     is_integer,
     is_number,
@@ -196,8 +195,9 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
     raise GenerateInputError(f"sampling must be a Sampling, got {type(sampling).__name__}")
   if cache == "paged":
     page_size = check_page_size(page_size, cfg.max_len)
-  else:  # the other caches have no pages: one program whatever page_size says
-    positive_int("page_size", page_size)
+  else:  # the other caches have no pages: one program whatever page_size says (None too)
+    if page_size is not None:
+      positive_int("page_size", page_size)
     page_size = _DEFAULTS.page_size
   if cache_len is not None:
     if cache == "ring":
@@ -402,10 +402,11 @@ def check_model(model, caller: str):
   """``model``; a GenerateInputError unless it is a ``DecoderOnly`` or ``EncoderDecoder`` (an
   AttributeError on ``model.cfg`` until 2026-12-07: ``load_checkpoint``'s (model, cfg) pair
   given whole, say)."""
-  # By its config, not its class: a notebook's reload of attnlab.nn.transformer makes new
-  # classes, of which the models built before are no instances.
-  if not (isinstance(model, nnx.Module) and isinstance(getattr(model, "cfg", None), ModelConfig)
-          and type(model).__name__ in ("DecoderOnly", "EncoderDecoder")):
+  # By the classes' names and module, not the class objects: a notebook's reload of
+  # attnlab.nn.transformer makes new classes, of which the models built before are no
+  # instances (a subclass of either is a model too).
+  if not any(c.__module__ == "attnlab.nn.transformer"
+             and c.__name__ in ("DecoderOnly", "EncoderDecoder") for c in type(model).__mro__):
     pair = (" (load_checkpoint returns (model, cfg): give its first item)"
             if isinstance(model, tuple) else "")
     raise GenerateInputError(

@@ -35,7 +35,8 @@ class PageAllocator:
 
   @classmethod
   def init(cls, num_pages: int):
-    """Every page of ``num_pages`` (a positive Python / NumPy int, not a bool) free: until
+    """Every page of ``num_pages`` (a positive Python / NumPy int or concrete 0-d integer
+    array, not a bool) free: until
     2026-12-07 2.5 gave the free list [1, 0, -1] (page -1 could be handed out), -1 a
     negative count and None a TypeError naming nothing."""
     num_pages = positive_count("num_pages", num_pages)

@@ -772,6 +772,8 @@ def evaluate_workdir(workdir: str, step: int | None = None, *, beam_size: int | 
   result names both. ``mesh_shape``: evaluate on this mesh instead of the run's
   ``TrainConfig.mesh_shape`` (a checkpoint restores onto any mesh).
   """
+  if length_penalty is None:  # the default, as generate takes it
+    length_penalty = DecodeConfig.length_penalty
   if beam_size is None and length_penalty != DecodeConfig.length_penalty:
     # refused before any work (until 2026-12-07 by generate, after the loss; an LM's eval,
     # which decodes nothing, ignored it)

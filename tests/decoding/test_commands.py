@@ -708,16 +708,29 @@ def test_generate_refuses_a_non_model_and_arguments_that_would_do_nothing():
 
   from flax import nnx
 
-  spec = importlib.util.spec_from_file_location("transformer_again",
-                                                attnlab.nn.transformer.__file__)
+  spec = importlib.util.spec_from_file_location("attnlab.nn.transformer",  # (not in
+                                                attnlab.nn.transformer.__file__)  # sys.modules)
   again = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(again)
   other = again.build_model(model.cfg, rngs=nnx.Rngs(0))
   assert type(other) is not type(model)
-  np.testing.assert_array_equal(
-      attnlab.generate(other, prompt, max_new_tokens=3, eos_id=None),
-      attnlab.generate(attnlab.build_model(model.cfg, rngs=nnx.Rngs(0)), prompt,
-                       max_new_tokens=3, eos_id=None))
+
+  class MyLM(attnlab.DecoderOnly):  # a subclass is a model (refused by the second version)
+    pass
+
+  want = attnlab.generate(attnlab.build_model(model.cfg, rngs=nnx.Rngs(0)), prompt,
+                          max_new_tokens=3, eos_id=None)
+  for m in (other, MyLM(model.cfg, rngs=nnx.Rngs(0))):
+    np.testing.assert_array_equal(attnlab.generate(m, prompt, max_new_tokens=3, eos_id=None),
+                                  want)
+
+  class DecoderOnly(nnx.Module):  # a module of another name's: no model (taken by the second)
+    def __init__(self):
+      self.cfg = model.cfg
+
+  with pytest.raises(GenerateInputError) as e:
+    attnlab.generate(DecoderOnly(), prompt, max_new_tokens=2)
+  assert str(e.value) == f"generate needs a model ({models}), got DecoderOnly"
   # evaluate_workdir refuses a length penalty without a beam before any work (generate
   # refused it after the loss; an LM's eval ignored it)
   from attnlab.training import trainer
@@ -725,6 +738,9 @@ def test_generate_refuses_a_non_model_and_arguments_that_would_do_nothing():
   with pytest.raises(ValueError, match=r"^length_penalty=1.0 is the beam search's: give "
                                        r"beam_size too$"):
     trainer.evaluate_workdir("/nonexistent/workdir", length_penalty=1.0)
+  for default in (None, 0.6):  # past the check: the workdir is the next thing read
+    with pytest.raises(FileNotFoundError):
+      trainer.evaluate_workdir("/nonexistent/workdir", length_penalty=default)
 
 
 def test_generate_checks_eos_id_the_rng_and_the_length_penalty():

@@ -678,6 +678,12 @@ def test_cache_sizes_take_0_d_integer_arrays_and_other_kinds_take_no_page_size()
         assert a.shape == b.shape and a.dtype == b.dtype
     if kind != "paged":
       got = cache_lib.init_cache(CFG, kind, 2, 8, page_size=None)
+      if kind == "contiguous":  # generate takes it too (as generate_requests, for these kinds)
+        model = attnlab.build_model(CFG, rngs=nnx.Rngs(0))
+        prompt = np.array([[5, 6, 7]])
+        np.testing.assert_array_equal(
+            attnlab.generate(model, prompt, max_new_tokens=2, cache=kind, page_size=None),
+            attnlab.generate(model, prompt, max_new_tokens=2, cache=kind))
       assert [x.shape for x in jax.tree.leaves(got)] == [x.shape for x in jax.tree.leaves(want)]
   with pytest.raises(ValueError, match=r"^page_size=None must be a positive integer$"):
     cache_lib.init_cache(CFG, "paged", 2, 8, page_size=None)
@@ -686,8 +692,10 @@ def test_cache_sizes_take_0_d_integer_arrays_and_other_kinds_take_no_page_size()
   sizes = dict(layers=2, seq=8, kv_heads=2, head_dim=4, batch=3)
   assert kv_cache_bytes(**{k: jnp.int32(v) for k, v in sizes.items()}, dtype="int8") == \
       kv_cache_bytes(**sizes, dtype="int8") == 2 * 3 * 2 * 8 * 2 * (4 + 4)
-  for bad in (jnp.float32(2), jnp.zeros((1,), jnp.int32), jnp.int32(0)):
-    with pytest.raises(ValueError, match=r"^batch=.* must be a positive integer$"):
+  for bad in (jnp.float32(2), jnp.zeros((1,), jnp.int32), jnp.int32(0), jnp.bool_(True),
+              jax.random.key(0)):  # (a key's dtype was a TypeError from NumPy, 2026-12-07)
+    with pytest.raises(ValueError, match=re.compile(r"^batch=.* must be a positive integer$",
+                                                   re.S)):
       cache_lib.init_cache(CFG, "contiguous", bad, 8)
   with pytest.raises(ValueError, match=r"^num_pages=.*Tracer.* must be a positive integer"):
     jax.jit(lambda n: PageAllocator.init(n))(jnp.int32(4))  # a tracer: no number to read

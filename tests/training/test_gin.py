@@ -272,6 +272,11 @@ def test_a_saved_config_gin_with_betas_at_1_in_float32_is_read_as_it_is(tmp_path
   # replace took this copy).
   with pytest.raises(ValueError, match=r"^b2=0.999999999 is 1 in float32"):
     TrainConfig(optimizer="sgd", b2=0.999999999).replace(optimizer="adam")
+  # ... and so does a binding of the optimizer on a saved config (a resume's, convert-heads')
+  path.write_text("TrainConfig.optimizer = 'sgd'\nTrainConfig.b2 = 0.999999999\n")
+  assert gin_config.parse_saved(str(path), [])[2].b2 == 0.999999999  # sgd reads no b2
+  with pytest.raises(gin_config.GinConfigError, match=r"^b2=0.999999999 is 1 in float32"):
+    gin_config.parse_saved(str(path), ["TrainConfig.optimizer = 'adam'"])
   with pytest.raises(ValueError, match=r"^b1=0.99999999 is 1 in float32"):
     TrainConfig(b1=0.99999999)
 
@@ -301,6 +306,17 @@ def test_a_saved_config_gin_with_a_field_its_run_ignored_is_read_as_the_default(
     gin_config.parse_saved(str(path), ["TrainConfig.weight_decay = 0.5"])
   with pytest.raises(gin_config.GinConfigError, match=r"^loss_on_prompt=True does not apply"):
     gin_config.parse_saved(str(path), ["DataConfig.loss_on_prompt = True"])
+  # A field a binding of the user's leaves unread is theirs to mend, not reset with a warning
+  # about an old attnlab (the run read it): refused as in a new config.
+  path.write_text("TrainConfig.weight_decay = 0.1\nDataConfig.task = 'reverse'\n"
+                  "DataConfig.loss_on_prompt = True\n")
+  assert gin_config.parse_saved(str(path), [])[2].weight_decay == 0.1
+  with pytest.raises(gin_config.GinConfigError, match=r"^weight_decay=0.1 is applied by "
+                                                      r"optimizer='adamw' only; got "
+                                                      r"optimizer='adam'"):
+    gin_config.parse_saved(str(path), ["TrainConfig.optimizer = 'adam'"])
+  with pytest.raises(gin_config.GinConfigError, match=r"^loss_on_prompt=True does not apply"):
+    gin_config.parse_saved(str(path), ["DataConfig.task = 'lm'"])
   with pytest.raises(ValueError, match=r"^weight_decay=0.01 is applied by optimizer='adamw'"):
     TrainConfig(optimizer="adam", weight_decay=0.01)
 

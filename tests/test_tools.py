@@ -99,7 +99,7 @@ def test_run_timed_says_when_no_cpu_tick_passed():
 
 
 @pytest.mark.parametrize("tool", ["bench_load_checkpoint.py", "eval_cache_dtype.py",
-                                  "prompt_bos_loss.py"])
+                                  "prompt_bos_loss.py", "bench_resume.py"])
 def test_a_tool_given_a_folder_that_is_no_workdir_says_so_in_one_line(tool, tmp_path):
   """Exit 2 and the usage's one error line (a FileNotFoundError traceback until
   2026-12-04)."""

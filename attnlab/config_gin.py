@@ -549,7 +549,8 @@ def parse_saved_sweep(path: str, bindings=()):
   return _read_saved(path, bindings, lambda: parse_sweep(path, bindings))
 
 
-# What decides whether a field ``_read_saved`` may reset is read (``config._unread``).
+# What decides whether a field ``_read_saved`` may reset is read (every field ``config._unread``
+# resets has its entry).
 _READ_BY = {**{name: {"DataConfig.task"} for name in TASK_FIELDS},
             "loss_on_prompt": {"DataConfig.task"}, "tokenizer_model": {"DataConfig.tokenizer"},
             "weight_decay": {"TrainConfig.optimizer"}}
@@ -574,7 +575,7 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
   for owner, name, value in dropped:
     # A field the user bound, or one a binding of theirs left unread (another optimizer,
     # task or tokenizer): the strict check's own message, not a reset the run never had.
-    if f"{owner}.{name}" in bound or bound & _READ_BY.get(name, set()):
+    if f"{owner}.{name}" in bound or bound & _READ_BY[name]:
       try:
         dataclasses.replace(next(c for c in configs if type(c).__name__ == owner),
                             **{name: value})
@@ -582,9 +583,9 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
         raise GinConfigError(str(e)) from None
     elif (owner, name, value) not in from_file:
       from_file.append((owner, name, value))
-  tcfg = next((c for c in configs if isinstance(c, TrainConfig)), None)
+  tcfg = next(c for c in configs if isinstance(c, TrainConfig))
   for owner, reader in (("DataConfig", f"task={dcfg.task!r} with tokenizer={dcfg.tokenizer!r}"),
-                        ("TrainConfig", f"optimizer={getattr(tcfg, 'optimizer', None)!r}")):
+                        ("TrainConfig", f"optimizer={tcfg.optimizer!r}")):
     text = ", ".join(f"{owner}.{name} = {value!r}" for o, name, value in from_file
                      if o == owner)
     if text and (os.path.abspath(path), text) not in _warned_unread:

@@ -239,6 +239,9 @@ def test_a_saved_config_gin_with_fields_its_task_does_not_read_is_read_as_the_de
     gin_config.parse_saved(str(path), ["DataConfig.max_files = 3"])
   _, dcfg, _ = gin_config.parse_saved(str(path), ["DataConfig.seed = 4"])
   assert dcfg == DataConfig(task="reverse", seed=4)
+  # a binding is named by what comes before its first "=" (a value may hold one)
+  with pytest.raises(gin_config.GinConfigError, match=r"^tokenizer_model='a=b.json' is read by"):
+    gin_config.parse_saved(str(path), ["DataConfig.tokenizer_model = 'a=b.json'"])
 
 
 def test_a_saved_config_gin_with_betas_at_1_in_float32_is_read_as_it_is(tmp_path):

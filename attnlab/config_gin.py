@@ -23,7 +23,6 @@ import tokenize
 import gin
 
 from attnlab.config import (
-    TASK_FIELDS,
     DataConfig,
     ModelConfig,
     Sweep,
@@ -538,32 +537,41 @@ def parse_saved(path: str, bindings=()) -> tuple[ModelConfig, DataConfig, TrainC
   once per process (``config.saved_data_config``), rather than refused as a new config's
   would be. ``bindings`` are the user's own: a field they set that the task does not read is
   refused, as ``parse`` refuses it."""
-  bindings = list(bindings)
-  return _read_saved(path, bindings, lambda: parse([path], bindings))
+  return _read_saved(path, list(bindings), lambda bindings: parse([path], bindings))
 
 
 def parse_saved_sweep(path: str, bindings=()):
   """``parse_sweep(path, bindings)`` of an output folder's saved sweep.gin (``attnlab ablate
   --report``), read as ``parse_saved`` reads a run's config.gin."""
-  bindings = list(bindings)
-  return _read_saved(path, bindings, lambda: parse_sweep(path, bindings))
+  return _read_saved(path, list(bindings), lambda bindings: parse_sweep(path, bindings))
 
 
-# What decides whether a field ``_read_saved`` may reset is read (every field ``config._unread``
-# resets has its entry).
-_READ_BY = {**{name: {"DataConfig.task"} for name in TASK_FIELDS},
-            "loss_on_prompt": {"DataConfig.task"}, "tokenizer_model": {"DataConfig.tokenizer"},
-            "weight_decay": {"TrainConfig.optimizer"}}
+def _bound_name(binding: str) -> str:
+  """``Class.field`` of a binding ``[scope/][module.]Class.field = value`` (gin takes the
+  module-qualified and scoped forms: ``attnlab.TrainConfig.b2`` slipped past the checks
+  below, which compared the names as written, until 2026-12-07)."""
+  name = binding.split("=", 1)[0].strip().rsplit("/", 1)[-1]
+  return ".".join(name.split(".")[-2:])
 
 
 def _read_saved(path: str, bindings: list[str], parse_fn):
-  """``parse_fn()`` under ``config.saved_data_config``: the DataConfig fields its task does
-  not read that came from the saved file are warned about (once per process); one that a
-  binding set is refused with the strict check's message."""
+  """``parse_fn(bindings)`` under ``config.saved_data_config``: the fields the saved file
+  itself sets and its run did not read are warned about (once per process) and read as their
+  defaults; one that a binding set, or that a binding left unread (another optimizer, task
+  or tokenizer than the file's), is the user's: refused with the strict check's message."""
   with saved_data_config() as dropped:
-    configs = parse_fn()
+    configs = parse_fn(bindings)
+  if bindings and dropped:  # which of them the file alone leaves unread
+    try:
+      with saved_data_config() as dropped_by_file:
+        parse_fn([])
+    except GinConfigError:  # the file needs the bindings to parse: as it reads with them
+      dropped_by_file = dropped
+  else:
+    dropped_by_file = dropped
+  files_own = {(owner, name) for owner, name, _ in dropped_by_file}
   dcfg = next(c for c in configs if isinstance(c, DataConfig))
-  bound = {b.split("=", 1)[0].strip() for b in bindings}
+  bound = {_bound_name(b) for b in bindings}
   # the user's own (or an optimizer of theirs that reads them anew): checked as new
   if bound & {"TrainConfig.b1", "TrainConfig.b2", "TrainConfig.optimizer"}:
     tcfg = next(c for c in configs if isinstance(c, TrainConfig))
@@ -575,7 +583,7 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
   for owner, name, value in dropped:
     # A field the user bound, or one a binding of theirs left unread (another optimizer,
     # task or tokenizer): the strict check's own message, not a reset the run never had.
-    if f"{owner}.{name}" in bound or bound & _READ_BY[name]:
+    if f"{owner}.{name}" in bound or (owner, name) not in files_own:
       try:
         dataclasses.replace(next(c for c in configs if type(c).__name__ == owner),
                             **{name: value})

@@ -440,10 +440,10 @@ def kv_cache_bytes(*, layers: int, seq: int, kv_heads: int, head_dim: int, dtype
   head costs H + 4 bytes a token.
 
   The sizes are positive Python / NumPy integers (not bools; a 0-d integer array as its
-  number), the dtype a cache dtype as
-  ``cache_dtype_name`` reads it; anything else is a ValueError naming it (until 2026-12-07
-  only a dtype name was checked: ``layers=-2`` gave a negative size, ``seq=2.5`` a float,
-  ``seq="10"`` a repeated string, and ``np.dtype("float16")`` a bare KeyError).
+  number), the dtype a cache dtype as ``cache_dtype_name`` reads it; anything else is a
+  ValueError naming it (until 2026-12-07 only a dtype name was checked: ``layers=-2`` gave a
+  negative size, ``seq=2.5`` a float, ``seq="10"`` a repeated string, and
+  ``np.dtype("float16")`` a bare KeyError).
   """
   layers, seq, kv_heads, head_dim, batch = (
       positive_count(name, value) for name, value in dict(
@@ -452,9 +452,9 @@ def kv_cache_bytes(*, layers: int, seq: int, kv_heads: int, head_dim: int, dtype
   if name is None:
     raise ValueError(f"dtype={dtype!r} is not one of {', '.join(map(repr, DTYPE_BYTES))} "
                      "(a name, a NumPy dtype or a scalar type such as jnp.bfloat16)")
-  per_head = int(head_dim) * DTYPE_BYTES[name] + (INT8_SCALE_BYTES if name == "int8" else 0)
-  # Python ints: NumPy int32 sizes would wrap past 2**31 bytes
-  return 2 * int(batch) * int(layers) * int(seq) * int(kv_heads) * per_head
+  per_head = head_dim * DTYPE_BYTES[name] + (INT8_SCALE_BYTES if name == "int8" else 0)
+  # Python ints (positive_count): NumPy int32 sizes would wrap past 2**31 bytes
+  return 2 * batch * layers * seq * kv_heads * per_head
 
 
 # --------------------------------------------------------------------------- training

@@ -217,11 +217,7 @@ def generate(model, prompt_BT, *, max_new_tokens: int = _DEFAULTS.max_new_tokens
                              f"{sampling} is not used with it; give one or the other")
   # Arguments that would do nothing are refused, as `attnlab decode` refuses its flags (until
   # 2026-12-07 both were ignored without a word, unchecked).
-  if length_penalty is None:  # the default (a wrapper's "unset")
-    length_penalty = _DEFAULTS.length_penalty
-  if beam_size is None and not _same_number(length_penalty, _DEFAULTS.length_penalty):
-    raise GenerateInputError(f"length_penalty={length_penalty!r} is the beam search's: give "
-                             "beam_size too")
+  length_penalty = length_penalty_for(beam_size, length_penalty)
   if cfg.arch == "decoder_only" and bos_id is not None:
     check_token_id("bos_id", bos_id, cfg.vocab_size)  # read nowhere: the prompt holds its bos
   if sampling.greedy:
@@ -415,6 +411,18 @@ def check_model(model, caller: str):
   return model
 
 
+def length_penalty_for(beam_size, length_penalty):
+  """``length_penalty`` as a decode with ``beam_size`` uses it: None is the default; another
+  value than the default (in float32) without a beam a GenerateInputError (it would do
+  nothing). ``generate`` and ``evaluate_workdir`` read it so."""
+  if length_penalty is None:  # the default (a wrapper's "unset")
+    return _DEFAULTS.length_penalty
+  if beam_size is None and not _same_number(length_penalty, _DEFAULTS.length_penalty):
+    raise GenerateInputError(f"length_penalty={length_penalty!r} is the beam search's: give "
+                             "beam_size too")
+  return length_penalty
+
+
 def _same_number(value, number: float) -> bool:
   """Whether ``value`` (a Python or NumPy number, or a concrete 0-d array) is ``number`` in
   float32, the precision it is used in (``np.float32(0.6)`` is the default 0.6)."""
@@ -424,7 +432,7 @@ def _same_number(value, number: float) -> bool:
 
 def _scalar_float(value):
   """A concrete 0-d real array (``jnp.float32(0.6)``) as a Python float; any other value as
-  it is (``jnp`` scalars were refused as lengths penalties until 2026-12-07, NumPy's taken)."""
+  it is (``jnp`` scalars were refused as length penalties until 2026-12-07, NumPy's taken)."""
   if (isinstance(value, np.ndarray | jax.Array) and not isinstance(value, jax.core.Tracer)
       and value.shape == () and (jnp.issubdtype(value.dtype, jnp.floating)
                                  or jnp.issubdtype(value.dtype, jnp.integer))):

@@ -28,6 +28,7 @@ from attnlab import config_gin as gin_config
 from attnlab import extras
 from attnlab.config import DataConfig, DecodeConfig, ModelConfig, TrainConfig
 from attnlab.data import pipeline
+from attnlab.decoding.generate import length_penalty_for
 from attnlab.nn.transformer import count_params
 from attnlab.training import evaluate as eval_lib
 from attnlab.training import optim
@@ -772,13 +773,9 @@ def evaluate_workdir(workdir: str, step: int | None = None, *, beam_size: int | 
   result names both. ``mesh_shape``: evaluate on this mesh instead of the run's
   ``TrainConfig.mesh_shape`` (a checkpoint restores onto any mesh).
   """
-  if length_penalty is None:  # the default, as generate takes it
-    length_penalty = DecodeConfig.length_penalty
-  if beam_size is None and length_penalty != DecodeConfig.length_penalty:
-    # refused before any work (until 2026-12-07 by generate, after the loss; an LM's eval,
-    # which decodes nothing, ignored it)
-    raise ValueError(f"length_penalty={length_penalty!r} is the beam search's: give "
-                     "beam_size too")
+  # A penalty without a beam refused before any work (until 2026-12-07 by generate, after the
+  # loss; an LM's eval, which decodes nothing, ignored it); None is the default.
+  length_penalty = length_penalty_for(beam_size, length_penalty)
   mcfg, dcfg, tcfg = gin_config.read_workdir_config(workdir_config(workdir))
   if mesh_shape is not None:
     tcfg = tcfg.replace(mesh_shape=mesh_shape)

@@ -739,7 +739,6 @@ def test_generate_refuses_a_non_model_and_arguments_that_would_do_nothing():
                                        r"beam_size too$"):
     trainer.evaluate_workdir("/nonexistent/workdir", length_penalty=1.0)
   for default in (None, 0.6, np.float32(0.6)):  # past the check: the workdir is read next
-    # (np.float32(0.6) != 0.6: compared in float32, as generate compares it)
     with pytest.raises(FileNotFoundError):
       trainer.evaluate_workdir("/nonexistent/workdir", length_penalty=default)
 

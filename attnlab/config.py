@@ -757,19 +757,28 @@ class TrainConfig:
 
   def _check_betas_below_1_in_float32(self) -> None:
     """0.99999999 is 1.0 in float32, where optax computes: Adam's bias correction 1 - b**t
-    is 0 (b2: every update 0, a run that does not train; b1: nan at step 1, blamed on the
-    learning rate), and SGD's momentum (b1; SGD reads no b2) never decays (taken until
-    2026-12-07). A saved run's config.gin (``saved_data_config``) is read as it is: the run
-    trained so, and its workdir must still evaluate and decode."""
-    names = ("b1", "b2") if self.optimizer in ("adam", "adamw") else ("b1",)
+    is 0 (b2: an update 0, or nan where a parameter's gradients were all 0, an unused
+    embedding row: a run that does not train; b1: nan at step 1, blamed on the learning
+    rate), and SGD's momentum (b1; SGD reads no b2) never decays (taken until 2026-12-07). A
+    saved run's config.gin (``saved_data_config``) is read as it is: the run trained so, and
+    its workdir must still evaluate and decode (a resume warns: ``betas_at_1_in_float32``)."""
     if _unread_fields.get() is not None or _betas_kept.get():
       return
+    why = self.betas_at_1_in_float32()
+    if why is not None:
+      raise ValueError(f"{why}: give at most 0.9999999")
+
+  def betas_at_1_in_float32(self) -> str | None:
+    """What is wrong with a b1 / b2 (those the optimizer reads) that is 1 in float32, or None
+    (a resume of a saved run that holds one warns with it: ``trainer``)."""
+    names = ("b1", "b2") if self.optimizer in ("adam", "adamw") else ("b1",)
     for name in names:
       if np.float32(getattr(self, name)) == 1.0:
         why = (f"Adam's bias correction 1 - {name}**t would be 0" if self.optimizer != "sgd"
                else "SGD's momentum would never decay")
-        raise ValueError(f"{name}={getattr(self, name)!r} is 1 in float32, where the optimizer "
-                         f"computes ({why}): give at most 0.9999999")
+        return (f"{name}={getattr(self, name)!r} is 1 in float32, where the optimizer "
+                f"computes ({why})")
+    return None
 
   def replace(self, **changes) -> TrainConfig:
     """A copy with ``changes``, checked as a new config, but for b1 / b2 at 1 in float32,

@@ -604,6 +604,12 @@ def _train_in(run: Run, mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, 
     _warn_seed_change(saved, tcfg)
   if not finished:
     _warn_schedule_surprises(tcfg, mcfg.d_model)
+    betas = tcfg.betas_at_1_in_float32()  # a new config refuses it: a saved one's, resumed
+    if betas is not None and main_process:
+      log.warning("TrainConfig.%s: this run's config.gin holds it (taken before 2026-12-07), "
+                  "and the resumed run goes on so (until 2026-12-07 without a word); resume "
+                  "with --gin.TrainConfig.%s=0.999 (or less) to train", betas,
+                  betas.split("=", 1)[0])
   # Written once the checkpoints are known to fit this config: a resume under a
   # model the checkpoints do not fit stops above and leaves the workdir's config.gin
   # describing them, as does a rerun of a finished run (it trains nothing under the

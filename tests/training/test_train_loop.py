@@ -896,6 +896,32 @@ def test_a_resume_that_reads_no_checkpoint_starts_as_a_fresh_run(tmp_path):
   assert fresh == damaged[-len(fresh):] and fresh[-1][0] == 3  # the rerun's steps
 
 
+def test_a_resume_of_a_saved_run_with_b2_at_1_in_float32_warns(tmp_path, warned):
+  """b2 = 0.99999999 (1 in float32) was taken before 2026-12-07: Adam's bias correction is 0
+  there (here the update is non-finite and the run stops). Its config.gin is read as it is
+  (the run trained so), and until 2026-12-07 a resume went on so without a word: it warns
+  first, naming the field and the way out; a b2 below it trains."""
+  _train(tmp_path, SEQ2SEQ, SEQ2SEQ_TINY + ["TrainConfig.steps = 1"])
+  path = tmp_path / "config.gin"
+  path.write_text(path.read_text().replace("TrainConfig.b2 = 0.98", "TrainConfig.b2 = 0.99999999"))
+  assert "TrainConfig.b2 = 0.99999999" in path.read_text()
+
+  def resume(bindings):
+    mcfg, dcfg, tcfg = gin_config.parse_saved(str(path), bindings)
+    return trainer.train(mcfg, tcfg, dcfg, str(tmp_path), config_text=path.read_text())
+
+  with pytest.raises(trainer.NonFiniteError, match="at step 2; stopped"):
+    resume(["TrainConfig.steps = 2"])
+  assert [m for m in warned() if "0.99999999" in m] == [
+      "TrainConfig.b2=0.99999999 is 1 in float32, where the optimizer computes (Adam's bias "
+      "correction 1 - b2**t would be 0): this run's config.gin holds it (taken before "
+      "2026-12-07), and the resumed run goes on so (until 2026-12-07 without a word); resume "
+      "with --gin.TrainConfig.b2=0.999 (or less) to train"]
+  last = resume(["TrainConfig.steps = 3", "TrainConfig.b2 = 0.999"])
+  assert last["start_step"] == 1 and last["step"] == 3
+  assert len([m for m in warned() if "0.99999999" in m]) == 1
+
+
 def test_a_refused_resume_names_the_train_config_fields_that_shape_the_optimizer_state(
     tmp_path):
   """The optimizer and whether gradients are clipped (a step of the optax chain) change

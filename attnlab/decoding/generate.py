@@ -32,12 +32,12 @@ import numpy as np
 from flax import nnx
 
 from attnlab.config import (
-    CACHE_KINDS,
-    DecodeConfig,
-    check_positive,
-    is_integer,
-    is_number,
-    seed_key,
+  CACHE_KINDS,
+  DecodeConfig,
+  is_integer,
+  is_number,
+  positive_count,
+  seed_key,
 )
 from attnlab.decoding.beam import beam_search
 from attnlab.decoding.paging import PageAllocator
@@ -313,13 +313,12 @@ def positive_int(name, value) -> int:
   """``value`` as an int; a GenerateInputError unless it is a positive integer (not a bool):
   ``config.check_positive``'s rule and message. A concrete 0-d integer array counts as its
   number (``generate``'s ``max_new_tokens=jnp.int32(3)`` was refused until 2026-12-07, as
-  "Array(3) must be a positive integer", while ``generate_requests`` took it)."""
-  value = _scalar_int(value)
+  "Array(3) must be a positive integer", while ``generate_requests`` took it):
+  ``config.positive_count``, the caches' and the allocator's reading of a size."""
   try:
-    check_positive(name, value)
+    return positive_count(name, value)
   except ValueError as e:
     raise GenerateInputError(str(e)) from None
-  return int(value)
 
 
 def check_bucket(bucket) -> bool:

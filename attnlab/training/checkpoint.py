@@ -82,14 +82,20 @@ def is_unreadable(e: BaseException) -> bool:
 
 
 def unreadable_cause(e: BaseException) -> BaseException | None:
-  """The error in ``e``'s chain of explicit causes (``raise ... from``; ``e`` first)
-  that ``is_unreadable`` takes for a damaged checkpoint, or None. An error merely
-  raised while another was handled (``__context__``) is not followed: a mismatch
-  raised in an ``except`` block stays a mismatch."""
+  """The error in ``e``'s chain of explicit causes that ``is_unreadable`` takes for a
+  damaged checkpoint, or None (``cause_in_chain``)."""
+  return cause_in_chain(e, _unreadable_itself)
+
+
+def cause_in_chain(e: BaseException, matches) -> BaseException | None:
+  """The first error in ``e``'s chain of explicit causes (``raise ... from``; ``e`` first)
+  that ``matches``, or None: orbax raises the errors of tensorstore and XLA as the causes of
+  its own. An error merely raised while another was handled (``__context__``) is not
+  followed: a mismatch raised in an ``except`` block stays a mismatch."""
   seen = set()
-  while e is not None and id(e) not in seen:  # orbax wraps tensorstore's error in its own
+  while e is not None and id(e) not in seen:
     seen.add(id(e))
-    if _unreadable_itself(e):
+    if matches(e):
       return e
     e = e.__cause__
   return None

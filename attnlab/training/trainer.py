@@ -38,6 +38,7 @@ from attnlab.training.checkpoint import (
   Checkpointer,
   UnreadableCheckpointError,
   abstract_model,
+  cause_in_chain,
   has_saved_steps,
   workdir_config,
 )
@@ -329,13 +330,11 @@ class Run:
     try:
       yield
     except Exception as e:
-      cause, seen = e, set()
-      while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if isinstance(cause, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" in str(cause):
-          raise SetupError(_too_large(self.mcfg, self.tcfg, str(cause))) from None
-        cause = cause.__cause__
-      raise
+      cause = cause_in_chain(e, lambda c: isinstance(c, jax.errors.JaxRuntimeError)
+                             and "RESOURCE_EXHAUSTED" in str(c))
+      if cause is None:
+        raise
+      raise SetupError(_too_large(self.mcfg, self.tcfg, str(cause))) from None
 
   def initialize(self) -> None:
     """Initialize the train state of a Run made with ``abstract_state`` (a resume that

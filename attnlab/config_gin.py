@@ -561,17 +561,33 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
   or tokenizer than the file's), is the user's: refused with the strict check's message."""
   with saved_data_config() as dropped:
     configs = parse_fn(bindings)
-  if bindings and dropped:  # which of them the file alone leaves unread
+  if bindings:  # which fields the file alone leaves unread
     try:
       with saved_data_config() as dropped_by_file:
-        parse_fn([])
+        file_configs = parse_fn([])
     except GinConfigError:  # the file needs the bindings to parse: as it reads with them
-      dropped_by_file = dropped
+      dropped_by_file, file_configs = dropped, configs
   else:
-    dropped_by_file = dropped
+    dropped_by_file, file_configs = dropped, configs
   files_own = {(owner, name) for owner, name, _ in dropped_by_file}
-  dcfg = next(c for c in configs if isinstance(c, DataConfig))
   bound = {_bound_name(b) for b in bindings}
+  # A field the file sets and its run never read, which a binding of another optimizer,
+  # task or tokenizer reads (adam's weight_decay under --gin.TrainConfig.optimizer='adamw'):
+  # read as the default, as without the binding; until 2026-12-07 a resume trained with it,
+  # without a word, while convert-heads (which replaces after a plain read) dropped it.
+  read_now = {(owner, name) for owner, name, _ in dropped}
+  revived = [(owner, name, value) for owner, name, value in dropped_by_file
+             if (owner, name) not in read_now and f"{owner}.{name}" not in bound]
+  if revived:
+    configs = list(configs)
+    for owner, name, value in revived:
+      i = next(i for i, c in enumerate(configs) if type(c).__name__ == owner)
+      default = next(f.default for f in dataclasses.fields(configs[i]) if f.name == name)
+      try:
+        configs[i] = dataclasses.replace(configs[i], **{name: default})
+      except ValueError as e:
+        raise GinConfigError(str(e)) from None
+    configs = tuple(configs)
   # the user's own (or an optimizer of theirs that reads them anew): checked as new
   if bound & {"TrainConfig.b1", "TrainConfig.b2", "TrainConfig.optimizer"}:
     tcfg = next(c for c in configs if isinstance(c, TrainConfig))
@@ -591,7 +607,10 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
         raise GinConfigError(str(e)) from None
     elif (owner, name, value) not in from_file:
       from_file.append((owner, name, value))
-  tcfg = next(c for c in configs if isinstance(c, TrainConfig))
+  from_file += [r for r in revived if r not in from_file]
+  # each of them is one the file's own run left unread: named by that run's reader
+  dcfg = next(c for c in file_configs if isinstance(c, DataConfig))
+  tcfg = next(c for c in file_configs if isinstance(c, TrainConfig))
   for owner, reader in (("DataConfig", f"task={dcfg.task!r} with tokenizer={dcfg.tokenizer!r}"),
                         ("TrainConfig", f"optimizer={tcfg.optimizer!r}")):
     text = ", ".join(f"{owner}.{name} = {value!r}" for o, name, value in from_file

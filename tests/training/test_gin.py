@@ -322,6 +322,26 @@ def test_a_saved_config_gin_with_a_field_its_run_ignored_is_read_as_the_default(
       TrainConfig(optimizer="adam")
   with pytest.raises(gin_config.GinConfigError, match=r"^loss_on_prompt=True does not apply"):
     gin_config.parse_saved(str(path), ["DataConfig.loss_on_prompt = True"])
+  # Another optimizer that reads it does not revive it: the run never trained with it (until
+  # 2026-12-07 a resume with this binding trained with decay 0.01, without a word, while
+  # convert-heads dropped it); the warning names the run's own optimizer. A value the user
+  # binds is theirs.
+  other = tmp_path / "other.gin"  # warned once per file and fields: a file of its own
+  other.write_text(path.read_text())
+  seen = len(warned())
+  for _ in range(2):
+    tcfg = gin_config.parse_saved(str(other), ["TrainConfig.optimizer = 'adamw'"])[2]
+    assert tcfg == TrainConfig(optimizer="adamw", weight_decay=0.0)
+  assert warned()[seen:] == [
+      f"{other} sets DataConfig.loss_on_prompt = True, which task='lm' with tokenizer='byte' "
+      "does not read (attnlab before 2026-12-06 took and ignored it): read as the default",
+      f"{other} sets TrainConfig.weight_decay = 0.01, which optimizer='adam' does not read "
+      "(attnlab before 2026-12-06 took and ignored it): read as the default"]
+  assert gin_config.parse_saved(str(other), ["TrainConfig.optimizer = 'adamw'",
+                                             "TrainConfig.weight_decay = 0.2"])[2] == \
+      TrainConfig(optimizer="adamw", weight_decay=0.2)
+  _, dcfg, _ = gin_config.parse_saved(str(other), ["DataConfig.task = 'reverse'"])
+  assert dcfg == DataConfig(task="reverse")  # the lm run's loss_on_prompt stays unread
   # A field a binding of the user's leaves unread is theirs to mend, not reset with a warning
   # about an old attnlab (the run read it): refused as in a new config.
   path.write_text("TrainConfig.weight_decay = 0.1\nDataConfig.task = 'reverse'\n"

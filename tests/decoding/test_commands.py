@@ -699,6 +699,16 @@ def test_generate_refuses_a_non_model_and_arguments_that_would_do_nothing():
              dict(beam_size=np.array(2), length_penalty=np.array(0.5))):
     np.testing.assert_array_equal(
         attnlab.generate(model, prompt, max_new_tokens=3, eos_id=None, **kw), beam)
+  # an integer 0-d array is its number as a penalty too; a bool one is no number
+  np.testing.assert_array_equal(
+      attnlab.generate(model, prompt, max_new_tokens=3, eos_id=None, beam_size=2,
+                       length_penalty=jnp.int32(1)),
+      attnlab.generate(model, prompt, max_new_tokens=3, eos_id=None, beam_size=2,
+                       length_penalty=1.0))
+  for bad in (jnp.array(True), np.array(True)):
+    with pytest.raises(GenerateInputError) as e:
+      attnlab.generate(model, prompt, max_new_tokens=3, beam_size=2, length_penalty=bad)
+    assert str(e.value) == f"length_penalty={bad!r} must be a finite number >= 0"
   with pytest.raises(GenerateInputError) as e:  # a 0-d float is no count
     attnlab.generate(model, prompt, max_new_tokens=jnp.float32(3))
   assert str(e.value) == f"max_new_tokens={jnp.float32(3)!r} must be a positive integer"

@@ -401,7 +401,9 @@ def _unused_macro_binding(bindings, gin_files, folders, classes) -> str | None:
               if field in {f.name for f in dataclasses.fields(cls)}]
     hint = (f" (did you mean {owners[0]}.{field}?)" if owners else
             " (a field is bound as Name.field, e.g. TrainConfig.steps)")
-    return (f"binding {binding!r} sets nothing: {name!r} is no config field, and no %{field} "
+    # the macro the binding makes is %name, its scope included (%LR for train/LR named
+    # another macro until 2026-12-07)
+    return (f"binding {binding!r} sets nothing: {name!r} is no config field, and no %{name} "
             f"macro reads it{hint}")
 
   for line in lines:
@@ -580,7 +582,7 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
              if (owner, name) not in read_now and f"{owner}.{name}" not in bound]
   if revived:
     configs = list(configs)
-    for owner, name, value in revived:
+    for owner, name, _ in revived:
       i = next(i for i, c in enumerate(configs) if type(c).__name__ == owner)
       default = next(f.default for f in dataclasses.fields(configs[i]) if f.name == name)
       try:
@@ -613,13 +615,23 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
   tcfg = next(c for c in file_configs if isinstance(c, TrainConfig))
   for owner, reader in (("DataConfig", f"task={dcfg.task!r} with tokenizer={dcfg.tokenizer!r}"),
                         ("TrainConfig", f"optimizer={tcfg.optimizer!r}")):
-    text = ", ".join(f"{owner}.{name} = {value!r}" for o, name, value in from_file
-                     if o == owner)
-    if text and (os.path.abspath(path), text) not in _warned_unread:
-      _warned_unread.add((os.path.abspath(path), text))
-      log.warning("%s sets %s, which %s does not read (attnlab before 2026-12-06 took and "
-                  "ignored it): read as the default", path, text, reader)
+    for until in sorted({_REFUSED_SINCE.get((o, n), _TASK_FIELDS_REFUSED_SINCE)
+                         for o, n, _ in from_file if o == owner}):
+      text = ", ".join(f"{owner}.{name} = {value!r}" for o, name, value in from_file
+                       if o == owner and _REFUSED_SINCE.get((o, name),
+                                                            _TASK_FIELDS_REFUSED_SINCE) == until)
+      if (os.path.abspath(path), text) not in _warned_unread:
+        _warned_unread.add((os.path.abspath(path), text))
+        log.warning("%s sets %s, which %s does not read (attnlab before %s took and "
+                    "ignored it): read as the default", path, text, reader, until)
   return configs
+
+
+# Since when a new config refuses a field its run does not read (the date each warning
+# names; every one said 2026-12-06, the task fields' date, until 2026-12-07).
+_TASK_FIELDS_REFUSED_SINCE = "2026-12-06"
+_REFUSED_SINCE = {("TrainConfig", "weight_decay"): "2026-12-03",
+                  ("DataConfig", "loss_on_prompt"): "2026-12-04"}
 
 
 # The (config.gin, tokenizer file) pairs warned about in this process: a command reads

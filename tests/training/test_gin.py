@@ -309,9 +309,9 @@ def test_a_saved_config_gin_with_a_field_its_run_ignored_is_read_as_the_default(
     assert dcfg == DataConfig() and tcfg == TrainConfig(optimizer="adam")
   assert warned() == [
       f"{path} sets DataConfig.loss_on_prompt = True, which task='lm' with tokenizer='byte' "
-      "does not read (attnlab before 2026-12-06 took and ignored it): read as the default",
+      "does not read (attnlab before 2026-12-04 took and ignored it): read as the default",
       f"{path} sets TrainConfig.weight_decay = 0.01, which optimizer='adam' does not read "
-      "(attnlab before 2026-12-06 took and ignored it): read as the default"]
+      "(attnlab before 2026-12-03 took and ignored it): read as the default"]
   assert gin_config.parse_saved(str(path), ["TrainConfig.steps = 7"])[2].steps == 7
   for binding in ("TrainConfig.weight_decay = 0.5", "attnlab.TrainConfig.weight_decay = 0.5"):
     with pytest.raises(gin_config.GinConfigError, match=r"^weight_decay=0.5 is applied by "
@@ -327,16 +327,18 @@ def test_a_saved_config_gin_with_a_field_its_run_ignored_is_read_as_the_default(
   # convert-heads dropped it); the warning names the run's own optimizer. A value the user
   # binds is theirs.
   other = tmp_path / "other.gin"  # warned once per file and fields: a file of its own
-  other.write_text(path.read_text())
+  other.write_text(path.read_text() + "DataConfig.min_len = 5\n")
   seen = len(warned())
   for _ in range(2):
     tcfg = gin_config.parse_saved(str(other), ["TrainConfig.optimizer = 'adamw'"])[2]
     assert tcfg == TrainConfig(optimizer="adamw", weight_decay=0.0)
-  assert warned()[seen:] == [
+  assert warned()[seen:] == [  # one warning per date the fields were refused from
       f"{other} sets DataConfig.loss_on_prompt = True, which task='lm' with tokenizer='byte' "
+      "does not read (attnlab before 2026-12-04 took and ignored it): read as the default",
+      f"{other} sets DataConfig.min_len = 5, which task='lm' with tokenizer='byte' "
       "does not read (attnlab before 2026-12-06 took and ignored it): read as the default",
       f"{other} sets TrainConfig.weight_decay = 0.01, which optimizer='adam' does not read "
-      "(attnlab before 2026-12-06 took and ignored it): read as the default"]
+      "(attnlab before 2026-12-03 took and ignored it): read as the default"]
   assert gin_config.parse_saved(str(other), ["TrainConfig.optimizer = 'adamw'",
                                              "TrainConfig.weight_decay = 0.2"])[2] == \
       TrainConfig(optimizer="adamw", weight_decay=0.2)
@@ -666,7 +668,14 @@ def test_a_binding_that_gin_reads_as_an_unused_macro_is_refused(tmp_path):
       gin_config.parse([], ["ModelConfig.d_model = 32", binding])
     name = binding.split(" =")[0]
     assert str(e.value) == (f"binding {binding!r} sets nothing: {name!r} is no config field, "
-                            f"and no %{name.rsplit('/')[-1]} macro reads it ({hint})")
+                            f"and no %{name} macro reads it ({hint})")
+  # The macro named is the binding's own, its scope included: %LR reads no train/LR (the
+  # message named %LR until 2026-12-07, read by the file beside it).
+  with pytest.raises(gin_config.GinConfigError) as e:
+    gin_config.parse([], ["LR = 3", "TrainConfig.steps = %LR", "train/LR = 3"])
+  assert str(e.value) == ("binding 'train/LR = 3' sets nothing: 'train/LR' is no config field, "
+                          "and no %train/LR macro reads it (a field is bound as Name.field, "
+                          "e.g. TrainConfig.steps)")
   # A macro that a binding, a file or a file it includes reads is a macro.
   assert gin_config.parse([], ["LR = 0.5", "TrainConfig.learning_rate = %LR"])[2] \
       .learning_rate == 0.5

@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 import tokenize
 
 import gin
@@ -44,6 +45,12 @@ CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs"
 GENERATION_CONFIG = "generation_config.json"
 
 _configurables = {}
+# One parse at a time in a process: a parse fills gin's process-wide registry and config and
+# puts the caller's back after. Until 2026-12-07 two threads' parses (two load_checkpoint
+# calls) interleaved: one built its configs from the other's bindings (a model of another
+# window over these parameters, without a word) or failed, and the root logger's level was
+# left at CRITICAL for good.
+_PARSE_LOCK = threading.RLock()
 
 
 def _missing_on_error(exists):
@@ -68,9 +75,11 @@ def _missing_on_error(exists):
 def _own_gin_state(classes):
   """gin's process-wide state for one parse of attnlab's configs; the caller's put back.
 
-  Inside: an empty config, and the registry with attnlab's classes (``classes``, the three
-  configs and any registered before, such as a sweep's ``Sweep``: each as
-  ``attnlab.<name>``, bound by its bare name) and the caller's configurables but those of
+  Inside: an empty config, and the registry with attnlab's classes (the three configs and
+  ``classes``, such as a sweep's ``Sweep``, each as ``attnlab.<name>``, bound by its bare
+  name; until 2026-12-07 every class any parse of the process had registered, so that after
+  an ``ablate`` a ``train`` took a ``--gin.Sweep.seeds`` binding and ignored it, which it
+  refuses in a fresh process) and the caller's configurables but those of
   the same names (a config file may still refer to one of theirs: ``@their_fn()``); yields
   {class: its gin wrapper}. After, also after an error: the caller's bindings, imports,
   operative config, lock and registry as they were, plus what the parse registered (a gin
@@ -81,13 +90,16 @@ def _own_gin_state(classes):
   made that bare name ambiguous for both ("Ambiguous selector").
   """
   c = gin.config
-  ours = tuple(dict.fromkeys(CONFIG_CLASSES + tuple(_configurables) + tuple(classes)))
+  ours = tuple(dict.fromkeys(CONFIG_CLASSES + tuple(classes)))
   names = {cls.__name__ for cls in ours}
   saved = (dict(c._CONFIG), dict(c._SINGLETONS), set(c._IMPORTS), dict(c._OPERATIVE_CONFIG),
            c._CONFIG_IS_LOCKED, c._REGISTRY.copy(), dict(c._INVERSE_REGISTRY))
   kept = {selector: info for selector, info in saved[5].items() if info.name not in names}
   own = set()
   try:
+    # A config the caller finalized is locked, and gin registers nothing then (a first parse
+    # of the process was a RuntimeError until 2026-12-07); the lock is put back after.
+    c._set_config_is_locked(False)
     c._REGISTRY.clear()
     c._INVERSE_REGISTRY.clear()
     for info in kept.values():
@@ -198,7 +210,7 @@ def find_gin_file(path: str) -> str:
 
 
 def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES, *,
-          check_macros: bool = True) -> tuple[
+          check_macros: bool = True, also_bound=()) -> tuple[
     ModelConfig, DataConfig, TrainConfig]:
   """The three configs that gin files plus bindings describe.
 
@@ -209,11 +221,16 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES, *,
   config.gin names the tokenizer.json beside it as "tokenizer.json", so the
   workdir can move.
 
+  ``classes`` are built, in order; ``also_bound`` are classes the files may bind too, not
+  built (a sweep file's ``Sweep``, read beside its base files). One parse at a time in a
+  process (``_PARSE_LOCK``).
+
   Raises:
     GinConfigError: a missing file or include, an unknown configurable or
       parameter, a value of the wrong type or out of range.
   """
-  with _own_gin(classes) as wrapped:  # the caller's gin state is theirs: put back after
+  with _PARSE_LOCK, _own_gin(tuple(classes) + tuple(also_bound)) as wrapped:
+    # the caller's gin state is theirs: put back after
     return _parse(gin_files, bindings, classes, check_macros, wrapped)
 
 
@@ -243,10 +260,12 @@ def _parse(gin_files, bindings, classes, check_macros, wrapped):
   # gin logs an ERROR for every search-path miss before it finds an include, through
   # logging's module functions, which configure a root logger without handlers
   # (basicConfig): a handler of their own stays, and the caller's basicConfig then did
-  # nothing ("WARNING:attnlab.training.trainer: ..." lines until 2026-12-06).
+  # nothing ("WARNING:attnlab.training.trainer: ..." lines until 2026-12-06). Those records
+  # (the root logger's own, from gin's files) are dropped; until 2026-12-07 the root
+  # logger's level was CRITICAL for the parse, which silenced every other thread's warnings
+  # meanwhile.
   root = logging.getLogger()
-  level = root.level
-  root.setLevel(logging.CRITICAL)
+  root.addFilter(_drop_gins_records)
   guard = logging.NullHandler() if not root.handlers else None
   if guard is not None:
     root.addHandler(guard)
@@ -316,12 +335,20 @@ def _parse(gin_files, bindings, classes, check_macros, wrapped):
           "'cosine', TrainConfig.mesh_shape = (2, 1, 1))") from e
     raise GinConfigError(_first_line(e)) from e
   finally:
-    root.setLevel(level)
+    root.removeFilter(_drop_gins_records)
     if guard is not None:
       root.removeHandler(guard)
     gin.config._LOCATION_PREFIXES[:] = saved_prefixes
   return tuple(_find_tokenizer(c, gin_files) if isinstance(c, DataConfig) else c
                for c in configs)
+
+
+_GIN_FOLDER = os.path.dirname(os.path.abspath(gin.__file__)) + os.sep
+
+
+def _drop_gins_records(record: logging.LogRecord) -> bool:
+  """A root-logger filter: False for a record logged from gin's own files."""
+  return not os.path.abspath(record.pathname).startswith(_GIN_FOLDER)
 
 
 _INCLUDE = re.compile(r"""^\s*include\s+['"]([^'"]+)['"]""", re.MULTILINE)
@@ -700,4 +727,4 @@ def parse_sweep(sweep_file: str, bindings: list[str]):
     base = resolve_base(sweep.base, sweep_file, CONFIGS_DIR)
   except FileNotFoundError as e:
     raise GinConfigError(str(e)) from None
-  return (sweep, *parse([*base, sweep_file], bindings))
+  return (sweep, *parse([*base, sweep_file], bindings, also_bound=(Sweep,)))

@@ -467,6 +467,89 @@ def test_the_callers_own_gin_state_is_left_as_it_was(tmp_path):
     assert not [k for k, _ in gin.config._REGISTRY.items() if "callers_" in k]
 
 
+def test_parses_in_two_threads_each_read_their_own_files(tmp_path):
+  """One parse at a time: until 2026-12-07 two threads' parses (two load_checkpoint calls)
+  shared gin's process-wide config unguarded, and one built its configs from the other's
+  bindings (a model of another window, without a word) or failed."""
+  import threading
+
+  files = {}
+  for d_model in (32, 48):
+    files[d_model] = tmp_path / f"{d_model}.gin"
+    files[d_model].write_text(f"ModelConfig.d_model = {d_model}\nModelConfig.window = "
+                              f"{d_model // 8}\nTrainConfig.steps = {d_model}\n")
+  got = {32: [], 48: []}
+
+  def read(d_model):
+    for _ in range(40):
+      try:
+        mcfg, _, tcfg = gin_config.parse([str(files[d_model])], [])
+        got[d_model].append((mcfg.d_model, mcfg.window, tcfg.steps))
+      except Exception as e:  # noqa: BLE001 - counted as a wrong read
+        got[d_model].append(repr(e))
+
+  interval = sys.getswitchinterval()
+  sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+  try:
+    threads = [threading.Thread(target=read, args=(d,)) for d in got]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+  finally:
+    sys.setswitchinterval(interval)
+  assert got == {d: [(d, d // 8, d)] * 40 for d in got}
+
+
+def test_another_threads_warnings_are_not_silenced_by_a_parse(tmp_path):
+  """gin's own log records are dropped while it parses, nothing else: until 2026-12-07 the
+  root logger's level was CRITICAL for the parse, so every logger without a level of its
+  own (another thread's, the caller's configurable's) logged nothing meanwhile."""
+  import logging
+
+  @gin.configurable(module="callers_project")
+  def logged_steps():
+    logging.getLogger("callers_project").warning("building the steps")
+    return 3
+
+  records = []
+  handler = logging.Handler()
+  handler.emit = records.append
+  root = logging.getLogger()
+  root.addHandler(handler)
+  (tmp_path / "sub").mkdir()
+  (tmp_path / "sub" / "x.gin").write_text("include 'base.gin'\n"
+                                          "TrainConfig.steps = @logged_steps()\n")
+  (tmp_path / "base.gin").write_text("ModelConfig.d_model = 48\n")
+  try:
+    with pytest.MonkeyPatch.context() as m:
+      m.chdir(tmp_path)  # found there, last: gin logs its misses before (dropped)
+      mcfg, _, tcfg = gin_config.parse([str(tmp_path / "sub" / "x.gin")], [])
+      assert (mcfg.d_model, tcfg.steps) == (48, 3)
+  finally:
+    root.removeHandler(handler)
+    info = gin.config._INVERSE_REGISTRY.pop(logged_steps.__wrapped__, None)
+    if info is not None:
+      gin.config._REGISTRY.pop(info.selector)
+  assert [(r.name, r.getMessage()) for r in records] == [
+      ("callers_project", "building the steps")]
+  assert not root.filters
+
+
+def test_a_first_parse_under_a_config_the_caller_finalized(monkeypatch, tmp_path):
+  """gin registers nothing while a config is locked: the process's first parse, after the
+  caller's ``gin.finalize()``, was a RuntimeError until 2026-12-07 ("Attempted to add a new
+  configurable after the config was locked"). The lock is theirs, put back after."""
+  monkeypatch.setattr(gin_config, "_configurables", {})  # as in a fresh process
+  (tmp_path / "x.gin").write_text("TrainConfig.steps = 7\n")
+  gin.finalize()
+  try:
+    assert gin_config.parse([str(tmp_path / "x.gin")], [])[2].steps == 7
+    assert gin.config_is_locked()
+  finally:
+    gin.clear_config()  # unlocks too
+
+
 def test_includes_resolve_beside_this_calls_files_before_the_working_directory(
     tmp_path, monkeypatch):
   """An include is looked up beside the files of this call, then in the built-in configs,
@@ -566,7 +649,7 @@ def test_parse_errors_are_one_line_gin_config_errors(files, bindings, message):
     assert "d_modle" in str(e.value)
 
 
-def test_a_refused_value_is_its_message_without_gins_context():
+def test_a_refused_value_is_its_message_without_gins_context(tmp_path):
   """gin wraps a config's own refusal with where it was ("In call to configurable
   'ModelConfig' (<class ...>)", until 2026-12-04 appended to the one line); the binding
   of an unknown parameter is kept (it names it)."""
@@ -594,8 +677,17 @@ def test_a_refused_value_is_its_message_without_gins_context():
     with pytest.raises(gin_config.GinConfigError) as e:
       gin_config.parse([], bindings)
     assert str(e.value) == message
-  # A sweep file given to train (gin knows Sweep only in a process that read a sweep: the
-  # message itself, here).
+  # A sweep file given to train, or a Sweep binding, also after a sweep was read in the
+  # process (until 2026-12-07 every later parse knew Sweep, and `train` took
+  # --gin.Sweep.seeds and ignored it).
+  sweep = tmp_path / "sweep.gin"
+  sweep.write_text("Sweep.base = ['seq2seq_reverse.gin']\nSweep.seeds = [0]\n")
+  assert gin_config.parse_sweep(str(sweep), [])[0].seeds == (0,)
+  for files, bindings in (([], ["Sweep.seeds = [0]"]), ([str(sweep)], [])):
+    with pytest.raises(gin_config.GinConfigError) as e:
+      gin_config.parse(files, bindings)
+    assert str(e.value).endswith(
+        "(Sweep.* belongs to a sweep file: run it with attnlab ablate)"), str(e.value)
   assert gin_config._with_hint("No configurable matching 'Sweep'. Sweep.seeds = [0]") == (
       "No configurable matching 'Sweep'. Sweep.seeds = [0] (Sweep.* belongs to a sweep file: "
       "run it with attnlab ablate)")

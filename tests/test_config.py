@@ -4,6 +4,7 @@ accepted; and the defaults each config resolves."""
 
 import re
 
+import jax
 import numpy as np
 import pytest
 
@@ -673,8 +674,10 @@ def test_kv_cache_bytes_takes_the_dtypes_a_cache_takes_and_positive_integer_size
   kw = dict(layers=2, seq=3, kv_heads=4, head_dim=8, batch=5, dtype="float32")
   with pytest.raises(ValueError, match=re.escape(f"dtype=None {allowed}")):
     kv_cache_bytes(**{**kw, "dtype": None})  # no model here to default to
+  jitted = jax.jit(lambda: 0)  # an object of JAX's (jaxlib's) with no shape: no size
   for name, bad in [("layers", -2), ("layers", 0), ("seq", 2.5), ("seq", "10"),
-                    ("batch", True), ("kv_heads", None), ("head_dim", np.float32(8))]:
+                    ("batch", True), ("kv_heads", None), ("head_dim", np.float32(8)),
+                    ("seq", jitted), ("seq", jax.random.key(0))]:
     with pytest.raises(ValueError) as e:
       kv_cache_bytes(**{**kw, name: bad})
     assert str(e.value) == f"{name}={bad!r} must be a positive integer"

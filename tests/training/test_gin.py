@@ -275,6 +275,8 @@ def test_a_saved_config_gin_with_betas_at_1_in_float32_is_read_as_it_is(tmp_path
   assert copy.b2 == 0.99999999 and copy.grad_accum == 1 and copy.seed == 3
   with pytest.raises(ValueError, match=r"^b2=0.99999999 is 1 in float32"):
     TrainConfig().replace(b2=0.99999999)
+  with pytest.raises(ValueError, match=r"^b1=0.99999999 is 1 in float32"):
+    saved.replace(b1=0.99999999)  # b1 too: a copy that sets it is checked
   with pytest.raises(ValueError, match=r"^b2=0.999999999 is 1 in float32"):
     saved.replace(b2=0.999999999)
   with pytest.raises(ValueError, match=r"^warmup_steps=-1 must be a non-negative integer"):

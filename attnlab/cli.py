@@ -77,10 +77,14 @@ def _dispatch(argv: list[str]) -> int:
   except CommandError as e:
     print(f"attnlab {name}: error: {e}", file=sys.stderr)
     return 2
-  finally:  # --compilation_cache is the command's, not the calling process's for good
+  finally:  # --compilation_cache and the log lines' handler are the command's, not the
+    # calling process's for good
     common = sys.modules.get("attnlab.commands._common")  # not loaded: nothing was set
     if common is not None:
-      common.restore_compilation_cache()
+      try:
+        common.restore_compilation_cache()
+      finally:
+        common.restore_logging()
 
 
 def _stdout_broken() -> bool:

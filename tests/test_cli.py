@@ -305,3 +305,53 @@ def test_check_can_make_follows_links_to_folders_and_names_what_stops_it(tmp_pat
   assert asked == [(str(tmp_path / "folder"), os.W_OK | os.X_OK)]
   assert str(e.value) == (f"--workdir {tmp_path}/folder/a/b: cannot make this directory "
                           f"({tmp_path}/folder is not writable)")
+
+
+def test_each_commands_log_lines_go_to_the_stderr_of_the_moment_and_leave_nothing_behind():
+  """A command run in-process writes its log lines to the ``sys.stderr`` current as they are
+  logged (``contextlib.redirect_stderr`` here; a notebook cell's, pytest's capsys), attnlab's
+  from INFO up, the libraries' from WARNING up, and its handler and levels are gone when it
+  returns or raises. Until 2026-12-07 the first command's ``logging.basicConfig`` kept the
+  stderr of that moment: the second command's lines went to the first one's, and attnlab's
+  INFO lines stayed on. Where the caller configured logging, its handler writes them, as
+  before. In a fresh interpreter: pytest's own handlers sit on the root logger."""
+  code = ("import contextlib, io, logging, sys, types\nfrom attnlab import cli\n"
+          "from attnlab.commands import CommandError\n"
+          "from attnlab.commands._common import log_attnlab_info\n"
+          "module = types.ModuleType('attnlab.commands.fake')\n"
+          "def main(argv):\n"
+          "  log_attnlab_info()\n"
+          "  log_attnlab_info()  # a second call changes nothing\n"
+          "  for name in ('attnlab.fake', 'orbax.fake'):\n"
+          "    logging.getLogger(name).info('%s info %s', name, argv[0])\n"
+          "    logging.getLogger(name).warning('%s warning %s', name, argv[0])\n"
+          "  if argv[1:]:\n    raise CommandError('bad')\n"
+          "  return 0\n"
+          "module.main = main\nsys.modules['attnlab.commands.fake'] = module\n"
+          "cli.COMMANDS['fake'] = ('fake', 'a test command')\n"
+          "def state():\n"
+          "  return (logging.getLogger('attnlab').level, logging.root.level,\n"
+          "          len(logging.root.handlers))\n"
+          "seen = [state()]\n"
+          "for argv in (['1'], ['2'], ['3', 'fail']):\n"
+          "  err = io.StringIO()\n"
+          "  with contextlib.redirect_stderr(err):\n"
+          "    rc = cli.main(['fake', *argv])\n"
+          "  seen += [rc, err.getvalue(), state()]\n"
+          "user = io.StringIO()\n"
+          "logging.basicConfig(stream=user, format='user: %(message)s')\n"
+          "with contextlib.redirect_stderr(io.StringIO()) as err:\n"
+          "  cli.main(['fake', '4'])\n"
+          "seen += [err.getvalue(), user.getvalue(), state()]\n"
+          "print(repr(seen))\n")
+  lines = lambda i: (f"attnlab.fake info {i}\nattnlab.fake warning {i}\n"  # noqa: E731
+                     f"orbax.fake warning {i}\n")
+  import logging
+
+  assert eval(_last_line_in_a_fresh_python(code)) == [
+      (logging.NOTSET, logging.WARNING, 0),
+      0, lines(1), (logging.NOTSET, logging.WARNING, 0),
+      0, lines(2), (logging.NOTSET, logging.WARNING, 0),
+      2, lines(3) + "attnlab fake: error: bad\n", (logging.NOTSET, logging.WARNING, 0),
+      "", "".join(f"user: {line}\n" for line in lines(4).splitlines()),
+      (logging.NOTSET, logging.WARNING, 1)]

@@ -7,7 +7,9 @@ prints it as one line on stderr and exits 2, before anything is written.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import sys
 
 from attnlab import config_gin
 from attnlab.commands import CommandError
@@ -60,17 +62,65 @@ def parse_gin(gin_files: list[str], bindings: list[str]) -> tuple[ModelConfig, D
     raise CommandError(str(e)) from None
 
 
+class _StderrHandler(logging.StreamHandler):
+  """A StreamHandler writing to ``sys.stderr`` as it is when each record is emitted (a
+  ``contextlib.redirect_stderr``, pytest's capsys, a notebook cell's), not as it was when
+  the handler was made."""
+
+  def __init__(self):
+    super().__init__(sys.stderr)
+
+  @property
+  def stream(self):
+    return sys.stderr
+
+  @stream.setter
+  def stream(self, value):  # StreamHandler.__init__ and setStream set it: nothing to keep
+    pass
+
+
+# What ``log_attnlab_info`` changed for the command: the attnlab logger's level before, the
+# root logger's, and the handler it added there (None where the root logger had one):
+# ``restore_logging``, which ``attnlab.cli.main`` runs at its end, puts them back.
+_REPLACED_LOGGING = []
+
+
 def log_attnlab_info() -> None:
-  """Log lines on stderr: attnlab's from INFO up (progress, checkpoints, warnings), the
-  libraries' (orbax, JAX) from WARNING up (orbax logs ~70 INFO lines a checkpoint).
+  """Log lines on stderr for the command: attnlab's from INFO up (progress, checkpoints,
+  warnings), the libraries' (orbax, JAX) from WARNING up (orbax logs ~70 INFO lines a
+  checkpoint), as ``%(message)s``, written to the ``sys.stderr`` of the moment each line is
+  logged. Where the root logger has no handler, one of attnlab's own (``_StderrHandler``) is
+  added to it; ``restore_logging`` takes it away and puts the levels back when the command
+  ends (until 2026-12-07 ``logging.basicConfig``: its handler kept the stderr of the
+  process's first command, where every later command of the process, a notebook's, pytest's,
+  wrote its lines, and attnlab's INFO lines stayed on after it).
 
   Call it before anything imports orbax: absl, which orbax imports, configures the root
   logger itself if nothing has ("INFO:attnlab.training.trainer:resumed from step 5"), and
-  this call then changes nothing."""
-  import logging
+  this call then only sets attnlab's level (as it does under a root logger the caller
+  configured: its handlers write attnlab's lines)."""
+  attnlab, root = logging.getLogger("attnlab"), logging.getLogger()
+  if not _REPLACED_LOGGING:  # a second call in the command keeps the first one's record
+    handler = None if root.handlers else _StderrHandler()
+    _REPLACED_LOGGING.append((attnlab.level, root.level, handler))
+    if handler is not None:  # as logging.basicConfig(level=WARNING, format="%(message)s")
+      handler.setFormatter(logging.Formatter("%(message)s"))
+      root.addHandler(handler)
+      root.setLevel(logging.WARNING)
+  attnlab.setLevel(logging.INFO)
 
-  logging.basicConfig(level=logging.WARNING, format="%(message)s")
-  logging.getLogger("attnlab").setLevel(logging.INFO)
+
+def restore_logging() -> None:
+  """Take away the handler ``log_attnlab_info`` added and put back the levels it set
+  (nothing where it did not run)."""
+  if not _REPLACED_LOGGING:
+    return
+  level, root_level, handler = _REPLACED_LOGGING.pop()
+  logging.getLogger("attnlab").setLevel(level)
+  if handler is not None:
+    root = logging.getLogger()
+    root.removeHandler(handler)
+    root.setLevel(root_level)
 
 
 def out_of_memory(e: BaseException) -> str | None:

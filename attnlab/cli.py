@@ -6,7 +6,9 @@ but the command that runs, so ``attnlab --help`` is instant.
 
 A command signals bad input by raising ``CommandError``
 (attnlab/commands/__init__.py): one line on stderr naming what is wrong, exit
-code 2.
+code 2. ``main`` is for a caller in the process (Ctrl-C: a KeyboardInterrupt
+after its line); the ``attnlab`` console script is ``console_main`` (Ctrl-C:
+the process dies by SIGINT).
 """
 
 from __future__ import annotations
@@ -40,6 +42,15 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+  """Run ``attnlab COMMAND [flags]`` (``argv``; None: the process's arguments) and return
+  its exit code.
+
+  Ctrl-C outside ``train`` and ``ablate``'s steps (which stop there, exit 75) prints one line,
+  "attnlab COMMAND: interrupted", and raises the KeyboardInterrupt again, as any Python call
+  does: a caller in the same process (a notebook, a script, a test) goes on or stops as it
+  chooses (until 2026-12-07 ``main`` killed its own process by SIGINT, a notebook's kernel
+  too). The ``attnlab`` console script and ``python -m attnlab.cli`` run ``console_main``,
+  whose process then dies by SIGINT."""
   argv = sys.argv[1:] if argv is None else list(argv)
   name = argv[0] if argv and argv[0] in COMMANDS else None
   try:
@@ -54,11 +65,21 @@ def main(argv: list[str] | None = None) -> int:
       os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # descriptor (a test's)
     return EXIT_BROKEN_PIPE
   except KeyboardInterrupt:
-    # Ctrl-C outside `train` and `ablate`'s steps (which stop there, exit 75): one line (a
-    # traceback from wherever it landed until 2026-12-06), what was printed stays, and the
-    # process then dies by SIGINT as an uninterrupted Python would, so that a shell script
-    # running it stops too (an exit status of 130 alone lets the script go on).
+    # One line (a traceback from wherever it landed until 2026-12-06); what was printed
+    # stays.
     print(f"\nattnlab{' ' + name if name else ''}: interrupted", file=sys.stderr)
+    raise
+
+
+def console_main() -> int:
+  """The ``attnlab`` console script (``[project.scripts]`` in pyproject.toml) and ``python -m
+  attnlab.cli``: ``main`` of the process's arguments. After Ctrl-C's line the process dies by
+  SIGINT, as an uninterrupted Python would, so that a shell script running it stops too (an
+  exit status of 130 alone lets the script go on); ``main`` itself raises the
+  KeyboardInterrupt (this is what ``main`` was until 2026-12-07)."""
+  try:
+    return main()
+  except KeyboardInterrupt:
     _die_by_sigint()
     return EXIT_INTERRUPTED  # where SIGINT cannot kill (its handler is not the default)
 
@@ -105,4 +126,4 @@ def _die_by_sigint() -> None:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(console_main())

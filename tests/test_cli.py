@@ -170,9 +170,19 @@ def test_a_command_without_its_required_flags_names_them_exit_2(name, capsys):
         f"attnlab {name}: error: one of the arguments {flags} is required\n")
 
 
-def test_the_console_script_is_the_dispatcher():
-  scripts = importlib.metadata.entry_points(group="console_scripts", name="attnlab")
-  assert [ep.value for ep in scripts] == ["attnlab.cli:main"]
+def test_the_console_script_is_the_dispatchers_wrapper_that_dies_by_sigint():
+  """pyproject.toml's ``attnlab`` script is ``cli.console_main`` (``cli.main`` until
+  2026-12-07, which killed a notebook's kernel on Ctrl-C; test_commands.py runs both). Read
+  from pyproject.toml: an installed script is the one of its install (an editable install
+  made before 2026-12-07 runs ``cli.main`` until ``pip install -e .`` again)."""
+  import pathlib
+  import tomllib
+
+  pyproject = pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml"
+  scripts = tomllib.loads(pyproject.read_text())["project"]["scripts"]
+  assert scripts == {"attnlab": "attnlab.cli:console_main"}
+  module, function = scripts["attnlab"].split(":")
+  assert getattr(importlib.import_module(module), function) is cli.console_main
 
 
 def _last_line_in_a_fresh_python(code: str) -> str:

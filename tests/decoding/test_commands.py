@@ -1489,9 +1489,11 @@ def test_page_size_compiles_nothing_new_for_caches_without_pages():
 def test_ctrl_c_and_a_closed_pipe_end_a_command_with_one_line_or_none(
     error, rc, message, monkeypatch, capsys):
   """Ctrl-C in a command that does not stop at a step (decode, eval, convert): one line, then
-  death by SIGINT (stood in for here; the real one: the next test); stdout's reader gone
-  (`| head -1`; a captured stdout, which has no descriptor to ask, counts as gone): no line,
-  exit 141, as a Unix filter. Both were a traceback until 2026-12-06."""
+  ``main`` raises the KeyboardInterrupt to its caller in the process (until 2026-12-07 it
+  killed the process by SIGINT: a notebook's kernel), and the console script dies by SIGINT
+  (stood in for here; the real one: the next test); stdout's reader gone (`| head -1`; a
+  captured stdout, which has no descriptor to ask, counts as gone): no line, exit 141, as a
+  Unix filter, from both. Both were a traceback until 2026-12-06."""
   from attnlab import cli
 
   def interrupted(argv):
@@ -1501,33 +1503,62 @@ def test_ctrl_c_and_a_closed_pipe_end_a_command_with_one_line_or_none(
   died = []
   monkeypatch.setattr(cli, "_die_by_sigint", lambda: died.append(True))
   monkeypatch.setattr(decode_command, "main", interrupted)
-  assert main(["decode", "--workdir", "w"]) == rc
-  out, err = capsys.readouterr()
-  assert out == "0\tprinted before\n" and err == message
+  if error is KeyboardInterrupt:
+    with pytest.raises(KeyboardInterrupt):
+      main(["decode", "--workdir", "w"])
+  else:
+    assert main(["decode", "--workdir", "w"]) == rc
+  assert capsys.readouterr() == ("0\tprinted before\n", message) and died == []
+  monkeypatch.setattr(sys, "argv", ["/venv/bin/attnlab", "decode", "--workdir", "w"])
+  assert cli.console_main() == rc
+  assert capsys.readouterr() == ("0\tprinted before\n", message)
   assert died == ([True] if error is KeyboardInterrupt else [])
 
 
-def test_ctrl_c_kills_by_sigint_and_another_broken_pipe_is_raised(tmp_path):
-  """After its line, a Ctrl-C'd command dies by SIGINT, as Python does, so that a shell script
-  running it stops too (with exit 130 alone the script went on). A BrokenPipeError that is
-  not stdout's (stdout here a healthy file) is not hidden: its traceback, exit 1."""
+def test_ctrl_c_kills_the_console_script_by_sigint_and_reaches_a_caller_in_the_process(
+    tmp_path):
+  """A real SIGINT while a command runs. The console script (``console_main``) and ``python
+  -m attnlab.cli`` print the line, then die by SIGINT, as Python does, so that a shell script
+  running them stops too (with exit 130 alone the script went on). ``main`` called in the
+  process raises KeyboardInterrupt after the line, and its caller goes on (until 2026-12-07
+  the process died: a notebook's kernel with it). A BrokenPipeError that is not stdout's
+  (stdout here a healthy file) is not hidden: its traceback, exit 1."""
   import signal
   import subprocess
 
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-  for error, want_rc, want_err in ((KeyboardInterrupt, -signal.SIGINT, "interrupted"),
-                                   (BrokenPipeError, 1, "Traceback")):
-    code = ("import sys\nimport attnlab.commands.kv_size as k\n"
-            f"def main(argv):\n  print('before', flush=True)\n  raise {error.__name__}\n"
-            "k.main = main\nfrom attnlab.cli import main as cli_main\n"
-            "sys.exit(cli_main(['kv-size']))\n")
-    out = tmp_path / "out.txt"
-    with open(out, "w") as f:
-      proc = subprocess.run([sys.executable, "-c", code], stdout=f, stderr=subprocess.PIPE,
-                            env=env, timeout=120)
-    assert proc.returncode == want_rc, proc.stderr.decode()
-    assert want_err in proc.stderr.decode() and out.read_text() == "before\n"
+  # SIGINT as Python's default has it (a shell's background job inherits it ignored).
+  prelude = ("import signal, sys, time\nimport attnlab.commands.kv_size as k\n"
+             "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+             "def main(argv):\n  print('before', flush=True)\n  {body}\n"
+             "k.main = main\nsys.argv = ['attnlab', 'kv-size']\n")
+  calls = {
+      "console_main": "from attnlab.cli import console_main\nsys.exit(console_main())\n",
+      "python -m attnlab.cli": ("import runpy\n"
+                                "runpy.run_module('attnlab.cli', run_name='__main__')\n"),
+      "main": ("from attnlab.cli import main\ntry:\n  main(['kv-size'])\n"
+               "except KeyboardInterrupt:\n  print('the caller goes on', flush=True)\n"),
+  }
+  for how, call in calls.items():
+    proc = subprocess.Popen([sys.executable, "-c", prelude.format(body="time.sleep(300)") + call],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    assert proc.stdout.readline() == "before\n", how
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert err.endswith("\nattnlab kv-size: interrupted\n"), (how, err)
+    if how == "main":
+      assert (proc.returncode, out) == (0, "the caller goes on\n"), (how, err)
+    else:
+      assert (proc.returncode, out) == (-signal.SIGINT, ""), (how, err)
+      assert "Traceback" not in err, (how, err)
+  out = tmp_path / "out.txt"
+  with open(out, "w") as f:
+    proc = subprocess.run([sys.executable, "-c", prelude.format(body="raise BrokenPipeError")
+                           + calls["console_main"]], stdout=f, stderr=subprocess.PIPE,
+                          env=env, timeout=120)
+  assert proc.returncode == 1 and "Traceback" in proc.stderr.decode(), proc.stderr.decode()
+  assert out.read_text() == "before\n"
 
 
 def test_decode_into_a_pipe_closed_early_exits_quietly(workdir, tmp_path):

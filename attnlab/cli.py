@@ -93,6 +93,10 @@ def _dispatch(argv: list[str]) -> int:
     print(f"attnlab: unknown command {name!r}\n{usage()}", file=sys.stderr)
     return 2
   module = importlib.import_module(f"attnlab.commands.{COMMANDS[name][0]}")
+  # each command warns about what a saved config.gin holds, as a fresh process does
+  saved_configs = sys.modules.get("attnlab.config_gin")
+  if saved_configs is not None:
+    saved_configs.forget_warnings()
   try:
     return int(module.main(rest) or 0)
   except CommandError as e:

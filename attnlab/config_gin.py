@@ -667,6 +667,14 @@ _REFUSED_SINCE = {("TrainConfig", "weight_decay"): "2026-12-03",
 _warned_outside_tokenizer: set[tuple[str, str]] = set()
 
 
+def forget_warnings() -> None:
+  """Warn again about what a saved config.gin holds: each ``attnlab`` command starts so
+  (``cli.main``), as a fresh process does (until 2026-12-07 a second command of one process,
+  a notebook's, printed none of them). Library calls warn once per process."""
+  _warned_unread.clear()
+  _warned_outside_tokenizer.clear()
+
+
 def read_workdir_config(path: str) -> tuple[ModelConfig, DataConfig, TrainConfig]:
   """The configs a workdir's config.gin describes. A relative tokenizer_model is the file
   beside it, wherever the command runs: one missing there is named by that path, not

@@ -365,3 +365,16 @@ def test_each_commands_log_lines_go_to_the_stderr_of_the_moment_and_leave_nothin
       2, lines(3) + "attnlab fake: error: bad\n", (logging.NOTSET, logging.WARNING, 0),
       "", "".join(f"user: {line}\n" for line in lines(4).splitlines()),
       (logging.NOTSET, logging.WARNING, 1)]
+
+
+def test_each_command_warns_about_a_saved_config_as_a_fresh_process_does(tmp_path, warned):
+  """A config.gin's field its run did not read is warned about once per command, not once
+  per process: until 2026-12-07 a second command of a process (a notebook's) printed none."""
+  (tmp_path / "config.gin").write_text("DataConfig.min_len = 5\n")
+  argv = ["convert-heads", "--from", str(tmp_path), "--to", str(tmp_path / "out"),
+          "--num_kv_heads", "1", "--method", "mean", "--gin.TrainConfig.steps=3"]
+  for _ in range(2):
+    assert cli.main(argv) == 2  # the source has no checkpoint: after the config is read
+  assert warned() == [f"{tmp_path}/config.gin sets DataConfig.min_len = 5, which task='lm' "
+                      "with tokenizer='byte' does not read (attnlab before 2026-12-06 took "
+                      "and ignored it): read as the default"] * 2

@@ -10,8 +10,9 @@ without importing jax or gin (``attnlab --help`` stays instant).
 # again later"), so a job that depends on this one (SLURM --dependency=afterok, `a && b`)
 # does not start on a half-trained run.
 EXIT_STOPPED = 75
-# Ctrl-C outside the commands that stop at a step (128 + SIGINT, as a shell reports it), and
-# stdout's reader gone (128 + SIGPIPE, as a Unix filter killed by it): cli.main's own lines.
+# Ctrl-C outside the commands that stop at a step (128 + SIGINT, as a shell reports it:
+# cli.console_main's, where SIGINT cannot kill), and stdout's reader gone (128 + SIGPIPE, as a
+# Unix filter killed by it: cli.main's).
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 

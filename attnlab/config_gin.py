@@ -210,7 +210,7 @@ def find_gin_file(path: str) -> str:
 
 
 def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES, *,
-          check_macros: bool = True, also_bound=()) -> tuple[
+          check_macros: bool = True) -> tuple[
     ModelConfig, DataConfig, TrainConfig]:
   """The three configs that gin files plus bindings describe.
 
@@ -221,15 +221,13 @@ def parse(gin_files: list[str], bindings: list[str], classes=CONFIG_CLASSES, *,
   config.gin names the tokenizer.json beside it as "tokenizer.json", so the
   workdir can move.
 
-  ``classes`` are built, in order; ``also_bound`` are classes the files may bind too, not
-  built (a sweep file's ``Sweep``, read beside its base files). One parse at a time in a
-  process (``_PARSE_LOCK``).
+  ``classes`` are built, in order. One parse at a time in a process (``_PARSE_LOCK``).
 
   Raises:
     GinConfigError: a missing file or include, an unknown configurable or
       parameter, a value of the wrong type or out of range.
   """
-  with _PARSE_LOCK, _own_gin(tuple(classes) + tuple(also_bound)) as wrapped:
+  with _PARSE_LOCK, _own_gin(classes) as wrapped:
     # the caller's gin state is theirs: put back after
     return _parse(gin_files, bindings, classes, check_macros, wrapped)
 
@@ -264,11 +262,8 @@ def _parse(gin_files, bindings, classes, check_macros, wrapped):
   # (the root logger's own, from gin's files) are dropped; until 2026-12-07 the root
   # logger's level was CRITICAL for the parse, which silenced every other thread's warnings
   # meanwhile.
-  root = logging.getLogger()
-  root.addFilter(_drop_gins_records)
-  guard = logging.NullHandler() if not root.handlers else None
-  if guard is not None:
-    root.addHandler(guard)
+  quiet = _quiet_gin()
+  quiet.__enter__()
   try:
     with gin.unlock_config():
       gin.parse_config_files_and_bindings([os.path.abspath(p) for p in gin_files], bindings,
@@ -335,9 +330,7 @@ def _parse(gin_files, bindings, classes, check_macros, wrapped):
           "'cosine', TrainConfig.mesh_shape = (2, 1, 1))") from e
     raise GinConfigError(_first_line(e)) from e
   finally:
-    root.removeFilter(_drop_gins_records)
-    if guard is not None:
-      root.removeHandler(guard)
+    quiet.__exit__(None, None, None)
     gin.config._LOCATION_PREFIXES[:] = saved_prefixes
   return tuple(_find_tokenizer(c, gin_files) if isinstance(c, DataConfig) else c
                for c in configs)
@@ -349,6 +342,35 @@ _GIN_FOLDER = os.path.dirname(os.path.abspath(gin.__file__)) + os.sep
 def _drop_gins_records(record: logging.LogRecord) -> bool:
   """A root-logger filter: False for a record logged from gin's own files."""
   return not os.path.abspath(record.pathname).startswith(_GIN_FOLDER)
+
+
+class _LastResort(logging.Handler):
+  """The root logger's handler while a parse runs where it has none (so that gin's logging
+  calls do not ``basicConfig`` it): every record is handled as with no handler at all, by
+  ``logging.lastResort`` (until 2026-12-07 a ``NullHandler``: another thread's warnings, or
+  a caller's configurable's, were lost during a parse)."""
+
+  def emit(self, record):
+    last = logging.lastResort
+    if last is not None and record.levelno >= last.level:
+      last.handle(record)
+
+
+@contextlib.contextmanager
+def _quiet_gin():
+  """While gin parses: its own records dropped (``_drop_gins_records``), and the root
+  logger given a handler (``_LastResort``) where it has none."""
+  root = logging.getLogger()
+  root.addFilter(_drop_gins_records)
+  guard = _LastResort() if not root.handlers else None
+  if guard is not None:
+    root.addHandler(guard)
+  try:
+    yield
+  finally:
+    root.removeFilter(_drop_gins_records)
+    if guard is not None:
+      root.removeHandler(guard)
 
 
 _INCLUDE = re.compile(r"""^\s*include\s+['"]([^'"]+)['"]""", re.MULTILINE)
@@ -583,6 +605,30 @@ def _bound_name(binding: str) -> str:
   return ".".join(name.split(".")[-2:])
 
 
+# The fields that say which other fields a run reads.
+_READERS = frozenset({"TrainConfig.optimizer", "DataConfig.task", "DataConfig.tokenizer"})
+
+
+def _bound_fields(bindings: list[str]) -> set[str]:
+  """The ``Class.field`` names the user's ``bindings`` set, as gin reads them: each line of
+  a binding of several lines, and what a file they include binds (until 2026-12-07 only the
+  name before a binding's first "=", so that a value bound on a binding's second line was
+  reset as the file's). The names as written, line by line, are counted too (all of them
+  where gin cannot read the bindings alone: an include found only beside the file)."""
+  names = {_bound_name(line) for b in bindings for line in b.splitlines() if "=" in line}
+  if not bindings:
+    return names
+  with _PARSE_LOCK, _own_gin((Sweep,)), _quiet_gin():
+    try:
+      with gin.unlock_config():
+        gin.parse_config_files_and_bindings([], bindings, finalize_config=False)
+    except Exception:  # noqa: BLE001 - gin raises many kinds; the names as written stand
+      return names
+    names |= {f"{selector.rsplit('.', 1)[-1]}.{field}"
+              for (_, selector), fields in gin.config._CONFIG.items() for field in fields}
+  return names
+
+
 def _read_saved(path: str, bindings: list[str], parse_fn):
   """``parse_fn(bindings)`` under ``config.saved_data_config``: the fields the saved file
   itself sets and its run did not read are warned about (once per process) and read as their
@@ -590,16 +636,18 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
   or tokenizer than the file's), is the user's: refused with the strict check's message."""
   with saved_data_config() as dropped:
     configs = parse_fn(bindings)
-  if bindings:  # which fields the file alone leaves unread
-    try:
-      with saved_data_config() as dropped_by_file:
-        file_configs = parse_fn([])
-    except GinConfigError:  # the file needs the bindings to parse: as it reads with them
-      dropped_by_file, file_configs = dropped, configs
-  else:
-    dropped_by_file, file_configs = dropped, configs
+  bound = _bound_fields(bindings)
+  dropped_by_file, file_configs = dropped, configs
+  if bindings:  # which fields the file's own run leaves unread: the file alone, or where it
+    # needs bindings to parse (a value refused since), with those that change no reader
+    for own_bindings in ([], [b for b in bindings if not _bound_fields([b]) & _READERS]):
+      try:
+        with saved_data_config() as dropped_by_file:
+          file_configs = parse_fn(own_bindings)
+        break
+      except GinConfigError:
+        dropped_by_file, file_configs = dropped, configs
   files_own = {(owner, name) for owner, name, _ in dropped_by_file}
-  bound = {_bound_name(b) for b in bindings}
   # A field the file sets and its run never read, which a binding of another optimizer,
   # task or tokenizer reads (adam's weight_decay under --gin.TrainConfig.optimizer='adamw'):
   # read as the default, as without the binding; until 2026-12-07 a resume trained with it,
@@ -609,13 +657,19 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
              if (owner, name) not in read_now and f"{owner}.{name}" not in bound]
   if revived:
     configs = list(configs)
-    for owner, name, _ in revived:
-      i = next(i for i, c in enumerate(configs) if type(c).__name__ == owner)
-      default = next(f.default for f in dataclasses.fields(configs[i]) if f.name == name)
+    for i, cfg in enumerate(configs):  # a class's fields reset at once (min_len, max_len)
+      owner = type(cfg).__name__
+      mine = [(name, value) for o, name, value in revived if o == owner]
+      if not mine:
+        continue
+      defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
       try:
-        configs[i] = dataclasses.replace(configs[i], **{name: default})
-      except ValueError as e:
-        raise GinConfigError(str(e)) from None
+        configs[i] = dataclasses.replace(cfg, **{name: defaults[name] for name, _ in mine})
+      except ValueError as e:  # the binding's reader needs one: the user's to give
+        sets = ", ".join(f"{owner}.{name} = {value!r}" for name, value in mine)
+        raise GinConfigError(
+            f"{e} ({path} sets {sets}, which its run did not read: read as the default; "
+            f"bind it to use it, --gin.{owner}.{mine[0][0]}=...)") from None
     configs = tuple(configs)
   # the user's own (or an optimizer of theirs that reads them anew): checked as new
   if bound & {"TrainConfig.b1", "TrainConfig.b2", "TrainConfig.optimizer"}:
@@ -735,4 +789,12 @@ def parse_sweep(sweep_file: str, bindings: list[str]):
     base = resolve_base(sweep.base, sweep_file, CONFIGS_DIR)
   except FileNotFoundError as e:
     raise GinConfigError(str(e)) from None
-  return (sweep, *parse([*base, sweep_file], bindings, also_bound=(Sweep,)))
+  # Sweep built again beside the base files: a Sweep.* binding in one of them, which the
+  # sweep file's reading does not see, is refused (ignored until 2026-12-07).
+  again, *configs = parse([*base, sweep_file], bindings, classes=(Sweep, *CONFIG_CLASSES))
+  if again != sweep:
+    changed = [f"Sweep.{f.name}" for f in dataclasses.fields(Sweep)
+               if getattr(again, f.name) != getattr(sweep, f.name)]
+    raise GinConfigError(f"{', '.join(changed)} bound in a base file ({', '.join(base)}): "
+                         f"Sweep.* belongs to the sweep file {sweep_file}")
+  return (sweep, *configs)

@@ -361,6 +361,49 @@ def test_a_saved_config_gin_with_a_field_its_run_ignored_is_read_as_the_default(
     TrainConfig(optimizer="adam", weight_decay=0.01)
 
 
+def test_a_saved_field_its_run_never_read_stays_unread_under_any_binding(tmp_path, warned):
+  """The cases of the review of 2026-12-07's first version (a field its run did not read
+  stays at its default under a binding of a reader that reads it): fields of one class reset
+  together; a value bound on a binding's second line or in a file it includes is the user's;
+  a file that needs a binding to parse is read with the bindings that change no reader; a
+  field the new reader needs is named, with how to bind it."""
+  path = tmp_path / "config.gin"
+  path.write_text("DataConfig.min_len = 1\nDataConfig.max_len = 2\n")  # an lm run's
+  assert gin_config.parse_saved(str(path), ["DataConfig.task = 'copy'"])[1] == \
+      DataConfig(task="copy")  # min_len alone reset first: "min_len=3 must be <= max_len=2"
+  assert warned()[-1].startswith(f"{path} sets DataConfig.min_len = 1, DataConfig.max_len = 2,")
+  path.write_text("TrainConfig.optimizer = 'adam'\nTrainConfig.weight_decay = 0.01\n")
+  (tmp_path / "adamw.gin").write_text("TrainConfig.optimizer = 'adamw'\n"
+                                      "TrainConfig.weight_decay = 0.2\n")
+  for bindings in (["TrainConfig.optimizer = 'adamw'\nTrainConfig.weight_decay = 0.2"],
+                   [f"include '{tmp_path / 'adamw.gin'}'"]):
+    assert gin_config.parse_saved(str(path), bindings)[2] == \
+        TrainConfig(optimizer="adamw", weight_decay=0.2), bindings
+  with pytest.raises(gin_config.GinConfigError, match=r"^b2=0.99999999 is 1 in float32"):
+    gin_config.parse_saved(str(path), ["TrainConfig.steps = 5\nTrainConfig.b2 = 0.99999999"])
+  # eps=1e-40 is refused since 2026-12-06: the file parses with the user's eps alone
+  path.write_text("TrainConfig.optimizer = 'adam'\nTrainConfig.weight_decay = 0.01\n"
+                  "TrainConfig.eps = 1e-40\n")
+  seen = len(warned())
+  tcfg = gin_config.parse_saved(str(path), ["TrainConfig.eps = 1e-8",
+                                            "TrainConfig.optimizer = 'adamw'"])[2]
+  assert tcfg == TrainConfig(optimizer="adamw", eps=1e-8, weight_decay=0.0)
+  assert warned()[seen:] == [
+      f"{path} sets TrainConfig.weight_decay = 0.01, which optimizer='adam' does not read "
+      "(attnlab before 2026-12-03 took and ignored it): read as the default"]
+  (tmp_path / "tok.json").write_text("{}")
+  path.write_text("DataConfig.tokenizer_model = 'tok.json'\n")  # a byte run's
+  with pytest.raises(gin_config.GinConfigError) as e:
+    gin_config.parse_saved(str(path), ["DataConfig.tokenizer = 'hf_json'"])
+  assert str(e.value).startswith("tokenizer='hf_json' needs tokenizer_model")
+  assert str(e.value).endswith(
+      f"({path} sets DataConfig.tokenizer_model = 'tok.json', which its run did not read: "
+      "read as the default; bind it to use it, --gin.DataConfig.tokenizer_model=...)")
+  dcfg = gin_config.parse_saved(str(path), ["DataConfig.tokenizer = 'hf_json'",
+                                            "DataConfig.tokenizer_model = 'tok.json'"])[1]
+  assert dcfg.tokenizer_model == str(tmp_path / "tok.json")
+
+
 def test_a_relative_tokenizer_is_found_beside_the_last_gin_file_else_as_given(tmp_path,
                                                                               monkeypatch):
   a, b, cwd = tmp_path / "a", tmp_path / "b", tmp_path / "cwd"
@@ -538,6 +581,40 @@ def test_another_threads_warnings_are_not_silenced_by_a_parse(tmp_path):
   assert not root.filters
 
 
+def test_warnings_during_a_parse_reach_stderr_where_no_logging_is_configured(tmp_path,
+                                                                              capsys):
+  """With no handler on the root logger (a plain script), a parse gives it one so that gin's
+  logging calls do not configure it; the records not gin's go where they would without it,
+  to stderr (``logging.lastResort``): until 2026-12-07 a NullHandler swallowed them."""
+  import logging
+
+  @gin.configurable(module="callers_project")
+  def warned_steps():
+    logging.getLogger("callers_project").warning("building the steps")
+    return 3
+
+  root = logging.getLogger()
+  handlers = root.handlers[:]  # pytest's own: taken away, as in a plain script
+  for h in handlers:
+    root.removeHandler(h)
+  (tmp_path / "sub").mkdir()
+  (tmp_path / "sub" / "x.gin").write_text("include 'base.gin'\n"
+                                          "TrainConfig.steps = @warned_steps()\n")
+  (tmp_path / "base.gin").write_text("ModelConfig.d_model = 48\n")
+  try:
+    with pytest.MonkeyPatch.context() as m:
+      m.chdir(tmp_path)  # gin logs its misses before it finds base.gin here
+      assert gin_config.parse([str(tmp_path / "sub" / "x.gin")], [])[2].steps == 3
+    assert root.handlers == []
+  finally:
+    for h in handlers:
+      root.addHandler(h)
+    info = gin.config._INVERSE_REGISTRY.pop(warned_steps.__wrapped__, None)
+    if info is not None:
+      gin.config._REGISTRY.pop(info.selector)
+  assert capsys.readouterr().err == "building the steps\n"
+
+
 def test_a_first_parse_under_a_config_the_caller_finalized(monkeypatch, tmp_path):
   """gin registers nothing while a config is locked: the process's first parse, after the
   caller's ``gin.finalize()``, was a RuntimeError until 2026-12-07 ("Attempted to add a new
@@ -690,6 +767,13 @@ def test_a_refused_value_is_its_message_without_gins_context(tmp_path):
       gin_config.parse(files, bindings)
     assert str(e.value).endswith(
         "(Sweep.* belongs to a sweep file: run it with attnlab ablate)"), str(e.value)
+  # Sweep.* in a base file (ignored until 2026-12-07: the sweep file alone makes the Sweep)
+  (tmp_path / "base.gin").write_text("include 'seq2seq_reverse.gin'\nSweep.seeds = [7]\n")
+  sweep.write_text(f"Sweep.base = ['{tmp_path / 'base.gin'}']\n")
+  with pytest.raises(gin_config.GinConfigError) as e:
+    gin_config.parse_sweep(str(sweep), [])
+  assert str(e.value) == (f"Sweep.seeds bound in a base file ({tmp_path / 'base.gin'}): "
+                          f"Sweep.* belongs to the sweep file {sweep}")
   assert gin_config._with_hint("No configurable matching 'Sweep'. Sweep.seeds = [0]") == (
       "No configurable matching 'Sweep'. Sweep.seeds = [0] (Sweep.* belongs to a sweep file: "
       "run it with attnlab ablate)")

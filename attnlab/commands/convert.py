@@ -314,7 +314,7 @@ def _restore_weights(workdir: str, mcfg, step: int | None):
     except ValueError as e:
       raise CommandError(f"--{e}") from None
     abstract = nnx.state(nnx.eval_shape(lambda: build_model(mcfg, rngs=nnx.Rngs(0))), nnx.Param)
-    device = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    device = jax.sharding.make_single_device_sharding(jax.devices("cpu")[0])
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
                             abstract)
     step, state = ckpt.read_step(step, lambda s: ckpt.restore_params(s, abstract))

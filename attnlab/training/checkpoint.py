@@ -731,7 +731,7 @@ def load_checkpoint(workdir: str, step: int | None = None, *, mesh=None):
     graphdef, params, _ = nnx.split(abstract_model(mcfg), nnx.Param, ...)
     rest = _init_rest(mcfg)()
     if mesh is None:  # one device: decoding and eval need no mesh
-      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      device = jax.sharding.make_single_device_sharding(jax.devices()[0])
       shardings = jax.tree.map(lambda _: device, params)
     else:
       shardings = param_shardings(params, mesh)

@@ -525,7 +525,7 @@ def test_activations_declare_their_logical_axes_inside_activation_sharding():
 
   def resolve(axes, shape):
     declared.append((axes, tuple(shape)))
-    return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.sharding.make_single_device_sharding(jax.devices()[0])
 
   model = build(arch="encoder_decoder", num_encoder_layers=1)
   graphdef, state = nnx.split(model)
@@ -550,7 +550,8 @@ def test_logical_constraint_refuses_axes_of_another_rank_inside_activation_shard
   from attnlab.nn.partitioning import activation_sharding, logical_constraint
 
   x = jnp.zeros((2, 3))
-  resolve = lambda axes, shape: jax.sharding.SingleDeviceSharding(jax.devices()[0])  # noqa: E731
+  one_device = jax.sharding.make_single_device_sharding(jax.devices()[0])
+  resolve = lambda axes, shape: one_device  # noqa: E731
   assert logical_constraint(x, ("batch",)) is x  # outside: a no-op, nothing checked
   with activation_sharding(resolve), pytest.raises(ValueError, match=re.escape(
       "axes ('batch',) must name every dimension of shape (2, 3)")):

@@ -30,14 +30,14 @@ def _state(k):
 
 
 def _abstract(state):
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  device = jax.sharding.make_single_device_sharding(jax.devices()[0])
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
 
 
 def _assert_restored(state, want):
   """Same tree (params, opt_state, step), same values, placed as the abstract state said."""
   assert jax.tree.structure(state) == jax.tree.structure(want)
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  device = jax.sharding.make_single_device_sharding(jax.devices()[0])
   for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(want), strict=True):
     assert isinstance(a, jax.Array) and a.sharding == device
     np.testing.assert_array_equal(a, b)
@@ -905,7 +905,7 @@ def test_load_checkpoint_takes_the_newest_step_onto_the_first_device_or_the_mesh
     ckpt.save_params(step, jax.device_put(scaled, sharding.param_shardings(scaled, mesh)))
   ckpt.close()
   (workdir / "checkpoints" / "5.orbax-checkpoint-tmp" / "params").mkdir(parents=True)
-  one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  one_device = jax.sharding.make_single_device_sharding(jax.devices()[0])
   auto = jax.make_mesh((1, 1, 1), ("data", "fsdp", "tensor"),
                        axis_types=(jax.sharding.AxisType.Auto,) * 3)
   for step, scale, on in ((None, 2.0, None), (3, 1.0, mesh), (np.int64(3), 1.0, None),

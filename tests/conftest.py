@@ -102,6 +102,31 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(skip)
 
 
+def _memory_maps() -> tuple[int, int] | None:
+  """(memory maps of this process, the kernel's limit per process), or None off Linux."""
+  try:
+    with open("/proc/sys/vm/max_map_count") as f:
+      limit = int(f.read())
+    with open("/proc/self/maps", "rb") as f:
+      return sum(1 for _ in f), limit
+  except (OSError, ValueError):
+    return None
+
+
+def pytest_runtest_teardown(item, nextitem):
+  """Past half the kernel's limit of memory maps per process (``vm.max_map_count``, 65530
+  by default), JAX's caches are cleared: every program XLA:CPU compiled stays mapped while
+  JAX caches it, and at the limit LLVM's JIT cannot map the next one ("Failed to
+  materialize symbols", then the process aborts in a compile). jax 0.12.1 maps about
+  twice what 0.10.2 did for the same tests (tests/nn/test_models.py alone: 2909 maps at its
+  end against 1532); under 0.12.1 one process running the suite (``-n 1``) reached 65532
+  maps in tests/nn/test_models.py, about its 800th test, and aborted. Cleared programs are
+  compiled again, from the session's persistent cache."""
+  maps = _memory_maps()
+  if maps is not None and maps[0] > maps[1] // 2:
+    jax.clear_caches()
+
+
 def pytest_sessionfinish(session):
   """The controller (or the only process) removes the session's cache."""
   if _OWN_CACHE and not hasattr(session.config, "workerinput"):

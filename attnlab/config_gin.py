@@ -346,14 +346,21 @@ def _drop_gins_records(record: logging.LogRecord) -> bool:
 
 class _LastResort(logging.Handler):
   """The root logger's handler while a parse runs where it has none (so that gin's logging
-  calls do not ``basicConfig`` it): every record is handled as with no handler at all, by
-  ``logging.lastResort`` (until 2026-12-07 a ``NullHandler``: another thread's warnings, or
-  a caller's configurable's, were lost during a parse)."""
+  calls do not ``basicConfig`` it): a record is handled as with no handler there, by
+  ``logging.lastResort`` where no logger on its way had a handler (until 2026-12-07 a
+  ``NullHandler``: another thread's warnings, or a caller's configurable's, were lost during
+  a parse)."""
 
   def emit(self, record):
     last = logging.lastResort
-    if last is not None and record.levelno >= last.level:
-      last.handle(record)
+    if last is None or record.levelno < last.level:
+      return
+    logger = logging.getLogger(record.name)
+    while logger is not None and logger is not logging.getLogger():
+      if logger.handlers:  # handled on its way here: not a record logging would lose
+        return
+      logger = logger.parent
+    last.handle(record)
 
 
 @contextlib.contextmanager
@@ -629,6 +636,12 @@ def _bound_fields(bindings: list[str]) -> set[str]:
   return names
 
 
+def _field_values(configs) -> dict:
+  """{(class name, field): value} of the configs (dataclasses) among ``configs``."""
+  return {(type(c).__name__, f.name): getattr(c, f.name)
+          for c in configs if dataclasses.is_dataclass(c) for f in dataclasses.fields(c)}
+
+
 def _read_saved(path: str, bindings: list[str], parse_fn):
   """``parse_fn(bindings)`` under ``config.saved_data_config``: the fields the saved file
   itself sets and its run did not read are warned about (once per process) and read as their
@@ -655,6 +668,18 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
   read_now = {(owner, name) for owner, name, _ in dropped}
   revived = [(owner, name, value) for owner, name, value in dropped_by_file
              if (owner, name) not in read_now and f"{owner}.{name}" not in bound]
+  if revived and any(_macro_name(line) for b in bindings for line in b.splitlines()):
+    # a field whose value a macro of the user's gives (a file written by hand reads %WD) is
+    # theirs too: one that the bindings without their macros leave otherwise
+    plain = [b for b in bindings if not any(_macro_name(line) for line in b.splitlines())]
+    try:
+      with saved_data_config():
+        without = parse_fn(plain)
+    except GinConfigError:  # the file reads a macro only the user binds: theirs, all
+      without = ()
+    now, before = _field_values(configs), _field_values(without)
+    revived = [r for r in revived if (r[0], r[1]) in before
+               and now[r[0], r[1]] == before[r[0], r[1]]]
   if revived:
     configs = list(configs)
     for i, cfg in enumerate(configs):  # a class's fields reset at once (min_len, max_len)

@@ -381,6 +381,13 @@ def test_a_saved_field_its_run_never_read_stays_unread_under_any_binding(tmp_pat
         TrainConfig(optimizer="adamw", weight_decay=0.2), bindings
   with pytest.raises(gin_config.GinConfigError, match=r"^b2=0.99999999 is 1 in float32"):
     gin_config.parse_saved(str(path), ["TrainConfig.steps = 5\nTrainConfig.b2 = 0.99999999"])
+  # a value that a macro of the user's gives (a file written by hand reads it) is theirs too
+  macro = tmp_path / "macro.gin"
+  macro.write_text("TrainConfig.optimizer = 'adam'\nTrainConfig.weight_decay = %WD\nWD = 0.01\n")
+  assert gin_config.parse_saved(str(macro), ["TrainConfig.optimizer = 'adamw'", "WD = 0.25"])[2] \
+      == TrainConfig(optimizer="adamw", weight_decay=0.25)
+  assert gin_config.parse_saved(str(macro), ["TrainConfig.optimizer = 'adamw'"])[2] == \
+      TrainConfig(optimizer="adamw")
   # eps=1e-40 is refused since 2026-12-06: the file parses with the user's eps alone
   path.write_text("TrainConfig.optimizer = 'adam'\nTrainConfig.weight_decay = 0.01\n"
                   "TrainConfig.eps = 1e-40\n")
@@ -609,10 +616,22 @@ def test_warnings_during_a_parse_reach_stderr_where_no_logging_is_configured(tmp
   finally:
     for h in handlers:
       root.addHandler(h)
+  assert capsys.readouterr().err == "building the steps\n"
+  # A record that a handler on its way took is not handed on a second time.
+  own = logging.StreamHandler(sys.stdout)
+  logging.getLogger("callers_project").addHandler(own)
+  for h in handlers:
+    root.removeHandler(h)
+  try:
+    assert gin_config.parse([], ["TrainConfig.steps = @warned_steps()"])[2].steps == 3
+  finally:
+    logging.getLogger("callers_project").removeHandler(own)
+    for h in handlers:
+      root.addHandler(h)
     info = gin.config._INVERSE_REGISTRY.pop(warned_steps.__wrapped__, None)
     if info is not None:
       gin.config._REGISTRY.pop(info.selector)
-  assert capsys.readouterr().err == "building the steps\n"
+  assert capsys.readouterr() == ("building the steps\n", "")
 
 
 def test_a_first_parse_under_a_config_the_caller_finalized(monkeypatch, tmp_path):

@@ -675,11 +675,10 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
     try:
       with saved_data_config():
         without = parse_fn(plain)
-    except GinConfigError:  # the file reads a macro only the user binds: theirs, all
-      without = ()
+    except GinConfigError:  # a binding of theirs reads the macro (LR = 0.1 beside
+      without = configs  # TrainConfig.learning_rate = %LR): no field told apart
     now, before = _field_values(configs), _field_values(without)
-    revived = [r for r in revived if (r[0], r[1]) in before
-               and now[r[0], r[1]] == before[r[0], r[1]]]
+    revived = [r for r in revived if now[r[0], r[1]] == before[r[0], r[1]]]
   if revived:
     configs = list(configs)
     for i, cfg in enumerate(configs):  # a class's fields reset at once (min_len, max_len)

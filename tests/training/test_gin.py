@@ -388,6 +388,9 @@ def test_a_saved_field_its_run_never_read_stays_unread_under_any_binding(tmp_pat
       == TrainConfig(optimizer="adamw", weight_decay=0.25)
   assert gin_config.parse_saved(str(macro), ["TrainConfig.optimizer = 'adamw'"])[2] == \
       TrainConfig(optimizer="adamw")
+  assert gin_config.parse_saved(str(macro), ["TrainConfig.optimizer = 'adamw'", "LR = 0.5",
+                                             "TrainConfig.learning_rate = %LR"])[2] == \
+      TrainConfig(optimizer="adamw", learning_rate=0.5)  # a macro of a binding's own
   # eps=1e-40 is refused since 2026-12-06: the file parses with the user's eps alone
   path.write_text("TrainConfig.optimizer = 'adam'\nTrainConfig.weight_decay = 0.01\n"
                   "TrainConfig.eps = 1e-40\n")

@@ -644,9 +644,11 @@ def _field_values(configs) -> dict:
 
 def _read_saved(path: str, bindings: list[str], parse_fn):
   """``parse_fn(bindings)`` under ``config.saved_data_config``: the fields the saved file
-  itself sets and its run did not read are warned about (once per process) and read as their
-  defaults; one that a binding set, or that a binding left unread (another optimizer, task
-  or tokenizer than the file's), is the user's: refused with the strict check's message."""
+  itself sets and its run did not read are warned about (once per process, or command) and
+  read as their defaults, also where a binding of another optimizer, task or tokenizer would
+  read them; one that a binding set (``_bound_fields``, or a macro of the user's), or that a
+  binding left unread, is the user's: refused with the strict check's message where it does
+  not apply."""
   with saved_data_config() as dropped:
     configs = parse_fn(bindings)
   bound = _bound_fields(bindings)

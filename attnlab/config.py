@@ -482,7 +482,7 @@ def check_seed(name: str, value) -> None:
 # The DataConfig fields only some tasks read, and what each task reads of them (besides
 # seq_len, batch_size, seed and the tokenizer's, which every task reads). A value other than
 # the default in a field the task does not read would be silently ignored: refused (for
-# task='add''s min_len / vocab_chars since 2026-12-04, the rest since 2026-12-06: a
+# task='add''s min_len / vocab_chars since 2026-12-03, the rest since 2026-12-06: a
 # synthetic task with paths trained on its synthetic data without a word).
 TASK_FIELDS = ("paths", "validation_percent", "max_files", "min_len", "max_len", "vocab_chars")
 _TASK_READS = {

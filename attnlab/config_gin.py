@@ -616,21 +616,27 @@ def _bound_name(binding: str) -> str:
 _READERS = frozenset({"TrainConfig.optimizer", "DataConfig.task", "DataConfig.tokenizer"})
 
 
-def _bound_fields(bindings: list[str]) -> set[str]:
+def _bound_fields(bindings: list[str], beside: str) -> set[str]:
   """The ``Class.field`` names the user's ``bindings`` set, as gin reads them: each line of
-  a binding of several lines, and what a file they include binds (until 2026-12-07 only the
-  name before a binding's first "=", so that a value bound on a binding's second line was
-  reset as the file's). The names as written, line by line, are counted too (all of them
-  where gin cannot read the bindings alone: an include found only beside the file)."""
+  a binding of several lines, and what a file they include binds, looked up as ``parse``
+  looks it up beside the saved file ``beside`` (until 2026-12-07 only the name before a
+  binding's first "=", so that a value bound on a binding's second line was reset as the
+  file's). The names as written, line by line, are counted too (all of them where gin
+  cannot read the bindings alone)."""
   names = {_bound_name(line) for b in bindings for line in b.splitlines() if "=" in line}
   if not bindings:
     return names
+  folders = [os.path.dirname(os.path.abspath(beside)), CONFIGS_DIR, ""]
   with _PARSE_LOCK, _own_gin((Sweep,)), _quiet_gin():
+    saved_prefixes = list(gin.config._LOCATION_PREFIXES)
+    gin.config._LOCATION_PREFIXES[:] = folders
     try:
       with gin.unlock_config():
         gin.parse_config_files_and_bindings([], bindings, finalize_config=False)
     except Exception:  # noqa: BLE001 - gin raises many kinds; the names as written stand
       return names
+    finally:
+      gin.config._LOCATION_PREFIXES[:] = saved_prefixes
     names |= {f"{selector.rsplit('.', 1)[-1]}.{field}"
               for (_, selector), fields in gin.config._CONFIG.items() for field in fields}
   return names
@@ -651,11 +657,11 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
   not apply."""
   with saved_data_config() as dropped:
     configs = parse_fn(bindings)
-  bound = _bound_fields(bindings)
+  bound = _bound_fields(bindings, path)
   dropped_by_file, file_configs = dropped, configs
   if bindings:  # which fields the file's own run leaves unread: the file alone, or where it
     # needs bindings to parse (a value refused since), with those that change no reader
-    for own_bindings in ([], [b for b in bindings if not _bound_fields([b]) & _READERS]):
+    for own_bindings in ([], [b for b in bindings if not _bound_fields([b], path) & _READERS]):
       try:
         with saved_data_config() as dropped_by_file:
           file_configs = parse_fn(own_bindings)
@@ -692,10 +698,14 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
       try:
         configs[i] = dataclasses.replace(cfg, **{name: defaults[name] for name, _ in mine})
       except ValueError as e:  # the binding's reader needs one: the user's to give
-        sets = ", ".join(f"{owner}.{name} = {value!r}" for name, value in mine)
+        needed = [(name, value) for name, value in mine
+                  if re.search(rf"\b{name}\b", str(e))]
+        if not needed:  # another refusal (betas at 1 under a new optimizer): its own
+          raise GinConfigError(str(e)) from None
+        sets = ", ".join(f"{owner}.{name} = {value!r}" for name, value in needed)
         raise GinConfigError(
             f"{e} ({path} sets {sets}, which its run did not read: read as the default; "
-            f"bind it to use it, --gin.{owner}.{mine[0][0]}=...)") from None
+            f"bind it to use it, --gin.{owner}.{needed[0][0]}=...)") from None
     configs = tuple(configs)
   # the user's own (or an optimizer of theirs that reads them anew): checked as new
   if bound & {"TrainConfig.b1", "TrainConfig.b2", "TrainConfig.optimizer"}:
@@ -717,16 +727,20 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
     elif (owner, name, value) not in from_file:
       from_file.append((owner, name, value))
   from_file += [r for r in revived if r not in from_file]
-  # each of them is one the file's own run left unread: named by that run's reader
+  # each of them is one the file's own run left unread: named by that run's reader, in the
+  # fields' order (a read with bindings and one without warned twice about one set of
+  # fields, in two orders, until 2026-12-07)
+  order = {(type(c).__name__, f.name): n for c in configs if dataclasses.is_dataclass(c)
+           for n, f in enumerate(dataclasses.fields(c))}
+  from_file.sort(key=lambda r: order[r[0], r[1]])
   dcfg = next(c for c in file_configs if isinstance(c, DataConfig))
   tcfg = next(c for c in file_configs if isinstance(c, TrainConfig))
+  since = {(o, n): _refused_since(o, n, dcfg.task) for o, n, _ in from_file}
   for owner, reader in (("DataConfig", f"task={dcfg.task!r} with tokenizer={dcfg.tokenizer!r}"),
                         ("TrainConfig", f"optimizer={tcfg.optimizer!r}")):
-    for until in sorted({_REFUSED_SINCE.get((o, n), _TASK_FIELDS_REFUSED_SINCE)
-                         for o, n, _ in from_file if o == owner}):
+    for until in sorted({since[o, n] for o, n, _ in from_file if o == owner}):
       text = ", ".join(f"{owner}.{name} = {value!r}" for o, name, value in from_file
-                       if o == owner and _REFUSED_SINCE.get((o, name),
-                                                            _TASK_FIELDS_REFUSED_SINCE) == until)
+                       if o == owner and since[o, name] == until)
       if (os.path.abspath(path), text) not in _warned_unread:
         _warned_unread.add((os.path.abspath(path), text))
         log.warning("%s sets %s, which %s does not read (attnlab before %s took and "
@@ -734,11 +748,17 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
   return configs
 
 
-# Since when a new config refuses a field its run does not read (the date each warning
-# names; every one said 2026-12-06, the task fields' date, until 2026-12-07).
-_TASK_FIELDS_REFUSED_SINCE = "2026-12-06"
-_REFUSED_SINCE = {("TrainConfig", "weight_decay"): "2026-12-03",
-                  ("DataConfig", "loss_on_prompt"): "2026-12-04"}
+def _refused_since(owner: str, name: str, task: str) -> str:
+  """Since when a new config refuses ``owner.name`` where its run does not read it (the
+  date its warning names; every one said 2026-12-06, the task fields' date, until
+  2026-12-07): ``config.TASK_FIELDS`` and ``_TASK_READS`` say which."""
+  if (owner, name) == ("TrainConfig", "weight_decay"):
+    return "2026-12-03"
+  if (owner, name) == ("DataConfig", "loss_on_prompt"):
+    return "2026-12-04"
+  if owner == "DataConfig" and task == "add" and name in ("min_len", "vocab_chars"):
+    return "2026-12-03"  # 20eca3d
+  return "2026-12-06"
 
 
 # The (config.gin, tokenizer file) pairs warned about in this process: a command reads

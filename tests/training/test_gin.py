@@ -412,6 +412,48 @@ def test_a_saved_field_its_run_never_read_stays_unread_under_any_binding(tmp_pat
   dcfg = gin_config.parse_saved(str(path), ["DataConfig.tokenizer = 'hf_json'",
                                             "DataConfig.tokenizer_model = 'tok.json'"])[1]
   assert dcfg.tokenizer_model == str(tmp_path / "tok.json")
+  # (the third review) The flag named is the field the refusal is about; a refusal about
+  # none of them is its own message alone.
+  path.write_text("DataConfig.task = 'copy'\nDataConfig.paths = ('a.tsv',)\n"
+                  "DataConfig.tokenizer_model = 'tok.json'\n")
+  with pytest.raises(gin_config.GinConfigError) as e:
+    gin_config.parse_saved(str(path), ["DataConfig.task = 'tsv'",
+                                       "DataConfig.tokenizer = 'hf_json'"])
+  assert "bind it to use it, --gin.DataConfig.tokenizer_model=...)" in str(e.value)
+  assert "DataConfig.paths" not in str(e.value)
+  path.write_text("TrainConfig.optimizer = 'adam'\nTrainConfig.b1 = 0.99999999\n"
+                  "TrainConfig.weight_decay = 0.01\n")
+  with pytest.raises(gin_config.GinConfigError) as e:
+    gin_config.parse_saved(str(path), ["TrainConfig.optimizer = 'adamw'"])
+  assert str(e.value).startswith("b1=0.99999999 is 1 in float32")
+  assert "weight_decay" not in str(e.value)
+  # An include found beside the saved file (as parse finds it) binds what it holds: the
+  # user's (reset as the file's until the third review, from another working directory).
+  (tmp_path / "adamw.gin").write_text("TrainConfig.optimizer = 'adamw'\n"
+                                      "TrainConfig.weight_decay = 0.2\n")
+  path.write_text("TrainConfig.optimizer = 'adam'\nTrainConfig.weight_decay = 0.01\n")
+  with pytest.MonkeyPatch.context() as m:
+    m.chdir(tmp_path.parent)
+    assert gin_config.parse_saved(str(path), ["include 'adamw.gin'"])[2] == \
+        TrainConfig(optimizer="adamw", weight_decay=0.2)
+  # One warning for one set of fields, with or without bindings (in the fields' order), and
+  # the date a task's own field was refused from.
+  seen = len(warned())
+  order = tmp_path / "order.gin"
+  order.write_text("DataConfig.task = 'copy'\nDataConfig.paths = ('/x.txt',)\n"
+                   "DataConfig.tokenizer_model = 't.json'\n")
+  gin_config.parse_saved(str(order), [])
+  gin_config.parse_saved(str(order), ["DataConfig.task = 'lm'", "DataConfig.max_len = 12"])
+  assert warned()[seen:] == [
+      f"{order} sets DataConfig.paths = ('/x.txt',), DataConfig.tokenizer_model = 't.json', "
+      "which task='copy' with tokenizer='byte' does not read (attnlab before 2026-12-06 took "
+      "and ignored it): read as the default"]
+  add = tmp_path / "add.gin"
+  add.write_text("DataConfig.task = 'add'\nDataConfig.min_len = 5\nDataConfig.max_len = 8\n")
+  gin_config.parse_saved(str(add), [])
+  assert warned()[-1] == (
+      f"{add} sets DataConfig.min_len = 5, which task='add' with tokenizer='byte' does not "
+      "read (attnlab before 2026-12-03 took and ignored it): read as the default")
 
 
 def test_a_relative_tokenizer_is_found_beside_the_last_gin_file_else_as_given(tmp_path,

@@ -661,11 +661,14 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
   dropped_by_file, file_configs = dropped, configs
   if bindings:  # which fields the file's own run leaves unread: the file alone, or where it
     # needs bindings to parse (a value refused since), with those that change no reader
-    for own_bindings in ([], [b for b in bindings if not _bound_fields([b], path) & _READERS]):
+    try:
+      with saved_data_config() as dropped_by_file:
+        file_configs = parse_fn([])
+    except GinConfigError:
+      own = [b for b in bindings if not _bound_fields([b], path) & _READERS]
       try:
         with saved_data_config() as dropped_by_file:
-          file_configs = parse_fn(own_bindings)
-        break
+          file_configs = parse_fn(own)
       except GinConfigError:
         dropped_by_file, file_configs = dropped, configs
   files_own = {(owner, name) for owner, name, _ in dropped_by_file}

@@ -642,11 +642,14 @@ def test_warnings_during_a_parse_reach_stderr_where_no_logging_is_configured(tmp
 
   @gin.configurable(module="callers_project")
   def warned_steps():
+    logging.getLogger("callers_project").info("an info line")  # below lastResort's level
     logging.getLogger("callers_project").warning("building the steps")
+    logging.getLogger("callers_project.sub").warning("and its part")
     return 3
 
   root = logging.getLogger()
   handlers = root.handlers[:]  # pytest's own: taken away, as in a plain script
+  logging.getLogger("callers_project").setLevel(logging.INFO)
   for h in handlers:
     root.removeHandler(h)
   (tmp_path / "sub").mkdir()
@@ -661,8 +664,8 @@ def test_warnings_during_a_parse_reach_stderr_where_no_logging_is_configured(tmp
   finally:
     for h in handlers:
       root.addHandler(h)
-  assert capsys.readouterr().err == "building the steps\n"
-  # A record that a handler on its way took is not handed on a second time.
+  assert capsys.readouterr().err == "building the steps\nand its part\n"
+  # A record that a handler on its way took is not handed on a second time (a parent's too).
   own = logging.StreamHandler(sys.stdout)
   logging.getLogger("callers_project").addHandler(own)
   for h in handlers:
@@ -671,12 +674,13 @@ def test_warnings_during_a_parse_reach_stderr_where_no_logging_is_configured(tmp
     assert gin_config.parse([], ["TrainConfig.steps = @warned_steps()"])[2].steps == 3
   finally:
     logging.getLogger("callers_project").removeHandler(own)
+    logging.getLogger("callers_project").setLevel(logging.NOTSET)
     for h in handlers:
       root.addHandler(h)
     info = gin.config._INVERSE_REGISTRY.pop(warned_steps.__wrapped__, None)
     if info is not None:
       gin.config._REGISTRY.pop(info.selector)
-  assert capsys.readouterr() == ("building the steps\n", "")
+  assert capsys.readouterr() == ("an info line\nbuilding the steps\nand its part\n", "")
 
 
 def test_a_first_parse_under_a_config_the_caller_finalized(monkeypatch, tmp_path):
@@ -832,12 +836,15 @@ def test_a_refused_value_is_its_message_without_gins_context(tmp_path):
     assert str(e.value).endswith(
         "(Sweep.* belongs to a sweep file: run it with attnlab ablate)"), str(e.value)
   # Sweep.* in a base file (ignored until 2026-12-07: the sweep file alone makes the Sweep)
-  (tmp_path / "base.gin").write_text("include 'seq2seq_reverse.gin'\nSweep.seeds = [7]\n")
-  sweep.write_text(f"Sweep.base = ['{tmp_path / 'base.gin'}']\n")
+  (tmp_path / "base.gin").write_text("include 'seq2seq_reverse.gin'\nSweep.seeds = [7]\n"
+                                     "Sweep.curve_points = 3\n")
+  (tmp_path / "more.gin").write_text("TrainConfig.steps = 5\n")
+  sweep.write_text(f"Sweep.base = ['{tmp_path / 'base.gin'}', '{tmp_path / 'more.gin'}']\n")
   with pytest.raises(gin_config.GinConfigError) as e:
     gin_config.parse_sweep(str(sweep), [])
-  assert str(e.value) == (f"Sweep.seeds bound in a base file ({tmp_path / 'base.gin'}): "
-                          f"Sweep.* belongs to the sweep file {sweep}")
+  assert str(e.value) == (f"Sweep.seeds, Sweep.curve_points bound in a base file "
+                          f"({tmp_path / 'base.gin'}, {tmp_path / 'more.gin'}): Sweep.* belongs "
+                          f"to the sweep file {sweep}")
   assert gin_config._with_hint("No configurable matching 'Sweep'. Sweep.seeds = [0]") == (
       "No configurable matching 'Sweep'. Sweep.seeds = [0] (Sweep.* belongs to a sweep file: "
       "run it with attnlab ablate)")

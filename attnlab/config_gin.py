@@ -583,10 +583,10 @@ def operative_config(*configs, workdir: str | None = None) -> str:
   return "\n".join(lines)
 
 
-# The (config.gin, fields) pairs warned about by ``parse_saved`` in this process: a command
-# reads a workdir's config.gin more than once (decode: the checkpoint's model, then its
-# tokenizer; convert-heads: three to five times).
-_warned_unread: set[tuple[str, str]] = set()
+# The (config.gin, class, field, value) warned about by ``parse_saved`` in this process (or
+# command: ``forget_warnings``): a command reads a workdir's config.gin more than once
+# (decode: the checkpoint's model, then its tokenizer; convert-heads: three to five times).
+_warned_unread: set[tuple] = set()
 
 
 def parse_saved(path: str, bindings=()) -> tuple[ModelConfig, DataConfig, TrainConfig]:
@@ -738,16 +738,20 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
   from_file.sort(key=lambda r: order[r[0], r[1]])
   dcfg = next(c for c in file_configs if isinstance(c, DataConfig))
   tcfg = next(c for c in file_configs if isinstance(c, TrainConfig))
+  # each field warned about once (per file, process or command): a command that reads the
+  # file twice, with bindings and without (convert-heads), named a field twice until
+  # 2026-12-07
+  where = os.path.abspath(path)
+  from_file = [r for r in from_file if (where, *r) not in _warned_unread]
+  _warned_unread.update((where, *r) for r in from_file)
   since = {(o, n): _refused_since(o, n, dcfg.task) for o, n, _ in from_file}
   for owner, reader in (("DataConfig", f"task={dcfg.task!r} with tokenizer={dcfg.tokenizer!r}"),
                         ("TrainConfig", f"optimizer={tcfg.optimizer!r}")):
     for until in sorted({since[o, n] for o, n, _ in from_file if o == owner}):
       text = ", ".join(f"{owner}.{name} = {value!r}" for o, name, value in from_file
                        if o == owner and since[o, name] == until)
-      if (os.path.abspath(path), text) not in _warned_unread:
-        _warned_unread.add((os.path.abspath(path), text))
-        log.warning("%s sets %s, which %s does not read (attnlab before %s took and "
-                    "ignored it): read as the default", path, text, reader, until)
+      log.warning("%s sets %s, which %s does not read (attnlab before %s took and ignored "
+                  "it): read as the default", path, text, reader, until)
   return configs
 
 

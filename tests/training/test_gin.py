@@ -448,6 +448,17 @@ def test_a_saved_field_its_run_never_read_stays_unread_under_any_binding(tmp_pat
       f"{order} sets DataConfig.paths = ('/x.txt',), DataConfig.tokenizer_model = 't.json', "
       "which task='copy' with tokenizer='byte' does not read (attnlab before 2026-12-06 took "
       "and ignored it): read as the default"]
+  # A second read that leaves another set of fields unread names only those not named yet
+  # (convert-heads reads with its bindings, then without: paths twice until 2026-12-07).
+  twice = tmp_path / "twice.gin"
+  twice.write_text("DataConfig.task = 'copy'\nDataConfig.paths = ('/x.txt',)\n"
+                   "DataConfig.max_files = 3\n")
+  seen = len(warned())
+  gin_config.parse_saved(str(twice), ["DataConfig.task = 'lm'", "DataConfig.max_files = 5"])
+  gin_config.read_workdir_config(str(twice))
+  assert [w.split(", which")[0] for w in warned()[seen:]] == [
+      f"{twice} sets DataConfig.paths = ('/x.txt',)",
+      f"{twice} sets DataConfig.max_files = 3"]
   add = tmp_path / "add.gin"
   add.write_text("DataConfig.task = 'add'\nDataConfig.min_len = 5\nDataConfig.max_len = 8\n")
   gin_config.parse_saved(str(add), [])

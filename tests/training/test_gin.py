@@ -460,11 +460,13 @@ def test_a_saved_field_its_run_never_read_stays_unread_under_any_binding(tmp_pat
       f"{twice} sets DataConfig.paths = ('/x.txt',)",
       f"{twice} sets DataConfig.max_files = 3"]
   add = tmp_path / "add.gin"
-  add.write_text("DataConfig.task = 'add'\nDataConfig.min_len = 5\nDataConfig.max_len = 8\n")
+  add.write_text("DataConfig.task = 'add'\nDataConfig.min_len = 5\nDataConfig.max_len = 8\n"
+                 "DataConfig.vocab_chars = 20\n")
   gin_config.parse_saved(str(add), [])
   assert warned()[-1] == (
-      f"{add} sets DataConfig.min_len = 5, which task='add' with tokenizer='byte' does not "
-      "read (attnlab before 2026-12-03 took and ignored it): read as the default")
+      f"{add} sets DataConfig.min_len = 5, DataConfig.vocab_chars = 20, which task='add' with "
+      "tokenizer='byte' does not read (attnlab before 2026-12-03 took and ignored it): read as "
+      "the default")
 
 
 def test_a_relative_tokenizer_is_found_beside_the_last_gin_file_else_as_given(tmp_path,

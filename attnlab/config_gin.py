@@ -590,11 +590,12 @@ _warned_unread: set[tuple] = set()
 
 
 def parse_saved(path: str, bindings=()) -> tuple[ModelConfig, DataConfig, TrainConfig]:
-  """``parse([path], bindings)`` of a saved run's config.gin: DataConfig fields its task (or
-  the byte tokenizer) does not read are reset to their defaults, with a warning naming them
-  once per process (``config.saved_data_config``), rather than refused as a new config's
-  would be. ``bindings`` are the user's own: a field they set that the task does not read is
-  refused, as ``parse`` refuses it."""
+  """``parse([path], bindings)`` of a saved run's config.gin: the fields its run did not read
+  (``config.saved_data_config``: a task's, the byte tokenizer's ``tokenizer_model``, adam's
+  ``weight_decay``) are reset to their defaults, with a warning naming each once per process
+  or command (``_read_saved``), rather than refused as a new config's would be. ``bindings``
+  are the user's own: a field they set that their run does not read is refused, as
+  ``parse`` refuses it."""
   return _read_saved(path, list(bindings), lambda bindings: parse([path], bindings))
 
 
@@ -776,7 +777,7 @@ _warned_outside_tokenizer: set[tuple[str, str]] = set()
 
 def forget_warnings() -> None:
   """Warn again about what a saved config.gin holds: each ``attnlab`` command starts so
-  (``cli.main``), as a fresh process does (until 2026-12-07 a second command of one process,
+  (``cli._dispatch``), as a fresh process does (until 2026-12-07 a second command of one process,
   a notebook's, printed none of them). Library calls warn once per process."""
   _warned_unread.clear()
   _warned_outside_tokenizer.clear()

@@ -121,8 +121,9 @@ def pytest_runtest_teardown(item, nextitem):
   twice what 0.10.2 did for the same tests (tests/nn/test_models.py alone: 2909 maps at its
   end against 1532); under 0.12.1 one process running the suite (``-n 1``) reached 65532
   maps in tests/nn/test_models.py, about its 800th test, and aborted. Cleared programs are
-  compiled again, from the session's persistent cache. Counted every 25th test (reading
-  /proc/self/maps costs ~1 ms per 5000 maps; a test adds under a hundred under jax 0.12)."""
+  compiled again (those that took 0.1 s or more, from the session's persistent cache).
+  Counted every 25th test (reading /proc/self/maps costs ~1 ms per 5000 maps; a test adds
+  under a hundred under jax 0.12)."""
   global _tests_since_maps
   _tests_since_maps += 1
   if _tests_since_maps < 25:

@@ -320,11 +320,15 @@ def test_check_can_make_follows_links_to_folders_and_names_what_stops_it(tmp_pat
 def test_each_commands_log_lines_go_to_the_stderr_of_the_moment_and_leave_nothing_behind():
   """A command run in-process writes its log lines to the ``sys.stderr`` current as they are
   logged (``contextlib.redirect_stderr`` here; a notebook cell's, pytest's capsys), attnlab's
-  from INFO up, the libraries' from WARNING up, and its handler and levels are gone when it
-  returns or raises. Until 2026-12-07 the first command's ``logging.basicConfig`` kept the
-  stderr of that moment: the second command's lines went to the first one's, and attnlab's
-  INFO lines stayed on. Where the caller configured logging, its handler writes them, as
-  before. In a fresh interpreter: pytest's own handlers sit on the root logger."""
+  from INFO up, the libraries' from WARNING up, and attnlab's level is put back when it
+  returns or raises; its handler stays (one), writing to the stderr of the moment, so that
+  absl's ``basicConfig`` at a library call between commands (a ``load_checkpoint``) does not
+  take the next command's lines to its stream (a review found that in the first version,
+  which took the handler away). Until 2026-12-07 the first command's
+  ``logging.basicConfig`` kept the stderr of that moment: the second command's lines went to
+  the first one's, and attnlab's INFO lines stayed on. Where the caller configured logging
+  (``force=True`` past attnlab's handler), its handler writes them, as before. In a fresh
+  interpreter: pytest's own handlers sit on the root logger."""
   code = ("import contextlib, io, logging, sys, types\nfrom attnlab import cli\n"
           "from attnlab.commands import CommandError\n"
           "from attnlab.commands._common import log_attnlab_info\n"
@@ -348,8 +352,12 @@ def test_each_commands_log_lines_go_to_the_stderr_of_the_moment_and_leave_nothin
           "  with contextlib.redirect_stderr(err):\n"
           "    rc = cli.main(['fake', *argv])\n"
           "  seen += [rc, err.getvalue(), state()]\n"
+          "import absl.logging\n"  # a library call between commands: absl logs (orbax's way)
+          "with contextlib.redirect_stderr(io.StringIO()) as err:\n"
+          "  absl.logging.warning('a library line')\n"
+          "seen += [err.getvalue(), state()]\n"
           "user = io.StringIO()\n"
-          "logging.basicConfig(stream=user, format='user: %(message)s')\n"
+          "logging.basicConfig(stream=user, format='user: %(message)s', force=True)\n"
           "with contextlib.redirect_stderr(io.StringIO()) as err:\n"
           "  cli.main(['fake', '4'])\n"
           "seen += [err.getvalue(), user.getvalue(), state()]\n"
@@ -360,9 +368,10 @@ def test_each_commands_log_lines_go_to_the_stderr_of_the_moment_and_leave_nothin
 
   assert eval(_last_line_in_a_fresh_python(code)) == [
       (logging.NOTSET, logging.WARNING, 0),
-      0, lines(1), (logging.NOTSET, logging.WARNING, 0),
-      0, lines(2), (logging.NOTSET, logging.WARNING, 0),
-      2, lines(3) + "attnlab fake: error: bad\n", (logging.NOTSET, logging.WARNING, 0),
+      0, lines(1), (logging.NOTSET, logging.WARNING, 1),
+      0, lines(2), (logging.NOTSET, logging.WARNING, 1),
+      2, lines(3) + "attnlab fake: error: bad\n", (logging.NOTSET, logging.WARNING, 1),
+      "a library line\n", (logging.NOTSET, logging.WARNING, 1),
       "", "".join(f"user: {line}\n" for line in lines(4).splitlines()),
       (logging.NOTSET, logging.WARNING, 1)]
 

@@ -79,10 +79,9 @@ class _StderrHandler(logging.StreamHandler):
     pass
 
 
-# What ``log_attnlab_info`` changed for the command: the attnlab logger's level before, the
-# root logger's, and the handler it added there (None where the root logger had one):
-# ``restore_logging``, which ``attnlab.cli.main`` runs at its end, puts them back.
-_REPLACED_LOGGING = []
+# The attnlab logger's level before the command (``log_attnlab_info``), which
+# ``restore_logging`` (``attnlab.cli.main``, at its end) puts back.
+_ATTNLAB_LEVEL = []
 
 
 def log_attnlab_info() -> None:
@@ -90,37 +89,33 @@ def log_attnlab_info() -> None:
   warnings), the libraries' (orbax, JAX) from WARNING up (orbax logs ~70 INFO lines a
   checkpoint), as ``%(message)s``, written to the ``sys.stderr`` of the moment each line is
   logged. Where the root logger has no handler, one of attnlab's own (``_StderrHandler``) is
-  added to it; ``restore_logging`` takes it away and puts the levels back when the command
-  ends (until 2026-12-07 ``logging.basicConfig``: its handler kept the stderr of the
-  process's first command, where every later command of the process, a notebook's, pytest's,
-  wrote its lines, and attnlab's INFO lines stayed on after it).
+  added to it, as ``logging.basicConfig`` would, and stays (so that absl, which orbax logs
+  through, does not add its own at the next library call: a later command's lines went to
+  the stream absl found, in its format); ``restore_logging`` puts attnlab's level back when
+  the command ends. Until 2026-12-07 ``logging.basicConfig``: its handler kept the stderr of
+  the process's first command, where every later command of the process (a notebook's,
+  pytest's) wrote its lines, and attnlab's INFO lines stayed on after it.
 
-  Call it before anything imports orbax: absl, which orbax imports, configures the root
-  logger itself if nothing has ("INFO:attnlab.training.trainer:resumed from step 5"), and
-  this call then only sets attnlab's level (as it does under a root logger the caller
-  configured: its handlers write attnlab's lines)."""
+  Call it before anything imports orbax: absl configures the root logger itself if nothing
+  has ("INFO:attnlab.training.trainer:resumed from step 5"), and this call then only sets
+  attnlab's level (as it does under a root logger the caller configured: its handlers write
+  attnlab's lines)."""
   attnlab, root = logging.getLogger("attnlab"), logging.getLogger()
-  if not _REPLACED_LOGGING:  # a second call in the command keeps the first one's record
-    handler = None if root.handlers else _StderrHandler()
-    _REPLACED_LOGGING.append((attnlab.level, root.level, handler))
-    if handler is not None:  # as logging.basicConfig(level=WARNING, format="%(message)s")
-      handler.setFormatter(logging.Formatter("%(message)s"))
-      root.addHandler(handler)
-      root.setLevel(logging.WARNING)
+  if not _ATTNLAB_LEVEL:  # a second call in the command keeps the first one's record
+    _ATTNLAB_LEVEL.append(attnlab.level)
+  if not root.handlers:  # as logging.basicConfig(level=WARNING, format="%(message)s")
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
   attnlab.setLevel(logging.INFO)
 
 
 def restore_logging() -> None:
-  """Take away the handler ``log_attnlab_info`` added and put back the levels it set
-  (nothing where it did not run)."""
-  if not _REPLACED_LOGGING:
-    return
-  level, root_level, handler = _REPLACED_LOGGING.pop()
-  logging.getLogger("attnlab").setLevel(level)
-  if handler is not None:
-    root = logging.getLogger()
-    root.removeHandler(handler)
-    root.setLevel(root_level)
+  """Put back the attnlab logger's level ``log_attnlab_info`` set (nothing where it did
+  not run)."""
+  if _ATTNLAB_LEVEL:
+    logging.getLogger("attnlab").setLevel(_ATTNLAB_LEVEL.pop())
 
 
 def out_of_memory(e: BaseException) -> str | None:

@@ -747,6 +747,7 @@ def test_commands_log_attnlab_at_info_and_the_libraries_from_warning(tmp_path, c
       assert not logging.getLogger(library).isEnabledFor(logging.INFO), library
       assert logging.getLogger(library).isEnabledFor(logging.WARNING), library
   finally:
+    _common.restore_logging()  # as cli.main does after a command
     root.handlers[:] = saved[0]
     root.setLevel(saved[1])
     ours.setLevel(saved[2])

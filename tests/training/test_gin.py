@@ -611,6 +611,26 @@ def test_parses_in_two_threads_each_read_their_own_files(tmp_path):
   assert got == {d: [(d, d // 8, d)] * 40 for d in got}
 
 
+def _parse_with_an_include_found_last(tmp_path, steps_fn: str):
+  """``parse`` of sub/x.gin, whose include is found in the working directory, last: gin
+  logs its misses in the folders before (records of its own); its steps come from the
+  caller's configurable ``steps_fn``."""
+  (tmp_path / "sub").mkdir()
+  (tmp_path / "sub" / "x.gin").write_text(f"include 'base.gin'\n"
+                                          f"TrainConfig.steps = @{steps_fn}()\n")
+  (tmp_path / "base.gin").write_text("ModelConfig.d_model = 48\n")
+  with pytest.MonkeyPatch.context() as m:
+    m.chdir(tmp_path)
+    return gin_config.parse([str(tmp_path / "sub" / "x.gin")], [])
+
+
+def _unregister(fn) -> None:
+  """Take a test's own gin configurable out of gin's registry."""
+  info = gin.config._INVERSE_REGISTRY.pop(fn.__wrapped__, None)
+  if info is not None:
+    gin.config._REGISTRY.pop(info.selector)
+
+
 def test_another_threads_warnings_are_not_silenced_by_a_parse(tmp_path):
   """gin's own log records are dropped while it parses, nothing else: until 2026-12-07 the
   root logger's level was CRITICAL for the parse, so every logger without a level of its
@@ -627,20 +647,12 @@ def test_another_threads_warnings_are_not_silenced_by_a_parse(tmp_path):
   handler.emit = records.append
   root = logging.getLogger()
   root.addHandler(handler)
-  (tmp_path / "sub").mkdir()
-  (tmp_path / "sub" / "x.gin").write_text("include 'base.gin'\n"
-                                          "TrainConfig.steps = @logged_steps()\n")
-  (tmp_path / "base.gin").write_text("ModelConfig.d_model = 48\n")
   try:
-    with pytest.MonkeyPatch.context() as m:
-      m.chdir(tmp_path)  # found there, last: gin logs its misses before (dropped)
-      mcfg, _, tcfg = gin_config.parse([str(tmp_path / "sub" / "x.gin")], [])
-      assert (mcfg.d_model, tcfg.steps) == (48, 3)
+    mcfg, _, tcfg = _parse_with_an_include_found_last(tmp_path, "logged_steps")
+    assert (mcfg.d_model, tcfg.steps) == (48, 3)
   finally:
     root.removeHandler(handler)
-    info = gin.config._INVERSE_REGISTRY.pop(logged_steps.__wrapped__, None)
-    if info is not None:
-      gin.config._REGISTRY.pop(info.selector)
+    _unregister(logged_steps)
   assert [(r.name, r.getMessage()) for r in records] == [
       ("callers_project", "building the steps")]
   assert not root.filters
@@ -665,14 +677,8 @@ def test_warnings_during_a_parse_reach_stderr_where_no_logging_is_configured(tmp
   logging.getLogger("callers_project").setLevel(logging.INFO)
   for h in handlers:
     root.removeHandler(h)
-  (tmp_path / "sub").mkdir()
-  (tmp_path / "sub" / "x.gin").write_text("include 'base.gin'\n"
-                                          "TrainConfig.steps = @warned_steps()\n")
-  (tmp_path / "base.gin").write_text("ModelConfig.d_model = 48\n")
   try:
-    with pytest.MonkeyPatch.context() as m:
-      m.chdir(tmp_path)  # gin logs its misses before it finds base.gin here
-      assert gin_config.parse([str(tmp_path / "sub" / "x.gin")], [])[2].steps == 3
+    assert _parse_with_an_include_found_last(tmp_path, "warned_steps")[2].steps == 3
     assert root.handlers == []
   finally:
     for h in handlers:
@@ -690,9 +696,7 @@ def test_warnings_during_a_parse_reach_stderr_where_no_logging_is_configured(tmp
     logging.getLogger("callers_project").setLevel(logging.NOTSET)
     for h in handlers:
       root.addHandler(h)
-    info = gin.config._INVERSE_REGISTRY.pop(warned_steps.__wrapped__, None)
-    if info is not None:
-      gin.config._REGISTRY.pop(info.selector)
+    _unregister(warned_steps)
   assert capsys.readouterr() == ("an info line\nbuilding the steps\nand its part\n", "")
 
 

@@ -253,8 +253,6 @@ def _parse(gin_files, bindings, classes, check_macros, wrapped):
   folders = [os.path.dirname(os.path.abspath(p)) for p in gin_files] + [CONFIGS_DIR, ""]
   gin.config._FILE_READERS[:] = [(read, _missing_on_error(exists))
                                  for read, exists in gin.config._FILE_READERS]
-  saved_prefixes = list(gin.config._LOCATION_PREFIXES)
-  gin.config._LOCATION_PREFIXES[:] = list(dict.fromkeys(folders))
   # gin logs an ERROR for every search-path miss before it finds an include, through
   # logging's module functions, which configure a root logger without handlers
   # (basicConfig): a handler of their own stays, and the caller's basicConfig then did
@@ -262,76 +260,72 @@ def _parse(gin_files, bindings, classes, check_macros, wrapped):
   # (the root logger's own, from gin's files) are dropped; until 2026-12-07 the root
   # logger's level was CRITICAL for the parse, which silenced every other thread's warnings
   # meanwhile.
-  quiet = _quiet_gin()
-  quiet.__enter__()
-  try:
-    with gin.unlock_config():
-      gin.parse_config_files_and_bindings([os.path.abspath(p) for p in gin_files], bindings,
-                                          finalize_config=False)
-    names = {cls.__name__ for cls in classes}  # a macro is a scope of gin's own: not these
-    scoped = sorted(f"{scope}/{selector.rsplit('.', 1)[-1]}.{name}"
-                    for (scope, selector), values in gin.config._CONFIG.items()
-                    if scope and selector.rsplit(".", 1)[-1] in names for name in values)
-    if scoped:  # the configs are built once, unscoped: gin would drop these without a word
-      raise GinConfigError(
-          f"scoped binding{'s' if len(scoped) > 1 else ''} {', '.join(scoped)}: attnlab builds "
-          "each config once, without a scope: bind it as Name.field")
-    unused = _unused_macro_binding(bindings, gin_files, folders, classes) if check_macros \
-        else None
-    if unused is not None:
-      raise GinConfigError(unused)
-    configs = tuple(wrapped[cls]() for cls in classes)
-  except RecursionError as e:  # a traceback of thousands of lines until 2026-12-05
-    raise GinConfigError(
-        "gin config recursion: a gin file includes itself (directly or through the files it "
-        "includes), or a binding's value refers to its own configurable") from e
-  except tokenize.TokenError as e:  # a traceback until 2026-12-05
-    what, where = (e.args + (None, None))[:2]
-    line = f", line {where[0]}" if isinstance(where, tuple) and where else ""
-    raise GinConfigError(f"a gin file or binding ends inside an open bracket or string ({what}"
-                         f"{line})") from e
-  except (ValueError, OSError, SyntaxError, TypeError, KeyError, ImportError) as e:
-    unbound = _unbound_macros(gin_files, bindings, folders) if "macro()" in str(e) else []
-    if unbound:
-      names, many = ", ".join("%" + m for m in unbound), len(unbound) > 1
-      raise GinConfigError(
-          f"gin macro{'s' if many else ''} {names} {'are' if many else 'is'} used but never "
-          f"bound: bind {'each' if many else 'it'} in a gin file ({unbound[0]} = ...) or with "
-          f"--gin.{unbound[0]}=...") from e
-    found = (_non_utf8_include(gin_files, folders) if isinstance(e, UnicodeDecodeError)
-             else None)
-    if found is not None:  # gin's message names the file that includes it
-      path, includer, err = found
-      raise GinConfigError(f"gin file {path!r}, included by {includer!r}, is not UTF-8 text "
-                           f"({err.reason} at byte {err.start})") from e
-    # gin reads the files first: a SyntaxError with a file name is the file's (until
-    # 2026-12-06 a binding that did not parse either, or included that file, was named).
-    bad = (_unparsable_binding(bindings) if isinstance(e, SyntaxError) and not e.filename
-           else None)
-    if bad is not None:  # gin's message names neither the binding nor its flag
-      name = bad.split("=", 1)[0].strip()
-      if "=" not in bad:  # until 2026-12-06 "its value does not parse", as for the next
-        raise GinConfigError(f"binding {bad!r} has no '=' (a binding is NAME = VALUE: "
-                             "TrainConfig.steps = 100)") from e
-      if not _GIN_NAME.fullmatch(name):
+  with _include_folders(folders), _quiet_gin():
+    try:
+      with gin.unlock_config():
+        gin.parse_config_files_and_bindings([os.path.abspath(p) for p in gin_files], bindings,
+                                            finalize_config=False)
+      names = {cls.__name__ for cls in classes}  # a macro is a scope of gin's own: not these
+      scoped = sorted(f"{scope}/{selector.rsplit('.', 1)[-1]}.{name}"
+                      for (scope, selector), values in gin.config._CONFIG.items()
+                      if scope and selector.rsplit(".", 1)[-1] in names for name in values)
+      if scoped:  # the configs are built once, unscoped: gin would drop these without a word
         raise GinConfigError(
-            f"binding {bad!r}: {name!r} is not a gin name (a binding is NAME = VALUE, NAME a "
-            "field or a macro, after scopes without dots if any: TrainConfig.steps = 100, "
-            "train/LR = 0.5)") from e
+            f"scoped binding{'s' if len(scoped) > 1 else ''} {', '.join(scoped)}: attnlab builds "
+            "each config once, without a scope: bind it as Name.field")
+      unused = _unused_macro_binding(bindings, gin_files, folders, classes) if check_macros \
+          else None
+      if unused is not None:
+        raise GinConfigError(unused)
+      configs = tuple(wrapped[cls]() for cls in classes)
+    except RecursionError as e:  # a traceback of thousands of lines until 2026-12-05
       raise GinConfigError(
-          f"binding {bad!r}: its value does not parse (a string needs quotes, a tuple "
-          "parentheses: TrainConfig.schedule = 'cosine', TrainConfig.mesh_shape = (2, 1, 1))"
-      ) from e
-    if (isinstance(e, SyntaxError) and "Failed to parse token" in str(e) and e.filename
-        and e.text):  # in a file: gin's message held a Python object's address until 2026-12-05
-      raise GinConfigError(
-          f"gin file {e.filename!r}, line {e.lineno}: {e.text.strip()!r}: its value does not "
-          "parse (a string needs quotes, a tuple parentheses: TrainConfig.schedule = "
-          "'cosine', TrainConfig.mesh_shape = (2, 1, 1))") from e
-    raise GinConfigError(_first_line(e)) from e
-  finally:
-    quiet.__exit__(None, None, None)
-    gin.config._LOCATION_PREFIXES[:] = saved_prefixes
+          "gin config recursion: a gin file includes itself (directly or through the files it "
+          "includes), or a binding's value refers to its own configurable") from e
+    except tokenize.TokenError as e:  # a traceback until 2026-12-05
+      what, where = (e.args + (None, None))[:2]
+      line = f", line {where[0]}" if isinstance(where, tuple) and where else ""
+      raise GinConfigError(f"a gin file or binding ends inside an open bracket or string ({what}"
+                           f"{line})") from e
+    except (ValueError, OSError, SyntaxError, TypeError, KeyError, ImportError) as e:
+      unbound = _unbound_macros(gin_files, bindings, folders) if "macro()" in str(e) else []
+      if unbound:
+        names, many = ", ".join("%" + m for m in unbound), len(unbound) > 1
+        raise GinConfigError(
+            f"gin macro{'s' if many else ''} {names} {'are' if many else 'is'} used but never "
+            f"bound: bind {'each' if many else 'it'} in a gin file ({unbound[0]} = ...) or with "
+            f"--gin.{unbound[0]}=...") from e
+      found = (_non_utf8_include(gin_files, folders) if isinstance(e, UnicodeDecodeError)
+               else None)
+      if found is not None:  # gin's message names the file that includes it
+        path, includer, err = found
+        raise GinConfigError(f"gin file {path!r}, included by {includer!r}, is not UTF-8 text "
+                             f"({err.reason} at byte {err.start})") from e
+      # gin reads the files first: a SyntaxError with a file name is the file's (until
+      # 2026-12-06 a binding that did not parse either, or included that file, was named).
+      bad = (_unparsable_binding(bindings) if isinstance(e, SyntaxError) and not e.filename
+             else None)
+      if bad is not None:  # gin's message names neither the binding nor its flag
+        name = bad.split("=", 1)[0].strip()
+        if "=" not in bad:  # until 2026-12-06 "its value does not parse", as for the next
+          raise GinConfigError(f"binding {bad!r} has no '=' (a binding is NAME = VALUE: "
+                               "TrainConfig.steps = 100)") from e
+        if not _GIN_NAME.fullmatch(name):
+          raise GinConfigError(
+              f"binding {bad!r}: {name!r} is not a gin name (a binding is NAME = VALUE, NAME a "
+              "field or a macro, after scopes without dots if any: TrainConfig.steps = 100, "
+              "train/LR = 0.5)") from e
+        raise GinConfigError(
+            f"binding {bad!r}: its value does not parse (a string needs quotes, a tuple "
+            "parentheses: TrainConfig.schedule = 'cosine', TrainConfig.mesh_shape = (2, 1, 1))"
+        ) from e
+      if (isinstance(e, SyntaxError) and "Failed to parse token" in str(e) and e.filename
+          and e.text):  # in a file: gin's message held a Python object's address until 2026-12-05
+        raise GinConfigError(
+            f"gin file {e.filename!r}, line {e.lineno}: {e.text.strip()!r}: its value does not "
+            "parse (a string needs quotes, a tuple parentheses: TrainConfig.schedule = "
+            "'cosine', TrainConfig.mesh_shape = (2, 1, 1))") from e
+      raise GinConfigError(_first_line(e)) from e
   return tuple(_find_tokenizer(c, gin_files) if isinstance(c, DataConfig) else c
                for c in configs)
 
@@ -361,6 +355,18 @@ class _LastResort(logging.Handler):
         return
       logger = logger.parent
     last.handle(record)
+
+
+@contextlib.contextmanager
+def _include_folders(folders: list[str]):
+  """gin looks for an include in ``folders``, in order, until the block ends (gin's one
+  global list, which ``clear_config`` does not reset, is put back after)."""
+  saved = list(gin.config._LOCATION_PREFIXES)
+  gin.config._LOCATION_PREFIXES[:] = list(dict.fromkeys(folders))
+  try:
+    yield
+  finally:
+    gin.config._LOCATION_PREFIXES[:] = saved
 
 
 @contextlib.contextmanager
@@ -628,16 +634,12 @@ def _bound_fields(bindings: list[str], beside: str) -> set[str]:
   if not bindings:
     return names
   folders = [os.path.dirname(os.path.abspath(beside)), CONFIGS_DIR, ""]
-  with _PARSE_LOCK, _own_gin((Sweep,)), _quiet_gin():
-    saved_prefixes = list(gin.config._LOCATION_PREFIXES)
-    gin.config._LOCATION_PREFIXES[:] = folders
+  with _PARSE_LOCK, _own_gin((Sweep,)), _include_folders(folders), _quiet_gin():
     try:
       with gin.unlock_config():
         gin.parse_config_files_and_bindings([], bindings, finalize_config=False)
     except Exception:  # noqa: BLE001 - gin raises many kinds; the names as written stand
       return names
-    finally:
-      gin.config._LOCATION_PREFIXES[:] = saved_prefixes
     names |= {f"{selector.rsplit('.', 1)[-1]}.{field}"
               for (_, selector), fields in gin.config._CONFIG.items() for field in fields}
   return names
@@ -734,8 +736,7 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
   # each of them is one the file's own run left unread: named by that run's reader, in the
   # fields' order (a read with bindings and one without warned twice about one set of
   # fields, in two orders, until 2026-12-07)
-  order = {(type(c).__name__, f.name): n for c in configs if dataclasses.is_dataclass(c)
-           for n, f in enumerate(dataclasses.fields(c))}
+  order = {field: n for n, field in enumerate(_field_values(configs))}
   from_file.sort(key=lambda r: order[r[0], r[1]])
   dcfg = next(c for c in file_configs if isinstance(c, DataConfig))
   tcfg = next(c for c in file_configs if isinstance(c, TrainConfig))

@@ -14,7 +14,6 @@ exit code 2. A signal (SIGTERM / SIGINT) saves the current step and exits 75
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 
@@ -94,10 +93,6 @@ def main(argv: list[str]) -> int:
                          sources=sources, tokenizer=tokenizer)
   except (trainer.NonFiniteError, trainer.SaveError) as e:
     print(f"attnlab train: {e}", file=sys.stderr)
-    if isinstance(e, trainer.SaveError):
-      # orbax's write tasks that failed with it are reported by asyncio as the process
-      # exits ("Task exception was never retrieved", each with its traceback): said above.
-      logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     return 1
   except (trainer.ResumeError, trainer.SetupError, trainer.WorkdirBusyError) as e:
     raise CommandError(str(e)) from None

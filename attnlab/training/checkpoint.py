@@ -28,15 +28,21 @@ temporary directory and before it commits it (the rename that publishes it).
 
 from __future__ import annotations
 
+import asyncio.base_events
 import contextlib
 import functools
+import gc
 import hashlib
+import inspect
 import json
 import logging
 import os
 import re
 import shutil
 import signal
+import sys
+import traceback
+import warnings
 from collections.abc import Callable
 
 import jax
@@ -106,7 +112,8 @@ def _held_library_errors():
   """Hold back what orbax logs (through absl's logger) while a save runs: when the save
   raises, the error says it once (orbax's threads logged each write failure with its
   traceback, ~350 lines for one full disk); when it succeeds, the held lines are logged
-  after it, so nothing is lost."""
+  after it, so nothing is lost. The save's other reports of its failure are
+  ``_quiet_library_failure``'s."""
   held = []
   absl_logger = logging.getLogger("absl")
 
@@ -116,11 +123,138 @@ def _held_library_errors():
 
   absl_logger.addFilter(hold)
   try:
-    yield
+    with _quiet_library_failure():
+      yield
   finally:
     absl_logger.removeFilter(hold)
   for record in held:  # the save returned: nothing said it, so they are shown
     absl_logger.handle(record)
+
+
+@contextlib.contextmanager
+def _quiet_library_failure():
+  """Around an orbax save or restore: when it raises, what orbax's and tensorstore's work
+  of its other writes or reads reports afterwards is not shown, for the rest of the
+  process (it comes as that work ends, or at exit when its objects are collected): the
+  error says it once. Until 2026-12-07, 100-370 lines around attnlab's one line on a full
+  disk, ~2000 for one checkpoint of damaged array data: tensorstore's "Event loop is
+  closed" tracebacks (``_teardown_noise``), asyncio's "exception was never retrieved"
+  reports of orbax's tasks and futures (``_drop_orbax_task_reports``), exceptions ignored
+  in its coroutines as they are collected (``_teardown_noise`` too) and "coroutine ... was
+  never awaited" warnings of its coroutines that never ran
+  (``_ignore_unawaited_library_coroutines``). Nothing changes when it returns; an
+  interrupt (Ctrl-C) leaves the filters in place."""
+  remove = _install_teardown_filters()
+  try:
+    yield
+  except Exception:
+    _ignore_unawaited_library_coroutines()
+    raise
+  else:  # (an interrupt leaves them too)
+    remove()
+
+
+def _library_folders() -> tuple[str, ...]:
+  """The folders of orbax's and tensorstore's files (of those imported)."""
+  return tuple(os.path.dirname(os.path.abspath(sys.modules[name].__file__)) + os.sep
+               for name in ("orbax.checkpoint", "tensorstore") if name in sys.modules)
+
+
+def _ignore_unawaited_library_coroutines() -> None:
+  """A warnings filter, for the rest of the process, for each coroutine function of orbax's
+  or tensorstore's of which a coroutine was made and never started (its "coroutine 'NAME'
+  was never awaited" RuntimeWarning comes when it is collected: at exit)."""
+  folders = _library_folders()
+  names = {c.__qualname__ for c in gc.get_objects()
+           if inspect.iscoroutine(c) and inspect.getcoroutinestate(c) == inspect.CORO_CREATED
+           and os.path.abspath(c.cr_code.co_filename).startswith(folders)}
+  for name in sorted(names):
+    warnings.filterwarnings("ignore", rf"coroutine '{re.escape(name)}' was never awaited",
+                            RuntimeWarning)
+
+
+# tensorstore's errors are absl status texts: "OUT_OF_RANGE: Error writing ...".
+_STATUS = re.compile(r"(CANCELLED|UNKNOWN|INVALID_ARGUMENT|DEADLINE_EXCEEDED|NOT_FOUND|"
+                     r"ALREADY_EXISTS|PERMISSION_DENIED|RESOURCE_EXHAUSTED|FAILED_PRECONDITION|"
+                     r"ABORTED|OUT_OF_RANGE|UNIMPLEMENTED|INTERNAL|UNAVAILABLE|DATA_LOSS|"
+                     r"UNAUTHENTICATED): ")
+
+
+def _from_orbax(exc: BaseException) -> bool:
+  """Whether ``exc`` is orbax's or tensorstore's: its traceback runs through their files,
+  or it has none (set on a future by tensorstore's own threads) and is a status text."""
+  frames = traceback.extract_tb(exc.__traceback__)
+  if not frames:
+    return _STATUS.match(str(exc)) is not None
+  folders = _library_folders()
+  return any(os.path.abspath(f.filename).startswith(folders) for f in frames)
+
+
+def _teardown_noise(unraisable) -> bool:
+  """Whether ``unraisable`` (``sys.unraisablehook``'s argument) is what orbax's and
+  tensorstore's work left after a failed save or restore reports: asyncio's
+  ``RuntimeError: Event loop is closed`` from ``call_soon_threadsafe`` on orbax's event
+  loop, closed when the operation failed, one for each write or read still under way (a
+  traceback of 5 lines each, 122 of them on a full disk until 2026-12-07); an exception
+  ignored in one of orbax's coroutines as it is collected (its error of a damaged array's
+  read, "Encountered error while reading array index", ~50 lines each, 41 of them for one
+  damaged checkpoint until 2026-12-07)."""
+  obj = unraisable.object
+  if inspect.iscoroutine(obj):
+    return os.path.abspath(obj.cr_code.co_filename).startswith(_library_folders())
+  exc = unraisable.exc_value
+  if obj is not None or type(exc) is not RuntimeError or str(exc) != "Event loop is closed":
+    return False
+  frames = traceback.extract_tb(unraisable.exc_traceback)
+  asyncio_file = os.path.abspath(asyncio.base_events.__file__)
+  return ([f.name for f in frames] == ["call_soon_threadsafe", "_check_closed"]
+          and all(os.path.abspath(f.filename) == asyncio_file for f in frames))
+
+
+def _drop_orbax_task_reports(record: logging.LogRecord) -> bool:
+  """An ``asyncio`` logger filter: False for asyncio's report of an orbax task or future
+  that failed with a save or restore ("Task exception was never retrieved" and its
+  traceback, when it is collected: at exit, after a full disk)."""
+  exc = record.exc_info[1] if record.exc_info else None
+  return not (exc is not None and "exception was never retrieved" in str(record.msg)
+              and _from_orbax(exc))
+
+
+class _UnraisableFilter:
+  """``sys.unraisablehook`` while it is installed: ``_teardown_noise`` dropped, the rest
+  handed to the hook it replaced."""
+
+  def __init__(self, previous):
+    self.previous = previous
+
+  def __call__(self, unraisable):
+    if not _teardown_noise(unraisable):
+      self.previous(unraisable)
+
+
+def _install_teardown_filters():
+  """Install the filters of a failed save's or restore's teardown reports where they are
+  not in place (a failed one leaves them for the process) and return the function that
+  takes away those it installed (the hook only where it was not replaced since)."""
+  removes = []
+  if not isinstance(sys.unraisablehook, _UnraisableFilter):
+    hook = sys.unraisablehook = _UnraisableFilter(sys.unraisablehook)
+
+    def put_back_hook():
+      if sys.unraisablehook is hook:
+        sys.unraisablehook = hook.previous
+
+    removes.append(put_back_hook)
+  asyncio_logger = logging.getLogger("asyncio")
+  if _drop_orbax_task_reports not in asyncio_logger.filters:
+    asyncio_logger.addFilter(_drop_orbax_task_reports)
+    removes.append(lambda: asyncio_logger.removeFilter(_drop_orbax_task_reports))
+
+  def remove():
+    for undo in removes:
+      undo()
+
+  return remove
 
 
 class CorruptCheckpointError(ValueError):
@@ -463,7 +597,8 @@ class Checkpointer:
     ``UnreadableCheckpointError`` naming checkpoint ``step``; any other error as it is."""
     path = os.path.join(self.directory, str(step))
     try:
-      return read()
+      with _quiet_library_failure():
+        return read()
     except UnreadableCheckpointError:
       raise
     except Exception as e:

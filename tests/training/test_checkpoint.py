@@ -982,3 +982,85 @@ def test_load_checkpoint_names_what_a_workdir_lacks(tmp_path):
       "mesh has Explicit axes (Explicit, Explicit, Explicit; jax.make_mesh makes Explicit ones "
       "by default): give one with Auto axes")):
     attnlab.load_checkpoint(str(workdir), mesh=explicit)
+
+
+
+def _unraisable(exc, obj=None, tb=None):
+  import types
+  return types.SimpleNamespace(exc_type=type(exc), exc_value=exc, err_msg=None, object=obj,
+                               exc_traceback=exc.__traceback__ if tb is None else tb)
+
+
+def test_a_failed_library_call_drops_its_own_teardown_reports_and_no_others(monkeypatch):
+  """After an orbax save or restore that raised (``_quiet_library_failure``), what its
+  leftover work reports is dropped: tensorstore's "Event loop is closed" from
+  ``call_soon_threadsafe``, an exception ignored in a coroutine of orbax's, asyncio's
+  "exception was never retrieved" for a tensorstore status error, the "never awaited"
+  warning of orbax's coroutines that never ran; everything else reaches the hook, the
+  logger and the warnings as before. One that returns leaves nothing behind."""
+  import asyncio
+  import gc
+  import sys
+  import warnings
+
+  import orbax.checkpoint  # noqa: F401 - its folder is what the filters know
+
+  seen = []
+  monkeypatch.setattr(sys, "unraisablehook", seen.append)
+  asyncio_logger = logging.getLogger("asyncio")
+  monkeypatch.setattr(asyncio_logger, "filters", [])  # (an earlier failed read's put back)
+  with checkpoint._quiet_library_failure():
+    assert isinstance(sys.unraisablehook, checkpoint._UnraisableFilter)
+    assert asyncio_logger.filters == [checkpoint._drop_orbax_task_reports]
+  assert sys.unraisablehook == seen.append and asyncio_logger.filters == []
+  asyncio_logger.addFilter(checkpoint._drop_orbax_task_reports)
+  with checkpoint._quiet_library_failure():  # already in place (a failed one's): left so
+    pass
+  assert asyncio_logger.filters == [checkpoint._drop_orbax_task_reports]
+  asyncio_logger.removeFilter(checkpoint._drop_orbax_task_reports)
+  with checkpoint._quiet_library_failure():  # a hook the caller sets meanwhile stays theirs
+    sys.unraisablehook = print
+  assert sys.unraisablehook is print and asyncio_logger.filters == []
+  sys.unraisablehook = seen.append
+
+  namespace = {}
+  in_orbax = os.path.join(checkpoint._library_folders()[0], "x.py")
+  exec(compile("async def write_fragment():\n  pass\n", in_orbax, "exec"), namespace)
+  exec(compile("async def mine():\n  pass\n", "mine.py", "exec"), namespace)
+  loop = asyncio.new_event_loop()
+  loop.close()
+  with pytest.raises(RuntimeError) as closed_loop:
+    loop.call_soon_threadsafe(print)
+  # as tensorstore's threads report it: no Python frame of the caller
+  closed = _unraisable(closed_loop.value, tb=closed_loop.value.__traceback__.tb_next)
+
+  def reported(exc):
+    record = asyncio_logger.makeRecord(
+        "asyncio", logging.ERROR, __file__, 1, "Future exception was never retrieved\n"
+        "future: <Future finished>", (), (type(exc), exc, exc.__traceback__))
+    return all(f.filter(record) if hasattr(f, "filter") else f(record)
+               for f in asyncio_logger.filters)
+
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with pytest.raises(ValueError, match="disk full"), checkpoint._quiet_library_failure():
+      left = namespace["write_fragment"](), namespace["mine"]()
+      raise ValueError("disk full")
+    with pytest.raises(ValueError, match="again"), checkpoint._quiet_library_failure():
+      raise ValueError("again")  # the filter stays one, not one more a failure
+    assert sys.unraisablehook.previous == seen.append
+    ours = _unraisable(Exception("Encountered error while reading array index"), left[0])
+    other_coroutine = _unraisable(Exception("another"), left[1])
+    other_closed = _unraisable(RuntimeError("Event loop is closed"))  # no traceback
+    other = _unraisable(RuntimeError("something else"))
+    for u in (closed, ours, other_coroutine, other_closed, other):
+      sys.unraisablehook(u)
+    assert seen == [other_coroutine, other_closed, other]
+    assert not reported(ValueError('OUT_OF_RANGE: Error writing "x" in OCDBT database'))
+    assert reported(ValueError("mine"))
+    assert reported(ValueError("mine: OUT_OF_RANGE: a status not at the start"))
+    seen.clear()
+    del left, ours, other_coroutine  # collected: orbax's never-started coroutine is quiet
+    gc.collect()
+    unawaited = [str(w.message) for w in caught if "never awaited" in str(w.message)]
+    assert unawaited == ["coroutine 'mine' was never awaited"], unawaited

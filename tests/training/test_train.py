@@ -306,3 +306,30 @@ def test_metrics_writer_does_not_import_torch(tmp_path):
           "print(torch.__name__)")
   res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
   assert res.returncode == 0 and res.stdout.strip() == "torch", res.stderr[-2000:]
+
+
+def test_a_save_failing_on_a_real_write_prints_one_line_and_no_library_teardown(tmp_path):
+  """A real orbax save that fails on its writes (files capped at 32 KiB with RLIMIT_FSIZE: a
+  write past it fails with EFBIG, as one on a full disk with ENOSPC), in a process of its
+  own: stderr is attnlab's one line. Until 2026-12-07 orbax's threads of the other writes
+  went on failing after the save raised, and their reports followed it: tensorstore's
+  "Event loop is closed" tracebacks, asyncio's "Future exception was never retrieved",
+  orbax's own "_SignalingThread.run() raised an exception" (80 to 300 lines a run)."""
+  resource = pytest.importorskip("resource")
+  limit = 32 * 1024
+  argv = [sys.executable, "-m", "attnlab.cli", "train", "--gin_file", CONFIG,
+          *[f"--gin.{b.replace(' ', '')}" for b in TINY],
+          "--gin.TrainConfig.checkpoint_every=1", "--gin.TrainConfig.steps=2",
+          "--gin.TrainConfig.warmup_steps=0", "--gin.TrainConfig.eval_every=0",
+          "--workdir", str(tmp_path / "w")]
+  # the persistent compilation cache's entries are larger than the cap: not written to
+  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+  res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE,
+                                                             (limit, limit)))
+  err = res.stderr.splitlines()
+  assert res.returncode == 1 and len(err) == 1, res.stderr[-3000:]
+  assert re.fullmatch(
+      r"attnlab train: saving checkpoint 1 in .*/checkpoints failed \(ValueError: [A-Z_]+: .*"
+      r"\[os_error_code='27'\]\); the run stopped\. Last good checkpoint: none; free the "
+      r"space \(or mend the cause\) and rerun the same command to start over", err[0]), err[0]

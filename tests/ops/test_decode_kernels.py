@@ -822,3 +822,35 @@ def test_concrete_lengths_outside_the_cache_are_refused_and_traced_ones_are_not_
     traced = jax.jit(call)(jnp.array([8, -3, 1], jnp.int32))
     np.testing.assert_array_equal(traced[0], out[0], err_msg=what)
     assert not np.asarray(traced[1]).any(), what
+
+
+def test_concrete_lengths_shorter_than_the_queries_are_refused():
+  """The T queries of a row are its last T tokens, at positions length - T .. length - 1:
+  a length in [1, T) put the first of them at negative positions, where they saw no key
+  (zeros), until 2026-12-07. 0 (an empty slot) and T on are taken; traced lengths are not
+  read."""
+  q = jnp.asarray(np.random.default_rng(0).normal(size=(3, 3, 4, 32)), jnp.float32)
+  k_BSKH = jnp.asarray(np.random.default_rng(1).normal(size=(3, 8, 2, 32)), jnp.float32)
+  k_BKSH = jnp.swapaxes(k_BSKH, 1, 2)
+  pool = jnp.reshape(k_BSKH, (6, 4, 2, 32))
+  table = jnp.arange(6, dtype=jnp.int32).reshape(3, 2)  # row b's pages hold k_BSKH[b]
+  calls = {
+      "S=8 slots of k_BSKH": lambda l: decode.decode_attention(q, k_BSKH, k_BSKH, l),
+      "S=8 slots of k_BKSH": lambda l: decode.decode_attention_heads_major(q, k_BKSH, k_BKSH, l),
+      "M * C = 2 pages of page_table_BM x 4 slots = 8 positions":
+          lambda l: decode.paged_decode_attention(q, pool, pool, table, l),
+  }
+  for what, call in calls.items():
+    for lengths, held in [([2, 0, 5], "lengths_B[0]=2"),
+                          ([1, 9, 3], "lengths_B[0]=1, lengths_B[1]=9")]:
+      with pytest.raises(ValueError) as e:
+        call(np.array(lengths, np.int32))
+      assert str(e.value) == (f"{held} must be 0 or in [T=3, 8]: a length counts the "
+                              f"sequence's tokens in the cache ({what}), the queries' own "
+                              "included; 0 is an empty slot"), (what, lengths)
+    out = call(jnp.array([3, 0, 8], jnp.int32))  # the edges: the queries alone, empty, full
+    assert not np.asarray(out[1]).any(), what
+    want = decode_reference(q, k_BSKH, k_BSKH, jnp.array([3, 3, 8], jnp.int32), None)
+    np.testing.assert_allclose(out[0::2], want[0::2], rtol=2e-5, atol=2e-5, err_msg=what)
+    traced = jax.jit(call)(jnp.array([3, 2, 8], jnp.int32))  # traced: not read
+    np.testing.assert_allclose(traced[0::2], want[0::2], rtol=2e-5, atol=2e-5, err_msg=what)

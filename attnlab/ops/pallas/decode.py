@@ -79,23 +79,29 @@ def _check_decode_queries(q_BTNH, lengths_B):
   return lengths_B
 
 
-def _check_lengths_fit(lengths_B, capacity: int, capacity_what: str) -> None:
-  """Concrete lengths (not traced) are in [0, capacity]: the queries' own keys are in the
-  cache, whose ``capacity`` positions are ``capacity_what``; 0 is an empty slot (the paged
-  cache's idle slots in continuous batching), whose queries see no key and give zeros.
-  Until 2026-12-07 a negative length gave zeros and one past the capacity an output over
-  keys that did not hold the query's own. Traced lengths (the jitted decode loop) are not
-  read."""
+def _check_lengths_fit(lengths_B, capacity: int, capacity_what: str,
+                       num_queries: int) -> None:
+  """Concrete lengths (not traced) are 0 or in [T, capacity], T = ``num_queries``: the
+  queries' own keys are in the cache, whose ``capacity`` positions are ``capacity_what``;
+  0 is an empty slot (the paged cache's idle slots in continuous batching), whose queries
+  see no key and give zeros. Until 2026-12-07 a negative length gave zeros, one past the
+  capacity an output over keys that did not hold the query's own, and one in [1, T) put
+  the first queries at negative positions, where they saw no key (zeros). Traced lengths
+  (the jitted decode loop) are not read."""
   if isinstance(lengths_B, jax.core.Tracer):
     return
   values_B = np.asarray(lengths_B)
-  rows = np.flatnonzero((values_B < 0) | (values_B > capacity))
+  low = max(1, num_queries)
+  rows = np.flatnonzero((values_B < 0) | (values_B > capacity)
+                        | ((values_B > 0) & (values_B < low)))
   if rows.size:
     held = ", ".join(f"lengths_B[{b}]={int(values_B[b])}" for b in rows[:8])
     more = f" (and {rows.size - 8} more)" if rows.size > 8 else ""
+    allowed = f"[0, {capacity}]" if low == 1 else f"0 or in [T={low}, {capacity}]"
     raise ValueError(
-        f"{held}{more} must be in [0, {capacity}]: a length counts the sequence's tokens in "
-        f"the cache ({capacity_what}), the queries' own included; 0 is an empty slot")
+        f"{held}{more} must be {'in ' if low == 1 else ''}{allowed}: a length counts the "
+        f"sequence's tokens in the cache ({capacity_what}), the queries' own included; 0 is "
+        "an empty slot")
 
 
 def _check_scales(k, v, k_scale, v_scale, names, shape) -> bool:
@@ -264,8 +270,8 @@ def decode_attention(q_BTNH, k_BSKH, v_BSKH, lengths_B, *, window: int | None = 
       lengths_B[b] - T + t (causal among themselves).
     k_BSKH, v_BSKH: the cache [B, S, K, H]; N must be a multiple of K.
     lengths_B: int [B], tokens in each sequence (the T queries included);
-      keys at positions >= lengths_B[b] are ignored. In [0, S] (0: an empty slot,
-      zeros); a concrete length outside is refused (taken until 2026-12-07), a traced
+      keys at positions >= lengths_B[b] are ignored. 0 (an empty slot, zeros) or in
+      [T, S]; a concrete length outside is refused (taken until 2026-12-07), a traced
       one not read.
     window: sliding window of that many keys, the query's own included.
     scale: multiplier of the scores; default 1/sqrt(H).
@@ -281,7 +287,7 @@ def decode_attention(q_BTNH, k_BSKH, v_BSKH, lengths_B, *, window: int | None = 
   num_splits = checks.positive_or_none("num_splits", num_splits)
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
-  _check_lengths_fit(lengths_B, S, f"S={S} slots of k_BSKH")
+  _check_lengths_fit(lengths_B, S, f"S={S} slots of k_BSKH", T)
   scale = checks.scale_value(scale, H)
   interpret = common.resolve_interpret(interpret)
   if q_BTNH.size == 0 or S == 0:  # no query, or no key: zeros, as attention() gives
@@ -342,9 +348,9 @@ def paged_decode_attention(q_BTNH, k_pages_PCKH, v_pages_PCKH, page_table_BM, le
       holds positions [m * C, (m + 1) * C) of sequence b. An entry < 0 or >= P is
       a missing page: its positions are not keys (as in ``PagedKVCache``, whose
       allocator ran out). Entries past the sequence's length are never read.
-    lengths_B: int [B], tokens in each sequence (the T queries included), in
-      [0, M * C] (0: an empty slot, zeros, as the idle slots of continuous batching);
-      a concrete length outside is refused (taken until 2026-12-07), a traced one not
+    lengths_B: int [B], tokens in each sequence (the T queries included), 0 (an
+      empty slot, zeros, as the idle slots of continuous batching) or in [T, M * C]; a
+      concrete length outside is refused (taken until 2026-12-07), a traced one not
       read.
     window: sliding window of that many keys, the query's own included.
     scale: multiplier of the scores; default 1/sqrt(H).
@@ -377,7 +383,8 @@ def paged_decode_attention(q_BTNH, k_pages_PCKH, v_pages_PCKH, page_table_BM, le
     raise ValueError(f"page_table_BM must be integers, got dtype {page_table_BM.dtype}")
   M = page_table_BM.shape[1]
   _check_lengths_fit(lengths_B, M * C,
-                     f"M * C = {M} pages of page_table_BM x {C} slots = {M * C} positions")
+                     f"M * C = {M} pages of page_table_BM x {C} slots = {M * C} positions",
+                     q_BTNH.shape[1])
   pages_per_split = checks.positive_or_none("pages_per_split", pages_per_split)
   scale = checks.scale_value(scale, H)
   interpret = common.resolve_interpret(interpret)
@@ -466,8 +473,8 @@ def decode_attention_heads_major(q_BTNH, k_BKSH, v_BKSH, lengths_B, *, k_scale_B
       ``k_scale_BKS`` / ``v_scale_BKS`` (float32 [B, K, S]: key s of head k
       is ``k_BKSH[b, k, s] * k_scale_BKS[b, k, s]``, dequantized per tile in
       the kernel).
-    lengths_B, window, scale, num_splits, interpret: as ``decode_attention`` (lengths in
-      [0, S]).
+    lengths_B, window, scale, num_splits, interpret: as ``decode_attention`` (lengths 0
+      or in [T, S]).
 
   Returns:
     [B, T, N, H] in the dtype of ``q_BTNH``.
@@ -484,7 +491,7 @@ def decode_attention_heads_major(q_BTNH, k_BKSH, v_BKSH, lengths_B, *, k_scale_B
     raise ValueError(f"batch of q_BTNH ({q_BTNH.shape[0]}) and of the cache ({B}) must match")
   window, lengths_B = _check_queries(q_BTNH, head_dim=H, num_kv_heads=K, kv_name="k_BKSH",
                                      lengths_B=lengths_B, window=window)
-  _check_lengths_fit(lengths_B, S, f"S={S} slots of k_BKSH")
+  _check_lengths_fit(lengths_B, S, f"S={S} slots of k_BKSH", q_BTNH.shape[1])
   num_splits = checks.positive_or_none("num_splits", num_splits)
   T, N = q_BTNH.shape[1:3]
   scale = checks.scale_value(scale, H)

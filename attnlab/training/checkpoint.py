@@ -41,6 +41,7 @@ import re
 import shutil
 import signal
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Callable
@@ -142,22 +143,41 @@ def _quiet_library_failure():
   reports of orbax's tasks and futures (``_drop_orbax_task_reports``), exceptions ignored
   in its coroutines as they are collected (``_teardown_noise`` too) and "coroutine ... was
   never awaited" warnings of its coroutines that never ran
-  (``_ignore_unawaited_library_coroutines``). Nothing changes when it returns; an
-  interrupt (Ctrl-C) leaves the filters in place."""
-  remove = _install_teardown_filters()
+  (``_ignore_unawaited_library_coroutines``). Nothing changes when every such call returns
+  (the filters are taken away when the last one running ends, unless one failed: nested
+  reads, ``read_as_step``, or another thread's); an interrupt (Ctrl-C) leaves them too."""
+  with _TEARDOWN_LOCK:
+    _TEARDOWN["removes"].append(_install_teardown_filters())
+    _TEARDOWN["running"] += 1
+  failed = True
   try:
     yield
+    failed = False
   except Exception:
     _ignore_unawaited_library_coroutines()
     raise
-  else:  # (an interrupt leaves them too)
-    remove()
+  finally:
+    with _TEARDOWN_LOCK:
+      _TEARDOWN["running"] -= 1
+      _TEARDOWN["failed"] |= failed
+      if not _TEARDOWN["running"]:
+        removes, _TEARDOWN["removes"] = _TEARDOWN["removes"], []
+        if not _TEARDOWN["failed"]:  # (until 2026-12-07 the outer call of a failed
+          for remove in reversed(removes):  # nested one took them away)
+            remove()
+
+
+# The calls of ``_quiet_library_failure`` running, what they installed, and whether one of
+# this process failed (then the filters stay).
+_TEARDOWN_LOCK = threading.Lock()
+_TEARDOWN = {"running": 0, "removes": [], "failed": False}
 
 
 def _library_folders() -> tuple[str, ...]:
   """The folders of orbax's and tensorstore's files (of those imported)."""
-  return tuple(os.path.dirname(os.path.abspath(sys.modules[name].__file__)) + os.sep
-               for name in ("orbax.checkpoint", "tensorstore") if name in sys.modules)
+  files = (getattr(sys.modules.get(name), "__file__", None)
+           for name in ("orbax.checkpoint", "tensorstore"))
+  return tuple(os.path.dirname(os.path.abspath(f)) + os.sep for f in files if f)
 
 
 def _ignore_unawaited_library_coroutines() -> None:
@@ -182,10 +202,11 @@ _STATUS = re.compile(r"(CANCELLED|UNKNOWN|INVALID_ARGUMENT|DEADLINE_EXCEEDED|NOT
 
 def _from_orbax(exc: BaseException) -> bool:
   """Whether ``exc`` is orbax's or tensorstore's: its traceback runs through their files,
-  or it has none (set on a future by tensorstore's own threads) and is a status text."""
+  or it has none (set on a future by tensorstore's own threads) and is tensorstore's kind
+  of error, a ValueError whose text starts with a status code."""
   frames = traceback.extract_tb(exc.__traceback__)
   if not frames:
-    return _STATUS.match(str(exc)) is not None
+    return type(exc) is ValueError and _STATUS.match(str(exc)) is not None
   folders = _library_folders()
   return any(os.path.abspath(f.filename).startswith(folders) for f in frames)
 
@@ -215,9 +236,13 @@ def _drop_orbax_task_reports(record: logging.LogRecord) -> bool:
   """An ``asyncio`` logger filter: False for asyncio's report of an orbax task or future
   that failed with a save or restore ("Task exception was never retrieved" and its
   traceback, when it is collected: at exit, after a full disk)."""
-  exc = record.exc_info[1] if record.exc_info else None
-  return not (exc is not None and "exception was never retrieved" in str(record.msg)
-              and _from_orbax(exc))
+  exc_info = record.exc_info
+  exc = exc_info[1] if isinstance(exc_info, tuple) and len(exc_info) == 3 else None
+  try:
+    return not (isinstance(exc, BaseException)
+                and "exception was never retrieved" in str(record.msg) and _from_orbax(exc))
+  except Exception:  # noqa: BLE001 - a record this cannot read is not one of these: kept
+    return True
 
 
 class _UnraisableFilter:
@@ -228,7 +253,11 @@ class _UnraisableFilter:
     self.previous = previous
 
   def __call__(self, unraisable):
-    if not _teardown_noise(unraisable):
+    try:
+      noise = _teardown_noise(unraisable)
+    except Exception:  # noqa: BLE001 - one this cannot read is not noise: handed on
+      noise = False
+    if not noise:
       self.previous(unraisable)
 
 

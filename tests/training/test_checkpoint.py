@@ -1003,12 +1003,17 @@ def test_a_failed_library_call_drops_its_own_teardown_reports_and_no_others(monk
   import sys
   import warnings
 
-  import orbax.checkpoint  # noqa: F401 - its folder is what the filters know
+  import orbax.checkpoint  # its folder is what the filters know
 
   seen = []
   monkeypatch.setattr(sys, "unraisablehook", seen.append)
   asyncio_logger = logging.getLogger("asyncio")
   monkeypatch.setattr(asyncio_logger, "filters", [])  # (an earlier failed read's put back)
+
+  def fresh_process():  # no call running, none failed (a failure of an earlier test's kept)
+    monkeypatch.setattr(checkpoint, "_TEARDOWN", {"running": 0, "removes": [], "failed": False})
+
+  fresh_process()
   with checkpoint._quiet_library_failure():
     assert isinstance(sys.unraisablehook, checkpoint._UnraisableFilter)
     assert asyncio_logger.filters == [checkpoint._drop_orbax_task_reports]
@@ -1022,6 +1027,20 @@ def test_a_failed_library_call_drops_its_own_teardown_reports_and_no_others(monk
     sys.unraisablehook = print
   assert sys.unraisablehook is print and asyncio_logger.filters == []
   sys.unraisablehook = seen.append
+  # A failure inside another call (a fallback past a damaged step in read_as_step), or in
+  # another thread while one runs: kept past the outer call's return (until 2026-12-07 the
+  # outer call took them away). A later call that returns changes nothing.
+  for later in (False, True):
+    with (checkpoint._quiet_library_failure(), pytest.raises(ValueError),
+          checkpoint._quiet_library_failure()):
+      raise ValueError("a damaged step")
+    if later:
+      with checkpoint._quiet_library_failure():
+        pass
+    assert isinstance(sys.unraisablehook, checkpoint._UnraisableFilter)
+    assert asyncio_logger.filters == [checkpoint._drop_orbax_task_reports]
+    sys.unraisablehook, asyncio_logger.filters = seen.append, []
+    fresh_process()
 
   namespace = {}
   in_orbax = os.path.join(checkpoint._library_folders()[0], "x.py")
@@ -1059,6 +1078,30 @@ def test_a_failed_library_call_drops_its_own_teardown_reports_and_no_others(monk
     assert not reported(ValueError('OUT_OF_RANGE: Error writing "x" in OCDBT database'))
     assert reported(ValueError("mine"))
     assert reported(ValueError("mine: OUT_OF_RANGE: a status not at the start"))
+    assert reported(RuntimeError("INTERNAL: a status text, not tensorstore's ValueError"))
+
+    class Unprintable(Exception):
+      def __str__(self):
+        raise RuntimeError("no str")
+
+    assert reported(Unprintable())
+    record = asyncio_logger.makeRecord("asyncio", logging.ERROR, __file__, 1, Unprintable(),
+                                       (), (ValueError, ValueError("OUT_OF_RANGE: x"), None))
+    assert checkpoint._drop_orbax_task_reports(record)  # kept, not an error in the filter
+    for exc_info in (True, (None, None, None), None):
+      record = asyncio_logger.makeRecord("asyncio", logging.ERROR, __file__, 1,
+                                         "Task exception was never retrieved", (), None)
+      record.exc_info = exc_info
+      assert checkpoint._drop_orbax_task_reports(record)
+    with monkeypatch.context() as m:  # tensorstore's import blocked (sys.modules entry None)
+      m.setitem(sys.modules, "tensorstore", None)
+      assert checkpoint._library_folders() == (
+          os.path.dirname(os.path.abspath(orbax.checkpoint.__file__)) + os.sep,)
+      sys.unraisablehook(other)
+    assert seen[-1] is other
+    odd = _unraisable(RuntimeError("Event loop is closed"), tb="not a traceback")
+    sys.unraisablehook(odd)  # one the filter cannot read: handed on, not an error
+    assert seen[-1] is odd
     seen.clear()
     del left, ours, other_coroutine  # collected: orbax's never-started coroutine is quiet
     gc.collect()

@@ -181,16 +181,33 @@ def _library_folders() -> tuple[str, ...]:
 
 
 def _ignore_unawaited_library_coroutines() -> None:
-  """A warnings filter, for the rest of the process, for each coroutine function of orbax's
-  or tensorstore's of which a coroutine was made and never started (its "coroutine 'NAME'
-  was never awaited" RuntimeWarning comes when it is collected: at exit)."""
+  """A warnings filter, for the rest of the process, of the "coroutine 'NAME' was never
+  awaited" RuntimeWarning of every coroutine function of orbax's or tensorstore's (those of
+  their functions loaded, nested ones included: a coroutine made by the failed work and
+  never started warns when it is collected, at exit at the latest, and work still under
+  way after the failure makes more of them)."""
   folders = _library_folders()
-  names = {c.__qualname__ for c in gc.get_objects()
-           if inspect.iscoroutine(c) and inspect.getcoroutinestate(c) == inspect.CORO_CREATED
-           and os.path.abspath(c.cr_code.co_filename).startswith(folders)}
-  for name in sorted(names):
-    warnings.filterwarnings("ignore", rf"coroutine '{re.escape(name)}' was never awaited",
-                            RuntimeWarning)
+  names, seen = set(), set()
+  todo = [f.__code__ for f in gc.get_objects()
+          if inspect.isfunction(f) and os.path.abspath(f.__code__.co_filename).startswith(folders)]
+  while todo:
+    code = todo.pop()
+    if id(code) in seen:
+      continue
+    seen.add(id(code))
+    if code.co_flags & inspect.CO_COROUTINE:
+      names.add(getattr(code, "co_qualname", code.co_name))
+    todo.extend(c for c in code.co_consts if inspect.iscode(c))
+  new = names - _UNAWAITED_IGNORED
+  if new:
+    _UNAWAITED_IGNORED.update(new)
+    warnings.filterwarnings(
+        "ignore", "coroutine '(" + "|".join(map(re.escape, sorted(new))) + ")' was never awaited",
+        RuntimeWarning)
+
+
+# The coroutine functions whose "never awaited" warnings are filtered in this process.
+_UNAWAITED_IGNORED: set[str] = set()
 
 
 # tensorstore's errors are absl status texts: "OUT_OF_RANGE: Error writing ...".
@@ -245,6 +262,18 @@ def _drop_orbax_task_reports(record: logging.LogRecord) -> bool:
     return True
 
 
+def _drop_orbax_error_tracebacks(record: logging.LogRecord) -> bool:
+  """An ``absl`` logger filter (orbax logs through absl's logger): False for an error that
+  orbax's own files log with its traceback (its threads of the failed work that go on
+  after it: "_SignalingThread.run() raised an exception", "cannot schedule new futures
+  after shutdown", each write's own failure)."""
+  try:
+    return not (record.exc_info and record.levelno >= logging.ERROR
+                and os.path.abspath(record.pathname).startswith(_library_folders()))
+  except Exception:  # noqa: BLE001 - a record this cannot read is not one of these: kept
+    return True
+
+
 class _UnraisableFilter:
   """``sys.unraisablehook`` while it is installed: ``_teardown_noise`` dropped, the rest
   handed to the hook it replaced."""
@@ -274,10 +303,12 @@ def _install_teardown_filters():
         sys.unraisablehook = hook.previous
 
     removes.append(put_back_hook)
-  asyncio_logger = logging.getLogger("asyncio")
-  if _drop_orbax_task_reports not in asyncio_logger.filters:
-    asyncio_logger.addFilter(_drop_orbax_task_reports)
-    removes.append(lambda: asyncio_logger.removeFilter(_drop_orbax_task_reports))
+  for name, drop in (("asyncio", _drop_orbax_task_reports),
+                     ("absl", _drop_orbax_error_tracebacks)):
+    logger = logging.getLogger(name)
+    if drop not in logger.filters:
+      logger.addFilter(drop)
+      removes.append(functools.partial(logger.removeFilter, drop))
 
   def remove():
     for undo in removes:

@@ -1009,6 +1009,7 @@ def test_a_failed_library_call_drops_its_own_teardown_reports_and_no_others(monk
   monkeypatch.setattr(sys, "unraisablehook", seen.append)
   asyncio_logger = logging.getLogger("asyncio")
   monkeypatch.setattr(asyncio_logger, "filters", [])  # (an earlier failed read's put back)
+  monkeypatch.setattr(logging.getLogger("absl"), "filters", [])
 
   def fresh_process():  # no call running, none failed (a failure of an earlier test's kept)
     monkeypatch.setattr(checkpoint, "_TEARDOWN", {"running": 0, "removes": [], "failed": False})
@@ -1018,6 +1019,7 @@ def test_a_failed_library_call_drops_its_own_teardown_reports_and_no_others(monk
     assert isinstance(sys.unraisablehook, checkpoint._UnraisableFilter)
     assert asyncio_logger.filters == [checkpoint._drop_orbax_task_reports]
   assert sys.unraisablehook == seen.append and asyncio_logger.filters == []
+  assert logging.getLogger("absl").filters == []
   asyncio_logger.addFilter(checkpoint._drop_orbax_task_reports)
   with checkpoint._quiet_library_failure():  # already in place (a failed one's): left so
     pass
@@ -1099,6 +1101,17 @@ def test_a_failed_library_call_drops_its_own_teardown_reports_and_no_others(monk
           os.path.dirname(os.path.abspath(orbax.checkpoint.__file__)) + os.sep,)
       sys.unraisablehook(other)
     assert seen[-1] is other
+    absl = logging.getLogger("absl")
+    assert absl.filters == [checkpoint._drop_orbax_error_tracebacks]
+    try:
+      raise RuntimeError("cannot schedule new futures after shutdown")
+    except RuntimeError:
+      exc_info = sys.exc_info()
+    for path, info, kept in ((in_orbax, exc_info, False), (in_orbax, None, True),
+                             ("mine.py", exc_info, True)):
+      record = absl.makeRecord("absl", logging.ERROR, path, 1, "_SignalingThread.run() raised "
+                               "an exception", (), info)
+      assert checkpoint._drop_orbax_error_tracebacks(record) == kept, (path, info)
     odd = _unraisable(RuntimeError("Event loop is closed"), tb="not a traceback")
     sys.unraisablehook(odd)  # one the filter cannot read: handed on, not an error
     assert seen[-1] is odd

@@ -251,11 +251,16 @@ def seq2seq_metrics(examples: list[dict], tokenizer, *, bleu: bool,
     out["bleu"] = float(sacrebleu.corpus_bleu([t["prediction"] for t in text],
                                               [[t["reference"] for t in text]]).score)
   if predictions_path:
-    os.makedirs(os.path.dirname(os.path.abspath(predictions_path)), exist_ok=True)
-    # Whole or not at all: an eval stopped while it wrote them cut the step's predictions
-    # of an earlier eval short in place until 2026-12-07.
-    write_text_atomically(predictions_path, "".join(
-        json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+    try:
+      os.makedirs(os.path.dirname(os.path.abspath(predictions_path)), exist_ok=True)
+      # Whole or not at all: an eval stopped while it wrote them cut the step's predictions
+      # of an earlier eval short in place until 2026-12-07.
+      write_text_atomically(predictions_path, "".join(
+          json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+    except OSError as e:  # a full disk: the metrics stand (a traceback, and the metrics of
+      # the whole eval lost, or a training run stopped, until 2026-12-07)
+      log.warning("the decoded examples could not be written to %s (%s: %s); the metrics "
+                  "stand", predictions_path, type(e).__name__, e)
   return out
 
 

@@ -793,6 +793,10 @@ def evaluate_workdir(workdir: str, step: int | None = None, *, beam_size: int | 
                        "holds a language model (task='lm'), whose eval is its loss")
   if dcfg.task != "lm":  # a seq2seq eval writes its predictions: checked before any work
     where = os.path.join(workdir, "eval")
+    if os.path.lexists(where) and not os.path.isdir(where):  # a traceback after the whole
+      # eval until 2026-12-07
+      raise ValueError(f"{where} is not a folder: a seq2seq eval writes its decoded examples "
+                       "there; move it away")
     if not os.access(where if os.path.isdir(where) else workdir, os.W_OK | os.X_OK):
       raise ValueError(f"{where} cannot be written (a read-only workdir?): a seq2seq eval "
                        "writes its decoded examples there; evaluate a writable copy")

@@ -672,10 +672,13 @@ def test_predictions_are_utf8_text_and_bleu_without_sacrebleu_says_what_to_insta
     eval_lib.seq2seq_metrics(ex, tok, bleu=True)
 
 
-def test_predictions_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
+def test_predictions_are_written_whole_or_not_at_all(tmp_path, monkeypatch, caplog):
   """An eval stopped while it writes its predictions (a kill, a full disk, an error) leaves
   the file an earlier eval of that step wrote as it was (until 2026-12-07 it was opened for
-  writing first and cut short at the line reached)."""
+  writing first and cut short at the line reached). A write that fails with an OSError (a
+  full disk) is a warning naming the file, and the metrics stand (until 2026-12-07 the
+  error came through: a traceback after the whole eval, its metrics lost, or a training run
+  stopped at its periodic eval)."""
   path = tmp_path / "predictions_30.jsonl"
   path.write_text("the earlier eval's lines\n")
   examples = [dict(source=[5, 6], reference=[7, 8], prediction=[7, 8]) for _ in range(3)]
@@ -689,9 +692,22 @@ def test_predictions_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
     return dumps(obj, **kw)
 
   monkeypatch.setattr(eval_lib.json, "dumps", fails_on_the_second_line)
-  with pytest.raises(OSError, match="No space left"):
-    eval_lib.seq2seq_metrics(examples, tok, bleu=False, predictions_path=str(path))
+  out = eval_lib.seq2seq_metrics(examples, tok, bleu=False, predictions_path=str(path))
+  assert out == {"exact_match": 1.0}
+  assert caplog.messages == [
+      f"the decoded examples could not be written to {path} (OSError: [Errno 28] No space "
+      "left on device); the metrics stand"]
   assert path.read_text() == "the earlier eval's lines\n" and os.listdir(tmp_path) == [path.name]
+  # a folder that cannot be made (a file in its place): the same
+  caplog.clear()
+  (tmp_path / "eval").write_text("")
+  monkeypatch.setattr(eval_lib.json, "dumps", dumps)
+  out = eval_lib.seq2seq_metrics(examples, tok, bleu=False,
+                                 predictions_path=str(tmp_path / "eval" / "p.jsonl"))
+  assert out == {"exact_match": 1.0} and len(caplog.messages) == 1, caplog.messages
+  assert caplog.messages[0].startswith(f"the decoded examples could not be written to "
+                                       f"{tmp_path}/eval/p.jsonl (FileExistsError: ")
+  (tmp_path / "eval").unlink()
   monkeypatch.setattr(eval_lib.json, "dumps", dumps)
   eval_lib.seq2seq_metrics(examples, tok, bleu=False, predictions_path=str(path))
   assert len(path.read_text().splitlines()) == 3

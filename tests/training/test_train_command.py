@@ -144,6 +144,15 @@ def test_a_seq2seq_eval_that_cannot_write_its_predictions_is_one_line(seq2seq_ru
   assert capsys.readouterr().err.startswith(f"attnlab eval: error: {workdir}/eval cannot be")
   assert os.listdir(workdir / "eval") == []
   monkeypatch.setattr(os, "access", access)
+  # A file in the eval folder's place: one line before any work (a FileExistsError traceback
+  # after the whole eval until 2026-12-07, found by a review).
+  os.rmdir(workdir / "eval")
+  (workdir / "eval").write_text("")
+  assert cli.main(["eval", "--workdir", str(workdir)]) == 2
+  assert capsys.readouterr().err == (
+      f"attnlab eval: error: {workdir}/eval is not a folder: a seq2seq eval writes its decoded "
+      "examples there; move it away\n")
+  os.remove(workdir / "eval")
   assert cli.main(["eval", "--workdir", str(workdir)]) == 0
   assert json.loads(capsys.readouterr().out)["step"] == 2 and (workdir / "eval").is_dir()
 

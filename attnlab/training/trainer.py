@@ -79,6 +79,13 @@ class SaveError(RuntimeError):
   names the checkpoint the same command resumes from."""
 
 
+class WriteError(SaveError):
+  """Another file of the run could not be written (its config.gin, metrics.jsonl or
+  TensorBoard events: a full disk, a directory in a file's place): the run stops (after
+  saving the step it reached, where it can), and the message names the checkpoint the same
+  command resumes from."""
+
+
 class ResumeError(ValueError):
   """The workdir's checkpoints do not fit the model of the run resuming in it."""
 
@@ -614,10 +621,15 @@ def _train_in(run: Run, mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, 
   # describing them, as does a rerun of a finished run (it trains nothing under the
   # new config).
   config_path = os.path.join(workdir, "config.gin")
-  if config_text is not None and main_process and not (finished and os.path.isfile(config_path)):
-    write_text_atomically(config_path, config_text)
+  try:  # a traceback until 2026-12-07
+    if config_text is not None and main_process and not (
+        finished and os.path.isfile(config_path)):
+      write_text_atomically(config_path, config_text)
+    writer = MetricsWriter(workdir, enabled=main_process)
+  except OSError as e:
+    ckpt.close()
+    raise _write_failed(e, restored, None) from e
   step_fn = steps_lib.make_train_step(run.setup, tcfg)
-  writer = MetricsWriter(workdir, enabled=main_process)
   # the seed and schedule a resume compares with (_checkpoint_train_config)
   meta = {"seed": tcfg.seed, "rng": "fold_in(seed_key(seed), step)",
           "schedule": {f: getattr(tcfg, f) for f in SCHEDULE_FIELDS}}
@@ -692,14 +704,19 @@ def _train_in(run: Run, mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, 
             window_t0 += time.perf_counter() - t_eval  # tokens/s counts training steps only
           if sleep_s:
             time.sleep(sleep_s)
-        except Exception:
+        except Exception as crash:
           # A crash outside the step (logging, metrics, eval) keeps the training
           # done so far, as SIGTERM does: save this step, then let the error show.
+          saved = None
           try:
             _save(ckpt, step, run, meta, last_good)
+            saved = step
           except SaveError as e:  # the crash comes first; this says what was kept
             print(f"attnlab train: {e}", file=sys.stderr)
-          else:
+          if isinstance(crash, OSError):  # a full disk under metrics.jsonl: one line (a
+            # traceback until 2026-12-07)
+            raise _write_failed(crash, last_good, saved) from crash
+          if saved is not None:
             print(f"attnlab train: checkpoint saved at step {step} in {ckpt.directory} "
                   "before the error below", file=sys.stderr)
           raise
@@ -742,6 +759,20 @@ def _save(ckpt: Checkpointer, step: int, run: Run, meta: dict, last_good: int | 
         f"saving checkpoint {step} in {ckpt.directory} failed ({type(e).__name__}: {cause}); "
         f"the run stopped. Last good checkpoint: {'none' if last_good is None else last_good}; "
         f"free the space (or mend the cause) and {then}") from e
+
+
+def _write_failed(e: OSError, last_good: int | None, saved: int | None) -> WriteError:
+  """The ``WriteError`` of an operating-system error writing the run's other files:
+  ``saved`` the step just saved (None where it was not), ``last_good`` the newest good
+  checkpoint before it."""
+  cause = " ".join(str(e).split()) or type(e).__name__
+  good = saved if saved is not None else last_good
+  then = ("rerun the same command to start over" if good is None else
+          f"rerun the same command to resume from {good}")
+  kept = (f"Checkpoint {saved} saved" if saved is not None else
+          f"Last good checkpoint: {'none' if last_good is None else last_good}")
+  return WriteError(f"writing the run's files failed ({type(e).__name__}: {cause}); the run "
+                    f"stopped. {kept}; free the space (or mend the cause) and {then}")
 
 
 def _close_all(closes, *, failing: bool) -> None:

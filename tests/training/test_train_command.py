@@ -766,3 +766,50 @@ def test_commands_log_attnlab_at_info_and_the_libraries_from_warning(tmp_path, c
   assert cli.main(["train", "--gin_file", CONFIG, "--workdir", str(afile)]) == 2
   assert capsys.readouterr().err.strip() == (
       f"attnlab train: error: --workdir {afile} is a file, not a directory")
+
+
+def test_a_run_that_cannot_write_its_other_files_stops_in_one_line(tmp_path, capsys,
+                                                                   monkeypatch):
+  """A full disk under metrics.jsonl at step 2's log (the step saved first, as for any crash
+  outside the step), a directory in config.gin's place, a file in the TensorBoard folder's:
+  exit 1 with one line naming the error and the checkpoint the rerun resumes from; the rerun
+  does. Until 2026-12-07 each was a traceback (found by a review)."""
+  from attnlab.training import trainer
+
+  workdir = tmp_path / "w"
+  argv = ["train", "--gin_file", CONFIG, *SEQ2SEQ, "--gin.TrainConfig.steps=3",
+          "--gin.TrainConfig.checkpoint_every=0", "--workdir", str(workdir)]
+  write = trainer.MetricsWriter.write
+
+  def full_disk(self, step, *args, **kw):
+    if step == 2:
+      raise OSError(28, "No space left on device")
+    return write(self, step, *args, **kw)
+
+  monkeypatch.setattr(trainer.MetricsWriter, "write", full_disk)
+  assert cli.main(argv) == 1
+  err = capsys.readouterr().err
+  assert err.splitlines()[-1] == (
+      "attnlab train: writing the run's files failed (OSError: [Errno 28] No space left on "
+      "device); the run stopped. Checkpoint 2 saved; free the space (or mend the cause) and "
+      "rerun the same command to resume from 2"), err
+  assert "Traceback" not in err and "before the error below" not in err
+  monkeypatch.setattr(trainer.MetricsWriter, "write", write)
+  os.remove(workdir / "config.gin")
+  os.mkdir(workdir / "config.gin")
+  assert cli.main(argv) == 1
+  err = capsys.readouterr().err
+  assert err.splitlines()[-1].startswith(
+      "attnlab train: writing the run's files failed (IsADirectoryError: [Errno 21] Is a "
+      "directory: "), err
+  assert err.splitlines()[-1].endswith(
+      "the run stopped. Last good checkpoint: 2; free the space (or mend the cause) and rerun "
+      "the same command to resume from 2"), err
+  os.rmdir(workdir / "config.gin")
+  shutil.rmtree(workdir / "tensorboard")
+  (workdir / "tensorboard").write_text("")
+  assert cli.main(argv) == 1
+  assert "(NotADirectoryError: [Errno 20] Not a directory: " in capsys.readouterr().err
+  os.remove(workdir / "tensorboard")
+  assert cli.main(argv) == 0
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["start_step"] == 2

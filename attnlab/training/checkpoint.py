@@ -851,8 +851,21 @@ def workdir_config(workdir: str) -> str:
                     f"{type(workdir).__name__}")
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"{path} does not exist: not a training workdir")
+    raise FileNotFoundError(_not_there(path, "file", "not a training workdir"))
   return path
+
+
+def _not_there(path: str, want: str, meaning: str) -> str:
+  """"PATH does not exist: MEANING", or what is there in place of the ``want`` ("file" or
+  "folder") a workdir holds there (a folder or a FIFO in config.gin's place was said not to
+  exist until 2026-12-07)."""
+  if not os.path.lexists(path):
+    return f"{path} does not exist: {meaning}"
+  if not os.path.exists(path):
+    return f"{path} is a symbolic link to {os.readlink(path)}, which does not exist"
+  kind = ("a folder" if os.path.isdir(path) else "a file" if os.path.isfile(path)
+          else "neither a file nor a folder (a FIFO, a socket, a device)")
+  return f"{path} is {kind}, not the {want} a training workdir holds there"
 
 
 def _builder(mcfg):
@@ -912,7 +925,7 @@ def load_checkpoint(workdir: str, step: int | None = None, *, mesh=None):
   config_path = workdir_config(workdir)
   ckpt_dir = os.path.join(workdir, CHECKPOINT_DIR)
   if not os.path.isdir(ckpt_dir):
-    raise FileNotFoundError(f"{ckpt_dir} does not exist: no checkpoint saved yet")
+    raise FileNotFoundError(_not_there(ckpt_dir, "folder", "no checkpoint saved yet"))
   mcfg, _, _ = gin_config.read_workdir_config(config_path)
   ckpt = Checkpointer(workdir, read_only=True)
   try:

@@ -937,6 +937,21 @@ def test_load_checkpoint_names_what_a_workdir_lacks(tmp_path):
   with pytest.raises(FileNotFoundError) as e:
     attnlab.load_checkpoint(str(workdir))
   assert str(e.value) == f"{workdir}/config.gin does not exist: not a training workdir"
+  # something else in its place: named so (until 2026-12-07 "does not exist")
+  for make, kind in ((os.mkdir, "a folder"), (os.mkfifo, "neither a file nor a folder (a "
+                                              "FIFO, a socket, a device)")):
+    make(workdir / "config.gin")
+    with pytest.raises(FileNotFoundError) as e:
+      attnlab.load_checkpoint(str(workdir))
+    assert str(e.value) == (f"{workdir}/config.gin is {kind}, not the file a training workdir "
+                            "holds there")
+    (os.rmdir if kind == "a folder" else os.remove)(workdir / "config.gin")
+  os.symlink(workdir / "gone", workdir / "config.gin")
+  with pytest.raises(FileNotFoundError) as e:
+    attnlab.load_checkpoint(str(workdir))
+  assert str(e.value) == (f"{workdir}/config.gin is a symbolic link to {workdir}/gone, which "
+                          "does not exist")
+  os.remove(workdir / "config.gin")
   for bad, kind in ((None, "NoneType"), (3, "int"), (b"w", "bytes")):  # posixpath's TypeError
     with pytest.raises(TypeError) as e:  # until 2026-12-07
       attnlab.load_checkpoint(bad)
@@ -947,6 +962,12 @@ def test_load_checkpoint_names_what_a_workdir_lacks(tmp_path):
   with pytest.raises(FileNotFoundError) as e:
     attnlab.load_checkpoint(str(workdir))
   assert str(e.value) == f"{workdir}/checkpoints does not exist: no checkpoint saved yet"
+  (workdir / "checkpoints").write_text("")
+  with pytest.raises(FileNotFoundError) as e:
+    attnlab.load_checkpoint(str(workdir))
+  assert str(e.value) == (f"{workdir}/checkpoints is a file, not the folder a training "
+                          "workdir holds there")
+  os.remove(workdir / "checkpoints")
   (workdir / "checkpoints").mkdir()
   with pytest.raises(FileNotFoundError) as e:
     attnlab.load_checkpoint(str(workdir), 3)

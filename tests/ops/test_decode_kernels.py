@@ -793,21 +793,27 @@ def test_no_keys_or_no_queries_give_zeros():
       assert out.shape == want and out.dtype == dtype and not np.any(np.asarray(out)), (i, dtype)
 
 
+def _each_layout(q, k_BSKH, pool, table):
+  """{what the lengths' refusal names as the cache: a call of the lengths} for the three
+  decode kernels over the cache ``k_BSKH`` (keys and values alike; [B, 8, K, H]), its
+  heads-major copy and the page ``pool`` / ``table`` (2 pages of 4 slots a row)."""
+  k_BKSH = jnp.swapaxes(k_BSKH, 1, 2)
+  return {
+      "S=8 slots of k_BSKH": lambda l: decode.decode_attention(q, k_BSKH, k_BSKH, l),
+      "S=8 slots of k_BKSH": lambda l: decode.decode_attention_heads_major(q, k_BKSH, k_BKSH, l),
+      "M * C = 2 pages of page_table_BM x 4 slots = 8 positions":
+          lambda l: decode.paged_decode_attention(q, pool, pool, table, l),
+  }
+
+
 def test_concrete_lengths_outside_the_cache_are_refused_and_traced_ones_are_not_read():
   """Until 2026-12-07 a negative length gave zeros, and one past the cache (S slots, or the
   table's M pages x C slots) an output for a query whose own key was not in the cache.
   0 is an empty slot (the paged cache's idle slots in continuous batching): zeros."""
   q = jnp.ones((3, 1, 4, 32))
   k_BSKH = jnp.ones((3, 8, 2, 32))
-  k_BKSH = jnp.swapaxes(k_BSKH, 1, 2)
   pool, table = jnp.ones((5, 4, 2, 32)), jnp.zeros((3, 2), jnp.int32)  # M * C = 8
-  calls = {
-      "S=8 slots of k_BSKH": lambda l: decode.decode_attention(q, k_BSKH, k_BSKH, l),
-      "S=8 slots of k_BKSH": lambda l: decode.decode_attention_heads_major(q, k_BKSH, k_BKSH, l),
-      "M * C = 2 pages of page_table_BM x 4 slots = 8 positions":
-          lambda l: decode.paged_decode_attention(q, pool, pool, table, l),
-  }
-  for what, call in calls.items():
+  for what, call in _each_layout(q, k_BSKH, pool, table).items():
     for lengths, held in [([8, 0, -3], "lengths_B[2]=-3"), ([100, 1, 9], "lengths_B[0]=100, "
                                                            "lengths_B[2]=9")]:
       for as_array in (jnp.array, np.array):
@@ -831,16 +837,9 @@ def test_concrete_lengths_shorter_than_the_queries_are_refused():
   read."""
   q = jnp.asarray(np.random.default_rng(0).normal(size=(3, 3, 4, 32)), jnp.float32)
   k_BSKH = jnp.asarray(np.random.default_rng(1).normal(size=(3, 8, 2, 32)), jnp.float32)
-  k_BKSH = jnp.swapaxes(k_BSKH, 1, 2)
   pool = jnp.reshape(k_BSKH, (6, 4, 2, 32))
   table = jnp.arange(6, dtype=jnp.int32).reshape(3, 2)  # row b's pages hold k_BSKH[b]
-  calls = {
-      "S=8 slots of k_BSKH": lambda l: decode.decode_attention(q, k_BSKH, k_BSKH, l),
-      "S=8 slots of k_BKSH": lambda l: decode.decode_attention_heads_major(q, k_BKSH, k_BKSH, l),
-      "M * C = 2 pages of page_table_BM x 4 slots = 8 positions":
-          lambda l: decode.paged_decode_attention(q, pool, pool, table, l),
-  }
-  for what, call in calls.items():
+  for what, call in _each_layout(q, k_BSKH, pool, table).items():
     for lengths, held in [([2, 0, 5], "lengths_B[0]=2"),
                           ([1, 9, 3], "lengths_B[0]=1, lengths_B[1]=9")]:
       with pytest.raises(ValueError) as e:

@@ -9,14 +9,19 @@ state, the source's data position) and a config.gin (the source's, with K
 KV heads and the bindings), so ``attnlab train --workdir RUN2`` uptrains it
 and ``attnlab decode --workdir RUN2`` decodes from it. Bad input (K not
 dividing the source's KV heads or larger, an unknown method, a missing run
-or step, an existing RUN2) is one line on stderr, exit 2, nothing written.
+or step, an existing RUN2) is one line on stderr, exit 2, nothing written. A write that
+fails (a full disk) is one line naming it, exit 1, and what the command wrote is taken
+away (RUN2 itself where the command made it), so the same command runs again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import sys
+import time
 
 from attnlab import config_gin
 from attnlab.commands import CommandError
@@ -31,6 +36,7 @@ from attnlab.commands._common import (
 from attnlab.commands.train import trainer_run_check
 from attnlab.training.checkpoint import CheckpointMismatchError, UnreadableCheckpointError
 from attnlab.training.sweep import write_converted_run
+from attnlab.training.trainer import SaveError
 
 
 def _passes_run_check(mcfg, dcfg, tcfg) -> bool:
@@ -39,6 +45,48 @@ def _passes_run_check(mcfg, dcfg, tcfg) -> bool:
   except (FileNotFoundError, ValueError, ImportError):
     return False
   return True
+
+
+def _folders_to_make(path: str) -> list[str]:
+  """The folders that making ``path`` creates, ``path`` first, its missing parents after
+  (deepest first); none when ``path`` exists (an empty folder: ``check_can_make``)."""
+  made, at = [], os.path.abspath(path)
+  while not os.path.lexists(at):
+    made.append(at)
+    at = os.path.dirname(at)
+  return made
+
+
+def _remove_written(dst: str, made: list[str], settle_s: float = 0.2,
+                    timeout_s: float = 10.0) -> None:
+  """Take away what a failed conversion wrote, so that the same command runs again once the
+  cause is mended: ``dst`` and its parents where this command made them (``made``), else
+  (an empty folder given as --to, which is kept) what it wrote into it. Until 2026-12-07 a
+  failed save left ``dst`` with its half-made checkpoint, and the rerun was refused ("--to
+  ... already exists and is not empty").
+
+  Removed again until nothing comes back for ``settle_s`` (at most ``timeout_s``):
+  tensorstore's own threads, which Python cannot join, may still finish a write of the
+  failed save (and make its folders again) after it raised."""
+  deadline = time.monotonic() + timeout_s
+  while True:
+    if made:
+      shutil.rmtree(made[0], ignore_errors=True)
+      for folder in made[1:]:  # parents made for it, deepest first, if nothing else came in
+        with contextlib.suppress(OSError):
+          os.rmdir(folder)
+    else:
+      for name in os.listdir(dst):  # it was empty: all of this is the conversion's
+        path = os.path.join(dst, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+          shutil.rmtree(path, ignore_errors=True)
+        else:
+          with contextlib.suppress(OSError):
+            os.remove(path)
+    time.sleep(settle_s)
+    left = os.path.lexists(made[0]) if made else bool(os.listdir(dst))
+    if not left or time.monotonic() > deadline:
+      return
 
 
 def main(argv: list[str]) -> int:
@@ -90,12 +138,18 @@ def main(argv: list[str]) -> int:
   except (FileNotFoundError, ValueError, ImportError) as e:
     raise CommandError(str(e)) from None
   check_can_make("--to", args.dst)
+  made = _folders_to_make(args.dst)
   try:
     info = write_converted_run(args.src, args.dst, args.num_kv_heads, args.method, **kwargs)
   # read before anything is written: a config.gin that does not fit, a damaged --step, or
   # no checkpoint that reads (until 2026-12-04 the last two were tracebacks)
   except (CheckpointMismatchError, UnreadableCheckpointError, FileNotFoundError) as e:
     raise CommandError(str(e)) from None
+  except SaveError as e:
+    _remove_written(args.dst, made)
+    print(f"attnlab convert-heads: error: {e}; nothing was kept in --to {args.dst}: free the "
+          "space (or mend the cause) and rerun the same command", file=sys.stderr)
+    return 1
   print(json.dumps({"workdir": os.path.abspath(args.dst), **info}))
   sys.stdout.flush()
   return 0

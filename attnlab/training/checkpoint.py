@@ -42,6 +42,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 import traceback
 import warnings
 from collections.abc import Callable
@@ -165,6 +166,30 @@ def _quiet_library_failure():
         if not _TEARDOWN["failed"]:  # (until 2026-12-07 the outer call of a failed
           for remove in reversed(removes):  # nested one took them away)
             remove()
+
+
+def _join_library_threads(timeout: float = 60.0, settle: float = 0.1) -> None:
+  """Wait (up to ``timeout`` seconds in all) for orbax's threads of a save that raised: the
+  first failed write raises, the others go on writing into the step's folder and log their
+  own failures, and start more threads of their own (the metadata written after the
+  commits). Joined until none is left for ``settle`` seconds while the save's log lines are
+  held, they say nothing, and a caller that removes the folder (``attnlab convert-heads``)
+  removes it for good: until 2026-12-07 they wrote into it again after it was removed."""
+  deadline = time.monotonic() + timeout
+  quiet = False
+  while time.monotonic() < deadline:
+    alive = [t for t in threading.enumerate()
+             if t is not threading.current_thread() and t.is_alive()
+             and type(t).__module__.startswith("orbax.")]
+    if not alive:
+      if quiet:
+        return
+      quiet = True
+      time.sleep(settle)
+      continue
+    quiet = False
+    for thread in alive:
+      thread.join(max(0.0, deadline - time.monotonic()))
 
 
 # The calls of ``_quiet_library_failure`` running, what they installed, and whether one of
@@ -608,13 +633,17 @@ class Checkpointer:
     sums = {"params": checksums(params), "opt_state": checksums(rest),
             "data": _data_digest(data_state)}
     with _held_library_errors():
-      self.manager.save(step, args=ocp.args.Composite(
-          params=ocp.args.StandardSave(params),
-          opt_state=ocp.args.StandardSave(rest),
-          data=ocp.args.JsonSave(data_state),
-          meta=ocp.args.JsonSave({"step": int(step), **(meta or {}), CHECKSUMS: sums}),
-      ), force=True)
-      self.manager.wait_until_finished()
+      try:
+        self.manager.save(step, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(params),
+            opt_state=ocp.args.StandardSave(rest),
+            data=ocp.args.JsonSave(data_state),
+            meta=ocp.args.JsonSave({"step": int(step), **(meta or {}), CHECKSUMS: sums}),
+        ), force=True)
+        self.manager.wait_until_finished()
+      except Exception:
+        _join_library_threads()
+        raise
 
   def save_params(self, step: int, params, meta: dict | None = None) -> None:
     """A weights-only checkpoint (``attnlab convert``): no optimizer or data

@@ -19,6 +19,7 @@ The report (tables, plots) is built by ``attnlab.training.report`` from the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -311,6 +312,9 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
     ValueError: a missing step, K that does not divide the source's KV heads
       or exceeds them, an unknown method, a seed outside [0, 2**63 - 1], a ``dst``
       that already holds a run.
+    trainer.SaveError: a write into ``dst`` failed (a full disk), naming what and why;
+      what was written stays (``attnlab convert-heads`` removes it). Until 2026-12-07
+      orbax's or the OS's own error came through.
   """
   config_path = os.path.join(src, CONFIG_FILE)
   if not os.path.isfile(config_path):
@@ -366,15 +370,23 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
   ckpt = Checkpointer(dst, tcfg.keep_checkpoints)
   try:
     ckpt.save(0, state, data_state, {"seed": tcfg.seed, "converted": info})
-  finally:
-    ckpt.close()
-  dcfg = _copy_own_tokenizer(dcfg, src, dst)
-  config_gin.copy_generation_config(src, dst)  # an HF import's eos ids
-  text = config_gin.operative_config(new_mcfg, dcfg, tcfg, workdir=dst)
-  header = (f"# Converted by `attnlab convert-heads` from {info['source']} step {step} "
-            f"({info['source_num_kv_heads']} -> {num_kv_heads} KV heads, method {method}).\n")
-  with open(os.path.join(dst, CONFIG_FILE), "w", encoding="utf-8") as f:
-    f.write(header + text)
+  except Exception as e:  # what orbax raises of a failed write: ValueError, OSError, ...
+    with contextlib.suppress(Exception):  # a close on the same full disk: the save says it
+      ckpt.close()
+    raise trainer.SaveError(f"saving checkpoint 0 in {ckpt.directory} failed "
+                            f"({trainer.failure_cause(e)})") from e
+  ckpt.close()
+  try:
+    dcfg = _copy_own_tokenizer(dcfg, src, dst)
+    config_gin.copy_generation_config(src, dst)  # an HF import's eos ids
+    text = config_gin.operative_config(new_mcfg, dcfg, tcfg, workdir=dst)
+    header = (f"# Converted by `attnlab convert-heads` from {info['source']} step {step} "
+              f"({info['source_num_kv_heads']} -> {num_kv_heads} KV heads, method {method}).\n")
+    with open(os.path.join(dst, CONFIG_FILE), "w", encoding="utf-8") as f:
+      f.write(header + text)
+  except OSError as e:
+    raise trainer.SaveError(f"writing the new run's files in {dst} failed "
+                            f"({trainer.failure_cause(e)})") from e
   return info
 
 

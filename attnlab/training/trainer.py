@@ -750,13 +750,10 @@ def _save(ckpt: Checkpointer, step: int, run: Run, meta: dict, last_good: int | 
   try:
     ckpt.save(step, run.state, run.data.get_state(), meta)
   except Exception as e:
-    cause = " ".join(str(e).split()) or type(e).__name__
-    if len(cause) > 300:  # the reason is at the end: "No space left on device"
-      cause = f"{cause[:150]} ... {cause[-140:]}"
     then = ("rerun the same command to start over" if last_good is None else
             f"rerun the same command to resume from {last_good}")
     raise SaveError(
-        f"saving checkpoint {step} in {ckpt.directory} failed ({type(e).__name__}: {cause}); "
+        f"saving checkpoint {step} in {ckpt.directory} failed ({failure_cause(e)}); "
         f"the run stopped. Last good checkpoint: {'none' if last_good is None else last_good}; "
         f"free the space (or mend the cause) and {then}") from e
 
@@ -765,14 +762,23 @@ def _write_failed(e: OSError, last_good: int | None, saved: int | None) -> Write
   """The ``WriteError`` of an operating-system error writing the run's other files:
   ``saved`` the step just saved (None where it was not), ``last_good`` the newest good
   checkpoint before it."""
-  cause = " ".join(str(e).split()) or type(e).__name__
   good = saved if saved is not None else last_good
   then = ("rerun the same command to start over" if good is None else
           f"rerun the same command to resume from {good}")
   kept = (f"Checkpoint {saved} saved" if saved is not None else
           f"Last good checkpoint: {'none' if last_good is None else last_good}")
-  return WriteError(f"writing the run's files failed ({type(e).__name__}: {cause}); the run "
-                    f"stopped. {kept}; free the space (or mend the cause) and {then}")
+  return WriteError(f"writing the run's files failed ({failure_cause(e)}); the run stopped. "
+                    f"{kept}; free the space (or mend the cause) and {then}")
+
+
+def failure_cause(e: BaseException) -> str:
+  """``TYPE: text`` of a failed write's error on one line, a long text (orbax's and
+  tensorstore's name every file) cut in its middle: the reason is at the end ("No space left
+  on device")."""
+  cause = " ".join(str(e).split()) or type(e).__name__
+  if len(cause) > 300:
+    cause = f"{cause[:150]} ... {cause[-140:]}"
+  return f"{type(e).__name__}: {cause}"
 
 
 def _close_all(closes, *, failing: bool) -> None:

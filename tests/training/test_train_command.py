@@ -10,6 +10,8 @@ import logging
 import os
 import re
 import shutil
+import subprocess
+import sys
 import types
 
 import pytest
@@ -206,6 +208,65 @@ def test_a_save_that_fails_stops_the_run_in_one_line_naming_the_last_good_checkp
   monkeypatch.setattr(trainer.MetricsWriter, "close", close)
   assert cli.main(argv) == 0
   assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["start_step"] == 1
+
+
+def test_convert_heads_on_a_full_disk_is_one_line_and_leaves_no_to_folder(seq2seq_run,
+                                                                          tmp_path, capsys):
+  """convert-heads whose save fails on a real write (files capped at 4 KiB with
+  RLIMIT_FSIZE, in a process of its own: EFBIG, as ENOSPC on a full disk): one line naming
+  the checkpoint and the reason, exit 1, and the --to folder it made (and the parent made for
+  it) gone, so the same command runs once the space is there. Until 2026-12-07 orbax's
+  traceback, and a half-made --to that the rerun refused ("already exists and is not
+  empty")."""
+  resource = pytest.importorskip("resource")
+  limit = 4 * 1024
+  dst = tmp_path / "new" / "mqa"
+  argv = ["convert-heads", "--from", str(seq2seq_run), "--to", str(dst), "--num_kv_heads",
+          "1", "--method", "mean"]
+  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+  res = subprocess.run([sys.executable, "-m", "attnlab.cli", *argv], env=env,
+                       capture_output=True, text=True, timeout=600,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE,
+                                                             (limit, limit)))
+  err = res.stderr.splitlines()
+  assert res.returncode == 1 and len(err) == 1, res.stderr[-3000:]
+  assert re.fullmatch(
+      rf"attnlab convert-heads: error: saving checkpoint 0 in {re.escape(str(dst))}/checkpoints "
+      r"failed \((ValueError|OSError): .*(\[os_error_code='27'\]|File too large)\); nothing "
+      rf"was kept in --to {re.escape(str(dst))}: free the space \(or mend the cause\) and "
+      r"rerun the same command", err[0]), err[0]
+  assert os.listdir(tmp_path) == [], [os.path.join(d, n) for d, ds, fs in os.walk(tmp_path)
+                                      for n in ds + fs]  # --to and its parent: made by it
+  assert cli.main(argv) == 0
+  assert os.path.isfile(dst / "config.gin")
+
+
+def test_convert_heads_failing_to_save_into_an_empty_to_folder_keeps_the_folder(
+    seq2seq_run, tmp_path, capsys, monkeypatch):
+  """An existing empty --to (which convert-heads takes) is kept, emptied, when the save
+  fails: a folder that existed before the command is never removed."""
+  from attnlab.training.checkpoint import Checkpointer
+
+  save = Checkpointer.save
+
+  def full_disk(self, step, *args, **kw):
+    os.makedirs(os.path.join(self.directory, "0.orbax-checkpoint-tmp"))
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(Checkpointer, "save", full_disk)
+  dst = tmp_path / "mqa"
+  dst.mkdir()
+  argv = ["convert-heads", "--from", str(seq2seq_run), "--to", str(dst), "--num_kv_heads",
+          "1", "--method", "first"]
+  assert cli.main(argv) == 1
+  err = capsys.readouterr().err.splitlines()
+  assert err[-1] == (
+      f"attnlab convert-heads: error: saving checkpoint 0 in {dst}/checkpoints failed "
+      f"(OSError: [Errno 28] No space left on device); nothing was kept in --to {dst}: free "
+      "the space (or mend the cause) and rerun the same command"), err
+  assert dst.is_dir() and os.listdir(dst) == []
+  monkeypatch.setattr(Checkpointer, "save", save)
+  assert cli.main(argv) == 0
 
 
 def test_orbax_lines_logged_during_a_save_are_shown_only_if_it_succeeds(caplog):

@@ -11,7 +11,9 @@ OUT/sweep.gin (self-contained: ``--gin_file OUT/sweep.gin`` reruns it);
 ``--report`` without ``--gin_file`` reads it. A rerun skips finished runs,
 resumes interrupted ones and retries failed ones; an OUT holding a sweep
 with a different base config or decode benchmark is refused. Exit 0 when every run of this
-invocation finished, 1 when a run failed (recorded in results.csv / report.md),
+invocation finished, 1 when a run failed (recorded in results.csv / report.md) or a file of
+the report could not be written (one line naming it; each file is written through a
+temporary file and a rename, so the others are whole),
 2 on bad input (one line on stderr, nothing written), 75 when a signal stopped
 the sweep (``EXIT_STOPPED``: checkpoints saved; rerun to resume).
 """
@@ -57,6 +59,15 @@ def _base_difference(sweep_path: str, sweep, base) -> tuple[str, str] | None:
     if diff is None and a != b:
       diff = tuple(f"Sweep.{name} = {config_gin.gin_value(x)}" for x in (a, b))
   return diff
+
+
+def _report_failed(e: Exception) -> int:
+  """One line for a report file that could not be written (a full disk), exit 1: the runs
+  are kept, and the files of the report not yet written are as they were (until 2026-12-07
+  a traceback, and a plot cut short)."""
+  print(f"attnlab ablate: error: {e}; the report's other files are whole: free the space (or "
+        "mend the cause) and rerun with --report", file=sys.stderr)
+  return 1
 
 
 def main(argv: list[str]) -> int:
@@ -145,6 +156,8 @@ def main(argv: list[str]) -> int:
       counts = report_lib.write_report(args.out, sweep, arms, base)
     except ValueError as e:  # a run's result.json that attnlab did not write
       raise CommandError(str(e)) from None
+    except report_lib.ReportWriteError as e:
+      return _report_failed(e)
     print(json.dumps({"out": os.path.abspath(args.out), **counts}))
     return 0
   try:
@@ -169,5 +182,7 @@ def main(argv: list[str]) -> int:
     return EXIT_STOPPED
   except ValueError as e:  # a run's result.json that attnlab did not write (a failing run
     raise CommandError(str(e)) from None  # is recorded in its result, not raised)
+  except report_lib.ReportWriteError as e:
+    return _report_failed(e)
   print(json.dumps(out))
   return 1 if counts["failed"] else 0

@@ -24,16 +24,18 @@ i.e. the mean difference exceeds twice its standard error.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import math
 import os
+import socket
 import statistics
 
 from attnlab.config import kv_cache_bytes
 from attnlab.training import sweep as sweep_lib
-from attnlab.training.trainer import write_text_atomically
+from attnlab.training.trainer import failure_cause, write_text_atomically
 
 RESULT_COLUMNS = [
     "arm", "kind", "method", "num_kv_heads", "seed", "status", "params", "attention_params",
@@ -58,6 +60,12 @@ SUMMARY_COLUMNS = (
     + ["val_loss_diff_vs_mha", "val_loss_diff_se", "exceeds_seed_noise"]
     + PLANNED_SETTINGS)  # appended 2026-12-04, as in RESULT_COLUMNS
 PLOTS = ("val_loss_vs_tokens.png", "val_loss_vs_kv_bytes.png", "decode_tokens_per_s.png")
+
+
+class ReportWriteError(RuntimeError):
+  """A file of the report could not be written (a full disk, a read-only folder): the
+  message names it and the reason. The files written before it are whole and new, the
+  others as they were."""
 NOISE_FACTOR = 2.0
 
 
@@ -403,6 +411,21 @@ def _legend(ax, **kw):
     ax.legend(**kw)
 
 
+def save_figure_atomically(fig, path: str) -> None:
+  """``fig`` as a PNG into ``path`` through a temporary file beside it and a rename, as
+  ``write_text_atomically`` writes text: a failed write (a full disk) removes its temporary
+  and leaves ``path`` as it was. Until 2026-12-07 ``savefig`` wrote ``path`` itself, and a
+  full disk left the previous plot cut short (85107 bytes to 16384)."""
+  tmp = f"{path}.tmp.{socket.gethostname()}.{os.getpid()}"
+  try:
+    fig.savefig(tmp, dpi=120, format="png")
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
+
+
 def plot(out: str, summary, curves, arms, base) -> list[str]:
   """Write the three PNGs into ``out``; their paths. Through matplotlib's ``Figure`` alone,
   never pyplot: the caller's backend stays theirs (``matplotlib.use("Agg")`` here switched a
@@ -450,7 +473,7 @@ def plot(out: str, summary, curves, arms, base) -> list[str]:
     _legend(ax, fontsize=8)
     ax.grid(alpha=0.3)
   fig.tight_layout()
-  fig.savefig(paths[0], dpi=120)
+  _written(paths[0], lambda path: save_figure_atomically(fig, path))
 
   fig = Figure(figsize=(6.5, 4.5))
   ax = fig.subplots()
@@ -469,7 +492,7 @@ def plot(out: str, summary, curves, arms, base) -> list[str]:
   _legend(ax, fontsize=7)
   ax.grid(alpha=0.3)
   fig.tight_layout()
-  fig.savefig(paths[1], dpi=120)
+  _written(paths[1], lambda path: save_figure_atomically(fig, path))
 
   fig = Figure(figsize=(6.5, 4.5))
   ax = fig.subplots()
@@ -489,20 +512,32 @@ def plot(out: str, summary, curves, arms, base) -> list[str]:
   _legend(ax)
   ax.grid(alpha=0.3)
   fig.tight_layout()
-  fig.savefig(paths[2], dpi=120)
+  _written(paths[2], lambda path: save_figure_atomically(fig, path))
   return paths
 
 
+def _written(path: str, write) -> None:
+  """``write(path)``; its OSError (a full disk) as a ``ReportWriteError`` naming ``path``."""
+  try:
+    write(path)
+  except OSError as e:
+    raise ReportWriteError(f"writing {path} failed ({failure_cause(e)})") from e
+
+
 def write_report(out: str, sweep, arms, base, *, plots: bool = True) -> dict:
-  """results.csv, summary.csv, report.md and the PNGs of ``out``; counts."""
+  """results.csv, summary.csv, report.md and the PNGs of ``out``, each through a temporary
+  file and a rename; counts. A write that fails is a ``ReportWriteError`` naming the file:
+  it and the files not yet written are as they were (until 2026-12-07 a plot was written in
+  place, and a full disk cut it short, with a traceback)."""
   rows, curves = collect(out, sweep, arms, base)
   outside = outside_plan(out, arms, sweep.seeds)
   summary = summarize(rows, arms, base[0])
-  _write_csv(os.path.join(out, "results.csv"), RESULT_COLUMNS, rows)
-  _write_csv(os.path.join(out, "summary.csv"), SUMMARY_COLUMNS, summary)
-  write_text_atomically(
-      os.path.join(out, "report.md"),
-      report_markdown(summary, rows, arms, sweep, base, outside, prompt_lengths(out)))
+  _written(os.path.join(out, "results.csv"),
+           lambda path: _write_csv(path, RESULT_COLUMNS, rows))
+  _written(os.path.join(out, "summary.csv"),
+           lambda path: _write_csv(path, SUMMARY_COLUMNS, summary))
+  markdown = report_markdown(summary, rows, arms, sweep, base, outside, prompt_lengths(out))
+  _written(os.path.join(out, "report.md"), lambda path: write_text_atomically(path, markdown))
   if plots:
     plot(out, summary, curves, arms, base)
   counts = {s: sum(r["status"] == s for r in rows)

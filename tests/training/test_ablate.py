@@ -1035,6 +1035,35 @@ def test_an_existing_out_its_report_and_its_arms(micro, sweep_file, tmp_path, ca
   assert os.listdir(empty) == []
 
 
+def test_a_report_on_a_full_disk_is_one_line_and_leaves_every_file_whole(micro, tmp_path):
+  """``ablate --report`` whose plot write fails for real (files capped at 16 KiB with
+  RLIMIT_FSIZE, in a process of its own: EFBIG, as ENOSPC on a full disk): one line naming
+  the file, exit 1, each earlier report file as it was (or rewritten whole) and no temporary
+  left. Until 2026-12-07 savefig wrote the PNG in place: the previous plot was cut to the
+  cap, with a traceback."""
+  resource = pytest.importorskip("resource")
+  limit = 16 * 1024
+  out = tmp_path / "out"
+  shutil.copytree(micro, out)
+  before = {name: (out / name).read_bytes() for name in os.listdir(out)
+            if os.path.isfile(out / name)}
+  assert all(len(before[p]) > limit for p in report_lib.PLOTS)  # a PNG's write must fail
+  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+  res = subprocess.run([sys.executable, "-m", "attnlab.cli", "ablate", "--out", str(out),
+                        "--report"], env=env, capture_output=True, text=True, timeout=600,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE,
+                                                             (limit, limit)))
+  err = res.stderr.splitlines()
+  assert res.returncode == 1 and len(err) == 1, res.stderr[-3000:]
+  assert re.fullmatch(
+      rf"attnlab ablate: error: writing {re.escape(str(out))}/{report_lib.PLOTS[0]} failed "
+      r"\(OSError: \[Errno 27\] File too large\); the report's other files are whole: free "
+      r"the space \(or mend the cause\) and rerun with --report", err[0]), err[0]
+  after = {name: (out / name).read_bytes() for name in os.listdir(out)
+           if os.path.isfile(out / name)}
+  assert after == before  # the PNGs whole; the CSVs and report.md rewritten alike
+
+
 def test_ablate_without_matplotlib_stops_before_training(sweep_file, tmp_path, capsys,
                                                          monkeypatch):
   monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails

@@ -132,7 +132,7 @@ def _check_new(path: str, flag: str) -> str:
 @contextlib.contextmanager
 def _staging(final: str):
   """A temporary folder beside ``final``, renamed to it on success, removed on error with
-  the parent folders made for it."""
+  the parent folders made for it. It has the mode of a plain mkdir under the umask."""
   made, at = [], os.path.dirname(final)
   while not os.path.isdir(at):
     made.append(at)
@@ -140,6 +140,9 @@ def _staging(final: str):
   os.makedirs(os.path.dirname(final), exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.tmp-", dir=os.path.dirname(final))
   try:
+    # mkdtemp's folder is 0700: ``final`` gets a plain mkdir's mode under the umask (it
+    # stayed 0700 until 2026-12-07, unread by colleagues on a shared filesystem)
+    hf.set_plain_mode(tmp)
     yield tmp
     os.rename(tmp, final)
   except BaseException:

@@ -717,6 +717,9 @@ def write_params(rules: list[Rule], params: dict[tuple, object], out_dir: str, *
 
 
 def _save(tensors: dict[str, np.ndarray], path: str, save_numpy) -> None:
+  """One safetensors shard, given the mode an ``open`` gives (``set_plain_mode``):
+  safetensors writes 0600 whatever the umask (until 2026-12-07 the shards stayed so, unread
+  by the colleagues on a shared filesystem)."""
   metadata = {"format": "pt"}  # transformers refuses safetensors files without it
   if any(v.dtype.name == "bfloat16" for v in tensors.values()):
     import jax.numpy as jnp
@@ -725,3 +728,27 @@ def _save(tensors: dict[str, np.ndarray], path: str, save_numpy) -> None:
     save_flax({k: jnp.asarray(v) for k, v in tensors.items()}, path, metadata=metadata)
   else:
     save_numpy(tensors, path, metadata=metadata)
+  set_plain_mode(path)
+
+
+def process_umask() -> int:
+  """The process's umask: Linux's /proc/self/status names it; elsewhere it is set and put
+  back (Python has no other way to read it)."""
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("Umask:"):
+          return int(line.split()[1], 8)
+  except (OSError, ValueError):
+    pass
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return mask
+
+
+def set_plain_mode(path: str) -> None:
+  """Give ``path`` the mode a plain ``mkdir`` (a folder) or ``open`` (a file) gives it under
+  the process umask: 0755 / 0644 under 022. For what a library makes private (mkdtemp's
+  0700, safetensors' 0600)."""
+  mode = 0o777 if os.path.isdir(path) else 0o666
+  os.chmod(path, mode & ~process_umask())

@@ -572,6 +572,41 @@ def test_a_failure_while_writing_leaves_no_output_and_no_temporary_folder(tmp_pa
   assert (tmp_path / "exports" / "back" / "config.json").is_file()
 
 
+def _modes(root) -> dict[str, int]:
+  """{path under ``root`` (``root`` itself "."): its permission bits}."""
+  out = {".": os.stat(root).st_mode & 0o777}
+  for folder, dirs, files in os.walk(root):
+    for name in dirs + files:
+      path = os.path.join(folder, name)
+      out[os.path.relpath(path, root)] = os.stat(path).st_mode & 0o777
+  return out
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_the_output_folders_and_files_get_the_modes_of_the_process_umask(umask, tmp_path,
+                                                                         capsys):
+  """Every folder and file ``convert --from-hf`` and ``--to-hf`` make has the mode a plain
+  mkdir / open gives under the process umask (0755 / 0644 under 022), so colleagues on a
+  shared filesystem read them. Until 2026-12-07 the output folder was mkdtemp's (0700,
+  whatever the umask) and model.safetensors safetensors' (0600)."""
+  src, _, _ = _hf_dir(tmp_path, "gpt2")
+  work, back = tmp_path / "runs" / "work", tmp_path / "exports" / "back"
+  before = os.umask(umask)
+  try:
+    assert main(["convert", "--from-hf", src, "--workdir", str(work)]) == 0
+    assert main(["convert", "--to-hf", "--workdir", str(work), "--out", str(back)]) == 0
+  finally:
+    os.umask(before)
+  for root in (work, back):
+    modes = _modes(root)
+    assert "model.safetensors" in modes or root == work
+    wrong = {path: oct(mode) for path, mode in modes.items()
+             if mode != (0o777 if os.path.isdir(os.path.join(root, path)) else 0o666) & ~umask}
+    assert not wrong, (root, wrong)
+  for folder in (tmp_path / "runs", tmp_path / "exports"):  # the parents made for them
+    assert os.stat(folder).st_mode & 0o777 == 0o777 & ~umask
+
+
 def test_a_missing_optional_package_is_named(tmp_path, capsys, monkeypatch):
   import sys
 

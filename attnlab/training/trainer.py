@@ -628,7 +628,7 @@ def _train_in(run: Run, mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, 
     writer = MetricsWriter(workdir, enabled=main_process)
   except OSError as e:
     ckpt.close()
-    raise _write_failed(e, restored, None) from e
+    raise _write_failed("writing the run's files", e, restored, None) from e
   step_fn = steps_lib.make_train_step(run.setup, tcfg)
   # the seed and schedule a resume compares with (_checkpoint_train_config)
   meta = {"seed": tcfg.seed, "rng": "fold_in(seed_key(seed), step)",
@@ -715,7 +715,8 @@ def _train_in(run: Run, mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, 
             print(f"attnlab train: {e}", file=sys.stderr)
           if isinstance(crash, OSError):  # a full disk under metrics.jsonl: one line (a
             # traceback until 2026-12-07)
-            raise _write_failed(crash, last_good, saved) from crash
+            raise _write_failed(f"logging or evaluating step {step}", crash, last_good,
+                                saved) from crash
           if saved is not None:
             print(f"attnlab train: checkpoint saved at step {step} in {ckpt.directory} "
                   "before the error below", file=sys.stderr)
@@ -758,8 +759,10 @@ def _save(ckpt: Checkpointer, step: int, run: Run, meta: dict, last_good: int | 
         f"free the space (or mend the cause) and {then}") from e
 
 
-def _write_failed(e: OSError, last_good: int | None, saved: int | None) -> WriteError:
-  """The ``WriteError`` of an operating-system error writing the run's other files:
+def _write_failed(what: str, e: OSError, last_good: int | None,
+                  saved: int | None) -> WriteError:
+  """The ``WriteError`` of an operating-system error while doing ``what`` (writing the run's
+  other files, or logging / evaluating a step: a full disk, or a validation file gone):
   ``saved`` the step just saved (None where it was not), ``last_good`` the newest good
   checkpoint before it."""
   good = saved if saved is not None else last_good
@@ -767,8 +770,8 @@ def _write_failed(e: OSError, last_good: int | None, saved: int | None) -> Write
           f"rerun the same command to resume from {good}")
   kept = (f"Checkpoint {saved} saved" if saved is not None else
           f"Last good checkpoint: {'none' if last_good is None else last_good}")
-  return WriteError(f"writing the run's files failed ({failure_cause(e)}); the run stopped. "
-                    f"{kept}; free the space (or mend the cause) and {then}")
+  return WriteError(f"{what} failed ({failure_cause(e)}); the run stopped. {kept}; free the "
+                    f"space (or mend the cause) and {then}")
 
 
 def failure_cause(e: BaseException) -> str:

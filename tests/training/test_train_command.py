@@ -851,8 +851,8 @@ def test_a_run_that_cannot_write_its_other_files_stops_in_one_line(tmp_path, cap
   assert cli.main(argv) == 1
   err = capsys.readouterr().err
   assert err.splitlines()[-1] == (
-      "attnlab train: writing the run's files failed (OSError: [Errno 28] No space left on "
-      "device); the run stopped. Checkpoint 2 saved; free the space (or mend the cause) and "
+      "attnlab train: logging or evaluating step 2 failed (OSError: [Errno 28] No space left "
+      "on device); the run stopped. Checkpoint 2 saved; free the space (or mend the cause) and "
       "rerun the same command to resume from 2"), err
   assert "Traceback" not in err and "before the error below" not in err
   monkeypatch.setattr(trainer.MetricsWriter, "write", write)

@@ -751,4 +751,5 @@ def set_plain_mode(path: str) -> None:
   the process umask: 0755 / 0644 under 022. For what a library makes private (mkdtemp's
   0700, safetensors' 0600)."""
   mode = 0o777 if os.path.isdir(path) else 0o666
-  os.chmod(path, mode & ~process_umask())
+  with contextlib.suppress(OSError):  # a mount that refuses chmod (some FUSE / SMB ones):
+    os.chmod(path, mode & ~process_umask())  # left as made, the conversion goes on

@@ -168,18 +168,21 @@ def _quiet_library_failure():
             remove()
 
 
-def _join_library_threads(timeout: float = 60.0, settle: float = 0.1) -> None:
-  """Wait (up to ``timeout`` seconds in all) for orbax's threads of a save that raised: the
-  first failed write raises, the others go on writing into the step's folder and log their
-  own failures, and start more threads of their own (the metadata written after the
-  commits). Joined until none is left for ``settle`` seconds while the save's log lines are
-  held, they say nothing, and a caller that removes the folder (``attnlab convert-heads``)
-  removes it for good: until 2026-12-07 they wrote into it again after it was removed."""
+def _join_library_threads(before: set, timeout: float = 60.0, settle: float = 0.1) -> None:
+  """Wait (up to ``timeout`` seconds in all) for orbax's threads of a save that raised, those
+  not in ``before`` (the threads alive when it began: another orbax save of the process is
+  not waited for): the first failed write raises, the others go on writing into the step's
+  folder and log their own failures, and start more threads of their own (the metadata
+  written after the commits). Joined until none is left for ``settle`` seconds while the
+  save's log lines are held, they say nothing, and a caller that removes the folder
+  (``attnlab convert-heads``) removes it for good: until 2026-12-07 they wrote into it again
+  after it was removed. A thread's own failure, which orbax's ``join`` raises, is not this
+  wait's (the save's error is the one raised)."""
   deadline = time.monotonic() + timeout
   quiet = False
   while time.monotonic() < deadline:
     alive = [t for t in threading.enumerate()
-             if t is not threading.current_thread() and t.is_alive()
+             if t not in before and t is not threading.current_thread() and t.is_alive()
              and type(t).__module__.startswith("orbax.")]
     if not alive:
       if quiet:
@@ -189,7 +192,8 @@ def _join_library_threads(timeout: float = 60.0, settle: float = 0.1) -> None:
       continue
     quiet = False
     for thread in alive:
-      thread.join(max(0.0, deadline - time.monotonic()))
+      with contextlib.suppress(Exception):  # its own write's error: said by the save's
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 # The calls of ``_quiet_library_failure`` running, what they installed, and whether one of
@@ -632,6 +636,7 @@ class Checkpointer:
     rest = flatten({"opt_state": state["opt_state"], "step": state["step"]})
     sums = {"params": checksums(params), "opt_state": checksums(rest),
             "data": _data_digest(data_state)}
+    threads = set(threading.enumerate())
     with _held_library_errors():
       try:
         self.manager.save(step, args=ocp.args.Composite(
@@ -642,7 +647,7 @@ class Checkpointer:
         ), force=True)
         self.manager.wait_until_finished()
       except Exception:
-        _join_library_threads()
+        _join_library_threads(threads)
         raise
 
   def save_params(self, step: int, params, meta: dict | None = None) -> None:

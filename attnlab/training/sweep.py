@@ -385,8 +385,9 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
     with open(os.path.join(dst, CONFIG_FILE), "w", encoding="utf-8") as f:
       f.write(header + text)
   except OSError as e:
-    raise trainer.SaveError(f"writing the new run's files in {dst} failed "
-                            f"({trainer.failure_cause(e)})") from e
+    raise trainer.SaveError(f"copying the source's tokenizer and generation config into, or "
+                            f"writing config.gin in, {dst} failed ({trainer.failure_cause(e)})"
+                            ) from e
   return info
 
 

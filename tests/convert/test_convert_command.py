@@ -607,6 +607,22 @@ def test_the_output_folders_and_files_get_the_modes_of_the_process_umask(umask, 
     assert os.stat(folder).st_mode & 0o777 == 0o777 & ~umask
 
 
+def test_a_filesystem_that_refuses_chmod_still_converts(tmp_path, capsys, monkeypatch):
+  """Where chmod is refused (some FUSE or SMB mounts), the modes stay as made and the
+  conversion goes on (a review: the mode change of 2026-12-07 failed the conversion
+  there)."""
+  src, _, _ = _hf_dir(tmp_path, "gpt2")
+
+  def refused(path, mode, **kw):
+    raise PermissionError(1, "Operation not permitted", str(path))
+
+  monkeypatch.setattr(os, "chmod", refused)
+  work = tmp_path / "work"
+  assert main(["convert", "--from-hf", src, "--workdir", str(work)]) == 0
+  assert main(["convert", "--to-hf", "--workdir", str(work), "--out", str(tmp_path / "b")]) == 0
+  assert (tmp_path / "b" / "model.safetensors").is_file()
+
+
 def test_a_missing_optional_package_is_named(tmp_path, capsys, monkeypatch):
   import sys
 

@@ -1141,3 +1141,39 @@ def test_a_failed_library_call_drops_its_own_teardown_reports_and_no_others(monk
     gc.collect()
     unawaited = [str(w.message) for w in caught if "never awaited" in str(w.message)]
     assert unawaited == ["coroutine 'mine' was never awaited"], unawaited
+
+
+def test_a_failed_save_waits_for_its_own_orbax_threads_and_no_others():
+  """``_join_library_threads``: the orbax threads started by the failed save are waited for,
+  a failure their ``join`` raises (orbax's re-raises the thread's error) does not end the
+  wait, and an orbax thread alive before the save (another save of the process) is not
+  waited for (until 2026-12-07, a review: the first thread's error ended the wait, and any
+  orbax thread was waited for, up to 60 s)."""
+  import threading
+  import time
+
+  stop_other = threading.Event()
+
+  class OrbaxThread(threading.Thread):
+    def join(self, timeout=None):
+      super().join(timeout)
+      if self.name == "fails first":
+        raise ValueError("OUT_OF_RANGE: its own write failed")
+
+  OrbaxThread.__module__ = "orbax.checkpoint._src.futures.future"
+  other = OrbaxThread(target=stop_other.wait, name="another save's", daemon=True)
+  other.start()
+  before = set(threading.enumerate())
+  fails = OrbaxThread(target=time.sleep, args=(0.2,), name="fails first")
+  slow = OrbaxThread(target=time.sleep, args=(1.0,), name="still writing")
+  fails.start()
+  slow.start()
+  t0 = time.monotonic()
+  try:
+    checkpoint._join_library_threads(before, timeout=20)
+    waited = time.monotonic() - t0
+    assert not fails.is_alive() and not slow.is_alive() and other.is_alive()
+    assert 0.9 < waited < 10, waited
+  finally:
+    stop_other.set()
+    other.join()

@@ -60,13 +60,13 @@ SUMMARY_COLUMNS = (
     + ["val_loss_diff_vs_mha", "val_loss_diff_se", "exceeds_seed_noise"]
     + PLANNED_SETTINGS)  # appended 2026-12-04, as in RESULT_COLUMNS
 PLOTS = ("val_loss_vs_tokens.png", "val_loss_vs_kv_bytes.png", "decode_tokens_per_s.png")
+NOISE_FACTOR = 2.0
 
 
 class ReportWriteError(RuntimeError):
   """A file of the report could not be written (a full disk, a read-only folder): the
   message names it and the reason. The files written before it are whole and new, the
   others as they were."""
-NOISE_FACTOR = 2.0
 
 
 def cross_kv_bytes_per_source_token(mcfg) -> int | None:

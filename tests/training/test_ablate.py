@@ -33,6 +33,7 @@ from attnlab.training import sweep as sweep_lib
 from attnlab.training import trainer
 from attnlab.training.checkpoint import Checkpointer
 from tests import random_arrays
+from tests.file_limits import run_attnlab_capped
 
 MICRO = """
 Sweep.base = ["lm_stdlib_tiny.gin"]
@@ -1041,18 +1042,14 @@ def test_a_report_on_a_full_disk_is_one_line_and_leaves_every_file_whole(micro, 
   the file, exit 1, each earlier report file as it was (or rewritten whole) and no temporary
   left. Until 2026-12-07 savefig wrote the PNG in place: the previous plot was cut to the
   cap, with a traceback."""
-  resource = pytest.importorskip("resource")
+  pytest.importorskip("resource")
   limit = 16 * 1024
   out = tmp_path / "out"
   shutil.copytree(micro, out)
   before = {name: (out / name).read_bytes() for name in os.listdir(out)
             if os.path.isfile(out / name)}
   assert all(len(before[p]) > limit for p in report_lib.PLOTS)  # a PNG's write must fail
-  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-  res = subprocess.run([sys.executable, "-m", "attnlab.cli", "ablate", "--out", str(out),
-                        "--report"], env=env, capture_output=True, text=True, timeout=600,
-                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE,
-                                                             (limit, limit)))
+  res = run_attnlab_capped(["ablate", "--out", out, "--report"], limit)
   err = res.stderr.splitlines()
   assert res.returncode == 1 and len(err) == 1, res.stderr[-3000:]
   assert re.fullmatch(

@@ -31,6 +31,7 @@ from attnlab.commands import EXIT_STOPPED
 from attnlab.training import checkpoint, trainer
 from attnlab.training.checkpoint import Checkpointer
 from attnlab.training.metrics import read_metrics
+from tests.file_limits import run_attnlab_capped
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(REPO, "configs", "seq2seq_reverse.gin")
@@ -318,18 +319,14 @@ def test_a_save_failing_on_a_real_write_prints_one_line_and_no_library_teardown(
   tensorstore's "Event loop is closed" tracebacks, asyncio's "Future exception was never
   retrieved", orbax's own "_SignalingThread.run() raised an exception" tracebacks, a
   "coroutine ... was never awaited" warning (170 to 690 lines a run)."""
-  resource = pytest.importorskip("resource")
+  pytest.importorskip("resource")
   limit = kib * 1024
-  argv = [sys.executable, "-m", "attnlab.cli", "train", "--gin_file", CONFIG,
+  argv = ["train", "--gin_file", CONFIG,
           *[f"--gin.{b.replace(' ', '')}" for b in TINY],
           "--gin.TrainConfig.checkpoint_every=1", "--gin.TrainConfig.steps=2",
           "--gin.TrainConfig.warmup_steps=0", "--gin.TrainConfig.eval_every=0",
           "--workdir", str(tmp_path / "w")]
-  # the persistent compilation cache's entries are larger than the cap: not written to
-  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-  res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600,
-                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE,
-                                                             (limit, limit)))
+  res = run_attnlab_capped(argv, limit)
   err = res.stderr.splitlines()
   assert res.returncode == 1 and len(err) == 1, res.stderr[-3000:]
   assert re.fullmatch(

@@ -10,8 +10,6 @@ import logging
 import os
 import re
 import shutil
-import subprocess
-import sys
 import types
 
 import pytest
@@ -21,6 +19,7 @@ from attnlab import config_gin as gin_config
 from attnlab.commands import _common, kv_size
 from attnlab.commands import train as train_command
 from attnlab.data import pipeline
+from tests.file_limits import run_attnlab_capped
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(REPO, "configs", "seq2seq_reverse.gin")
@@ -218,16 +217,12 @@ def test_convert_heads_on_a_full_disk_is_one_line_and_leaves_no_to_folder(seq2se
   it) gone, so the same command runs once the space is there. Until 2026-12-07 orbax's
   traceback, and a half-made --to that the rerun refused ("already exists and is not
   empty")."""
-  resource = pytest.importorskip("resource")
+  pytest.importorskip("resource")
   limit = 4 * 1024
   dst = tmp_path / "new" / "mqa"
   argv = ["convert-heads", "--from", str(seq2seq_run), "--to", str(dst), "--num_kv_heads",
           "1", "--method", "mean"]
-  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-  res = subprocess.run([sys.executable, "-m", "attnlab.cli", *argv], env=env,
-                       capture_output=True, text=True, timeout=600,
-                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE,
-                                                             (limit, limit)))
+  res = run_attnlab_capped(argv, limit)
   err = res.stderr.splitlines()
   assert res.returncode == 1 and len(err) == 1, res.stderr[-3000:]
   assert re.fullmatch(

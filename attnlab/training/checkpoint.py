@@ -44,6 +44,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 import warnings
 from collections.abc import Callable
 
@@ -217,8 +218,10 @@ def _ignore_unawaited_library_coroutines() -> None:
   way after the failure makes more of them)."""
   folders = _library_folders()
   names, seen = set(), set()
-  todo = [f.__code__ for f in gc.get_objects()
-          if inspect.isfunction(f) and os.path.abspath(f.__code__.co_filename).startswith(folders)]
+  # type(f), not isinstance: an object's __class__ may be a property that warns (torch's
+  # deprecated reduce_op printed a FutureWarning per failed save)
+  todo = [f.__code__ for f in gc.get_objects() if type(f) is types.FunctionType
+          and os.path.abspath(f.__code__.co_filename).startswith(folders)]
   while todo:
     code = todo.pop()
     if id(code) in seen:

@@ -139,12 +139,13 @@ def _quiet_library_failure():
   """Around an orbax save or restore: when it raises, what orbax's and tensorstore's work
   of its other writes or reads reports afterwards is not shown, for the rest of the
   process (it comes as that work ends, or at exit when its objects are collected): the
-  error says it once. Until 2026-12-07, 100-370 lines around attnlab's one line on a full
-  disk, ~2000 for one checkpoint of damaged array data: tensorstore's "Event loop is
+  error says it once. Until 2026-12-07, 170-690 lines around attnlab's one line on a full
+  disk, up to ~3700 for one checkpoint of damaged array data: tensorstore's "Event loop is
   closed" tracebacks (``_teardown_noise``), asyncio's "exception was never retrieved"
   reports of orbax's tasks and futures (``_drop_orbax_task_reports``), exceptions ignored
-  in its coroutines as they are collected (``_teardown_noise`` too) and "coroutine ... was
-  never awaited" warnings of its coroutines that never ran
+  in its coroutines as they are collected (``_teardown_noise`` too), orbax's own error
+  tracebacks through absl's logger (``_drop_orbax_error_tracebacks``) and "coroutine ...
+  was never awaited" warnings of its coroutines that never ran
   (``_ignore_unawaited_library_coroutines``). Nothing changes when every such call returns
   (the filters are taken away when the last one running ends, unless one failed: nested
   reads, ``read_as_step``, or another thread's); an interrupt (Ctrl-C) leaves them too."""

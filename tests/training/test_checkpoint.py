@@ -1095,13 +1095,25 @@ def test_a_failed_library_call_drops_its_own_teardown_reports_and_no_others(monk
     other_coroutine = _unraisable(Exception("another"), left[1])
     other_closed = _unraisable(RuntimeError("Event loop is closed"))  # no traceback
     other = _unraisable(RuntimeError("something else"))
-    for u in (closed, ours, other_coroutine, other_closed, other):
+    # the same two frames, but another error or another message: not the closed loop's
+    other_text = _unraisable(RuntimeError("something else"), tb=closed.exc_traceback)
+    other_type = _unraisable(ValueError("Event loop is closed"), tb=closed.exc_traceback)
+    for u in (closed, ours, other_coroutine, other_closed, other, other_text, other_type):
       sys.unraisablehook(u)
-    assert seen == [other_coroutine, other_closed, other]
+    assert seen == [other_coroutine, other_closed, other, other_text, other_type]
     assert not reported(ValueError('OUT_OF_RANGE: Error writing "x" in OCDBT database'))
     assert reported(ValueError("mine"))
     assert reported(ValueError("mine: OUT_OF_RANGE: a status not at the start"))
     assert reported(RuntimeError("INTERNAL: a status text, not tensorstore's ValueError"))
+    # with a traceback: orbax's by its files (any error), not by its text
+    exec(compile("def write():\n  raise RuntimeError('cannot schedule new futures')\n",
+                 in_orbax, "exec"), namespace)
+    for raiser, kept in ((namespace["write"], False), (lambda: exec("raise ValueError("
+                                                                    "'OUT_OF_RANGE: x')"), True)):
+      try:
+        raiser()
+      except Exception as e:  # noqa: BLE001 - either kind
+        assert reported(e) == kept, (e, kept)
 
     class Unprintable(Exception):
       def __str__(self):
@@ -1122,6 +1134,9 @@ def test_a_failed_library_call_drops_its_own_teardown_reports_and_no_others(monk
           os.path.dirname(os.path.abspath(orbax.checkpoint.__file__)) + os.sep,)
       sys.unraisablehook(other)
     assert seen[-1] is other
+    import tensorstore
+    assert checkpoint._library_folders()[1] == (
+        os.path.dirname(os.path.abspath(tensorstore.__file__)) + os.sep)
     absl = logging.getLogger("absl")
     assert absl.filters == [checkpoint._drop_orbax_error_tracebacks]
     try:
@@ -1129,7 +1144,7 @@ def test_a_failed_library_call_drops_its_own_teardown_reports_and_no_others(monk
     except RuntimeError:
       exc_info = sys.exc_info()
     for path, info, kept in ((in_orbax, exc_info, False), (in_orbax, None, True),
-                             ("mine.py", exc_info, True)):
+                             ("mine.py", exc_info, True), (None, exc_info, True)):
       record = absl.makeRecord("absl", logging.ERROR, path, 1, "_SignalingThread.run() raised "
                                "an exception", (), info)
       assert checkpoint._drop_orbax_error_tracebacks(record) == kept, (path, info)

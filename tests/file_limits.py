@@ -15,11 +15,14 @@ _RUN_CAPPED = ("import resource, runpy, sys; n = int(sys.argv[1]); "
                "alter_sys=True)")
 
 
-def run_attnlab_capped(args, limit_bytes: int, timeout: float = 600):
-  """``python -m attnlab.cli ARGS`` with files capped at ``limit_bytes``: the
-  CompletedProcess (text). Without the persistent compilation cache, whose entries pass the
-  cap."""
+def failed_in_one_line(args, limit_bytes: int, timeout: float = 600) -> str:
+  """``python -m attnlab.cli ARGS`` with files capped at ``limit_bytes`` (without the
+  persistent compilation cache, whose entries pass the cap), checked to exit 1 with one line
+  on stderr: that line."""
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-  return subprocess.run([sys.executable, "-c", _RUN_CAPPED, str(limit_bytes), "attnlab.cli",
-                         *map(str, args)], env=env, capture_output=True, text=True,
-                        timeout=timeout)
+  res = subprocess.run([sys.executable, "-c", _RUN_CAPPED, str(limit_bytes), "attnlab.cli",
+                        *map(str, args)], env=env, capture_output=True, text=True,
+                       timeout=timeout)
+  err = res.stderr.splitlines()
+  assert res.returncode == 1 and len(err) == 1, (res.returncode, res.stderr[-3000:])
+  return err[0]

@@ -751,12 +751,10 @@ def _save(ckpt: Checkpointer, step: int, run: Run, meta: dict, last_good: int | 
   try:
     ckpt.save(step, run.state, run.data.get_state(), meta)
   except Exception as e:
-    then = ("rerun the same command to start over" if last_good is None else
-            f"rerun the same command to resume from {last_good}")
     raise SaveError(
         f"saving checkpoint {step} in {ckpt.directory} failed ({failure_cause(e)}); "
         f"the run stopped. Last good checkpoint: {'none' if last_good is None else last_good}; "
-        f"free the space (or mend the cause) and {then}") from e
+        f"free the space (or mend the cause) and {_rerun(last_good)}") from e
 
 
 def _write_failed(what: str, e: OSError, last_good: int | None,
@@ -765,13 +763,17 @@ def _write_failed(what: str, e: OSError, last_good: int | None,
   other files, or logging / evaluating a step: a full disk, or a validation file gone):
   ``saved`` the step just saved (None where it was not), ``last_good`` the newest good
   checkpoint before it."""
-  good = saved if saved is not None else last_good
-  then = ("rerun the same command to start over" if good is None else
-          f"rerun the same command to resume from {good}")
   kept = (f"Checkpoint {saved} saved" if saved is not None else
           f"Last good checkpoint: {'none' if last_good is None else last_good}")
   return WriteError(f"{what} failed ({failure_cause(e)}); the run stopped. {kept}; free the "
-                    f"space (or mend the cause) and {then}")
+                    f"space (or mend the cause) and "
+                    f"{_rerun(saved if saved is not None else last_good)}")
+
+
+def _rerun(good: int | None) -> str:
+  """What the same command does again from the newest good checkpoint ``good``."""
+  return ("rerun the same command to start over" if good is None else
+          f"rerun the same command to resume from {good}")
 
 
 def failure_cause(e: BaseException) -> str:

@@ -33,7 +33,7 @@ from attnlab.training import sweep as sweep_lib
 from attnlab.training import trainer
 from attnlab.training.checkpoint import Checkpointer
 from tests import random_arrays
-from tests.file_limits import run_attnlab_capped
+from tests.file_limits import failed_in_one_line
 
 MICRO = """
 Sweep.base = ["lm_stdlib_tiny.gin"]
@@ -1049,13 +1049,11 @@ def test_a_report_on_a_full_disk_is_one_line_and_leaves_every_file_whole(micro, 
   before = {name: (out / name).read_bytes() for name in os.listdir(out)
             if os.path.isfile(out / name)}
   assert all(len(before[p]) > limit for p in report_lib.PLOTS)  # a PNG's write must fail
-  res = run_attnlab_capped(["ablate", "--out", out, "--report"], limit)
-  err = res.stderr.splitlines()
-  assert res.returncode == 1 and len(err) == 1, res.stderr[-3000:]
+  line = failed_in_one_line(["ablate", "--out", out, "--report"], limit)
   assert re.fullmatch(
       rf"attnlab ablate: error: writing {re.escape(str(out))}/{report_lib.PLOTS[0]} failed "
       r"\(OSError: \[Errno 27\] File too large\); the report's other files are whole: free "
-      r"the space \(or mend the cause\) and rerun with --report", err[0]), err[0]
+      r"the space \(or mend the cause\) and rerun with --report", line), line
   after = {name: (out / name).read_bytes() for name in os.listdir(out)
            if os.path.isfile(out / name)}
   assert after == before  # the PNGs whole; the CSVs and report.md rewritten alike

@@ -31,7 +31,7 @@ from attnlab.commands import EXIT_STOPPED
 from attnlab.training import checkpoint, trainer
 from attnlab.training.checkpoint import Checkpointer
 from attnlab.training.metrics import read_metrics
-from tests.file_limits import run_attnlab_capped
+from tests.file_limits import failed_in_one_line
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(REPO, "configs", "seq2seq_reverse.gin")
@@ -326,11 +326,9 @@ def test_a_save_failing_on_a_real_write_prints_one_line_and_no_library_teardown(
           "--gin.TrainConfig.checkpoint_every=1", "--gin.TrainConfig.steps=2",
           "--gin.TrainConfig.warmup_steps=0", "--gin.TrainConfig.eval_every=0",
           "--workdir", str(tmp_path / "w")]
-  res = run_attnlab_capped(argv, limit)
-  err = res.stderr.splitlines()
-  assert res.returncode == 1 and len(err) == 1, res.stderr[-3000:]
+  line = failed_in_one_line(argv, limit)
   assert re.fullmatch(
       r"attnlab train: saving checkpoint 1 in .*/checkpoints failed \((OSError: \[Errno 27\] "
       r"File too large|ValueError: [A-Z_]+: .*\[os_error_code='27'\])\); the run "
       r"stopped\. Last good checkpoint: none; free the "
-      r"space \(or mend the cause\) and rerun the same command to start over", err[0]), err[0]
+      r"space \(or mend the cause\) and rerun the same command to start over", line), line

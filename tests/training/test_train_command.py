@@ -19,7 +19,7 @@ from attnlab import config_gin as gin_config
 from attnlab.commands import _common, kv_size
 from attnlab.commands import train as train_command
 from attnlab.data import pipeline
-from tests.file_limits import run_attnlab_capped
+from tests.file_limits import failed_in_one_line
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(REPO, "configs", "seq2seq_reverse.gin")
@@ -222,14 +222,12 @@ def test_convert_heads_on_a_full_disk_is_one_line_and_leaves_no_to_folder(seq2se
   dst = tmp_path / "new" / "mqa"
   argv = ["convert-heads", "--from", str(seq2seq_run), "--to", str(dst), "--num_kv_heads",
           "1", "--method", "mean"]
-  res = run_attnlab_capped(argv, limit)
-  err = res.stderr.splitlines()
-  assert res.returncode == 1 and len(err) == 1, res.stderr[-3000:]
+  line = failed_in_one_line(argv, limit)
   assert re.fullmatch(
       rf"attnlab convert-heads: error: saving checkpoint 0 in {re.escape(str(dst))}/checkpoints "
       r"failed \((ValueError|OSError): .*(\[os_error_code='27'\]|File too large)\); nothing "
       rf"was kept in --to {re.escape(str(dst))}: free the space \(or mend the cause\) and "
-      r"rerun the same command", err[0]), err[0]
+      r"rerun the same command", line), line
   assert os.listdir(tmp_path) == [], [os.path.join(d, n) for d, ds, fs in os.walk(tmp_path)
                                       for n in ds + fs]  # --to and its parent: made by it
   assert cli.main(argv) == 0

@@ -9,6 +9,17 @@ A command signals bad input by raising ``CommandError``
 code 2. ``main`` is for a caller in the process (Ctrl-C: a KeyboardInterrupt
 after its line); the ``attnlab`` console script is ``console_main`` (Ctrl-C:
 the process dies by SIGINT).
+
+Standard output that cannot be written is one line on stderr, exit 1, never a
+traceback: closed before the command starts (``attnlab kv-size ... >&-``),
+"attnlab kv-size: error: standard output is closed; nothing was run", and the
+command is not run (a checkpoint opened then could take file descriptor 1); a
+write or flush of it that fails (``> /dev/full``, an I/O error), "attnlab
+kv-size: error: cannot write to standard output: [Errno 28] No space left on
+device", after what the command did (``train``'s checkpoints stay saved). Only
+an error of stdout's own write or flush is taken so: a full disk under a
+checkpoint or a file keeps the command's own handling. stdout's reader gone
+(``| head -1``) is quiet, exit 141.
 """
 
 from __future__ import annotations
@@ -50,11 +61,26 @@ def main(argv: list[str] | None = None) -> int:
   does: a caller in the same process (a notebook, a script, a test) goes on or stops as it
   chooses (until 2026-12-07 ``main`` killed its own process by SIGINT, a notebook's kernel
   too). The ``attnlab`` console script and ``python -m attnlab.cli`` run ``console_main``,
-  whose process then dies by SIGINT."""
+  whose process then dies by SIGINT.
+
+  A stdout that is closed, or whose write or flush fails (a full disk), is one line on stderr
+  and exit 1 (the module's docstring); this ``main`` flushes stdout before it returns."""
   argv = sys.argv[1:] if argv is None else list(argv)
   name = argv[0] if argv and argv[0] in COMMANDS else None
+  who = f"attnlab{' ' + name if name else ''}"
+  if _stdout_closed():  # a traceback (decode, eval) or exit 0 with nothing said (kv-size)
+    # until 2026-12-07
+    print(f"{who}: error: standard output is closed; nothing was run", file=sys.stderr)
+    return 1
+  stdout = sys.stdout = _WatchedStdout(sys.stdout)
   try:
-    return _dispatch(argv)
+    try:
+      code = _dispatch(argv)
+    except SystemExit:  # --help: argparse prints the help and hides a write that failed
+      _check_written(stdout)
+      raise
+    _check_written(stdout)
+    return code
   except BrokenPipeError:
     if not _stdout_broken():  # another pipe (a subprocess's, a socket's): not ours to hide
       raise
@@ -64,11 +90,26 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(OSError, ValueError):  # ValueError: a stdout without a file
       os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # descriptor (a test's)
     return EXIT_BROKEN_PIPE
+  except OSError as e:
+    if e is not stdout.error:  # not stdout's (a checkpoint's, a file's): its own traceback
+      raise
+    # A full disk under a redirected stdout, an I/O error: a traceback, and an "Exception
+    # ignored" at the interpreter's last flush, until 2026-12-07.
+    print(f"{who}: error: cannot write to standard output: {e}", file=sys.stderr)
+    if stdout.stream is sys.__stdout__:  # the process's own stdout, which the interpreter
+      # flushes at exit: to /dev/null, so that that flush cannot fail again (a notebook's
+      # or a test's stream is left as it is)
+      with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.stream.fileno())
+    return 1
   except KeyboardInterrupt:
     # One line (a traceback from wherever it landed until 2026-12-06); what was printed
     # stays.
-    print(f"\nattnlab{' ' + name if name else ''}: interrupted", file=sys.stderr)
+    print(f"\n{who}: interrupted", file=sys.stderr)
     raise
+  finally:
+    if sys.stdout is stdout:  # the caller's stdout back (a command may have set its own)
+      sys.stdout = stdout.stream
 
 
 def console_main() -> int:
@@ -110,6 +151,59 @@ def _dispatch(argv: list[str]) -> int:
         common.restore_compilation_cache()
       finally:
         common.restore_logging()
+
+
+class _WatchedStdout:
+  """``sys.stdout`` while a command runs: the caller's stream (``stream``), keeping the last
+  OSError of its write or flush (``error``), so that ``main`` tells a failure of stdout from
+  any other OSError (a full disk fails a checkpoint's write with the same errno)."""
+
+  def __init__(self, stream):
+    self.stream = stream
+    self.error = None
+
+  def _watch(self, method, *args):
+    try:
+      return method(*args)
+    except OSError as e:
+      self.error = e
+      raise
+
+  def write(self, text):
+    return self._watch(self.stream.write, text)
+
+  def writelines(self, lines):
+    return self._watch(self.stream.writelines, lines)
+
+  def flush(self):
+    return self._watch(self.stream.flush)
+
+  def __getattr__(self, name):  # fileno, isatty, encoding, ...: the stream's
+    return getattr(self.stream, name)
+
+
+def _check_written(stdout: _WatchedStdout) -> None:
+  """Flush ``stdout`` (a failed buffered write fails here, not at the interpreter's exit)
+  and raise the error of a write that failed and was caught on its way (argparse's help)."""
+  stdout.flush()
+  if stdout.error is not None:
+    raise stdout.error
+
+
+def _stdout_closed() -> bool:
+  """Whether stdout cannot be written at all: None (the process started with file
+  descriptor 1 closed), a closed stream, or one over a closed descriptor."""
+  if sys.stdout is None or getattr(sys.stdout, "closed", False):
+    return True
+  try:
+    fd = sys.stdout.fileno()
+  except (AttributeError, OSError, ValueError):  # none (a StringIO, pytest's capsys): its
+    return False                                 # writes will say
+  try:
+    os.fstat(fd)
+  except OSError:
+    return True
+  return False
 
 
 def _stdout_broken() -> bool:

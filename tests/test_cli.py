@@ -3,7 +3,10 @@ the one-line error of a ``CommandError``, and ``attnlab --help`` without JAX."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib.metadata
+import io
 import os
 import subprocess
 import sys
@@ -110,6 +113,131 @@ def test_a_real_command_error_goes_through_the_dispatcher(capsys):
                    "--head_dim", "8"]) == 2
   assert capsys.readouterr().err == (
       "attnlab kv-size: error: --layers=0 must be a positive integer\n")
+
+
+KV_SIZE = ["kv-size", "--layers", "2", "--seq", "8", "--kv_heads", "1", "--head_dim", "4"]
+ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+class _FailingStdout(io.StringIO):
+  """A stdout whose ``write`` or ``flush`` (``fails``) raises ``error``; ``fileno`` as given
+  (None: it has none, as a StringIO)."""
+
+  def __init__(self, fails, error, fd=None):
+    super().__init__()
+    self.fails, self.error, self.fd = fails, error, fd
+
+  def write(self, text):
+    if self.fails == "write":
+      raise self.error
+    return super().write(text)
+
+  def flush(self):
+    if self.fails == "flush":
+      raise self.error
+
+  def fileno(self):
+    if self.fd is None:
+      raise io.UnsupportedOperation("fileno")
+    return self.fd
+
+
+@pytest.mark.parametrize("fails", ["write", "flush"])
+@pytest.mark.parametrize("argv", [KV_SIZE, ["kv-size", "--help"], ["--help"]],
+                         ids=["kv-size", "kv-size --help", "--help"])
+def test_a_stdout_that_cannot_be_written_is_one_line_on_stderr_exit_1(
+    argv, fails, monkeypatch, capsys, tmp_path):
+  """A full disk (or an I/O error) under stdout: the print's error (an unbuffered stdout),
+  the flush's (a buffered one: ``main`` flushes before it returns) or argparse's help's
+  (which argparse hides) is one line naming stdout, exit 1 (until 2026-12-07 a traceback,
+  or at the interpreter's exit "Exception ignored", exit 120; ``--help``: exit 0). The
+  caller's stdout is put back, its descriptor untouched: only the process's own stdout
+  goes to /dev/null after the line (this one's a file of the test's)."""
+  kept = tmp_path / "kept.txt"
+  with open(kept, "w") as f:
+    stdout = _FailingStdout(fails, ENOSPC, fd=f.fileno())
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert cli.main(argv) == 1
+    assert sys.stdout is stdout
+    os.write(f.fileno(), b"still the file's")
+  assert kept.read_text() == "still the file's"
+  who = "attnlab kv-size" if argv[0] == "kv-size" else "attnlab"
+  assert capsys.readouterr().err == (
+      f"{who}: error: cannot write to standard output: [Errno 28] No space left on device\n")
+
+
+def test_a_closed_pipe_at_the_last_flush_is_quiet_exit_141(monkeypatch, capsys):
+  """stdout's reader gone before a buffered print reached it: ``main``'s flush meets the
+  closed pipe; quiet, exit 141, as when the print does (until 2026-12-07 "Exception ignored"
+  at the interpreter's exit, exit 120, where the command did not flush)."""
+  monkeypatch.setattr(sys, "stdout", _FailingStdout("flush", BrokenPipeError(errno.EPIPE,
+                                                                             "Broken pipe")))
+  assert cli.main(KV_SIZE) == 141
+  assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("how", ["None", "closed stream", "closed descriptor"])
+def test_a_closed_stdout_is_one_line_and_the_command_does_not_run(
+    how, fake_command, monkeypatch, capsys):
+  """``attnlab ... >&-``: Python starts with ``sys.stdout`` None; a stream closed, or over
+  a closed descriptor, in the process. One line, exit 1, before the command runs (until
+  2026-12-07 decode and eval ran, then an AttributeError traceback; kv-size exit 0, nothing
+  said)."""
+  module, calls = fake_command
+  module.behave = lambda argv: 0
+  if how == "None":
+    stdout = None
+  elif how == "closed stream":
+    stdout = io.StringIO()
+    stdout.close()
+  else:
+    read, write = os.pipe()
+    os.close(read)
+    os.close(write)
+    stdout = _FailingStdout(None, None, fd=write)
+  monkeypatch.setattr(sys, "stdout", stdout)
+  assert cli.main(["fake", "--x"]) == 1
+  assert calls == [] and sys.stdout is stdout
+  assert capsys.readouterr().err == (
+      "attnlab fake: error: standard output is closed; nothing was run\n")
+
+
+def test_an_os_error_that_is_not_stdouts_goes_on_unchanged(fake_command, monkeypatch, capsys):
+  """A full disk under a file the command writes (a checkpoint, a report) has the same
+  errno as under stdout; only the error of stdout's own write or flush is taken for stdout's:
+  this one reaches the caller as it was raised, even after stdout's own write failed and was
+  caught, and nothing is said for it."""
+  module, _ = fake_command
+  raised = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/runs/x/checkpoint")
+
+  def fail(argv):
+    with contextlib.suppress(OSError):
+      print("a line")
+    raise raised
+
+  module.behave = fail
+  for stdout in (io.StringIO(), _FailingStdout("write", ENOSPC)):
+    monkeypatch.setattr(sys, "stdout", stdout)
+    with pytest.raises(OSError) as e:
+      cli.main(["fake"])
+    assert e.value is raised and sys.stdout is stdout
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_stdout_on_a_full_device_is_one_line_in_a_real_process():
+  """``attnlab kv-size ... > /dev/full`` with Python's usual buffered stdout: the result
+  fails at the flush; one line, exit 1, no traceback, and no "Exception ignored" at the
+  interpreter's exit (stdout goes to /dev/null after the line)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+  env["PYTHONPATH"] = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
+  with open("/dev/full", "w") as full:
+    proc = subprocess.run([sys.executable, "-m", "attnlab.cli", *KV_SIZE], stdout=full,
+                          stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+  assert (proc.returncode, proc.stderr) == (1, (
+      "attnlab kv-size: error: cannot write to standard output: [Errno 28] No space left on "
+      "device\n"))
 
 
 def test_every_command_module_has_a_main():

@@ -11,15 +11,18 @@ after its line); the ``attnlab`` console script is ``console_main`` (Ctrl-C:
 the process dies by SIGINT).
 
 Standard output that cannot be written is one line on stderr, exit 1, never a
-traceback: closed before the command starts (``attnlab kv-size ... >&-``),
+traceback: closed before a command starts (``attnlab kv-size ... >&-``),
 "attnlab kv-size: error: standard output is closed; nothing was run", and the
 command is not run (a checkpoint opened then could take file descriptor 1); a
 write or flush of it that fails (``> /dev/full``, an I/O error), "attnlab
 kv-size: error: cannot write to standard output: [Errno 28] No space left on
-device", after what the command did (``train``'s checkpoints stay saved). Only
-an error of stdout's own write or flush is taken so: a full disk under a
-checkpoint or a file keeps the command's own handling. stdout's reader gone
-(``| head -1``) is quiet, exit 141.
+device", where it fails: ``train`` prints at its end, after its checkpoints are
+saved, while ``decode --prompts_file`` stops at the first result it cannot
+print. A command that ended with its own non-zero status (``train`` stopped by a
+signal: 75) keeps it, after the line. Only an error of stdout's own write or
+flush is taken so: a full disk under a checkpoint or a file keeps the command's
+own handling. stdout's reader gone (``| head -1``, a pipe's or a socket's) is
+quiet, exit 141.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import os
 import select
 import signal
 import sys
+import threading
 
 from attnlab.commands import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, CommandError
 
@@ -68,39 +72,45 @@ def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   name = argv[0] if argv and argv[0] in COMMANDS else None
   who = f"attnlab{' ' + name if name else ''}"
-  if _stdout_closed():  # a traceback (decode, eval) or exit 0 with nothing said (kv-size)
-    # until 2026-12-07
+  if not name and argv[:1] not in (["-h"], ["--help"]):  # no command or an unknown one:
+    return _dispatch(argv)  # its lines go to stderr, exit 2
+  if _stdout_closed():  # a traceback (decode, eval) or exit 0 with nothing said
+    # (kv-size) until 2026-12-07
     print(f"{who}: error: standard output is closed; nothing was run", file=sys.stderr)
     return 1
-  stdout = sys.stdout = _WatchedStdout(sys.stdout)
+  stdout = _watch_stdout()
+  since = stdout.mark()
   try:
     try:
       code = _dispatch(argv)
     except SystemExit:  # --help: argparse prints the help and hides a write that failed
-      _check_written(stdout)
+      _check_written(stdout, since)
       raise
-    _check_written(stdout)
+    try:
+      _check_written(stdout, since)
+    except OSError as e:
+      if not code or isinstance(e, BrokenPipeError):
+        raise
+      # The command ended with its own status (train stopped by a signal: 75, resumable)
+      # and its last write failed: the line, and the command's status kept.
+      _stdout_failed(who, stdout, e)
+      return code
     return code
-  except BrokenPipeError:
-    if not _stdout_broken():  # another pipe (a subprocess's, a socket's): not ours to hide
-      raise
-    # The reader of stdout went away (`attnlab decode ... | head -1`): stop quietly, as a
-    # Unix filter does, with SIGPIPE's exit status (a traceback until 2026-12-06). stdout
-    # goes to /dev/null so that the interpreter's last flush does not fail again.
-    with contextlib.suppress(OSError, ValueError):  # ValueError: a stdout without a file
-      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # descriptor (a test's)
+  except BrokenPipeError as e:
+    if not stdout.failed(e, since) and not _stdout_broken():  # another pipe (a
+      raise  # subprocess's, a socket's): not ours to hide
+    # The reader of stdout went away (`attnlab decode ... | head -1`, a socket's reader
+    # too): stop quietly, as a Unix filter does, with SIGPIPE's exit status (a traceback
+    # until 2026-12-06). The process's stdout goes to /dev/null so that the interpreter's
+    # last flush does not fail again.
+    _to_devnull(stdout.stream)
     return EXIT_BROKEN_PIPE
   except OSError as e:
-    if e is not stdout.error:  # not stdout's (a checkpoint's, a file's): its own traceback
-      raise
+    if not stdout.failed(e, since):  # not stdout's (a checkpoint's, a file's): its own
+      raise  # traceback
     # A full disk under a redirected stdout, an I/O error: a traceback, and an "Exception
     # ignored" at the interpreter's last flush, until 2026-12-07.
-    print(f"{who}: error: cannot write to standard output: {e}", file=sys.stderr)
-    if stdout.stream is sys.__stdout__:  # the process's own stdout, which the interpreter
-      # flushes at exit: to /dev/null, so that that flush cannot fail again (a notebook's
-      # or a test's stream is left as it is)
-      with contextlib.suppress(OSError, ValueError):
-        os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.stream.fileno())
+    _stdout_failed(who, stdout, e)
     return 1
   except KeyboardInterrupt:
     # One line (a traceback from wherever it landed until 2026-12-06); what was printed
@@ -108,8 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{who}: interrupted", file=sys.stderr)
     raise
   finally:
-    if sys.stdout is stdout:  # the caller's stdout back (a command may have set its own)
-      sys.stdout = stdout.stream
+    _unwatch_stdout(stdout)
 
 
 def console_main() -> int:
@@ -154,19 +163,22 @@ def _dispatch(argv: list[str]) -> int:
 
 
 class _WatchedStdout:
-  """``sys.stdout`` while a command runs: the caller's stream (``stream``), keeping the last
-  OSError of its write or flush (``error``), so that ``main`` tells a failure of stdout from
-  any other OSError (a full disk fails a checkpoint's write with the same errno)."""
+  """``sys.stdout`` while commands run: the caller's stream (``stream``), keeping every
+  OSError of its write or flush (``errors``), so that ``main`` tells a failure of stdout from
+  any other OSError (a full disk fails a checkpoint's write with the same errno). One is
+  installed for all the ``main`` calls running at once (threads), the caller's stream put
+  back when the last returns."""
 
   def __init__(self, stream):
     self.stream = stream
-    self.error = None
+    self.errors = []
+    self.users = 0
 
   def _watch(self, method, *args):
     try:
       return method(*args)
     except OSError as e:
-      self.error = e
+      self.errors.append(e)
       raise
 
   def write(self, text):
@@ -178,16 +190,69 @@ class _WatchedStdout:
   def flush(self):
     return self._watch(self.stream.flush)
 
+  def mark(self) -> int:
+    """Where a call's errors begin in ``errors``."""
+    return len(self.errors)
+
+  def failed(self, error: BaseException, since: int) -> bool:
+    """Whether ``error`` is one of stdout's own, met since ``since``."""
+    return any(error is e for e in self.errors[since:])
+
   def __getattr__(self, name):  # fileno, isatty, encoding, ...: the stream's
+    if name == "stream":  # not set yet (copy.copy makes an instance without __init__)
+      raise AttributeError(name)
     return getattr(self.stream, name)
 
 
-def _check_written(stdout: _WatchedStdout) -> None:
+_WATCH_LOCK = threading.Lock()
+
+
+def _watch_stdout() -> _WatchedStdout:
+  """``sys.stdout`` as a ``_WatchedStdout``: the one installed by a ``main`` running in
+  another thread, or a new one over the caller's stream."""
+  with _WATCH_LOCK:
+    stdout = sys.stdout
+    if not isinstance(stdout, _WatchedStdout):
+      stdout = sys.stdout = _WatchedStdout(stdout)
+    stdout.users += 1
+    return stdout
+
+
+def _unwatch_stdout(stdout: _WatchedStdout) -> None:
+  """The caller's stream back once no ``main`` uses ``stdout`` (unless a command set a
+  ``sys.stdout`` of its own meanwhile: that one stays)."""
+  with _WATCH_LOCK:
+    stdout.users -= 1
+    if stdout.users == 0 and sys.stdout is stdout:
+      sys.stdout = stdout.stream
+
+
+def _check_written(stdout: _WatchedStdout, since: int) -> None:
   """Flush ``stdout`` (a failed buffered write fails here, not at the interpreter's exit)
-  and raise the error of a write that failed and was caught on its way (argparse's help)."""
+  and raise the error of a write that failed since ``since`` and was caught on its way
+  (argparse's help)."""
   stdout.flush()
-  if stdout.error is not None:
-    raise stdout.error
+  if len(stdout.errors) > since:
+    raise stdout.errors[-1]
+
+
+def _stdout_failed(who: str, stdout: _WatchedStdout, error: OSError) -> None:
+  print(f"{who}: error: cannot write to standard output: {error}", file=sys.stderr)
+  _to_devnull(stdout.stream)
+
+
+def _to_devnull(stream) -> None:
+  """The process's own stdout (``sys.__stdout__``, which the interpreter flushes at exit) to
+  /dev/null, so that that flush cannot fail again; a notebook's or a test's stream is left
+  as it is."""
+  if stream is not sys.__stdout__:
+    return
+  with contextlib.suppress(OSError, ValueError):  # ValueError: no file descriptor
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+      os.dup2(null, stream.fileno())
+    finally:
+      os.close(null)
 
 
 def _stdout_closed() -> bool:

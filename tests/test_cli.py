@@ -10,6 +10,7 @@ import io
 import os
 import subprocess
 import sys
+import threading
 import types
 
 import pytest
@@ -515,3 +516,98 @@ def test_each_command_warns_about_a_saved_config_as_a_fresh_process_does(tmp_pat
   assert warned() == [f"{tmp_path}/config.gin sets DataConfig.min_len = 5, which task='lm' "
                       "with tokenizer='byte' does not read (attnlab before 2026-12-06 took "
                       "and ignored it): read as the default"] * 2
+
+
+def test_a_reader_gone_that_poll_cannot_see_is_still_quiet_exit_141(monkeypatch, capsys):
+  """stdout a socket whose reader has gone: poll shows no POLLERR there (a socket's reader
+  gone is POLLHUP, or nothing once it shut its side down), yet the BrokenPipeError is
+  stdout's own write's: quiet, exit 141 (a traceback until 2026-12-07, and from ``--help``
+  too, which exited 0 before main flushed)."""
+  monkeypatch.setattr(cli, "_stdout_broken", lambda: False)
+  for fails in ("write", "flush"):
+    for argv in (KV_SIZE, ["kv-size", "--help"]):
+      monkeypatch.setattr(sys, "stdout", _FailingStdout(fails, BrokenPipeError(
+          errno.EPIPE, "Broken pipe")))
+      assert cli.main(argv) == 141, (fails, argv)
+      assert capsys.readouterr().err == ""
+
+
+def test_a_commands_own_status_is_kept_when_its_last_flush_fails(fake_command, monkeypatch,
+                                                                   capsys):
+  """``train`` stopped by a signal prints its line and returns 75 (resumable); a stdout that
+  fails at the flush after it is the line on stderr, and 75 stays (1 until 2026-12-07's
+  review: a script resuming on 75 would not have)."""
+  module, _ = fake_command
+
+  def stopped(argv):
+    print("{}")
+    return 75
+
+  module.behave = stopped
+  monkeypatch.setattr(sys, "stdout", _FailingStdout("flush", ENOSPC))
+  assert cli.main(["fake"]) == 75
+  assert capsys.readouterr().err == (
+      "attnlab fake: error: cannot write to standard output: [Errno 28] No space left on "
+      "device\n")
+
+
+@pytest.mark.parametrize("argv, err", [
+    ([], cli.usage() + "\n"),
+    (["nope"], f"attnlab: unknown command 'nope'\n{cli.usage()}\n")])
+def test_a_closed_stdout_does_not_hide_what_goes_to_stderr(argv, err, monkeypatch, capsys):
+  """No command, or an unknown one: its lines go to stderr, exit 2, stdout closed or not."""
+  monkeypatch.setattr(sys, "stdout", None)
+  assert cli.main(argv) == 2
+  assert capsys.readouterr().err == err
+
+
+def test_commands_running_at_once_in_threads_put_the_callers_stdout_back(
+    fake_command, monkeypatch):
+  """Two ``main`` calls in threads, the first returning while the second runs (a ``train``
+  and an ``eval`` in a notebook): the caller's stdout is back after both, whatever the order
+  (until 2026-12-07's review the second left the first's wrapper as ``sys.stdout`` for
+  good), and a call still running prints through the watched stdout."""
+  module, _ = fake_command
+  first_in, second_in, first_out = (threading.Event() for _ in range(3))
+
+  def behave(argv):
+    if argv == ["first"]:
+      first_in.set()
+      assert second_in.wait(60)
+    else:
+      second_in.set()
+      assert first_out.wait(60)
+      assert isinstance(sys.stdout, cli._WatchedStdout)  # still watched for this call
+    print(argv[0])
+    return 0
+
+  module.behave = behave
+  stdout = io.StringIO()
+  monkeypatch.setattr(sys, "stdout", stdout)
+  codes = {}
+
+  def run(which):
+    codes[which] = cli.main(["fake", which])
+    if which == "first":
+      first_out.set()
+
+  first = threading.Thread(target=run, args=("first",))
+  first.start()
+  assert first_in.wait(60)
+  second = threading.Thread(target=run, args=("second",))
+  second.start()
+  first.join(60)
+  second.join(60)
+  assert codes == {"first": 0, "second": 0}
+  assert sys.stdout is stdout
+  assert sorted(stdout.getvalue().split()) == ["first", "second"]
+
+
+def test_the_watched_stdout_can_be_copied_while_a_command_runs(fake_command):
+  """``copy.copy(sys.stdout)`` in a command (a library's) made a RecursionError: the copy's
+  ``__getattr__`` looked for its ``stream``, not yet set, through itself."""
+  import copy
+
+  module, _ = fake_command
+  module.behave = lambda argv: copy.copy(sys.stdout).stream is sys.stdout.stream and 7
+  assert cli.main(["fake"]) == 7

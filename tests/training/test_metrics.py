@@ -45,22 +45,23 @@ def test_tensorboard_gets_the_same_scalars_under_split_slash_name(tmp_path):
   w.write(2, "train", {"loss": 1.5, "learning_rate": 0.25})
   w.write(4, "train", {"loss": 0.5, "learning_rate": 0.125})
   w.write(4, "eval", {"perplexity": 3.0})
-  # A live run's scalars reach TensorBoard within 10 s (tensorboardX's default is 120).
-  assert w._tb._flush_secs == 10
-  w.flush()
-  w.close()
-  assert _scalars(tmp_path / "tensorboard") == {
+  # A live run's scalars reach TensorBoard as they are written (tensorboardX's writer
+  # flushed every 10 s here, from a thread, and the rest from an exit hook).
+  want = {
       "train/loss": [(2, 1.5), (4, 0.5)],
       "train/learning_rate": [(2, 0.25), (4, 0.125)],
       "eval/perplexity": [(4, 3.0)],
   }
+  assert _scalars(tmp_path / "tensorboard") == want
+  w.close()
+  assert _scalars(tmp_path / "tensorboard") == want
 
 
 def test_close_is_idempotent_and_flush_after_close_is_a_no_op(tmp_path):
   w = metrics.MetricsWriter(str(tmp_path))
   w.write(1, "train", {"loss": 1.0})
   w.close()
-  assert w._tb is None
+  assert w._events is None
   w.close()
   w.flush()
 
@@ -156,28 +157,98 @@ def test_perplexity_is_capped_at_exp_50(nll):
   assert metrics.perplexity(nll) == math.exp(50.0)
 
 
-def test_summary_writer_hides_torch_only_while_importing_and_only_if_absent(monkeypatch,
-                                                                            tmp_path):
+def test_tensorboardx_is_imported_without_torch_only_if_absent(monkeypatch, tmp_path):
   sentinel = object()
   monkeypatch.setitem(sys.modules, "torch", sentinel)
-  metrics._summary_writer()
+  metrics._tensorboardx()
   assert sys.modules["torch"] is sentinel  # an imported torch is left alone
   monkeypatch.delitem(sys.modules, "torch")
-  writer_cls = metrics._summary_writer()
+  tbx = metrics._tensorboardx()
   assert "torch" not in sys.modules  # not left as None: `import torch` works afterwards
-  assert writer_cls.__name__ == "SummaryWriter"
+  assert tbx.Event.__name__ == "Event" and tbx.Summary.__name__ == "Summary"
   # What tensorboardX's import sees: `torch` set to None (an ImportError) while torch is
   # not imported, an imported torch as it is. A stand-in package records it.
-  (tmp_path / "tensorboardX").mkdir()
-  (tmp_path / "tensorboardX" / "__init__.py").write_text(
-      "import sys\nSEEN = sys.modules.get('torch', 'absent')\nclass SummaryWriter:\n  pass\n")
+  package = tmp_path / "tensorboardX"
+  (package / "proto").mkdir(parents=True)
+  (package / "__init__.py").write_text("import sys\nSEEN = sys.modules.get('torch', 'absent')\n")
+  (package / "proto" / "__init__.py").write_text("")
+  (package / "proto" / "event_pb2.py").write_text("class Event:\n  pass\n")
+  (package / "proto" / "summary_pb2.py").write_text("class Summary:\n  pass\n")
+  (package / "record_writer.py").write_text("def masked_crc32c(data):\n  return 0\n")
   monkeypatch.syspath_prepend(str(tmp_path))
   for present in (False, True):
-    monkeypatch.delitem(sys.modules, "tensorboardX", raising=False)
+    for name in [m for m in sys.modules if m == "tensorboardX" or m.startswith("tensorboardX.")]:
+      monkeypatch.delitem(sys.modules, name)
     if present:
       monkeypatch.setitem(sys.modules, "torch", sentinel)
-    stand_in = metrics._summary_writer()
+    stand_in = metrics._tensorboardx()
     seen = sys.modules["tensorboardX"].SEEN
-    assert stand_in is sys.modules["tensorboardX"].SummaryWriter
+    assert stand_in.Event is sys.modules["tensorboardX.proto.event_pb2"].Event
     assert seen is (sentinel if present else None), (present, seen)
     assert sys.modules.get("torch") is (sentinel if present else None)
+
+
+def test_a_record_that_cannot_be_written_whole_is_taken_back_off_the_file(tmp_path,
+                                                                         monkeypatch):
+  """A full disk in the middle of a record (half of it written, then ENOSPC): the OSError is
+  raised and the half record taken off, so the records before it, and those written once
+  there is room again, are what TensorBoard reads (a torn record ends its reading of the
+  file)."""
+  import errno
+  import os
+
+  w = metrics.MetricsWriter(str(tmp_path))
+  w.write(1, "train", {"loss": 2.0})
+  real_write, calls = os.write, []
+
+  def half_then_full(fd, data):
+    calls.append(len(data))
+    if len(calls) == 1:
+      return real_write(fd, bytes(data[:len(data) // 2]))
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  [events] = (tmp_path / "tensorboard").iterdir()
+  size = events.stat().st_size
+  monkeypatch.setattr(metrics.os, "write", half_then_full)
+  with pytest.raises(OSError, match="No space left"):
+    w.write(2, "train", {"loss": 1.0})
+  assert len(calls) == 2 and events.stat().st_size == size
+  monkeypatch.setattr(metrics.os, "write", real_write)
+  w.write(3, "train", {"loss": 0.5})
+  w.close()
+  assert _scalars(tmp_path / "tensorboard") == {"train/loss": [(1, 2.0), (3, 0.5)]}
+
+
+def test_writers_leave_no_exit_hook_and_are_freed_when_closed(tmp_path):
+  """tensorboardX's ``SummaryWriter`` registered an ``atexit`` hook per writer: every
+  writer a process made (each ``train`` in a notebook, each arm of an ablation) stayed in
+  memory until exit, and on a full disk the hook's flush printed an OSError traceback after
+  the run's own line. Two writers of one folder in one second write two files."""
+  import atexit
+  import gc
+  import weakref
+
+  hooks = atexit._ncallbacks()
+  writers = [metrics.MetricsWriter(str(tmp_path)) for _ in range(2)]
+  for step, w in enumerate(writers):
+    w.write(step, "train", {"loss": float(step)})
+  assert len(list((tmp_path / "tensorboard").iterdir())) == 2
+  alive = [weakref.ref(w._events) for w in writers]
+  for w in writers:
+    w.close()
+  del writers, w
+  gc.collect()
+  assert [ref() for ref in alive] == [None, None]
+  assert atexit._ncallbacks() == hooks
+  assert _scalars(tmp_path / "tensorboard") == {"train/loss": [(0, 0.0), (1, 1.0)]}
+
+
+def test_a_non_finite_value_is_written_as_it_is_and_nothing_is_printed(tmp_path, capfd):
+  """A skipped step's NaN loss: tensorboardX's ``add_scalar`` printed "NaN or Inf found in
+  input tensor." on stderr; the value reaches TensorBoard as it is."""
+  w = metrics.MetricsWriter(str(tmp_path))
+  w.write(1, "train", {"loss": float("nan"), "grad_norm": float("inf")})
+  w.close()
+  got = _scalars(tmp_path / "tensorboard")
+  assert math.isnan(got["train/loss"][0][1]) and got["train/grad_norm"] == [(1, math.inf)]
+  assert capfd.readouterr() == ("", "")

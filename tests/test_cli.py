@@ -611,3 +611,48 @@ def test_the_watched_stdout_can_be_copied_while_a_command_runs(fake_command):
   module, _ = fake_command
   module.behave = lambda argv: copy.copy(sys.stdout).stream is sys.stdout.stream and 7
   assert cli.main(["fake"]) == 7
+
+
+def test_commands_running_at_once_in_threads_keep_attnlabs_log_level_until_the_last_ends(
+    fake_command):
+  """Two commands in threads (a ``train`` and an ``eval`` in a notebook), the first ending
+  while the second runs: the second's INFO lines (progress, checkpoints) are still logged,
+  and attnlab's level is the caller's again after both (until 2026-12-07 the first to end
+  put the level back, and the second's INFO lines were lost from then on)."""
+  import logging
+
+  from attnlab.commands._common import log_attnlab_info
+
+  module, _ = fake_command
+  attnlab_logger = logging.getLogger("attnlab")
+  before = attnlab_logger.level
+  first_in, second_in, first_out = (threading.Event() for _ in range(3))
+  seen = {}
+
+  def behave(argv):
+    log_attnlab_info()
+    if argv == ["first"]:
+      first_in.set()
+      assert second_in.wait(60)
+    else:
+      second_in.set()
+      assert first_out.wait(60)
+      seen["second, the first ended"] = attnlab_logger.getEffectiveLevel()
+    return 0
+
+  module.behave = behave
+
+  def run(which):
+    assert cli.main(["fake", which]) == 0
+    if which == "first":
+      first_out.set()
+
+  first = threading.Thread(target=run, args=("first",))
+  first.start()
+  assert first_in.wait(60)
+  second = threading.Thread(target=run, args=("second",))
+  second.start()
+  first.join(60)
+  second.join(60)
+  assert seen == {"second, the first ended": logging.INFO}
+  assert attnlab_logger.level == before

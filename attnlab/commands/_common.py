@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 
 from attnlab import config_gin
 from attnlab.commands import CommandError
@@ -79,9 +80,12 @@ class _StderrHandler(logging.StreamHandler):
     pass
 
 
-# The attnlab logger's level before the command (``log_attnlab_info``), which
-# ``restore_logging`` (``attnlab.cli.main``, at its end) puts back.
-_ATTNLAB_LEVEL = []
+# The attnlab logger's level before the first of the commands running at once set it
+# (``log_attnlab_info``), which ``restore_logging`` (``attnlab.cli.main``, at its end) puts
+# back when the last of them ends; ``_LOGGING_SET.done``: this thread's command set it.
+_ATTNLAB_LEVEL = {"users": 0, "level": logging.NOTSET}
+_LOGGING_LOCK = threading.Lock()
+_LOGGING_SET = threading.local()
 
 
 def log_attnlab_info() -> None:
@@ -101,8 +105,12 @@ def log_attnlab_info() -> None:
   attnlab's level (as it does under a root logger the caller configured: its handlers write
   attnlab's lines)."""
   attnlab, root = logging.getLogger("attnlab"), logging.getLogger()
-  if not _ATTNLAB_LEVEL:  # a second call in the command keeps the first one's record
-    _ATTNLAB_LEVEL.append(attnlab.level)
+  if not getattr(_LOGGING_SET, "done", False):  # a second call in the command: counted once
+    _LOGGING_SET.done = True
+    with _LOGGING_LOCK:
+      if _ATTNLAB_LEVEL["users"] == 0:  # the first of the commands running at once
+        _ATTNLAB_LEVEL["level"] = attnlab.level
+      _ATTNLAB_LEVEL["users"] += 1
   if not root.handlers:  # as logging.basicConfig(level=WARNING, format="%(message)s")
     handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -112,10 +120,17 @@ def log_attnlab_info() -> None:
 
 
 def restore_logging() -> None:
-  """Put back the attnlab logger's level ``log_attnlab_info`` set (nothing where it did
-  not run)."""
-  if _ATTNLAB_LEVEL:
-    logging.getLogger("attnlab").setLevel(_ATTNLAB_LEVEL.pop())
+  """Put back the attnlab logger's level ``log_attnlab_info`` set (nothing where this
+  thread's command did not run it), once no other command running at once (another thread's
+  ``attnlab.cli.main``) still logs through it: until 2026-12-07 the first to end put the
+  level back under the other, whose progress and checkpoint lines were lost from then on."""
+  if not getattr(_LOGGING_SET, "done", False):
+    return
+  _LOGGING_SET.done = False
+  with _LOGGING_LOCK:
+    _ATTNLAB_LEVEL["users"] -= 1
+    if _ATTNLAB_LEVEL["users"] == 0:
+      logging.getLogger("attnlab").setLevel(_ATTNLAB_LEVEL["level"])
 
 
 def out_of_memory(e: BaseException) -> str | None:

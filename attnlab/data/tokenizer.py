@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
 import numpy as np
 
@@ -17,6 +18,32 @@ from attnlab.config import TOKENIZERS
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 BYTE_OFFSET = 3
+
+
+def not_a_regular_file(path: str) -> str | None:
+  """What is at ``path`` when it is there but is no regular file ("a folder", "a FIFO",
+  ...); None for a regular file (a symbolic link to one included) or for nothing there,
+  which the reader names itself. Checked before a tokenizer file is opened: opening a FIFO
+  waits for a writer (`attnlab decode` of a workdir with a FIFO for its tokenizer.json
+  hung until 2026-12-07)."""
+  try:
+    mode = os.stat(path).st_mode
+  except (OSError, ValueError):  # missing, a dangling link, a NUL in the path: the reader's
+    return None
+  if stat.S_ISREG(mode):
+    return None
+  kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+  return next((kind for test, kind in kinds if test(mode)), "another kind of file")
+
+
+def check_regular_file(path: str, what: str) -> None:
+  """ValueError naming ``path`` (``what`` it should be: "tokenizer.json") when something
+  other than a regular file is there (``not_a_regular_file``)."""
+  kind = not_a_regular_file(path)
+  if kind is not None:
+    raise ValueError(f"tokenizer_model={path!r} is {kind}, not a regular file: give the "
+                     f"{what} file itself")
 
 
 class ByteTokenizer:
@@ -49,6 +76,7 @@ class SentencePieceTokenizer:
 
   def __init__(self, model_path: str):
     spm = _import_sentencepiece()
+    check_regular_file(model_path, "sentencepiece .model")
     try:
       self._sp = spm.SentencePieceProcessor(model_file=model_path)
     except (OSError, RuntimeError) as e:  # a missing or unreadable file: RuntimeError NOT_FOUND
@@ -117,6 +145,7 @@ class HFJsonTokenizer:
   def __init__(self, path: str, *, bos_id: int | None = None, eos_id: int | None = None,
                pad_id: int = 0):
     tokenizers = extras.require("tokenizers", "tokenizer='hf_json'")
+    check_regular_file(path, "tokenizer.json")
     try:
       self._tok = tokenizers.Tokenizer.from_file(path)
     except Exception as e:  # noqa: BLE001 - the library raises a bare Exception on bad files
@@ -152,6 +181,8 @@ class HFJsonTokenizer:
     """
     folder = os.path.dirname(os.path.abspath(path))
     for name in TOKENIZER_FILES[1:]:
+      if not_a_regular_file(os.path.join(folder, name)) is not None:  # a FIFO would block
+        continue
       try:
         with open(os.path.join(folder, name), encoding="utf-8") as f:
           pad = json.load(f).get("pad_token")

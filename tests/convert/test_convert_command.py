@@ -41,6 +41,7 @@ from tests.convert.hf_checkpoints import (  # noqa: E402
   shapes_of,
   write_checkpoint,
 )
+from tests.fifos import released_after  # noqa: E402
 
 
 def _convert(capsys, *argv):
@@ -498,6 +499,29 @@ def test_bad_flags_and_paths_exit_2_and_write_nothing(case, converted, tmp_path,
   if case not in ("both_ways", "bad_config_gin", "edited_config_gin", "unreadable_tokenizer"):
     assert err == f"attnlab convert: error: {message}\n", err  # the whole line
   assert {d: sorted(os.listdir(d)) for d in before} == before
+
+
+@pytest.mark.parametrize("make, what", [(os.mkdir, "a folder"), (os.mkfifo, "a FIFO")])
+def test_a_workdirs_tokenizer_json_that_is_no_regular_file_is_one_line(converted, tmp_path,
+                                                                        capsys, make, what):
+  """A folder or a FIFO where the workdir's config.gin names tokenizer.json: decode, eval and
+  the export each refuse it at once, naming it (until 2026-12-07 a FIFO made all three wait
+  for a writer for good); the export writes nothing."""
+  work = _copy_with_a_bad_tokenizer(converted[1], tmp_path / "work")
+  path = os.path.join(work, "tokenizer.json")
+  os.remove(path)
+  make(path)
+  message = (f"tokenizer_model={path!r} is {what}, not a regular file: give the "
+             "tokenizer.json file itself")
+  for argv in (["decode", "--workdir", work, "--prompt", "w1", "--max_new_tokens", "1"],
+               ["eval", "--workdir", work],
+               ["convert", "--to-hf", "--workdir", work, "--out", str(tmp_path / "back")]):
+    capsys.readouterr()
+    with released_after(30, path):
+      rc = main(argv)
+    out, err = capsys.readouterr()
+    assert (rc, out, err) == (2, "", f"attnlab {argv[0]}: error: {message}\n"), argv
+  assert sorted(os.listdir(tmp_path)) == ["work"]
 
 
 def test_empty_or_blank_paths_are_refused_by_name(converted, tmp_path, capsys, monkeypatch):

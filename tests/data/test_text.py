@@ -17,6 +17,7 @@ from attnlab.data.tokenizer import (
 )
 from attnlab.extras import MissingDependencyError
 from tests.data.hf_tokenizer import word_level_tokenizer_json
+from tests.fifos import released_after
 
 
 def test_stdlib_files_are_whole_paths_of_many_files():
@@ -325,6 +326,37 @@ def test_hf_json_tokenizer_ids_vocabulary_and_bad_files(tmp_path):
   with pytest.raises(ValueError, match=re.escape(
       f"tokenizer_model={str(bad)!r} is not a readable tokenizer.json: ")):
     HFJsonTokenizer(str(bad))
+
+
+@pytest.mark.parametrize("kind", ["hf_json", "sentencepiece"])
+@pytest.mark.parametrize("make, what", [(os.mkdir, "a folder"), (os.mkfifo, "a FIFO")])
+def test_a_tokenizer_file_that_is_no_regular_file_is_refused_by_name(tmp_path, kind, make,
+                                                                     what):
+  """A folder or a FIFO in the tokenizer file's place: a ValueError naming the path and what
+  is there, at once (until 2026-12-07 a FIFO blocked the reader for good, waiting for a
+  writer, and a folder was the library's "Is a directory (os error 21)")."""
+  pytest.importorskip("tokenizers" if kind == "hf_json" else "sentencepiece")
+  path = str(tmp_path / ("tokenizer.json" if kind == "hf_json" else "spm.model"))
+  make(path)
+  file = "tokenizer.json" if kind == "hf_json" else "sentencepiece .model"
+  with released_after(10, path), pytest.raises(ValueError, match="^" + re.escape(
+      f"tokenizer_model={path!r} is {what}, not a regular file: give the {file} file "
+      "itself") + "$"):
+    make_tokenizer(kind, path)
+
+
+def test_a_symbolic_link_to_a_tokenizer_json_reads_and_a_fifo_beside_it_is_skipped(tmp_path):
+  """A link to a regular tokenizer.json is that file; a FIFO for tokenizer_config.json is
+  passed over by ``named_pad_id`` (opening it waited for a writer) as an absent file is."""
+  real = word_level_tokenizer_json(tmp_path / "real.json", ["<pad>", "a", "w1"])
+  link = tmp_path / "tokenizer.json"
+  link.symlink_to(real)
+  hf = HFJsonTokenizer(str(link))
+  assert hf.vocab_size == 3
+  (tmp_path / "special_tokens_map.json").write_text('{"pad_token": "w1"}')
+  os.mkfifo(tmp_path / "tokenizer_config.json")
+  with released_after(10, str(tmp_path / "tokenizer_config.json")):
+    assert hf.named_pad_id(str(link)) == 2
 
 
 def test_the_named_pad_is_tokenizer_configs_else_special_tokens_maps(tmp_path):

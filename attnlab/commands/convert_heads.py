@@ -9,7 +9,9 @@ state, the source's data position) and a config.gin (the source's, with K
 KV heads and the bindings), so ``attnlab train --workdir RUN2`` uptrains it
 and ``attnlab decode --workdir RUN2`` decodes from it. Bad input (K not
 dividing the source's KV heads or larger, an unknown method, a missing run
-or step, an existing RUN2) is one line on stderr, exit 2, nothing written. A write that
+or step, an existing RUN2, a tokenizer file inside RUN that the new run's copy of it
+could not serve: empty, cut off, a folder or a FIFO) is one line on stderr, exit 2,
+nothing written. A write that
 fails (a full disk) is one line naming it, exit 1, and what the command wrote is taken
 away (RUN2 itself where the command made it), so the same command runs again.
 """

@@ -49,7 +49,7 @@ from attnlab.config import (
 )
 from attnlab.convert.heads import check_conversion, convert_heads
 from attnlab.data import pipeline
-from attnlab.data.tokenizer import TOKENIZER_FILES
+from attnlab.data.tokenizer import TOKENIZER_FILES, make_tokenizer, not_a_regular_file
 from attnlab.decoding.generate import generate
 from attnlab.training import sharding as shd
 from attnlab.training import steps as steps_lib
@@ -311,7 +311,8 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
     UnreadableCheckpointError: the given ``step`` is damaged.
     ValueError: a missing step, K that does not divide the source's KV heads
       or exceeds them, an unknown method, a seed outside [0, 2**63 - 1], a ``dst``
-      that already holds a run.
+      that already holds a run, a tokenizer file inside ``src`` that the new run would get
+      a copy of but could not read (``_check_own_tokenizer``).
     trainer.SaveError: a write into ``dst`` failed (a full disk), naming what and why;
       what was written stays (``attnlab convert-heads`` removes it). Until 2026-12-07
       orbax's or the OS's own error came through.
@@ -333,6 +334,7 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
   if os.path.exists(dst) and (not os.path.isdir(dst) or os.listdir(dst)):
     what = "is not empty" if os.path.isdir(dst) else "is a file"
     raise ValueError(f"--to {dst} already exists and {what}: give a new directory")
+  _check_own_tokenizer(dcfg, src)
   src_ckpt = Checkpointer(src, read_only=True)
   try:
     src_ckpt.resolve_step(step)  # nothing saved, or a step that was not: named
@@ -389,6 +391,31 @@ def write_converted_run(src: str, dst: str, num_kv_heads: int, method: str, *,
                             f"writing config.gin in, {dst} failed ({trainer.failure_cause(e)})"
                             ) from e
   return info
+
+
+def _check_own_tokenizer(dcfg: DataConfig, src: str) -> None:
+  """ValueError naming a tokenizer file inside the run ``src`` that ``_copy_own_tokenizer``
+  copies into the new run but that would not serve it: the tokenizer file missing, not a
+  regular file (a folder, a FIFO) or not read by its tokenizer (an empty or cut-off
+  tokenizer.json), or a transformers file beside an hf_json one that is no regular file.
+  Until 2026-12-07 an empty or cut-off tokenizer.json was copied without a word (the new
+  run's decode then failed on it), and a folder or a FIFO left the new config.gin naming
+  the source's path."""
+  path = dcfg.tokenizer_model
+  if dcfg.tokenizer == "byte" or not path or config_gin.relative_inside(path, src) is None:
+    return  # no file, or one outside the run (the user's): the new run names it as it is
+  why = f"the tokenizer of --from {src}, which the new run gets a copy of"
+  try:
+    make_tokenizer(dcfg.tokenizer, path, bos_id=dcfg.bos_id, eos_id=dcfg.eos_id)
+  except ValueError as e:
+    raise ValueError(f"{e} ({why})") from None
+  if dcfg.tokenizer == "hf_json":
+    folder = os.path.dirname(path)
+    for name in TOKENIZER_FILES[1:]:
+      kind = not_a_regular_file(os.path.join(folder, name))
+      if kind is not None:
+        raise ValueError(f"{os.path.join(folder, name)} is {kind}, not a regular file: put "
+                         f"the file back or move it away ({why}, this file with it)")
 
 
 def _copy_own_tokenizer(dcfg: DataConfig, src: str, dst: str) -> DataConfig:

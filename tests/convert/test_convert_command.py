@@ -671,6 +671,28 @@ def test_convert_heads_of_a_workdir_its_config_gin_no_longer_describes(converted
   assert not (tmp_path / "mqa").exists()
 
 
+@pytest.mark.parametrize("make, what", [
+    (lambda p: open(p, "w").close(), "is not a readable tokenizer.json: EOF while parsing"),
+    (os.mkfifo, "is a FIFO, not a regular file: give the tokenizer.json file itself")],
+    ids=["empty", "fifo"])
+def test_convert_heads_of_a_workdir_whose_tokenizer_json_would_not_read(converted, tmp_path,
+                                                                        capsys, make, what):
+  """An empty tokenizer.json (or a FIFO in its place) in the source workdir: one line naming
+  it, exit 2, nothing written (until 2026-12-07 the empty file was copied into the new run,
+  whose decode then failed, and the new config.gin named the FIFO in the source)."""
+  work = _copy_with_a_bad_tokenizer(converted[1], tmp_path / "work")
+  path = os.path.join(work, "tokenizer.json")
+  os.remove(path)
+  make(path)
+  with released_after(30, path):
+    rc, out, err = _convert_heads(capsys, "--from", work, "--to", str(tmp_path / "mqa"),
+                                  "--num_kv_heads", "1", "--method", "mean")
+  assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+  assert err.startswith(f"attnlab convert-heads: error: tokenizer_model={path!r} {what}"), err
+  assert err.endswith(f" (the tokenizer of --from {work}, which the new run gets a copy of)\n")
+  assert sorted(os.listdir(tmp_path)) == ["work"]
+
+
 def test_filled_params_names_a_missing_mismatched_or_extra_parameter():
   """``filled_params`` (what the import saves, and the test checkpoints' builder) takes
   every parameter with the model's shape and dtype, consuming the dict; a parameter no

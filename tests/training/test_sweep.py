@@ -21,6 +21,8 @@ from attnlab.config import DataConfig, ModelConfig, Sweep, TrainConfig
 from attnlab.data.tokenizer import ByteTokenizer
 from attnlab.training import sweep as sweep_lib
 from attnlab.training.sweep import Arm
+from tests.data.hf_tokenizer import word_level_tokenizer_json
+from tests.fifos import released_after
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -1175,30 +1177,83 @@ def test_write_converted_run_takes_the_step_asked_for_and_the_data_position_it_c
                                         "stream": pipeline.stream_fields(dcfg)}
 
 
+def _run_with_its_own_tokenizer(source_run, own: str) -> str:
+  """A copy of the source run at ``own`` whose config.gin names a tokenizer.json inside it
+  (own/tok/, with a tokenizer_config.json beside it), as ``attnlab convert --from-hf`` makes
+  one; the tokenizer.json's path."""
+  from attnlab import config_gin
+
+  src, _, (mcfg, dcfg, tcfg) = source_run
+  shutil.copytree(src, own)
+  os.makedirs(os.path.join(own, "tok"))
+  path = word_level_tokenizer_json(os.path.join(own, "tok", "tokenizer.json"),
+                                   ["<pad>", "a", "b"])
+  with open(os.path.join(own, "tok", "tokenizer_config.json"), "w") as f:
+    f.write('{"pad_token": "<pad>"}')
+  hf = dataclasses.replace(dcfg, tokenizer="hf_json", tokenizer_model=path)
+  with open(os.path.join(own, "config.gin"), "w") as f:
+    f.write(config_gin.operative_config(mcfg, hf, tcfg, workdir=own))
+  return path
+
+
 def test_write_converted_run_copies_a_tokenizer_inside_the_source_run(source_run, tmp_path):
   """A run made by ``attnlab convert --from-hf`` holds its tokenizer.json (and the
   transformers files beside it): the new run gets copies, named relative to it, so it does
   not depend on the source's folder (``_copy_own_tokenizer``)."""
-  from attnlab import config_gin
-
-  src, _, (mcfg, dcfg, tcfg) = source_run
   own = str(tmp_path / "own")
-  shutil.copytree(src, own)
-  os.makedirs(os.path.join(own, "tok"))
-  for name in ("tokenizer.json", "tokenizer_config.json"):
-    with open(os.path.join(own, "tok", name), "w") as f:
-      f.write(f"{{\"{name}\": 1}}")
-  hf = dataclasses.replace(dcfg, tokenizer="hf_json",
-                           tokenizer_model=os.path.join(own, "tok", "tokenizer.json"))
-  with open(os.path.join(own, "config.gin"), "w") as f:
-    f.write(config_gin.operative_config(mcfg, hf, tcfg, workdir=own))
+  _run_with_its_own_tokenizer(source_run, own)
   dst = str(tmp_path / "own_mqa")
   sweep_lib.write_converted_run(own, dst, 1, "mean", step=2)
   for name in ("tokenizer.json", "tokenizer_config.json"):
-    with open(os.path.join(dst, "tok", name)) as f:
-      assert f.read() == f"{{\"{name}\": 1}}"
+    assert (Path(dst) / "tok" / name).read_bytes() == (Path(own) / "tok" / name).read_bytes()
   with open(os.path.join(dst, "config.gin")) as f:
     assert "DataConfig.tokenizer_model = 'tok/tokenizer.json'" in f.read().splitlines()
+
+
+def test_write_converted_run_refuses_a_tokenizer_file_the_new_run_could_not_read(source_run,
+                                                                                 tmp_path):
+  """The run's own tokenizer.json empty, cut off, a folder, a FIFO or gone, or a folder or a
+  FIFO for the tokenizer_config.json beside it: a ValueError naming the file and what is
+  wrong, from the checks alone too, and nothing written. Until 2026-12-07 an empty or cut-off
+  file was copied without a word (the new run's decode failed on it), and for a folder or a
+  FIFO the new config.gin named the source's path."""
+  own = str(tmp_path / "own")
+  path = _run_with_its_own_tokenizer(source_run, own)
+  whole = Path(path).read_bytes()
+  config = os.path.join(own, "tok", "tokenizer_config.json")
+  why = f" (the tokenizer of --from {own}, which the new run gets a copy of)"
+  unreadable = f"tokenizer_model={path!r} is not a readable tokenizer.json: "
+  cases = [
+      (path, lambda p: Path(p).write_bytes(b""), unreadable + "EOF while parsing a value at "
+       "line 1 column 0" + why),
+      (path, lambda p: Path(p).write_bytes(whole[:40]), unreadable + "EOF while parsing"),
+      (path, os.remove, unreadable + "No such file or directory"),
+      (path, os.mkdir, f"tokenizer_model={path!r} is a folder, not a regular file: give the "
+       "tokenizer.json file itself" + why),
+      (path, os.mkfifo, f"tokenizer_model={path!r} is a FIFO, not a regular file: give the "
+       "tokenizer.json file itself" + why),
+      (config, os.mkfifo, f"{config} is a FIFO, not a regular file: put the file back or "
+       "move it away" + why[:-1] + ", this file with it)"),
+      (config, os.mkdir, f"{config} is a folder, not a regular file: put the file back or "
+       "move it away" + why[:-1] + ", this file with it)"),
+  ]
+  dst = str(tmp_path / "new")
+  for broken, make, message in cases:
+    kept = Path(broken).read_bytes()
+    os.remove(broken)
+    if make is not os.remove:
+      make(broken)
+    for check_only in (True, False):
+      with released_after(10, broken), pytest.raises(ValueError) as e:
+        sweep_lib.write_converted_run(own, dst, 1, "mean", step=2, check_only=check_only)
+      assert str(e.value).startswith(message), str(e.value)
+      assert str(e.value).endswith(why if broken == path else ", this file with it)")
+      assert not os.path.exists(dst)
+    if os.path.isdir(broken):
+      os.rmdir(broken)
+    elif os.path.lexists(broken):
+      os.remove(broken)
+    Path(broken).write_bytes(kept)
 
 
 def test_write_converted_run_refuses_before_writing_anything(source_run, tmp_path):

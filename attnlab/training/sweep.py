@@ -250,13 +250,20 @@ def read_result(out: str, arm, seed: int) -> dict | None:
 
   Raises:
     ValueError: the file is not JSON, or lacks what the report reads (``status``; for
-      a finished run ``val_loss`` and ``curve``, a list of [step, val_loss]); names
-      the file (attnlab writes it atomically: a damaged one was edited or copied).
+      a finished run ``val_loss`` and ``curve``, a list of [step, val_loss]), or something
+      other than a file is there (a folder, a FIFO); names the path (attnlab writes the
+      file atomically: a damaged one was edited or copied). Until 2026-12-07 a folder there
+      read as no result: the report counted the run unfinished, and the rerun trained it
+      and then failed to write its result (IsADirectoryError).
   """
   path = os.path.join(run_dir(out, arm, seed), RESULT_FILE)
+  fix = "delete it to run that arm and seed again"
+  kind = not_a_regular_file(path)
+  if kind is not None:
+    raise ValueError(f"{path} is {kind}, not a run result (attnlab writes a file there); "
+                     f"{fix}")
   if not os.path.isfile(path):
     return None
-  fix = "delete it to run that arm and seed again"
   try:
     with open(path, encoding="utf-8") as f:
       r = json.load(f)

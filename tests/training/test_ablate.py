@@ -1162,6 +1162,17 @@ def test_runs_written_by_another_attnlab_version_are_reused_when_their_config_is
     for path in paths:
       if os.path.exists(path):
         os.remove(path)
+  # A folder in its place: named as the damaged file is, by the report and by a run (until
+  # 2026-12-07 the report counted the run unfinished, exit 0, and the run trained it again,
+  # then stopped on an IsADirectoryError traceback).
+  os.remove(result)
+  os.mkdir(result)
+  for report in (["--report"], []):
+    assert _ablate("--gin_file", sweep_file, "--out", out, *report) == 2
+    assert capsys.readouterr().err == (
+        f"attnlab ablate: error: {result} is a folder, not a run result (attnlab writes a file "
+        "there); delete it to run that arm and seed again\n")
+  assert os.listdir(result) == []
 
 
 def test_sweep_validates_its_fields():

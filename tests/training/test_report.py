@@ -14,6 +14,7 @@ from attnlab import ModelConfig
 from attnlab.config import DataConfig, Sweep, TrainConfig
 from attnlab.training import report as report_lib
 from attnlab.training import sweep as sweep_lib
+from tests.fifos import released_after
 
 MCFG = ModelConfig(d_model=32, num_heads=4, num_layers=1, d_ff=64)
 BASE = (MCFG, DataConfig(task="copy", batch_size=2, seq_len=16),
@@ -285,6 +286,33 @@ def test_a_result_file_attnlab_did_not_write_is_named_with_what_it_lacks(tmp_pat
     json.dump({"status": "failed", "error": "RuntimeError: boom"}, f)
   assert report_lib.write_report(str(tmp_path), sweep, arms, BASE, plots=False) == {
       "ok": 1, "failed": 1, "interrupted": 0, "pending": 0, "outside_plan": 0}
+
+
+@pytest.mark.parametrize("make, what", [(os.mkdir, "a folder"), (os.mkfifo, "a FIFO")])
+def test_a_folder_or_a_fifo_for_a_result_json_is_named_as_a_damaged_one_is(tmp_path, make,
+                                                                           what):
+  """A folder (or a FIFO) in a planned run's result.json place: the ValueError of a damaged
+  file, naming the path and what is there (until 2026-12-07 a folder read as no result: the
+  run was counted interrupted or pending). Outside the plan it is listed as an unreadable
+  result.json, as a damaged file is."""
+  out = str(tmp_path)
+  sweep = Sweep(num_kv_heads=(4, 2), seeds=(0,))
+  arms = sweep_lib.plan(sweep, MCFG)
+  write_result(out, arms[0], 0, result(arms[0], 0, 2.0))
+  path = os.path.join(sweep_lib.run_dir(out, arms[1], 0), sweep_lib.RESULT_FILE)
+  os.makedirs(os.path.dirname(path))
+  make(path)
+  with released_after(10, path), pytest.raises(ValueError) as e:
+    report_lib.write_report(out, sweep, arms, BASE, plots=False)
+  assert str(e.value) == (f"{path} is {what}, not a run result (attnlab writes a file there); "
+                          "delete it to run that arm and seed again")
+  assert sorted(os.listdir(out)) == [sweep_lib.ARMS_DIR]  # no report written
+  narrower = Sweep(num_kv_heads=(4,), seeds=(0,))
+  with released_after(10, path):
+    counts = report_lib.write_report(out, narrower, sweep_lib.plan(narrower, MCFG), BASE,
+                                     plots=False)
+  assert counts["outside_plan"] == 1
+  assert "\n- gqa2 seed 0: unreadable result.json\n" in read_report(out)
 
 
 def test_csv_cells_keep_six_significant_digits_and_name_nan():

@@ -1177,6 +1177,27 @@ def test_write_converted_run_takes_the_step_asked_for_and_the_data_position_it_c
                                         "stream": pipeline.stream_fields(dcfg)}
 
 
+@pytest.mark.parametrize("make, what", [(os.mkdir, "a folder"), (os.mkfifo, "a FIFO")])
+def test_a_rerun_refuses_a_folder_or_a_fifo_for_a_result_json(tmp_path, monkeypatch, make,
+                                                              what):
+  """A run's result.json that is a folder (or a FIFO): the rerun stops on it before anything
+  runs, naming it as a damaged result.json is named (until 2026-12-07 a folder read as no
+  result: the run trained again and its result's write failed with IsADirectoryError)."""
+  out = str(tmp_path / "out")
+  sweep, arms, base = _sweep_of_3_arms_2_seeds()
+  path = os.path.join(sweep_lib.run_dir(out, arms[1], 1), sweep_lib.RESULT_FILE)
+  os.makedirs(os.path.dirname(path))
+  make(path)
+  ran = []
+  monkeypatch.setattr(sweep_lib, "prompt_set", lambda *a: [[7]] * 8)
+  monkeypatch.setattr(sweep_lib, "run_one", lambda *a, **k: ran.append(a) or _ok())
+  with released_after(10, path), pytest.raises(ValueError) as e:
+    sweep_lib.run_sweep(out, sweep, arms, base, stream=io.StringIO())
+  assert str(e.value) == (f"{path} is {what}, not a run result (attnlab writes a file there); "
+                          "delete it to run that arm and seed again")
+  assert ran == [] and sorted(os.listdir(out)) == [sweep_lib.ARMS_DIR]
+
+
 def _run_with_its_own_tokenizer(source_run, own: str) -> str:
   """A copy of the source run at ``own`` whose config.gin names a tokenizer.json inside it
   (own/tok/, with a tokenizer_config.json beside it), as ``attnlab convert --from-hf`` makes

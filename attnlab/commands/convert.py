@@ -168,7 +168,9 @@ def from_hf(src_dir: str, workdir: str, *, dtype: str | None = None) -> dict:
   rules = hf.check_tensors(family, mcfg, files)
   ids = hf.special_ids(hf_cfg)
   tok_path = os.path.join(src_dir, "tokenizer.json")
-  if os.path.isfile(tok_path):
+  # Anything there is read: a folder, a FIFO or a dangling link is named (until 2026-12-07
+  # it was passed over and the workdir got the byte tokenizer, another vocabulary).
+  if os.path.lexists(tok_path):
     try:
       tok = HFJsonTokenizer(tok_path)
     except ValueError as e:

@@ -524,6 +524,28 @@ def test_a_workdirs_tokenizer_json_that_is_no_regular_file_is_one_line(converted
   assert sorted(os.listdir(tmp_path)) == ["work"]
 
 
+@pytest.mark.parametrize("make, what", [(os.mkdir, "a folder"), (os.mkfifo, "a FIFO")])
+def test_a_sources_tokenizer_json_that_is_no_regular_file_is_one_line(converted, tmp_path,
+                                                                      capsys, make, what):
+  """``convert --from-hf`` of a transformers folder whose tokenizer.json is a folder or a FIFO
+  (or a dangling link): refused naming it, nothing written (until 2026-12-07 it was passed
+  over and the workdir got the byte tokenizer, another vocabulary, without a word)."""
+  src = shutil.copytree(converted[0], tmp_path / "src")
+  path = os.path.join(src, "tokenizer.json")
+  make(path)
+  new = str(tmp_path / "new")
+  with released_after(30, path):
+    rc, out, err = _convert(capsys, "--from-hf", str(src), "--workdir", new)
+  assert (rc, out, err) == (2, "", (
+      f"attnlab convert: error: tokenizer_model={path!r} is {what}, not a regular file: give "
+      "the tokenizer.json file itself\n"))
+  os.remove(path) if what == "a FIFO" else os.rmdir(path)
+  os.symlink(tmp_path / "gone", path)
+  rc, out, err = _convert(capsys, "--from-hf", str(src), "--workdir", new)
+  assert rc == 2 and out == "" and f"tokenizer_model={path!r} is not a readable" in err, err
+  assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
 def test_empty_or_blank_paths_are_refused_by_name(converted, tmp_path, capsys, monkeypatch):
   """Run inside a workdir (a copy of one): until 2026-12-06 `convert --to-hf --workdir ""`
   exported the working directory's run, `convert-heads --from ""` converted it, `--workdir

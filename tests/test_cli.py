@@ -656,3 +656,36 @@ def test_commands_running_at_once_in_threads_keep_attnlabs_log_level_until_the_l
   second.join(60)
   assert seen == {"second, the first ended": logging.INFO}
   assert attnlab_logger.level == before
+
+
+def test_commands_starting_at_once_in_threads_add_one_log_handler(monkeypatch):
+  """Two commands starting at once (threads) under a root logger without handlers: one
+  handler is added, not one each (each of the process's later lines was printed twice: the
+  check and the add were not under one lock until 2026-12-07's review). The making of the
+  handler is slowed so that both threads are inside ``log_attnlab_info`` at once."""
+  import logging
+  import time
+
+  from attnlab.commands import _common
+
+  monkeypatch.setattr(logging.root, "handlers", [])
+  init = _common._StderrHandler.__init__
+
+  def slow_init(self):
+    time.sleep(0.2)
+    init(self)
+
+  monkeypatch.setattr(_common._StderrHandler, "__init__", slow_init)
+  barrier = threading.Barrier(2)
+
+  def command():
+    barrier.wait(60)
+    _common.log_attnlab_info()
+    _common.restore_logging()
+
+  threads = [threading.Thread(target=command) for _ in range(2)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(60)
+  assert [type(h).__name__ for h in logging.root.handlers] == ["_StderrHandler"]

@@ -105,18 +105,18 @@ def log_attnlab_info() -> None:
   attnlab's level (as it does under a root logger the caller configured: its handlers write
   attnlab's lines)."""
   attnlab, root = logging.getLogger("attnlab"), logging.getLogger()
-  if not getattr(_LOGGING_SET, "done", False):  # a second call in the command: counted once
-    _LOGGING_SET.done = True
-    with _LOGGING_LOCK:
+  with _LOGGING_LOCK:  # commands starting at once in threads: one record, one handler
+    if not getattr(_LOGGING_SET, "done", False):  # a second call in the command: counted once
       if _ATTNLAB_LEVEL["users"] == 0:  # the first of the commands running at once
         _ATTNLAB_LEVEL["level"] = attnlab.level
       _ATTNLAB_LEVEL["users"] += 1
-  if not root.handlers:  # as logging.basicConfig(level=WARNING, format="%(message)s")
-    handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    root.addHandler(handler)
-    root.setLevel(logging.WARNING)
-  attnlab.setLevel(logging.INFO)
+      _LOGGING_SET.done = True
+    if not root.handlers:  # as logging.basicConfig(level=WARNING, format="%(message)s")
+      handler = _StderrHandler()
+      handler.setFormatter(logging.Formatter("%(message)s"))
+      root.addHandler(handler)
+      root.setLevel(logging.WARNING)
+    attnlab.setLevel(logging.INFO)
 
 
 def restore_logging() -> None:
@@ -124,10 +124,10 @@ def restore_logging() -> None:
   thread's command did not run it), once no other command running at once (another thread's
   ``attnlab.cli.main``) still logs through it: until 2026-12-07 the first to end put the
   level back under the other, whose progress and checkpoint lines were lost from then on."""
-  if not getattr(_LOGGING_SET, "done", False):
-    return
-  _LOGGING_SET.done = False
   with _LOGGING_LOCK:
+    if not getattr(_LOGGING_SET, "done", False):
+      return
+    _LOGGING_SET.done = False
     _ATTNLAB_LEVEL["users"] -= 1
     if _ATTNLAB_LEVEL["users"] == 0:
       logging.getLogger("attnlab").setLevel(_ATTNLAB_LEVEL["level"])
@@ -195,9 +195,12 @@ def add_cache_flag(p: argparse.ArgumentParser) -> None:
                       "resume of the same config skips compiling (or $JAX_COMPILATION_CACHE_DIR)")
 
 
-# The cache folder a command's --compilation_cache replaced (JAX's setting is the process's):
-# ``restore_compilation_cache`` puts it back when the command ends.
-_REPLACED_CACHE_DIR = []
+# The cache folder before the first of the commands running at once (threads) set one with
+# --compilation_cache (JAX's setting is the process's): ``restore_compilation_cache`` puts
+# it back when the last of them ends; ``_CACHE_SET.done``: this thread's command set one.
+_REPLACED_CACHE_DIR = {"users": 0, "dir": None}
+_CACHE_LOCK = threading.Lock()
+_CACHE_SET = threading.local()
 
 
 def use_compilation_cache(path: str | None) -> None:
@@ -222,23 +225,37 @@ def use_compilation_cache(path: str | None) -> None:
     os.makedirs(path, exist_ok=True)
   import jax  # here, not at the top: `attnlab kv-size` and --help do not start JAX
 
-  before = jax.config.jax_compilation_cache_dir
-  jax.config.update("jax_compilation_cache_dir", os.path.abspath(path))
-  if jax.config.jax_compilation_cache_dir != before:
-    if not _REPLACED_CACHE_DIR:
-      _REPLACED_CACHE_DIR.append(before)
-    _reset_jax_cache()
+  with _CACHE_LOCK:
+    before = jax.config.jax_compilation_cache_dir
+    if not getattr(_CACHE_SET, "done", False):  # a second call in the command: counted once
+      if _REPLACED_CACHE_DIR["users"] == 0:  # the first of the commands running at once
+        _REPLACED_CACHE_DIR["dir"] = before
+      _REPLACED_CACHE_DIR["users"] += 1
+      _CACHE_SET.done = True
+    jax.config.update("jax_compilation_cache_dir", os.path.abspath(path))
+    if jax.config.jax_compilation_cache_dir != before:
+      _reset_jax_cache()
 
 
 def restore_compilation_cache() -> None:
   """Put back the compilation cache folder ``use_compilation_cache`` replaced (nothing where
-  it replaced none)."""
-  if not _REPLACED_CACHE_DIR:
-    return
-  import jax
+  this thread's command set none), once no other command running at once (another thread's
+  ``attnlab.cli.main`` with ``--compilation_cache``) still uses one: until 2026-12-07 any
+  command that ended, one without the flag too, put the folder back under a running one.
+  Two commands at once with two folders share the later one's (JAX's setting is the
+  process's)."""
+  with _CACHE_LOCK:
+    if not getattr(_CACHE_SET, "done", False):
+      return
+    _CACHE_SET.done = False
+    _REPLACED_CACHE_DIR["users"] -= 1
+    if _REPLACED_CACHE_DIR["users"]:
+      return
+    import jax
 
-  jax.config.update("jax_compilation_cache_dir", _REPLACED_CACHE_DIR.pop())
-  _reset_jax_cache()
+    if jax.config.jax_compilation_cache_dir != _REPLACED_CACHE_DIR["dir"]:
+      jax.config.update("jax_compilation_cache_dir", _REPLACED_CACHE_DIR["dir"])
+      _reset_jax_cache()
 
 
 def _reset_jax_cache() -> None:

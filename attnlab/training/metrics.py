@@ -91,6 +91,7 @@ class EventFile:
   """
 
   def __init__(self, folder: str):
+    self._fd = None
     self._tbx = _tensorboardx()
     try:
       os.makedirs(folder, exist_ok=True)
@@ -137,6 +138,10 @@ class EventFile:
     if self._fd is not None:
       fd, self._fd = self._fd, None
       os.close(fd)
+
+  def __del__(self):  # a writer dropped without close (a caller's own): its descriptor goes
+    with contextlib.suppress(Exception):  # noqa: BLE001 - nothing to say at collection
+      self.close()
 
 
 class MetricsWriter:

@@ -49,8 +49,14 @@ from attnlab.config import (
 )
 from attnlab.convert.heads import check_conversion, convert_heads
 from attnlab.data import pipeline
-from attnlab.data.tokenizer import TOKENIZER_FILES, make_tokenizer, not_a_regular_file
+from attnlab.data.tokenizer import (
+  TOKENIZER_FILES,
+  check_regular_file,
+  make_tokenizer,
+  not_a_regular_file,
+)
 from attnlab.decoding.generate import generate
+from attnlab.extras import MissingDependencyError
 from attnlab.training import sharding as shd
 from attnlab.training import steps as steps_lib
 from attnlab.training import trainer
@@ -414,6 +420,8 @@ def _check_own_tokenizer(dcfg: DataConfig, src: str) -> None:
   why = f"the tokenizer of --from {src}, which the new run gets a copy of"
   try:
     make_tokenizer(dcfg.tokenizer, path, bos_id=dcfg.bos_id, eos_id=dcfg.eos_id)
+  except MissingDependencyError:  # no package to read it with (the conversion needs none):
+    _check_tokenizer_bytes(dcfg.tokenizer, path, why)  # what can be checked without it
   except ValueError as e:
     raise ValueError(f"{e} ({why})") from None
   if dcfg.tokenizer == "hf_json":
@@ -423,6 +431,28 @@ def _check_own_tokenizer(dcfg: DataConfig, src: str) -> None:
       if kind is not None:
         raise ValueError(f"{os.path.join(folder, name)} is {kind}, not a regular file: put "
                          f"the file back or move it away ({why}, this file with it)")
+
+
+def _check_tokenizer_bytes(kind: str, path: str, why: str) -> None:
+  """``_check_own_tokenizer``'s checks where the tokenizer's package is not installed: a
+  regular file there, not empty, and for a tokenizer.json a JSON object (the copy of a
+  cut-off one would not read)."""
+  try:
+    check_regular_file(path, "tokenizer.json" if kind == "hf_json" else "sentencepiece .model")
+    with open(path, "rb") as f:
+      data = f.read()
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{e} ({why})") from None
+  if not data:
+    raise ValueError(f"tokenizer_model={path!r} is empty ({why})")
+  if kind == "hf_json":
+    try:
+      ok = isinstance(json.loads(data.decode("utf-8")), dict)
+    except (UnicodeDecodeError, ValueError):
+      ok = False
+    if not ok:
+      raise ValueError(f"tokenizer_model={path!r} is not a readable tokenizer.json: not a "
+                       f"JSON object ({why})")
 
 
 def _copy_own_tokenizer(dcfg: DataConfig, src: str, dst: str) -> DataConfig:

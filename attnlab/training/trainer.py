@@ -629,32 +629,35 @@ def _train_in(run: Run, mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, 
   except OSError as e:
     ckpt.close()
     raise _write_failed("writing the run's files", e, restored, None) from e
-  step_fn = steps_lib.make_train_step(run.setup, tcfg)
-  # the seed and schedule a resume compares with (_checkpoint_train_config)
-  meta = {"seed": tcfg.seed, "rng": "fold_in(seed_key(seed), step)",
-          "schedule": {f: getattr(tcfg, f) for f in SCHEDULE_FIELDS}}
-  sleep_s = float(os.environ.get(STEP_SLEEP_ENV) or 0)
   bar = None
-  # A bar on a terminal; in a log file (no TTY) one plain line per logged step,
-  # not a bar rewriting itself with carriage returns.
-  plain_log = tcfg.progress and main_process and not sys.stderr.isatty()
-  if tcfg.progress and main_process and not plain_log:
-    bar = tqdm(total=tcfg.steps, initial=start, desc="train", unit="step", file=sys.stderr,
-               dynamic_ncols=True)
-  # Steps whose update was skipped (non-finite): state["step"] counts them, the optimizer's
-  # schedule count does not, so a resumed run goes on counting from the checkpoint's (a
-  # fresh or weights-only start has none).
-  skipped = _replicated_int(run.state["step"]) - _replicated_int(
-      optim.schedule_count(run.state["opt_state"]))
-  last, window_tokens, window_t0 = {}, 0.0, time.perf_counter()
-  metrics_step = None
-  first_window = True
-  step = start
-  # The newest checkpoint known to be good: the one resumed from (a converted run's step 0
-  # too; None for a fresh run), then each save. Not ckpt.steps()[-1], which may be a
-  # corrupted checkpoint the restore skipped.
-  last_good = restored
+  # Everything from here on closes the writer (its event file) and the checkpointer on
+  # the way out, an interrupt while the step compiles too (until 2026-12-07 the setup
+  # below ran before the try: a Ctrl-C there left both open for the process).
   try:
+    step_fn = steps_lib.make_train_step(run.setup, tcfg)
+    # the seed and schedule a resume compares with (_checkpoint_train_config)
+    meta = {"seed": tcfg.seed, "rng": "fold_in(seed_key(seed), step)",
+            "schedule": {f: getattr(tcfg, f) for f in SCHEDULE_FIELDS}}
+    sleep_s = float(os.environ.get(STEP_SLEEP_ENV) or 0)
+    # A bar on a terminal; in a log file (no TTY) one plain line per logged step,
+    # not a bar rewriting itself with carriage returns.
+    plain_log = tcfg.progress and main_process and not sys.stderr.isatty()
+    if tcfg.progress and main_process and not plain_log:
+      bar = tqdm(total=tcfg.steps, initial=start, desc="train", unit="step", file=sys.stderr,
+                 dynamic_ncols=True)
+    # Steps whose update was skipped (non-finite): state["step"] counts them, the optimizer's
+    # schedule count does not, so a resumed run goes on counting from the checkpoint's (a
+    # fresh or weights-only start has none).
+    skipped = _replicated_int(run.state["step"]) - _replicated_int(
+        optim.schedule_count(run.state["opt_state"]))
+    last, window_tokens, window_t0 = {}, 0.0, time.perf_counter()
+    metrics_step = None
+    first_window = True
+    step = start
+    # The newest checkpoint known to be good: the one resumed from (a converted run's step 0
+    # too; None for a fresh run), then each save. Not ckpt.steps()[-1], which may be a
+    # corrupted checkpoint the restore skipped.
+    last_good = restored
     with StopFlag() as stop:
       while step < tcfg.steps:
         if step == start and stop.signum is not None:  # before any step (a sweep's flag)

@@ -219,13 +219,14 @@ def test_a_record_that_cannot_be_written_whole_is_taken_back_off_the_file(tmp_pa
   assert _scalars(tmp_path / "tensorboard") == {"train/loss": [(1, 2.0), (3, 0.5)]}
 
 
-def test_writers_leave_no_exit_hook_and_are_freed_when_closed(tmp_path):
+def test_writers_leave_no_exit_hook_and_are_freed_when_closed(tmp_path, monkeypatch):
   """tensorboardX's ``SummaryWriter`` registered an ``atexit`` hook per writer: every
   writer a process made (each ``train`` in a notebook, each arm of an ablation) stayed in
   memory until exit, and on a full disk the hook's flush printed an OSError traceback after
   the run's own line. Two writers of one folder in one second write two files."""
   import atexit
   import gc
+  import os
   import weakref
 
   hooks = atexit._ncallbacks()
@@ -240,6 +241,13 @@ def test_writers_leave_no_exit_hook_and_are_freed_when_closed(tmp_path):
   gc.collect()
   assert [ref() for ref in alive] == [None, None]
   assert atexit._ncallbacks() == hooks
+  # One dropped without close: its descriptor is closed when it is collected.
+  events = metrics.EventFile(str(tmp_path / "dropped"))
+  fd, closed, close = events._fd, [], os.close
+  monkeypatch.setattr(os, "close", lambda n: (closed.append(n), close(n))[1])
+  del events
+  gc.collect()
+  assert closed == [fd]
   assert _scalars(tmp_path / "tensorboard") == {"train/loss": [(0, 0.0), (1, 1.0)]}
 
 

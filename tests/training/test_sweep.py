@@ -1277,6 +1277,44 @@ def test_write_converted_run_refuses_a_tokenizer_file_the_new_run_could_not_read
     Path(broken).write_bytes(kept)
 
 
+def test_without_the_tokenizers_package_convert_heads_checks_what_it_can(source_run, tmp_path,
+                                                                        monkeypatch):
+  """The conversion needs no tokenizer package: where ``tokenizers`` is not installed, the
+  run's own tokenizer.json is checked without it (a regular file, not empty, a JSON object)
+  and a whole one goes through (the first version of the check refused every hf_json run
+  there, naming the missing package)."""
+  from attnlab.extras import MissingDependencyError
+
+  own = str(tmp_path / "own")
+  path = _run_with_its_own_tokenizer(source_run, own)
+  whole = Path(path).read_bytes()
+
+  def missing(*args, **kw):
+    raise MissingDependencyError("tokenizer='hf_json' needs the tokenizers package")
+
+  monkeypatch.setattr(sweep_lib, "make_tokenizer", missing)
+  dst = str(tmp_path / "new")
+  sweep_lib.write_converted_run(own, dst, 1, "mean", step=2, check_only=True)
+  why = f" (the tokenizer of --from {own}, which the new run gets a copy of)"
+  for bad, message in ((b"", f"tokenizer_model={path!r} is empty"),
+                       (whole[:40], f"tokenizer_model={path!r} is not a readable "
+                                    "tokenizer.json: not a JSON object"),
+                       (None, f"tokenizer_model={path!r} is a folder, not a regular file: give "
+                              "the tokenizer.json file itself")):
+    os.remove(path)
+    if bad is None:
+      os.mkdir(path)
+    else:
+      Path(path).write_bytes(bad)
+    with pytest.raises(ValueError) as e:
+      sweep_lib.write_converted_run(own, dst, 1, "mean", step=2, check_only=True)
+    assert str(e.value) == message + why
+    if bad is None:
+      os.rmdir(path)
+    Path(path).write_bytes(whole)
+  assert not os.path.exists(dst)
+
+
 def test_write_converted_run_refuses_before_writing_anything(source_run, tmp_path):
   """Each refusal names what to fix; none writes ``dst``. ``check_only`` (what
   ``convert-heads`` calls first) runs every check, a step that was not saved and the new

@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import types
 
 import pytest
@@ -757,6 +758,50 @@ def test_the_compilation_cache_flag_sets_the_jax_option(tmp_path, monkeypatch, r
   _common.use_compilation_cache("c")
   assert (tmp_path / "c").is_dir()
   assert recorded["cache_dirs"] == [str(tmp_path / "c")] * 2
+  _common.restore_compilation_cache()  # as cli.main does after a command
+
+
+def test_commands_running_at_once_in_threads_keep_the_compilation_cache_until_the_last_ends(
+    tmp_path, monkeypatch):
+  """A ``train --compilation_cache C`` and an ``eval`` without the flag in threads, the eval
+  ending first: C stays JAX's cache folder until the train ends, then the caller's is back
+  (until 2026-12-07 any command that ended put the folder back under a running one)."""
+  import threading
+
+  import jax
+
+  before = jax.config.jax_compilation_cache_dir
+  folder = str(tmp_path / "c")
+  started, eval_done = threading.Event(), threading.Event()
+  seen = {}
+  fake = types.ModuleType("attnlab.commands.fake")
+
+  def main(argv):
+    if argv == ["train"]:
+      _common.use_compilation_cache(folder)
+      started.set()
+      assert eval_done.wait(60)
+      seen["train, the eval ended"] = jax.config.jax_compilation_cache_dir
+    else:
+      assert started.wait(60)
+    return 0
+
+  fake.main = main
+  monkeypatch.setitem(sys.modules, "attnlab.commands.fake", fake)
+  monkeypatch.setitem(cli.COMMANDS, "fake", ("fake", "a test command"))
+
+  def run(which):
+    assert cli.main(["fake", which]) == 0
+    if which == "eval":
+      eval_done.set()
+
+  threads = [threading.Thread(target=run, args=(w,)) for w in ("train", "eval")]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(60)
+  assert seen == {"train, the eval ended": folder}
+  assert jax.config.jax_compilation_cache_dir == before
 
 
 @pytest.mark.parametrize("n, text", [

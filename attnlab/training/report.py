@@ -31,6 +31,7 @@ import json
 import math
 import os
 import socket
+import stat
 import statistics
 
 from attnlab.config import kv_cache_bytes
@@ -80,13 +81,21 @@ def cross_kv_bytes_per_source_token(mcfg) -> int | None:
                         head_dim=mcfg.head_dim, dtype=mcfg.dtype)
 
 
+def _read_json(path: str):
+  """The JSON in the file ``path``; an OSError for anything there that is no regular file
+  (a FIFO would make the report wait for a writer for good), as for a missing one."""
+  if not stat.S_ISREG(os.stat(path).st_mode):
+    raise OSError(f"{path} is not a regular file")
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
 def prompt_lengths(out: str) -> list[int] | None:
   """The token counts of the decode benchmark's prompts (``OUT/prompts.json``, written
   before the first run is measured); None when that file is missing or not a list of
   token lists."""
   try:
-    with open(os.path.join(out, sweep_lib.PROMPTS_FILE), encoding="utf-8") as f:
-      prompts = json.load(f)
+    prompts = _read_json(os.path.join(out, sweep_lib.PROMPTS_FILE))
   except (OSError, UnicodeDecodeError, json.JSONDecodeError):
     return None
   if not (isinstance(prompts, list) and prompts
@@ -155,8 +164,7 @@ def _unfinished(out: str, arm, seed: int, steps: int) -> dict:
       ckpt_dir) else []
   notes = [f"checkpoint at step {max(saved)} of {steps}; rerun to resume"] if saved else []
   try:
-    with open(os.path.join(workdir, sweep_lib.PREVIOUS_FAILURE_FILE), encoding="utf-8") as f:
-      before = json.load(f)
+    before = _read_json(os.path.join(workdir, sweep_lib.PREVIOUS_FAILURE_FILE))
     notes.append(f"the attempt before failed: {before['error']}")
   except (OSError, ValueError, TypeError, KeyError):  # none, or not one attnlab wrote
     pass

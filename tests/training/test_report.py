@@ -315,6 +315,23 @@ def test_a_folder_or_a_fifo_for_a_result_json_is_named_as_a_damaged_one_is(tmp_p
   assert "\n- gqa2 seed 0: unreadable result.json\n" in read_report(out)
 
 
+def test_a_fifo_for_the_prompts_or_a_previous_failure_is_read_as_missing(tmp_path):
+  """The report's optional files (OUT/prompts.json, a run's result.previous_failure.json):
+  a FIFO there is no file to read (until 2026-12-07 the report waited for a writer for
+  good), as a missing one is."""
+  out = str(tmp_path)
+  arm = sweep_lib.plan(Sweep(num_kv_heads=(4,), seeds=(0,)), MCFG)[0]
+  prompts = os.path.join(out, sweep_lib.PROMPTS_FILE)
+  os.mkfifo(prompts)
+  workdir = sweep_lib.run_dir(out, arm, 0)
+  os.makedirs(workdir)
+  failure = os.path.join(workdir, sweep_lib.PREVIOUS_FAILURE_FILE)
+  os.mkfifo(failure)
+  with released_after(10, prompts), released_after(10, failure):
+    assert report_lib.prompt_lengths(out) is None
+    assert report_lib._unfinished(out, arm, 0, 4) == {"status": "pending", "error": ""}
+
+
 def test_csv_cells_keep_six_significant_digits_and_name_nan():
   assert [report_lib._fmt(v) for v in (None, "", float("nan"), 0.123456789, 1234567.0, 3, "a")
           ] == ["", "", "nan", "0.123457", "1.23457e+06", "3", "a"]

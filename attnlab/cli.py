@@ -109,9 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     if not stdout.failed(e, since):  # not stdout's (a checkpoint's, a file's): its own
       raise  # traceback
     # A full disk under a redirected stdout, an I/O error: a traceback, and an "Exception
-    # ignored" at the interpreter's last flush, until 2026-12-07.
+    # ignored" at the interpreter's last flush, until 2026-12-07. A command's result line
+    # (``commands.print_result``) carries its own status: kept.
     _stdout_failed(who, stdout, e)
-    return 1
+    return getattr(e, "exit_code", None) or 1
   except KeyboardInterrupt:
     # One line (a traceback from wherever it landed until 2026-12-06); what was printed
     # stays.
@@ -147,6 +148,9 @@ def _dispatch(argv: list[str]) -> int:
   saved_configs = sys.modules.get("attnlab.config_gin")
   if saved_configs is not None:
     saved_configs.forget_warnings()
+  common = sys.modules.get("attnlab.commands._common")
+  # a command running this one (nested, in its thread): what it set is its own to put back
+  held = common.held_here() if common is not None else (False, False)
   try:
     return int(module.main(rest) or 0)
   except CommandError as e:
@@ -157,9 +161,11 @@ def _dispatch(argv: list[str]) -> int:
     common = sys.modules.get("attnlab.commands._common")  # not loaded: nothing was set
     if common is not None:
       try:
-        common.restore_compilation_cache()
+        if not held[1]:
+          common.restore_compilation_cache()
       finally:
-        common.restore_logging()
+        if not held[0]:
+          common.restore_logging()
 
 
 class _WatchedStdout:

@@ -689,3 +689,52 @@ def test_commands_starting_at_once_in_threads_add_one_log_handler(monkeypatch):
   for t in threads:
     t.join(60)
   assert [type(h).__name__ for h in logging.root.handlers] == ["_StderrHandler"]
+
+
+def test_a_command_run_inside_another_leaves_the_outer_ones_log_level_and_cache(
+    fake_command, tmp_path):
+  """A command that runs ``attnlab.cli.main`` itself (a user's): the inner command's end
+  leaves attnlab's log level and the compilation cache folder to the outer one, which puts
+  them back when it ends (until 2026-12-07's review the inner end put both back under the
+  outer command: its INFO lines were lost from then on)."""
+  import logging
+
+  import jax
+
+  from attnlab.commands import _common
+
+  module, _ = fake_command
+  attnlab_logger = logging.getLogger("attnlab")
+  level, cache = attnlab_logger.level, jax.config.jax_compilation_cache_dir
+  folder = str(tmp_path / "c")
+  seen = []
+
+  def outer(argv):
+    _common.log_attnlab_info()
+    _common.use_compilation_cache(folder)
+    assert cli.main(KV_SIZE) == 0
+    seen.append((attnlab_logger.level, jax.config.jax_compilation_cache_dir))
+    return 0
+
+  module.behave = outer
+  assert cli.main(["fake"]) == 0
+  assert seen == [(logging.INFO, folder)]
+  assert (attnlab_logger.level, jax.config.jax_compilation_cache_dir) == (level, cache)
+
+
+def test_a_result_line_that_cannot_be_written_keeps_the_commands_status(fake_command,
+                                                                        monkeypatch, capsys):
+  """``train`` stopped by a signal prints its result line and returns 75; where stdout takes
+  no line at the print itself (unbuffered: PYTHONUNBUFFERED, ``python -u``), the line on
+  stderr and 75 (1 until 2026-12-07's review; at the flush it was kept already)."""
+  from attnlab.commands import print_result
+
+  module, _ = fake_command
+  module.behave = lambda argv: print_result("{}", 75)
+  monkeypatch.setattr(sys, "stdout", _FailingStdout("write", ENOSPC))
+  assert cli.main(["fake"]) == 75
+  assert capsys.readouterr().err == (
+      "attnlab fake: error: cannot write to standard output: [Errno 28] No space left on "
+      "device\n")
+  module.behave = lambda argv: print_result("{}", 0)  # a finished run: stdout's failure, 1
+  assert cli.main(["fake"]) == 1

@@ -19,3 +19,16 @@ EXIT_BROKEN_PIPE = 141
 
 class CommandError(Exception):
   """Bad input to a command: printed as one line on stderr, exit code 2."""
+
+
+def print_result(text: str, code: int) -> int:
+  """Print a command's result line and return its exit ``code``. Where stdout cannot take
+  the line (a full disk under it, unbuffered), the OSError carries ``code`` as its
+  ``exit_code``, so that ``attnlab.cli.main`` keeps the command's own status after its
+  one line (``train`` stopped by a signal: 75, resumable; 1 until 2026-12-07's review)."""
+  try:
+    print(text)
+  except OSError as e:
+    e.exit_code = code
+    raise
+  return code

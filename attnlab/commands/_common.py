@@ -119,6 +119,14 @@ def log_attnlab_info() -> None:
     attnlab.setLevel(logging.INFO)
 
 
+def held_here() -> tuple[bool, bool]:
+  """(attnlab's log level, the compilation cache folder): whether this thread's command has
+  set them already. ``attnlab.cli.main`` run by a command (a user's) leaves them to the
+  outer command, which puts them back when it ends (until 2026-12-07's review the inner
+  command's end put them back under the outer one)."""
+  return getattr(_LOGGING_SET, "done", False), getattr(_CACHE_SET, "done", False)
+
+
 def restore_logging() -> None:
   """Put back the attnlab logger's level ``log_attnlab_info`` set (nothing where this
   thread's command did not run it), once no other command running at once (another thread's

@@ -20,7 +20,7 @@ import sys
 import jax
 
 from attnlab import config_gin, extras
-from attnlab.commands import EXIT_STOPPED
+from attnlab.commands import EXIT_STOPPED, print_result
 from attnlab.commands._common import (
   CommandError,
   CommandParser,
@@ -96,9 +96,9 @@ def main(argv: list[str]) -> int:
     return 1
   except (trainer.ResumeError, trainer.SetupError, trainer.WorkdirBusyError) as e:
     raise CommandError(str(e)) from None
-  print(json.dumps({"workdir": os.path.abspath(args.workdir), **last}))
   # Short of TrainConfig.steps only when a signal stopped it (its step saved).
-  return EXIT_STOPPED if last["step"] < tcfg.steps else 0
+  return print_result(json.dumps({"workdir": os.path.abspath(args.workdir), **last}),
+                      EXIT_STOPPED if last["step"] < tcfg.steps else 0)
 
 
 def check_batch_fits_memory(dcfg, memory: int | None = None) -> None:

@@ -583,52 +583,56 @@ def _train_in(run: Run, mcfg: ModelConfig, tcfg: TrainConfig, dcfg: DataConfig, 
         f"the checkpoints in {ckpt.directory} do not fit this run's model and optimizer"
         f"{_model_changes(workdir, mcfg, tcfg)}: {first}. Nothing was changed in {workdir}; "
         "resume with the workdir's own config.gin, or train in a new workdir") from e
-  changed = _other_model(workdir, mcfg) if restored is not None else []
-  if changed:  # the arrays fit, but not the model: an activation, a norm, the positions...
+  # From here to the step loop's own try, anything raised (a refusal below, an interrupt,
+  # an error of a library import) closes the checkpointer (until 2026-12-07 a Ctrl-C
+  # there left it open for the process).
+  try:
+    changed = _other_model(workdir, mcfg) if restored is not None else []
+    if changed:  # the arrays fit, but not the model: an activation, a norm, the positions...
+      raise ResumeError(
+          f"the checkpoints in {ckpt.directory} were trained as another model "
+          f"({', '.join(changed)}; a resume may change only "
+          f"{', '.join('ModelConfig.' + f for f in RESUMABLE_MODEL_FIELDS)}). Nothing was "
+          f"changed in {workdir}; resume with the workdir's own config.gin, or train in a new "
+          "workdir")
+    if start > tcfg.steps:
+      raise ResumeError(
+          f"the newest checkpoint in {ckpt.directory} is step {start}, past TrainConfig.steps="
+          f"{tcfg.steps}: nothing to train. Nothing was changed in {workdir}; train to at least "
+          f"{start} steps, or in a new workdir")
+    finished = start == tcfg.steps  # a rerun of a finished run: nothing to train
+    if start and not finished:
+      log.info("resumed from step %d", start)
+      try:
+        saved_meta = ckpt.read_meta(start)
+      except (UnreadableCheckpointError, OSError):  # changed since the restore: config.gin's
+        saved_meta = {}
+      saved = _checkpoint_train_config(workdir, tcfg, saved_meta)
+      _warn_schedule_change(saved, tcfg, mcfg.d_model, run.state["opt_state"])
+      _warn_seed_change(saved, tcfg)
+    if not finished:
+      _warn_schedule_surprises(tcfg, mcfg.d_model)
+      betas = tcfg.betas_at_1_in_float32()  # a new config refuses it: a saved one's, resumed
+      if betas is not None and main_process:
+        log.warning("TrainConfig.%s: this run's config.gin holds it (taken before 2026-12-07), "
+                    "and the resumed run goes on so (until 2026-12-07 without a word); resume "
+                    "with --gin.TrainConfig.%s=0.999 (or less) to train", betas,
+                    betas.split("=", 1)[0])
+    # Written once the checkpoints are known to fit this config: a resume under a
+    # model the checkpoints do not fit stops above and leaves the workdir's config.gin
+    # describing them, as does a rerun of a finished run (it trains nothing under the
+    # new config).
+    config_path = os.path.join(workdir, "config.gin")
+    try:  # a traceback until 2026-12-07
+      if config_text is not None and main_process and not (
+          finished and os.path.isfile(config_path)):
+        write_text_atomically(config_path, config_text)
+      writer = MetricsWriter(workdir, enabled=main_process)
+    except OSError as e:
+      raise _write_failed("writing the run's files", e, restored, None) from e
+  except BaseException:
     ckpt.close()
-    raise ResumeError(
-        f"the checkpoints in {ckpt.directory} were trained as another model "
-        f"({', '.join(changed)}; a resume may change only "
-        f"{', '.join('ModelConfig.' + f for f in RESUMABLE_MODEL_FIELDS)}). Nothing was "
-        f"changed in {workdir}; resume with the workdir's own config.gin, or train in a new "
-        "workdir")
-  if start > tcfg.steps:
-    ckpt.close()
-    raise ResumeError(
-        f"the newest checkpoint in {ckpt.directory} is step {start}, past TrainConfig.steps="
-        f"{tcfg.steps}: nothing to train. Nothing was changed in {workdir}; train to at least "
-        f"{start} steps, or in a new workdir")
-  finished = start == tcfg.steps  # a rerun of a finished run: nothing to train
-  if start and not finished:
-    log.info("resumed from step %d", start)
-    try:
-      saved_meta = ckpt.read_meta(start)
-    except (UnreadableCheckpointError, OSError):  # changed since the restore: config.gin's
-      saved_meta = {}
-    saved = _checkpoint_train_config(workdir, tcfg, saved_meta)
-    _warn_schedule_change(saved, tcfg, mcfg.d_model, run.state["opt_state"])
-    _warn_seed_change(saved, tcfg)
-  if not finished:
-    _warn_schedule_surprises(tcfg, mcfg.d_model)
-    betas = tcfg.betas_at_1_in_float32()  # a new config refuses it: a saved one's, resumed
-    if betas is not None and main_process:
-      log.warning("TrainConfig.%s: this run's config.gin holds it (taken before 2026-12-07), "
-                  "and the resumed run goes on so (until 2026-12-07 without a word); resume "
-                  "with --gin.TrainConfig.%s=0.999 (or less) to train", betas,
-                  betas.split("=", 1)[0])
-  # Written once the checkpoints are known to fit this config: a resume under a
-  # model the checkpoints do not fit stops above and leaves the workdir's config.gin
-  # describing them, as does a rerun of a finished run (it trains nothing under the
-  # new config).
-  config_path = os.path.join(workdir, "config.gin")
-  try:  # a traceback until 2026-12-07
-    if config_text is not None and main_process and not (
-        finished and os.path.isfile(config_path)):
-      write_text_atomically(config_path, config_text)
-    writer = MetricsWriter(workdir, enabled=main_process)
-  except OSError as e:
-    ckpt.close()
-    raise _write_failed("writing the run's files", e, restored, None) from e
+    raise
   bar = None
   # Everything from here on closes the writer (its event file) and the checkpointer on
   # the way out, an interrupt while the step compiles too (until 2026-12-07 the setup

@@ -339,6 +339,20 @@ def test_a_run_short_of_its_steps_exits_75_and_a_finished_one_0(tmp_path, capsys
                      "--workdir", str(tmp_path / "w")]) == rc
     assert json.loads(capsys.readouterr().out) == {"workdir": str(tmp_path / "w"),
                                                    "step": step, "loss": 1.5}
+  # An unbuffered stdout that takes no line (a full disk): the line on stderr, 75 kept
+  # (1 until 2026-12-07's review).
+  import errno
+  import io
+
+  class Full(io.StringIO):
+    def write(self, text):
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  monkeypatch.setattr(train_command.trainer, "train", lambda *args, **kw: {"step": 2})
+  monkeypatch.setattr(sys, "stdout", Full())
+  assert cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--gin.TrainConfig.steps=3",
+                   "--workdir", str(tmp_path / "w")]) == EXIT_STOPPED
+  assert "cannot write to standard output: [Errno 28]" in capsys.readouterr().err
 
 
 def test_the_compilation_cache_is_the_commands_alone(tmp_path, monkeypatch):

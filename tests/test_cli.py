@@ -561,29 +561,25 @@ def test_a_closed_stdout_does_not_hide_what_goes_to_stderr(argv, err, monkeypatc
   assert capsys.readouterr().err == err
 
 
-def test_commands_running_at_once_in_threads_put_the_callers_stdout_back(
-    fake_command, monkeypatch):
-  """Two ``main`` calls in threads, the first returning while the second runs (a ``train``
-  and an ``eval`` in a notebook): the caller's stdout is back after both, whatever the order
-  (until 2026-12-07's review the second left the first's wrapper as ``sys.stdout`` for
-  good), and a call still running prints through the watched stdout."""
-  module, _ = fake_command
+def _first_ends_while_the_second_runs(module, start=lambda which: None,
+                                      after_first=lambda: None) -> dict:
+  """``attnlab fake first`` and ``attnlab fake second`` in two threads, the first ending
+  while the second runs: each command calls ``start(which)`` as it begins, the second
+  ``after_first()`` once the first has returned. Their exit codes."""
   first_in, second_in, first_out = (threading.Event() for _ in range(3))
 
   def behave(argv):
+    start(argv[0])
     if argv == ["first"]:
       first_in.set()
       assert second_in.wait(60)
     else:
       second_in.set()
       assert first_out.wait(60)
-      assert isinstance(sys.stdout, cli._WatchedStdout)  # still watched for this call
-    print(argv[0])
+      after_first()
     return 0
 
   module.behave = behave
-  stdout = io.StringIO()
-  monkeypatch.setattr(sys, "stdout", stdout)
   codes = {}
 
   def run(which):
@@ -598,6 +594,23 @@ def test_commands_running_at_once_in_threads_put_the_callers_stdout_back(
   second.start()
   first.join(60)
   second.join(60)
+  return codes
+
+
+def test_commands_running_at_once_in_threads_put_the_callers_stdout_back(
+    fake_command, monkeypatch):
+  """Two ``main`` calls in threads, the first returning while the second runs (a ``train``
+  and an ``eval`` in a notebook): the caller's stdout is back after both, whatever the order
+  (until 2026-12-07's review the second left the first's wrapper as ``sys.stdout`` for
+  good), and a call still running prints through the watched stdout."""
+  module, _ = fake_command
+  stdout = io.StringIO()
+  monkeypatch.setattr(sys, "stdout", stdout)
+
+  def after_first():
+    assert isinstance(sys.stdout, cli._WatchedStdout)  # still watched for this call
+
+  codes = _first_ends_while_the_second_runs(module, start=print, after_first=after_first)
   assert codes == {"first": 0, "second": 0}
   assert sys.stdout is stdout
   assert sorted(stdout.getvalue().split()) == ["first", "second"]
@@ -626,35 +639,12 @@ def test_commands_running_at_once_in_threads_keep_attnlabs_log_level_until_the_l
   module, _ = fake_command
   attnlab_logger = logging.getLogger("attnlab")
   before = attnlab_logger.level
-  first_in, second_in, first_out = (threading.Event() for _ in range(3))
-  seen = {}
-
-  def behave(argv):
-    log_attnlab_info()
-    if argv == ["first"]:
-      first_in.set()
-      assert second_in.wait(60)
-    else:
-      second_in.set()
-      assert first_out.wait(60)
-      seen["second, the first ended"] = attnlab_logger.getEffectiveLevel()
-    return 0
-
-  module.behave = behave
-
-  def run(which):
-    assert cli.main(["fake", which]) == 0
-    if which == "first":
-      first_out.set()
-
-  first = threading.Thread(target=run, args=("first",))
-  first.start()
-  assert first_in.wait(60)
-  second = threading.Thread(target=run, args=("second",))
-  second.start()
-  first.join(60)
-  second.join(60)
-  assert seen == {"second, the first ended": logging.INFO}
+  seen = []
+  codes = _first_ends_while_the_second_runs(
+      module, start=lambda which: log_attnlab_info(),
+      after_first=lambda: seen.append(attnlab_logger.getEffectiveLevel()))
+  assert codes == {"first": 0, "second": 0}
+  assert seen == [logging.INFO]
   assert attnlab_logger.level == before
 
 

@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import threading
 import tokenize
 
@@ -256,10 +257,11 @@ def _parse(gin_files, bindings, classes, check_macros, wrapped):
   # gin logs an ERROR for every search-path miss before it finds an include, through
   # logging's module functions, which configure a root logger without handlers
   # (basicConfig): a handler of their own stays, and the caller's basicConfig then did
-  # nothing ("WARNING:attnlab.training.trainer: ..." lines until 2026-12-06). Those records
-  # (the root logger's own, from gin's files) are dropped; until 2026-12-07 the root
-  # logger's level was CRITICAL for the parse, which silenced every other thread's warnings
-  # meanwhile.
+  # nothing ("WARNING:attnlab.training.trainer: ..." lines until 2026-12-06). gin's modules
+  # log nothing while it parses (``_quiet_gin``); until 2026-12-07 the root logger's level
+  # was CRITICAL for the parse, which silenced every other thread's warnings meanwhile, and
+  # then the root logger had a filter and a handler of attnlab's for it, which other threads
+  # saw.
   with _include_folders(folders), _quiet_gin():
     try:
       with gin.unlock_config():
@@ -330,31 +332,26 @@ def _parse(gin_files, bindings, classes, check_macros, wrapped):
                for c in configs)
 
 
-_GIN_FOLDER = os.path.dirname(os.path.abspath(gin.__file__)) + os.sep
+class _SilentLogging:
+  """What gin's modules see as ``logging`` while attnlab parses: ``logging`` itself, less its
+  module functions that log (``info``, ``warning``, ...), which do nothing. gin logs through
+  those functions (an ERROR for every search-path miss before it finds an include), and they
+  configure a root logger without handlers (``basicConfig``) for good. Until 2026-12-07 the
+  root logger got a filter and, where it had none, a handler of attnlab's for the parse: a
+  command or a caller's ``basicConfig`` in another thread meanwhile saw that handler, added
+  none of its own, and was left without one."""
+
+  def __getattr__(self, name):
+    return getattr(logging, name)
+
+  @staticmethod
+  def _nothing(*args, **kwargs):
+    pass
+
+  debug = info = warning = warn = error = exception = critical = fatal = log = _nothing
 
 
-def _drop_gins_records(record: logging.LogRecord) -> bool:
-  """A root-logger filter: False for a record logged from gin's own files."""
-  return not os.path.abspath(record.pathname).startswith(_GIN_FOLDER)
-
-
-class _LastResort(logging.Handler):
-  """The root logger's handler while a parse runs where it has none (so that gin's logging
-  calls do not ``basicConfig`` it): a record is handled as with no handler there, by
-  ``logging.lastResort`` where no logger on its way had a handler (until 2026-12-07 a
-  ``NullHandler``: another thread's warnings, or a caller's configurable's, were lost during
-  a parse)."""
-
-  def emit(self, record):
-    last = logging.lastResort
-    if last is None or record.levelno < last.level:
-      return
-    logger = logging.getLogger(record.name)
-    while logger is not None and logger is not logging.getLogger():
-      if logger.handlers:  # handled on its way here: not a record logging would lose
-        return
-      logger = logger.parent
-    last.handle(record)
+_GIN_LOGGING_MODULES = ("gin.config", "gin.resource_reader")
 
 
 @contextlib.contextmanager
@@ -371,19 +368,17 @@ def _include_folders(folders: list[str]):
 
 @contextlib.contextmanager
 def _quiet_gin():
-  """While gin parses: its own records dropped (``_drop_gins_records``), and the root
-  logger given a handler (``_LastResort``) where it has none."""
-  root = logging.getLogger()
-  root.addFilter(_drop_gins_records)
-  guard = _LastResort() if not root.handlers else None
-  if guard is not None:
-    root.addHandler(guard)
+  """While gin parses (under ``_PARSE_LOCK``): gin's modules log nothing (``_SilentLogging``),
+  and nothing else changes: the root logger, which every thread shares, is left as it is."""
+  modules = [m for m in map(sys.modules.get, _GIN_LOGGING_MODULES)
+             if m is not None and getattr(m, "logging", None) is logging]
+  for module in modules:
+    module.logging = _SilentLogging()
   try:
     yield
   finally:
-    root.removeFilter(_drop_gins_records)
-    if guard is not None:
-      root.removeHandler(guard)
+    for module in modules:
+      module.logging = logging
 
 
 _INCLUDE = re.compile(r"""^\s*include\s+['"]([^'"]+)['"]""", re.MULTILINE)
@@ -589,16 +584,28 @@ def operative_config(*configs, workdir: str | None = None) -> str:
   return "\n".join(lines)
 
 
-# The (config.gin, class, field, value) warned about by ``parse_saved`` in this process (or
-# command: ``forget_warnings``): a command reads a workdir's config.gin more than once
-# (decode: the checkpoint's model, then its tokenizer; convert-heads: three to five times).
-_warned_unread: set[tuple] = set()
+class _Warned(threading.local):
+  """What was warned about a saved config.gin in this thread (or its command:
+  ``forget_warnings``): ``unread``, the (config.gin, class, field, value) of ``parse_saved``;
+  ``outside_tokenizer``, the (config.gin, tokenizer file) of ``read_workdir_config``. A
+  command reads a workdir's config.gin more than once (decode: the checkpoint's model, then
+  its tokenizer; convert-heads: three to five times), and printed each warning once per read
+  until 2026-12-06. Per thread: a command starting in another thread (``attnlab.cli.main``)
+  forgets its own warnings, not those of a command running here (a process-wide set until
+  2026-12-07's review: the running command warned twice)."""
+
+  def __init__(self):
+    self.unread: set[tuple] = set()
+    self.outside_tokenizer: set[tuple[str, str]] = set()
+
+
+_WARNED = _Warned()
 
 
 def parse_saved(path: str, bindings=()) -> tuple[ModelConfig, DataConfig, TrainConfig]:
   """``parse([path], bindings)`` of a saved run's config.gin: the fields its run did not read
   (``config.saved_data_config``: a task's, the byte tokenizer's ``tokenizer_model``, adam's
-  ``weight_decay``) are reset to their defaults, with a warning naming each once per process
+  ``weight_decay``) are reset to their defaults, with a warning naming each once per thread
   or command (``_read_saved``), rather than refused as a new config's would be. ``bindings``
   are the user's own: a field they set that their run does not read is refused, as
   ``parse`` refuses it."""
@@ -653,7 +660,7 @@ def _field_values(configs) -> dict:
 
 def _read_saved(path: str, bindings: list[str], parse_fn):
   """``parse_fn(bindings)`` under ``config.saved_data_config``: the fields the saved file
-  itself sets and its run did not read are warned about (once per process, or command) and
+  itself sets and its run did not read are warned about (once per thread, or command) and
   read as their defaults, also where a binding of another optimizer, task or tokenizer would
   read them; one that a binding set (``_bound_fields``, or a macro of the user's), or that a
   binding left unread, is the user's: refused with the strict check's message where it does
@@ -744,8 +751,8 @@ def _read_saved(path: str, bindings: list[str], parse_fn):
   # file twice, with bindings and without (convert-heads), named a field twice until
   # 2026-12-07
   where = os.path.abspath(path)
-  from_file = [r for r in from_file if (where, *r) not in _warned_unread]
-  _warned_unread.update((where, *r) for r in from_file)
+  from_file = [r for r in from_file if (where, *r) not in _WARNED.unread]
+  _WARNED.unread.update((where, *r) for r in from_file)
   since = {(o, n): _refused_since(o, n, dcfg.task) for o, n, _ in from_file}
   for owner, reader in (("DataConfig", f"task={dcfg.task!r} with tokenizer={dcfg.tokenizer!r}"),
                         ("TrainConfig", f"optimizer={tcfg.optimizer!r}")):
@@ -770,18 +777,12 @@ def _refused_since(owner: str, name: str, task: str) -> str:
   return "2026-12-06"
 
 
-# The (config.gin, tokenizer file) pairs warned about in this process: a command reads
-# config.gin more than once (decode: the checkpoint's model, then its tokenizer), and printed
-# the warning below once per read until 2026-12-06.
-_warned_outside_tokenizer: set[tuple[str, str]] = set()
-
-
 def forget_warnings() -> None:
   """Warn again about what a saved config.gin holds: each ``attnlab`` command starts so
   (``cli._dispatch``), as a fresh process does (until 2026-12-07 a second command of one process,
-  a notebook's, printed none of them). Library calls warn once per process."""
-  _warned_unread.clear()
-  _warned_outside_tokenizer.clear()
+  a notebook's, printed none of them). Library calls warn once per thread."""
+  _WARNED.unread.clear()
+  _WARNED.outside_tokenizer.clear()
 
 
 def read_workdir_config(path: str) -> tuple[ModelConfig, DataConfig, TrainConfig]:
@@ -799,8 +800,8 @@ def read_workdir_config(path: str) -> tuple[ModelConfig, DataConfig, TrainConfig
     if os.path.isfile(name) and not os.path.exists(beside):
       # Written by attnlab before 2026-12-04, relative to where the run trained.
       warned = (os.path.abspath(path), os.path.abspath(name))
-      if warned not in _warned_outside_tokenizer:
-        _warned_outside_tokenizer.add(warned)
+      if warned not in _WARNED.outside_tokenizer:
+        _WARNED.outside_tokenizer.add(warned)
         log.warning("%s names tokenizer_model=%r, which is not beside it (%s); reading %s "
                     "from the working directory, where a workdir written before 2026-12-04 "
                     "named an outside tokenizer from (write its absolute path into the file "

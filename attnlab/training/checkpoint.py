@@ -115,14 +115,22 @@ def _held_library_errors():
   """Hold back what orbax logs (through absl's logger) while a save runs: when the save
   raises, the error says it once (orbax's threads logged each write failure with its
   traceback, ~350 lines for one full disk); when it succeeds, the held lines are logged
-  after it, so nothing is lost. The save's other reports of its failure are
-  ``_quiet_library_failure``'s."""
+  after it, so nothing is lost. Only records logged from orbax's and tensorstore's files are
+  held: another thread's own absl lines go through as they are logged (until 2026-12-07
+  they were held too, and dropped with orbax's when the save failed). The save's other
+  reports of its failure are ``_quiet_library_failure``'s."""
   held = []
   absl_logger = logging.getLogger("absl")
+  folders = _library_folders()
 
   def hold(record):
-    held.append(record)
-    return False
+    try:
+      orbaxs = os.path.abspath(record.pathname).startswith(folders)
+    except Exception:  # noqa: BLE001 - a record this cannot read is not orbax's: shown
+      orbaxs = False
+    if orbaxs:
+      held.append(record)
+    return not orbaxs
 
   absl_logger.addFilter(hold)
   try:

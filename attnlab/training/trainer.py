@@ -17,6 +17,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 
 import jax
@@ -263,9 +264,15 @@ class StopFlag:
     self._outer = None
 
   def __enter__(self):
+    if threading.current_thread() is not threading.main_thread():
+      # Python delivers signals to the main thread alone, and only it may set handlers: the
+      # work runs on, and is not stopped at a step (said since 2026-12-07's review).
+      log.warning("training in a thread other than the main one: SIGTERM and Ctrl-C do not "
+                  "stop it at a step with a checkpoint (exit 75) as they do in the main "
+                  "thread; it saves its checkpoints as TrainConfig.checkpoint_every says")
+      return self
     for sig in (signal.SIGTERM, signal.SIGINT):
-      # Outside the main thread signals cannot be caught: leave them be.
-      with contextlib.suppress(ValueError):
+      with contextlib.suppress(ValueError):  # (a subinterpreter: no handlers there either)
         self._old[sig] = old = signal.signal(sig, self._handle)
         outer = getattr(old, "__self__", None)
         if isinstance(outer, StopFlag):

@@ -7,6 +7,7 @@ import glob
 import os
 import re
 import sys
+import threading
 
 import gin
 import pytest
@@ -631,6 +632,25 @@ def _unregister(fn) -> None:
     gin.config._REGISTRY.pop(info.selector)
 
 
+def test_a_command_starting_in_another_thread_does_not_make_a_running_one_warn_again(
+    tmp_path, warned):
+  """A command reads its workdir's config.gin more than once and warns about an unread field
+  once; another command starting meanwhile in another thread forgets its own warnings
+  (``forget_warnings``, as ``cli._dispatch`` does), not this one's (a process-wide set until
+  2026-12-07's review: the running command warned twice)."""
+  path = tmp_path / "config.gin"
+  path.write_text("DataConfig.min_len = 5\n")
+  gin_config.forget_warnings()
+  gin_config.parse_saved(str(path))
+  other = threading.Thread(target=gin_config.forget_warnings)
+  other.start()
+  other.join(60)
+  gin_config.parse_saved(str(path))
+  assert warned() == [f"{path} sets DataConfig.min_len = 5, which task='lm' with "
+                      "tokenizer='byte' does not read (attnlab before 2026-12-06 took and "
+                      "ignored it): read as the default"]
+
+
 def test_another_threads_warnings_are_not_silenced_by_a_parse(tmp_path):
   """gin's own log records are dropped while it parses, nothing else: until 2026-12-07 the
   root logger's level was CRITICAL for the parse, so every logger without a level of its
@@ -656,6 +676,45 @@ def test_another_threads_warnings_are_not_silenced_by_a_parse(tmp_path):
   assert [(r.name, r.getMessage()) for r in records] == [
       ("callers_project", "building the steps")]
   assert not root.filters
+
+
+def test_a_parse_leaves_the_root_logger_as_other_threads_see_it(tmp_path):
+  """While a parse runs, another thread sees the root logger as it was (no handler, no filter
+  of attnlab's), and gin logs through ``logging`` again after it: until 2026-12-07 the root
+  logger had a handler of attnlab's for the parse, so another thread's ``basicConfig`` (or a
+  command's handler) added none and was left without one."""
+  import logging
+
+  inside, checked = threading.Event(), threading.Event()
+
+  @gin.configurable(module="callers_project")
+  def waiting_steps():
+    inside.set()
+    assert checked.wait(60)
+    return 3
+
+  root = logging.getLogger()
+  handlers = root.handlers[:]  # pytest's own: taken away, as in a plain script
+  for h in handlers:
+    root.removeHandler(h)
+  seen = {}
+
+  def other():
+    assert inside.wait(60)
+    seen.update(handlers=list(root.handlers), filters=list(root.filters))
+    checked.set()
+
+  thread = threading.Thread(target=other)
+  thread.start()
+  try:
+    assert _parse_with_an_include_found_last(tmp_path, "waiting_steps")[2].steps == 3
+  finally:
+    thread.join(60)
+    for h in handlers:
+      root.addHandler(h)
+    _unregister(waiting_steps)
+  assert seen == {"handlers": [], "filters": []}
+  assert gin.config.logging is logging and gin.resource_reader.logging is logging
 
 
 def test_warnings_during_a_parse_reach_stderr_where_no_logging_is_configured(tmp_path,

@@ -262,14 +262,19 @@ class StopFlag:
     self.signum = None
     self._old = {}
     self._outer = None
+    self._off_main = False
 
   def __enter__(self):
     if threading.current_thread() is not threading.main_thread():
       # Python delivers signals to the main thread alone, and only it may set handlers: the
-      # work runs on, and is not stopped at a step (said since 2026-12-07's review).
-      log.warning("training in a thread other than the main one: SIGTERM and Ctrl-C do not "
-                  "stop it at a step with a checkpoint (exit 75) as they do in the main "
-                  "thread; it saves its checkpoints as TrainConfig.checkpoint_every says")
+      # work runs on, and is not stopped at a step (said since 2026-12-07's review), once
+      # for the outermost flag of the thread (a sweep's, not each run's again).
+      if not getattr(_OFF_MAIN, "depth", 0):
+        log.warning("training in a thread other than the main one: SIGTERM and Ctrl-C do not "
+                    "stop it at a step with a checkpoint (exit 75) as they do in the main "
+                    "thread; it saves its checkpoints as TrainConfig.checkpoint_every says")
+      _OFF_MAIN.depth = getattr(_OFF_MAIN, "depth", 0) + 1
+      self._off_main = True
       return self
     for sig in (signal.SIGTERM, signal.SIGINT):
       with contextlib.suppress(ValueError):  # (a subinterpreter: no handlers there either)
@@ -286,8 +291,13 @@ class StopFlag:
       self._outer._handle(signum, frame)
 
   def __exit__(self, *exc):
+    if self._off_main:
+      _OFF_MAIN.depth -= 1
     for sig, old in self._old.items():
       signal.signal(sig, old)
+
+
+_OFF_MAIN = threading.local()  # ``depth``: StopFlags entered in this thread, not the main one
 
 
 def check_batch_layout(tcfg: TrainConfig, dcfg: DataConfig, mesh) -> None:

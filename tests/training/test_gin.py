@@ -719,9 +719,10 @@ def test_a_parse_leaves_the_root_logger_as_other_threads_see_it(tmp_path):
 
 def test_warnings_during_a_parse_reach_stderr_where_no_logging_is_configured(tmp_path,
                                                                               capsys):
-  """With no handler on the root logger (a plain script), a parse gives it one so that gin's
-  logging calls do not configure it; the records not gin's go where they would without it,
-  to stderr (``logging.lastResort``): until 2026-12-07 a NullHandler swallowed them."""
+  """With no handler on the root logger (a plain script), a parse leaves it without one (gin's
+  logging calls, which would configure it, are silenced); the records not gin's go to stderr
+  (``logging.lastResort``), as without the parse: until 2026-12-07 a NullHandler of attnlab's
+  swallowed them, then a handler of attnlab's stood in for the parse."""
   import logging
 
   @gin.configurable(module="callers_project")

@@ -80,12 +80,46 @@ class _StderrHandler(logging.StreamHandler):
     pass
 
 
-# The attnlab logger's level before the first of the commands running at once set it
-# (``log_attnlab_info``), which ``restore_logging`` (``attnlab.cli.main``, at its end) puts
-# back when the last of them ends; ``_LOGGING_SET.done``: this thread's command set it.
-_ATTNLAB_LEVEL = {"users": 0, "level": logging.NOTSET}
-_LOGGING_LOCK = threading.Lock()
-_LOGGING_SET = threading.local()
+class _SharedSetting:
+  """A setting of the whole process that commands running at once share (threads:
+  ``attnlab.cli.main`` in a notebook): its value before the first of them set it
+  (``before``) is put back when the last of them ends (until 2026-12-07 the first command
+  to end put it back under the others). A thread's command counts once, however often it
+  sets it. ``take`` and ``release`` are called under ``lock``."""
+
+  def __init__(self):
+    self.lock = threading.Lock()
+    self.users = 0
+    self.before = None
+    self._here = threading.local()
+
+  def held_here(self) -> bool:
+    """Whether this thread's command has set it."""
+    return getattr(self._here, "held", False)
+
+  def take(self, current) -> None:
+    """This thread's command sets it; ``current``, its value now, is kept where no other
+    command holds it."""
+    if not self.held_here():
+      if self.users == 0:
+        self.before = current
+      self.users += 1
+      self._here.held = True
+
+  def release(self) -> bool:
+    """This thread's command ends: whether it held the setting last (put ``before`` back)."""
+    if not self.held_here():
+      return False
+    self._here.held = False
+    self.users -= 1
+    return self.users == 0
+
+
+# attnlab's log level (``log_attnlab_info`` / ``restore_logging``) and JAX's compilation
+# cache folder (``use_compilation_cache`` / ``restore_compilation_cache``), which
+# ``attnlab.cli.main`` puts back at a command's end.
+_LOG_LEVEL = _SharedSetting()
+_CACHE_DIR = _SharedSetting()
 
 
 def log_attnlab_info() -> None:
@@ -105,12 +139,8 @@ def log_attnlab_info() -> None:
   attnlab's level (as it does under a root logger the caller configured: its handlers write
   attnlab's lines)."""
   attnlab, root = logging.getLogger("attnlab"), logging.getLogger()
-  with _LOGGING_LOCK:  # commands starting at once in threads: one record, one handler
-    if not getattr(_LOGGING_SET, "done", False):  # a second call in the command: counted once
-      if _ATTNLAB_LEVEL["users"] == 0:  # the first of the commands running at once
-        _ATTNLAB_LEVEL["level"] = attnlab.level
-      _ATTNLAB_LEVEL["users"] += 1
-      _LOGGING_SET.done = True
+  with _LOG_LEVEL.lock:  # commands starting at once in threads: one record, one handler
+    _LOG_LEVEL.take(attnlab.level)
     if not root.handlers:  # as logging.basicConfig(level=WARNING, format="%(message)s")
       handler = _StderrHandler()
       handler.setFormatter(logging.Formatter("%(message)s"))
@@ -124,7 +154,7 @@ def held_here() -> tuple[bool, bool]:
   set them already. ``attnlab.cli.main`` run by a command (a user's) leaves them to the
   outer command, which puts them back when it ends (until 2026-12-07's review the inner
   command's end put them back under the outer one)."""
-  return getattr(_LOGGING_SET, "done", False), getattr(_CACHE_SET, "done", False)
+  return _LOG_LEVEL.held_here(), _CACHE_DIR.held_here()
 
 
 def restore_logging() -> None:
@@ -132,13 +162,9 @@ def restore_logging() -> None:
   thread's command did not run it), once no other command running at once (another thread's
   ``attnlab.cli.main``) still logs through it: until 2026-12-07 the first to end put the
   level back under the other, whose progress and checkpoint lines were lost from then on."""
-  with _LOGGING_LOCK:
-    if not getattr(_LOGGING_SET, "done", False):
-      return
-    _LOGGING_SET.done = False
-    _ATTNLAB_LEVEL["users"] -= 1
-    if _ATTNLAB_LEVEL["users"] == 0:
-      logging.getLogger("attnlab").setLevel(_ATTNLAB_LEVEL["level"])
+  with _LOG_LEVEL.lock:
+    if _LOG_LEVEL.release():
+      logging.getLogger("attnlab").setLevel(_LOG_LEVEL.before)
 
 
 def out_of_memory(e: BaseException) -> str | None:
@@ -203,14 +229,6 @@ def add_cache_flag(p: argparse.ArgumentParser) -> None:
                       "resume of the same config skips compiling (or $JAX_COMPILATION_CACHE_DIR)")
 
 
-# The cache folder before the first of the commands running at once (threads) set one with
-# --compilation_cache (JAX's setting is the process's): ``restore_compilation_cache`` puts
-# it back when the last of them ends; ``_CACHE_SET.done``: this thread's command set one.
-_REPLACED_CACHE_DIR = {"users": 0, "dir": None}
-_CACHE_LOCK = threading.Lock()
-_CACHE_SET = threading.local()
-
-
 def use_compilation_cache(path: str | None) -> None:
   """Point JAX's persistent compilation cache at ``path`` (None: leave as is) for the
   command (``restore_compilation_cache``, which ``attnlab.cli.main`` runs at its end, puts
@@ -233,13 +251,9 @@ def use_compilation_cache(path: str | None) -> None:
     os.makedirs(path, exist_ok=True)
   import jax  # here, not at the top: `attnlab kv-size` and --help do not start JAX
 
-  with _CACHE_LOCK:
+  with _CACHE_DIR.lock:
     before = jax.config.jax_compilation_cache_dir
-    if not getattr(_CACHE_SET, "done", False):  # a second call in the command: counted once
-      if _REPLACED_CACHE_DIR["users"] == 0:  # the first of the commands running at once
-        _REPLACED_CACHE_DIR["dir"] = before
-      _REPLACED_CACHE_DIR["users"] += 1
-      _CACHE_SET.done = True
+    _CACHE_DIR.take(before)
     jax.config.update("jax_compilation_cache_dir", os.path.abspath(path))
     if jax.config.jax_compilation_cache_dir != before:
       _reset_jax_cache()
@@ -252,17 +266,13 @@ def restore_compilation_cache() -> None:
   command that ended, one without the flag too, put the folder back under a running one.
   Two commands at once with two folders share the later one's (JAX's setting is the
   process's)."""
-  with _CACHE_LOCK:
-    if not getattr(_CACHE_SET, "done", False):
-      return
-    _CACHE_SET.done = False
-    _REPLACED_CACHE_DIR["users"] -= 1
-    if _REPLACED_CACHE_DIR["users"]:
+  with _CACHE_DIR.lock:
+    if not _CACHE_DIR.release():
       return
     import jax
 
-    if jax.config.jax_compilation_cache_dir != _REPLACED_CACHE_DIR["dir"]:
-      jax.config.update("jax_compilation_cache_dir", _REPLACED_CACHE_DIR["dir"])
+    if jax.config.jax_compilation_cache_dir != _CACHE_DIR.before:
+      jax.config.update("jax_compilation_cache_dir", _CACHE_DIR.before)
       _reset_jax_cache()
 
 

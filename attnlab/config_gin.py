@@ -40,6 +40,9 @@ CONFIG_CLASSES = (ModelConfig, DataConfig, TrainConfig)
 # such as 'models/llama_tiny.gin' resolves in an installed copy as well as in a
 # checkout (where the top-level configs/ is a link to this folder).
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+# Where an include is looked for after the including files' folders: the built-in configs,
+# the working directory, attnlab's own folder (``configs/NAME``: the built-in NAME).
+_INCLUDE_FOLDERS = [CONFIGS_DIR, "", os.path.dirname(CONFIGS_DIR)]
 # transformers' generation settings (sampling defaults, eos ids), which an HF import keeps
 # in a workdir beside its config.gin: the export gives it back, decode reads its eos ids,
 # convert-heads copies it.
@@ -248,10 +251,13 @@ def _parse(gin_files, bindings, classes, check_macros, wrapped):
       raise GinConfigError(f"gin file {path!r} starts with a UTF-8 byte order mark, which gin "
                            "cannot read: save it without one")
   # Where gin looks for an include, in order: this call's files' folders, the built-in
-  # configs, the working directory. gin keeps one global list (cwd first) that
-  # clear_config does not reset, so it is set for this call and put back after: a folder
-  # of an earlier call, or a same-named file in the working directory, must not win.
-  folders = [os.path.dirname(os.path.abspath(p)) for p in gin_files] + [CONFIGS_DIR, ""]
+  # configs, the working directory, and last attnlab's own folder (an include of
+  # ``configs/NAME``, as a checkout spells it, is the built-in NAME where the working
+  # directory has no configs/: an installed attnlab; until 2026-12-07 not found there).
+  # gin keeps one global list (cwd first) that clear_config does not reset, so it is set
+  # for this call and put back after: a folder of an earlier call, or a same-named file in
+  # the working directory, must not win.
+  folders = [os.path.dirname(os.path.abspath(p)) for p in gin_files] + _INCLUDE_FOLDERS
   gin.config._FILE_READERS[:] = [(read, _missing_on_error(exists))
                                  for read, exists in gin.config._FILE_READERS]
   # gin logs an ERROR for every search-path miss before it finds an include, through
@@ -640,7 +646,7 @@ def _bound_fields(bindings: list[str], beside: str) -> set[str]:
   names = {_bound_name(line) for b in bindings for line in b.splitlines() if "=" in line}
   if not bindings:
     return names
-  folders = [os.path.dirname(os.path.abspath(beside)), CONFIGS_DIR, ""]
+  folders = [os.path.dirname(os.path.abspath(beside))] + _INCLUDE_FOLDERS
   with _PARSE_LOCK, _own_gin((Sweep,)), _include_folders(folders), _quiet_gin():
     try:
       with gin.unlock_config():
@@ -813,11 +819,18 @@ def read_workdir_config(path: str) -> tuple[ModelConfig, DataConfig, TrainConfig
 
 
 def resolve_base(base, sweep_file: str, configs_dir: str) -> list[str]:
-  """The paths of ``Sweep.base`` files: as given, next to the sweep file, or in configs/."""
+  """The paths of ``Sweep.base`` files: as given, next to the sweep file, or in configs/
+  (``configs/NAME``, as a checkout spells it, is the built-in NAME too: an installed
+  attnlab has no configs/ folder beside the working directory; until 2026-12-07 such a
+  sweep file ran in a checkout only)."""
   out = []
   for name in base:
-    for folder in ("", os.path.dirname(os.path.abspath(sweep_file)), configs_dir):
-      path = os.path.join(folder, name) if folder else name
+    parts = os.path.normpath(name).split(os.sep)
+    unprefixed = os.path.join(*parts[1:]) if parts[0] == "configs" and parts[1:] else None
+    places = [("", name), (os.path.dirname(os.path.abspath(sweep_file)), name),
+              (configs_dir, name)] + ([(configs_dir, unprefixed)] if unprefixed else [])
+    for folder, rel in places:
+      path = os.path.join(folder, rel) if folder else rel
       if os.path.isfile(path):
         out.append(path)
         break

@@ -96,7 +96,8 @@ def test_an_include_under_a_folder_importable_as_a_package_is_searched_like_any_
   with pytest.raises(gin_config.GinConfigError) as e:
     gin_config.parse([str(mine)], [])
   assert str(e.value).startswith("Unable to open file: nspkg/gone.gin. Searched config paths: "
-                                 f"[{str(user)!r}, {gin_config.CONFIGS_DIR!r}, '']"), str(e.value)
+                                 f"[{str(user)!r}, {gin_config.CONFIGS_DIR!r}, '', "
+                                 f"{os.path.dirname(gin_config.CONFIGS_DIR)!r}]"), str(e.value)
   (user / "nspkg" / "steps.gin").write_text("TrainConfig.steps = 7\n")
   mine.write_text("include 'nspkg/steps.gin'\n")
   assert gin_config.parse([str(mine)], [])[2].steps == 7
@@ -1113,6 +1114,25 @@ def test_first_line_keeps_at_most_two_lines_joined():
   assert gin_config._first_line(ValueError("  one\ntwo\nthree ")) == "one two"
   assert gin_config._first_line(KeyError()) == "KeyError"
   assert gin_config._first_line(ValueError("\n")) == "ValueError"
+
+
+def test_configs_slash_names_the_built_in_configs_outside_a_checkout(tmp_path, monkeypatch):
+  """A gin file written in a checkout (``include 'configs/models/llama_tiny.gin'``, a sweep's
+  ``Sweep.base = ["configs/lm_stdlib_tiny.gin"]``) read where the working directory has no
+  configs/ folder (an installed attnlab): the built-in files, as ``--gin_file configs/...``
+  already was (until 2026-12-07 "Unable to open file" and "Sweep.base file ... was not
+  found"). A configs/ folder of the working directory's own comes first."""
+  monkeypatch.chdir(tmp_path)
+  mine = tmp_path / "mine.gin"
+  mine.write_text("include 'configs/models/llama_tiny.gin'\nDataConfig.task = 'lm'\n")
+  mcfg = gin_config.parse([str(mine)], [])[0]
+  assert (mcfg.d_model, mcfg.num_kv_heads, mcfg.d_ff) == (128, 2, 344)
+  assert gin_config.resolve_base(("configs/lm_stdlib_tiny.gin",), str(mine),
+                                 gin_config.CONFIGS_DIR) == [
+      os.path.join(gin_config.CONFIGS_DIR, "lm_stdlib_tiny.gin")]
+  (tmp_path / "configs" / "models").mkdir(parents=True)
+  (tmp_path / "configs" / "models" / "llama_tiny.gin").write_text("ModelConfig.d_model = 64\n")
+  assert gin_config.parse([str(mine)], [])[0].d_model == 64
 
 
 def test_sweep_base_files_are_found_as_given_beside_the_sweep_or_in_configs(tmp_path,

@@ -285,6 +285,10 @@ def test_each_commands_help_is_its_own_and_names_its_required_flags(capsys):
                else "the --gin_file files")
       assert f"They come after {after}." in flat and (("--gin_file" in flat)
                                                       == (name != "convert-heads")), name
+    if name == "train":  # an installed attnlab's configs by name (said in README alone
+      # until 2026-12-07)
+      assert "a name that is no file, e.g. lm_stdlib_tiny.gin or models/llama_tiny.gin, is " \
+             "attnlab's built-in config of that name" in flat
 
 
 @pytest.mark.parametrize("name", sorted(REQUIRED))

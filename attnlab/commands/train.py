@@ -50,7 +50,9 @@ def main(argv: list[str]) -> int:
   bindings, rest = split_gin_flags(argv)
   p = CommandParser(prog="attnlab train", description="Train a model from gin config files.",
                     epilog=gin_flags_help("ModelConfig, DataConfig and TrainConfig"))
-  p.add_argument("--gin_file", action="append", default=[], help="a gin file (repeatable)")
+  p.add_argument("--gin_file", action="append", default=[],
+                 help="a gin file (repeatable); a name that is no file, e.g. lm_stdlib_tiny.gin "
+                      "or models/llama_tiny.gin, is attnlab's built-in config of that name")
   p.add_argument("--workdir", required=True, help="checkpoints, config.gin, metrics")
   _add_distributed_flags(p)
   add_cache_flag(p)

@@ -31,10 +31,10 @@ import json
 import math
 import os
 import socket
-import stat
 import statistics
 
 from attnlab.config import kv_cache_bytes
+from attnlab.data.tokenizer import not_a_regular_file
 from attnlab.training import sweep as sweep_lib
 from attnlab.training.trainer import failure_cause, write_text_atomically
 
@@ -84,8 +84,9 @@ def cross_kv_bytes_per_source_token(mcfg) -> int | None:
 def _read_json(path: str):
   """The JSON in the file ``path``; an OSError for anything there that is no regular file
   (a FIFO would make the report wait for a writer for good), as for a missing one."""
-  if not stat.S_ISREG(os.stat(path).st_mode):
-    raise OSError(f"{path} is not a regular file")
+  kind = not_a_regular_file(path)
+  if kind is not None:
+    raise OSError(f"{path} is {kind}, not a regular file")
   with open(path, encoding="utf-8") as f:
     return json.load(f)
 

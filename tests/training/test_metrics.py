@@ -260,3 +260,108 @@ def test_a_non_finite_value_is_written_as_it_is_and_nothing_is_printed(tmp_path,
   got = _scalars(tmp_path / "tensorboard")
   assert math.isnan(got["train/loss"][0][1]) and got["train/grad_norm"] == [(1, math.inf)]
   assert capfd.readouterr() == ("", "")
+
+
+def _records(path):
+  """The events of a file, read by hand: (length, its CRC, the bytes, theirs) per record."""
+  import struct
+
+  tbx, data, events = metrics._tensorboardx(), path.read_bytes(), []
+  while data:
+    header = data[:8]
+    (length,) = struct.unpack("<Q", header)
+    assert struct.unpack("<I", data[8:12])[0] == tbx.masked_crc32c(header)
+    body = data[12:12 + length]
+    assert struct.unpack("<I", data[12 + length:16 + length])[0] == tbx.masked_crc32c(body)
+    events.append(tbx.Event.FromString(body))
+    data = data[16 + length:]
+  return events
+
+
+def test_an_event_file_opens_with_its_version_and_stamps_each_record(tmp_path):
+  """TensorBoard reads the first record's ``file_version`` ("brain.Event:2") to know the
+  format, and every record's ``wall_time`` (the run's start, its relative-time axis). The
+  file is made as any file is (0666 less the umask: not executable, not writable by others),
+  and a closed writer says which file it was."""
+  import os
+  import re
+  import time
+
+  old = os.umask(0o022)
+  try:
+    t0 = time.time()
+    events = metrics.EventFile(str(tmp_path / "tb"))
+    events.add_scalars(7, {"train/loss": 0.5})
+    t1 = time.time()
+  finally:
+    os.umask(old)
+  path = tmp_path / "tb" / os.path.basename(events.path)
+  assert os.stat(path).st_mode & 0o777 == 0o644
+  first, scalars = _records(path)
+  assert first.file_version == "brain.Event:2" and not first.HasField("summary")
+  assert scalars.step == 7 and [(v.tag, v.simple_value) for v in scalars.summary.value] == [
+      ("train/loss", 0.5)]
+  for event in (first, scalars):
+    assert t0 <= event.wall_time <= t1
+  events.close()
+  with pytest.raises(ValueError, match=f"^{re.escape(events.path)} is closed$"):
+    events.add_scalars(8, {"train/loss": 0.25})
+
+
+def test_a_folder_that_is_a_file_is_named_as_not_a_directory(tmp_path):
+  import errno
+
+  (tmp_path / "tb").write_text("")
+  with pytest.raises(NotADirectoryError) as e:
+    metrics.EventFile(str(tmp_path / "tb"))
+  assert (e.value.errno, e.value.filename) == (errno.ENOTDIR, str(tmp_path / "tb"))
+  assert str(e.value) == f"[Errno 20] Not a directory: '{tmp_path / 'tb'}'"
+
+
+def test_a_take_back_that_fails_too_keeps_the_writes_own_error(tmp_path, monkeypatch):
+  """The full disk's ENOSPC is what the caller learns, not an error of the truncation that
+  tries to take the half record back (an I/O error there is let go)."""
+  import errno
+  import os
+
+  events = metrics.EventFile(str(tmp_path))
+
+  def fail(code, real):  # on this writer's descriptor only
+    def call(fd, *args):
+      if fd == events._fd:
+        raise OSError(code, os.strerror(code))
+      return real(fd, *args)
+    return call
+
+  monkeypatch.setattr(metrics.os, "write", fail(errno.ENOSPC, os.write))
+  monkeypatch.setattr(metrics.os, "ftruncate", fail(errno.EIO, os.ftruncate))
+  with pytest.raises(OSError) as e:
+    events.add_scalars(1, {"train/loss": 1.0})
+  assert e.value.errno == errno.ENOSPC
+  monkeypatch.undo()
+  events.close()
+
+
+def test_a_writer_collected_after_its_descriptor_failed_says_nothing(tmp_path, monkeypatch):
+  """Collection closes the descriptor; an error there (EBADF: someone closed it already)
+  is dropped, not printed as "Exception ignored in ..."."""
+  import errno
+  import gc
+  import os
+
+  events = metrics.EventFile(str(tmp_path))
+  fd, unraisable, close = events._fd, [], os.close
+
+  def ebadf(n):  # on this writer's descriptor only: other objects collected meanwhile
+    if n != fd:  # close theirs as ever
+      return close(n)
+    raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+  gc.collect()
+  monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+  monkeypatch.setattr(metrics.os, "close", ebadf)
+  del events
+  gc.collect()
+  monkeypatch.undo()
+  os.close(fd)
+  assert unraisable == []

@@ -144,8 +144,9 @@ class _FailingStdout(io.StringIO):
 
 
 @pytest.mark.parametrize("fails", ["write", "flush"])
-@pytest.mark.parametrize("argv", [KV_SIZE, ["kv-size", "--help"], ["--help"]],
-                         ids=["kv-size", "kv-size --help", "--help"])
+@pytest.mark.parametrize("argv", [KV_SIZE, ["kv-size", "--help"], ["--help"], ["-h"],
+                                  ["--help", "kv-size"]],
+                         ids=["kv-size", "kv-size --help", "--help", "-h", "--help kv-size"])
 def test_a_stdout_that_cannot_be_written_is_one_line_on_stderr_exit_1(
     argv, fails, monkeypatch, capsys, tmp_path):
   """A full disk (or an I/O error) under stdout: the print's error (an unbuffered stdout),
@@ -685,12 +686,14 @@ def test_commands_starting_at_once_in_threads_add_one_log_handler(monkeypatch):
   assert [type(h).__name__ for h in logging.root.handlers] == ["_StderrHandler"]
 
 
+@pytest.mark.parametrize("outer_sets", [("log", "cache"), ("log",), ("cache",)])
 def test_a_command_run_inside_another_leaves_the_outer_ones_log_level_and_cache(
-    fake_command, tmp_path):
+    outer_sets, fake_command, tmp_path):
   """A command that runs ``attnlab.cli.main`` itself (a user's): the inner command's end
   leaves attnlab's log level and the compilation cache folder to the outer one, which puts
   them back when it ends (until 2026-12-07's review the inner end put both back under the
-  outer command: its INFO lines were lost from then on)."""
+  outer command: its INFO lines were lost from then on). Each is the outer's where it set
+  that one alone too."""
   import logging
 
   import jax
@@ -704,15 +707,18 @@ def test_a_command_run_inside_another_leaves_the_outer_ones_log_level_and_cache(
   seen = []
 
   def outer(argv):
-    _common.log_attnlab_info()
-    _common.use_compilation_cache(folder)
+    if "log" in outer_sets:
+      _common.log_attnlab_info()
+    if "cache" in outer_sets:
+      _common.use_compilation_cache(folder)
     assert cli.main(KV_SIZE) == 0
     seen.append((attnlab_logger.level, jax.config.jax_compilation_cache_dir))
     return 0
 
   module.behave = outer
   assert cli.main(["fake"]) == 0
-  assert seen == [(logging.INFO, folder)]
+  assert seen == [(logging.INFO if "log" in outer_sets else level,
+                   folder if "cache" in outer_sets else cache)]
   assert (attnlab_logger.level, jax.config.jax_compilation_cache_dir) == (level, cache)
 
 
@@ -732,3 +738,196 @@ def test_a_result_line_that_cannot_be_written_keeps_the_commands_status(fake_com
       "device\n")
   module.behave = lambda argv: print_result("{}", 0)  # a finished run: stdout's failure, 1
   assert cli.main(["fake"]) == 1
+
+
+@pytest.mark.parametrize("how", ["print", "writelines"])
+def test_a_commands_own_write_that_fails_is_one_line_exit_1(how, fake_command, monkeypatch,
+                                                           capsys):
+  """A command's own ``print`` (not ``print_result``, whose error carries the command's
+  status) or ``sys.stdout.writelines`` on a full disk: the line, exit 1."""
+  module, _ = fake_command
+  module.behave = lambda argv: (print("a line") if how == "print"
+                                else sys.stdout.writelines(["a line\n"]))
+  monkeypatch.setattr(sys, "stdout", _FailingStdout("write", ENOSPC))
+  monkeypatch.setattr(_FailingStdout, "writelines", _FailingStdout.write)
+  assert cli.main(["fake"]) == 1
+  assert capsys.readouterr().err == (
+      "attnlab fake: error: cannot write to standard output: [Errno 28] No space left on "
+      "device\n")
+
+
+def test_a_command_sees_its_stdouts_own_attributes(fake_command, monkeypatch, tmp_path):
+  """While a command runs, ``sys.stdout`` is the watched one; what it does not override
+  (``fileno``, ``isatty``, ``encoding``, ``name``: what a progress bar or a pager asks) is
+  the caller's stream's, and its ``writelines`` writes the lines."""
+  module, _ = fake_command
+  seen = []
+
+  def look(argv):
+    seen.append((sys.stdout is not stream, sys.stdout.fileno(), sys.stdout.isatty(),
+                 sys.stdout.encoding, sys.stdout.name))
+    sys.stdout.writelines(["x\n", "é\n"])
+
+  module.behave = look
+  with open(tmp_path / "out.txt", "w", encoding="latin-1") as stream, \
+       monkeypatch.context() as patch:
+    patch.setattr(sys, "stdout", stream)
+    assert cli.main(["fake"]) == 0
+    assert seen == [(True, stream.fileno(), False, "latin-1", str(tmp_path / "out.txt"))]
+  assert (tmp_path / "out.txt").read_bytes() == "x\né\n".encode("latin-1")
+
+
+def test_a_stdout_without_a_closed_attribute_is_written(fake_command, monkeypatch):
+  """A caller's minimal stream (``write`` and ``flush`` only, as some notebook front ends
+  and loggers set): not taken for a closed one."""
+  module, _ = fake_command
+
+  class Minimal:
+    def __init__(self):
+      self.text = []
+
+    def write(self, text):
+      self.text.append(text)
+      return len(text)
+
+    def flush(self):
+      pass
+
+  stream = Minimal()
+  module.behave = lambda argv: print("ran")
+  monkeypatch.setattr(sys, "stdout", stream)
+  assert cli.main(["fake"]) == 0
+  assert "".join(stream.text) == "ran\n"
+
+
+@pytest.mark.parametrize("reader_gone", [False, True])
+def test_a_broken_pipe_of_another_pipe_is_the_commands_own_unless_stdouts_reader_is_gone(
+    reader_gone, fake_command, monkeypatch, capsys):
+  """A BrokenPipeError that stdout's write did not raise (a subprocess's pipe, a socket the
+  command writes): where stdout is a pipe whose reader is there, it is the command's own
+  error and reaches the caller; where stdout's reader has gone too (poll says so), the
+  command stops quietly, 141, as ``attnlab decode ... | head -1`` does."""
+  module, _ = fake_command
+  raised = BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+  def fail(argv):
+    raise raised
+
+  module.behave = fail
+  read, write = os.pipe()
+  try:
+    if reader_gone:
+      os.close(read)
+    with open(write, "w", closefd=False) as stream, monkeypatch.context() as patch:
+      patch.setattr(sys, "stdout", stream)
+      if reader_gone:
+        assert cli.main(["fake"]) == 141
+      else:
+        with pytest.raises(BrokenPipeError) as e:
+          cli.main(["fake"])
+        assert e.value is raised
+  finally:
+    os.close(write)
+    if not reader_gone:
+      os.close(read)
+  assert capsys.readouterr().err == ""
+
+
+def test_the_first_command_of_a_process_puts_back_what_it_set(tmp_path):
+  """The first command of a fresh interpreter loads ``commands._common`` itself (nothing had:
+  ``cli`` does not import it); attnlab's log level and the compilation cache folder it set
+  are put back at its end, as for any later command."""
+  code = ("import logging, sys, types\nimport jax\nfrom attnlab import cli\n"
+          "assert 'attnlab.commands._common' not in sys.modules\n"
+          "module = types.ModuleType('attnlab.commands.fake')\n"
+          "def main(argv):\n"
+          "  from attnlab.commands import _common\n"
+          "  _common.log_attnlab_info()\n"
+          "  _common.use_compilation_cache(argv[0])\n"
+          "  seen.append((logging.getLogger('attnlab').level,\n"
+          "               jax.config.jax_compilation_cache_dir))\n"
+          "  return 0\n"
+          "module.main = main\nsys.modules['attnlab.commands.fake'] = module\n"
+          "cli.COMMANDS['fake'] = ('fake', 'a test command')\n"
+          "seen = [(logging.getLogger('attnlab').level, jax.config.jax_compilation_cache_dir)]\n"
+          f"seen.append(cli.main(['fake', {str(tmp_path / 'cache')!r}]))\n"
+          "seen.append((logging.getLogger('attnlab').level,\n"
+          "             jax.config.jax_compilation_cache_dir))\n"
+          "print(repr(seen))\n")
+  import logging
+
+  before, during, rc, after = eval(_last_line_in_a_fresh_python(code))
+  assert (during, rc) == ((logging.INFO, str(tmp_path / "cache")), 0)
+  assert after == before and before[0] == logging.NOTSET
+
+
+def test_a_pipe_without_a_reader_under_a_buffered_stdout_is_quiet_in_a_real_process():
+  """``attnlab kv-size ... | true``: the reader is gone before the result is flushed. Exit
+  141, nothing on stderr; the process's stdout goes to /dev/null, so the interpreter's own
+  last flush of what stayed in the buffer does not print "Exception ignored ... BrokenPipe"
+  (and exit 120) after ``main`` returned."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+  env["PYTHONPATH"] = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
+  read, write = os.pipe()
+  os.close(read)
+  try:
+    proc = subprocess.run([sys.executable, "-m", "attnlab.cli", *KV_SIZE], stdout=write,
+                          stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+  finally:
+    os.close(write)
+  assert (proc.returncode, proc.stderr) == (141, "")
+
+
+def test_stdout_to_devnull_lets_its_own_failure_go(monkeypatch):
+  """After stdout's failure was said, ``_to_devnull`` points the process's stdout at
+  /dev/null; where that cannot be done (no descriptor left: EMFILE), the line and the exit
+  status stand, and nothing more is raised."""
+  def emfile(*args):
+    raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+  monkeypatch.setattr(cli.os, "open", emfile)
+  assert cli._to_devnull(sys.__stdout__) is None
+
+
+def test_a_full_pipe_does_not_hold_up_another_pipes_broken_pipe(fake_command, monkeypatch):
+  """Telling a BrokenPipeError of another pipe from stdout's asks poll without waiting:
+  stdout a pipe that is full (its reader slow, not gone) does not hold the command's own
+  error back until the reader reads (a watchdog reads the pipe after 60 s, so a wait fails
+  the test instead of hanging it)."""
+  import fcntl
+
+  module, _ = fake_command
+  raised = BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+  def fail(argv):
+    raise raised
+
+  module.behave = fail
+  read, write = os.pipe()
+  flags = fcntl.fcntl(write, fcntl.F_GETFL)
+  fcntl.fcntl(write, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+  with contextlib.suppress(BlockingIOError):
+    while True:
+      os.write(write, b"x" * 65536)
+  fcntl.fcntl(write, fcntl.F_SETFL, flags)
+  drained, done = [], threading.Event()
+
+  def watchdog():
+    if not done.wait(60):
+      drained.append(os.read(read, 1 << 20))
+
+  thread = threading.Thread(target=watchdog, daemon=True)
+  thread.start()
+  try:
+    with open(write, "w", closefd=False) as stream, monkeypatch.context() as patch:
+      patch.setattr(sys, "stdout", stream)
+      with pytest.raises(BrokenPipeError) as e:
+        cli.main(["fake"])
+    assert e.value is raised
+  finally:
+    done.set()
+    thread.join()
+    os.close(read)
+    os.close(write)
+  assert drained == []

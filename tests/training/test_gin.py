@@ -1130,9 +1130,24 @@ def test_configs_slash_names_the_built_in_configs_outside_a_checkout(tmp_path, m
   assert gin_config.resolve_base(("configs/lm_stdlib_tiny.gin",), str(mine),
                                  gin_config.CONFIGS_DIR) == [
       os.path.join(gin_config.CONFIGS_DIR, "lm_stdlib_tiny.gin")]
+  # Only a configs/ prefix is dropped: a path of another folder that does not hold the file
+  # is not the built-in file of that name, it is missing.
+  for name in ("elsewhere/lm_stdlib_tiny.gin", "configs"):
+    with pytest.raises(FileNotFoundError, match=f"Sweep.base file '{name}' was not found"):
+      gin_config.resolve_base((name,), str(mine), gin_config.CONFIGS_DIR)
   (tmp_path / "configs" / "models").mkdir(parents=True)
   (tmp_path / "configs" / "models" / "llama_tiny.gin").write_text("ModelConfig.d_model = 64\n")
   assert gin_config.parse([str(mine)], [])[0].d_model == 64
+
+
+def test_gins_logging_while_attnlab_parses_logs_nothing_and_passes_the_rest_through():
+  """What gin's modules see as ``logging`` during a parse: its logging functions do nothing;
+  anything else (a level, ``getLogger``) is the logging module's."""
+  import logging
+
+  silent = gin_config._SilentLogging()
+  assert [silent.info("x"), silent.warning("x"), silent.error("x")] == [None] * 3
+  assert (silent.DEBUG, silent.getLogger) == (logging.DEBUG, logging.getLogger)
 
 
 def test_sweep_base_files_are_found_as_given_beside_the_sweep_or_in_configs(tmp_path,

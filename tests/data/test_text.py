@@ -345,6 +345,33 @@ def test_a_tokenizer_file_that_is_no_regular_file_is_refused_by_name(tmp_path, k
     make_tokenizer(kind, path)
 
 
+def test_what_is_there_is_named_by_its_kind(tmp_path, monkeypatch):
+  """Every kind of file the stat of Linux reports: a socket, a character device (/dev/null),
+  and, through a stat that reports them (no block device need be there), a block device and
+  a kind Linux has none of; a regular file, a link to one and nothing there are None."""
+  import socket
+  import stat
+  import tempfile
+  import types
+
+  from attnlab.data import tokenizer
+
+  # a socket's path: 107 bytes at most, so not under pytest's long tmp_path
+  with tempfile.TemporaryDirectory(dir="/tmp") as short, socket.socket(socket.AF_UNIX) as sock:
+    sock.bind(os.path.join(short, "s"))
+    assert tokenizer.not_a_regular_file(os.path.join(short, "s")) == "a socket"
+  assert tokenizer.not_a_regular_file(os.devnull) == "a character device"
+  (tmp_path / "f").write_text("{}")
+  (tmp_path / "link").symlink_to(tmp_path / "f")
+  assert [tokenizer.not_a_regular_file(str(tmp_path / name)) for name in ("f", "link", "no")] \
+      == [None, None, None]
+  for mode, kind in ((stat.S_IFBLK, "a block device"), (0o160000, "another kind of file")):
+    with monkeypatch.context() as patch:
+      patch.setattr(tokenizer.os, "stat",
+                    lambda path, mode=mode: types.SimpleNamespace(st_mode=mode | 0o600))
+      assert tokenizer.not_a_regular_file("x") == kind
+
+
 def test_a_symbolic_link_to_a_tokenizer_json_reads_and_a_fifo_beside_it_is_skipped(tmp_path):
   """A link to a regular tokenizer.json is that file; a FIFO for tokenizer_config.json is
   passed over by ``named_pad_id`` (opening it waited for a writer) as an absent file is."""

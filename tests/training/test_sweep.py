@@ -1313,6 +1313,43 @@ def test_without_the_tokenizers_package_convert_heads_checks_what_it_can(source_
       os.rmdir(path)
     Path(path).write_bytes(whole)
   assert not os.path.exists(dst)
+  # A sentencepiece model is checked the same way, and named as one.
+  from attnlab import config_gin
+
+  src, _, (mcfg, dcfg, tcfg) = source_run
+  spm = os.path.join(own, "tok", "spm.model")
+  os.mkdir(spm)
+  with open(os.path.join(own, "config.gin"), "w") as f:
+    f.write(config_gin.operative_config(
+        mcfg, dataclasses.replace(dcfg, tokenizer="sentencepiece", tokenizer_model=spm), tcfg,
+        workdir=own))
+  with pytest.raises(ValueError) as e:
+    sweep_lib.write_converted_run(own, dst, 1, "mean", step=2, check_only=True)
+  assert str(e.value) == (f"tokenizer_model={spm!r} is a folder, not a regular file: give the "
+                          "sentencepiece .model file itself" + why)
+
+
+def test_a_tokenizer_outside_the_source_run_is_the_users_and_left_as_it_is(source_run,
+                                                                          tmp_path):
+  """A tokenizer file outside the source run (the user's data) is neither copied nor read by
+  the conversion: the new run names it where it is, whatever it holds (the checks are for
+  the copies the new run gets)."""
+  from attnlab import config_gin
+
+  src, _, (mcfg, dcfg, tcfg) = source_run
+  own = str(tmp_path / "own")
+  shutil.copytree(src, own)
+  users = tmp_path / "data" / "tokenizer.json"
+  users.parent.mkdir()
+  users.write_bytes(b"")
+  hf = dataclasses.replace(dcfg, tokenizer="hf_json", tokenizer_model=str(users))
+  with open(os.path.join(own, "config.gin"), "w") as f:
+    f.write(config_gin.operative_config(mcfg, hf, tcfg, workdir=own))
+  dst = str(tmp_path / "new")
+  sweep_lib.write_converted_run(own, dst, 1, "mean", step=2)
+  with open(os.path.join(dst, "config.gin")) as f:
+    assert f"DataConfig.tokenizer_model = {str(users)!r}" in f.read().splitlines()
+  assert not [name for _, _, names in os.walk(dst) for name in names if name == "tokenizer.json"]
 
 
 def test_write_converted_run_refuses_before_writing_anything(source_run, tmp_path):

@@ -1,11 +1,14 @@
 """attnlab: attention and transformers in JAX / Flax NNX.
 
-``import attnlab`` imports nothing but this file: every entry point below is
-imported from its module on first use (``attnlab.generate``, ``from attnlab
-import build_model``), so ``attnlab --help`` answers without loading JAX.
+``import attnlab`` imports nothing but this file and ``attnlab.version``
+(``attnlab.__version__``): every entry point below is imported from its module on
+first use (``attnlab.generate``, ``from attnlab import build_model``), so
+``attnlab --help`` answers without loading JAX.
 """
 
 from typing import TYPE_CHECKING
+
+from attnlab.version import __version__ as __version__  # the package root re-exports it
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ below
   from attnlab.config import ModelConfig
@@ -37,7 +40,7 @@ _LAZY = {
 # attnlab`` loaded before its entry points were lazy, so chains such as
 # ``attnlab.ops.pallas.flash.flash_attention`` work as they did; the light
 # modules (``from attnlab import cli``) load alone.
-_LIGHT = ("cli", "commands", "config", "config_gin", "extras")
+_LIGHT = ("cli", "commands", "config", "config_gin", "extras", "version")
 _SUBMODULES = (*_LIGHT, "convert", "data", "decoding", "nn", "ops", "training")
 _LOADED_BEFORE = ("attnlab.config", "attnlab.nn.transformer", "attnlab.ops.dispatch")
 

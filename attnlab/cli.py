@@ -36,6 +36,7 @@ import sys
 import threading
 
 from attnlab.commands import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, CommandError
+from attnlab.version import __version__
 
 # name -> (module in attnlab/commands/, one-line help)
 COMMANDS = {
@@ -50,7 +51,8 @@ COMMANDS = {
 
 
 def usage() -> str:
-  lines = ["usage: attnlab COMMAND [flags]   (attnlab COMMAND --help for its flags)", ""]
+  lines = ["usage: attnlab COMMAND [flags]   (attnlab COMMAND --help for its flags; "
+           "attnlab --version)", ""]
   width = max(map(len, COMMANDS))
   lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
   return "\n".join(lines)
@@ -72,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   name = argv[0] if argv and argv[0] in COMMANDS else None
   who = f"attnlab{' ' + name if name else ''}"
-  if not name and argv[:1] not in (["-h"], ["--help"]):  # no command or an unknown one:
-    return _dispatch(argv)  # its lines go to stderr, exit 2
+  if not name and argv[:1] not in (["-h"], ["--help"], ["--version"]):
+    return _dispatch(argv)  # no command or an unknown one: its lines go to stderr, exit 2
   if _stdout_closed():  # a traceback (decode, eval) or exit 0 with nothing said
     # (kv-size) until 2026-12-07
     print(f"{who}: error: standard output is closed; nothing was run", file=sys.stderr)
@@ -139,6 +141,9 @@ def _dispatch(argv: list[str]) -> int:
   if not argv or argv[0] in ("-h", "--help"):
     print(usage(), file=sys.stdout if argv else sys.stderr)  # no command: an error
     return 0 if argv else 2
+  if argv[0] == "--version":
+    print(f"attnlab {__version__}")
+    return 0
   name, rest = argv[0], argv[1:]
   if name not in COMMANDS:
     print(f"attnlab: unknown command {name!r}\n{usage()}", file=sys.stderr)

@@ -18,7 +18,8 @@ import pytest
 from attnlab import cli
 from attnlab.commands import CommandError
 
-USAGE_HEAD = "usage: attnlab COMMAND [flags]   (attnlab COMMAND --help for its flags)"
+USAGE_HEAD = ("usage: attnlab COMMAND [flags]   (attnlab COMMAND --help for its flags; "
+              "attnlab --version)")
 
 
 def _usage_lines(text):
@@ -145,8 +146,9 @@ class _FailingStdout(io.StringIO):
 
 @pytest.mark.parametrize("fails", ["write", "flush"])
 @pytest.mark.parametrize("argv", [KV_SIZE, ["kv-size", "--help"], ["--help"], ["-h"],
-                                  ["--help", "kv-size"]],
-                         ids=["kv-size", "kv-size --help", "--help", "-h", "--help kv-size"])
+                                  ["--help", "kv-size"], ["--version"]],
+                         ids=["kv-size", "kv-size --help", "--help", "-h", "--help kv-size",
+                              "--version"])
 def test_a_stdout_that_cannot_be_written_is_one_line_on_stderr_exit_1(
     argv, fails, monkeypatch, capsys, tmp_path):
   """A full disk (or an I/O error) under stdout: the print's error (an unbuffered stdout),
@@ -331,6 +333,7 @@ def test_help_and_an_unknown_command_do_not_load_jax():
   package root's entry points are lazy (importing it eagerly took ~2.5 s of JAX)."""
   code = ("import sys\nfrom attnlab import cli\n"
           "assert cli.main(['--help']) == 0 and cli.main(['nope']) == 2\n"
+          "assert cli.main(['--version']) == 0\n"
           "heavy = sorted(m for m in ('jax', 'flax', 'gin', 'numpy', 'orbax')\n"
           "               if m in sys.modules)\n"
           "print('loaded:', heavy)\n")
@@ -931,3 +934,18 @@ def test_a_full_pipe_does_not_hold_up_another_pipes_broken_pipe(fake_command, mo
     os.close(read)
     os.close(write)
   assert drained == []
+
+
+def test_the_version_is_one_number_for_the_package_the_command_and_the_metadata(capsys):
+  """``attnlab.__version__`` (attnlab/version.py, which pyproject.toml reads), what
+  ``attnlab --version`` prints, and the installed distribution's version are one string."""
+  import attnlab
+  from attnlab import version
+
+  assert attnlab.__version__ == version.__version__
+  assert "__version__" in dir(attnlab)
+  assert cli.main(["--version"]) == 0
+  assert capsys.readouterr() == (f"attnlab {attnlab.__version__}\n", "")
+  assert importlib.metadata.version("attnlab") == attnlab.__version__
+  assert cli.main(["--version", "extra"]) == 0  # the rest is ignored, as --help's
+  assert capsys.readouterr().out == f"attnlab {attnlab.__version__}\n"

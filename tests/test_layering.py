@@ -27,7 +27,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "attnlab"
 LAYERS = ("config", "ops", "nn", "decoding", "training", "commands", "top")
 # Top-level packages / modules of attnlab and their layer.
 PACKAGE_LAYER = {
-    "config": "config", "config_gin": "config", "extras": "config", "ops": "ops", "nn": "nn",
+    "config": "config", "config_gin": "config", "extras": "config", "version": "config",
+    "ops": "ops", "nn": "nn",
     "decoding": "decoding", "data": "decoding", "training": "training", "convert": "training",
     "commands": "commands", "cli": "top",
 }

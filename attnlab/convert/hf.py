@@ -36,6 +36,7 @@ from collections.abc import Callable
 import numpy as np
 
 from attnlab.config import ModelConfig, is_integer
+from attnlab.data.tokenizer import not_a_regular_file
 
 FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
@@ -75,6 +76,10 @@ def read_hf_config(src_dir: str) -> dict:
   path = os.path.join(src_dir, "config.json")
   if not os.path.isdir(src_dir):
     raise ConversionError(f"--from-hf {src_dir} is not a directory")
+  kind = not_a_regular_file(path)  # a FIFO is not opened (it would wait for a writer)
+  if kind is not None:  # "does not exist" until 2026-12-07
+    raise ConversionError(f"{path} is {kind}, not a regular file: put the checkpoint's "
+                          "config.json there")
   if not os.path.isfile(path):
     raise ConversionError(f"{path} does not exist: not a transformers checkpoint directory")
   try:

@@ -573,6 +573,14 @@ def test_unreadable_config_json(tmp_path):
   with pytest.raises(hf.ConversionError, match="config.json does not exist: not a "
                      "transformers checkpoint directory"):
     hf.read_hf_config(str(tmp_path))
+  # A folder or a FIFO there is named as one (both read "does not exist" until 2026-12-07).
+  for make, kind in ((os.mkdir, "a folder"), (os.mkfifo, "a FIFO")):
+    make(tmp_path / "config.json")
+    with pytest.raises(hf.ConversionError) as e:
+      hf.read_hf_config(str(tmp_path))
+    assert str(e.value) == (f"{tmp_path / 'config.json'} is {kind}, not a regular file: put "
+                            "the checkpoint's config.json there")
+    (os.rmdir if kind == "a folder" else os.remove)(tmp_path / "config.json")
   (tmp_path / "config.json").write_text("{not json")
   with pytest.raises(hf.ConversionError, match="config.json is not readable JSON"):
     hf.read_hf_config(str(tmp_path))

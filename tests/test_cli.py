@@ -803,13 +803,8 @@ def test_a_stdout_without_a_closed_attribute_is_written(fake_command, monkeypatc
   assert "".join(stream.text) == "ran\n"
 
 
-@pytest.mark.parametrize("reader_gone", [False, True])
-def test_a_broken_pipe_of_another_pipe_is_the_commands_own_unless_stdouts_reader_is_gone(
-    reader_gone, fake_command, monkeypatch, capsys):
-  """A BrokenPipeError that stdout's write did not raise (a subprocess's pipe, a socket the
-  command writes): where stdout is a pipe whose reader is there, it is the command's own
-  error and reaches the caller; where stdout's reader has gone too (poll says so), the
-  command stops quietly, 141, as ``attnlab decode ... | head -1`` does."""
+def _command_raises_a_broken_pipe(fake_command) -> BrokenPipeError:
+  """The fake command raises a BrokenPipeError of its own (not stdout's write's): that one."""
   module, _ = fake_command
   raised = BrokenPipeError(errno.EPIPE, "Broken pipe")
 
@@ -817,6 +812,17 @@ def test_a_broken_pipe_of_another_pipe_is_the_commands_own_unless_stdouts_reader
     raise raised
 
   module.behave = fail
+  return raised
+
+
+@pytest.mark.parametrize("reader_gone", [False, True])
+def test_a_broken_pipe_of_another_pipe_is_the_commands_own_unless_stdouts_reader_is_gone(
+    reader_gone, fake_command, monkeypatch, capsys):
+  """A BrokenPipeError that stdout's write did not raise (a subprocess's pipe, a socket the
+  command writes): where stdout is a pipe whose reader is there, it is the command's own
+  error and reaches the caller; where stdout's reader has gone too (poll says so), the
+  command stops quietly, 141, as ``attnlab decode ... | head -1`` does."""
+  raised = _command_raises_a_broken_pipe(fake_command)
   read, write = os.pipe()
   try:
     if reader_gone:
@@ -900,13 +906,7 @@ def test_a_full_pipe_does_not_hold_up_another_pipes_broken_pipe(fake_command, mo
   the test instead of hanging it)."""
   import fcntl
 
-  module, _ = fake_command
-  raised = BrokenPipeError(errno.EPIPE, "Broken pipe")
-
-  def fail(argv):
-    raise raised
-
-  module.behave = fail
+  raised = _command_raises_a_broken_pipe(fake_command)
   read, write = os.pipe()
   flags = fcntl.fcntl(write, fcntl.F_GETFL)
   fcntl.fcntl(write, fcntl.F_SETFL, flags | os.O_NONBLOCK)

@@ -158,6 +158,10 @@ def test_perplexity_is_capped_at_exp_50(nll):
 
 
 def test_tensorboardx_is_imported_without_torch_only_if_absent(monkeypatch, tmp_path):
+  # tensorboardX imported first, as it is: its import reads torch.Tensor from a torch it
+  # finds, which the stand-in below has not (run alone, or first in an xdist worker, the
+  # test failed in that import until 2026-12-07's fifth session)
+  metrics._tensorboardx()
   sentinel = object()
   monkeypatch.setitem(sys.modules, "torch", sentinel)
   metrics._tensorboardx()

@@ -1140,13 +1140,20 @@ def test_configs_slash_names_the_built_in_configs_outside_a_checkout(tmp_path, m
   assert gin_config.parse([str(mine)], [])[0].d_model == 64
 
 
-def test_gins_logging_while_attnlab_parses_logs_nothing_and_passes_the_rest_through():
-  """What gin's modules see as ``logging`` during a parse: its logging functions do nothing;
-  anything else (a level, ``getLogger``) is the logging module's."""
+def test_gins_logging_while_attnlab_parses_logs_nothing_and_passes_the_rest_through(caplog):
+  """What gin's modules see as ``logging`` during a parse: its logging functions log nothing
+  (the module's own would reach the root logger); anything else (a level, ``getLogger``) is
+  the logging module's."""
   import logging
 
   silent = gin_config._SilentLogging()
-  assert [silent.info("x"), silent.warning("x"), silent.error("x")] == [None] * 3
+  with caplog.at_level(logging.DEBUG):
+    for name in ("debug", "info", "warning", "error", "critical", "exception"):
+      getattr(silent, name)("gin says %s", name)
+    silent.log(logging.ERROR, "gin says log")
+    assert caplog.records == []
+    logging.warning("the module's own")  # what the stand-in replaces: it does log
+    assert [r.getMessage() for r in caplog.records] == ["the module's own"]
   assert (silent.DEBUG, silent.getLogger) == (logging.DEBUG, logging.getLogger)
 
 

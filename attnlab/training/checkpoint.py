@@ -54,6 +54,7 @@ import numpy as np
 
 from attnlab import config_gin as gin_config
 from attnlab.config import is_integer
+from attnlab.data.tokenizer import not_a_regular_file
 from attnlab.nn.transformer import build_model
 from attnlab.training.sharding import check_mesh, param_shardings
 
@@ -903,14 +904,15 @@ def workdir_config(workdir: str) -> str:
 
 def _not_there(path: str, want: str, meaning: str) -> str:
   """"PATH does not exist: MEANING", or what is there in place of the ``want`` ("file" or
-  "folder") a workdir holds there (a folder or a FIFO in config.gin's place was said not to
-  exist until 2026-12-07)."""
+  "folder") a workdir holds there, named as the tokenizer readers name it ("a FIFO", "a
+  socket", ...: ``not_a_regular_file``; a folder or a FIFO in config.gin's place was said
+  not to exist until 2026-12-07, and any kind but a file or a folder was "neither a file
+  nor a folder" until 2026-12-07)."""
   if not os.path.lexists(path):
     return f"{path} does not exist: {meaning}"
   if not os.path.exists(path):
     return f"{path} is a symbolic link to {os.readlink(path)}, which does not exist"
-  kind = ("a folder" if os.path.isdir(path) else "a file" if os.path.isfile(path)
-          else "neither a file nor a folder (a FIFO, a socket, a device)")
+  kind = "a folder" if os.path.isdir(path) else not_a_regular_file(path) or "a file"
   return f"{path} is {kind}, not the {want} a training workdir holds there"
 
 

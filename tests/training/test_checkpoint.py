@@ -938,8 +938,7 @@ def test_load_checkpoint_names_what_a_workdir_lacks(tmp_path):
     attnlab.load_checkpoint(str(workdir))
   assert str(e.value) == f"{workdir}/config.gin does not exist: not a training workdir"
   # something else in its place: named so (until 2026-12-07 "does not exist")
-  for make, kind in ((os.mkdir, "a folder"), (os.mkfifo, "neither a file nor a folder (a "
-                                              "FIFO, a socket, a device)")):
+  for make, kind in ((os.mkdir, "a folder"), (os.mkfifo, "a FIFO")):
     make(workdir / "config.gin")
     with pytest.raises(FileNotFoundError) as e:
       attnlab.load_checkpoint(str(workdir))
@@ -966,6 +965,12 @@ def test_load_checkpoint_names_what_a_workdir_lacks(tmp_path):
   with pytest.raises(FileNotFoundError) as e:
     attnlab.load_checkpoint(str(workdir))
   assert str(e.value) == (f"{workdir}/checkpoints is a file, not the folder a training "
+                          "workdir holds there")
+  os.remove(workdir / "checkpoints")
+  os.mkfifo(workdir / "checkpoints")  # each kind by its name (until 2026-12-07 "neither ...")
+  with pytest.raises(FileNotFoundError) as e:
+    attnlab.load_checkpoint(str(workdir))
+  assert str(e.value) == (f"{workdir}/checkpoints is a FIFO, not the folder a training "
                           "workdir holds there")
   os.remove(workdir / "checkpoints")
   (workdir / "checkpoints").mkdir()

@@ -46,6 +46,7 @@ from attnlab.data.tokenizer import (
     TOKENIZER_FILES,
     HFJsonTokenizer,
     SentencePieceTokenizer,
+    not_a_regular_file,
 )
 from attnlab.nn.layers import as_dtype
 from attnlab.nn.transformer import build_model
@@ -153,6 +154,20 @@ def _staging(final: str):
     raise
 
 
+def _check_companion_files(folder: str, what: str) -> None:
+  """CommandError naming a tokenizer_config.json / special_tokens_map.json beside a
+  tokenizer.json that is there but is no regular file (a folder, a FIFO): the conversion
+  copies the companion files with tokenizer.json, and the export reads its pad from them.
+  Until 2026-12-07 such a file was passed over without a word (the copy lacked it, the
+  export's config.json named no pad), while convert-heads refused it."""
+  for name in TOKENIZER_FILES[1:]:
+    path = os.path.join(folder, name)
+    kind = not_a_regular_file(path)
+    if kind is not None:
+      raise CommandError(f"{path} is {kind}, not a regular file: put the file back or move it "
+                         f"away ({what} copies it with the tokenizer.json beside it)")
+
+
 def finetune_train_config():
   """The TrainConfig a converted workdir starts with: gentle fine-tuning."""
   return TrainConfig(steps=100, learning_rate=2e-5, schedule="constant", warmup_steps=10,
@@ -175,6 +190,7 @@ def from_hf(src_dir: str, workdir: str, *, dtype: str | None = None) -> dict:
       tok = HFJsonTokenizer(tok_path)
     except ValueError as e:
       raise CommandError(str(e)) from None
+    _check_companion_files(src_dir, "the import")
     if tok.vocab_size > mcfg.vocab_size:
       raise CommandError(f"{tok_path} has {tok.vocab_size} tokens, more than config.json "
                          f"vocab_size={mcfg.vocab_size}")
@@ -289,7 +305,9 @@ def to_hf(workdir: str, out_dir: str, *, step: int | None = None,
   except gin_config.GinConfigError as e:
     raise CommandError(str(e)) from None
   family = hf.hf_family(mcfg)
-  bos, eos, pad = export_special_ids(dcfg)
+  bos, eos, pad = export_special_ids(dcfg)  # tokenizer.json read first: its errors first
+  if dcfg.tokenizer == "hf_json":
+    _check_companion_files(os.path.dirname(dcfg.tokenizer_model), "the export")
   hf_cfg = hf.to_hf_config(mcfg, bos_id=bos, eos_id=eos, pad_id=pad)
   rules = hf.weight_rules(family, mcfg)
   params, step = _restore_weights(workdir, mcfg, step)

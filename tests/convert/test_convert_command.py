@@ -210,6 +210,33 @@ def test_a_tokenizer_json_comes_in_with_its_ids_and_goes_back_out(tmp_path, caps
   assert config["pad_token_id"] is None
 
 
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "special_tokens_map.json"])
+@pytest.mark.parametrize("make, what", [(os.mkdir, "a folder"), (os.mkfifo, "a FIFO")])
+def test_a_tokenizer_companion_that_is_no_regular_file_is_one_line_both_ways(
+    tmp_path, capsys, name, make, what):
+  """A folder or a FIFO for a tokenizer.json's companion file (tokenizer_config.json,
+  special_tokens_map.json): the import and the export each refuse it naming it, and write
+  nothing (until 2026-12-07 both passed it over: the copy lacked it and the export's pad was
+  read without it, where convert-heads refused the same file)."""
+  src, _, _ = _hf_dir(tmp_path, "llama_mqa_tied")
+  _tokenizer_json(os.path.join(src, "tokenizer.json"), V)
+  work, back = tmp_path / "work", tmp_path / "back"
+  assert _convert(capsys, "--from-hf", src, "--workdir", str(work))[0] == 0
+  for folder, argv, doing in (
+      (src, ["--from-hf", src, "--workdir", str(tmp_path / "new")], "the import"),
+      (str(work), ["--to-hf", "--workdir", str(work), "--out", str(back)], "the export")):
+    path = os.path.join(folder, name)
+    make(path)
+    with released_after(30, path):
+      rc, out, err = _convert(capsys, *argv)
+    assert (rc, out, err) == (2, "", (
+        f"attnlab convert: error: {path} is {what}, not a regular file: put the file back or "
+        f"move it away ({doing} copies it with the tokenizer.json beside it)\n")), argv
+    os.remove(path) if what == "a FIFO" else os.rmdir(path)
+  assert sorted(os.listdir(tmp_path)) == sorted(["work", os.path.basename(src)])
+  assert _convert(capsys, "--to-hf", "--workdir", str(work), "--out", str(back))[0] == 0
+
+
 @pytest.mark.parametrize("files", [
     {"tokenizer_config.json": {"pad_token": "<pad>"}},
     {"tokenizer_config.json": {"pad_token": {"content": "w1", "special": True}}},

@@ -118,6 +118,22 @@ def tsv_field(text: str) -> str:
   return text.translate(_TSV_ESCAPES)
 
 
+def printable(text: str) -> str:
+  r"""``text`` as stdout can write it: a character its encoding has no bytes for (a C or
+  latin-1 locale without UTF-8, ``PYTHONIOENCODING=ascii``) as a Python escape (``\xe9``,
+  ``\u2713``), the rest as it is. Until 2026-12-07 decode printed a completion or prompt
+  holding one as a UnicodeEncodeError traceback, exit 1, after decoding (with ``--slots``,
+  mid-way through the results)."""
+  encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+  try:
+    text.encode(encoding)
+  except UnicodeEncodeError:
+    return text.encode(encoding, "backslashreplace").decode(encoding)
+  except LookupError:  # a stream naming no codec Python has: it will say so itself
+    pass
+  return text
+
+
 def stop_ids(workdir: str, eos_id: int | None, vocab_size: int) -> int | list[int] | None:
   """The ids decoding stops at: the tokenizer's eos, then the ``eos_token_id`` ids of the
   workdir's ``generation_config.json`` (an HF import brings it: Llama 3 lists
@@ -164,7 +180,8 @@ def _serve(args, dcfg, model, prompts, ids, tokenizer, line_of, stops) -> int:
     if tty and done[0] > 1:  # the bar's line cleared first: on a terminal the result was
       sys.stderr.write("\r\x1b[K")  # printed after it on its line until 2026-12-06
       sys.stderr.flush()
-    print(f"{i}\t{tsv_field(prompts[i])}\t{tsv_field(tokenizer.decode(tokens))}", flush=True)
+    print(printable(f"{i}\t{tsv_field(prompts[i])}\t{tsv_field(tokenizer.decode(tokens))}"),
+          flush=True)
     rate = done[1] / max(time.perf_counter() - start, 1e-9)
     counts = f"{done[0]}/{n} requests, {done[1]} tokens, {rate:.1f} tok/s"
     if tty:
@@ -295,7 +312,8 @@ def main(argv: list[str]) -> int:
     text = tokenizer.decode(row)
     # --prompt: the text as it is; a prompts file (even of one prompt):
     # "prompt<TAB>completion", one escaped line each.
-    print(text if args.prompt is not None else f"{tsv_field(prompt)}\t{tsv_field(text)}")
+    print(printable(text if args.prompt is not None
+                    else f"{tsv_field(prompt)}\t{tsv_field(text)}"))
   sys.stdout.flush()
   return 0
 
@@ -304,12 +322,16 @@ def _read_prompts(args):
   """The prompts, and a function naming prompt i where it came from ("line N of FILE": blank
   lines are skipped, so prompt i need not be line i + 1)."""
   if args.prompt is not None:
+    prompt = args.prompt
     try:
-      args.prompt.encode("utf-8")
-    except UnicodeEncodeError:  # bytes Python could not decode, kept as surrogates
-      raise CommandError("--prompt is not UTF-8 text (it holds bytes that decode to no "
-                         "character)") from None
-    prompts, line_of = [args.prompt], lambda i: "the prompt"
+      prompt.encode("utf-8")
+    except UnicodeEncodeError:  # bytes the locale's codec could not decode, kept as
+      try:  # surrogates: UTF-8 under a C locale without UTF-8 mode is read as it was typed
+        prompt = os.fsencode(prompt).decode("utf-8")  # (refused as "not UTF-8" until
+      except UnicodeError:                           # 2026-12-07)
+        raise CommandError("--prompt is not UTF-8 text (it holds bytes that decode to no "
+                           "character)") from None
+    prompts, line_of = [prompt], lambda i: "the prompt"
   else:
     try:
       with open(args.prompts_file, "rb") as f:

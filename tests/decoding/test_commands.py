@@ -324,6 +324,55 @@ def test_a_prompts_file_prints_one_escaped_line_per_prompt(workdir, monkeypatch,
     assert field.encode("latin-1", "backslashreplace").decode("unicode_escape") == s, field
 
 
+def test_text_stdout_cannot_encode_is_printed_as_escapes_and_a_c_locale_prompt_is_utf8(
+    workdir, monkeypatch, capsys, tmp_path):
+  """A stdout whose encoding lacks a character of a completion or a prompt (a C or latin-1
+  locale, PYTHONIOENCODING=ascii): decode prints it as a Python escape, exit 0, with
+  --prompt, a prompts file and --slots (until 2026-12-07 a UnicodeEncodeError traceback,
+  exit 1, after decoding). A --prompt whose UTF-8 bytes the locale's codec could not decode
+  (kept as surrogates by Python) is the UTF-8 text it was typed as (it was refused as "not
+  UTF-8"); bytes that are not UTF-8 are still refused."""
+  import io
+
+  from attnlab.decoding import batching
+
+  tok = decode_command._tokenizer(workdir)
+  ids = np.asarray([*tok.encode("é ✓"), tok.eos_id], np.int32)
+  seen = []
+  monkeypatch.setattr(decode_command, "generate", lambda model, prompt_BT, **kw: (
+      seen.append(prompt_BT.copy()), np.stack([ids] * len(prompt_BT)))[1])
+
+  def requests(model, prompts, max_new_tokens, *, on_result, **kw):
+    for i in range(len(prompts)):
+      on_result(i, ids)
+
+  monkeypatch.setattr(batching, "generate_requests", requests)
+  prompts = tmp_path / "p.txt"
+  prompts.write_text("naïve\n", encoding="utf-8")
+  base = ["decode", "--workdir", workdir]
+  for encoding, completion, prompt in (("ascii", "\\xe9 \\u2713", "na\\xefve"),
+                                       ("latin-1", "é \\u2713", "naïve")):
+    for argv, want in ((["--prompt", "x"], completion),
+                       (["--prompts_file", str(prompts)], f"{prompt}\t{completion}"),
+                       (["--prompts_file", str(prompts), "--slots", "2"],
+                        f"0\t{prompt}\t{completion}")):
+      raw = io.BytesIO()
+      with monkeypatch.context() as patch:
+        patch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding=encoding))
+        rc = main(base + argv)
+        sys.stdout.flush()
+        out = raw.getvalue().decode(encoding)
+      err = capsys.readouterr().err
+      assert (rc, out) == (0, want + "\n"), (encoding, argv, err)
+  # "é" typed in a UTF-8 terminal under the C locale: Python keeps its two bytes as the
+  # surrogates U+DCC3 U+DCA9.
+  rc, out, err = _run(base + ["--prompt", "h\udcc3\udca9"], capsys)
+  assert rc == 0, err
+  assert seen[-1][0, :4].tolist() == [tok.bos_id, *tok.encode("hé")]
+  rc, out, err = _run(base + ["--prompt", "h\udce9"], capsys)  # latin-1's byte for é
+  assert (rc, out) == (2, "") and "--prompt is not UTF-8 text" in err, err
+
+
 def test_the_text_stops_before_eos_with_and_without_slots(workdir, monkeypatch, capsys,
                                                           tmp_path):
   """A tokenizer whose decode shows eos (a tokenizer.json that does not mark it special):

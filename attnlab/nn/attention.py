@@ -90,6 +90,7 @@ class Attention(nnx.Module):
     Returns:
       [B, T, D], or ([B, T, D], updated cache) when ``cache`` is given.
     """
+    self._check_call(x_BTD, positions_BT, context_BSD, cache)
     B, T, _ = x_BTD.shape
     if cache is not None:
       return self._call_cached(x_BTD, positions_BT, segment_ids_BT, cache)
@@ -116,6 +117,35 @@ class Attention(nnx.Module):
     out_BTNH = self._attend(q_BTNH, k_BSKH, v_BSKH, causal=causal, window=window,
                             q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
     return self.o_proj(out_BTNH)
+
+  def _check_call(self, x_BTD, positions_BT, context_BSD, cache) -> None:
+    """A ValueError naming the input of a direct call that does not fit the layer (shapes and
+    dtypes: checked as the call is traced, nothing at run time). Until 2026-12-07 a width
+    other than d_model, positions of another shape and a context of another batch were
+    errors from inside JAX, float positions turned RoPE by fractions, and a context given
+    with a cache was dropped without a word. (The models check their own inputs.)"""
+    D = self.q_proj.w.shape[0]
+    shape = tuple(jnp.shape(x_BTD))
+    if len(shape) != 3 or shape[-1] != D:
+      raise ValueError(f"x_BTD has shape {shape}; give [B, T, D] with D = d_model = {D}")
+    B, T, _ = shape
+    if positions_BT is not None:
+      dtype = getattr(positions_BT, "dtype", None)
+      if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
+        what = f"dtype {dtype}" if dtype is not None else f"a {type(positions_BT).__name__}"
+        raise ValueError(f"positions_BT has {what}; give int positions [B, T] "
+                         "(jnp.asarray(positions, jnp.int32))")
+      if tuple(jnp.shape(positions_BT)) not in {(B, T), (1, T)}:
+        raise ValueError(f"positions_BT has shape {tuple(jnp.shape(positions_BT))}; it must be "
+                         f"x_BTD's [B, T] = ({B}, {T}) or [1, T]")
+    if context_BSD is not None:
+      if cache is not None:
+        raise ValueError("context_BSD is not read with a cache: a CrossKVCache holds the "
+                         "projected context (Attention.cross_kv(context_BSD, segment_ids_BS))")
+      context = tuple(jnp.shape(context_BSD))
+      if len(context) != 3 or context[0] != B or context[-1] != D:
+        raise ValueError(f"context_BSD has shape {context}; give the encoder output [B, S, D] "
+                         f"with B = {B} (x_BTD's) and D = d_model = {D}")
 
   def _project_self(self, x_BTD, positions_BT):
     """Q [B, T, N, H], K and V [B, T, K, H] of self-attention, RoPE applied."""

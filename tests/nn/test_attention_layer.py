@@ -2,6 +2,9 @@
 projections and the attention written out in NumPy, its defaults, dtypes, attention
 dropout, and a cache's default positions and padding."""
 
+import functools
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -107,6 +110,47 @@ def test_heads_that_do_not_group_are_refused_by_name():
                      ((0, 4, 2, H), "d_model=0")):
     with pytest.raises(ValueError, match=f"^{name} must be a positive integer$"):
       Attention(*args, rngs=nnx.Rngs(0))
+
+
+def test_a_direct_call_with_inputs_that_do_not_fit_is_refused_by_name():
+  """The layer called on its own (a model of the user's): an input width other than d_model,
+  positions that are not int or not [B, T] / [1, T], a context of another batch or width, a
+  context beside a cache: each a ValueError naming it (errors from inside JAX, RoPE turned by
+  float positions, or a context dropped without a word until 2026-12-07). What fits runs:
+  [1, T] positions broadcast over the batch, as the models take them."""
+  layer = Attention(D, N, K, H, causal=True, rope_theta=100.0, rngs=nnx.Rngs(0))
+  x = _x(B=2, T=5)
+  ints = lambda shape: jnp.zeros(shape, jnp.int32)
+  cases = [
+      (dict(x=_x(B=2, T=5)[..., :8]), re.escape(
+          f"x_BTD has shape (2, 5, 8); give [B, T, D] with D = d_model = {D}")),
+      (dict(x=x[0]), re.escape(f"x_BTD has shape (5, {D}); give [B, T, D]")),
+      (dict(positions_BT=jnp.zeros((2, 5))), re.escape(
+          "positions_BT has dtype float32; give int positions [B, T] "
+          "(jnp.asarray(positions, jnp.int32))")),
+      (dict(positions_BT=[[0, 1, 2, 3, 4]] * 2), "positions_BT has a list; give int"),
+      (dict(positions_BT=ints((2, 6))), re.escape(
+          "positions_BT has shape (2, 6); it must be x_BTD's [B, T] = (2, 5) or [1, T]")),
+      (dict(positions_BT=ints((5,))), re.escape("positions_BT has shape (5,);")),
+      (dict(context_BSD=_x(B=3, T=4)), re.escape(
+          f"context_BSD has shape (3, 4, {D}); give the encoder output [B, S, D] with B = 2 "
+          f"(x_BTD's) and D = d_model = {D}")),
+      (dict(context_BSD=_x(B=2, T=4)[..., :8]), re.escape("context_BSD has shape (2, 4, 8);")),
+      (dict(context_BSD=_x(B=2, T=4), cache=KVCache.init(2, 8, K, H)), re.escape(
+          "context_BSD is not read with a cache: a CrossKVCache holds the projected context")),
+  ]
+  for kw, message in cases:
+    kw = dict(kw)
+    inp = kw.pop("x", x)
+    for run in (layer, functools.partial(call, layer)):  # eager, and traced by nnx.jit
+      with pytest.raises(ValueError, match="^" + message):
+        run(inp, **kw)
+  pos = jnp.arange(5, dtype=jnp.int32)
+  np.testing.assert_allclose(call(layer, x, positions_BT=pos[None]),
+                             call(layer, x, positions_BT=jnp.stack([pos, pos])), rtol=0, atol=0)
+  np.testing.assert_allclose(call(layer, x, positions_BT=pos[None]),
+                             _by_hand(layer, x, causal=True, rope_theta=100.0),
+                             atol=1e-5, rtol=1e-5)
 
 
 def test_the_layer_runs_the_attention_implementation_it_was_built_with(monkeypatch):

@@ -136,8 +136,10 @@ def test_a_direct_call_with_inputs_that_do_not_fit_is_refused_by_name():
           f"context_BSD has shape (3, 4, {D}); give the encoder output [B, S, D] with B = 2 "
           f"(x_BTD's) and D = d_model = {D}")),
       (dict(context_BSD=_x(B=2, T=4)[..., :8]), re.escape("context_BSD has shape (2, 4, 8);")),
+      # The whole message (traced, JAX's note on its filtered traceback follows it).
       (dict(context_BSD=_x(B=2, T=4), cache=KVCache.init(2, 8, K, H)), re.escape(
-          "context_BSD is not read with a cache: a CrossKVCache holds the projected context")),
+          "context_BSD is not read with a cache: a CrossKVCache holds the projected context "
+          "(Attention.cross_kv(context_BSD, segment_ids_BS))") + r"(\n|$)"),
   ]
   for kw, message in cases:
     kw = dict(kw)

@@ -912,7 +912,7 @@ def _not_there(path: str, want: str, meaning: str) -> str:
     return f"{path} does not exist: {meaning}"
   if not os.path.exists(path):
     return f"{path} is a symbolic link to {os.readlink(path)}, which does not exist"
-  kind = "a folder" if os.path.isdir(path) else not_a_regular_file(path) or "a file"
+  kind = not_a_regular_file(path) or "a file"  # "a folder", "a FIFO", ...
   return f"{path} is {kind}, not the {want} a training workdir holds there"
 
 

@@ -40,9 +40,10 @@ CONFIG_CLASSES = (ModelConfig, DataConfig, TrainConfig)
 # such as 'models/llama_tiny.gin' resolves in an installed copy as well as in a
 # checkout (where the top-level configs/ is a link to this folder).
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-# Where an include is looked for after the including files' folders: the built-in configs,
-# the working directory, attnlab's own folder (``configs/NAME``: the built-in NAME).
-_INCLUDE_FOLDERS = [CONFIGS_DIR, "", os.path.dirname(CONFIGS_DIR)]
+# Where an include is looked for after the including files' folders: the built-in configs
+# and the working directory; then ``configs/NAME``, as a checkout spells a built-in config,
+# is the built-in NAME (``_builtin_include``).
+_INCLUDE_FOLDERS = [CONFIGS_DIR, ""]
 # transformers' generation settings (sampling defaults, eos ids), which an HF import keeps
 # in a workdir beside its config.gin: the export gives it back, decode reads its eos ids,
 # convert-heads copies it.
@@ -55,6 +56,25 @@ _configurables = {}
 # window over these parameters, without a word) or failed, and the root logger's level was
 # left at CRITICAL for good.
 _PARSE_LOCK = threading.RLock()
+
+
+def _builtin_include(path: str) -> str | None:
+  """The built-in config that a relative include ``configs/NAME`` names (as a checkout spells
+  it: an installed attnlab has no configs/ folder beside the working directory), where there
+  is one; None for any other path. Nothing else of attnlab's package folder is reached: until
+  2026-12-07 that folder was searched for includes, so that ``include 'nn/layers.py'`` went
+  to gin as a config to parse ("Unexpected token. (layers.py, line 1)")."""
+  if os.path.isabs(path):
+    return None
+  parts = os.path.normpath(path).split(os.sep)
+  if len(parts) < 2 or parts[0] != "configs":
+    return None
+  builtin = os.path.join(CONFIGS_DIR, *parts[1:])
+  return builtin if os.path.isfile(builtin) else None
+
+
+def _read_builtin_include(path: str):
+  return open(_builtin_include(path), encoding="utf-8")
 
 
 def _missing_on_error(exists):
@@ -258,8 +278,6 @@ def _parse(gin_files, bindings, classes, check_macros, wrapped):
   # for this call and put back after: a folder of an earlier call, or a same-named file in
   # the working directory, must not win.
   folders = [os.path.dirname(os.path.abspath(p)) for p in gin_files] + _INCLUDE_FOLDERS
-  gin.config._FILE_READERS[:] = [(read, _missing_on_error(exists))
-                                 for read, exists in gin.config._FILE_READERS]
   # gin logs an ERROR for every search-path miss before it finds an include, through
   # logging's module functions, which configure a root logger without handlers
   # (basicConfig): a handler of their own stays, and the caller's basicConfig then did
@@ -362,14 +380,19 @@ _GIN_LOGGING_MODULES = ("gin.config", "gin.resource_reader")
 
 @contextlib.contextmanager
 def _include_folders(folders: list[str]):
-  """gin looks for an include in ``folders``, in order, until the block ends (gin's one
-  global list, which ``clear_config`` does not reset, is put back after)."""
-  saved = list(gin.config._LOCATION_PREFIXES)
+  """gin looks for an include in ``folders``, in order, then among the built-in configs as
+  ``configs/NAME`` (``_builtin_include``), until the block ends; its readers take an error
+  as "not found" (``_missing_on_error``). gin's global lists of folders and readers, which
+  ``clear_config`` does not reset, are put back after (the readers stayed wrapped for good
+  until 2026-12-07)."""
+  saved = list(gin.config._LOCATION_PREFIXES), list(gin.config._FILE_READERS)
   gin.config._LOCATION_PREFIXES[:] = list(dict.fromkeys(folders))
+  gin.config._FILE_READERS[:] = [(read, _missing_on_error(exists)) for read, exists in saved[1]]
+  gin.config._FILE_READERS.append((_read_builtin_include, _builtin_include))
   try:
     yield
   finally:
-    gin.config._LOCATION_PREFIXES[:] = saved
+    gin.config._LOCATION_PREFIXES[:], gin.config._FILE_READERS[:] = saved
 
 
 @contextlib.contextmanager
@@ -394,7 +417,7 @@ def _included(text: str, folders: list[str]) -> list[str]:
   """The files that ``text`` includes and that exist, each looked up in ``folders`` as gin
   looks it up (the first folder that holds it)."""
   found = (next((os.path.join(d, name) for d in folders if os.path.isfile(os.path.join(d, name))),
-                None) for name in _INCLUDE.findall(text))
+                _builtin_include(name)) for name in _INCLUDE.findall(text))
   return [path for path in found if path is not None]
 
 

@@ -96,16 +96,20 @@ def test_an_include_under_a_folder_importable_as_a_package_is_searched_like_any_
   with pytest.raises(gin_config.GinConfigError) as e:
     gin_config.parse([str(mine)], [])
   assert str(e.value).startswith("Unable to open file: nspkg/gone.gin. Searched config paths: "
-                                 f"[{str(user)!r}, {gin_config.CONFIGS_DIR!r}, '', "
-                                 f"{os.path.dirname(gin_config.CONFIGS_DIR)!r}]"), str(e.value)
+                                 f"[{str(user)!r}, {gin_config.CONFIGS_DIR!r}, '']"), str(e.value)
   (user / "nspkg" / "steps.gin").write_text("TrainConfig.steps = 7\n")
   mine.write_text("include 'nspkg/steps.gin'\n")
-  assert gin_config.parse([str(mine)], [])[2].steps == 7
-  # Wrapped once: another parse leaves gin's readers as they are (a wrapper around the
-  # wrapper at every parse would nest without bound over a long sweep's runs).
   readers = list(gin.config._FILE_READERS)
-  assert all(getattr(exists, "_attnlab_checked", False) for _, exists in readers)
-  gin_config.parse([str(mine)], [])
+  assert gin_config.parse([str(mine)], [])[2].steps == 7
+  # gin's readers are the caller's again after a parse (until 2026-12-07 they stayed wrapped
+  # for good), and wrapped once during one.
+  assert readers == gin.config._FILE_READERS
+  assert not any(getattr(exists, "_attnlab_checked", False) for _, exists in readers)
+  with gin_config._include_folders([]):
+    inside = list(gin.config._FILE_READERS)
+    assert all(getattr(exists, "_attnlab_checked", False) for _, exists in inside[:len(readers)])
+    with gin_config._include_folders([]):  # nested: not wrapped again
+      assert gin.config._FILE_READERS[:len(readers)] == inside[:len(readers)]
   assert readers == gin.config._FILE_READERS
 
 
@@ -1135,6 +1139,24 @@ def test_configs_slash_names_the_built_in_configs_outside_a_checkout(tmp_path, m
   for name in ("elsewhere/lm_stdlib_tiny.gin", "configs"):
     with pytest.raises(FileNotFoundError, match=f"Sweep.base file '{name}' was not found"):
       gin_config.resolve_base((name,), str(mine), gin_config.CONFIGS_DIR)
+  # Nothing else of attnlab's package folder is an include (until 2026-12-07 the folder was
+  # searched: 'nn/layers.py' went to gin as a config, "Unexpected token. (layers.py, line 1)").
+  for name in ("nn/layers.py", "configs/../cli.py", "configs/models/../../version.py",
+               "configs", "configs/"):
+    mine.write_text(f"include '{name}'\n")
+    with pytest.raises(gin_config.GinConfigError, match=re.escape(
+        f"Unable to open file: {name}. Searched config paths: ")):
+      gin_config.parse([str(mine)], [])
+  # What attnlab reads of the included files itself (the macros they read, for the check of
+  # bindings that set nothing) it finds as gin does: a built-in file's %STEPS is read.
+  builtin = tmp_path / "builtin"
+  builtin.mkdir()
+  (builtin / "m.gin").write_text("TrainConfig.steps = %STEPS\nSTEPS = 3\n")
+  with monkeypatch.context() as patch:
+    patch.setattr(gin_config, "CONFIGS_DIR", str(builtin))
+    mine.write_text("include 'configs/m.gin'\n")
+    assert gin_config.parse([str(mine)], ["STEPS = 5"])[2].steps == 5
+  mine.write_text("include 'configs/models/llama_tiny.gin'\nDataConfig.task = 'lm'\n")
   (tmp_path / "configs" / "models").mkdir(parents=True)
   (tmp_path / "configs" / "models" / "llama_tiny.gin").write_text("ModelConfig.d_model = 64\n")
   assert gin_config.parse([str(mine)], [])[0].d_model == 64

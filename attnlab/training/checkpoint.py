@@ -905,9 +905,9 @@ def workdir_config(workdir: str) -> str:
 def _not_there(path: str, want: str, meaning: str) -> str:
   """"PATH does not exist: MEANING", or what is there in place of the ``want`` ("file" or
   "folder") a workdir holds there, named as the tokenizer readers name it ("a FIFO", "a
-  socket", ...: ``not_a_regular_file``; a folder or a FIFO in config.gin's place was said
-  not to exist until 2026-12-07, and any kind but a file or a folder was "neither a file
-  nor a folder" until 2026-12-07)."""
+  socket", ...: ``not_a_regular_file``). Until 2026-12-07 a folder or a FIFO in config.gin's
+  place was said not to exist, and then, that day, any kind but a file or a folder was
+  "neither a file nor a folder"."""
   if not os.path.lexists(path):
     return f"{path} does not exist: {meaning}"
   if not os.path.exists(path):

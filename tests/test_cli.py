@@ -17,6 +17,7 @@ import pytest
 
 from attnlab import cli
 from attnlab.commands import CommandError
+from tests.streams import MinimalStream
 
 USAGE_HEAD = ("usage: attnlab COMMAND [flags]   (attnlab COMMAND --help for its flags; "
               "attnlab --version)")
@@ -784,19 +785,7 @@ def test_a_stdout_without_a_closed_attribute_is_written(fake_command, monkeypatc
   """A caller's minimal stream (``write`` and ``flush`` only, as some notebook front ends
   and loggers set): not taken for a closed one."""
   module, _ = fake_command
-
-  class Minimal:
-    def __init__(self):
-      self.text = []
-
-    def write(self, text):
-      self.text.append(text)
-      return len(text)
-
-    def flush(self):
-      pass
-
-  stream = Minimal()
+  stream = MinimalStream()
   module.behave = lambda argv: print("ran")
   monkeypatch.setattr(sys, "stdout", stream)
   assert cli.main(["fake"]) == 0

@@ -16,6 +16,7 @@ from attnlab.commands import decode as decode_command
 from attnlab.data.tokenizer import ByteTokenizer, HFJsonTokenizer
 from attnlab.decoding.generate import GenerateInputError
 from tests.decoding.tiny_models import decoder_model, encdec_model, random_tokens
+from tests.streams import MinimalStream
 
 
 def _run(argv, capsys):
@@ -365,21 +366,10 @@ def test_text_stdout_cannot_encode_is_printed_as_escapes_and_a_c_locale_prompt_i
       err = capsys.readouterr().err
       assert (rc, out) == (0, want + "\n"), (encoding, argv, err)
   # A stream of the caller's with no encoding (write and flush only): the text as it is.
-  class Plain:
-    def __init__(self):
-      self.parts = []
-
-    def write(self, text):
-      self.parts.append(text)
-      return len(text)
-
-    def flush(self):
-      pass
-
   with monkeypatch.context() as patch:
-    patch.setattr(sys, "stdout", Plain())
+    patch.setattr(sys, "stdout", MinimalStream())
     rc = main(base + ["--prompt", "x"])
-    assert (rc, "".join(sys.stdout.parts)) == (0, "é ✓\n")
+    assert (rc, "".join(sys.stdout.text)) == (0, "é ✓\n")
   # "é" typed in a UTF-8 terminal under the C locale: Python keeps its two bytes as the
   # surrogates U+DCC3 U+DCA9.
   rc, out, err = _run(base + ["--prompt", "h\udcc3\udca9"], capsys)

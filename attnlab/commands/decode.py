@@ -50,7 +50,8 @@ def _decode_parser():
   p.add_argument("--step", type=int, default=None, help="checkpoint step; default the latest")
   src = p.add_mutually_exclusive_group(required=True)
   src.add_argument("--prompt", help="one prompt (the source of an encoder-decoder)")
-  src.add_argument("--prompts_file", help="a file with one prompt per line")
+  src.add_argument("--prompts_file", help="a file with one prompt per line (- reads standard "
+                   "input)")
   p.add_argument("--cache", default=None,
                  help=f"{' | '.join(CACHE_KINDS)} (default: paged with --slots, else {d.cache})")
   p.add_argument("--temperature", type=float, default=d.temperature,
@@ -333,9 +334,16 @@ def _read_prompts(args):
                            "character)") from None
     prompts, line_of = [prompt], lambda i: "the prompt"
   else:
+    # "-": standard input (`... | attnlab decode --prompts_file -`; until 2026-12-07 "No such
+    # file or directory: '-'").
+    stdin = args.prompts_file == "-"
+    name = "- (standard input)" if stdin else args.prompts_file
     try:
-      with open(args.prompts_file, "rb") as f:
-        data = f.read()
+      if stdin:
+        data = _read_stdin()
+      else:
+        with open(args.prompts_file, "rb") as f:
+          data = f.read()
     except OSError as e:
       raise CommandError(f"cannot read --prompts_file: {e}") from None
     try:
@@ -344,16 +352,26 @@ def _read_prompts(args):
       # and from the start of the 8 KiB chunk a line reader was in).
       text = utf8_text(data)
     except UnicodeDecodeError as e:
-      raise CommandError(f"--prompts_file {args.prompts_file} is not UTF-8 text ({e.reason} at "
+      raise CommandError(f"--prompts_file {name} is not UTF-8 text ({e.reason} at "
                          f"byte {e.start})") from None
     numbered = [(n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
     if not numbered:
-      raise CommandError(f"--prompts_file {args.prompts_file} holds no prompt")
+      raise CommandError(f"--prompts_file {name} holds no prompt")
     prompts = [p for _, p in numbered]
-    line_of = lambda i: f"line {numbered[i][0]} of {args.prompts_file}"
+    where = "standard input" if stdin else args.prompts_file
+    line_of = lambda i: f"line {numbered[i][0]} of {where}"
   if any(p == "" for p in prompts):
     raise CommandError("the prompt is empty: give at least one character")
   return prompts, line_of
+
+
+def _read_stdin() -> bytes:
+  """The bytes of standard input (``--prompts_file -``): its binary buffer where it has one,
+  else its text as UTF-8 (a notebook's stand-in stream)."""
+  if sys.stdin is None:
+    raise CommandError("--prompts_file -: this process has no standard input")
+  buffer = getattr(sys.stdin, "buffer", None)
+  return buffer.read() if buffer is not None else sys.stdin.read().encode("utf-8")
 
 
 def _data_config(workdir: str):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import sys
@@ -333,8 +334,6 @@ def test_text_stdout_cannot_encode_is_printed_as_escapes_and_a_c_locale_prompt_i
   exit 1, after decoding). A --prompt whose UTF-8 bytes the locale's codec could not decode
   (kept as surrogates by Python) is the UTF-8 text it was typed as (it was refused as "not
   UTF-8"); bytes that are not UTF-8 are still refused."""
-  import io
-
   from attnlab.decoding import batching
 
   tok = decode_command._tokenizer(workdir)
@@ -1418,9 +1417,9 @@ def test_decode_refuses_slots_with_beams_and_unknown_cache_dtypes(workdir, monke
 
 
 def test_decode_prompt_sources_and_their_errors(workdir, capsys, tmp_path):
-  """A prompts file: one prompt per non-blank line, trailing spaces kept (only the newline
-  goes); a missing file, a blank file and an empty --prompt are one-line errors; --workdir
-  is required, --step takes a saved step number."""
+  """A prompts file (or standard input, "-"): one prompt per non-blank line, trailing spaces
+  kept (only the newline goes); a missing file, a blank file and an empty --prompt are
+  one-line errors; --workdir is required, --step takes a saved step number."""
   prompts = tmp_path / "p.txt"
   prompts.write_text("ab  \n   \nXcX\n", encoding="utf-8")
   base = ["decode", "--workdir", workdir, "--max_new_tokens", "2"]
@@ -1455,6 +1454,30 @@ def test_decode_prompt_sources_and_their_errors(workdir, capsys, tmp_path):
     assert rc == 2 and err.strip() == (f"attnlab decode: error: --prompts_file "
                                        f"{tmp_path / 'bad.txt'} is not UTF-8 text (invalid "
                                        f"start byte at byte {at})"), err
+  # "-" is standard input (until 2026-12-07 "No such file or directory: '-'"): its binary
+  # buffer, or a stand-in's text; its errors name it; a process without one is told so.
+  for stdin in (io.TextIOWrapper(io.BytesIO(b"ab  \n\nXcX\n")), io.StringIO("ab  \n\nXcX\n")):
+    with pytest.MonkeyPatch.context() as patch:
+      patch.setattr(sys, "stdin", stdin)
+      rc, out, err = _run(base + ["--prompts_file", "-"], capsys)
+    assert rc == 0, err
+    assert [line.split("\t")[0] for line in out.splitlines()] == ["ab  ", "XcX"]
+  for data, message in ((b"\xff\n", "is not UTF-8 text (invalid start byte at byte 0)"),
+                        (b"\n \n", "holds no prompt")):
+    with pytest.MonkeyPatch.context() as patch:
+      patch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+      rc, _, err = _run(base + ["--prompts_file", "-"], capsys)
+    assert (rc, err.strip()) == (2, "attnlab decode: error: --prompts_file - (standard input) "
+                                    f"{message}"), err
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\n" + b"x" * 5000 + b"\n")))
+    rc, _, err = _run(base + ["--prompts_file", "-", "--max_new_tokens", "4"], capsys)
+  assert rc == 2 and "(the longest is line 2 of standard input, " in err, err
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(sys, "stdin", None)
+    rc, _, err = _run(base + ["--prompts_file", "-"], capsys)
+  assert (rc, err.strip()) == (2, "attnlab decode: error: --prompts_file -: this process has no "
+                                  "standard input"), err
   (tmp_path / "blank.txt").write_text("\n  \n")
   rc, _, err = _run(base + ["--prompts_file", str(tmp_path / "blank.txt")], capsys)
   assert rc == 2 and err.strip() == (f"attnlab decode: error: --prompts_file "

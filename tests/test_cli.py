@@ -444,6 +444,24 @@ def test_check_can_make_follows_links_to_folders_and_names_what_stops_it(tmp_pat
       check_can_make("--out", str(tmp_path / path))
     reason = reason.replace(reason.split()[0], str(tmp_path / reason.split()[0]), 1)
     assert str(e.value) == f"--out {tmp_path / path}: cannot make this directory ({reason})"
+  # Names the file system cannot hold (until 2026-12-07 `attnlab train` checked nothing of
+  # them and ended in an OSError traceback, ENAMETOOLONG, making the workdir): a name over
+  # NAME_MAX bytes (UTF-8: 128 "é" are 256 bytes), a path over PATH_MAX.
+  name_max = os.pathconf(tmp_path, "PC_NAME_MAX")
+  for name in ("a" * (name_max + 1), "é" * (name_max // 2 + 1)):
+    with pytest.raises(CommandError) as e:
+      check_can_make("--workdir", str(tmp_path / name / "run"))
+    size = len(name.encode())
+    assert str(e.value) == (f"--workdir {tmp_path / name / 'run'}: cannot make this directory "
+                            f"(its name {name[:16]!r}... is {size} bytes, more than the "
+                            f"{name_max} a name may have in {tmp_path})")
+  check_can_make("--workdir", str(tmp_path / ("a" * name_max) / "run"))  # at the limit: taken
+  path_max = os.pathconf(tmp_path, "PC_PATH_MAX")
+  deep = os.path.join(str(tmp_path), *["d" * 200] * (path_max // 200 + 1))
+  with pytest.raises(CommandError) as e:
+    check_can_make("--out", deep)
+  assert str(e.value) == (f"--out {deep}: cannot make this directory (its path is "
+                          f"{len(deep)} bytes, more than the {path_max - 1} a path may have)")
   # Not writable (as root every folder is, so os.access is a stand-in): it asks for write and
   # search permission on the nearest existing folder.
   asked = []

@@ -210,6 +210,24 @@ def check_can_make(flag: str, path: str) -> None:
     raise CommandError(f"{flag} {path}: cannot make this directory ({at} is a file)")
   if not os.access(at, os.W_OK | os.X_OK):
     raise CommandError(f"{flag} {path}: cannot make this directory ({at} is not writable)")
+  # Names the file system cannot hold (ENAMETOOLONG: until 2026-12-07 `attnlab train` made the
+  # workdir after its checks and ended in an OSError traceback).
+  full = os.path.abspath(path)
+  limits = {}
+  for key, default in (("PC_NAME_MAX", 255), ("PC_PATH_MAX", 4096)):
+    try:
+      limits[key] = os.pathconf(at, key)
+    except (OSError, ValueError):
+      limits[key] = default
+  for name in os.path.relpath(full, at).split(os.sep):
+    if len(os.fsencode(name)) > limits["PC_NAME_MAX"]:
+      raise CommandError(f"{flag} {path}: cannot make this directory (its name "
+                         f"{name[:16]!r}... is {len(os.fsencode(name))} bytes, more than the "
+                         f"{limits['PC_NAME_MAX']} a name may have in {at})")
+  if len(os.fsencode(full)) >= limits["PC_PATH_MAX"]:
+    raise CommandError(f"{flag} {path}: cannot make this directory (its path is "
+                       f"{len(os.fsencode(full))} bytes, more than the "
+                       f"{limits['PC_PATH_MAX'] - 1} a path may have)")
 
 
 def mesh_shape_flag(text: str | None) -> tuple[int, int, int] | None:

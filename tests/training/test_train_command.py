@@ -444,6 +444,13 @@ def test_what_cannot_run_or_be_written_is_refused_before_the_workdir(tmp_path, c
                    "--compilation_cache", str(cache)])
     assert rc == 2 and not (tmp_path / "w").exists()
     assert capsys.readouterr().err.strip() == f"attnlab train: error: {message}"
+  # A workdir name the file system cannot hold: one line, nothing made (an OSError traceback,
+  # ENAMETOOLONG, from making it until 2026-12-07).
+  long = tmp_path / ("w" * 300) / "run"
+  rc = cli.main(["train", "--gin_file", CONFIG, *SEQ2SEQ, "--workdir", str(long)])
+  assert rc == 2 and sorted(os.listdir(tmp_path)) == ["link", "notes.txt"]
+  assert capsys.readouterr().err.strip().startswith(
+      f"attnlab train: error: --workdir {long}: cannot make this directory (its name 'wwww")
 
 
 @pytest.mark.parametrize("param_dtype, nbytes", [("float32", 4 * 3), ("bfloat16", 2 + 4 * 2)])

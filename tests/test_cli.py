@@ -456,12 +456,34 @@ def test_check_can_make_follows_links_to_folders_and_names_what_stops_it(tmp_pat
                             f"(its name {name[:16]!r}... is {size} bytes, more than the "
                             f"{name_max} a name may have in {tmp_path})")
   check_can_make("--workdir", str(tmp_path / ("a" * name_max) / "run"))  # at the limit: taken
-  path_max = os.pathconf(tmp_path, "PC_PATH_MAX")
-  deep = os.path.join(str(tmp_path), *["d" * 200] * (path_max // 200 + 1))
-  with pytest.raises(CommandError) as e:
-    check_can_make("--out", deep)
-  assert str(e.value) == (f"--out {deep}: cannot make this directory (its path is "
-                          f"{len(deep)} bytes, more than the {path_max - 1} a path may have)")
+  def path_of(length):  # a path under tmp_path of exactly ``length`` bytes
+    path = str(tmp_path)
+    while length - len(path) > 202:
+      path += "/" + "d" * 200
+    return path + "/" + "d" * (length - len(path) - 1)
+
+  path_max = os.pathconf(tmp_path, "PC_PATH_MAX")  # counts the terminating NUL
+  for length in (path_max + 300, path_max):
+    path = path_of(length)
+    with pytest.raises(CommandError) as e:
+      check_can_make("--out", path)
+    assert str(e.value) == (f"--out {path}: cannot make this directory (its path is "
+                            f"{length} bytes, more than the {path_max - 1} a path may have)")
+  check_can_make("--out", path_of(path_max - 1))  # at the limit: taken
+  # Where the file system does not say (pathconf fails), POSIX's usual 255 and 4096.
+  with monkeypatch.context() as patch:
+    patch.setattr("os.pathconf", lambda *a: (_ for _ in ()).throw(OSError("not here")))
+    for name in ("a" * 256, "a" * 255):
+      try:
+        check_can_make("--workdir", str(tmp_path / name))
+        refused = None
+      except CommandError as e:
+        refused = str(e)
+      assert (refused is None) == (len(name) == 255), refused
+      assert refused is None or "more than the 255 a name may have" in refused
+    with pytest.raises(CommandError, match="more than the 4095 a path may have"):
+      check_can_make("--out", path_of(4096))
+    check_can_make("--out", path_of(4095))
   # Not writable (as root every folder is, so os.access is a stand-in): it asks for write and
   # search permission on the nearest existing folder.
   asked = []

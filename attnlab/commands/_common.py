@@ -219,7 +219,7 @@ def check_can_make(flag: str, path: str) -> None:
       limits[key] = os.pathconf(at, key)
     except (OSError, ValueError):
       limits[key] = default
-  for name in os.path.relpath(full, at).split(os.sep):
+  for name in full.split(os.sep):  # those that exist are within the limit
     if len(os.fsencode(name)) > limits["PC_NAME_MAX"]:
       raise CommandError(f"{flag} {path}: cannot make this directory (its name "
                          f"{name[:16]!r}... is {len(os.fsencode(name))} bytes, more than the "

@@ -344,7 +344,7 @@ def _read_prompts(args):
       else:
         with open(args.prompts_file, "rb") as f:
           data = f.read()
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: a standard input closed in the process
       raise CommandError(f"cannot read --prompts_file: {e}") from None
     try:
       # A byte order mark (Windows editors write one) is not text of the prompt; the bad

@@ -1478,6 +1478,13 @@ def test_decode_prompt_sources_and_their_errors(workdir, capsys, tmp_path):
     rc, _, err = _run(base + ["--prompts_file", "-"], capsys)
   assert (rc, err.strip()) == (2, "attnlab decode: error: --prompts_file -: this process has no "
                                   "standard input"), err
+  closed = io.TextIOWrapper(io.BytesIO(b"x\n"))
+  closed.close()  # closed inside the process: its read is a ValueError
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(sys, "stdin", closed)
+    rc, _, err = _run(base + ["--prompts_file", "-"], capsys)
+  assert (rc, err.strip()) == (2, "attnlab decode: error: cannot read --prompts_file: I/O "
+                                  "operation on closed file."), err
   (tmp_path / "blank.txt").write_text("\n  \n")
   rc, _, err = _run(base + ["--prompts_file", str(tmp_path / "blank.txt")], capsys)
   assert rc == 2 and err.strip() == (f"attnlab decode: error: --prompts_file "

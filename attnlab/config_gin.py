@@ -58,18 +58,21 @@ _configurables = {}
 _PARSE_LOCK = threading.RLock()
 
 
-def _builtin_include(path: str) -> str | None:
-  """The built-in config that a relative include ``configs/NAME`` names (as a checkout spells
-  it: an installed attnlab has no configs/ folder beside the working directory), where there
-  is one; None for any other path. Nothing else of attnlab's package folder is reached: until
-  2026-12-07 that folder was searched for includes, so that ``include 'nn/layers.py'`` went
-  to gin as a config to parse ("Unexpected token. (layers.py, line 1)")."""
+def _builtin_include(path: str, configs_dir: str | None = None) -> str | None:
+  """The built-in config that a relative ``configs/NAME`` names (as a checkout spells it: an
+  installed attnlab has no configs/ folder beside the working directory), where there is
+  one; None for any other path. The one reading of that spelling: gin includes (through a
+  file reader of their own), ``--gin_file`` (``find_gin_file``) and ``Sweep.base``
+  (``resolve_base``, whose ``configs_dir`` it takes). Nothing else of attnlab's package
+  folder is reached: until 2026-12-07 that folder was searched for includes, so that
+  ``include 'nn/layers.py'`` went to gin as a config to parse ("Unexpected token.
+  (layers.py, line 1)")."""
   if os.path.isabs(path):
     return None
   parts = os.path.normpath(path).split(os.sep)
   if len(parts) < 2 or parts[0] != "configs":
     return None
-  builtin = os.path.join(CONFIGS_DIR, *parts[1:])
+  builtin = os.path.join(CONFIGS_DIR if configs_dir is None else configs_dir, *parts[1:])
   return builtin if os.path.isfile(builtin) else None
 
 
@@ -225,10 +228,10 @@ def find_gin_file(path: str) -> str:
     if not os.path.exists(path):
       raise GinConfigError(f"gin file {path!r} does not exist")
     return path
-  parts = os.path.normpath(path).split(os.sep)
-  for rel in (parts, parts[1:] if parts[0] == "configs" else []):
-    if rel and os.path.isfile(builtin := os.path.join(CONFIGS_DIR, *rel)):
-      return builtin
+  if os.path.isfile(builtin := os.path.join(CONFIGS_DIR, os.path.normpath(path))):
+    return builtin
+  if (builtin := _builtin_include(path)) is not None:
+    return builtin
   raise GinConfigError(f"gin file {path!r} does not exist, as given or among the built-in "
                        f"configs ({', '.join(builtin_configs())})")
 
@@ -848,15 +851,11 @@ def resolve_base(base, sweep_file: str, configs_dir: str) -> list[str]:
   sweep file ran in a checkout only)."""
   out = []
   for name in base:
-    parts = os.path.normpath(name).split(os.sep)
-    unprefixed = os.path.join(*parts[1:]) if parts[0] == "configs" and parts[1:] else None
-    places = [("", name), (os.path.dirname(os.path.abspath(sweep_file)), name),
-              (configs_dir, name)] + ([(configs_dir, unprefixed)] if unprefixed else [])
-    for folder, rel in places:
-      path = os.path.join(folder, rel) if folder else rel
-      if os.path.isfile(path):
-        out.append(path)
-        break
+    places = (name, os.path.join(os.path.dirname(os.path.abspath(sweep_file)), name),
+              os.path.join(configs_dir, name), _builtin_include(name, configs_dir))
+    path = next((p for p in places if p is not None and os.path.isfile(p)), None)
+    if path is not None:
+      out.append(path)
     else:
       raise FileNotFoundError(f"Sweep.base file {name!r} was not found (as given, next to "
                               f"{sweep_file}, or in {configs_dir})")

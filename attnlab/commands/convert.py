@@ -46,7 +46,7 @@ from attnlab.data.tokenizer import (
     TOKENIZER_FILES,
     HFJsonTokenizer,
     SentencePieceTokenizer,
-    not_a_regular_file,
+    check_companion_files,
 )
 from attnlab.nn.layers import as_dtype
 from attnlab.nn.transformer import build_model
@@ -155,17 +155,14 @@ def _staging(final: str):
 
 
 def _check_companion_files(folder: str, what: str) -> None:
-  """CommandError naming a tokenizer_config.json / special_tokens_map.json beside a
-  tokenizer.json that is there but is no regular file (a folder, a FIFO): the conversion
-  copies the companion files with tokenizer.json, and the export reads its pad from them.
-  Until 2026-12-07 such a file was passed over without a word (the copy lacked it, the
-  export's config.json named no pad), while convert-heads refused it."""
-  for name in TOKENIZER_FILES[1:]:
-    path = os.path.join(folder, name)
-    kind = not_a_regular_file(path)
-    if kind is not None:
-      raise CommandError(f"{path} is {kind}, not a regular file: put the file back or move it "
-                         f"away ({what} copies it with the tokenizer.json beside it)")
+  """CommandError naming a tokenizer.json's companion file that is no regular file
+  (``check_companion_files``): the conversion copies them, and the export reads its pad
+  from them. Until 2026-12-07 such a file was passed over without a word (the copy lacked
+  it, the export's config.json named no pad), while convert-heads refused it."""
+  try:
+    check_companion_files(folder, f"{what} copies it with the tokenizer.json beside it")
+  except ValueError as e:
+    raise CommandError(str(e)) from None
 
 
 def finetune_train_config():

@@ -129,6 +129,18 @@ def _import_sentencepiece():
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
+def check_companion_files(folder: str, why: str) -> None:
+  """ValueError naming a tokenizer_config.json / special_tokens_map.json in ``folder`` (beside
+  a tokenizer.json) that is there but is no regular file (a folder, a FIFO): ``why`` says
+  what reads or copies it. A missing one is no error (they are optional)."""
+  for name in TOKENIZER_FILES[1:]:
+    path = os.path.join(folder, name)
+    kind = not_a_regular_file(path)
+    if kind is not None:
+      raise ValueError(f"{path} is {kind}, not a regular file: put the file back or move it "
+                       f"away ({why})")
+
+
 class HFJsonTokenizer:
   """A transformers ``tokenizer.json`` (``pip install tokenizers``).
 

@@ -51,6 +51,7 @@ from attnlab.convert.heads import check_conversion, convert_heads
 from attnlab.data import pipeline
 from attnlab.data.tokenizer import (
   TOKENIZER_FILES,
+  check_companion_files,
   check_regular_file,
   make_tokenizer,
   not_a_regular_file,
@@ -425,12 +426,7 @@ def _check_own_tokenizer(dcfg: DataConfig, src: str) -> None:
   except ValueError as e:
     raise ValueError(f"{e} ({why})") from None
   if dcfg.tokenizer == "hf_json":
-    folder = os.path.dirname(path)
-    for name in TOKENIZER_FILES[1:]:
-      kind = not_a_regular_file(os.path.join(folder, name))
-      if kind is not None:
-        raise ValueError(f"{os.path.join(folder, name)} is {kind}, not a regular file: put "
-                         f"the file back or move it away ({why}, this file with it)")
+    check_companion_files(os.path.dirname(path), f"{why}, this file with it")
 
 
 def _check_tokenizer_bytes(kind: str, path: str, why: str) -> None:

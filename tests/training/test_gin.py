@@ -1134,6 +1134,12 @@ def test_configs_slash_names_the_built_in_configs_outside_a_checkout(tmp_path, m
   assert gin_config.resolve_base(("configs/lm_stdlib_tiny.gin",), str(mine),
                                  gin_config.CONFIGS_DIR) == [
       os.path.join(gin_config.CONFIGS_DIR, "lm_stdlib_tiny.gin")]
+  # The configs folder the caller names (a sweep's own): configs/NAME is its NAME.
+  other = tmp_path / "other_configs"
+  other.mkdir()
+  (other / "x.gin").write_text("")
+  assert gin_config.resolve_base(("configs/x.gin",), str(mine), str(other)) == [
+      str(other / "x.gin")]
   # Only a configs/ prefix is dropped: a path of another folder that does not hold the file
   # is not the built-in file of that name, it is missing.
   for name in ("elsewhere/lm_stdlib_tiny.gin", "configs"):

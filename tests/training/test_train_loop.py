@@ -709,12 +709,14 @@ def test_a_resume_that_moves_the_learning_rate_warns_and_one_past_steps_is_refus
   caplog.clear()
   constant = bindings + ["TrainConfig.schedule = 'constant'"]
   _train(tmp_path / "constant", SEQ2SEQ, constant)
+  # Two more workdirs of that run (seed 0, a checkpoint at 3), resumed below otherwise.
+  for name in ("seeded", "died"):
+    _copy_run(tmp_path / "constant", tmp_path / name)
   with caplog.at_level(logging.WARNING, logger=trainer.__name__):
     _train(tmp_path / "constant", SEQ2SEQ, constant + ["TrainConfig.steps = 6"])
   assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
   # Another TrainConfig.seed on resume is named (it resumed without a word until 2026-12-06:
   # config.gin then named a seed the run did not start from).
-  _train(tmp_path / "seeded", SEQ2SEQ, constant)
   caplog.clear()
   with caplog.at_level(logging.WARNING, logger=trainer.__name__):
     _train(tmp_path / "seeded", SEQ2SEQ, constant + ["TrainConfig.steps = 6",
@@ -726,8 +728,7 @@ def test_a_resume_that_moves_the_learning_rate_warns_and_one_past_steps_is_refus
   # under (a launch writes it as it starts): the warnings compare with the checkpoint's own
   # seed and schedule, kept in its meta (until 2026-12-06 with that config.gin: a false
   # warning, or none).
-  died = tmp_path / "died"
-  _train(died, SEQ2SEQ, constant)  # seed 0, a checkpoint at 3
+  died = tmp_path / "died"  # seed 0, a checkpoint at 3
   mcfg, dcfg, tcfg = gin_config.read_workdir_config(str(died / "config.gin"))
 
   def launch_that_died():

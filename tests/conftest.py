@@ -34,6 +34,7 @@ Subprocesses inherit the flags; the scripts that force a device count append
 to them.
 """
 
+import gc
 import importlib.util
 import logging
 import os
@@ -128,15 +129,31 @@ def pytest_runtest_teardown(item, nextitem):
   under a hundred under jax 0.12)."""
   global _tests_since_maps
   _tests_since_maps += 1
-  if _tests_since_maps < 25:
+  if _tests_since_maps % 25:
     return
-  _tests_since_maps = 0
   maps = _memory_maps()
   if maps is not None and maps[0] > maps[1] * 3 // 4:
     jax.clear_caches()
+  if _tests_since_maps % FREEZE_EVERY == 0:
+    _collect_and_freeze()
 
 
 _tests_since_maps = 0
+FREEZE_EVERY = 100
+
+
+def _collect_and_freeze():
+  """Every ``FREEZE_EVERY`` tests a worker collects all its garbage and moves what is left
+  (JAX's caches of traced and compiled programs, the modules, the fixtures) out of the
+  cycle collector's sight (``gc.freeze``) until the next time, which takes it back in
+  (``gc.unfreeze``) first: a cycle through a frozen object waits at most that long to be
+  freed. Python's full collections walk every object a process holds, and a worker holds
+  2-3 million by the end (JAX's caches); in the suite's run on the Zen 4 box
+  (2026-12-08 01:24-01:34 UTC, ``gc.callbacks`` timing each collection) the two workers
+  spent 71 s of CPU collecting, 59 s of it in 98 full collections."""
+  gc.unfreeze()
+  gc.collect()
+  gc.freeze()
 
 
 def pytest_sessionfinish(session):

@@ -11,12 +11,15 @@ name JAX gives them: ``jit(f)``'s ``f``, an eager op's primitive) that took the 
 lower + compile time, summed over the suite; tracing time counts again in every enclosing
 traced function, so that column adds up to more than the suite's total.
 ``ATTNLAB_COMPILE_PROFILE_TESTS=N`` adds the N test functions (all their parameters
-together) that took the longest.
+together) that took the longest. The ``gc`` column is the time Python's cycle collector ran
+during the tests (``gc.callbacks``; tests/conftest.py's collections every 100 tests
+included), the summary adds how many of its collections were full ones (generation 2).
 """
 
 from __future__ import annotations
 
 import collections
+import gc
 import glob
 import json
 import os
@@ -56,9 +59,22 @@ def _listen_hits(event, **_):
     _current["cache hits"] += 1
 
 
+_gc_start = [0.0]
+
+
+def _gc_callback(phase, info):
+  if phase == "start":
+    _gc_start[0] = time.perf_counter()
+    return
+  _current["gc"] += time.perf_counter() - _gc_start[0]
+  if info["generation"] == 2:
+    _current["full collections"] += 1
+
+
 def pytest_configure(config):
   import jax
 
+  gc.callbacks.append(_gc_callback)
   jax.monitoring.register_event_duration_secs_listener(_listen)
   jax.monitoring.register_event_listener(_listen_hits)
   if not hasattr(config, "workerinput"):  # the controller (or the only process)
@@ -107,11 +123,12 @@ def pytest_terminal_summary(terminalreporter, config):
   write(f"\ncompile profile (seconds summed over workers): test time {total['wall']:.0f}, "
         f"trace {total['trace']:.0f}, lower {total['lower']:.0f}, XLA compile "
         f"{total['compile']:.0f}, {total['programs']} programs compiled "
-        f"({total['cache hits']} of them read from the persistent cache)")
-  write(f"{'wall':>7} {'trace':>6} {'lower':>6} {'compile':>7} {'programs':>8}  file")
+        f"({total['cache hits']} of them read from the persistent cache); Python's cycle "
+        f"collector {total['gc']:.0f}, {total['full collections']} full collections")
+  write(f"{'wall':>7} {'trace':>6} {'lower':>6} {'compile':>7} {'gc':>5} {'programs':>8}  file")
   for name, c in sorted(per_file.items(), key=lambda item: -item[1]["wall"]):
     write(f"{c['wall']:7.1f} {c['trace']:6.1f} {c['lower']:6.1f} {c['compile']:7.1f} "
-          f"{c['programs']:8d}  {name}")
+          f"{c['gc']:5.1f} {c['programs']:8d}  {name}")
   top = int(os.environ.get("ATTNLAB_COMPILE_PROFILE_TESTS") or 0)
   if top:
     write(f"\nthe {top} test functions (all their parameters together) that took the longest:")
